@@ -1,0 +1,134 @@
+// Input of a ZipLine search: n rows of strictly increasing predicted push times, stored either
+// as a dense n x R matrix or as ragged rows (values plus n+1 offsets), and the contract check.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/core/span.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+namespace cadence {
+
+/// Non-owning view of n rows of timestamps. Rows may have unequal lengths (>= 1 each).
+/// Two layouts share one type so every ZipLine variant takes both:
+/// - matrix(data, n, r): row p is data[p*r .. p*r + r);
+/// - ragged(values, offsets, n): row p is values[offsets[p] .. offsets[p+1]).
+template <class T>
+class rows_view {
+  static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>,
+                "cadence::rows_view<T>: T must be an integer or floating-point timestamp type");
+
+public:
+  using value_type = T;
+
+  constexpr rows_view() noexcept = default;
+
+  static constexpr rows_view matrix(const T* data, std::size_t n, std::size_t r) noexcept {
+    rows_view v;
+    v.values_ = data;
+    v.n_ = n;
+    v.width_ = r;
+    return v;
+  }
+
+  static constexpr rows_view ragged(const T* values, const std::size_t* offsets,
+                                    std::size_t n) noexcept {
+    rows_view v;
+    v.values_ = values;
+    v.offsets_ = offsets;
+    v.n_ = n;
+    return v;
+  }
+
+  /// Number of rows (workers).
+  constexpr std::size_t size() const noexcept { return n_; }
+  /// Whether every row has the same length (the matrix layout).
+  constexpr bool is_matrix() const noexcept { return offsets_ == nullptr; }
+  /// Length of row p.
+  constexpr std::size_t row_size(std::size_t p) const noexcept {
+    return offsets_ ? offsets_[p + 1] - offsets_[p] : width_;
+  }
+  /// Offset of row p's first point in values().
+  constexpr std::size_t row_begin(std::size_t p) const noexcept {
+    return offsets_ ? offsets_[p] - offsets_[0] : p * width_;
+  }
+  constexpr span<const T> operator[](std::size_t p) const noexcept {
+    return span<const T>(values_ + row_begin(p), row_size(p));
+  }
+  /// All points of all rows, row after row.
+  constexpr const T* values() const noexcept { return offsets_ ? values_ + offsets_[0] : values_; }
+  /// Total number of points over all rows.
+  constexpr std::size_t total() const noexcept {
+    return offsets_ ? (n_ == 0 ? 0 : offsets_[n_] - offsets_[0]) : n_ * width_;
+  }
+  /// The common row length of a matrix view (0 for ragged views).
+  constexpr std::size_t width() const noexcept { return offsets_ ? 0 : width_; }
+  /// The offsets array of a ragged view (nullptr for a matrix view).
+  constexpr const std::size_t* offsets() const noexcept { return offsets_; }
+
+private:
+  const T* values_ = nullptr;
+  const std::size_t* offsets_ = nullptr;
+  std::size_t n_ = 0;
+  std::size_t width_ = 0;
+};
+
+namespace detail {
+template <class T>
+std::string timestamp_to_string(T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(v)) return "nan";
+    if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  }
+  return std::to_string(v);
+}
+}  // namespace detail
+
+/// Checks the ZipLine input contract and throws zipline_input_error naming the offending row
+/// and index: n >= 1, every row non-empty, finite, strictly increasing, and the whole input's
+/// span (largest minus smallest value) representable in T so spreads cannot overflow.
+template <class T>
+void validate(rows_view<T> rows) {
+  if (rows.size() == 0) throw zipline_input_error("cadence::zipline: no rows (n = 0)");
+  T lo = T(), hi = T();
+  bool first = true;
+  for (std::size_t p = 0; p < rows.size(); ++p) {
+    const auto row = rows[p];
+    if (row.empty())
+      throw zipline_input_error("cadence::zipline: row " + std::to_string(p) + " is empty");
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      if constexpr (std::is_floating_point_v<T>) {
+        if (!std::isfinite(row[i]))
+          throw zipline_input_error("cadence::zipline: row " + std::to_string(p) + " index " +
+                                    std::to_string(i) + " is not finite (" +
+                                    detail::timestamp_to_string(row[i]) + ")");
+      }
+      if (i > 0 && !(row[i - 1] < row[i]))
+        throw zipline_input_error("cadence::zipline: row " + std::to_string(p) +
+                                  " is not strictly increasing at index " + std::to_string(i) +
+                                  " (" + detail::timestamp_to_string(row[i - 1]) + " then " +
+                                  detail::timestamp_to_string(row[i]) + ")");
+    }
+    if (first || row.front() < lo) lo = row.front();
+    if (first || row.back() > hi) hi = row.back();
+    first = false;
+  }
+  bool overflow = false;
+  if constexpr (std::is_integral_v<T>) {
+    T diff;
+    overflow = __builtin_sub_overflow(hi, lo, &diff);
+  } else {
+    overflow = !std::isfinite(hi - lo);
+  }
+  if (overflow)
+    throw zipline_input_error("cadence::zipline: timestamps span from " +
+                              detail::timestamp_to_string(lo) + " to " +
+                              detail::timestamp_to_string(hi) +
+                              ", a range the timestamp type cannot represent");
+}
+
+}  // namespace cadence

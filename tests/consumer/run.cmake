@@ -1,0 +1,29 @@
+# Builds tests/consumer against Cadence the two ways a user would, and runs it:
+#   MODE=find_package     install Cadence into a scratch prefix, then find_package(cadence CONFIG)
+#   MODE=add_subdirectory the consumer pulls Cadence's source tree in with add_subdirectory
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+
+function(run_step)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "step failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+endfunction()
+
+set(consumer_src ${CADENCE_SOURCE_DIR}/tests/consumer)
+if(MODE STREQUAL "find_package")
+  run_step(${CMAKE_COMMAND} -S ${CADENCE_SOURCE_DIR} -B ${WORK_DIR}/cadence-build -G ${GENERATOR}
+           -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix
+           -DCADENCE_BUILD_TESTS=OFF -DCADENCE_BUILD_BENCHMARKS=OFF -DCADENCE_BUILD_TOOLS=OFF
+           -DCADENCE_BUILD_EXAMPLES=OFF -DCADENCE_INSTALL=ON)
+  run_step(${CMAKE_COMMAND} --install ${WORK_DIR}/cadence-build)
+  run_step(${CMAKE_COMMAND} -S ${consumer_src} -B ${WORK_DIR}/consumer-build -G ${GENERATOR}
+           -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCONSUMER_MODE=find_package)
+else()
+  run_step(${CMAKE_COMMAND} -S ${consumer_src} -B ${WORK_DIR}/consumer-build -G ${GENERATOR}
+           -DCMAKE_CXX_COMPILER=${CXX} -DCONSUMER_MODE=add_subdirectory
+           -DCADENCE_SOURCE_DIR=${CADENCE_SOURCE_DIR})
+endif()
+run_step(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer-build)
+run_step(${WORK_DIR}/consumer-build/consumer)
