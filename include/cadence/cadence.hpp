@@ -1,0 +1,20 @@
+// Cadence: synchronization policies for distributed deep-learning training.
+// The umbrella header: every CPU-side component. It includes no CUDA, Thrust, MPI or NCCL;
+// the Thrust backend is opt-in through <cadence/thrust/zipline.hpp> and cadence::thrust.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/core/span.hpp>
+#include <cadence/core/types.hpp>
+
+#include <cadence/controllers/any_controller.hpp>
+#include <cadence/controllers/controller.hpp>
+#include <cadence/controllers/dssp.hpp>
+#include <cadence/controllers/make_controller.hpp>
+#include <cadence/controllers/ssp.hpp>
+
+#include <cadence/runtime/blocking_controller.hpp>
+
+#include <cadence/zipline/brute_force.hpp>
+#include <cadence/zipline/result.hpp>
+#include <cadence/zipline/rows.hpp>

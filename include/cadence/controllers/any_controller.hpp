@@ -1,0 +1,107 @@
+// A type-erased synchronization controller, for trainers that choose the policy at run time
+// (from a config string, see make_controller.hpp) rather than at compile time.
+#pragma once
+
+#include <cadence/controllers/controller.hpp>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace cadence {
+
+/// Holds any synchronization_controller by value. One virtual call per push on top of the
+/// policy's own cost; use the concrete class directly when the policy is fixed at compile time.
+/// Copying deep-copies the held controller.
+class any_controller {
+public:
+  any_controller() = default;
+
+  template <class C, class = std::enable_if_t<!std::is_same_v<std::decay_t<C>, any_controller>>>
+  any_controller(C&& controller)  // NOLINT: implicit on purpose, like std::function
+      : self_(std::make_unique<model<std::decay_t<C>>>(std::forward<C>(controller))) {
+    CADENCE_REQUIRE_CONTROLLER(std::decay_t<C>);
+  }
+
+  any_controller(const any_controller& other) : self_(other.self_ ? other.self_->clone() : nullptr) {}
+  any_controller(any_controller&&) noexcept = default;
+  any_controller& operator=(const any_controller& other) {
+    if (this != &other) self_ = other.self_ ? other.self_->clone() : nullptr;
+    return *this;
+  }
+  any_controller& operator=(any_controller&&) noexcept = default;
+
+  explicit operator bool() const noexcept { return self_ != nullptr; }
+
+  decision push(worker_id p, timestamp t) { return self_->push(p, t); }
+  span<const worker_id> remove_worker(worker_id p) { return self_->remove_worker(p); }
+  worker_id add_worker() { return self_->add_worker(); }
+  std::size_t worker_capacity() const { return self_->worker_capacity(); }
+  clock_value clock(worker_id p) const { return self_->clock(p); }
+  bool is_active(worker_id p) const { return self_->is_active(p); }
+  bool is_waiting(worker_id p) const { return self_->is_waiting(p); }
+  std::size_t active_workers() const { return self_->active_workers(); }
+  clock_value min_clock() const { return self_->min_clock(); }
+  clock_value staleness(worker_id p) const { return self_->staleness(p); }
+  clock_value max_staleness() const { return self_->max_staleness(); }
+  std::vector<worker_id> waiting_for(worker_id p) const { return self_->waiting_for(p); }
+  std::string config() const { return self_->config(); }
+
+  /// The held controller if it is a C (as std::function::target), else nullptr.
+  template <class C>
+  C* target() noexcept {
+    auto* m = dynamic_cast<model<C>*>(self_.get());
+    return m ? &m->value : nullptr;
+  }
+  template <class C>
+  const C* target() const noexcept {
+    auto* m = dynamic_cast<const model<C>*>(self_.get());
+    return m ? &m->value : nullptr;
+  }
+
+private:
+  struct concept_base {
+    virtual ~concept_base() = default;
+    virtual std::unique_ptr<concept_base> clone() const = 0;
+    virtual decision push(worker_id, timestamp) = 0;
+    virtual span<const worker_id> remove_worker(worker_id) = 0;
+    virtual worker_id add_worker() = 0;
+    virtual std::size_t worker_capacity() const = 0;
+    virtual clock_value clock(worker_id) const = 0;
+    virtual bool is_active(worker_id) const = 0;
+    virtual bool is_waiting(worker_id) const = 0;
+    virtual std::size_t active_workers() const = 0;
+    virtual clock_value min_clock() const = 0;
+    virtual clock_value staleness(worker_id) const = 0;
+    virtual clock_value max_staleness() const = 0;
+    virtual std::vector<worker_id> waiting_for(worker_id) const = 0;
+    virtual std::string config() const = 0;
+  };
+
+  template <class C>
+  struct model final : concept_base {
+    template <class U>
+    explicit model(U&& v) : value(std::forward<U>(v)) {}
+    std::unique_ptr<concept_base> clone() const override { return std::make_unique<model>(value); }
+    decision push(worker_id p, timestamp t) override { return value.push(p, t); }
+    span<const worker_id> remove_worker(worker_id p) override { return value.remove_worker(p); }
+    worker_id add_worker() override { return value.add_worker(); }
+    std::size_t worker_capacity() const override { return value.worker_capacity(); }
+    clock_value clock(worker_id p) const override { return value.clock(p); }
+    bool is_active(worker_id p) const override { return value.is_active(p); }
+    bool is_waiting(worker_id p) const override { return value.is_waiting(p); }
+    std::size_t active_workers() const override { return value.active_workers(); }
+    clock_value min_clock() const override { return value.min_clock(); }
+    clock_value staleness(worker_id p) const override { return value.staleness(p); }
+    clock_value max_staleness() const override { return value.max_staleness(); }
+    std::vector<worker_id> waiting_for(worker_id p) const override { return value.waiting_for(p); }
+    std::string config() const override { return value.config(); }
+    C value;
+  };
+
+  std::unique_ptr<concept_base> self_;
+};
+
+}  // namespace cadence

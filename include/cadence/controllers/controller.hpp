@@ -1,0 +1,76 @@
+// The synchronization-controller concept: what a policy must offer so that trainers, the
+// blocking wrapper, any_controller and the simulator can drive it interchangeably.
+#pragma once
+
+#include <cadence/core/types.hpp>
+
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace cadence {
+
+// A type C is a synchronization controller when, for `C& c`, `const C& cc`, worker_id p and
+// timestamp t:
+//  1. c.push(p, t) -> decision. The only hot-path call: after worker p's push at time t, whether
+//     p proceeds and whom the push released. Time is an argument so decisions replay exactly.
+//  2. c.remove_worker(p) -> span<const worker_id>. A dead or departing worker must release
+//     whoever waited only for it, or training deadlocks.
+//  3. c.add_worker() -> worker_id. Elastic clusters grow; the new id is returned, not chosen,
+//     so ids stay dense and per-worker state can live in vectors.
+//  4. cc.worker_capacity() (ids issued so far), cc.clock(p), cc.is_active(p), cc.is_waiting(p), cc.active_workers(), cc.min_clock(),
+//     cc.staleness(p), cc.max_staleness(): introspection for tests, metrics and debugging.
+//  5. cc.waiting_for(p) -> std::vector<worker_id>: whom a waiting worker waits for, so a
+//     timeout can name the stragglers instead of just failing.
+//  6. cc.config() -> std::string: the string make_controller() parses back into this policy,
+//     so a run can be reported and reproduced.
+
+namespace detail {
+template <class C, class = void>
+struct is_controller_impl : std::false_type {};
+
+template <class C>
+struct is_controller_impl<
+    C, std::void_t<
+           decltype(std::declval<C&>().push(worker_id{}, timestamp{})),
+           decltype(std::declval<C&>().remove_worker(worker_id{})),
+           decltype(std::declval<C&>().add_worker()),
+           decltype(std::declval<const C&>().worker_capacity()),
+           decltype(std::declval<const C&>().clock(worker_id{})),
+           decltype(std::declval<const C&>().is_active(worker_id{})),
+           decltype(std::declval<const C&>().is_waiting(worker_id{})),
+           decltype(std::declval<const C&>().active_workers()),
+           decltype(std::declval<const C&>().min_clock()),
+           decltype(std::declval<const C&>().staleness(worker_id{})),
+           decltype(std::declval<const C&>().max_staleness()),
+           decltype(std::declval<const C&>().waiting_for(worker_id{})),
+           decltype(std::declval<const C&>().config())>>
+    : std::bool_constant<
+          std::is_same_v<decltype(std::declval<C&>().push(worker_id{}, timestamp{})), decision> &&
+          std::is_convertible_v<decltype(std::declval<C&>().remove_worker(worker_id{})),
+                                span<const worker_id>> &&
+          std::is_same_v<decltype(std::declval<C&>().add_worker()), worker_id> &&
+          std::is_convertible_v<decltype(std::declval<const C&>().clock(worker_id{})),
+                                clock_value> &&
+          std::is_convertible_v<decltype(std::declval<const C&>().waiting_for(worker_id{})),
+                                std::vector<worker_id>> &&
+          std::is_convertible_v<decltype(std::declval<const C&>().config()), std::string>> {};
+}  // namespace detail
+
+/// C++17 form of the concept.
+template <class C>
+inline constexpr bool is_synchronization_controller_v = detail::is_controller_impl<C>::value;
+
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+template <class C>
+concept synchronization_controller = is_synchronization_controller_v<C>;
+#endif
+
+}  // namespace cadence
+
+/// Use in templates that take a controller: names the library and the misused type.
+#define CADENCE_REQUIRE_CONTROLLER(C)                                                          \
+  static_assert(::cadence::is_synchronization_controller_v<C>,                                 \
+                "cadence: " #C " does not model synchronization_controller (see "              \
+                "cadence/controllers/controller.hpp for the required members)")

@@ -1,0 +1,141 @@
+// Incremental bookkeeping of active workers' clocks: the minimum and maximum clock in O(1)
+// amortised per push, and, per clock value, its workers in the order they reached it.
+#pragma once
+
+#include <cadence/core/types.hpp>
+
+#include <cstddef>
+#include <vector>
+
+namespace cadence::detail {
+
+/// A ring of buckets over the clock values [min, max] currently held by active workers.
+/// Each bucket keeps an intrusive doubly-linked list of its workers: appended when a worker
+/// pushes into the bucket, so the head is the worker whose latest push is the oldest.
+/// Memory is O(workers + (max - min)); nothing is allocated per push once the ring covers
+/// the largest clock gap seen.
+class clock_table {
+public:
+  static constexpr worker_id none = static_cast<worker_id>(-1);
+
+  bool empty() const noexcept { return active_ == 0; }
+  std::size_t active() const noexcept { return active_; }
+  clock_value min() const noexcept { return min_; }
+  clock_value max() const noexcept { return max_; }
+  clock_value clock(worker_id p) const noexcept { return clock_[p]; }
+  /// Number of active workers whose clock is c.
+  std::size_t count(clock_value c) const noexcept {
+    return in_range(c) ? buckets_[slot(c)].count : 0;
+  }
+  /// First worker at clock c (the one that reached it earliest), or none.
+  worker_id head(clock_value c) const noexcept {
+    return in_range(c) ? buckets_[slot(c)].head : none;
+  }
+  worker_id next(worker_id p) const noexcept { return next_[p]; }
+
+  /// Makes room for worker ids below `capacity`.
+  void reserve_workers(std::size_t capacity) {
+    if (clock_.size() < capacity) {
+      clock_.resize(capacity, 0);
+      prev_.resize(capacity, none);
+      next_.resize(capacity, none);
+    }
+  }
+
+  /// Inserts worker p at clock c, at the front of its bucket (it has not pushed at c).
+  /// c must be min() when the table is not empty.
+  void insert_front(worker_id p, clock_value c) {
+    reserve_workers(std::size_t{p} + 1);
+    if (active_ == 0) {
+      min_ = max_ = c;
+      ensure_ring(1);
+    }
+    clock_[p] = c;
+    bucket& b = buckets_[slot(c)];
+    prev_[p] = none;
+    next_[p] = b.head;
+    if (b.head != none) prev_[b.head] = p; else b.tail = p;
+    b.head = p;
+    ++b.count;
+    ++active_;
+  }
+
+  /// Moves p from its clock c to c + 1, at the back of the new bucket.
+  void advance(worker_id p) {
+    const clock_value c = clock_[p];
+    if (c + 1 > max_) {
+      ensure_ring(static_cast<std::size_t>(c + 1 - min_) + 1);
+      max_ = c + 1;
+    }
+    unlink(p);
+    clock_[p] = c + 1;
+    bucket& b = buckets_[slot(c + 1)];
+    prev_[p] = b.tail;
+    next_[p] = none;
+    if (b.tail != none) next_[b.tail] = p; else b.head = p;
+    b.tail = p;
+    ++b.count;
+    if (c == min_) settle_min();
+  }
+
+  /// Removes p from the table.
+  void erase(worker_id p) {
+    const clock_value c = clock_[p];
+    unlink(p);
+    --active_;
+    if (active_ == 0) {
+      max_ = min_ = c;
+      return;
+    }
+    if (c == min_) settle_min();
+    if (c == max_) settle_max();
+  }
+
+private:
+  struct bucket {
+    std::size_t count = 0;
+    worker_id head = none;
+    worker_id tail = none;
+  };
+
+  bool in_range(clock_value c) const noexcept { return active_ && c >= min_ && c <= max_; }
+  std::size_t slot(clock_value c) const noexcept {
+    return static_cast<std::size_t>(c) & (buckets_.size() - 1);
+  }
+
+  void unlink(worker_id p) {
+    bucket& b = buckets_[slot(clock_[p])];
+    if (prev_[p] != none) next_[prev_[p]] = next_[p]; else b.head = next_[p];
+    if (next_[p] != none) prev_[next_[p]] = prev_[p]; else b.tail = prev_[p];
+    prev_[p] = next_[p] = none;
+    --b.count;
+  }
+
+  void settle_min() {
+    while (min_ < max_ && buckets_[slot(min_)].count == 0) ++min_;
+  }
+  void settle_max() {
+    while (max_ > min_ && buckets_[slot(max_)].count == 0) --max_;
+  }
+
+  // Grows the ring (a power of two) to hold `span` consecutive clock values from min_.
+  void ensure_ring(std::size_t span) {
+    if (span <= buckets_.size()) return;
+    std::size_t size = buckets_.empty() ? 16 : buckets_.size();
+    while (size < span) size *= 2;
+    std::vector<bucket> grown(size);
+    if (active_ > 0) {
+      for (clock_value c = min_; c <= max_; ++c)
+        grown[static_cast<std::size_t>(c) & (size - 1)] = buckets_[slot(c)];
+    }
+    buckets_.swap(grown);
+  }
+
+  std::vector<bucket> buckets_;
+  std::vector<clock_value> clock_;
+  std::vector<worker_id> prev_, next_;
+  std::size_t active_ = 0;
+  clock_value min_ = 0, max_ = 0;
+};
+
+}  // namespace cadence::detail

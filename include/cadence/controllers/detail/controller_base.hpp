@@ -1,0 +1,169 @@
+// What every Cadence controller shares: worker membership, clocks, waiting flags, the time
+// check, the release buffer, and the error messages for misuse.
+#pragma once
+
+#include <cadence/controllers/detail/clock_table.hpp>
+#include <cadence/core/error.hpp>
+#include <cadence/core/types.hpp>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace cadence::detail {
+
+inline std::string format_time(timestamp t) {
+  std::ostringstream os;
+  os.precision(17);
+  os << t;
+  return os.str();
+}
+
+/// Base of the concrete controllers. Not part of the public interface: controllers are used
+/// through their own classes, the synchronization_controller concept, or any_controller.
+class controller_base {
+public:
+  /// Number of worker ids issued so far (active or removed).
+  std::size_t worker_capacity() const noexcept { return state_.size(); }
+  /// Number of active workers.
+  std::size_t active_workers() const noexcept { return table_.active(); }
+  bool is_active(worker_id p) const noexcept { return p < state_.size() && state_[p] != removed; }
+  bool is_waiting(worker_id p) const {
+    check_active(p, "is_waiting");
+    return state_[p] == waiting;
+  }
+  std::size_t waiting_count() const noexcept { return waiting_; }
+  /// Workers currently waiting, in ascending id order. O(n): for inspection, not hot paths.
+  std::vector<worker_id> waiting_workers() const {
+    std::vector<worker_id> out;
+    for (worker_id p = 0; p < state_.size(); ++p)
+      if (state_[p] == waiting) out.push_back(p);
+    return out;
+  }
+  /// Pushes worker p has made (its clock; a joiner starts at the slowest active clock).
+  clock_value clock(worker_id p) const {
+    check_active(p, "clock");
+    return table_.clock(p);
+  }
+  /// Smallest clock among active workers (0 when none is active).
+  clock_value min_clock() const noexcept { return table_.empty() ? 0 : table_.min(); }
+  clock_value max_clock() const noexcept { return table_.empty() ? 0 : table_.max(); }
+  /// c_p - c_min: how far worker p is ahead of the slowest active worker.
+  clock_value staleness(worker_id p) const { return clock(p) - table_.min(); }
+  /// The largest staleness over active workers right now.
+  clock_value max_staleness() const noexcept {
+    return table_.empty() ? 0 : table_.max() - table_.min();
+  }
+  /// The time of the latest event seen (pushes only), or -inf before the first.
+  timestamp last_time() const noexcept { return last_time_; }
+
+protected:
+  enum worker_state : unsigned char { running, waiting, removed };
+
+  controller_base(const char* kind, std::size_t workers) : kind_(kind) {
+    if (workers > static_cast<std::size_t>(clock_table::none))
+      throw invalid_parameter_error(std::string("cadence::") + kind + ": too many workers (" +
+                                    std::to_string(workers) + ")");
+    state_.assign(workers, running);
+    table_.reserve_workers(workers);
+    released_.reserve(workers);
+    for (std::size_t p = workers; p-- > 0;) table_.insert_front(static_cast<worker_id>(p), 0);
+  }
+
+  /// Registers a new worker at the slowest active clock (or the last one when none is active).
+  worker_id add_worker_at_min() {
+    const worker_id p = static_cast<worker_id>(state_.size());
+    if (p == clock_table::none)
+      throw invalid_parameter_error(std::string("cadence::") + kind_ + ": worker ids exhausted");
+    state_.push_back(running);
+    released_.reserve(state_.size());
+    table_.insert_front(p, table_.min());  // when none is active, min() holds the last clock
+    return p;
+  }
+
+  /// Validates a push from p at time t (known, active, not waiting, time finite and monotone).
+  void check_push(worker_id p, timestamp t) const {
+    check_active(p, "push");
+    if (state_[p] == waiting)
+      throw worker_error(prefix() + "worker " + std::to_string(p) + " pushed at clock " +
+                         std::to_string(table_.clock(p)) + " (t=" + format_time(t) +
+                         ") while it is waiting to be released; a waiting worker must not push");
+    if (!std::isfinite(t))
+      throw time_error(prefix() + "worker " + std::to_string(p) + " pushed at a non-finite time (" +
+                       format_time(t) + ") at clock " + std::to_string(table_.clock(p)));
+    if (t < last_time_)
+      throw time_error(prefix() + "worker " + std::to_string(p) + " pushed at t=" + format_time(t) +
+                       ", earlier than the previous push at t=" + format_time(last_time_) +
+                       " (clock " + std::to_string(table_.clock(p)) + "); time must not go backwards");
+  }
+
+  void check_active(worker_id p, const char* what) const {
+    if (p >= state_.size())
+      throw worker_error(prefix() + what + ": unknown worker " + std::to_string(p) + " (ids issued: " +
+                         (state_.empty() ? std::string("none")
+                                         : "0.." + std::to_string(state_.size() - 1)) +
+                         ")");
+    if (state_[p] == removed)
+      throw worker_error(prefix() + what + ": worker " + std::to_string(p) + " was removed");
+  }
+
+  std::string prefix() const { return std::string("cadence::") + kind_ + ": "; }
+
+  void set_waiting(worker_id p) {
+    state_[p] = waiting;
+    ++waiting_;
+    if (waiting_ == table_.active()) throw_deadlock();
+  }
+  void release(worker_id p) {
+    state_[p] = running;
+    --waiting_;
+    released_.push_back(p);
+  }
+  /// Marks p removed; returns whether it was waiting.
+  bool mark_removed(worker_id p) {
+    const bool was_waiting = state_[p] == waiting;
+    if (was_waiting) --waiting_;
+    state_[p] = removed;
+    table_.erase(p);
+    return was_waiting;
+  }
+
+  /// Releases every waiting worker whose clock is in [lo, hi] (clipped to the active range).
+  void release_clocks(clock_value lo, clock_value hi) {
+    if (waiting_ == 0 || table_.empty()) return;
+    if (lo < table_.min()) lo = table_.min();
+    if (hi > table_.max()) hi = table_.max();
+    for (clock_value c = lo; c <= hi; ++c) {
+      for (worker_id q = table_.head(c); q != clock_table::none;) {
+        const worker_id next = table_.next(q);
+        if (state_[q] == waiting) release(q);
+        q = next;
+      }
+    }
+  }
+
+  /// After c_min rose from old_min, releases the waiters that are now within `bound` of it.
+  void release_within(clock_value old_min, clock_value bound) {
+    // A waiter sits more than `bound` above c_min, so waiting_ > 0 implies a finite bound and
+    // the sums below cannot overflow.
+    if (waiting_ == 0 || table_.empty() || table_.min() == old_min) return;
+    release_clocks(old_min + bound + 1, table_.min() + bound);
+  }
+
+  [[noreturn]] void throw_deadlock() const {
+    throw deadlock_error(prefix() + "every active worker (" + std::to_string(table_.active()) +
+                         ") is waiting, so no push can release them; this is a bug in the policy");
+  }
+
+  decision decide(bool proceed) const { return decision{proceed, span<const worker_id>(released_)}; }
+
+  const char* kind_;
+  clock_table table_;
+  std::vector<unsigned char> state_;
+  std::vector<worker_id> released_;
+  std::size_t waiting_ = 0;
+  timestamp last_time_ = -HUGE_VAL;
+};
+
+}  // namespace cadence::detail

@@ -1,0 +1,85 @@
+// Builds a controller from a config string ("bsp", "asp", "ssp:3", "dssp:3:15", ...), so a
+// trainer can take its synchronization policy from a command line or a config file.
+#pragma once
+
+#include <cadence/controllers/any_controller.hpp>
+#include <cadence/controllers/dssp.hpp>
+#include <cadence/controllers/ssp.hpp>
+#include <cadence/core/error.hpp>
+
+#include <charconv>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cadence {
+
+namespace detail {
+
+inline std::vector<std::string_view> split_fields(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t at = s.find(sep, start);
+    out.push_back(s.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
+    if (at == std::string_view::npos) break;
+    start = at + 1;
+  }
+  return out;
+}
+
+/// Parses a non-negative integer field of a config string, or throws parse_error naming it.
+inline clock_value parse_count(std::string_view config, std::string_view field, const char* what) {
+  clock_value v = 0;
+  const char* first = field.data();
+  const char* last = field.data() + field.size();
+  const auto [ptr, ec] = std::from_chars(first, last, v);
+  if (field.empty() || ec != std::errc() || ptr != last || v < 0)
+    throw parse_error("cadence: bad " + std::string(what) + " '" + std::string(field) +
+                      "' in policy '" + std::string(config) + "': expected an integer >= 0");
+  return v;
+}
+
+inline const char* policy_grammar() {
+  return "bsp | asp | ssp:<s> | dssp:<s_L>:<s_U>";
+}
+
+}  // namespace detail
+
+/// Builds the policy named by `config` for `workers` workers (ids 0..workers-1):
+///   bsp                   Bulk Synchronous Parallel
+///   asp                   Asynchronous Parallel
+///   ssp:<s>               Stale Synchronous Parallel with staleness bound s >= 0
+///   dssp:<s_L>:<s_U>      Dynamic SSP with 0 <= s_L <= s_U
+/// Throws parse_error (unknown policy, wrong field count, non-numbers) or
+/// invalid_parameter_error (values out of range), both naming the offending string.
+inline any_controller make_controller(std::string_view config, std::size_t workers) {
+  const auto f = detail::split_fields(config, ':');
+  const std::string_view kind = f[0];
+  auto expect_fields = [&](std::size_t n, const char* form) {
+    if (f.size() != n)
+      throw parse_error("cadence: policy '" + std::string(config) + "' must look like '" + form +
+                        "'");
+  };
+  if (kind == "bsp") {
+    expect_fields(1, "bsp");
+    return bsp(workers);
+  }
+  if (kind == "asp") {
+    expect_fields(1, "asp");
+    return asp(workers);
+  }
+  if (kind == "ssp") {
+    expect_fields(2, "ssp:<s>");
+    return ssp(workers, detail::parse_count(config, f[1], "staleness s"));
+  }
+  if (kind == "dssp") {
+    expect_fields(3, "dssp:<s_L>:<s_U>");
+    return dssp(workers, detail::parse_count(config, f[1], "lower bound s_L"),
+                detail::parse_count(config, f[2], "upper bound s_U"));
+  }
+  throw parse_error("cadence: unknown policy '" + std::string(config) + "'; expected one of " +
+                    detail::policy_grammar());
+}
+
+}  // namespace cadence

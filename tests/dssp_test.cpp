@@ -1,0 +1,249 @@
+#include <cadence/controllers/dssp.hpp>
+#include <cadence/controllers/ssp.hpp>
+
+#include "support/schedule.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+using namespace cadence;
+using test::sorted;
+using test::require_same_decisions;
+
+namespace {
+
+// DSSP written straight from the spec, scanning every worker on every event, with the
+// controller as the double loop the spec describes.
+class naive_dssp {
+public:
+  naive_dssp(std::size_t n, clock_value lo, clock_value hi)
+      : lo_(lo), hi_(hi), w_(n) {}
+  decision push(worker_id p, timestamp t) {
+    released_.clear();
+    worker& w = w_[p];
+    ++w.clock;
+    ++w.pushes;
+    w.previous = w.latest;
+    w.latest = t;
+    release_eligible();
+    const clock_value m = min_clock();
+    bool proceed = false;
+    if (w.extra > 0) {
+      --w.extra;
+      proceed = true;
+    } else if (w.clock - m <= lo_) {
+      proceed = true;
+    } else if (w.clock == max_clock()) {
+      const clock_value r = controller(p, w.clock - m);
+      if (r > 0) {
+        w.extra = r - 1;
+        proceed = true;
+      }
+    }
+    if (!proceed) w.state = 1;
+    return {proceed, released_};
+  }
+  span<const worker_id> remove_worker(worker_id p) {
+    released_.clear();
+    w_[p].state = 2;
+    release_eligible();
+    return released_;
+  }
+  worker_id add_worker() {
+    worker w;
+    w.clock = min_clock();
+    w_.push_back(w);
+    return static_cast<worker_id>(w_.size() - 1);
+  }
+  std::size_t worker_capacity() const { return w_.size(); }
+  bool is_active(worker_id p) const { return p < w_.size() && w_[p].state != 2; }
+  bool is_waiting(worker_id p) const { return w_[p].state == 1; }
+  clock_value clock(worker_id p) const { return w_[p].clock; }
+
+private:
+  struct worker {
+    clock_value clock = 0, extra = 0;
+    std::size_t pushes = 0;
+    double latest = 0, previous = 0;
+    int state = 0;
+  };
+  clock_value min_clock() const {
+    clock_value m = -1;
+    for (const auto& w : w_)
+      if (w.state != 2 && (m < 0 || w.clock < m)) m = w.clock;
+    return m < 0 ? 0 : m;
+  }
+  clock_value max_clock() const {
+    clock_value m = 0;
+    for (const auto& w : w_)
+      if (w.state != 2) m = std::max(m, w.clock);
+    return m;
+  }
+  void release_eligible() {
+    const clock_value m = min_clock();
+    for (worker_id q = 0; q < w_.size(); ++q)
+      if (w_[q].state == 1 && w_[q].clock - m <= lo_) {
+        w_[q].state = 0;
+        released_.push_back(q);
+      }
+  }
+  clock_value controller(worker_id p, clock_value gap) const {
+    const clock_value max_i = std::min(hi_ - lo_, hi_ + 1 - gap);
+    if (max_i <= 0 || w_[p].pushes < 2) return 0;
+    // slowest: smallest clock; ties: oldest latest push, a worker that has not pushed at its
+    // clock (a joiner) counting as oldest.
+    const clock_value m = min_clock();
+    const worker* slow = nullptr;
+    for (const auto& w : w_) {
+      if (w.state == 2 || w.clock != m) continue;
+      auto key = [](const worker& x) { return x.pushes ? x.latest : -HUGE_VAL; };
+      if (!slow || key(w) < key(*slow)) slow = &w;
+    }
+    if (slow->pushes < 2) return 0;
+    const double ip = w_[p].latest - w_[p].previous, is = slow->latest - slow->previous;
+    clock_value best_i = 0;
+    double best = HUGE_VAL;
+    for (clock_value i = 0; i <= max_i; ++i) {
+      const double pi = w_[p].latest + static_cast<double>(i) * ip;
+      double d = HUGE_VAL;
+      for (clock_value k = 0; k <= hi_ - lo_; ++k)
+        d = std::min(d, std::fabs(slow->latest + static_cast<double>(k + 1) * is - pi));
+      if (d < best) {
+        best = d;
+        best_i = i;
+      }
+    }
+    return best_i;
+  }
+  clock_value lo_, hi_;
+  std::vector<worker> w_;
+  std::vector<worker_id> released_;
+};
+
+}  // namespace
+
+TEST_CASE("the dssp controller's two-pointer search picks what the double loop picks") {
+  std::mt19937_64 rng(42);
+  std::uniform_real_distribution<double> u(0.0, 10.0);
+  std::uniform_int_distribution<int> small(0, 12);
+  for (int trial = 0; trial < 20000; ++trial) {
+    const double lp = u(rng), ip = trial % 7 == 0 ? 0.0 : u(rng) / 3;
+    const double ls = u(rng), is = trial % 11 == 0 ? 0.0 : u(rng);
+    // Integer-valued inputs make exact ties common.
+    const bool ints = trial % 2 == 0;
+    const double a = ints ? std::floor(lp) : lp, b = ints ? std::floor(ip) : ip;
+    const double c = ints ? std::floor(ls) : ls, d = ints ? std::floor(is) : is;
+    const clock_value max_i = small(rng), max_k = small(rng);
+    clock_value best_i = 0;
+    double best = HUGE_VAL;
+    for (clock_value i = 0; i <= max_i; ++i) {
+      double dist = HUGE_VAL;
+      for (clock_value k = 0; k <= max_k; ++k)
+        dist = std::min(dist, std::fabs(c + static_cast<double>(k + 1) * d - (a + static_cast<double>(i) * b)));
+      if (dist < best) {
+        best = dist;
+        best_i = i;
+      }
+    }
+    REQUIRE(detail::dssp_best_extension(a, b, c, d, max_i, max_k) == best_i);
+  }
+}
+
+TEST_CASE("dssp grants the fast worker r* = 3 in the paper's Fig. 2 setting (s_L = 1, r in [0, 4])") {
+  // Worker 0 is fast (interval 1), worker 1 slow (interval 3.5). With s_L = 1 and s_U = 5 the
+  // fast worker first exceeds s_L at t = 10; it could stop after its pushes at 10, 11, 12, 13 or
+  // 14, and the slow worker's pushes are predicted at 9.2, 12.7, 16.2, ...: 13 is closest, so
+  // r* = 3 and it runs exactly three more iterations before waiting.
+  dssp c(2, 1, 5);
+  CHECK(c.push(0, 1.0).proceed);
+  CHECK(c.push(1, 2.2).proceed);
+  CHECK(c.push(1, 5.7).proceed);
+  CHECK(c.push(0, 8.0).proceed);
+  CHECK(c.push(0, 9.0).proceed);
+  CHECK(c.push(0, 10.0).proceed);  // gap 2 > s_L: controller grants r* = 3
+  CHECK(c.grants() == 1);
+  CHECK(c.extra_iterations(0) == 2);
+  CHECK(c.push(0, 11.0).proceed);
+  CHECK(c.push(0, 12.0).proceed);
+  CHECK(c.staleness(0) == 4);
+  CHECK_FALSE(c.push(0, 13.0).proceed);  // allowance spent
+  CHECK(c.waiting_for(0) == std::vector<worker_id>{1});
+  CHECK(c.push(1, 12.7 + 1).proceed);
+  CHECK(c.push(1, 15.0).proceed);
+  CHECK(c.push(1, 16.0).proceed);
+  const decision d = c.push(1, 17.0);  // slow reaches clock 6: gap 1
+  CHECK(sorted(d.released) == std::vector<worker_id>{0});
+}
+
+TEST_CASE("dssp never lets a worker start an iteration more than s_U clocks ahead") {
+  for (auto [lo, hi] : {std::pair<clock_value, clock_value>{0, 0}, {0, 4}, {1, 5}, {3, 15}, {2, 3}}) {
+    for (std::uint64_t seed = 0; seed < 250; ++seed) {
+      std::mt19937_64 rng(seed * 7 + static_cast<std::uint64_t>(hi));
+      test::schedule_options opt;
+      opt.workers = 2 + seed % 8;
+      opt.events = 400;
+      opt.remove_probability = seed % 3 == 0 ? 0.02 : 0.0;
+      opt.add_probability = seed % 4 == 0 ? 0.02 : 0.0;
+      opt.equal_times = seed % 5 == 0;
+      dssp c(opt.workers, lo, hi);
+      const bool live = test::run_random_schedule(c, rng, opt, [&](const dssp& cc, std::size_t) {
+        test::check_staleness_and_progress(cc, hi, cc.worker_capacity());
+      });
+      REQUIRE(live);
+      test::drain_by_pushing_slowest(c, c.worker_capacity(), 1e9, 100000);
+    }
+  }
+}
+
+TEST_CASE("dssp decides exactly like the spec's pseudo-code run by scanning every worker") {
+  for (std::uint64_t seed = 0; seed < 400; ++seed) {
+    const clock_value lo = static_cast<clock_value>(seed % 4);
+    const clock_value hi = lo + static_cast<clock_value>(seed % 7);
+    test::schedule_options opt;
+    opt.workers = 2 + seed % 10;
+    opt.events = 300;
+    opt.remove_probability = seed % 2 ? 0.02 : 0.0;
+    opt.add_probability = seed % 3 ? 0.02 : 0.0;
+    dssp fast(opt.workers, lo, hi);
+    naive_dssp slow(opt.workers, lo, hi);
+    require_same_decisions(fast, slow, seed, opt);
+  }
+}
+
+TEST_CASE("dssp with s_L = s_U decides exactly like ssp(s_L)") {
+  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+    const clock_value s = static_cast<clock_value>(seed % 6);
+    test::schedule_options opt;
+    opt.workers = 1 + seed % 9;
+    opt.events = 300;
+    opt.remove_probability = 0.02;
+    opt.add_probability = 0.02;
+    dssp a(opt.workers, s, s);
+    ssp b(opt.workers, s);
+    require_same_decisions(a, b, seed, opt);
+  }
+}
+
+TEST_CASE("dssp rejects bad parameters and reports its config") {
+  CHECK_THROWS_AS(dssp(2, -1, 3), invalid_parameter_error);
+  CHECK_THROWS_WITH(dssp(2, 5, 3), doctest::Contains("s_U (3) must be >= lower bound s_L (5)"));
+  dssp c(2, 3, 15);
+  CHECK(c.config() == "dssp:3:15");
+  CHECK(c.lower_bound() == 3);
+  CHECK(c.upper_bound() == 15);
+  CHECK_THROWS_WITH(c.extra_iterations(9), doctest::Contains("unknown worker 9"));
+}
+
+TEST_CASE("a dssp worker with fewer than two pushes gets no extension") {
+  dssp c(2, 0, 10);
+  // Worker 0 is ahead with one push (no interval of its own yet).
+  CHECK_FALSE(c.push(0, 1.0).proceed);
+  CHECK(sorted(c.push(1, 2.0).released) == std::vector<worker_id>{0});
+  // Now worker 0 has an interval but the slowest (worker 1) has pushed only once.
+  CHECK_FALSE(c.push(0, 3.0).proceed);
+  CHECK(c.grants() == 0);
+}
