@@ -1,0 +1,301 @@
+// zipline/variant.hpp: names, parsing and the dispatcher; and the property that every CPU
+// variant returns exactly zipline_brute_force's answer (spread, barrier, choice) on every input.
+#include <cadence/zipline/brute_force.hpp>
+#include <cadence/zipline/variant.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using cadence::rows_view;
+using cadence::zipline_result;
+using cadence::zipline_variant;
+
+constexpr zipline_variant all_variants[] = {zipline_variant::zipline, zipline_variant::opt,
+                                            zipline_variant::opt_bs, zipline_variant::fast};
+
+/// Ragged rows owned by the test.
+template <class T>
+struct ragged_rows {
+  std::vector<T> values;
+  std::vector<std::size_t> offsets{0};
+  void add(const std::vector<T>& row) {
+    values.insert(values.end(), row.begin(), row.end());
+    offsets.push_back(values.size());
+  }
+  rows_view<T> view() const {
+    return rows_view<T>::ragged(values.data(), offsets.data(), offsets.size() - 1);
+  }
+};
+
+/// n rows of 1..max_len strictly increasing values base + step * k for k in [0, span): small
+/// spans make equal timestamps across rows common.
+template <class T>
+ragged_rows<T> random_rows(std::mt19937_64& rng, std::size_t max_n, std::size_t max_len,
+                           std::uint64_t span, T base, T step) {
+  ragged_rows<T> r;
+  const std::size_t n = 1 + static_cast<std::size_t>(rng() % max_n);
+  for (std::size_t p = 0; p < n; ++p) {
+    const std::size_t len = 1 + static_cast<std::size_t>(rng() % max_len);
+    std::vector<T> row;
+    std::uint64_t k = rng() % span;
+    for (std::size_t i = 0; i < len && k < span; ++i) {
+      row.push_back(static_cast<T>(base + static_cast<T>(k) * step));
+      k += 1 + rng() % 4;
+    }
+    r.add(row);
+  }
+  return r;
+}
+
+template <class T>
+void check_all_variants(rows_view<T> rows, cadence::zipline_workspace<T>& ws) {
+  const auto expected = cadence::zipline_brute_force(rows);
+  zipline_result<T> got;
+  for (const auto v : all_variants) {
+    CAPTURE(cadence::to_string(v));
+    cadence::zipline_solve(v, rows, ws, got);
+    REQUIRE(got.spread == expected.spread);
+    REQUIRE(got.barrier == expected.barrier);
+    REQUIRE(got.choice == expected.choice);
+  }
+  CHECK(cadence::zipline(rows) == expected);
+  CHECK(cadence::zipline_opt(rows) == expected);
+  CHECK(cadence::zipline_opt_bs(rows) == expected);
+  CHECK(cadence::zipline_fast(rows) == expected);
+}
+
+}  // namespace
+
+TEST_CASE("variant names round-trip through parse_zipline_variant and to_string") {
+  for (const auto v : all_variants) CHECK(cadence::parse_zipline_variant(cadence::to_string(v)) == v);
+  CHECK(cadence::to_string(zipline_variant::opt_bs) == "opt-bs");
+  CHECK(cadence::parse_zipline_variant("fast") == zipline_variant::fast);
+}
+
+TEST_CASE("an unknown variant name is a parse_error that lists the valid names") {
+  for (const char* bad : {"", "Fast", "opt_bs", "thrust", "zipline "}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(cadence::parse_zipline_variant(bad), cadence::parse_error);
+    CHECK_THROWS_WITH(cadence::parse_zipline_variant(bad),
+                      doctest::Contains("valid: zipline, opt, opt-bs, fast"));
+  }
+  CHECK_THROWS_WITH(cadence::parse_zipline_variant("bogus"), doctest::Contains("'bogus'"));
+}
+
+TEST_CASE("every variant returns the brute-force answer on thousands of random integer inputs") {
+  std::mt19937_64 rng(20240601);
+  cadence::zipline_workspace<int> ws;
+  for (int iter = 0; iter < 3000; ++iter) {
+    const auto rows = random_rows<int>(rng, 7, 8, 1 + rng() % 40, -20, 1);
+    check_all_variants(rows.view(), ws);
+  }
+}
+
+TEST_CASE("every variant returns the brute-force answer on thousands of random double inputs") {
+  std::mt19937_64 rng(77);
+  cadence::zipline_workspace<double> ws;
+  for (int iter = 0; iter < 3000; ++iter) {
+    const auto rows = random_rows<double>(rng, 7, 8, 1 + rng() % 40, -3.5, 0.25);
+    check_all_variants(rows.view(), ws);
+  }
+}
+
+TEST_CASE("every variant returns the brute-force answer on wide random inputs") {
+  std::mt19937_64 rng(5);
+  cadence::zipline_workspace<std::int64_t> ws;
+  for (int iter = 0; iter < 200; ++iter) {
+    const auto rows = random_rows<std::int64_t>(rng, 40, 30, 400, 1000, 7);
+    check_all_variants(rows.view(), ws);
+  }
+}
+
+TEST_CASE("values near the limits of the timestamp type do not overflow any variant") {
+  std::mt19937_64 rng(99);
+  SUBCASE("int64 just below its maximum") {
+    cadence::zipline_workspace<std::int64_t> ws;
+    for (int iter = 0; iter < 500; ++iter)
+      check_all_variants(random_rows<std::int64_t>(rng, 6, 6, 30,
+                                                   std::numeric_limits<std::int64_t>::max() - 40, 1)
+                             .view(),
+                         ws);
+  }
+  SUBCASE("int64 just above its minimum") {
+    cadence::zipline_workspace<std::int64_t> ws;
+    for (int iter = 0; iter < 500; ++iter)
+      check_all_variants(
+          random_rows<std::int64_t>(rng, 6, 6, 30, std::numeric_limits<std::int64_t>::min(), 1)
+              .view(),
+          ws);
+  }
+  SUBCASE("int64 spanning almost its whole range") {
+    cadence::zipline_workspace<std::int64_t> ws;
+    const std::int64_t step = std::numeric_limits<std::int64_t>::max() / 16;
+    for (int iter = 0; iter < 500; ++iter)
+      check_all_variants(random_rows<std::int64_t>(rng, 6, 6, 16, -8 * step, step).view(), ws);
+  }
+  SUBCASE("uint64 just below its maximum") {
+    cadence::zipline_workspace<std::uint64_t> ws;
+    for (int iter = 0; iter < 500; ++iter)
+      check_all_variants(random_rows<std::uint64_t>(
+                             rng, 6, 6, 30, std::numeric_limits<std::uint64_t>::max() - 40, 1)
+                             .view(),
+                         ws);
+  }
+  SUBCASE("uint64 spanning its whole range") {
+    cadence::zipline_workspace<std::uint64_t> ws;
+    const std::uint64_t step = std::numeric_limits<std::uint64_t>::max() / 20;
+    for (int iter = 0; iter < 500; ++iter)
+      check_all_variants(random_rows<std::uint64_t>(rng, 6, 6, 20, 0, step).view(), ws);
+  }
+  SUBCASE("int8 around zero") {
+    cadence::zipline_workspace<std::int8_t> ws;
+    for (int iter = 0; iter < 500; ++iter)
+      check_all_variants(
+          random_rows<std::int8_t>(rng, 6, 6, 120, static_cast<std::int8_t>(-60), 1).view(), ws);
+  }
+  SUBCASE("uint8 up to its maximum") {
+    cadence::zipline_workspace<std::uint8_t> ws;
+    for (int iter = 0; iter < 500; ++iter)
+      check_all_variants(random_rows<std::uint8_t>(rng, 6, 6, 255, 0, 1).view(), ws);
+  }
+  SUBCASE("double values near its maximum") {
+    cadence::zipline_workspace<double> ws;
+    const double big = std::numeric_limits<double>::max() / 4;
+    for (int iter = 0; iter < 300; ++iter)
+      check_all_variants(random_rows<double>(rng, 6, 6, 30, big, big / 64).view(), ws);
+  }
+}
+
+TEST_CASE("equal timestamps across rows do not change the answer") {
+  cadence::zipline_workspace<int> ws;
+  SUBCASE("all rows identical") {
+    ragged_rows<int> r;
+    for (int p = 0; p < 5; ++p) r.add({1, 4, 9});
+    check_all_variants(r.view(), ws);
+    const auto res = cadence::zipline_fast(r.view());
+    CHECK(res.spread == 0);
+    CHECK(res.barrier == 1);
+    CHECK(res.choice == std::vector<std::size_t>(5, 0));
+  }
+  SUBCASE("a tie at the barrier between rows of different lengths") {
+    ragged_rows<int> r;
+    r.add({0, 10});
+    r.add({5, 10});
+    r.add({10});
+    check_all_variants(r.view(), ws);
+    const auto res = cadence::zipline_opt(r.view());
+    CHECK(res.spread == 0);
+    CHECK(res.barrier == 10);
+    CHECK(res.choice == std::vector<std::size_t>{1, 1, 0});
+  }
+  SUBCASE("two optimal windows: the smaller barrier wins") {
+    ragged_rows<int> r;
+    r.add({0, 100});
+    r.add({3, 103});
+    check_all_variants(r.view(), ws);
+    const auto res = cadence::zipline(r.view());
+    CHECK(res.spread == 3);
+    CHECK(res.barrier == 3);
+    CHECK(res.choice == std::vector<std::size_t>{0, 0});
+  }
+}
+
+TEST_CASE("a single row and rows of length one have the obvious answers") {
+  cadence::zipline_workspace<double> ws;
+  ragged_rows<double> one;
+  one.add({2.5, 3.0, 7.0});
+  check_all_variants(one.view(), ws);
+  CHECK(cadence::zipline_fast(one.view()).barrier == 2.5);
+  ragged_rows<double> singles;
+  singles.add({4.0});
+  singles.add({1.0});
+  singles.add({9.0});
+  check_all_variants(singles.view(), ws);
+  const auto res = cadence::zipline_opt_bs(singles.view());
+  CHECK(res.spread == 8.0);
+  CHECK(res.barrier == 9.0);
+  CHECK(res.choice == std::vector<std::size_t>{0, 0, 0});
+}
+
+TEST_CASE("matrix and ragged layouts of the same rows give the same answer") {
+  std::mt19937_64 rng(3);
+  cadence::zipline_workspace<double> ws;
+  for (int iter = 0; iter < 200; ++iter) {
+    const std::size_t n = 1 + rng() % 10, r = 1 + rng() % 10;
+    std::vector<double> m(n * r);
+    std::vector<std::size_t> off(n + 1);
+    for (std::size_t p = 0; p < n; ++p) {
+      double t = static_cast<double>(rng() % 50);
+      for (std::size_t i = 0; i < r; ++i) m[p * r + i] = t += static_cast<double>(1 + rng() % 9);
+      off[p + 1] = (p + 1) * r;
+    }
+    const auto mat = rows_view<double>::matrix(m.data(), n, r);
+    const auto rag = rows_view<double>::ragged(m.data(), off.data(), n);
+    check_all_variants(mat, ws);
+    for (const auto v : all_variants)
+      CHECK(cadence::zipline_solve(v, mat) == cadence::zipline_solve(v, rag));
+  }
+}
+
+TEST_CASE("a reused workspace gives the same answers as fresh ones across sizes") {
+  std::mt19937_64 rng(11);
+  cadence::zipline_workspace<std::int64_t> ws;
+  zipline_result<std::int64_t> out;
+  for (int iter = 0; iter < 300; ++iter) {
+    const std::size_t max_n = (iter % 3 == 0) ? 60 : 4;
+    const auto rows = random_rows<std::int64_t>(rng, max_n, 20, 200, 0, 3);
+    for (const auto v : all_variants) {
+      cadence::zipline_solve(v, rows.view(), ws, out);
+      CHECK(out == cadence::zipline_solve(v, rows.view()));
+    }
+  }
+}
+
+TEST_CASE("bad input is rejected by every variant with a message naming the problem") {
+  cadence::zipline_workspace<double> ws;
+  zipline_result<double> out;
+  ragged_rows<double> empty_row, unsorted, repeated, with_nan, with_inf;
+  empty_row.add({1.0});
+  empty_row.add({});
+  unsorted.add({1.0, 3.0, 2.0});
+  repeated.add({1.0, 1.0});
+  with_nan.add({1.0, std::nan("")});
+  with_inf.add({1.0});
+  with_inf.add({std::numeric_limits<double>::infinity()});
+  for (const auto v : all_variants) {
+    // Distinct names make one subcase per variant inside the loop.
+    SUBCASE(cadence::to_string(v).data()) {
+      CHECK_THROWS_WITH_AS(cadence::zipline_solve(v, rows_view<double>(), ws, out),
+                           doctest::Contains("n = 0"), cadence::zipline_input_error);
+      CHECK_THROWS_WITH_AS(cadence::zipline_solve(v, empty_row.view(), ws, out),
+                           doctest::Contains("row 1 is empty"), cadence::zipline_input_error);
+      CHECK_THROWS_WITH_AS(cadence::zipline_solve(v, unsorted.view(), ws, out),
+                           doctest::Contains("row 0 is not strictly increasing at index 2"),
+                           cadence::zipline_input_error);
+      CHECK_THROWS_AS(cadence::zipline_solve(v, repeated.view(), ws, out),
+                      cadence::zipline_input_error);
+      CHECK_THROWS_WITH_AS(cadence::zipline_solve(v, with_nan.view(), ws, out),
+                           doctest::Contains("not finite (nan)"), cadence::zipline_input_error);
+      CHECK_THROWS_WITH_AS(cadence::zipline_solve(v, with_inf.view(), ws, out),
+                           doctest::Contains("row 1 index 0 is not finite (inf)"),
+                           cadence::zipline_input_error);
+    }
+  }
+}
+
+TEST_CASE("integer inputs whose range overflows the type are rejected") {
+  ragged_rows<std::int64_t> r;
+  r.add({std::numeric_limits<std::int64_t>::min()});
+  r.add({std::numeric_limits<std::int64_t>::max()});
+  for (const auto v : all_variants)
+    CHECK_THROWS_WITH_AS(cadence::zipline_solve(v, r.view()),
+                         doctest::Contains("cannot represent"), cadence::zipline_input_error);
+}
