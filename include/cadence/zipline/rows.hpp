@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -57,7 +58,7 @@ public:
     return offsets_ ? offsets_[p] - offsets_[0] : p * width_;
   }
   constexpr span<const T> operator[](std::size_t p) const noexcept {
-    return span<const T>(values_ + row_begin(p), row_size(p));
+    return span<const T>(values() + row_begin(p), row_size(p));
   }
   /// All points of all rows, row after row.
   constexpr const T* values() const noexcept { return offsets_ ? values_ + offsets_[0] : values_; }
@@ -83,8 +84,13 @@ std::string timestamp_to_string(T v) {
   if constexpr (std::is_floating_point_v<T>) {
     if (std::isnan(v)) return "nan";
     if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+    std::ostringstream os;
+    os.precision(std::numeric_limits<T>::max_digits10);
+    os << v;
+    return os.str();
+  } else {
+    return std::to_string(v);
   }
-  return std::to_string(v);
 }
 }  // namespace detail
 

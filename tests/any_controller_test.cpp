@@ -1,0 +1,67 @@
+#include <cadence/controllers/any_controller.hpp>
+#include <cadence/controllers/dssp.hpp>
+#include <cadence/controllers/ssp.hpp>
+
+#include "support/schedule.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace cadence;
+
+TEST_CASE("any_controller decides exactly like the controller it holds") {
+  for (std::uint64_t seed = 0; seed < 50; ++seed) {
+    test::schedule_options opt;
+    opt.workers = 2 + seed % 6;
+    opt.events = 200;
+    opt.remove_probability = 0.02;
+    opt.add_probability = 0.02;
+    SUBCASE("ssp") {
+      any_controller a = ssp(opt.workers, 2);
+      ssp b(opt.workers, 2);
+      test::require_same_decisions(a, b, seed, opt);
+    }
+    SUBCASE("dssp") {
+      any_controller a = dssp(opt.workers, 1, 6);
+      dssp b(opt.workers, 1, 6);
+      test::require_same_decisions(a, b, seed, opt);
+    }
+  }
+}
+
+TEST_CASE("copying an any_controller deep-copies its state") {
+  any_controller a = bsp(2);
+  a.push(0, 1.0);
+  any_controller b = a;
+  CHECK(b.is_waiting(0));
+  b.push(1, 2.0);
+  CHECK_FALSE(b.is_waiting(0));
+  CHECK(a.is_waiting(0));
+  any_controller c;
+  CHECK_FALSE(c);
+  c = a;
+  CHECK(c.config() == "bsp");
+}
+
+TEST_CASE("target gives access to the concrete controller") {
+  any_controller a = dssp(3, 1, 4);
+  REQUIRE(a.target<dssp>() != nullptr);
+  CHECK(a.target<dssp>()->upper_bound() == 4);
+  CHECK(a.target<ssp>() == nullptr);
+  const any_controller& ca = a;
+  CHECK(ca.target<dssp>()->lower_bound() == 1);
+}
+
+TEST_CASE("every shipped controller models the controller concept") {
+  static_assert(is_synchronization_controller_v<ssp>);
+  static_assert(is_synchronization_controller_v<bsp>);
+  static_assert(is_synchronization_controller_v<asp>);
+  static_assert(is_synchronization_controller_v<dssp>);
+  static_assert(is_synchronization_controller_v<any_controller>);
+  static_assert(!is_synchronization_controller_v<int>);
+  static_assert(!is_synchronization_controller_v<test::schedule_options>);
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+  static_assert(synchronization_controller<ssp>);
+  static_assert(!synchronization_controller<double>);
+#endif
+  CHECK(true);
+}

@@ -1,0 +1,111 @@
+#include <cadence/zipline/brute_force.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+using namespace cadence;
+
+namespace {
+
+// The definition itself: enumerate every one-per-row selection.
+template <class T>
+zipline_result<T> enumerate_all(const std::vector<std::vector<T>>& rows) {
+  const std::size_t n = rows.size();
+  std::vector<std::size_t> idx(n, 0);
+  zipline_result<T> best;
+  bool found = false;
+  while (true) {
+    T lo = rows[0][idx[0]], hi = lo;
+    for (std::size_t p = 0; p < n; ++p) {
+      lo = std::min(lo, rows[p][idx[p]]);
+      hi = std::max(hi, rows[p][idx[p]]);
+    }
+    const T d = hi - lo;
+    if (!found || d < best.spread || (d == best.spread && hi < best.barrier)) {
+      best.spread = d;
+      best.barrier = hi;
+      found = true;
+    }
+    std::size_t p = 0;
+    while (p < n && ++idx[p] == rows[p].size()) idx[p++] = 0;
+    if (p == n) break;
+  }
+  best.choice.resize(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    std::size_t i = 0;
+    while (i + 1 < rows[p].size() && rows[p][i + 1] <= best.barrier) ++i;
+    best.choice[p] = i;
+  }
+  return best;
+}
+
+template <class T>
+struct ragged {
+  std::vector<T> values;
+  std::vector<std::size_t> offsets{0};
+  explicit ragged(const std::vector<std::vector<T>>& rows) {
+    for (const auto& r : rows) {
+      values.insert(values.end(), r.begin(), r.end());
+      offsets.push_back(values.size());
+    }
+  }
+  rows_view<T> view() const { return rows_view<T>::ragged(values.data(), offsets.data(), offsets.size() - 1); }
+};
+
+}  // namespace
+
+TEST_CASE("the brute-force oracle agrees with enumerating every selection") {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const std::size_t n = 1 + rng() % 4;
+    std::vector<std::vector<std::int64_t>> rows(n);
+    for (auto& r : rows) {
+      const std::size_t len = 1 + rng() % 4;
+      std::int64_t t = static_cast<std::int64_t>(rng() % 5);
+      for (std::size_t i = 0; i < len; ++i) {
+        r.push_back(t);
+        t += 1 + static_cast<std::int64_t>(rng() % 4);
+      }
+    }
+    const ragged<std::int64_t> in(rows);
+    CHECK(zipline_brute_force(in.view()) == enumerate_all(rows));
+  }
+}
+
+TEST_CASE("rows_view exposes matrix and ragged layouts alike") {
+  const std::vector<double> m{1, 2, 3, 4, 5, 6};
+  const auto v = rows_view<double>::matrix(m.data(), 2, 3);
+  CHECK(v.size() == 2);
+  CHECK(v.total() == 6);
+  CHECK(v.is_matrix());
+  CHECK(v[1][0] == 4);
+  const std::vector<std::size_t> off{2, 3, 6};  // offsets need not start at 0
+  const auto r = rows_view<double>::ragged(m.data(), off.data(), 2);
+  CHECK(r.total() == 4);
+  CHECK(r.row_size(0) == 1);
+  CHECK(r[0][0] == 3);
+  CHECK(r[1].back() == 6);
+  CHECK(r.values()[0] == 3);
+}
+
+TEST_CASE("validate names the row and index of bad input") {
+  const std::vector<double> bad{1, 2, 2};
+  CHECK_THROWS_WITH(validate(rows_view<double>::matrix(bad.data(), 1, 3)),
+                    doctest::Contains("row 0 is not strictly increasing at index 2 (2 then 2)"));
+  const std::vector<double> nan{1, std::numeric_limits<double>::quiet_NaN()};
+  CHECK_THROWS_WITH(validate(rows_view<double>::matrix(nan.data(), 2, 1)),
+                    doctest::Contains("row 1 index 0 is not finite (nan)"));
+  CHECK_THROWS_WITH(validate(rows_view<double>::matrix(nan.data(), 0, 1)), doctest::Contains("n = 0"));
+  const std::vector<std::size_t> off{0, 1, 1};
+  CHECK_THROWS_WITH(validate(rows_view<double>::ragged(bad.data(), off.data(), 2)),
+                    doctest::Contains("row 1 is empty"));
+  const std::vector<std::int64_t> wide{std::numeric_limits<std::int64_t>::min(),
+                                       std::numeric_limits<std::int64_t>::max()};
+  CHECK_THROWS_WITH(validate(rows_view<std::int64_t>::matrix(wide.data(), 2, 1)),
+                    doctest::Contains("a range the timestamp type cannot represent"));
+  CHECK_THROWS_AS(validate(rows_view<std::int64_t>::matrix(wide.data(), 2, 1)), zipline_input_error);
+}
