@@ -1,0 +1,379 @@
+// cadence/thrust/zipline.hpp: the Thrust ZipLine returns zipline_brute_force's exact answer
+// (ties, equal timestamps, ragged rows, n = 1) on whichever device system this file is built
+// for; the batched, device-input and device-prediction forms agree with the plain one.
+#include <cadence/thrust/zipline.hpp>
+#include <cadence/zipline/brute_force.hpp>
+
+#if __has_include(<cadence/zipline/zipline_fast.hpp>)
+#  include <cadence/zipline/zipline_fast.hpp>
+#  define CADENCE_TEST_HAVE_FAST 1
+#elif __has_include(<cadence/zipline/fast.hpp>)
+#  include <cadence/zipline/fast.hpp>
+#  define CADENCE_TEST_HAVE_FAST 1
+#else
+#  define CADENCE_TEST_HAVE_FAST 0
+#endif
+
+#include <thrust/device_vector.h>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+// Rows stored ragged (values + offsets), the general layout.
+template <class T>
+struct instance {
+  std::vector<T> values;
+  std::vector<std::size_t> offsets{0};
+  cadence::rows_view<T> view() const {
+    return cadence::rows_view<T>::ragged(values.data(), offsets.data(), offsets.size() - 1);
+  }
+  void add_row(const std::vector<T>& row) {
+    values.insert(values.end(), row.begin(), row.end());
+    offsets.push_back(values.size());
+  }
+};
+
+// n rows of 1..max_len strictly increasing values drawn from a grid of `range` steps of
+// `step`: a small range forces equal timestamps across rows and tied optima.
+template <class T>
+instance<T> random_instance(std::mt19937_64& rng, std::size_t n, std::size_t max_len, int range,
+                            T step, bool equal_rows = false) {
+  instance<T> inst;
+  std::uniform_int_distribution<std::size_t> len_dist(1, max_len);
+  const std::size_t common = len_dist(rng);
+  for (std::size_t p = 0; p < n; ++p) {
+    const std::size_t len =
+        std::min<std::size_t>(equal_rows ? common : len_dist(rng), static_cast<std::size_t>(range));
+    std::vector<int> grid(static_cast<std::size_t>(range));
+    for (int i = 0; i < range; ++i) grid[static_cast<std::size_t>(i)] = i;
+    std::shuffle(grid.begin(), grid.end(), rng);
+    grid.resize(len);
+    std::sort(grid.begin(), grid.end());
+    std::vector<T> row;
+    for (int g : grid) row.push_back(static_cast<T>(static_cast<T>(g) * step));
+    inst.add_row(row);
+  }
+  return inst;
+}
+
+// O(N log N) reference for sizes the brute force cannot reach: sort by time, slide the
+// tightest window covering every row, keep the smallest (spread, barrier).
+template <class T>
+cadence::zipline_result<T> sliding_window_reference(cadence::rows_view<T> rows) {
+  std::vector<std::pair<T, std::size_t>> pts;
+  for (std::size_t p = 0; p < rows.size(); ++p)
+    for (T v : rows[p]) pts.emplace_back(v, p);
+  std::sort(pts.begin(), pts.end());
+  std::vector<std::size_t> count(rows.size(), 0);
+  std::size_t covered = 0, left = 0;
+  cadence::zipline_result<T> best;
+  bool found = false;
+  for (std::size_t i = 0; i < pts.size(); ++i) {
+    if (count[pts[i].second]++ == 0) ++covered;
+    while (count[pts[left].second] > 1) --count[pts[left++].second];
+    if (covered < rows.size()) continue;
+    const T d = pts[i].first - pts[left].first;
+    if (!found || d < best.spread || (d == best.spread && pts[i].first < best.barrier)) {
+      best.spread = d;
+      best.barrier = pts[i].first;
+      found = true;
+    }
+  }
+  for (std::size_t p = 0; p < rows.size(); ++p) {
+    const auto row = rows[p];
+    best.choice.push_back(
+        static_cast<std::size_t>(std::upper_bound(row.begin(), row.end(), best.barrier) - row.begin()) - 1);
+  }
+  return best;
+}
+
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+// The paper's predictor on the host, the way a caller would write it.
+template <class T>
+std::vector<T> predict_on_host(const std::vector<T>& prev, const std::vector<T>& last, std::size_t r) {
+  std::vector<T> out;
+  for (std::size_t p = 0; p < prev.size(); ++p)
+    for (std::size_t i = 1; i <= r; ++i)
+      out.push_back(static_cast<T>(last[p] + static_cast<T>(i) * static_cast<T>(last[p] - prev[p])));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the Thrust ZipLine reports the device system this file was built for") {
+  CHECK(std::string(cadence::thrust_device_system_name()) == CADENCE_TEST_EXPECTED_SYSTEM);
+}
+
+TEST_CASE("the Thrust ZipLine equals the brute force on thousands of random integer instances") {
+  std::mt19937_64 rng(20240611);
+  cadence::thrust_zipline_workspace ws;
+  cadence::zipline_result<int> got;
+  for (int trial = 0; trial < 1500; ++trial) {
+    const std::size_t n = 1 + rng() % 8;
+    const int range = 4 + static_cast<int>(rng() % 40);  // small ranges: many equal timestamps
+    const auto inst = random_instance<int>(rng, n, 10, range, 1, trial % 3 == 0);
+    cadence::zipline_thrust(inst.view(), got, ws);
+    const auto want = cadence::zipline_brute_force(inst.view());
+    REQUIRE_MESSAGE(got == want, "trial " << trial << " n " << n << ": spread " << got.spread
+                                          << " vs " << want.spread << ", barrier " << got.barrier
+                                          << " vs " << want.barrier);
+  }
+}
+
+TEST_CASE("the Thrust ZipLine equals the brute force on random double instances, matrix and ragged") {
+  std::mt19937_64 rng(7);
+  cadence::thrust_zipline_workspace ws;
+  cadence::zipline_result<double> got;
+  for (int trial = 0; trial < 1000; ++trial) {
+    const std::size_t n = 1 + rng() % 10;
+    const bool matrix = trial % 2 == 0;
+    const double step = trial % 4 < 2 ? 0.25 : 0.001 * static_cast<double>(1 + rng() % 1000);
+    const auto inst = random_instance<double>(rng, n, 12, 8 + static_cast<int>(rng() % 60), step, matrix);
+    const auto rows = matrix ? cadence::rows_view<double>::matrix(inst.values.data(), n,
+                                                                  inst.offsets[1])
+                             : inst.view();
+    cadence::zipline_thrust(rows, got, ws);
+    REQUIRE_MESSAGE(got == cadence::zipline_brute_force(rows), "trial " << trial);
+  }
+}
+
+TEST_CASE("the Thrust ZipLine handles one row, rows of one point, and offsets that do not start at zero") {
+  SUBCASE("one row: the answer is its first point with spread zero") {
+    const std::vector<double> row{3.5, 4.0, 9.0};
+    const auto r = cadence::zipline_thrust(cadence::rows_view<double>::matrix(row.data(), 1, 3));
+    CHECK(r.spread == 0.0);
+    CHECK(r.barrier == 3.5);
+    CHECK(r.choice == std::vector<std::size_t>{0});
+  }
+  SUBCASE("every row one point: spread is max minus min") {
+    const std::vector<long> v{5, -3, 12, 12, 0};
+    const auto rows = cadence::rows_view<long>::matrix(v.data(), 5, 1);
+    const auto r = cadence::zipline_thrust(rows);
+    CHECK(r.spread == 15);
+    CHECK(r.barrier == 12);
+    CHECK(r == cadence::zipline_brute_force(rows));
+  }
+  SUBCASE("all rows identical: every row picks the first point") {
+    const std::vector<int> v{1, 2, 3, 1, 2, 3, 1, 2, 3};
+    const auto r = cadence::zipline_thrust(cadence::rows_view<int>::matrix(v.data(), 3, 3));
+    CHECK(r.spread == 0);
+    CHECK(r.barrier == 1);
+    CHECK(r.choice == std::vector<std::size_t>{0, 0, 0});
+  }
+  SUBCASE("a ragged view into the middle of a larger offsets array") {
+    const std::vector<int> v{100, 1, 4, 7, 2, 3, 8, 5};
+    const std::vector<std::size_t> off{1, 4, 7, 8};  // rows {1,4,7} {2,3,8} {5}
+    const auto rows = cadence::rows_view<int>::ragged(v.data(), off.data(), 3);
+    const auto r = cadence::zipline_thrust(rows);
+    CHECK(r == cadence::zipline_brute_force(rows));
+    CHECK(r.spread == 2);
+    CHECK(r.barrier == 5);
+    CHECK(r.choice == std::vector<std::size_t>{1, 1, 0});
+  }
+}
+
+TEST_CASE("the Thrust ZipLine equals an O(N log N) sliding window on large instances") {
+  std::mt19937_64 rng(99);
+  cadence::thrust_zipline_workspace ws;
+  SUBCASE("doubles, 2000 workers x 50 predicted pushes") {
+    std::vector<double> v;
+    for (std::size_t p = 0; p < 2000; ++p) {
+      double t = std::uniform_real_distribution<double>(0.0, 5.0)(rng);
+      const double period = std::uniform_real_distribution<double>(0.8, 1.25)(rng);
+      for (int i = 0; i < 50; ++i) v.push_back(t += period);
+    }
+    const auto rows = cadence::rows_view<double>::matrix(v.data(), 2000, 50);
+    cadence::zipline_result<double> got;
+    cadence::zipline_thrust(rows, got, ws);
+    CHECK(got == sliding_window_reference(rows));
+#if CADENCE_TEST_HAVE_FAST
+    CHECK(got == cadence::zipline_fast(rows));
+#endif
+  }
+  SUBCASE("integers on a coarse grid, 3000 ragged rows") {
+    const auto inst = random_instance<std::int64_t>(rng, 3000, 40, 200, 3);
+    cadence::zipline_result<std::int64_t> got;
+    cadence::zipline_thrust(inst.view(), got, ws);
+    CHECK(got == sliding_window_reference(inst.view()));
+#if CADENCE_TEST_HAVE_FAST
+    CHECK(got == cadence::zipline_fast(inst.view()));
+#endif
+  }
+}
+
+TEST_CASE("the batched Thrust ZipLine equals a loop of single solves") {
+  std::mt19937_64 rng(31337);
+  std::vector<instance<double>> insts;
+  for (int k = 0; k < 300; ++k) {
+    const std::size_t n = 1 + rng() % (k % 10 == 0 ? 60 : 6);
+    insts.push_back(random_instance<double>(rng, n, 9, 5 + static_cast<int>(rng() % 30), 0.5));
+  }
+  std::vector<cadence::rows_view<double>> views;
+  for (const auto& i : insts) views.push_back(i.view());
+  cadence::thrust_zipline_workspace ws;
+
+  SUBCASE("many instances at once") {
+    std::vector<cadence::zipline_result<double>> got;
+    cadence::zipline_thrust_batched(views.data(), views.size(), got, ws);
+    REQUIRE(got.size() == views.size());
+    for (std::size_t k = 0; k < views.size(); ++k) {
+      cadence::zipline_result<double> single;
+      cadence::zipline_thrust(views[k], single, ws);
+      REQUIRE_MESSAGE(got[k] == single, "instance " << k);
+      REQUIRE(got[k] == cadence::zipline_brute_force(views[k]));
+    }
+  }
+  SUBCASE("a batch of one and a batch of none") {
+    const auto one = cadence::zipline_thrust_batched(views.data(), 1);
+    REQUIRE(one.size() == 1);
+    CHECK(one[0] == cadence::zipline_brute_force(views[0]));
+    CHECK(cadence::zipline_thrust_batched(views.data(), 0).empty());
+  }
+  SUBCASE("a bad instance is named in the error") {
+    const std::vector<double> bad{1.0, 1.0};
+    views[4] = cadence::rows_view<double>::matrix(bad.data(), 1, 2);
+    const auto msg = message_of<cadence::zipline_input_error>(
+        [&] { (void)cadence::zipline_thrust_batched(views.data(), views.size()); });
+    CHECK(msg.find("instance 4") != std::string::npos);
+    CHECK(msg.find("not strictly increasing") != std::string::npos);
+  }
+}
+
+TEST_CASE("predicting on the device equals predicting on the host and then solving") {
+  std::mt19937_64 rng(4242);
+  cadence::thrust_zipline_workspace ws;
+  SUBCASE("doubles") {
+    for (int trial = 0; trial < 40; ++trial) {
+      const std::size_t n = 1 + rng() % 300, r = 1 + rng() % 40;
+      std::vector<double> prev(n), last(n);
+      for (std::size_t p = 0; p < n; ++p) {
+        prev[p] = std::uniform_real_distribution<double>(0.0, 100.0)(rng);
+        last[p] = prev[p] + std::uniform_real_distribution<double>(0.3, 3.0)(rng);
+      }
+      const auto host = predict_on_host(prev, last, r);
+      cadence::zipline_result<double> got;
+      cadence::zipline_thrust_predicted(prev.data(), last.data(), n, r, got, ws);
+      const auto rows = cadence::rows_view<double>::matrix(host.data(), n, r);
+      REQUIRE_MESSAGE(got == cadence::zipline_thrust(rows), "trial " << trial);
+      REQUIRE(got == sliding_window_reference(rows));
+    }
+  }
+  SUBCASE("integers with shared timestamps") {
+    for (int trial = 0; trial < 40; ++trial) {
+      const std::size_t n = 1 + rng() % 50, r = 1 + rng() % 20;
+      std::vector<int> prev(n), last(n);
+      for (std::size_t p = 0; p < n; ++p) {
+        prev[p] = static_cast<int>(rng() % 20);
+        last[p] = prev[p] + 1 + static_cast<int>(rng() % 5);
+      }
+      const auto host = predict_on_host(prev, last, r);
+      const auto got = cadence::zipline_thrust_predicted(prev.data(), last.data(), n, r);
+      REQUIRE(got == cadence::zipline_brute_force(cadence::rows_view<int>::matrix(host.data(), n, r)));
+    }
+  }
+  SUBCASE("a worker whose last push is not after its previous one is an input error") {
+    const std::vector<double> prev{1.0, 5.0}, last{2.0, 5.0};
+    const auto msg = message_of<cadence::zipline_input_error>(
+        [&] { (void)cadence::zipline_thrust_predicted(prev.data(), last.data(), 2, 3); });
+    CHECK(msg.find("worker 1") != std::string::npos);
+  }
+  SUBCASE("predictions that overflow the integer type are an input error") {
+    const std::vector<std::int32_t> prev{0}, last{std::numeric_limits<std::int32_t>::max() / 2};
+    CHECK_THROWS_AS((void)cadence::zipline_thrust_predicted(prev.data(), last.data(), 1, 3),
+                    cadence::zipline_input_error);
+  }
+  SUBCASE("predictions that collapse in floating point are reported like host input") {
+    // Above 2^53 doubles are 2 apart: 2^53 + 3 rounds to 2^53 + 4, which is also e[4].
+    const double big = 9007199254740992.0;
+    const std::vector<double> prev{big - 1.0}, last{big};
+    const auto msg = message_of<cadence::zipline_input_error>(
+        [&] { (void)cadence::zipline_thrust_predicted(prev.data(), last.data(), 1, 4); });
+    CHECK(msg.find("not strictly increasing at index 3") != std::string::npos);
+  }
+}
+
+TEST_CASE("input already in device memory gives the same answer and the same errors") {
+  std::mt19937_64 rng(5);
+  cadence::thrust_zipline_workspace ws;
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::size_t n = 1 + rng() % 20;
+    const auto inst = random_instance<double>(rng, n, 8, 30, 0.5, true);
+    const std::size_t r = inst.offsets[1];
+    ::thrust::device_vector<double> d(inst.values.begin(), inst.values.end());
+    cadence::zipline_result<double> got;
+    cadence::zipline_thrust_device(::thrust::raw_pointer_cast(d.data()), n, r, got, ws);
+    REQUIRE(got == cadence::zipline_brute_force(cadence::rows_view<double>::matrix(inst.values.data(), n, r)));
+  }
+  const std::vector<double> bad{1.0, 2.0, 3.0, 4.0, std::nan(""), 6.0};
+  ::thrust::device_vector<double> d(bad.begin(), bad.end());
+  cadence::zipline_result<double> got;
+  const auto device_msg = message_of<cadence::zipline_input_error>([&] {
+    cadence::zipline_thrust_device(::thrust::raw_pointer_cast(d.data()), 2, 3, got, ws);
+  });
+  const auto host_msg = message_of<cadence::zipline_input_error>(
+      [&] { cadence::validate(cadence::rows_view<double>::matrix(bad.data(), 2, 3)); });
+  CHECK(device_msg == host_msg);
+  CHECK(device_msg.find("row 1 index 1") != std::string::npos);
+}
+
+TEST_CASE("bad input is rejected before any device work, with the row and index") {
+  using rv = cadence::rows_view<double>;
+  cadence::thrust_zipline_workspace ws;
+  cadence::zipline_result<double> out;
+  const std::vector<double> ok{1.0, 2.0};
+  CHECK_THROWS_AS(cadence::zipline_thrust(rv::matrix(ok.data(), 0, 2), out, ws),
+                  cadence::zipline_input_error);
+  const std::vector<std::size_t> off{0, 2, 2};
+  CHECK(message_of<cadence::zipline_input_error>([&] {
+          cadence::zipline_thrust(rv::ragged(ok.data(), off.data(), 2), out, ws);
+        }).find("row 1 is empty") != std::string::npos);
+  const std::vector<double> unsorted{1.0, 3.0, 2.0};
+  CHECK(message_of<cadence::zipline_input_error>([&] {
+          cadence::zipline_thrust(rv::matrix(unsorted.data(), 1, 3), out, ws);
+        }).find("not strictly increasing at index 2") != std::string::npos);
+  const std::vector<double> inf{1.0, std::numeric_limits<double>::infinity()};
+  CHECK_THROWS_AS(cadence::zipline_thrust(rv::matrix(inf.data(), 2, 1), out, ws),
+                  cadence::zipline_input_error);
+  const std::vector<int> wide{std::numeric_limits<int>::min(), std::numeric_limits<int>::max()};
+  CHECK_THROWS_AS((void)cadence::zipline_thrust(cadence::rows_view<int>::matrix(wide.data(), 2, 1)),
+                  cadence::zipline_input_error);
+  CHECK_THROWS_AS(cadence::zipline_thrust_device(ok.data(), 1, 0, out, ws), cadence::zipline_input_error);
+  CHECK(ws.bytes_reserved() == 0);  // nothing was allocated for rejected input
+}
+
+TEST_CASE("a workspace is reused across sizes and timestamp types and can be released") {
+  cadence::thrust_zipline_workspace ws;
+  const std::vector<double> a{1.0, 2.0, 3.0, 1.5, 2.5, 3.5};
+  cadence::zipline_result<double> rd;
+  cadence::zipline_thrust(cadence::rows_view<double>::matrix(a.data(), 2, 3), rd, ws);
+  CHECK(ws.bytes_reserved() > 0);
+  const std::vector<std::int64_t> b{10, 20, 30, 40, 11, 21, 31, 41, 12, 22, 32, 42};
+  cadence::zipline_result<std::int64_t> ri;
+  cadence::zipline_thrust(cadence::rows_view<std::int64_t>::matrix(b.data(), 3, 4), ri, ws);
+  CHECK(ri.spread == 2);
+  CHECK(ri.barrier == 12);
+  cadence::zipline_thrust(cadence::rows_view<double>::matrix(a.data(), 2, 3), rd, ws);
+  CHECK(rd == cadence::zipline_brute_force(cadence::rows_view<double>::matrix(a.data(), 2, 3)));
+  cadence::thrust_zipline_workspace moved = std::move(ws);
+  moved.release();
+  CHECK(moved.bytes_reserved() == 0);
+}
