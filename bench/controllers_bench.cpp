@@ -1,0 +1,88 @@
+// Nanoseconds per push for each policy at n = 8 ... 65536 workers, with complexity fits.
+// Each benchmark iteration is one push by a worker picked at random among the running ones
+// (a released worker rejoins the running set), so waits and releases happen at the rate the
+// policy produces them. The driver's own cost (a random pick and a swap) is included.
+#include <cadence/controllers/dssp.hpp>
+#include <cadence/controllers/make_controller.hpp>
+#include <cadence/controllers/ssp.hpp>
+#if __has_include(<cadence/controllers/elastic_bsp.hpp>) && __has_include(<cadence/predict/any_predictor.hpp>)
+#include <cadence/controllers/elastic_bsp.hpp>
+#define CADENCE_BENCH_ELASTIC 1
+#endif
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+struct xorshift {
+  std::uint64_t s = 0x9E3779B97F4A7C15ull;
+  std::uint64_t operator()() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+};
+
+template <class C>
+void drive(benchmark::State& state, C controller) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  std::vector<cadence::worker_id> running(n);
+  for (std::size_t p = 0; p < n; ++p) running[p] = static_cast<cadence::worker_id>(p);
+  xorshift rng;
+  double t = 0;
+  std::size_t waits = 0;
+  for (auto _ : state) {
+    const std::size_t i = rng() % running.size();
+    const cadence::worker_id p = running[i];
+    t += 1e-3;
+    const cadence::decision d = controller.push(p, t);
+    if (!d.proceed) {
+      running[i] = running.back();
+      running.pop_back();
+      ++waits;
+    }
+    for (const cadence::worker_id q : d.released) running.push_back(q);
+    benchmark::DoNotOptimize(d);
+  }
+  state.SetComplexityN(state.range(0));
+  state.SetItemsProcessed(state.iterations());
+  state.counters["wait_fraction"] =
+      benchmark::Counter(static_cast<double>(waits) / static_cast<double>(state.iterations()));
+  state.counters["max_staleness"] = static_cast<double>(controller.max_staleness());
+}
+
+void bsp_push(benchmark::State& s) { drive(s, cadence::bsp(static_cast<std::size_t>(s.range(0)))); }
+void asp_push(benchmark::State& s) { drive(s, cadence::asp(static_cast<std::size_t>(s.range(0)))); }
+void ssp3_push(benchmark::State& s) { drive(s, cadence::ssp(static_cast<std::size_t>(s.range(0)), 3)); }
+void dssp_3_15_push(benchmark::State& s) {
+  drive(s, cadence::dssp(static_cast<std::size_t>(s.range(0)), 3, 15));
+}
+void any_controller_ssp3_push(benchmark::State& s) {
+  drive(s, cadence::make_controller("ssp:3", static_cast<std::size_t>(s.range(0))));
+}
+#ifdef CADENCE_BENCH_ELASTIC
+void elastic15_push(benchmark::State& s) {
+  drive(s, cadence::elastic_bsp(static_cast<std::size_t>(s.range(0)), 15));
+}
+#endif
+
+void sizes(benchmark::internal::Benchmark* b) {
+  b->RangeMultiplier(8)->Range(8, 1 << 16)->Complexity();
+}
+
+}  // namespace
+
+BENCHMARK(bsp_push)->Apply(sizes);
+BENCHMARK(asp_push)->Apply(sizes);
+BENCHMARK(ssp3_push)->Apply(sizes);
+BENCHMARK(dssp_3_15_push)->Apply(sizes);
+BENCHMARK(any_controller_ssp3_push)->Apply(sizes);
+#ifdef CADENCE_BENCH_ELASTIC
+BENCHMARK(elastic15_push)->Apply(sizes);
+#endif
+
+BENCHMARK_MAIN();
