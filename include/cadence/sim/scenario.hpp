@@ -1,0 +1,69 @@
+// A simulated parameter-server cluster: its workers' iteration-time models, the cost of push
+// and pull, failure detection, how long to run, and the seed.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/sim/worker_model.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cadence::sim {
+
+/// Everything a run depends on except the policy. Physics of one iteration of worker p:
+/// compute (its worker_model), push (push_seconds) after which the server calls
+/// controller.push(p, arrival time); if the worker may proceed it pulls (pull_seconds) and
+/// computes again; otherwise it idles until an event releases it, then pulls and computes.
+/// All workers start computing at t = 0 from the initial weights.
+struct scenario {
+  std::string name;
+  std::string description;
+  std::vector<worker_model> workers;
+  /// Time from the end of a worker's compute to the push's arrival at the server.
+  double push_seconds = 0.0;
+  /// Time from the server's go-ahead to the worker starting its next compute.
+  double pull_seconds = 0.0;
+  /// Delay between a worker's death and the server removing it (heartbeat timeout).
+  double failure_detection_seconds = 0.0;
+  /// Run length: simulated seconds (events after this time are not processed) ...
+  double seconds = 0.0;
+  /// ... or, when seconds == 0, until the cluster has made iterations * workers pushes.
+  std::uint64_t iterations = 0;
+  std::uint64_t seed = 1;
+};
+
+/// Throws invalid_parameter_error, naming the scenario and the field, when s cannot be run.
+inline void validate(const scenario& s) {
+  const std::string who = "cadence::sim: scenario '" + s.name + "': ";
+  auto fail = [&](const std::string& what) { throw invalid_parameter_error(who + what); };
+  if (s.workers.empty()) fail("needs at least one worker");
+  if (s.workers.size() >= 0xFFFFFFFFu) fail("too many workers");
+  if (!std::isfinite(s.push_seconds) || s.push_seconds < 0)
+    fail("push_seconds must be finite and >= 0, got " + std::to_string(s.push_seconds));
+  if (!std::isfinite(s.pull_seconds) || s.pull_seconds < 0)
+    fail("pull_seconds must be finite and >= 0, got " + std::to_string(s.pull_seconds));
+  if (!std::isfinite(s.failure_detection_seconds) || s.failure_detection_seconds < 0)
+    fail("failure_detection_seconds must be finite and >= 0, got " +
+         std::to_string(s.failure_detection_seconds));
+  if (std::isnan(s.seconds) || s.seconds < 0 || std::isinf(s.seconds))
+    fail("seconds must be finite and >= 0, got " + std::to_string(s.seconds));
+  if (s.seconds == 0 && s.iterations == 0)
+    fail("set a run length: seconds > 0 or iterations > 0");
+  if (s.seconds == 0 && s.iterations > (std::uint64_t{1} << 40) / s.workers.size())
+    fail("iterations * workers is too large (" + std::to_string(s.iterations) + " * " +
+         std::to_string(s.workers.size()) + ")");
+  bool survivor = false;
+  for (std::size_t p = 0; p < s.workers.size(); ++p) {
+    try {
+      validate(s.workers[p], p);
+    } catch (const invalid_parameter_error& e) {
+      fail(std::string(e.what()).substr(std::string("cadence::sim: ").size()));
+    }
+    if (std::isinf(s.workers[p].fails_at)) survivor = true;
+  }
+  if (!survivor) fail("every worker fails; at least one must survive the run");
+}
+
+}  // namespace cadence::sim

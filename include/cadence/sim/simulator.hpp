@@ -1,0 +1,301 @@
+// A deterministic discrete-event simulator of a parameter-server cluster that drives a real
+// synchronization controller through its public interface and measures what the policy costs.
+#pragma once
+
+#include <cadence/controllers/any_controller.hpp>
+#include <cadence/controllers/controller.hpp>
+#include <cadence/controllers/make_controller.hpp>
+#include <cadence/core/error.hpp>
+#include <cadence/sim/event_queue.hpp>
+#include <cadence/sim/metrics.hpp>
+#include <cadence/sim/random.hpp>
+#include <cadence/sim/scenario.hpp>
+#include <cadence/sim/worker_model.hpp>
+
+#if __has_include(<cadence/controllers/elastic_bsp.hpp>)
+#include <cadence/controllers/elastic_bsp.hpp>
+#define CADENCE_SIM_HAS_ELASTIC 1
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace cadence::sim {
+
+/// Knobs of a run that do not change its simulated outcome.
+struct run_options {
+  /// Measure the wall-clock time of every controller.push() (two steady_clock reads a push).
+  bool time_controller = true;
+  /// Most buckets the staleness histogram grows to; the last one also counts larger staleness.
+  std::size_t staleness_buckets = std::size_t{1} << 20;
+  /// Called about every 65536 events with the fraction of the run done, in [0, 1].
+  std::function<void(double)> progress;
+};
+
+namespace detail {
+
+template <class C, class = void>
+struct has_barriers : std::false_type {};
+template <class C>
+struct has_barriers<C, std::void_t<decltype(std::declval<const C&>().barriers())>> : std::true_type {};
+
+/// Reads a policy's own barrier count (ElasticBSP's completed barriers) when it has one.
+struct barrier_probe {
+  const void* object = nullptr;
+  std::uint64_t (*read)(const void*) = nullptr;
+  bool available() const noexcept { return read != nullptr; }
+  std::uint64_t operator()() const { return read(object); }
+};
+
+template <class T>
+barrier_probe probe_of(const T& t) {
+  return {&t, [](const void* o) { return static_cast<std::uint64_t>(static_cast<const T*>(o)->barriers()); }};
+}
+
+template <class C>
+barrier_probe make_barrier_probe(C& c) {
+  if constexpr (std::is_same_v<C, any_controller>) {
+#ifdef CADENCE_SIM_HAS_ELASTIC
+    if (const auto* e = c.template target<elastic_bsp>()) return probe_of(*e);
+#endif
+    (void)c;
+    return {};
+  } else if constexpr (has_barriers<C>::value) {
+    return probe_of(c);
+  } else {
+    (void)c;
+    return {};
+  }
+}
+
+enum class phase : unsigned char { working, waiting, dead };
+
+}  // namespace detail
+
+/// Runs scenario s against controller c, which must be freshly built for s.workers.size()
+/// workers (ids 0..n-1, no push yet). Each worker computes, pushes (push_seconds later the
+/// server calls c.push(p, arrival_time)), and either proceeds (pulls, then computes again) or
+/// idles until a later push or removal releases it. A worker that dies stops; after the
+/// failure-detection delay the server calls c.remove_worker(p) and resumes whoever it
+/// releases. Everything in the result except the controller's wall-clock time is a pure
+/// function of (s, policy). Throws invalid_parameter_error for a bad scenario or a controller
+/// of the wrong size, deadlock_error if the run stops with workers waiting and nothing left to
+/// release them, and whatever the controller throws.
+template <class Controller>
+run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = {}) {
+  CADENCE_REQUIRE_CONTROLLER(Controller);
+  validate(s);
+  const std::size_t n = s.workers.size();
+  if (c.worker_capacity() != n || c.active_workers() != n)
+    throw invalid_parameter_error("cadence::sim: scenario '" + s.name + "' has " + std::to_string(n) +
+                                  " workers but the controller '" + std::string(c.config()) +
+                                  "' was built for " + std::to_string(c.worker_capacity()) +
+                                  " (active " + std::to_string(c.active_workers()) + ")");
+  if (opt.staleness_buckets == 0)
+    throw invalid_parameter_error("cadence::sim: run_options.staleness_buckets must be >= 1");
+
+  run_metrics m;
+  m.policy = c.config();
+  m.scenario = s.name;
+  m.seed = s.seed;
+  m.workers = n;
+  m.staleness_histogram.assign(std::min<std::size_t>(opt.staleness_buckets, 64), 0);
+  m.per_worker.resize(n);
+  for (std::size_t p = 0; p < n; ++p) m.per_worker[p].label = s.workers[p].label;
+
+  std::vector<iteration_sampler> sampler;
+  sampler.reserve(n);
+  for (std::size_t p = 0; p < n; ++p) sampler.emplace_back(s.workers[p], mix_seed(s.seed, p));
+  std::vector<detail::phase> state(n, detail::phase::working);
+  std::vector<double> wait_since(n, 0.0), computing(n, 0.0);
+  std::vector<std::uint64_t> since_barrier(n, 0);
+
+  const bool timed = s.seconds > 0;
+  const double horizon = timed ? s.seconds : HUGE_VAL;
+  const std::uint64_t target = timed ? UINT64_MAX : s.iterations * n;
+  const clock_value top_bucket = static_cast<clock_value>(opt.staleness_buckets - 1);
+
+  event_queue queue;
+  queue.reserve(n + 2 * n);
+  // A worker starts an iteration at `t`: draw its compute time and schedule the push.
+  auto start_iteration = [&](worker_id p, double t) {
+    const double d = sampler[p].next(t);
+    computing[p] = d;
+    queue.push(t + d + s.push_seconds, p, event_kind::push_arrives);
+  };
+  // After the controller let p go at time t: it pulls, then computes.
+  auto let_go = [&](worker_id p, double t) {
+    const clock_value st = c.staleness(p);
+    if (st > m.max_start_staleness) m.max_start_staleness = st;
+    start_iteration(p, t + s.pull_seconds);
+  };
+  auto resume = [&](span<const worker_id> released, double t) {
+    if (!released.empty()) ++m.release_events;
+    for (const worker_id q : released) {
+      if (state[q] != detail::phase::waiting) continue;  // died while waiting: stays idle
+      m.per_worker[q].wait_seconds += t - wait_since[q];
+      state[q] = detail::phase::working;
+      let_go(q, t);
+    }
+  };
+
+  const detail::barrier_probe probe = detail::make_barrier_probe(c);
+  std::uint64_t barriers_seen = probe.available() ? probe() : 0;
+  std::uint64_t superstep_sum = 0, superstep_pairs = 0;
+  m.superstep_iterations_min = UINT64_MAX;
+  auto check_barrier = [&]() {
+    if (!probe.available()) return;
+    const std::uint64_t b = probe();
+    if (b == barriers_seen) return;
+    m.supersteps += b - barriers_seen;
+    barriers_seen = b;
+    for (worker_id p = 0; p < n; ++p) {
+      if (state[p] == detail::phase::dead) continue;
+      const std::uint64_t k = since_barrier[p];
+      superstep_sum += k;
+      ++superstep_pairs;
+      m.superstep_iterations_min = std::min(m.superstep_iterations_min, k);
+      m.superstep_iterations_max = std::max(m.superstep_iterations_max, k);
+    }
+    std::fill(since_barrier.begin(), since_barrier.end(), 0);
+  };
+
+  for (worker_id p = 0; p < n; ++p) start_iteration(p, 0.0);
+  for (worker_id p = 0; p < n; ++p) {
+    const double f = s.workers[p].fails_at;
+    if (std::isinf(f)) continue;
+    queue.push(f, p, event_kind::worker_dies);
+    queue.push(f + s.failure_detection_seconds, p, event_kind::worker_removed);
+  }
+
+  using wall = std::chrono::steady_clock;
+  wall::duration in_controller{};
+  double end = timed ? horizon : 0.0;
+  std::uint64_t events = 0;
+  const double progress_scale = timed ? 1.0 / horizon : 1.0 / static_cast<double>(target);
+  bool finished = false;
+
+  while (!queue.empty()) {
+    if (queue.top().time > horizon) {
+      finished = true;
+      break;
+    }
+    const event e = queue.pop();
+    const worker_id p = e.worker;
+    const double t = e.time;
+    if (opt.progress && (++events & 0xFFFF) == 0)
+      opt.progress(timed ? t * progress_scale : static_cast<double>(m.iterations) * progress_scale);
+
+    switch (e.kind) {
+      case event_kind::push_arrives: {
+        if (state[p] == detail::phase::dead) break;  // it died before this push arrived
+        decision d;
+        if (opt.time_controller) {
+          const auto before = wall::now();
+          d = c.push(p, t);
+          in_controller += wall::now() - before;
+        } else {
+          d = c.push(p, t);
+        }
+        ++m.iterations;
+        worker_metrics& w = m.per_worker[p];
+        ++w.iterations;
+        w.compute_seconds += computing[p];
+        ++since_barrier[p];
+        const clock_value st = c.staleness(p);
+        if (st > w.max_staleness) w.max_staleness = st;
+        const auto bucket = static_cast<std::size_t>(std::min(st, top_bucket));
+        if (bucket >= m.staleness_histogram.size())
+          m.staleness_histogram.resize(std::min(opt.staleness_buckets, 2 * bucket + 1), 0);
+        ++m.staleness_histogram[bucket];
+        // Release the others before p goes on: `d.released` is valid until the next call.
+        resume(d.released, t);
+        if (d.proceed) {
+          let_go(p, t);
+        } else {
+          state[p] = detail::phase::waiting;
+          wait_since[p] = t;
+          ++w.waits;
+        }
+        check_barrier();
+        if (m.iterations >= target) {
+          end = t;
+          finished = true;
+        }
+        break;
+      }
+      case event_kind::worker_dies: {
+        if (state[p] == detail::phase::waiting) m.per_worker[p].wait_seconds += t - wait_since[p];
+        state[p] = detail::phase::dead;
+        m.per_worker[p].failed = true;
+        m.per_worker[p].alive_seconds = t;
+        break;
+      }
+      case event_kind::worker_removed: {
+        ++m.removed_workers;
+        resume(c.remove_worker(p), t);
+        check_barrier();
+        break;
+      }
+    }
+    if (finished) break;
+  }
+  if (!finished) {
+    // No event left before the end: only possible if every live worker waits for good.
+    std::string waiting;
+    for (worker_id p = 0; p < n; ++p)
+      if (state[p] == detail::phase::waiting) waiting += (waiting.empty() ? "" : ", ") + std::to_string(p);
+    throw deadlock_error("cadence::sim: policy '" + m.policy + "' on scenario '" + s.name +
+                         "' stopped after " + std::to_string(m.iterations) +
+                         " pushes with nothing left to release the waiting workers (" + waiting + ")");
+  }
+
+  m.simulated_seconds = end;
+  while (m.staleness_histogram.size() > 1 && m.staleness_histogram.back() == 0)
+    m.staleness_histogram.pop_back();
+  double alive_total = 0;
+  for (worker_id p = 0; p < n; ++p) {
+    worker_metrics& w = m.per_worker[p];
+    if (state[p] == detail::phase::waiting) w.wait_seconds += end - wait_since[p];
+    if (!w.failed) w.alive_seconds = end;
+    alive_total += w.alive_seconds;
+    m.wait_seconds += w.wait_seconds;
+    if (w.max_staleness > m.max_staleness) m.max_staleness = w.max_staleness;
+  }
+  m.iterations_per_second = end > 0 ? static_cast<double>(m.iterations) / end : 0.0;
+  m.wait_fraction = alive_total > 0 ? m.wait_seconds / alive_total : 0.0;
+  m.mean_wait_per_iteration = m.iterations > 0 ? m.wait_seconds / static_cast<double>(m.iterations) : 0.0;
+  if (probe.available()) {
+    m.barriers = barriers_seen;
+    m.barriers_from_policy = true;
+  } else {
+    m.barriers = m.release_events;
+  }
+  if (superstep_pairs > 0) {
+    m.superstep_iterations_mean = static_cast<double>(superstep_sum) / static_cast<double>(superstep_pairs);
+  } else {
+    m.superstep_iterations_min = 0;
+  }
+  m.controller_seconds = std::chrono::duration<double>(in_controller).count();
+  m.controller_ns_per_push =
+      m.iterations > 0 ? m.controller_seconds * 1e9 / static_cast<double>(m.iterations) : 0.0;
+  if (opt.progress) opt.progress(1.0);
+  return m;
+}
+
+/// Builds the policy from its config string (see make_controller) and runs scenario s.
+inline run_metrics simulate(std::string_view policy, const scenario& s, const run_options& opt = {}) {
+  validate(s);
+  any_controller c = make_controller(policy, s.workers.size());
+  return simulate(c, s, opt);
+}
+
+}  // namespace cadence::sim
