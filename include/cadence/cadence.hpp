@@ -10,6 +10,7 @@
 #include <cadence/controllers/any_controller.hpp>
 #include <cadence/controllers/controller.hpp>
 #include <cadence/controllers/dssp.hpp>
+#include <cadence/controllers/elastic_bsp.hpp>
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/controllers/ssp.hpp>
 

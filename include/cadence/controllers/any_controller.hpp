@@ -19,11 +19,12 @@ class any_controller {
 public:
   any_controller() = default;
 
-  template <class C, class = std::enable_if_t<!std::is_same_v<std::decay_t<C>, any_controller>>>
+  /// Takes any synchronization_controller by value. Constrained (not a static_assert) so
+  /// overloads taking any_controller or, say, a config string resolve as expected.
+  template <class C, class = std::enable_if_t<!std::is_same_v<std::decay_t<C>, any_controller> &&
+                                              is_synchronization_controller_v<std::decay_t<C>>>>
   any_controller(C&& controller)  // NOLINT: implicit on purpose, like std::function
-      : self_(std::make_unique<model<std::decay_t<C>>>(std::forward<C>(controller))) {
-    CADENCE_REQUIRE_CONTROLLER(std::decay_t<C>);
-  }
+      : self_(std::make_unique<model<std::decay_t<C>>>(std::forward<C>(controller))) {}
 
   any_controller(const any_controller& other) : self_(other.self_ ? other.self_->clone() : nullptr) {}
   any_controller(any_controller&&) noexcept = default;

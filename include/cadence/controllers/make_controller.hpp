@@ -4,6 +4,7 @@
 
 #include <cadence/controllers/any_controller.hpp>
 #include <cadence/controllers/dssp.hpp>
+#include <cadence/controllers/elastic_bsp.hpp>
 #include <cadence/controllers/ssp.hpp>
 #include <cadence/core/error.hpp>
 
@@ -41,7 +42,7 @@ inline clock_value parse_count(std::string_view config, std::string_view field, 
 }
 
 inline const char* policy_grammar() {
-  return "bsp | asp | ssp:<s> | dssp:<s_L>:<s_U>";
+  return "bsp | asp | ssp:<s> | dssp:<s_L>:<s_U> | elastic:<R>[:<predictor>][:<variant>]";
 }
 
 }  // namespace detail
@@ -51,6 +52,10 @@ inline const char* policy_grammar() {
 ///   asp                   Asynchronous Parallel
 ///   ssp:<s>               Stale Synchronous Parallel with staleness bound s >= 0
 ///   dssp:<s_L>:<s_U>      Dynamic SSP with 0 <= s_L <= s_U
+///   elastic:<R>[:<predictor>][:<variant>]
+///                         ElasticBSP with lookahead R >= 1; predictor last (default), mean:<k>,
+///                         median:<k> or ewma:<alpha>; ZipLine variant fast (default), opt-bs,
+///                         opt or zipline. Example: elastic:15:median:5:opt-bs
 /// Throws parse_error (unknown policy, wrong field count, non-numbers) or
 /// invalid_parameter_error (values out of range), both naming the offending string.
 inline any_controller make_controller(std::string_view config, std::size_t workers) {
@@ -77,6 +82,32 @@ inline any_controller make_controller(std::string_view config, std::size_t worke
     expect_fields(3, "dssp:<s_L>:<s_U>");
     return dssp(workers, detail::parse_count(config, f[1], "lower bound s_L"),
                 detail::parse_count(config, f[2], "upper bound s_U"));
+  }
+  if (kind == "elastic") {
+    if (f.size() < 2)
+      throw parse_error("cadence: policy '" + std::string(config) +
+                        "' must look like 'elastic:<R>[:<predictor>][:<variant>]'");
+    const clock_value r = detail::parse_count(config, f[1], "lookahead R");
+    std::size_t next = 2;
+    std::string predictor = "last";
+    if (next < f.size() && (f[next] == "last" || f[next] == "mean" || f[next] == "median" ||
+                            f[next] == "ewma")) {
+      predictor = std::string(f[next++]);
+      if (predictor != "last") {
+        if (next >= f.size())
+          throw parse_error("cadence: policy '" + std::string(config) + "': predictor '" +
+                            predictor + "' needs a value, e.g. " + predictor +
+                            (predictor == "ewma" ? ":0.5" : ":5"));
+        predictor += ":" + std::string(f[next++]);
+      }
+    }
+    zipline_variant variant = zipline_variant::fast;
+    if (next < f.size()) variant = parse_zipline_variant(f[next++]);
+    if (next < f.size())
+      throw parse_error("cadence: policy '" + std::string(config) + "': unexpected field '" +
+                        std::string(f[next]) + "'; expected elastic:<R>[:<predictor>][:<variant>]");
+    return elastic_bsp(workers, static_cast<std::size_t>(r), make_predictor<timestamp>(predictor),
+                       variant);
   }
   throw parse_error("cadence: unknown policy '" + std::string(config) + "'; expected one of " +
                     detail::policy_grammar());

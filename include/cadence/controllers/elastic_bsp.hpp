@@ -1,0 +1,291 @@
+// ElasticBSP (Zhao et al., ICDM 2019): workers run asynchronously between barriers, and each
+// barrier is placed where the predicted spread of arrival times is smallest (ZipLine).
+//
+// When to pick it: heterogeneous or jittery workers where BSP wastes time waiting and ASP's
+// unbounded staleness hurts accuracy. It bounds the work between two barriers (monitoring
+// pushes plus at most R), not the clock gap: a worker twice as fast runs about twice as many
+// iterations per superstep, so c_p - c_min grows without bound, as under ASP.
+#pragma once
+
+#include <cadence/controllers/detail/controller_base.hpp>
+#include <cadence/predict/any_predictor.hpp>
+#include <cadence/zipline/variant.hpp>
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cadence {
+
+/// The current ElasticBSP plan, for observability.
+struct elastic_plan {
+  /// False during monitoring (no barrier planned yet).
+  bool planned = false;
+  /// Predicted time of the barrier (the latest chosen push) and the predicted spread of the
+  /// chosen pushes (the fastest worker's predicted wait).
+  timestamp barrier = 0;
+  timestamp spread = 0;
+  /// Time at which the plan was made.
+  timestamp planned_at = 0;
+  /// Per worker id: pushes still to make before waiting at the barrier (0 for a worker that
+  /// already waits, -1 for a worker that is not part of this superstep).
+  std::vector<clock_value> remaining;
+};
+
+/// ElasticBSP over a predictor type P (any is_predictor_v<P, timestamp>; any_predictor by
+/// default, so the predictor can be picked at run time).
+/// The cycle after every barrier (spec section 4):
+/// 1. monitoring: everyone proceeds until every participating worker has pushed twice;
+/// 2. prediction: P maps each worker's pushes since the barrier to its next R push times;
+/// 3. planning: the ZipLine variant picks, per worker, j_p in [1, R] iterations to run;
+/// 4. running: a worker that made its j_p pushes waits; when all wait, all are released.
+/// Fallbacks: with fewer than two participating workers, or predictions the search rejects
+/// (non-finite), no barrier is planned and monitoring restarts at once. A worker that joins
+/// takes part from the next monitoring phase and runs freely until then. Removing a worker
+/// that others wait for completes the barrier without it.
+template <class P = any_predictor<timestamp>>
+class basic_elastic_bsp : public detail::controller_base {
+  static_assert(is_predictor_v<P, timestamp>,
+                "cadence::basic_elastic_bsp<P>: P must model the predictor concept for double "
+                "timestamps (see cadence/predict/predictor.hpp)");
+
+public:
+  /// `lookahead` R >= 1 predicted pushes per worker; `history` >= 2 is how many of a worker's
+  /// latest pushes since the barrier the predictor sees.
+  basic_elastic_bsp(std::size_t workers, std::size_t lookahead, P predictor = P(),
+                    zipline_variant variant = zipline_variant::fast, std::size_t history = 16)
+      : controller_base("elastic_bsp", workers),
+        lookahead_(lookahead),
+        history_(history),
+        predictor_(std::move(predictor)),
+        variant_(variant) {
+    if (lookahead < 1)
+      throw invalid_parameter_error("cadence::elastic_bsp: lookahead R must be >= 1, got 0");
+    if (history < 2)
+      throw invalid_parameter_error("cadence::elastic_bsp: history must be >= 2 pushes, got " +
+                                    std::to_string(history));
+    for (std::size_t p = 0; p < workers; ++p) grow_worker(true);
+    participants_ = workers;
+  }
+
+  decision push(worker_id p, timestamp t) {
+    check_push(p, t);
+    last_time_ = t;
+    released_.clear();
+    table_.advance(p);
+    worker& w = w_[p];
+    ++w.superstep_pushes;
+    if (!w.participating) return decide(true);
+
+    if (!planned_) {
+      record(w, t);
+      if (w.since_barrier == 2) ++ready_;
+      if (ready_ == participants_) make_plan(t);
+      return decide(true);
+    }
+    if (--w.remaining > 0) return decide(true);
+    // p reached its planned barrier iteration.
+    if (arrived_ + 1 == participants_) {
+      complete_barrier(p);
+      return decide(true);
+    }
+    ++arrived_;
+    set_waiting(p);
+    return decide(false);
+  }
+
+  span<const worker_id> remove_worker(worker_id p) {
+    check_active(p, "remove_worker");
+    released_.clear();
+    worker& w = w_[p];
+    const bool was_waiting = mark_removed(p);
+    if (w.participating) {
+      w.participating = false;
+      --participants_;
+      if (was_waiting) --arrived_;
+      if (!planned_ && w.since_barrier >= 2) --ready_;
+      if (participants_ == 0) {
+        start_monitoring();
+      } else if (planned_ && arrived_ == participants_) {
+        complete_barrier(detail::clock_table::none);
+      } else if (!planned_ && ready_ == participants_) {
+        make_plan(last_time_);
+      }
+    }
+    return released_;
+  }
+
+  worker_id add_worker() {
+    const worker_id p = add_worker_at_min();
+    grow_worker(false);  // takes part from the next monitoring phase
+    return p;
+  }
+
+  /// During running: the participating workers that have not reached the barrier yet.
+  std::vector<worker_id> waiting_for(worker_id p) const {
+    check_active(p, "waiting_for");
+    std::vector<worker_id> out;
+    if (!planned_) return out;
+    for (worker_id q = 0; q < w_.size(); ++q)
+      if (q != p && is_active(q) && w_[q].participating && state_[q] != waiting) out.push_back(q);
+    return out;
+  }
+
+  /// The plan in force (planned = false during monitoring).
+  elastic_plan plan() const {
+    elastic_plan out = plan_;
+    out.planned = planned_;
+    out.remaining.assign(w_.size(), -1);
+    if (planned_)
+      for (worker_id q = 0; q < w_.size(); ++q)
+        if (is_active(q) && w_[q].participating) out.remaining[q] = w_[q].remaining;
+    return out;
+  }
+  /// Barriers completed so far.
+  std::size_t barriers() const noexcept { return barriers_; }
+  /// Supersteps that ended without a barrier (the fallback: fewer than two participants or
+  /// predictions the search rejected).
+  std::size_t fallbacks() const noexcept { return fallbacks_; }
+  /// Pushes each worker made in the last completed superstep (indexed by worker id): its
+  /// monitoring pushes plus the j_p the plan gave it.
+  const std::vector<std::size_t>& last_superstep_iterations() const noexcept {
+    return last_superstep_;
+  }
+  /// The largest per-superstep iteration count of any worker so far.
+  std::size_t max_superstep_iterations() const noexcept { return max_superstep_; }
+  bool is_monitoring() const noexcept { return !planned_; }
+  std::size_t lookahead() const noexcept { return lookahead_; }
+  const P& predictor() const noexcept { return predictor_; }
+  zipline_variant variant() const noexcept { return variant_; }
+  std::string config() const {
+    return "elastic:" + std::to_string(lookahead_) + ":" + std::string(predictor_.name()) + ":" +
+           std::string(to_string(variant_));
+  }
+
+private:
+  struct worker {
+    bool participating = false;
+    std::size_t since_barrier = 0;   // pushes since the superstep began (monitoring count)
+    std::size_t superstep_pushes = 0;
+    clock_value remaining = 0;       // running: pushes left before the barrier
+    std::vector<timestamp> ring;     // latest `history_` push times since the barrier
+  };
+
+  void grow_worker(bool participating) {
+    worker w;
+    w.participating = participating;
+    w.ring.resize(history_);
+    w_.push_back(std::move(w));
+    last_superstep_.push_back(0);
+  }
+
+  void record(worker& w, timestamp t) {
+    w.ring[w.since_barrier % history_] = t;
+    ++w.since_barrier;
+  }
+
+  void start_monitoring() {
+    planned_ = false;
+    ready_ = 0;
+    arrived_ = 0;
+    participants_ = 0;
+    for (worker_id q = 0; q < w_.size(); ++q) {
+      worker& w = w_[q];
+      w.since_barrier = 0;
+      w.remaining = 0;
+      w.participating = is_active(q);
+      if (w.participating) ++participants_;
+    }
+  }
+
+  void end_superstep() {
+    for (worker_id q = 0; q < w_.size(); ++q) {
+      last_superstep_[q] = w_[q].superstep_pushes;
+      if (w_[q].superstep_pushes > max_superstep_) max_superstep_ = w_[q].superstep_pushes;
+      w_[q].superstep_pushes = 0;
+    }
+  }
+
+  // Prediction and planning; on failure, the documented fallback.
+  void make_plan(timestamp now) {
+    if (participants_ < 2) {
+      fallback();
+      return;
+    }
+    const std::size_t r = lookahead_;
+    rows_.resize(participants_ * r);
+    row_worker_.clear();
+    for (worker_id q = 0; q < w_.size(); ++q) {
+      const worker& w = w_[q];
+      if (!is_active(q) || !w.participating) continue;
+      // The ring in time order, oldest first.
+      const std::size_t have = w.since_barrier < history_ ? w.since_barrier : history_;
+      history_buf_.resize(have);
+      for (std::size_t i = 0; i < have; ++i)
+        history_buf_[i] = w.ring[(w.since_barrier - have + i) % history_];
+      try {
+        predictor_.predict(span<const timestamp>(history_buf_.data(), have), r,
+                           rows_.data() + row_worker_.size() * r);
+      } catch (const time_error&) {  // a prediction beyond what a double holds
+        fallback();
+        return;
+      }
+      row_worker_.push_back(q);
+    }
+    for (const timestamp v : rows_)
+      if (!std::isfinite(v)) {
+        fallback();
+        return;
+      }
+    try {
+      zipline_solve(variant_, rows_view<timestamp>::matrix(rows_.data(), participants_, r), ws_,
+                    result_);
+    } catch (const zipline_input_error&) {
+      fallback();
+      return;
+    }
+    planned_ = true;
+    arrived_ = 0;
+    plan_.barrier = result_.barrier;
+    plan_.spread = result_.spread;
+    plan_.planned_at = now;
+    for (std::size_t i = 0; i < row_worker_.size(); ++i)
+      w_[row_worker_[i]].remaining = static_cast<clock_value>(result_.choice[i]) + 1;
+  }
+
+  void fallback() {
+    ++fallbacks_;
+    end_superstep();
+    start_monitoring();
+  }
+
+  // Everyone waiting is released; `last` (the final arrival, if any) proceeds directly.
+  void complete_barrier(worker_id last) {
+    for (worker_id q = 0; q < w_.size(); ++q)
+      if (q != last && is_active(q) && state_[q] == waiting) release(q);
+    ++barriers_;
+    end_superstep();
+    start_monitoring();
+  }
+
+  std::size_t lookahead_, history_;
+  P predictor_;
+  zipline_variant variant_;
+  std::vector<worker> w_;
+  std::size_t participants_ = 0, ready_ = 0, arrived_ = 0;
+  bool planned_ = false;
+  elastic_plan plan_;
+  std::size_t barriers_ = 0, fallbacks_ = 0, max_superstep_ = 0;
+  std::vector<std::size_t> last_superstep_;
+  // Planning scratch, reused every superstep.
+  std::vector<timestamp> rows_, history_buf_;
+  std::vector<worker_id> row_worker_;
+  zipline_workspace<timestamp> ws_;
+  zipline_result<timestamp> result_;
+};
+
+/// ElasticBSP with a predictor chosen at run time (the form make_controller builds).
+using elastic_bsp = basic_elastic_bsp<any_predictor<timestamp>>;
+
+}  // namespace cadence
