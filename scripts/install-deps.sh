@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages Cadence's build, tests and demo need (only the missing ones).
+# Needs root for apt-get; without root it lists what to install and fails.
+set -euo pipefail
+packages=(cmake make g++ doctest-dev libbenchmark-dev python3)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+  echo "cadence: missing Debian packages: ${missing[*]}" >&2
+  echo "cadence: install them with: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "cadence: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
