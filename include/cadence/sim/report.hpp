@@ -105,7 +105,7 @@ inline void write_csv(std::ostream& os, const std::vector<run_metrics>& runs) {
 /// An aligned comparison table for a terminal.
 inline void write_table(std::ostream& os, const std::vector<run_metrics>& runs) {
   char line[256];
-  std::snprintf(line, sizeof line, "%-14s %10s %7s %11s %9s %9s %10s %9s %10s\n", "policy",
+  std::snprintf(line, sizeof line, "%-22s %10s %7s %11s %9s %9s %10s %9s %10s\n", "policy",
                 "iter/s", "wait%", "wait/iter", "stale.max", "stale.p99", "barriers", "superstep",
                 "ctrl ns");
   os << line;
@@ -118,7 +118,7 @@ inline void write_table(std::ostream& os, const std::vector<run_metrics>& runs) 
                     static_cast<unsigned long long>(m.superstep_iterations_max));
       superstep = b;
     }
-    std::snprintf(line, sizeof line, "%-14s %10.1f %6.1f%% %9.2fms %9lld %9zu %10llu %9s %10.0f\n",
+    std::snprintf(line, sizeof line, "%-22s %10.1f %6.1f%% %9.2fms %9lld %9zu %10llu %9s %10.0f\n",
                   m.policy.c_str(), m.iterations_per_second, 100.0 * m.wait_fraction,
                   1e3 * m.mean_wait_per_iteration, static_cast<long long>(m.max_staleness),
                   histogram_quantile(m.staleness_histogram, 0.99),

@@ -89,7 +89,8 @@ enum class phase : unsigned char { working, waiting, dead };
 /// function of (s, policy). Throws invalid_parameter_error for a bad scenario or a controller
 /// of the wrong size, deadlock_error if the run stops with workers waiting and nothing left to
 /// release them, and whatever the controller throws.
-template <class Controller>
+template <class Controller,
+          std::enable_if_t<!std::is_convertible_v<Controller&, std::string_view>, int> = 0>
 run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = {}) {
   CADENCE_REQUIRE_CONTROLLER(Controller);
   validate(s);

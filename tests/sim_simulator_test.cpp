@@ -1,0 +1,294 @@
+#include <cadence/controllers/make_controller.hpp>
+#include <cadence/controllers/ssp.hpp>
+#include <cadence/sim/scenarios.hpp>
+#include <cadence/sim/simulator.hpp>
+
+#include "support/schedule.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+using namespace cadence;
+using namespace cadence::sim;
+
+namespace {
+
+// Every named scenario, shortened so the whole file runs in well under a second at -O2.
+scenario short_scenario(const std::string& name, std::uint64_t seed = 1) {
+  scenario s = make_scenario(name, 0, seed);
+  s.seconds = name == "large1000" ? 3.0 : (name == "failure8" ? 80.0 : 30.0);
+  return s;
+}
+
+// Wraps a controller and checks, after every push and removal, that every running worker is
+// within `bound` of the slowest and that not every active worker waits.
+template <class C>
+class checked {
+public:
+  checked(C inner, clock_value bound) : inner_(std::move(inner)), bound_(bound) {}
+  decision push(worker_id p, timestamp t) {
+    const decision d = inner_.push(p, t);
+    test::check_staleness_and_progress(inner_, bound_, inner_.worker_capacity());
+    return d;
+  }
+  span<const worker_id> remove_worker(worker_id p) {
+    const auto r = inner_.remove_worker(p);
+    test::check_staleness_and_progress(inner_, bound_, inner_.worker_capacity());
+    return r;
+  }
+  worker_id add_worker() { return inner_.add_worker(); }
+  std::size_t worker_capacity() const { return inner_.worker_capacity(); }
+  clock_value clock(worker_id p) const { return inner_.clock(p); }
+  bool is_active(worker_id p) const { return inner_.is_active(p); }
+  bool is_waiting(worker_id p) const { return inner_.is_waiting(p); }
+  std::size_t active_workers() const { return inner_.active_workers(); }
+  clock_value min_clock() const { return inner_.min_clock(); }
+  clock_value staleness(worker_id p) const { return inner_.staleness(p); }
+  clock_value max_staleness() const { return inner_.max_staleness(); }
+  std::vector<worker_id> waiting_for(worker_id p) const { return inner_.waiting_for(p); }
+  std::string config() const { return inner_.config(); }
+
+private:
+  C inner_;
+  clock_value bound_;
+};
+
+// A policy that never lets anyone go on and never notices: the simulator must not hang.
+class never_release {
+public:
+  explicit never_release(std::size_t n) : clock_(n, 0), waiting_(n, false) {}
+  decision push(worker_id p, timestamp) {
+    ++clock_[p];
+    waiting_[p] = true;
+    return {false, {}};
+  }
+  span<const worker_id> remove_worker(worker_id) { return {}; }
+  worker_id add_worker() { return 0; }
+  std::size_t worker_capacity() const { return clock_.size(); }
+  clock_value clock(worker_id p) const { return clock_[p]; }
+  bool is_active(worker_id) const { return true; }
+  bool is_waiting(worker_id p) const { return waiting_[p]; }
+  std::size_t active_workers() const { return clock_.size(); }
+  clock_value min_clock() const { return 0; }
+  clock_value staleness(worker_id) const { return 0; }
+  clock_value max_staleness() const { return 0; }
+  std::vector<worker_id> waiting_for(worker_id) const { return {}; }
+  std::string config() const { return "never"; }
+
+private:
+  std::vector<clock_value> clock_;
+  std::vector<bool> waiting_;
+};
+
+struct bounded_policy {
+  const char* config;
+  clock_value bound;  // staleness at which a worker may start an iteration
+};
+constexpr bounded_policy bounded_policies[] = {{"bsp", 0}, {"ssp:0", 0}, {"ssp:3", 3}, {"dssp:0:4", 4},
+                                               {"dssp:3:15", 15}, {"dssp:2:2", 2}};
+
+// A constant-time scenario whose times are exact binary fractions, so event times carry no
+// rounding and the expected counts below are exact.
+scenario constant_scenario() {
+  scenario s;
+  s.name = "constant";
+  for (const double d : {0.25, 0.125, 0.1875, 0.25, 0.09375}) {
+    worker_model m;
+    m.iteration_seconds = d;
+    s.workers.push_back(m);
+  }
+  s.push_seconds = 0.0625;
+  s.pull_seconds = 0.03125;
+  s.seconds = 50;
+  return s;
+}
+
+bool same_outcome(const run_metrics& a, const run_metrics& b) {
+  if (a.per_worker.size() != b.per_worker.size()) return false;
+  for (std::size_t p = 0; p < a.per_worker.size(); ++p) {
+    const auto &x = a.per_worker[p], &y = b.per_worker[p];
+    if (x.iterations != y.iterations || x.wait_seconds != y.wait_seconds ||
+        x.compute_seconds != y.compute_seconds || x.max_staleness != y.max_staleness || x.waits != y.waits)
+      return false;
+  }
+  return a.iterations == b.iterations && a.simulated_seconds == b.simulated_seconds &&
+         a.wait_seconds == b.wait_seconds && a.max_staleness == b.max_staleness &&
+         a.max_start_staleness == b.max_start_staleness &&
+         a.staleness_histogram == b.staleness_histogram && a.barriers == b.barriers &&
+         a.release_events == b.release_events;
+}
+
+}  // namespace
+
+TEST_CASE("on every scenario no worker starts an iteration beyond its policy's staleness bound" *
+          doctest::timeout(60)) {
+  for (const auto& info : scenario_catalog()) {
+    const scenario s = short_scenario(info.name);
+    for (const auto& policy : bounded_policies) {
+      CAPTURE(info.name);
+      CAPTURE(policy.config);
+      run_metrics m;
+      if (s.workers.size() <= 64) {  // check every event; large1000 relies on the metrics
+        checked<any_controller> c(make_controller(policy.config, s.workers.size()), policy.bound);
+        m = simulate(c, s);
+      } else {
+        m = simulate(policy.config, s);
+      }
+      CHECK(m.iterations > 0);
+      CHECK(m.max_start_staleness <= policy.bound);
+      // A push can land one clock past the bound (the worker started within it); it then waits.
+      CHECK(m.max_staleness <= policy.bound + 1);
+      CHECK(m.staleness_histogram.size() <= static_cast<std::size_t>(policy.bound) + 2);
+      CHECK(m.wait_fraction >= 0.0);
+      CHECK(m.wait_fraction < 1.0);
+    }
+  }
+}
+
+TEST_CASE("asp never waits on any scenario and its staleness is unbounded by design" *
+          doctest::timeout(60)) {
+  for (const auto& info : scenario_catalog()) {
+    CAPTURE(info.name);
+    const run_metrics m = simulate("asp", short_scenario(info.name));
+    CHECK(m.wait_seconds == 0.0);
+    CHECK(m.wait_fraction == 0.0);
+    CHECK(m.release_events == 0);
+    CHECK(m.barriers == 0);
+    for (const auto& w : m.per_worker) CHECK(w.waits == 0);
+  }
+  CHECK(simulate("asp", short_scenario("hetero2")).max_staleness > 50);
+}
+
+TEST_CASE("bsp's throughput is exactly one barrier per slowest iteration on constant times") {
+  const scenario s = constant_scenario();
+  const double period = 0.25 + s.push_seconds + s.pull_seconds;  // the slowest worker's cycle
+  // Worker p's k-th push (k >= 1) arrives at (k - 1) * period + d_p + push.
+  std::uint64_t expected = 0;
+  for (const auto& w : s.workers)
+    expected += static_cast<std::uint64_t>(std::floor((s.seconds - w.iteration_seconds - s.push_seconds) / period)) + 1;
+  const run_metrics m = simulate("bsp", s);
+  CHECK(m.iterations == expected);
+  CHECK(m.iterations_per_second == doctest::Approx(static_cast<double>(expected) / s.seconds));
+  CHECK(m.iterations_per_second == doctest::Approx(5 / period).epsilon(0.01));
+  // One global barrier per round: the last arrival releases the other four.
+  CHECK(m.barriers == m.release_events);
+  CHECK(m.barriers == static_cast<std::uint64_t>(std::floor((s.seconds - 0.25 - s.push_seconds) / period)) + 1);
+  CHECK(m.max_staleness == 1);
+  CHECK(m.max_start_staleness == 0);
+  // The slowest workers never wait; the others idle for their difference every round.
+  CHECK(m.per_worker[0].wait_seconds == 0.0);
+  CHECK(m.per_worker[4].wait_seconds == doctest::Approx(static_cast<double>(m.per_worker[4].iterations) * (0.25 - 0.09375)).epsilon(0.01));
+}
+
+TEST_CASE("asp's throughput is the sum of the workers' own rates on constant times") {
+  const scenario s = constant_scenario();
+  std::uint64_t expected = 0;
+  for (const auto& w : s.workers) {
+    const double cycle = w.iteration_seconds + s.push_seconds + s.pull_seconds;
+    expected += static_cast<std::uint64_t>(std::floor((s.seconds - w.iteration_seconds - s.push_seconds) / cycle)) + 1;
+  }
+  CHECK(simulate("asp", s).iterations == expected);
+}
+
+TEST_CASE("an iteration-limited run stops at iterations * workers pushes") {
+  scenario s = constant_scenario();
+  s.seconds = 0;
+  s.iterations = 40;
+  const run_metrics m = simulate("bsp", s);
+  CHECK(m.iterations == 200);
+  // 40 rounds of the slowest cycle; the run ends at the 200th push, before the last pull.
+  CHECK(m.simulated_seconds == doctest::Approx(40 * (0.25 + 0.0625 + 0.03125) - 0.03125));
+}
+
+TEST_CASE("the same seed gives the same run and another seed a different one") {
+  for (const char* name : {"hetero16", "stragglers64", "failure8"}) {
+    CAPTURE(name);
+    for (const char* policy : {"bsp", "ssp:3", "dssp:3:15"}) {
+      CAPTURE(policy);
+      const run_metrics a = simulate(policy, short_scenario(name, 7));
+      const run_metrics b = simulate(policy, short_scenario(name, 7));
+      const run_metrics c = simulate(policy, short_scenario(name, 8));
+      CHECK(same_outcome(a, b));
+      CHECK_FALSE(same_outcome(a, c));
+    }
+  }
+}
+
+TEST_CASE("a concrete controller and any_controller give the same run") {
+  const scenario s = short_scenario("hetero16");
+  ssp direct(s.workers.size(), 3);
+  const run_metrics a = simulate(direct, s);
+  const run_metrics b = simulate("ssp:3", s);
+  CHECK(same_outcome(a, b));
+  CHECK(a.policy == "ssp:3");
+}
+
+TEST_CASE("a dead worker is removed and does not hang the run" * doctest::timeout(30)) {
+  const scenario s = short_scenario("failure8");  // worker 4 dies at 60 s, removed at 62 s
+  for (const char* policy : {"bsp", "asp", "ssp:3", "dssp:3:15"}) {
+    CAPTURE(policy);
+    const run_metrics m = simulate(policy, s);
+    CHECK(m.removed_workers == 1);
+    CHECK(m.per_worker[4].failed);
+    CHECK(m.per_worker[4].alive_seconds == 60.0);
+    CHECK(m.per_worker[4].iterations < m.per_worker[0].iterations);
+    // The survivors keep going after the removal: about 8 iterations/s each for 18 more seconds.
+    for (std::size_t p = 0; p < 8; ++p)
+      if (p != 4) CHECK(m.per_worker[p].iterations > 600);
+  }
+}
+
+TEST_CASE("a worker that dies while the others wait at a bsp barrier releases them on removal") {
+  scenario s = constant_scenario();
+  s.failure_detection_seconds = 1.0;
+  s.workers[0].fails_at = 10.0;  // a slowest worker: the others wait for it
+  const run_metrics m = simulate("bsp", s);
+  CHECK(m.removed_workers == 1);
+  CHECK(m.per_worker[1].iterations > 100);
+  // With zero detection delay the removal happens at the death itself.
+  s.failure_detection_seconds = 0;
+  CHECK(simulate("bsp", s).removed_workers == 1);
+}
+
+TEST_CASE("a policy that leaves everyone waiting is reported as a deadlock, not a hang" *
+          doctest::timeout(10)) {
+  scenario s = constant_scenario();
+  never_release c(s.workers.size());
+  CHECK_THROWS_AS(simulate(c, s), deadlock_error);
+}
+
+TEST_CASE("a controller of the wrong size or a bad scenario is an invalid_parameter_error") {
+  scenario s = constant_scenario();
+  ssp c(3, 1);
+  CHECK_THROWS_AS(simulate(c, s), invalid_parameter_error);
+  s.push_seconds = -1;
+  CHECK_THROWS_AS(simulate("bsp", s), invalid_parameter_error);
+  CHECK_THROWS_AS(simulate("bogus", constant_scenario()), parse_error);
+}
+
+TEST_CASE("barriers count release events for policies that do not report their own") {
+  const run_metrics m = simulate("ssp:3", short_scenario("hetero16"));
+  CHECK_FALSE(m.barriers_from_policy);
+  CHECK(m.barriers == m.release_events);
+  CHECK(m.supersteps == 0);
+}
+
+TEST_CASE("wait time, alive time and throughput add up") {
+  const run_metrics m = simulate("ssp:1", short_scenario("hetero16"));
+  double wait = 0, alive = 0;
+  std::uint64_t iterations = 0;
+  for (const auto& w : m.per_worker) {
+    wait += w.wait_seconds;
+    alive += w.alive_seconds;
+    iterations += w.iterations;
+    CHECK(w.wait_seconds + w.compute_seconds <= w.alive_seconds + 1e-9);
+  }
+  CHECK(wait == doctest::Approx(m.wait_seconds));
+  CHECK(m.wait_fraction == doctest::Approx(wait / alive));
+  CHECK(iterations == m.iterations);
+  CHECK(m.iterations_per_second == doctest::Approx(static_cast<double>(m.iterations) / 30.0));
+  CHECK(m.controller_ns_per_push > 0);
+}
