@@ -64,7 +64,7 @@ T parse_number(std::string_view flag, std::string_view text) {
   T v{};
   const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
-    throw usage_error(std::string(flag) + ": expected a number, got '" + std::string(text) + "'");
+    throw usage_error(std::string(flag) + ": expected an integer >= 0, got '" + std::string(text) + "'");
   return v;
 }
 
@@ -74,7 +74,7 @@ double parse_seconds(std::string_view flag, std::string_view text) {
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
   if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || v > 1e12)
-    throw usage_error(std::string(flag) + ": expected a number of seconds >= 0, got '" + s + "'");
+    throw usage_error(std::string(flag) + ": expected a number of seconds, got '" + s + "'");
   return v;
 }
 
@@ -135,7 +135,8 @@ int run(int argc, char** argv) {
     } else if (arg == "--list-scenarios") {
       no_value();
       for (const auto& s : cadence::sim::scenario_catalog())
-        std::printf("%-13s %5zu workers  %s\n", s.name.c_str(), s.default_workers, s.description.c_str());
+        std::printf("%-13s %5zu workers %4g s  %s\n", s.name.c_str(), s.default_workers,
+                    cadence::sim::make_scenario(s.name).seconds, s.description.c_str());
       return 0;
     } else if (arg == "--scenario") {
       scenario_name = std::string(take());
@@ -176,7 +177,9 @@ int run(int argc, char** argv) {
   try {
     s = cadence::sim::make_scenario(scenario_name, workers, seed);
   } catch (const cadence::invalid_parameter_error& e) {
-    throw usage_error(std::string("--scenario/--workers: ") + e.what());
+    bool known = false;
+    for (const auto& info : cadence::sim::scenario_catalog()) known = known || info.name == scenario_name;
+    throw usage_error(std::string(known ? "--workers: " : "--scenario: ") + e.what());
   }
   if (seconds > 0) s.seconds = seconds;
   if (iterations > 0) {
