@@ -1,6 +1,6 @@
 // zipline_fast: the library's fastest single-core ZipLine. Trims points that cannot matter,
-// bucket-sorts the rest by their offset from the smallest and finds the answer in one
-// sliding-window pass. Returns exactly zipline_brute_force's answer.
+// bucket-sorts the rest by their offset from the smallest and finds the answer with one
+// sliding window. Returns exactly zipline_brute_force's answer.
 #pragma once
 
 #include <cadence/zipline/result.hpp>
@@ -52,16 +52,20 @@ T zipline_barrier_cap(T min_back, T spread_bound) {
 
 }  // namespace detail
 
-/// The fastest single-core ZipLine (O(N + sort of the surviving points), O(N) memory).
+/// The fastest single-core ZipLine: O(N) expected time on spread-out timestamps (bucket
+/// sort), O(N log N) worst case on clustered ones; O(N) workspace memory.
 ///
 /// 1. Trim: with L = max_p first(p) no window exists before L, so each row keeps only its
 ///    latest point <= L onward; d(L) bounds the optimal spread, and since
 ///    d(B) >= B - min_p last(p), no barrier beyond min_p last(p) + d(L) can be optimal.
-/// 2. Bucket sort the surviving points by their offset from the smallest (integers: a shift;
-///    floating point: a scale), then sort inside buckets (typically 0-2 points).
-/// 3. One sliding-window pass: per-row counts in the window; the left end advances while its
-///    row has a later point inside; a window covering every row ending at B has spread
-///    B - left, which equals d(B) once all points equal to B are in.
+/// 2. Two-level bucket sort of the surviving points by their offset from the smallest
+///    (integers: a shift; floating point: a scale): a scatter into a few hundred coarse
+///    buckets, then, per coarse bucket and inside L1, a counting sort on the fine key and an
+///    insertion pass (fine buckets hold 0-2 points on typical data).
+/// 3. A sliding window over each coarse bucket right after it is sorted: per-row counts in
+///    the window; the left end advances while its row has a later point inside; a window
+///    covering every row and ending at B has spread B - left, which equals d(B) once all
+///    points equal to B are in (earlier positions with the same time only overestimate).
 /// Pick it whenever you just want the answer; it is what zipline_solve's default runs.
 template <class T>
 void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
@@ -107,11 +111,14 @@ void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>
     if (row[e - 1] > top) top = row[e - 1];
   }
 
-  // 2. Bucket sort by offset from base: key(t) is monotone in t, so sorting inside buckets
-  //    sorts everything.
-  auto& cnt = ws.buckets();
-  auto& pts = ws.points();
-  pts.resize(total);
+  // 2. + 3. Two-level bucket sort fused with the sliding window. Fine keys key(t) are
+  //    monotone in t (offset from base, shifted or scaled so there are about two fine
+  //    buckets per point); coarse keys are key >> fine_bits. One pass scatters points into
+  //    coarse buckets (a few hundred sequential write streams, cache friendly); each coarse
+  //    bucket is then counting-sorted on its fine keys inside L1, fixed up by insertion,
+  //    and immediately swept while it is still in cache.
+  constexpr unsigned fine_bits = 9;
+  constexpr std::size_t fine_per_coarse = std::size_t{1} << fine_bits;
   std::size_t nb;
   const std::size_t target = 2 * total;
   [[maybe_unused]] unsigned shift = 0;
@@ -134,77 +141,103 @@ void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>
       return x < static_cast<double>(nb - 1) ? static_cast<std::size_t>(x) : nb - 1;
     }
   };
-  cnt.assign(nb + 1, 0);
-  // Column by column: the k-th points of all rows lie close in time, so the random accesses
-  // to cnt and pts stay within a cache-sized region (row by row they sweep the whole range).
-  const T* const vals = rows.values();
-  std::size_t width = 0;
-  for (std::size_t p = 0; p < n; ++p) {
-    first[p] += rows.row_begin(p);
-    last[p] += rows.row_begin(p);
-    width = std::max(width, last[p] - first[p]);
-  }
-  for (std::size_t k = 0; k < width; ++k)
-    for (std::size_t p = 0; p < n; ++p) {
-      const std::size_t i = first[p] + k;
-      if (i < last[p]) ++cnt[key(vals[i])];
-    }
-  std::uint32_t max_bucket = cnt[0];
-  for (std::size_t b = 1; b < nb; ++b) {
-    max_bucket = std::max(max_bucket, cnt[b]);
-    cnt[b] += cnt[b - 1];
-  }
-  for (std::size_t k = 0; k < width; ++k)
-    for (std::size_t p = 0; p < n; ++p) {
-      const std::size_t i = first[p] + k;
-      if (i < last[p]) pts[--cnt[key(vals[i])]] = point{vals[i], static_cast<std::uint32_t>(p)};
-    }
-  cnt[nb] = static_cast<std::uint32_t>(total);
-  point* const data = pts.data();
-  if (max_bucket <= 32) {
-    // Few points per bucket: one insertion pass over the whole timeline costs O(N) plus the
-    // inversions inside buckets, and its branch is predictable.
-    for (std::size_t i = 1; i < total; ++i) {
-      if (data[i].t < data[i - 1].t) {
-        const point v = data[i];
-        std::size_t j = i;
-        for (; j > 0 && v.t < data[j - 1].t; --j) data[j] = data[j - 1];
-        data[j] = v;
-      }
-    }
-  } else {
-    for (std::size_t b = 0; b < nb; ++b)
-      if (cnt[b + 1] - cnt[b] > 1) detail::zipline_sort_bucket(data + cnt[b], data + cnt[b + 1]);
-  }
+  const std::size_t nc = (nb >> fine_bits) + 1;
+  auto& cnt = ws.buckets();
+  cnt.assign(nc + 1 + fine_per_coarse + 1, 0);
+  std::uint32_t* const coarse = cnt.data();
+  std::uint32_t* const fine = cnt.data() + nc + 1;
 
-  // 3. Sliding window.
+  // Row by row: reads are sequential, and with a few hundred coarse buckets every write
+  // stream's head stays in L1.
+  for (std::size_t p = 0; p < n; ++p) {
+    const T* const v = rows[p].data();
+    for (std::size_t i = first[p], e = last[p]; i < e; ++i) ++coarse[key(v[i]) >> fine_bits];
+  }
+  {
+    std::uint32_t sum = 0;
+    for (std::size_t c = 0; c < nc; ++c) {
+      const std::uint32_t v = coarse[c];
+      coarse[c] = sum;
+      sum += v;
+    }
+    coarse[nc] = sum;
+  }
+  auto& stage = ws.staging();
+  auto& pts = ws.points();
+  stage.resize(total);
+  pts.resize(total);
+  point* const staged = stage.data();
+  point* const data = pts.data();
+  for (std::size_t p = 0; p < n; ++p) {
+    const T* const v = rows[p].data();
+    for (std::size_t i = first[p], e = last[p]; i < e; ++i) {
+      const std::size_t k = key(v[i]);
+      staged[coarse[k >> fine_bits]++] =
+          point{v[i], static_cast<std::uint32_t>(p),
+                static_cast<std::uint32_t>(k & (fine_per_coarse - 1))};
+    }
+  }
+  // coarse[c] is now the end of bucket c, i.e. the start of bucket c + 1.
+
   auto& count = ws.counts();
   count.assign(n, 0);
-  std::size_t covered = 0, left = 0, i = 0;
-  for (; i < total && covered < n; ++i)
-    if (count[data[i].row]++ == 0) ++covered;
-  // Rows all appear by the first point equal to max_front (at latest), so covered == n here.
-  while (count[data[left].row] > 1) {
-    --count[data[left].row];
-    ++left;
-  }
-  T best_b = data[i - 1].t;
-  T best = detail::zipline_spread(best_b, data[left].t);
-  std::uint32_t* const c = count.data();
-  for (; i < total; ++i) {
-    ++c[data[i].row];
-    // The left end moves about once per point: one branch-free step, then a loop that rarely
-    // runs, keeps the hot loop free of mispredicted branches.
-    while (c[data[left].row] > 1) {
-      --c[data[left].row];
-      ++left;
+  std::uint32_t* const cc = count.data();
+  std::size_t covered = 0, left = 0;
+  bool found = false;
+  T best{}, best_b{};
+  std::size_t cb = 0;
+  for (std::size_t c = 0; c < nc; ++c) {
+    const std::size_t ce = coarse[c];
+    if (ce == cb) continue;
+    // Counting sort of staged[cb, ce) on the low fine_bits of the key into data[cb, ce).
+    std::fill(fine, fine + fine_per_coarse + 1, 0u);
+    for (std::size_t i = cb; i < ce; ++i) ++fine[staged[i].key + 1];
+    std::uint32_t widest = 0;
+    for (std::size_t b = 1; b <= fine_per_coarse; ++b) {
+      widest = std::max(widest, fine[b]);
+      fine[b] += fine[b - 1];
     }
-    const T d = detail::zipline_spread(data[i].t, data[left].t);
-    // Times never decrease along the pass, so the first minimum has the smallest barrier.
-    if (d < best) {
-      best = d;
-      best_b = data[i].t;
+    point* const out_b = data + cb;
+    for (std::size_t i = cb; i < ce; ++i)
+      out_b[fine[staged[i].key]++] = staged[i];
+    if (widest <= 32) {
+      // Few points per fine bucket: one insertion pass, with a predictable branch.
+      for (std::size_t i = cb + 1; i < ce; ++i) {
+        if (data[i].t < data[i - 1].t) {
+          const point v = data[i];
+          std::size_t j = i;
+          for (; j > cb && v.t < data[j - 1].t; --j) data[j] = data[j - 1];
+          data[j] = v;
+        }
+      }
+    } else {
+      // Clustered input: sort each fine bucket on its own (std::sort when large).
+      // fine[b] is now the end of fine bucket b.
+      std::size_t fb = 0;
+      for (std::size_t b = 0; b < fine_per_coarse; ++b) {
+        const std::size_t fe = fine[b];
+        if (fe - fb > 1) detail::zipline_sort_bucket(out_b + fb, out_b + fe);
+        fb = fe;
+      }
     }
+    // Sliding window over the freshly sorted points.
+    for (std::size_t i = cb; i < ce; ++i) {
+      if (cc[data[i].row]++ == 0) ++covered;
+      while (cc[data[left].row] > 1) {
+        --cc[data[left].row];
+        ++left;
+      }
+      if (covered == n) {
+        const T d = detail::zipline_spread(data[i].t, data[left].t);
+        // Times never decrease along the pass, so the first minimum has the smallest barrier.
+        if (!found || d < best) {
+          best = d;
+          best_b = data[i].t;
+          found = true;
+        }
+      }
+    }
+    cb = ce;
   }
   detail::zipline_finish(rows, best, best_b, out);
 }

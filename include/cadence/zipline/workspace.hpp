@@ -26,12 +26,14 @@ public:
   struct point {
     T t;
     std::uint32_t row;
+    std::uint32_t key;  ///< scratch for the variant (zipline_fast: the point's fine bucket)
   };
 
   /// Releases all memory (the next call allocates again).
   void clear() noexcept {
     // Swapping with empty vectors frees the memory (assigning {} would keep the capacity).
     std::vector<point>().swap(points_);
+    std::vector<point>().swap(staging_);
     std::vector<std::size_t>().swap(aux_);
     std::vector<std::uint32_t>().swap(counts_);
     std::vector<std::uint32_t>().swap(buckets_);
@@ -44,6 +46,7 @@ public:
   // Accessors for the variants (and for tests that check reuse); their meaning is an
   // implementation detail that may change between releases.
   std::vector<point>& points() noexcept { return points_; }
+  std::vector<point>& staging() noexcept { return staging_; }
   std::vector<std::size_t>& aux() noexcept { return aux_; }
   std::vector<std::uint32_t>& counts() noexcept { return counts_; }
   std::vector<std::uint32_t>& buckets() noexcept { return buckets_; }
@@ -54,6 +57,7 @@ public:
 
 private:
   std::vector<point> points_;
+  std::vector<point> staging_;
   std::vector<std::size_t> aux_;
   std::vector<std::uint32_t> counts_;
   std::vector<std::uint32_t> buckets_;
@@ -108,7 +112,7 @@ void zipline_merge_sorted(rows_view<T> rows, zipline_workspace<T>& ws) {
   pts.resize(rows.total());
   std::size_t k = 0;
   for (std::size_t p = 0; p < rows.size(); ++p)
-    for (const T v : rows[p]) pts[k++] = {v, static_cast<std::uint32_t>(p)};
+    for (const T v : rows[p]) pts[k++] = {v, static_cast<std::uint32_t>(p), 0};
   std::sort(pts.begin(), pts.end(), [](const auto& a, const auto& b) {
     return a.t < b.t || (a.t == b.t && a.row < b.row);
   });
