@@ -1,0 +1,146 @@
+// ZipLine benchmarks: every CPU variant over n workers x R predicted pushes on the generator's
+// data, with complexity fits over n, and (first, in the same process) the speed ratio of
+// each variant against the paper's zipline at n = 1000, R = 150.
+//
+//   build/bin/cadence-bench-zipline                       ratio table, then all benchmarks
+//   build/bin/cadence-bench-zipline --cadence_ratio_only  ratio table only (docs/zipline.md)
+//   build/bin/cadence-bench-zipline --benchmark_filter=fast
+//
+// zipline and opt (O(R n^2)) are not run at n = 10000: one call takes seconds there.
+#include <cadence/io/generator.hpp>
+#include <cadence/predict/interval.hpp>
+#include <cadence/zipline/variant.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using cadence::zipline_variant;
+
+/// Predicted push times like ElasticBSP's: the generator's histories (10 pushes per worker,
+/// interval uniform in [1000, 1500] ms, seed 1), each extended by last_interval to R pushes.
+/// Doubles, as the ElasticBSP controller uses.
+const std::vector<double>& predicted_rows(std::size_t n, std::size_t r) {
+  static std::map<std::pair<std::size_t, std::size_t>, std::vector<double>> cache;
+  auto& rows = cache[{n, r}];
+  if (rows.empty()) {
+    cadence::generator_options g;
+    g.workers = n;
+    g.pushes = 10;
+    const auto h = cadence::generate_push_history(g);
+    rows.resize(n * r);
+    std::vector<double> hist;
+    for (std::size_t p = 0; p < n; ++p) {
+      const auto row = h.row(p);
+      hist.assign(row.begin(), row.end());
+      cadence::last_interval{}.predict(cadence::span<const double>(hist.data(), hist.size()), r,
+                                       rows.data() + p * r);
+    }
+  }
+  return rows;
+}
+
+void bm_variant(benchmark::State& state, zipline_variant v) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto r = static_cast<std::size_t>(state.range(1));
+  const auto& data = predicted_rows(n, r);
+  const auto rows = cadence::rows_view<double>::matrix(data.data(), n, r);
+  cadence::zipline_workspace<double> ws;
+  cadence::zipline_result<double> out;
+  for (auto _ : state) {
+    cadence::zipline_solve(v, rows, ws, out);
+    benchmark::DoNotOptimize(out.barrier);
+  }
+  state.SetComplexityN(static_cast<std::int64_t>(n));
+  // Points searched per second (n * R per call): comparable across sizes.
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n * r));
+}
+
+void register_all() {
+  struct spec {
+    const char* name;
+    zipline_variant v;
+    benchmark::BigO fit;
+    std::int64_t max_n;
+  };
+  const spec specs[] = {{"zipline", zipline_variant::zipline, benchmark::oNSquared, 1000},
+                        {"opt", zipline_variant::opt, benchmark::oNSquared, 1000},
+                        {"opt_bs", zipline_variant::opt_bs, benchmark::oNLogN, 10000},
+                        {"fast", zipline_variant::fast, benchmark::oNLogN, 10000}};
+  for (const auto& s : specs)
+    for (const std::int64_t r : {15, 150}) {
+      auto* b = benchmark::RegisterBenchmark(
+          ("zipline/" + std::string(s.name) + "/R" + std::to_string(r)).c_str(),
+          [v = s.v](benchmark::State& st) { bm_variant(st, v); });
+      for (const std::int64_t n : {10, 100, 1000, 10000})
+        if (n <= s.max_n) b->Args({n, r});
+      b->ArgNames({"n", "R"})->Unit(benchmark::kMicrosecond)->Complexity(s.fit);
+    }
+}
+
+/// Best wall time of `reps` calls, in seconds.
+double best_seconds(zipline_variant v, cadence::rows_view<double> rows, int reps) {
+  cadence::zipline_workspace<double> ws;
+  cadence::zipline_result<double> out;
+  cadence::zipline_solve(v, rows, ws, out);  // warm-up: workspace grows once
+  double best = 1e300;
+  for (int k = 0; k < reps; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cadence::zipline_solve(v, rows, ws, out);
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+  }
+  return best;
+}
+
+/// The ratio table of docs/zipline.md, measured in this process.
+void ratio_table() {
+  const std::size_t n = 1000, r = 150;
+  const auto& data = predicted_rows(n, r);
+  const auto rows = cadence::rows_view<double>::matrix(data.data(), n, r);
+  const double ref = best_seconds(zipline_variant::zipline, rows, 10);
+  std::printf("ZipLine, n = %zu workers, R = %zu predicted pushes (double), best of K runs\n", n, r);
+  std::printf("%-10s %12s %14s\n", "variant", "ms", "vs zipline");
+  for (const auto v : {zipline_variant::zipline, zipline_variant::opt, zipline_variant::opt_bs,
+                       zipline_variant::fast}) {
+    const int reps = v == zipline_variant::fast ? 300 : v == zipline_variant::opt_bs ? 30 : 10;
+    const double s = v == zipline_variant::zipline ? ref : best_seconds(v, rows, reps);
+    std::printf("%-10s %12.3f %13.1fx\n", std::string(cadence::to_string(v)).c_str(), s * 1e3,
+                ref / s);
+    benchmark::AddCustomContext("ratio_" + std::string(cadence::to_string(v)) + "_vs_zipline_n1000_R150",
+                                std::to_string(ref / s));
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool ratio_only = false;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--cadence_ratio_only") == 0)
+      ratio_only = true;
+    else
+      argv[kept++] = argv[i];
+  }
+  argc = kept;
+  ratio_table();
+  if (ratio_only) return 0;
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
