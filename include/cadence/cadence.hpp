@@ -16,6 +16,19 @@
 
 #include <cadence/runtime/blocking_controller.hpp>
 
+#include <cadence/io/generator.hpp>
+#include <cadence/io/push_history.hpp>
+
+#include <cadence/predict/any_predictor.hpp>
+#include <cadence/predict/interval.hpp>
+#include <cadence/predict/predictor.hpp>
+
+#include <cadence/sim/metrics.hpp>
+#include <cadence/sim/report.hpp>
+#include <cadence/sim/scenarios.hpp>
+#include <cadence/sim/simulator.hpp>
+
 #include <cadence/zipline/brute_force.hpp>
 #include <cadence/zipline/result.hpp>
 #include <cadence/zipline/rows.hpp>
+#include <cadence/zipline/variant.hpp>
