@@ -191,12 +191,9 @@ void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>
     if (ce == cb) continue;
     // Counting sort of staged[cb, ce) on the low fine_bits of the key into data[cb, ce).
     std::fill(fine, fine + fine_per_coarse + 1, 0u);
-    for (std::size_t i = cb; i < ce; ++i) ++fine[staged[i].key + 1];
     std::uint32_t widest = 0;
-    for (std::size_t b = 1; b <= fine_per_coarse; ++b) {
-      widest = std::max(widest, fine[b]);
-      fine[b] += fine[b - 1];
-    }
+    for (std::size_t i = cb; i < ce; ++i) widest = std::max(widest, ++fine[staged[i].key + 1]);
+    for (std::size_t b = 1; b <= fine_per_coarse; ++b) fine[b] += fine[b - 1];
     point* const out_b = data + cb;
     for (std::size_t i = cb; i < ce; ++i)
       out_b[fine[staged[i].key]++] = staged[i];
@@ -221,20 +218,30 @@ void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>
       }
     }
     // Sliding window over the freshly sorted points.
-    for (std::size_t i = cb; i < ce; ++i) {
+    std::size_t i = cb;
+    for (; i < ce && !found; ++i) {  // until every row has appeared
       if (cc[data[i].row]++ == 0) ++covered;
       while (cc[data[left].row] > 1) {
         --cc[data[left].row];
         ++left;
       }
       if (covered == n) {
-        const T d = detail::zipline_spread(data[i].t, data[left].t);
-        // Times never decrease along the pass, so the first minimum has the smallest barrier.
-        if (!found || d < best) {
-          best = d;
-          best_b = data[i].t;
-          found = true;
-        }
+        best = detail::zipline_spread(data[i].t, data[left].t);
+        best_b = data[i].t;
+        found = true;
+      }
+    }
+    for (; i < ce; ++i) {
+      ++cc[data[i].row];
+      while (cc[data[left].row] > 1) {
+        --cc[data[left].row];
+        ++left;
+      }
+      const T d = detail::zipline_spread(data[i].t, data[left].t);
+      // Times never decrease along the pass, so the first minimum has the smallest barrier.
+      if (d < best) {
+        best = d;
+        best_b = data[i].t;
       }
     }
     cb = ce;
