@@ -3,20 +3,15 @@
 #include <cadence/sim/scenarios.hpp>
 #include <cadence/sim/simulator.hpp>
 
+#include "support/scenarios.hpp"
+
 #include <doctest/doctest.h>
 
 #include <string>
 
 using namespace cadence;
 using namespace cadence::sim;
-
-namespace {
-scenario short_scenario(const std::string& name, std::uint64_t seed = 1) {
-  scenario s = make_scenario(name, 0, seed);
-  s.seconds = name == "large1000" ? 3.0 : (name == "failure8" ? 80.0 : 30.0);
-  return s;
-}
-}  // namespace
+using test::short_scenario;
 
 TEST_CASE("elasticbsp completes its barriers on every scenario and bounds each superstep by R" *
           doctest::timeout(60)) {

@@ -3,6 +3,7 @@
 #include <cadence/sim/scenarios.hpp>
 #include <cadence/sim/simulator.hpp>
 
+#include "support/scenarios.hpp"
 #include "support/schedule.hpp"
 
 #include <doctest/doctest.h>
@@ -13,15 +14,9 @@
 
 using namespace cadence;
 using namespace cadence::sim;
+using test::short_scenario;
 
 namespace {
-
-// Every named scenario, shortened so the whole file runs in well under a second at -O2.
-scenario short_scenario(const std::string& name, std::uint64_t seed = 1) {
-  scenario s = make_scenario(name, 0, seed);
-  s.seconds = name == "large1000" ? 3.0 : (name == "failure8" ? 80.0 : 30.0);
-  return s;
-}
 
 // Wraps a controller and checks, after every push and removal, that every running worker is
 // within `bound` of the slowest and that not every active worker waits.

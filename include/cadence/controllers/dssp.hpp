@@ -104,14 +104,7 @@ public:
     return decide(proceed);
   }
 
-  span<const worker_id> remove_worker(worker_id p) {
-    check_active(p, "remove_worker");
-    released_.clear();
-    const clock_value old_min = table_.min();
-    mark_removed(p);
-    release_within(old_min, s_lower_);
-    return released_;
-  }
+  span<const worker_id> remove_worker(worker_id p) { return remove_releasing_within(p, s_lower_); }
 
   worker_id add_worker() {
     const worker_id p = add_worker_at_min();

@@ -37,14 +37,7 @@ public:
   }
 
   /// Removes worker p (it left or died) and releases whoever waited only for it.
-  span<const worker_id> remove_worker(worker_id p) {
-    check_active(p, "remove_worker");
-    released_.clear();
-    const clock_value old_min = table_.min();
-    mark_removed(p);
-    release_within(old_min, s_);
-    return released_;
-  }
+  span<const worker_id> remove_worker(worker_id p) { return remove_releasing_within(p, s_); }
 
   /// Adds a worker at the slowest active clock (it pulls the current weights); returns its id.
   worker_id add_worker() { return add_worker_at_min(); }

@@ -143,6 +143,17 @@ protected:
     }
   }
 
+  /// remove_worker for policies that release by clock: drops p, then releases the waiters
+  /// that are now within `bound` of the (possibly risen) slowest clock.
+  span<const worker_id> remove_releasing_within(worker_id p, clock_value bound) {
+    check_active(p, "remove_worker");
+    released_.clear();
+    const clock_value old_min = table_.min();
+    mark_removed(p);
+    release_within(old_min, bound);
+    return released_;
+  }
+
   /// After c_min rose from old_min, releases the waiters that are now within `bound` of it.
   void release_within(clock_value old_min, clock_value bound) {
     // A waiter sits more than `bound` above c_min, so waiting_ > 0 implies a finite bound and
