@@ -50,18 +50,3 @@ TEST_CASE("target gives access to the concrete controller") {
   const any_controller& ca = a;
   CHECK(ca.target<dssp>()->lower_bound() == 1);
 }
-
-TEST_CASE("every shipped controller models the controller concept") {
-  static_assert(is_synchronization_controller_v<ssp>);
-  static_assert(is_synchronization_controller_v<bsp>);
-  static_assert(is_synchronization_controller_v<asp>);
-  static_assert(is_synchronization_controller_v<dssp>);
-  static_assert(is_synchronization_controller_v<any_controller>);
-  static_assert(!is_synchronization_controller_v<int>);
-  static_assert(!is_synchronization_controller_v<test::schedule_options>);
-#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
-  static_assert(synchronization_controller<ssp>);
-  static_assert(!synchronization_controller<double>);
-#endif
-  CHECK(true);
-}

@@ -1,0 +1,43 @@
+#include <cadence/zipline/rows.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+using namespace cadence;
+
+TEST_CASE("rows_view exposes matrix and ragged layouts alike") {
+  const std::vector<double> m{1, 2, 3, 4, 5, 6};
+  const auto v = rows_view<double>::matrix(m.data(), 2, 3);
+  CHECK(v.size() == 2);
+  CHECK(v.total() == 6);
+  CHECK(v.is_matrix());
+  CHECK(v[1][0] == 4);
+  const std::vector<std::size_t> off{2, 3, 6};  // offsets need not start at 0
+  const auto r = rows_view<double>::ragged(m.data(), off.data(), 2);
+  CHECK(r.total() == 4);
+  CHECK(r.row_size(0) == 1);
+  CHECK(r[0][0] == 3);
+  CHECK(r[1].back() == 6);
+  CHECK(r.values()[0] == 3);
+}
+
+TEST_CASE("validate names the row and index of bad input") {
+  const std::vector<double> bad{1, 2, 2};
+  CHECK_THROWS_WITH(validate(rows_view<double>::matrix(bad.data(), 1, 3)),
+                    doctest::Contains("row 0 is not strictly increasing at index 2 (2 then 2)"));
+  const std::vector<double> nan{1, std::numeric_limits<double>::quiet_NaN()};
+  CHECK_THROWS_WITH(validate(rows_view<double>::matrix(nan.data(), 2, 1)),
+                    doctest::Contains("row 1 index 0 is not finite (nan)"));
+  CHECK_THROWS_WITH(validate(rows_view<double>::matrix(nan.data(), 0, 1)), doctest::Contains("n = 0"));
+  const std::vector<std::size_t> off{0, 1, 1};
+  CHECK_THROWS_WITH(validate(rows_view<double>::ragged(bad.data(), off.data(), 2)),
+                    doctest::Contains("row 1 is empty"));
+  const std::vector<std::int64_t> wide{std::numeric_limits<std::int64_t>::min(),
+                                       std::numeric_limits<std::int64_t>::max()};
+  CHECK_THROWS_WITH(validate(rows_view<std::int64_t>::matrix(wide.data(), 2, 1)),
+                    doctest::Contains("a range the timestamp type cannot represent"));
+  CHECK_THROWS_AS(validate(rows_view<std::int64_t>::matrix(wide.data(), 2, 1)), zipline_input_error);
+}

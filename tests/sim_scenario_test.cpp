@@ -1,0 +1,40 @@
+#include <cadence/sim/scenario.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+using namespace cadence;
+using namespace cadence::sim;
+
+namespace {
+scenario two_workers() {
+  scenario s;
+  s.name = "pair";
+  s.workers.resize(2);
+  for (auto& w : s.workers) w.iteration_seconds = 0.1;
+  s.seconds = 10;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("scenario validation names the scenario and the field that cannot run") {
+  CHECK_NOTHROW(validate(two_workers()));
+  scenario s = two_workers();
+  s.push_seconds = -1;
+  CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("scenario 'pair': push_seconds must be finite and >= 0"),
+                       invalid_parameter_error);
+  s = two_workers();
+  s.seconds = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH(validate(s), doctest::Contains("seconds must be finite"));
+  s = two_workers();
+  s.seconds = 0;
+  CHECK_THROWS_WITH(validate(s), doctest::Contains("set a run length"));
+  s = two_workers();
+  s.workers.clear();
+  CHECK_THROWS_WITH(validate(s), doctest::Contains("needs at least one worker"));
+  s = two_workers();
+  for (auto& w : s.workers) w.fails_at = 5;
+  CHECK_THROWS_WITH(validate(s), doctest::Contains("at least one must survive"));
+}
