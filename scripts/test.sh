@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test configuration Cadence promises:
 #   build/       Release, tests at C++17 and C++20, Thrust tests on the OMP and CPP systems,
-#                tools, benchmarks and examples built, install + consumer projects
+#                tools, benchmarks and examples built, install + consumer projects, and
+#                every public header compiled on its own
 #   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer, every test
 #   build-tsan/  ThreadSanitizer, the concurrent tests
 #   build-cuda/  the Thrust sources and GPU benchmark compiled with nvcc for sm_90 (compile
@@ -41,6 +42,14 @@ section "Release build (g++, C++17 and C++20)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$jobs"
 run_ctest build
+# Every public header compiles on its own (CMake's VERIFY_INTERFACE_HEADER_SETS).
+if cmake --build build -j"$jobs" --target all_verify_interface_header_sets; then
+  passed=$((passed + 1))
+  echo "header self-containment check: ok"
+else
+  failed=$((failed + 1))
+  echo "header self-containment check: FAILED"
+fi
 
 section "AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
