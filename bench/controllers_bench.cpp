@@ -5,10 +5,7 @@
 #include <cadence/controllers/dssp.hpp>
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/controllers/ssp.hpp>
-#if __has_include(<cadence/controllers/elastic_bsp.hpp>) && __has_include(<cadence/predict/any_predictor.hpp>)
 #include <cadence/controllers/elastic_bsp.hpp>
-#define CADENCE_BENCH_ELASTIC 1
-#endif
 
 #include <benchmark/benchmark.h>
 
@@ -64,11 +61,9 @@ void dssp_3_15_push(benchmark::State& s) {
 void any_controller_ssp3_push(benchmark::State& s) {
   drive(s, cadence::make_controller("ssp:3", static_cast<std::size_t>(s.range(0))));
 }
-#ifdef CADENCE_BENCH_ELASTIC
 void elastic15_push(benchmark::State& s) {
   drive(s, cadence::elastic_bsp(static_cast<std::size_t>(s.range(0)), 15));
 }
-#endif
 
 void sizes(benchmark::internal::Benchmark* b) {
   b->RangeMultiplier(8)->Range(8, 1 << 16)->Complexity();
@@ -81,8 +76,6 @@ BENCHMARK(asp_push)->Apply(sizes);
 BENCHMARK(ssp3_push)->Apply(sizes);
 BENCHMARK(dssp_3_15_push)->Apply(sizes);
 BENCHMARK(any_controller_ssp3_push)->Apply(sizes);
-#ifdef CADENCE_BENCH_ELASTIC
 BENCHMARK(elastic15_push)->Apply(sizes);
-#endif
 
 BENCHMARK_MAIN();

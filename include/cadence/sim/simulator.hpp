@@ -4,6 +4,7 @@
 
 #include <cadence/controllers/any_controller.hpp>
 #include <cadence/controllers/controller.hpp>
+#include <cadence/controllers/elastic_bsp.hpp>
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/sim/event_queue.hpp>
@@ -11,11 +12,6 @@
 #include <cadence/sim/random.hpp>
 #include <cadence/sim/scenario.hpp>
 #include <cadence/sim/worker_model.hpp>
-
-#if __has_include(<cadence/controllers/elastic_bsp.hpp>)
-#include <cadence/controllers/elastic_bsp.hpp>
-#define CADENCE_SIM_HAS_ELASTIC 1
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -63,10 +59,7 @@ barrier_probe probe_of(const T& t) {
 template <class C>
 barrier_probe make_barrier_probe(C& c) {
   if constexpr (std::is_same_v<C, any_controller>) {
-#ifdef CADENCE_SIM_HAS_ELASTIC
     if (const auto* e = c.template target<elastic_bsp>()) return probe_of(*e);
-#endif
-    (void)c;
     return {};
   } else if constexpr (has_barriers<C>::value) {
     return probe_of(c);
