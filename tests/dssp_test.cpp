@@ -1,5 +1,6 @@
 #include <cadence/controllers/dssp.hpp>
 #include <cadence/controllers/ssp.hpp>
+#include <cadence/predict/any_predictor.hpp>
 
 #include "support/schedule.hpp"
 
@@ -131,25 +132,25 @@ TEST_CASE("the dssp controller's two-pointer search picks what the double loop p
   std::uniform_real_distribution<double> u(0.0, 10.0);
   std::uniform_int_distribution<int> small(0, 12);
   for (int trial = 0; trial < 20000; ++trial) {
-    const double lp = u(rng), ip = trial % 7 == 0 ? 0.0 : u(rng) / 3;
-    const double ls = u(rng), is = trial % 11 == 0 ? 0.0 : u(rng);
-    // Integer-valued inputs make exact ties common.
+    // Sorted sequences; integer-valued steps make exact ties common.
     const bool ints = trial % 2 == 0;
-    const double a = ints ? std::floor(lp) : lp, b = ints ? std::floor(ip) : ip;
-    const double c = ints ? std::floor(ls) : ls, d = ints ? std::floor(is) : is;
-    const clock_value max_i = small(rng), max_k = small(rng);
-    clock_value best_i = 0;
+    auto value = [&](double scale) { return ints ? std::floor(u(rng) * scale) : u(rng) * scale; };
+    std::vector<double> p(static_cast<std::size_t>(small(rng)) + 1), s(static_cast<std::size_t>(small(rng)) + 1);
+    double t = value(1.0);
+    for (auto& x : p) x = (t += trial % 7 == 0 ? 0.0 : value(0.3));
+    t = value(1.0);
+    for (auto& x : s) x = (t += trial % 11 == 0 ? 0.0 : value(1.0));
+    std::size_t best_i = 0;
     double best = HUGE_VAL;
-    for (clock_value i = 0; i <= max_i; ++i) {
+    for (std::size_t i = 0; i < p.size(); ++i) {
       double dist = HUGE_VAL;
-      for (clock_value k = 0; k <= max_k; ++k)
-        dist = std::min(dist, std::fabs(c + static_cast<double>(k + 1) * d - (a + static_cast<double>(i) * b)));
+      for (const double sk : s) dist = std::min(dist, std::fabs(sk - p[i]));
       if (dist < best) {
         best = dist;
         best_i = i;
       }
     }
-    REQUIRE(detail::dssp_best_extension(a, b, c, d, max_i, max_k) == best_i);
+    REQUIRE(detail::dssp_best_extension(p.data(), p.size(), s.data(), s.size()) == best_i);
   }
 }
 
@@ -246,4 +247,31 @@ TEST_CASE("a dssp worker with fewer than two pushes gets no extension") {
   // Now worker 0 has an interval but the slowest (worker 1) has pushed only once.
   CHECK_FALSE(c.push(0, 3.0).proceed);
   CHECK(c.grants() == 0);
+}
+
+TEST_CASE("dssp takes any predictor, and the default decides exactly like the paper's formula") {
+  // The naive reference above computes P_i = A_p + i I_p and S_k = A_s + (k+1) I_s directly.
+  for (std::uint64_t seed = 0; seed < 100; ++seed) {
+    test::schedule_options opt;
+    opt.workers = 2 + seed % 6;
+    opt.events = 300;
+    basic_dssp<any_predictor<>> erased(opt.workers, 1, 6, make_predictor("last"));
+    naive_dssp reference(opt.workers, 1, 6);
+    require_same_decisions(erased, reference, seed, opt);
+  }
+  // A robust predictor still keeps the bound.
+  for (std::uint64_t seed = 0; seed < 100; ++seed) {
+    std::mt19937_64 rng(seed);
+    test::schedule_options opt;
+    opt.workers = 2 + seed % 7;
+    opt.events = 400;
+    opt.remove_probability = 0.01;
+    opt.add_probability = 0.01;
+    basic_dssp<median_interval> c(opt.workers, 2, 8, median_interval(3));
+    const bool live = test::run_random_schedule(c, rng, opt, [&](const auto& cc, std::size_t) {
+      test::check_staleness_and_progress(cc, 8, cc.worker_capacity());
+    });
+    REQUIRE(live);
+  }
+  CHECK(basic_dssp<median_interval>(2, 1, 4, median_interval(3)).config() == "dssp:1:4:median:3");
 }

@@ -7,34 +7,33 @@
 #pragma once
 
 #include <cadence/controllers/detail/controller_base.hpp>
+#include <cadence/predict/interval.hpp>
+#include <cadence/predict/predictor.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace cadence {
 
 namespace detail {
 
-/// DSSP's synchronization controller (spec section 3): with P_i = last_p + i*interval_p for
-/// i in [0, max_i] and S_k = last_s + (k+1)*interval_s for k in [0, max_k], returns the i that
-/// minimises min_k |S_k - P_i|, the smallest such i on ties. Both sequences are sorted, so
-/// one forward pass with two pointers does it in O(max_i + max_k).
-inline clock_value dssp_best_extension(timestamp last_p, timestamp interval_p, timestamp last_s,
-                                       timestamp interval_s, clock_value max_i,
-                                       clock_value max_k) {
-  clock_value best_i = 0;
+/// DSSP's synchronization controller (spec section 3) on predicted push times: with the fast
+/// worker's candidate stopping pushes p[0..np) and the slowest worker's predicted pushes
+/// s[0..ns), both sorted, returns the i that minimises min_k |s[k] - p[i]|, the smallest such
+/// i on ties. One forward pass with two pointers: O(np + ns).
+inline std::size_t dssp_best_extension(const timestamp* p, std::size_t np, const timestamp* s,
+                                       std::size_t ns) {
+  std::size_t best_i = 0, k = 0;
   double best = HUGE_VAL;
-  clock_value k = 0;
-  for (clock_value i = 0; i <= max_i; ++i) {
-    const timestamp pi = last_p + static_cast<double>(i) * interval_p;
-    // Move k to the first S_k >= P_i (or the last one); the nearest is S_k or S_{k-1}.
-    while (k < max_k && last_s + static_cast<double>(k + 1) * interval_s < pi) ++k;
-    double d = std::fabs(last_s + static_cast<double>(k + 1) * interval_s - pi);
-    if (k > 0) {
-      const double before = std::fabs(last_s + static_cast<double>(k) * interval_s - pi);
-      if (before < d) d = before;
-    }
+  for (std::size_t i = 0; i < np; ++i) {
+    // Move k to the first s[k] >= p[i] (or the last one); the nearest is s[k] or s[k-1].
+    while (k + 1 < ns && s[k] < p[i]) ++k;
+    double d = std::fabs(s[k] - p[i]);
+    if (k > 0) d = std::min(d, std::fabs(s[k - 1] - p[i]));
     if (d < best) {
       best = d;
       best_i = i;
@@ -45,41 +44,62 @@ inline clock_value dssp_best_extension(timestamp last_p, timestamp interval_p, t
 
 }  // namespace detail
 
-/// DSSP(s_L, s_U). On a push from p (spec section 3):
-/// 1. c_p += 1 and p's two latest push times shift (on every push of every worker);
+/// DSSP(s_L, s_U) over a push-time predictor P. On a push from p (spec section 3):
+/// 1. c_p += 1 and p's push history shifts (on every push of every worker);
 /// 2. if p holds extra iterations (r_p > 0), it uses one and proceeds;
 /// 3. else if c_p - c_min <= s_L it proceeds;
 /// 4. else if p is the fastest worker, the synchronization controller picks r* and p proceeds
 ///    with r_p = r* - 1 when r* > 0 (p runs exactly r* iterations past the s_L check);
 /// 5. else p waits until c_p - c_min <= s_L.
+/// The controller compares P_0 = p's latest push and P_1.. = its predicted next pushes with
+/// the slowest worker's predicted pushes S_0..S_{r_max}. With the paper's last_interval (the
+/// default) that is exactly P_i = A_p + i I_p and S_k = A_slow + (k+1) I_slow; other
+/// predictors (mean, median, EWMA of recent intervals) make it robust to one noisy interval.
 /// Guarantee: no worker starts an iteration more than s_U clocks ahead of the slowest. The
 /// controller searches r in [0, min(r_max, s_U + 1 - (c_p - c_min))]: on the first grant (at
 /// staleness s_L + 1) that is the paper's [0, r_max]; the cap only bites on a second grant in a
 /// row, which the paper leaves open and which could otherwise exceed s_U.
 /// With s_L = s_U it decides exactly like ssp(s_L). Every push is O(1) amortised plus
-/// O(r_max) when the controller runs.
-class dssp : public detail::controller_base {
+/// O(r_max) when the controller runs; nothing is allocated per push.
+template <class P = last_interval>
+class basic_dssp : public detail::controller_base {
+  static_assert(is_predictor_v<P, timestamp>,
+                "cadence::basic_dssp<P>: P must model the predictor concept for double "
+                "timestamps (see cadence/predict/predictor.hpp)");
+
 public:
-  dssp(std::size_t workers, clock_value s_lower, clock_value s_upper)
-      : controller_base("dssp", workers), s_lower_(s_lower), s_upper_(s_upper) {
+  /// `history` >= 2: how many of each worker's latest push times the predictor sees
+  /// (default: 2 for last_interval, which needs no more, else 16).
+  basic_dssp(std::size_t workers, clock_value s_lower, clock_value s_upper, P predictor = P(),
+             std::size_t history = std::is_same_v<P, last_interval> ? 2 : 16)
+      : controller_base("dssp", workers),
+        s_lower_(s_lower),
+        s_upper_(s_upper),
+        history_(history),
+        predictor_(std::move(predictor)) {
     if (s_lower < 0)
       throw invalid_parameter_error("cadence::dssp: lower staleness bound s_L must be >= 0, got " +
                                     std::to_string(s_lower));
     if (s_upper < s_lower)
       throw invalid_parameter_error("cadence::dssp: upper bound s_U (" + std::to_string(s_upper) +
                                     ") must be >= lower bound s_L (" + std::to_string(s_lower) + ")");
+    if (history < 2)
+      throw invalid_parameter_error("cadence::dssp: history must be >= 2 pushes, got " +
+                                    std::to_string(history));
     extra_.assign(workers, 0);
-    latest_.assign(workers, 0.0);
-    previous_.assign(workers, 0.0);
     pushes_.assign(workers, 0);
+    ring_.assign(workers * history_, 0.0);
+    const auto r_max = static_cast<std::size_t>(s_upper - s_lower);
+    scratch_history_.resize(history_);
+    fast_.resize(r_max + 1);
+    slow_.resize(r_max + 1);
   }
 
   decision push(worker_id p, timestamp t) {
     check_push(p, t);
     last_time_ = t;
     released_.clear();
-    previous_[p] = latest_[p];
-    latest_[p] = t;
+    ring_[std::size_t{p} * history_ + pushes_[p] % history_] = t;
     ++pushes_[p];
     const clock_value old_min = table_.min();
     table_.advance(p);
@@ -109,9 +129,8 @@ public:
   worker_id add_worker() {
     const worker_id p = add_worker_at_min();
     extra_.push_back(0);
-    latest_.push_back(0.0);
-    previous_.push_back(0.0);
     pushes_.push_back(0);
+    ring_.resize(ring_.size() + history_, 0.0);
     return p;
   }
 
@@ -135,28 +154,55 @@ public:
   clock_value upper_bound() const noexcept { return s_upper_; }
   /// The staleness no worker ever exceeds when it starts an iteration: s_U.
   clock_value staleness_bound() const noexcept { return s_upper_; }
+  const P& predictor() const noexcept { return predictor_; }
+  /// "dssp:<s_L>:<s_U>", followed by ":<predictor>" unless it is the default last_interval.
   std::string config() const {
-    return "dssp:" + std::to_string(s_lower_) + ":" + std::to_string(s_upper_);
+    std::string c = "dssp:" + std::to_string(s_lower_) + ":" + std::to_string(s_upper_);
+    if constexpr (!std::is_same_v<P, last_interval>) c += ":" + std::string(predictor_.name());
+    return c;
   }
 
 private:
+  // Worker q's latest min(pushes, history) push times, oldest first, in scratch_history_.
+  span<const timestamp> history_of(worker_id q) {
+    const std::size_t have = pushes_[q] < history_ ? pushes_[q] : history_;
+    const timestamp* ring = ring_.data() + std::size_t{q} * history_;
+    for (std::size_t i = 0; i < have; ++i)
+      scratch_history_[i] = ring[(pushes_[q] - have + i) % history_];
+    return span<const timestamp>(scratch_history_.data(), have);
+  }
+
   // The synchronization controller for the fastest worker p, `gap` clocks ahead of c_min.
-  clock_value controller(worker_id p, clock_value gap) const {
+  clock_value controller(worker_id p, clock_value gap) {
     const clock_value max_i = std::min(s_upper_ - s_lower_, s_upper_ + 1 - gap);
     if (max_i <= 0 || pushes_[p] < 2) return 0;
     // The slowest worker: smallest clock, ties to the oldest latest push (the bucket's head).
     const worker_id slow = table_.head(table_.min());
     if (pushes_[slow] < 2) return 0;
-    return detail::dssp_best_extension(latest_[p], latest_[p] - previous_[p], latest_[slow],
-                                       latest_[slow] - previous_[slow], max_i,
-                                       s_upper_ - s_lower_);
+    const auto np = static_cast<std::size_t>(max_i) + 1;
+    const auto ns = static_cast<std::size_t>(s_upper_ - s_lower_) + 1;
+    try {
+      const span<const timestamp> hp = history_of(p);
+      fast_[0] = hp.back();
+      predictor_.predict(hp, np - 1, fast_.data() + 1);
+      predictor_.predict(history_of(slow), ns, slow_.data());
+    } catch (const time_error&) {  // predictions beyond what a double holds: no extension
+      return 0;
+    }
+    return static_cast<clock_value>(detail::dssp_best_extension(fast_.data(), np, slow_.data(), ns));
   }
 
   clock_value s_lower_, s_upper_;
+  std::size_t history_;
+  P predictor_;
   std::vector<clock_value> extra_;
-  std::vector<timestamp> latest_, previous_;
   std::vector<std::size_t> pushes_;
+  std::vector<timestamp> ring_;  // per worker: its latest `history_` push times
+  std::vector<timestamp> scratch_history_, fast_, slow_;
   std::size_t grants_ = 0;
 };
+
+/// DSSP with the paper's last-interval predictor.
+using dssp = basic_dssp<last_interval>;
 
 }  // namespace cadence

@@ -42,7 +42,8 @@ inline clock_value parse_count(std::string_view config, std::string_view field, 
 }
 
 inline const char* policy_grammar() {
-  return "bsp | asp | ssp:<s> | dssp:<s_L>:<s_U> | elastic:<R>[:<predictor>][:<variant>]";
+  return "bsp | asp | ssp:<s> | dssp:<s_L>:<s_U>[:<predictor>] | "
+         "elastic:<R>[:<predictor>][:<variant>]";
 }
 
 }  // namespace detail
@@ -51,7 +52,9 @@ inline const char* policy_grammar() {
 ///   bsp                   Bulk Synchronous Parallel
 ///   asp                   Asynchronous Parallel
 ///   ssp:<s>               Stale Synchronous Parallel with staleness bound s >= 0
-///   dssp:<s_L>:<s_U>      Dynamic SSP with 0 <= s_L <= s_U
+///   dssp:<s_L>:<s_U>[:<predictor>]
+///                         Dynamic SSP with 0 <= s_L <= s_U; predictor as below (default last,
+///                         the paper's). Example: dssp:3:15:median:5
 ///   elastic:<R>[:<predictor>][:<variant>]
 ///                         ElasticBSP with lookahead R >= 1; predictor last (default), mean:<k>,
 ///                         median:<k> or ewma:<alpha>; ZipLine variant fast (default), opt-bs,
@@ -79,9 +82,14 @@ inline any_controller make_controller(std::string_view config, std::size_t worke
     return ssp(workers, detail::parse_count(config, f[1], "staleness s"));
   }
   if (kind == "dssp") {
-    expect_fields(3, "dssp:<s_L>:<s_U>");
-    return dssp(workers, detail::parse_count(config, f[1], "lower bound s_L"),
-                detail::parse_count(config, f[2], "upper bound s_U"));
+    if (f.size() < 3) expect_fields(3, "dssp:<s_L>:<s_U>[:<predictor>]");
+    const clock_value lo = detail::parse_count(config, f[1], "lower bound s_L");
+    const clock_value hi = detail::parse_count(config, f[2], "upper bound s_U");
+    if (f.size() == 3) return dssp(workers, lo, hi);
+    // The rest is a predictor spec, which has its own ':' fields ("median:5").
+    const std::string_view predictor = config.substr(f[0].size() + f[1].size() + f[2].size() + 3);
+    return basic_dssp<any_predictor<timestamp>>(workers, lo, hi,
+                                                make_predictor<timestamp>(predictor));
   }
   if (kind == "elastic") {
     if (f.size() < 2)
