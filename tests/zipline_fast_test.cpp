@@ -6,8 +6,11 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -107,6 +110,8 @@ TEST_CASE("zipline_fast does not reallocate its workspace or result once warmed 
   cadence::zipline_result<double> out;
   cadence::zipline_fast(big.view(), ws, out);
   const auto* points = ws.points().data();
+  const auto* keys32 = ws.keys32().data();
+  CHECK(keys32 != nullptr);  // the generator-like rows take the 32-bit exact-key path
   const auto* buckets = ws.buckets().data();
   const auto* counts = ws.counts().data();
   const auto* choice = out.choice.data();
@@ -115,8 +120,189 @@ TEST_CASE("zipline_fast does not reallocate its workspace or result once warmed 
     CHECK(out == cadence::zipline_brute_force(small.view()));
     cadence::zipline_fast(big.view(), ws, out);
     CHECK(ws.points().data() == points);
+    CHECK(ws.keys32().data() == keys32);
     CHECK(ws.buckets().data() == buckets);
     CHECK(ws.counts().data() == counts);
     CHECK(out.choice.data() == choice);
   }
+}
+
+namespace {
+
+/// Random strictly increasing rows: point k of the grid is value(k); grid positions advance
+/// by 1..4, so equal values across rows are common.
+template <class T, class F>
+owned_rows<T> grid_rows(std::mt19937_64& rng, std::size_t n, std::size_t len, std::uint64_t span,
+                        F value) {
+  owned_rows<T> rows;
+  for (std::size_t p = 0; p < n; ++p) {
+    std::vector<T> row;
+    std::uint64_t k = rng() % span;
+    for (std::size_t i = 0; i < len; ++i, k += 1 + rng() % 4) row.push_back(value(k));
+    rows.add(row);
+  }
+  return rows;
+}
+
+template <class T>
+void check_fast(const owned_rows<T>& rows) {
+  CHECK(cadence::zipline_fast(rows.view()) == cadence::zipline_brute_force(rows.view()));
+}
+
+}  // namespace
+
+TEST_CASE("zipline_fast matches the oracle on doubles without exact keys (general path)") {
+  // Multiples of 0.1 and arbitrary reals are not on a power-of-two grid: the exact-key path
+  // declines and the bucket sort with per-bucket insertion runs.
+  std::mt19937_64 rng(12);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int iter = 0; iter < 200; ++iter) {
+    const std::size_t n = 1 + rng() % 30, len = 1 + rng() % 15;
+    check_fast(grid_rows<double>(rng, n, len, 40, [](std::uint64_t k) { return 0.1 * static_cast<double>(k); }));
+    check_fast(grid_rows<double>(rng, n, len, 40, [&](std::uint64_t k) {
+      return static_cast<double>(k) + u(rng) * 0.5;
+    }));
+  }
+}
+
+TEST_CASE("zipline_fast's exact keys cover power-of-two grids, large offsets and zero") {
+  std::mt19937_64 rng(13);
+  for (int iter = 0; iter < 200; ++iter) {
+    const std::size_t n = 1 + rng() % 30, len = 1 + rng() % 15;
+    // Eighths around a million; epoch milliseconds; halves across zero.
+    check_fast(grid_rows<double>(rng, n, len, 60, [](std::uint64_t k) { return 1e6 + static_cast<double>(k) / 8; }));
+    check_fast(grid_rows<double>(rng, n, len, 60, [](std::uint64_t k) { return 1.7e12 + static_cast<double>(k); }));
+    check_fast(grid_rows<double>(rng, n, len, 60, [](std::uint64_t k) { return static_cast<double>(k) / 2 - 15; }));
+    // Values beyond 2^53 (a negative scale): of one sign, and straddling zero.
+    check_fast(grid_rows<double>(rng, n, len, 60, [](std::uint64_t k) { return std::ldexp(1.0, 60) + static_cast<double>(k) * 1024; }));
+    check_fast(grid_rows<double>(rng, n, len, 60, [](std::uint64_t k) { return (static_cast<double>(k) - 30) * std::ldexp(1.0, 58); }));
+    // Subnormals around zero.
+    check_fast(grid_rows<double>(rng, n, len, 60, [](std::uint64_t k) {
+      return (static_cast<double>(k) - 30) * std::numeric_limits<double>::denorm_min();
+    }));
+    check_fast(grid_rows<float>(rng, n, len, 60, [](std::uint64_t k) { return static_cast<float>(k) / 4 + 3000.0f; }));
+  }
+}
+
+TEST_CASE("zipline_fast recounts when a point has a low bit the rows' first points lack") {
+  // Every row starts on a multiple of 8 (the guess of the keys' common zero bits) but later
+  // points are odd; the answer must not change.
+  std::mt19937_64 rng(14);
+  for (int iter = 0; iter < 200; ++iter) {
+    const std::size_t n = 2 + rng() % 20;
+    owned_rows<std::int64_t> rows;
+    owned_rows<double> drows;
+    for (std::size_t p = 0; p < n; ++p) {
+      std::vector<std::int64_t> row{8 * static_cast<std::int64_t>(rng() % 4)};
+      for (std::size_t i = 0, len = rng() % 12; i < len; ++i)
+        row.push_back(row.back() + 1 + static_cast<std::int64_t>(rng() % 9));
+      rows.add(row);
+      drows.add(std::vector<double>(row.begin(), row.end()));
+    }
+    check_fast(rows);
+    check_fast(drows);
+  }
+}
+
+TEST_CASE("zipline_fast uses 64-bit records when key and row do not fit in 32 bits") {
+  std::mt19937_64 rng(15);
+  for (int iter = 0; iter < 50; ++iter) {
+    // Keys of about 30 bits and up to 300 rows (9 bits).
+    const std::size_t n = 2 + rng() % 300;
+    check_fast(grid_rows<std::int64_t>(rng, n, 1 + rng() % 6, 8, [](std::uint64_t k) {
+      return static_cast<std::int64_t>(k) * 150000001;
+    }));
+    check_fast(grid_rows<std::uint32_t>(rng, n, 1 + rng() % 6, 8, [](std::uint64_t k) {
+      return static_cast<std::uint32_t>(k * 100000001u);  // k < 40: no wrap
+    }));
+  }
+}
+
+TEST_CASE("zipline_fast handles surviving points that are all equal") {
+  owned_rows<double> rows;
+  rows.add({1.0, 5.0, 9.0});
+  rows.add({5.0});
+  rows.add({5.0, 7.0});
+  check_fast(rows);
+  const auto res = cadence::zipline_fast(rows.view());
+  CHECK(res.spread == 0.0);
+  CHECK(res.barrier == 5.0);
+  CHECK(res.choice == std::vector<std::size_t>{1, 0, 0});
+  owned_rows<std::int8_t> same;
+  for (int p = 0; p < 4; ++p) same.add({-7});
+  check_fast(same);
+}
+
+namespace {
+template <class T>
+std::string message_of(void (*f)(cadence::rows_view<T>), cadence::rows_view<T> rows) {
+  try {
+    f(rows);
+  } catch (const cadence::zipline_input_error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+template <class T>
+void run_fast(cadence::rows_view<T> rows) {
+  (void)cadence::zipline_fast(rows);
+}
+template <class T>
+void run_validate(cadence::rows_view<T> rows) {
+  cadence::validate(rows);
+}
+}  // namespace
+
+TEST_CASE("zipline_fast reports exactly validate's error when several problems exist") {
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::vector<std::vector<double>>> cases = {
+      {{1, 2, 3}, {}, {nan}},               // empty row before a NaN row
+      {{1, nan, 0}, {}},                    // NaN inside a row, then an empty row
+      {{1, 3, 2, inf}, {5}},                // unsorted before an infinity in the same row
+      {{-inf, 1}, {2, 1}},                  // -inf first
+      {{1, 2}, {3, 4, 4, nan}},             // repeat in a later row
+      {{0, 1e308}, {-1e308, 2}},            // span overflows
+      {{1, 2}, {0.5, 1.5, 1.5}},            // the last pair only
+  };
+  for (const auto& c : cases) {
+    owned_rows<double> rows;
+    for (const auto& r : c) rows.add(r);
+    const std::string expected = message_of<double>(run_validate<double>, rows.view());
+    CAPTURE(expected);
+    CHECK(expected != "no error");
+    CHECK(message_of<double>(run_fast<double>, rows.view()) == expected);
+  }
+  owned_rows<std::int32_t> wide;
+  wide.add({std::numeric_limits<std::int32_t>::min(), 0});
+  wide.add({5, std::numeric_limits<std::int32_t>::max()});
+  CHECK(message_of<std::int32_t>(run_fast<std::int32_t>, wide.view()) ==
+        message_of<std::int32_t>(run_validate<std::int32_t>, wide.view()));
+  CHECK(message_of<double>(run_fast<double>, cadence::rows_view<double>()) ==
+        message_of<double>(run_validate<double>, cadence::rows_view<double>()));
+}
+
+TEST_CASE("zipline_fast's general path sorts clustered fine buckets (non-dyadic doubles)") {
+  // As the clustered int64 test, but with values off every power-of-two grid so the general
+  // path runs: one huge fine bucket (std::sort) and, in the same coarse bucket, a few
+  // points two fine buckets later (insertion sort).
+  std::mt19937_64 rng(16);
+  for (int iter = 0; iter < 20; ++iter) {
+    owned_rows<double> rows;
+    rows.add({0.0, 1e9});
+    const std::size_t n = 2 + rng() % 30;
+    for (std::size_t p = 0; p < n; ++p) {
+      std::vector<double> row;
+      double t = 5e8 + 0.3 * static_cast<double>(rng() % 50);
+      for (std::size_t i = 0, len = 20 + rng() % 60; i < len; ++i)
+        row.push_back(t += 0.3 * static_cast<double>(1 + rng() % 3));
+      if (p % 8 == 0) row.push_back(5.01e8 + 0.7 * static_cast<double>(p));
+      rows.add(row);
+    }
+    check_fast(rows);
+  }
+  std::mt19937_64 rng2(17);
+  for (int iter = 0; iter < 50; ++iter)  // integer keys wider than 32 bits
+    check_fast(grid_rows<std::int64_t>(rng2, 1 + rng2() % 20, 1 + rng2() % 10, 30, [](std::uint64_t k) {
+      return static_cast<std::int64_t>(k) * (std::int64_t{1} << 40) - (std::int64_t{1} << 44);
+    }));
 }

@@ -94,6 +94,54 @@ std::string timestamp_to_string(T v) {
 }
 }  // namespace detail
 
+namespace detail {
+
+/// Whether lo..hi (the smallest front and the largest back) is a span T can represent; the
+/// check validate() reports as "a range the timestamp type cannot represent".
+template <class T>
+bool zipline_span_ok(T lo, T hi) noexcept {
+  if constexpr (std::is_integral_v<T>) {
+    T diff;
+    return !__builtin_sub_overflow(hi, lo, &diff);
+  } else {
+    return std::isfinite(hi - lo);
+  }
+}
+
+/// A branch-free pass over the input that returns true only if validate(rows) would not
+/// throw (callers that get false call validate for the exact error). Rows that are strictly
+/// increasing with a finite first and last element are finite throughout, so the inner loop
+/// is a plain comparison reduction the compiler can vectorize.
+template <class T>
+bool zipline_rows_valid(rows_view<T> rows) noexcept {
+  const std::size_t n = rows.size();
+  if (n == 0) return false;
+  T lo = T(), hi = T();
+  for (std::size_t p = 0; p < n; ++p) {
+    const std::size_t m = rows.row_size(p);
+    if (m == 0) return false;
+    const T* const v = rows.values() + rows.row_begin(p);
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!std::isfinite(v[0]) || !std::isfinite(v[m - 1])) return false;
+    }
+    unsigned bad0 = 0, bad1 = 0, bad2 = 0, bad3 = 0;
+    std::size_t i = 1;
+    for (; i + 4 <= m; i += 4) {
+      bad0 |= static_cast<unsigned>(!(v[i - 1] < v[i]));
+      bad1 |= static_cast<unsigned>(!(v[i] < v[i + 1]));
+      bad2 |= static_cast<unsigned>(!(v[i + 1] < v[i + 2]));
+      bad3 |= static_cast<unsigned>(!(v[i + 2] < v[i + 3]));
+    }
+    for (; i < m; ++i) bad0 |= static_cast<unsigned>(!(v[i - 1] < v[i]));
+    if ((bad0 | bad1 | bad2 | bad3) != 0) return false;
+    if (p == 0 || v[0] < lo) lo = v[0];
+    if (p == 0 || v[m - 1] > hi) hi = v[m - 1];
+  }
+  return zipline_span_ok(lo, hi);
+}
+
+}  // namespace detail
+
 /// Checks the ZipLine input contract and throws zipline_input_error naming the offending row
 /// and index: n >= 1, every row non-empty, finite, strictly increasing, and the whole input's
 /// span (largest minus smallest value) representable in T so spreads cannot overflow.
@@ -123,14 +171,7 @@ void validate(rows_view<T> rows) {
     if (first || row.back() > hi) hi = row.back();
     first = false;
   }
-  bool overflow = false;
-  if constexpr (std::is_integral_v<T>) {
-    T diff;
-    overflow = __builtin_sub_overflow(hi, lo, &diff);
-  } else {
-    overflow = !std::isfinite(hi - lo);
-  }
-  if (overflow)
+  if (!detail::zipline_span_ok(lo, hi))
     throw zipline_input_error("cadence::zipline: timestamps span from " +
                               detail::timestamp_to_string(lo) + " to " +
                               detail::timestamp_to_string(hi) +

@@ -34,6 +34,10 @@ public:
     // Swapping with empty vectors frees the memory (assigning {} would keep the capacity).
     std::vector<point>().swap(points_);
     std::vector<point>().swap(staging_);
+    std::vector<std::uint64_t>().swap(keys_);
+    std::vector<std::uint64_t>().swap(keys_tmp_);
+    std::vector<std::uint32_t>().swap(keys32_);
+    std::vector<std::uint32_t>().swap(keys32_tmp_);
     std::vector<std::size_t>().swap(aux_);
     std::vector<std::uint32_t>().swap(counts_);
     std::vector<std::uint32_t>().swap(buckets_);
@@ -47,6 +51,12 @@ public:
   // implementation detail that may change between releases.
   std::vector<point>& points() noexcept { return points_; }
   std::vector<point>& staging() noexcept { return staging_; }
+  /// zipline_fast's packed (key << row_bits | row) records and their radix-sort buffers, in
+  /// 64 bits and, when key and row fit, in 32 bits.
+  std::vector<std::uint64_t>& keys() noexcept { return keys_; }
+  std::vector<std::uint64_t>& keys_tmp() noexcept { return keys_tmp_; }
+  std::vector<std::uint32_t>& keys32() noexcept { return keys32_; }
+  std::vector<std::uint32_t>& keys32_tmp() noexcept { return keys32_tmp_; }
   std::vector<std::size_t>& aux() noexcept { return aux_; }
   std::vector<std::uint32_t>& counts() noexcept { return counts_; }
   std::vector<std::uint32_t>& buckets() noexcept { return buckets_; }
@@ -58,6 +68,10 @@ public:
 private:
   std::vector<point> points_;
   std::vector<point> staging_;
+  std::vector<std::uint64_t> keys_;
+  std::vector<std::uint64_t> keys_tmp_;
+  std::vector<std::uint32_t> keys32_;
+  std::vector<std::uint32_t> keys32_tmp_;
   std::vector<std::size_t> aux_;
   std::vector<std::uint32_t> counts_;
   std::vector<std::uint32_t> buckets_;
@@ -87,6 +101,20 @@ constexpr T zipline_spread(T b, T lo) noexcept {
   return static_cast<T>(b - lo);
 }
 
+/// std::upper_bound(v, v + len, x) - v for sorted v, without unpredictable branches (zipline_fast's
+/// trim and every variant's choices run one or two per row).
+template <class T>
+std::size_t zipline_upper_bound(const T* v, std::size_t len, T x) noexcept {
+  if (len == 0) return 0;
+  std::size_t lo = 0;
+  while (len > 1) {
+    const std::size_t half = len / 2;
+    lo = v[lo + half] <= x ? lo + half : lo;
+    len -= half;
+  }
+  return lo + static_cast<std::size_t>(v[lo] <= x);
+}
+
 /// Writes spread, barrier and choice (each row's latest point <= barrier) into out.
 /// Every variant finds (spread, barrier) its own way and finishes here, so the choice rule
 /// is implemented once.
@@ -98,10 +126,7 @@ void zipline_finish(rows_view<T> rows, T spread, T barrier, zipline_result<T>& o
   out.choice.resize(n);
   for (std::size_t p = 0; p < n; ++p) {
     const auto row = rows[p];
-    out.choice[p] =
-        static_cast<std::size_t>(std::upper_bound(row.begin(), row.end(), barrier) -
-                                 row.begin()) -
-        1;
+    out.choice[p] = zipline_upper_bound(row.data(), row.size(), barrier) - 1;
   }
 }
 
