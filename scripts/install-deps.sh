@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages Cadence's build, tests and demo need (only the missing ones).
+# Installs the Debian 12 packages Cadence's build and demo need (only the missing ones);
+# `install-deps.sh test` adds what the full test run needs (clang and its OpenMP runtime).
 # Needs root for apt-get; without root it lists what to install and fails.
 set -euo pipefail
 packages=(cmake make g++ doctest-dev libbenchmark-dev python3)
+if [[ ${1:-} == test ]]; then
+  packages+=(clang libomp-dev)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

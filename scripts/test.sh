@@ -3,6 +3,7 @@
 #   build/       Release, tests at C++17 and C++20, Thrust tests on the OMP and CPP systems,
 #                tools, benchmarks and examples built, install + consumer projects, and
 #                every public header compiled on its own
+#   build-clang/ the same with clang++ at C++20 (OpenMP from libomp)
 #   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer, every test
 #   build-tsan/  ThreadSanitizer, the concurrent tests
 #   build-cuda/  the Thrust sources and GPU benchmark compiled with nvcc for sm_90 (compile
@@ -10,7 +11,7 @@
 # Ends with one line "tests: N passed, M failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh test
 jobs=${JOBS:-2}
 passed=0
 failed=0
@@ -49,6 +50,16 @@ if cmake --build build -j"$jobs" --target all_verify_interface_header_sets; then
 else
   failed=$((failed + 1))
   echo "header self-containment check: FAILED"
+fi
+
+section "clang (C++20)"
+if command -v clang++ >/dev/null 2>&1; then
+  CXX=clang++ cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Release -DCADENCE_TEST_STANDARDS=20 \
+    -DCADENCE_BUILD_BENCHMARKS=OFF
+  cmake --build build-clang -j"$jobs"
+  run_ctest build-clang
+else
+  echo "clang++ not installed: clang build skipped"
 fi
 
 section "AddressSanitizer + UndefinedBehaviorSanitizer"

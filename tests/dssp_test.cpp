@@ -191,8 +191,9 @@ TEST_CASE("dssp never lets a worker start an iteration more than s_U clocks ahea
       opt.add_probability = seed % 4 == 0 ? 0.02 : 0.0;
       opt.equal_times = seed % 5 == 0;
       dssp c(opt.workers, lo, hi);
+      const clock_value bound = hi;  // structured bindings cannot be captured before C++20 (clang 14: at all)
       const bool live = test::run_random_schedule(c, rng, opt, [&](const dssp& cc, std::size_t) {
-        test::check_staleness_and_progress(cc, hi, cc.worker_capacity());
+        test::check_staleness_and_progress(cc, bound, cc.worker_capacity());
       });
       REQUIRE(live);
       test::drain_by_pushing_slowest(c, c.worker_capacity(), 1e9, 100000);

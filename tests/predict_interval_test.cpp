@@ -65,8 +65,8 @@ TEST_CASE("ewma weights recent intervals by alpha") {
   CHECK(cadence::ewma(0.3).name() == "ewma:0.3");
   CHECK_THROWS_AS(cadence::ewma(0.0), cadence::invalid_parameter_error);
   CHECK_THROWS_AS(cadence::ewma(1.5), cadence::invalid_parameter_error);
-  CHECK_THROWS_AS(cadence::ewma(std::numeric_limits<double>::quiet_NaN()),
-                  cadence::invalid_parameter_error);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_AS(cadence::ewma{nan}, cadence::invalid_parameter_error);
 }
 
 TEST_CASE("every predictor's output is strictly increasing and starts above the last push") {
