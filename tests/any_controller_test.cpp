@@ -38,6 +38,7 @@ TEST_CASE("copying an any_controller deep-copies its state") {
   CHECK(a.is_waiting(0));
   any_controller c;
   CHECK_FALSE(c);
+  CHECK_THROWS_WITH_AS(c.push(0, 1.0), doctest::Contains("any_controller: empty"), invalid_parameter_error);
   c = a;
   CHECK(c.config() == "bsp");
 }

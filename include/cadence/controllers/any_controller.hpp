@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cadence/controllers/controller.hpp>
+#include <cadence/core/error.hpp>
 
 #include <memory>
 #include <string>
@@ -36,19 +37,19 @@ public:
 
   explicit operator bool() const noexcept { return self_ != nullptr; }
 
-  decision push(worker_id p, timestamp t) { return self_->push(p, t); }
-  span<const worker_id> remove_worker(worker_id p) { return self_->remove_worker(p); }
-  worker_id add_worker() { return self_->add_worker(); }
-  std::size_t worker_capacity() const { return self_->worker_capacity(); }
-  clock_value clock(worker_id p) const { return self_->clock(p); }
-  bool is_active(worker_id p) const { return self_->is_active(p); }
-  bool is_waiting(worker_id p) const { return self_->is_waiting(p); }
-  std::size_t active_workers() const { return self_->active_workers(); }
-  clock_value min_clock() const { return self_->min_clock(); }
-  clock_value staleness(worker_id p) const { return self_->staleness(p); }
-  clock_value max_staleness() const { return self_->max_staleness(); }
-  std::vector<worker_id> waiting_for(worker_id p) const { return self_->waiting_for(p); }
-  std::string config() const { return self_->config(); }
+  decision push(worker_id p, timestamp t) { return self().push(p, t); }
+  span<const worker_id> remove_worker(worker_id p) { return self().remove_worker(p); }
+  worker_id add_worker() { return self().add_worker(); }
+  std::size_t worker_capacity() const { return self().worker_capacity(); }
+  clock_value clock(worker_id p) const { return self().clock(p); }
+  bool is_active(worker_id p) const { return self().is_active(p); }
+  bool is_waiting(worker_id p) const { return self().is_waiting(p); }
+  std::size_t active_workers() const { return self().active_workers(); }
+  clock_value min_clock() const { return self().min_clock(); }
+  clock_value staleness(worker_id p) const { return self().staleness(p); }
+  clock_value max_staleness() const { return self().max_staleness(); }
+  std::vector<worker_id> waiting_for(worker_id p) const { return self().waiting_for(p); }
+  std::string config() const { return self().config(); }
 
   /// The held controller if it is a C (as std::function::target), else nullptr.
   template <class C>
@@ -63,6 +64,15 @@ public:
   }
 
 private:
+  struct concept_base;
+  concept_base& self() const {
+    if (!self_)
+      throw invalid_parameter_error(
+          "cadence::any_controller: empty (default-constructed or moved-from); assign a "
+          "controller, e.g. make_controller(\"ssp:3\", workers)");
+    return *self_;
+  }
+
   struct concept_base {
     virtual ~concept_base() = default;
     virtual std::unique_ptr<concept_base> clone() const = 0;
