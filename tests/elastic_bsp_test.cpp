@@ -179,6 +179,19 @@ TEST_CASE("a worker that joins mid-superstep runs freely and takes part from the
   CHECK(c.plan().remaining[joiner] >= 1);
 }
 
+TEST_CASE("workers that join an emptied cluster take part in its next barrier") {
+  elastic_bsp c(2, 3);
+  c.remove_worker(0);
+  c.remove_worker(1);
+  const worker_id a = c.add_worker(), b = c.add_worker();
+  CHECK(c.is_monitoring());
+  regular_cluster cluster({1.0, 1.0, 1.0, 1.5}, {0.0, 0.0, 0.1, 0.2});
+  for (int step = 0; step < 1000 && c.barriers() == 0; ++step) cluster.step(c);
+  REQUIRE(c.barriers() == 1);
+  CHECK(c.last_superstep_iterations()[a] >= 3);
+  CHECK(c.last_superstep_iterations()[b] >= 3);
+}
+
 TEST_CASE("elastic_bsp with one worker never plans a barrier and never waits") {
   elastic_bsp c(1, 5);
   for (int i = 1; i <= 20; ++i) CHECK(c.push(0, i).proceed);

@@ -118,7 +118,8 @@ public:
 
   worker_id add_worker() {
     const worker_id p = add_worker_at_min();
-    grow_worker(false);  // takes part from the next monitoring phase
+    grow_worker(false);  // takes part from the next monitoring phase...
+    if (participants_ == 0) start_monitoring();  // ...which starts now if nobody takes part
     return p;
   }
 
