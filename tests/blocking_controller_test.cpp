@@ -1,4 +1,5 @@
 #include <cadence/controllers/dssp.hpp>
+#include <cadence/controllers/elastic_bsp.hpp>
 #include <cadence/controllers/ssp.hpp>
 #include <cadence/runtime/blocking_controller.hpp>
 
@@ -61,6 +62,29 @@ TEST_CASE("blocking bsp is a barrier per iteration for real threads" * doctest::
 TEST_CASE("blocking dssp keeps real threads within s_U clocks" * doctest::timeout(60)) {
   blocking_controller<dssp> bc(dssp(4, 1, 4));
   CHECK(run_threads(bc, 4, 200) <= 4);
+}
+
+TEST_CASE("blocking elastic_bsp runs real threads through its barriers; finished workers leave" *
+          doctest::timeout(60)) {
+  // Under ElasticBSP a worker's barrier iteration is planned, so a worker that stops after a
+  // fixed count must leave (remove_worker) or the others would wait for it at the barrier.
+  blocking_controller<elastic_bsp> bc(elastic_bsp(3, 5));
+  std::vector<std::thread> threads;
+  for (worker_id p = 0; p < 3; ++p) {
+    threads.emplace_back([&bc, p] {
+      for (int i = 0; i < 120; ++i) {
+        std::this_thread::sleep_for(std::chrono::microseconds(30 * (p + 1)));
+        bc.push(p, 10s);
+      }
+      bc.remove_worker(p);
+    });
+  }
+  for (auto& t : threads) t.join();
+  bc.inspect([](const elastic_bsp& c) {
+    CHECK(c.active_workers() == 0);
+    CHECK(c.barriers() > 0);
+    CHECK(c.waiting_count() == 0);
+  });
 }
 
 TEST_CASE("a timed wait names the workers it waited for" * doctest::timeout(30)) {
