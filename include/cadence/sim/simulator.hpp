@@ -34,6 +34,19 @@ struct run_options {
   std::size_t staleness_buckets = std::size_t{1} << 20;
   /// Called about every 65536 events with the fraction of the run done, in [0, 1].
   std::function<void(double)> progress;
+  /// Observers that let a caller attach real work to the simulated cluster (the training race
+  /// in cadence/train/race.hpp computes and applies real gradients through them). Empty by
+  /// default; they never change the simulated outcome, and an empty one costs one test.
+  ///
+  /// on_iteration_start(p, t): worker p starts computing an iteration at simulated time t
+  /// (t = 0 for the first; otherwise its go-ahead time plus pull_seconds). It is called while
+  /// the server handles p's go-ahead, before any later push, so server state read here is
+  /// exactly what p pulled.
+  std::function<void(worker_id, double)> on_iteration_start;
+  /// on_push(p, t): p's push reaches the server at time t; called just before
+  /// controller.push(p, t), so an update applied here is visible to every worker the push
+  /// releases. Not called for a push that a dead worker never completed.
+  std::function<void(worker_id, double)> on_push;
 };
 
 namespace detail {
@@ -123,6 +136,7 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
   auto start_iteration = [&](worker_id p, double t) {
     const double d = sampler[p].next(t);
     computing[p] = d;
+    if (opt.on_iteration_start) opt.on_iteration_start(p, t);
     queue.push(t + d + s.push_seconds, p, event_kind::push_arrives);
   };
   // After the controller let p go at time t: it pulls, then computes.
@@ -191,6 +205,7 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
     switch (e.kind) {
       case event_kind::push_arrives: {
         if (state[p] == detail::phase::dead) break;  // it died before this push arrived
+        if (opt.on_push) opt.on_push(p, t);
         decision d;
         if (opt.time_controller) {
           const auto before = wall::now();
