@@ -3,7 +3,7 @@
 # `install-deps.sh test` adds what the full test run needs (clang and its OpenMP runtime).
 # Needs root for apt-get; without root it lists what to install and fails.
 set -euo pipefail
-packages=(cmake make g++ doctest-dev libbenchmark-dev python3)
+packages=(cmake make g++ doctest-dev libbenchmark-dev python3 dataset-fashion-mnist zlib1g-dev)
 if [[ ${1:-} == test ]]; then
   packages+=(clang libomp-dev)
 fi

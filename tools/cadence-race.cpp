@@ -1,0 +1,275 @@
+// cadence-race: races synchronization policies on a simulated cluster that trains a real model
+// on Fashion-MNIST, and prints what each policy buys in test accuracy per simulated second.
+#include <cadence/controllers/make_controller.hpp>
+#include <cadence/core/error.hpp>
+#include <cadence/sim/report.hpp>
+#include <cadence/sim/scenarios.hpp>
+#include <cadence/train/race.hpp>
+
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+constexpr const char* default_policies[] = {"bsp", "asp", "ssp:3", "dssp:3:15", "elastic:15"};
+constexpr const char* default_data = "/usr/share/datasets/fashion-mnist";
+constexpr double default_seconds = 120;
+
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void print_help() {
+  std::cout <<
+R"(usage: cadence-race [options]
+
+Races synchronization policies on a simulated parameter-server cluster that trains a real
+model (softmax regression) on Fashion-MNIST: every push carries the gradient of a real
+minibatch computed on the weights the worker pulled, and the server applies it when the push
+arrives. Prints test accuracy against simulated time per policy.
+With no options: bsp, asp, ssp:3, dssp:3:15 and elastic:15 on hetero16 for 120 simulated s.
+
+options:
+  --data DIR         Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist,
+                     from the Debian package dataset-fashion-mnist)
+  --scenario NAME    cluster scenario (default hetero16; see cadence-sim --list-scenarios)
+  --workers N        number of workers (default: the scenario's own)
+  --seconds S        simulated seconds to train (default 120)
+  --policy CONFIG    a make_controller config (bsp, asp, ssp:<s>, dssp:<s_L>:<s_U>,
+                     elastic:<R>...); repeat to compare several
+  --seed N           seed of the cluster and of the data order (default 1)
+  --lr X             SGD step size the server applies per push (default 0.005)
+  --batch N          examples per worker iteration (default 32)
+  --eval-every S     simulated seconds between test evaluations (default 2)
+  --train-limit N    train on the first N training images only (default: all 60000)
+  --test-limit N     evaluate the curve on the first N test images (default 2000); the
+                     final accuracy always uses the whole test set
+  --json             one JSON array, one object per policy, with its curve
+  --csv              the curves as CSV: policy,seconds,accuracy,loss,updates
+  --help             this text
+
+columns: final = test accuracy of the final weights on the whole test set; best = best
+accuracy on the curve; t@70% / t@80% = first simulated second at which the curve reached
+that accuracy ("-": never); iters = pushes; wait% = share of worker time spent waiting;
+stale.max = largest clock gap c_p - c_min after a push; delay = mean and max number of other
+workers' updates the server applied between a worker's pull and its push.
+)";
+}
+
+template <class T>
+T parse_integer(std::string_view flag, std::string_view text, T min) {
+  T v{};
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || v < min)
+    throw usage_error(std::string(flag) + ": expected an integer >= " + std::to_string(min) + ", got '" +
+                      std::string(text) + "'");
+  return v;
+}
+
+double parse_positive(std::string_view flag, std::string_view text) {
+  const std::string s(text);
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !(v > 0) || v > 1e9)
+    throw usage_error(std::string(flag) + ": expected a number > 0, got '" + s + "'");
+  return v;
+}
+
+std::string percent(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100 * v);
+  return buf;
+}
+
+std::string seconds_or_dash(const cadence::train::time_to_accuracy& t) {
+  if (!t.reached()) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%gs", t.seconds);
+  return buf;
+}
+
+void write_json(const std::vector<cadence::train::race_result>& runs) {
+  using cadence::sim::detail::format_number;
+  std::printf("[");
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    const auto& m = r.metrics;
+    std::printf("%s{\"policy\": %s, \"scenario\": %s, \"workers\": %zu, \"simulated_seconds\": %s, "
+                "\"iterations\": %llu, \"wait_fraction\": %s, \"max_staleness\": %llu, "
+                "\"mean_update_delay\": %s, \"max_update_delay\": %llu, \"final_accuracy\": %s, "
+                "\"final_loss\": %s, \"final_test_examples\": %zu, \"best_accuracy\": %s, \"time_to_accuracy\": {",
+                i ? ",\n " : "\n ", cadence::sim::detail::json_string(m.policy).c_str(),
+                cadence::sim::detail::json_string(m.scenario).c_str(), m.workers,
+                format_number(m.simulated_seconds).c_str(), static_cast<unsigned long long>(m.iterations),
+                format_number(m.wait_fraction).c_str(), static_cast<unsigned long long>(m.max_staleness),
+                format_number(r.mean_update_delay).c_str(), static_cast<unsigned long long>(r.max_update_delay),
+                format_number(r.final_test.accuracy).c_str(), format_number(r.final_test.loss).c_str(),
+                r.final_test_examples, format_number(r.best_accuracy).c_str());
+    for (std::size_t k = 0; k < r.reached.size(); ++k)
+      std::printf("%s\"%g\": %s", k ? ", " : "", r.reached[k].target, format_number(r.reached[k].seconds).c_str());
+    std::printf("}, \"curve\": [");
+    for (std::size_t k = 0; k < r.curve.size(); ++k)
+      std::printf("%s[%s, %s, %s, %llu]", k ? ", " : "", format_number(r.curve[k].seconds).c_str(),
+                  format_number(r.curve[k].accuracy).c_str(), format_number(r.curve[k].loss).c_str(),
+                  static_cast<unsigned long long>(r.curve[k].updates));
+    std::printf("]}");
+  }
+  std::printf("\n]\n");
+}
+
+int run(int argc, char** argv) {
+  std::string data_dir = default_data;
+  std::string scenario_name(cadence::sim::default_scenario_name);
+  std::size_t workers = 0;
+  double seconds = default_seconds;
+  std::uint64_t seed = 1;
+  std::vector<std::string> policies;
+  cadence::train::race_options o;
+  enum { table, json, csv } format = table;
+
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    std::string_view value;
+    bool has_inline = false;
+    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string_view::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_inline = true;
+    }
+    auto take = [&]() -> std::string_view {
+      if (has_inline) return value;
+      if (i + 1 >= argc) throw usage_error(std::string(arg) + ": missing value");
+      return argv[++i];
+    };
+    auto no_value = [&] {
+      if (has_inline) throw usage_error(std::string(arg) + ": takes no value");
+    };
+    if (arg == "--help" || arg == "-h") {
+      no_value();
+      print_help();
+      return 0;
+    } else if (arg == "--data") {
+      data_dir = std::string(take());
+      if (data_dir.empty()) throw usage_error("--data: expected a directory, got ''");
+    } else if (arg == "--scenario") {
+      scenario_name = std::string(take());
+    } else if (arg == "--workers") {
+      workers = parse_integer<std::size_t>("--workers", take(), 1);
+    } else if (arg == "--seconds") {
+      seconds = parse_positive("--seconds", take());
+    } else if (arg == "--policy") {
+      policies.emplace_back(take());
+    } else if (arg == "--seed") {
+      seed = parse_integer<std::uint64_t>("--seed", take(), 0);
+    } else if (arg == "--lr") {
+      o.learning_rate = parse_positive("--lr", take());
+    } else if (arg == "--batch") {
+      o.batch_size = parse_integer<std::size_t>("--batch", take(), 1);
+    } else if (arg == "--eval-every") {
+      o.eval_every_seconds = parse_positive("--eval-every", take());
+    } else if (arg == "--train-limit") {
+      o.train_limit = parse_integer<std::size_t>("--train-limit", take(), 1);
+    } else if (arg == "--test-limit") {
+      o.test_limit = parse_integer<std::size_t>("--test-limit", take(), 1);
+    } else if (arg == "--json") {
+      no_value();
+      format = json;
+    } else if (arg == "--csv") {
+      no_value();
+      format = csv;
+    } else {
+      throw usage_error("unknown option '" + std::string(argv[i]) + "' (see --help)");
+    }
+  }
+  o.seed = seed;
+
+  cadence::sim::scenario s;
+  try {
+    s = cadence::sim::make_scenario(scenario_name, workers, seed);
+  } catch (const cadence::invalid_parameter_error& e) {
+    bool known = false;
+    for (const auto& info : cadence::sim::scenario_catalog()) known = known || info.name == scenario_name;
+    throw usage_error(std::string(known ? "--workers: " : "--scenario: ") + e.what());
+  }
+  s.seconds = seconds;
+  s.iterations = 0;
+
+  if (policies.empty()) policies.assign(std::begin(default_policies), std::end(default_policies));
+  // Parse every policy before the (slow) data load, so a typo fails at once.
+  for (const auto& policy : policies) {
+    try {
+      (void)cadence::make_controller(policy, s.workers.size());
+    } catch (const cadence::error& e) {
+      throw usage_error(std::string("--policy: ") + e.what());
+    }
+  }
+
+  const auto wall_start = std::chrono::steady_clock::now();
+  cadence::train::train_test_data data;
+  try {
+    data = cadence::train::load_fashion_mnist(data_dir);
+  } catch (const cadence::error& e) {
+    throw usage_error(std::string("--data: ") + e.what());
+  }
+  if (o.train_limit > data.train.size()) o.train_limit = 0;
+  if (o.train_limit != 0 && o.train_limit < s.workers.size())
+    throw usage_error("--train-limit: " + std::to_string(o.train_limit) + " images for " +
+                      std::to_string(s.workers.size()) + " workers; every worker needs at least one");
+
+  std::vector<cadence::train::race_result> runs;
+  for (const auto& policy : policies) runs.push_back(cadence::train::run_race(policy, s, data, o));
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+
+  if (format == json) {
+    write_json(runs);
+  } else if (format == csv) {
+    std::printf("policy,seconds,accuracy,loss,updates\n");
+    for (const auto& r : runs)
+      for (const auto& p : r.curve)
+        std::printf("%s,%g,%.6f,%.6f,%llu\n", r.metrics.policy.c_str(), p.seconds, p.accuracy, p.loss,
+                    static_cast<unsigned long long>(p.updates));
+  } else {
+    const std::size_t n_train = o.train_limit == 0 ? data.train.size() : o.train_limit;
+    const std::size_t n_eval = o.test_limit == 0 || o.test_limit > data.test.size() ? data.test.size() : o.test_limit;
+    std::printf("race: softmax regression on Fashion-MNIST (%zu training images in %zu shards, batch %zu, lr %g)\n",
+                n_train, s.workers.size(), o.batch_size, o.learning_rate);
+    std::printf("cluster: scenario %s (%zu workers, seed %llu), %g simulated s; curve on %zu test images every "
+                "%g s, final on all %zu\n\n",
+                s.name.c_str(), s.workers.size(), static_cast<unsigned long long>(seed), s.seconds, n_eval,
+                o.eval_every_seconds, data.test.size());
+    std::printf("%-22s %7s %7s %7s %7s %8s %7s %9s %11s\n", "policy", "final", "best", "t@70%", "t@80%", "iters",
+                "wait%", "stale.max", "delay");
+    for (const auto& r : runs) {
+      char delay[48];
+      std::snprintf(delay, sizeof delay, "%.1f/%llu", r.mean_update_delay,
+                    static_cast<unsigned long long>(r.max_update_delay));
+      std::printf("%-22s %7s %7s %7s %7s %8llu %7s %9llu %11s\n", r.metrics.policy.c_str(),
+                  percent(r.final_test.accuracy).c_str(), percent(r.best_accuracy).c_str(),
+                  seconds_or_dash(r.reached[0]).c_str(), seconds_or_dash(r.reached[1]).c_str(),
+                  static_cast<unsigned long long>(r.metrics.iterations), percent(r.metrics.wait_fraction).c_str(),
+                  static_cast<unsigned long long>(r.metrics.max_staleness), delay);
+    }
+    std::printf("\n(%.1f s of wall-clock time, data loading included)\n", wall);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "cadence-race: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cadence-race: error: %s\n", e.what());
+    return 1;
+  }
+}
