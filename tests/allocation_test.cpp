@@ -7,6 +7,8 @@
 #include <cadence/controllers/ssp.hpp>
 #include <cadence/predict/interval.hpp>
 
+#include "support/count_allocations.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -14,31 +16,7 @@
 #include <new>
 #include <vector>
 
-namespace {
-thread_local std::size_t allocations = 0;
-}  // namespace
-
-// Every non-aligned form is replaced, so what one of ours allocates the matching one of ours
-// frees (sanitizers check that pairing; the standard library uses the nothrow forms).
-void* operator new(std::size_t size) {
-  ++allocations;
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t size) { return operator new(size); }
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
-  ++allocations;
-  return std::malloc(size == 0 ? 1 : size);
-}
-void* operator new[](std::size_t size, const std::nothrow_t& tag) noexcept {
-  return operator new(size, tag);
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+using cadence::test::allocations;
 
 namespace {
 

@@ -1,5 +1,7 @@
 // cadence-race: races synchronization policies on a simulated cluster that trains a real model
 // on Fashion-MNIST, and prints what each policy buys in test accuracy per simulated second.
+#include "common.hpp"
+
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/sim/report.hpp>
@@ -21,9 +23,7 @@ constexpr const char* default_policies[] = {"bsp", "asp", "ssp:3", "dssp:3:15", 
 constexpr const char* default_data = "/usr/share/datasets/fashion-mnist";
 constexpr double default_seconds = 120;
 
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using cadence::usage_error;
 
 void print_help() {
   std::cout <<
@@ -60,25 +60,6 @@ that accuracy ("-": never); iters = pushes; wait% = share of worker time spent w
 stale.max = largest clock gap c_p - c_min after a push; delay = mean and max number of other
 workers' updates the server applied between a worker's pull and its push.
 )";
-}
-
-template <class T>
-T parse_integer(std::string_view flag, std::string_view text, T min) {
-  T v{};
-  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || v < min)
-    throw usage_error(std::string(flag) + ": expected an integer >= " + std::to_string(min) + ", got '" +
-                      std::string(text) + "'");
-  return v;
-}
-
-double parse_positive(std::string_view flag, std::string_view text) {
-  const std::string s(text);
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || !(v > 0) || v > 1e9)
-    throw usage_error(std::string(flag) + ": expected a number > 0, got '" + s + "'");
-  return v;
 }
 
 std::string percent(double v) {
@@ -133,70 +114,48 @@ int run(int argc, char** argv) {
   cadence::train::race_options o;
   enum { table, json, csv } format = table;
 
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    std::string_view value;
-    bool has_inline = false;
-    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string_view::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_inline = true;
-    }
-    auto take = [&]() -> std::string_view {
-      if (has_inline) return value;
-      if (i + 1 >= argc) throw usage_error(std::string(arg) + ": missing value");
-      return argv[++i];
-    };
-    auto no_value = [&] {
-      if (has_inline) throw usage_error(std::string(arg) + ": takes no value");
-    };
-    if (arg == "--help" || arg == "-h") {
-      no_value();
+  for (cadence::flag_reader args(argc, argv); args.next();) {
+    const std::string_view flag = args.flag();
+    if (flag == "--help" || flag == "-h") {
+      args.no_value();
       print_help();
       return 0;
-    } else if (arg == "--data") {
-      data_dir = std::string(take());
+    } else if (flag == "--data") {
+      data_dir = std::string(args.value());
       if (data_dir.empty()) throw usage_error("--data: expected a directory, got ''");
-    } else if (arg == "--scenario") {
-      scenario_name = std::string(take());
-    } else if (arg == "--workers") {
-      workers = parse_integer<std::size_t>("--workers", take(), 1);
-    } else if (arg == "--seconds") {
-      seconds = parse_positive("--seconds", take());
-    } else if (arg == "--policy") {
-      policies.emplace_back(take());
-    } else if (arg == "--seed") {
-      seed = parse_integer<std::uint64_t>("--seed", take(), 0);
-    } else if (arg == "--lr") {
-      o.learning_rate = parse_positive("--lr", take());
-    } else if (arg == "--batch") {
-      o.batch_size = parse_integer<std::size_t>("--batch", take(), 1);
-    } else if (arg == "--eval-every") {
-      o.eval_every_seconds = parse_positive("--eval-every", take());
-    } else if (arg == "--train-limit") {
-      o.train_limit = parse_integer<std::size_t>("--train-limit", take(), 1);
-    } else if (arg == "--test-limit") {
-      o.test_limit = parse_integer<std::size_t>("--test-limit", take(), 1);
-    } else if (arg == "--json") {
-      no_value();
+    } else if (flag == "--scenario") {
+      scenario_name = std::string(args.value());
+    } else if (flag == "--workers") {
+      workers = cadence::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 20);
+    } else if (flag == "--seconds") {
+      seconds = cadence::parse_flag_real(flag, args.value(), false, 1e9);
+    } else if (flag == "--policy") {
+      policies.emplace_back(args.value());
+    } else if (flag == "--seed") {
+      seed = cadence::parse_flag_integer<std::uint64_t>(flag, args.value(), 0, UINT64_MAX);
+    } else if (flag == "--lr") {
+      o.learning_rate = cadence::parse_flag_real(flag, args.value(), false, 1e9);
+    } else if (flag == "--batch") {
+      o.batch_size = cadence::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 20);
+    } else if (flag == "--eval-every") {
+      o.eval_every_seconds = cadence::parse_flag_real(flag, args.value(), false, 1e9);
+    } else if (flag == "--train-limit") {
+      o.train_limit = cadence::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
+    } else if (flag == "--test-limit") {
+      o.test_limit = cadence::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
+    } else if (flag == "--json") {
+      args.no_value();
       format = json;
-    } else if (arg == "--csv") {
-      no_value();
+    } else if (flag == "--csv") {
+      args.no_value();
       format = csv;
     } else {
-      throw usage_error("unknown option '" + std::string(argv[i]) + "' (see --help)");
+      args.unknown();
     }
   }
   o.seed = seed;
 
-  cadence::sim::scenario s;
-  try {
-    s = cadence::sim::make_scenario(scenario_name, workers, seed);
-  } catch (const cadence::invalid_parameter_error& e) {
-    bool known = false;
-    for (const auto& info : cadence::sim::scenario_catalog()) known = known || info.name == scenario_name;
-    throw usage_error(std::string(known ? "--workers: " : "--scenario: ") + e.what());
-  }
+  cadence::sim::scenario s = cadence::tools::scenario_from_flags(scenario_name, workers, seed);
   s.seconds = seconds;
   s.iterations = 0;
 
@@ -262,14 +221,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const usage_error& e) {
-    std::fprintf(stderr, "cadence-race: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "cadence-race: error: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return cadence::tools::guarded_main("cadence-race", run, argc, argv); }

@@ -1,5 +1,7 @@
 // cadence-sim: runs synchronization policies on a simulated parameter-server cluster and
 // prints how much each one waits, how stale it gets and how fast it trains.
+#include "common.hpp"
+
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/sim/report.hpp>
@@ -21,9 +23,7 @@ namespace {
 
 constexpr const char* default_policies[] = {"bsp", "asp", "ssp:3", "dssp:3:15", "elastic:15", "elastic:60"};
 
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using cadence::usage_error;
 
 void print_help() {
   std::cout <<
@@ -59,25 +59,6 @@ nanoseconds inside controller.push() per push.
 )";
 }
 
-template <class T>
-T parse_number(std::string_view flag, std::string_view text) {
-  T v{};
-  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
-    throw usage_error(std::string(flag) + ": expected an integer >= 0, got '" + std::string(text) + "'");
-  return v;
-}
-
-double parse_seconds(std::string_view flag, std::string_view text) {
-  // std::from_chars for double is missing from some standard libraries; strtod is enough.
-  const std::string s(text);
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || v > 1e12)
-    throw usage_error(std::string(flag) + ": expected a number of seconds, got '" + s + "'");
-  return v;
-}
-
 class progress_bar {
 public:
   explicit progress_bar(std::string label) : label_(std::move(label)), start_(clock::now()) {}
@@ -111,76 +92,48 @@ int run(int argc, char** argv) {
   std::vector<std::string> policies;
   enum { table, json, csv } format = table;
 
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    std::string_view value;
-    bool has_inline = false;
-    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string_view::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_inline = true;
-    }
-    auto take = [&]() -> std::string_view {
-      if (has_inline) return value;
-      if (i + 1 >= argc) throw usage_error(std::string(arg) + ": missing value");
-      return argv[++i];
-    };
-    auto no_value = [&] {
-      if (has_inline) throw usage_error(std::string(arg) + ": takes no value");
-    };
-    if (arg == "--help" || arg == "-h") {
-      no_value();
+  for (cadence::flag_reader args(argc, argv); args.next();) {
+    const std::string_view flag = args.flag();
+    if (flag == "--help" || flag == "-h") {
+      args.no_value();
       print_help();
       return 0;
-    } else if (arg == "--list-scenarios") {
-      no_value();
+    } else if (flag == "--list-scenarios") {
+      args.no_value();
       for (const auto& s : cadence::sim::scenario_catalog())
         std::printf("%-13s %5zu workers %4g s  %s\n", s.name.c_str(), s.default_workers,
                     cadence::sim::make_scenario(s.name).seconds, s.description.c_str());
       return 0;
-    } else if (arg == "--scenario") {
-      scenario_name = std::string(take());
-    } else if (arg == "--workers") {
-      const auto v = take();
-      workers = parse_number<std::size_t>("--workers", v);
-      if (workers == 0) throw usage_error("--workers: expected an integer >= 1, got '" + std::string(v) + "'");
-    } else if (arg == "--seconds") {
-      const auto v = take();
-      seconds = parse_seconds("--seconds", v);
-      if (seconds == 0) throw usage_error("--seconds: expected a number > 0, got '" + std::string(v) + "'");
+    } else if (flag == "--scenario") {
+      scenario_name = std::string(args.value());
+    } else if (flag == "--workers") {
+      workers = cadence::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 24);
+    } else if (flag == "--seconds") {
+      seconds = cadence::parse_flag_real(flag, args.value());
       iterations = 0;
-    } else if (arg == "--iterations") {
-      const auto v = take();
-      iterations = parse_number<std::uint64_t>("--iterations", v);
-      if (iterations == 0) throw usage_error("--iterations: expected an integer >= 1, got '" + std::string(v) + "'");
+    } else if (flag == "--iterations") {
+      iterations = cadence::parse_flag_integer<std::uint64_t>(flag, args.value(), 1, UINT64_MAX);
       seconds = -1;
-    } else if (arg == "--policy") {
-      policies.emplace_back(take());
-    } else if (arg == "--seed") {
-      seed = parse_number<std::uint64_t>("--seed", take());
-    } else if (arg == "--push-cost") {
-      push_cost = parse_seconds("--push-cost", take());
-    } else if (arg == "--pull-cost") {
-      pull_cost = parse_seconds("--pull-cost", take());
-    } else if (arg == "--json") {
-      no_value();
+    } else if (flag == "--policy") {
+      policies.emplace_back(args.value());
+    } else if (flag == "--seed") {
+      seed = cadence::parse_flag_integer<std::uint64_t>(flag, args.value(), 0, UINT64_MAX);
+    } else if (flag == "--push-cost") {
+      push_cost = cadence::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
+    } else if (flag == "--pull-cost") {
+      pull_cost = cadence::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
+    } else if (flag == "--json") {
+      args.no_value();
       format = json;
-    } else if (arg == "--csv") {
-      no_value();
+    } else if (flag == "--csv") {
+      args.no_value();
       format = csv;
     } else {
-      throw usage_error("unknown option '" + std::string(argv[i]) + "' (see --help)");
+      args.unknown();
     }
   }
 
-  cadence::sim::scenario s;
-  try {
-    s = cadence::sim::make_scenario(scenario_name, workers, seed);
-  } catch (const cadence::invalid_parameter_error& e) {
-    bool known = false;
-    for (const auto& info : cadence::sim::scenario_catalog()) known = known || info.name == scenario_name;
-    throw usage_error(std::string(known ? "--workers: " : "--scenario: ") + e.what());
-  }
+  cadence::sim::scenario s = cadence::tools::scenario_from_flags(scenario_name, workers, seed);
   if (seconds > 0) s.seconds = seconds;
   if (iterations > 0) {
     s.seconds = 0;
@@ -233,14 +186,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const usage_error& e) {
-    std::fprintf(stderr, "cadence-sim: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "cadence-sim: error: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return cadence::tools::guarded_main("cadence-sim", run, argc, argv); }

@@ -58,9 +58,7 @@ Options:
 Exit status: 0 on success, 1 on bad input data, 2 on a bad command line.
 )";
 
-struct usage_error : cadence::error {
-  using cadence::error::error;
-};
+using cadence::usage_error;
 
 struct options {
   std::optional<std::string> input, predicted, generate;

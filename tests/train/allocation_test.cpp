@@ -1,5 +1,6 @@
 // The model and the race promise no allocation per step once built: counted here by replacing
 // the global operator new for this test executable.
+#include "../support/count_allocations.hpp"
 #include "synthetic.hpp"
 
 #include <cadence/sim/scenarios.hpp>
@@ -14,23 +15,7 @@
 #include <numeric>
 #include <vector>
 
-// g++ 12 inlines the replaced operator new into the library's allocations and then sees
-// free() on a pointer from `new`; the pair here is malloc/free, which is correct.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-
-namespace {
-thread_local std::size_t allocations = 0;
-}  // namespace
-
-void* operator new(std::size_t size) {
-  ++allocations;
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+using cadence::test::allocations;
 
 TEST_CASE("softmax_regression allocates nothing in gradient, sgd_step or evaluate") {
   const auto d = cadence_test::synthetic(64, 4, 3, 0.2, 1);
