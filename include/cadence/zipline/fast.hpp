@@ -513,10 +513,7 @@ void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>
 /// Convenience overload: allocates a workspace and a result.
 template <class T>
 zipline_result<T> zipline_fast(rows_view<T> rows) {
-  zipline_workspace<T> ws;
-  zipline_result<T> out;
-  zipline_fast(rows, ws, out);
-  return out;
+  return detail::solve_with_fresh_workspace<T>(rows, zipline_fast<T>);
 }
 
 }  // namespace cadence

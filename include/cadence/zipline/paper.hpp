@@ -96,10 +96,7 @@ void zipline(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out
 /// Convenience overload: allocates a workspace and a result.
 template <class T>
 zipline_result<T> zipline(rows_view<T> rows) {
-  zipline_workspace<T> ws;
-  zipline_result<T> out;
-  zipline(rows, ws, out);
-  return out;
+  return detail::solve_with_fresh_workspace<T>(rows, zipline<T>);
 }
 
 /// zipline with the paper's pruning: when the arriving point's row owns Z's leftmost point,
@@ -113,10 +110,7 @@ void zipline_opt(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>&
 /// Convenience overload: allocates a workspace and a result.
 template <class T>
 zipline_result<T> zipline_opt(rows_view<T> rows) {
-  zipline_workspace<T> ws;
-  zipline_result<T> out;
-  zipline_opt(rows, ws, out);
-  return out;
+  return detail::solve_with_fresh_workspace<T>(rows, zipline_opt<T>);
 }
 
 /// zipline with an auxiliary n x R matrix (one entry per point: its position on the merged
@@ -196,10 +190,7 @@ void zipline_opt_bs(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<
 /// Convenience overload: allocates a workspace and a result.
 template <class T>
 zipline_result<T> zipline_opt_bs(rows_view<T> rows) {
-  zipline_workspace<T> ws;
-  zipline_result<T> out;
-  zipline_opt_bs(rows, ws, out);
-  return out;
+  return detail::solve_with_fresh_workspace<T>(rows, zipline_opt_bs<T>);
 }
 
 }  // namespace cadence

@@ -85,6 +85,17 @@ private:
 
 namespace detail {
 
+/// The body of every variant's convenience overload: one call with a fresh workspace and
+/// result (they allocate; reuse a workspace in loops).
+template <class T>
+zipline_result<T> solve_with_fresh_workspace(
+    rows_view<T> rows, void (*solve)(rows_view<T>, zipline_workspace<T>&, zipline_result<T>&)) {
+  zipline_workspace<T> ws;
+  zipline_result<T> out;
+  solve(rows, ws, out);
+  return out;
+}
+
 /// Row indices are stored as 32 bits to halve the merged timeline's footprint.
 template <class T>
 void zipline_check_sizes(rows_view<T> rows, const char* who) {
