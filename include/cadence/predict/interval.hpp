@@ -2,6 +2,8 @@
 // median_interval and ewma. Each extrapolates the worker's push interval linearly.
 #pragma once
 
+#include <cadence/core/detail/bits.hpp>
+
 #include <cadence/core/error.hpp>
 #include <cadence/core/span.hpp>
 #include <cadence/predict/predictor.hpp>
@@ -25,7 +27,7 @@ template <class T>
 T interval_at(span<const T> h, std::size_t j, const char* who) {
   if constexpr (std::is_integral_v<T>) {
     T d;
-    if (__builtin_sub_overflow(h[j], h[j - 1], &d))
+    if (detail::sub_overflows(h[j], h[j - 1], &d))
       throw time_error(std::string("cadence::") + who + ": interval at history index " +
                        std::to_string(j) + " does not fit the timestamp type");
     return d;
@@ -41,7 +43,7 @@ T advance_half(T t, std::size_t i, T a, T b, const char* who) {
     const T base = advance(t, i, a, who);
     const T extra = advance(T{0}, i, static_cast<T>(b - a), who);
     T r;
-    if (__builtin_add_overflow(base, static_cast<T>(extra / 2 + extra % 2), &r))
+    if (detail::add_overflows(base, static_cast<T>(extra / 2 + extra % 2), &r))
       prediction_overflow(who, i);
     return r;
   } else {
@@ -92,7 +94,7 @@ public:
     const T t = history[h - 1];
     if constexpr (std::is_integral_v<T>) {
       T total;
-      if (__builtin_sub_overflow(t, history[h - 1 - m], &total))
+      if (detail::sub_overflows(t, history[h - 1 - m], &total))
         detail::prediction_overflow("mean_interval", 1);
       // i * total / m = i * q + i * rem / m, so no product exceeds i * m.
       const auto mm = static_cast<unsigned long long>(m);
@@ -101,12 +103,12 @@ public:
       for (std::size_t i = 0; i < r; ++i) {
         const T base = detail::advance(t, i + 1, q, "mean_interval");
         unsigned long long frac;
-        if (__builtin_mul_overflow(static_cast<unsigned long long>(i + 1), rem, &frac))
+        if (detail::mul_overflows(static_cast<unsigned long long>(i + 1), rem, &frac))
           detail::prediction_overflow("mean_interval", i + 1);
         frac = frac / mm + ((frac % mm) * 2 >= mm ? 1 : 0);
         T v;
         if (frac > static_cast<unsigned long long>(std::numeric_limits<T>::max()) ||
-            __builtin_add_overflow(base, static_cast<T>(frac), &v))
+            detail::add_overflows(base, static_cast<T>(frac), &v))
           detail::prediction_overflow("mean_interval", i + 1);
         out[i] = v;
       }
@@ -195,7 +197,7 @@ public:
         if (!(rounded < std::ldexp(F(1), std::numeric_limits<T>::digits)))
           detail::prediction_overflow("ewma", i + 1);
         T v;
-        if (__builtin_add_overflow(t, static_cast<T>(rounded), &v))
+        if (detail::add_overflows(t, static_cast<T>(rounded), &v))
           detail::prediction_overflow("ewma", i + 1);
         out[i] = v;
       } else {

@@ -2,6 +2,8 @@
 // cadence::predictor, plus the checks and the strictly-increasing rule every predictor shares.
 #pragma once
 
+#include <cadence/core/detail/bits.hpp>
+
 #include <cadence/core/error.hpp>
 #include <cadence/core/span.hpp>
 
@@ -99,7 +101,7 @@ T advance(T t, std::size_t i, T step, const char* who) {
     T di;
     T r;
     if (i > static_cast<std::size_t>(std::numeric_limits<T>::max()) ||
-        __builtin_mul_overflow(static_cast<T>(i), step, &di) || __builtin_add_overflow(t, di, &r))
+        detail::mul_overflows(static_cast<T>(i), step, &di) || detail::add_overflows(t, di, &r))
       prediction_overflow(who, i);
     return r;
   } else {

@@ -4,6 +4,8 @@
 // Returns exactly zipline_brute_force's answer.
 #pragma once
 
+#include <cadence/core/detail/bits.hpp>
+
 #include <cadence/zipline/result.hpp>
 #include <cadence/zipline/rows.hpp>
 #include <cadence/zipline/workspace.hpp>
@@ -41,7 +43,7 @@ template <class T>
 T zipline_barrier_cap(T min_back, T spread_bound) {
   if constexpr (std::is_integral_v<T>) {
     T cut;
-    if (__builtin_add_overflow(min_back, spread_bound, &cut)) return std::numeric_limits<T>::max();
+    if (detail::add_overflows(min_back, spread_bound, &cut)) return std::numeric_limits<T>::max();
     return cut;
   } else {
     // Twice the bound plus a few ulps absorbs every rounding in B - min_back <= spread_bound.
@@ -123,8 +125,8 @@ struct zipline_radix_plan {
   unsigned tz = 0, bits = 0, passes = 0, dbits = 0;
   explicit zipline_radix_plan(std::uint32_t orbits) noexcept {
     if (orbits == 0) return;
-    tz = static_cast<unsigned>(__builtin_ctz(orbits));
-    bits = 32u - static_cast<unsigned>(__builtin_clz(orbits)) - tz;
+    tz = detail::countr_zero(orbits);
+    bits = 32u - detail::countl_zero(orbits) - tz;
     passes = (bits + 10) / 11;
     dbits = (bits + passes - 1) / passes;
   }
@@ -239,7 +241,7 @@ bool zipline_fast_exact(rows_view<T> rows, zipline_workspace<T>& ws, std::size_t
   const std::size_t n = rows.size();
   const std::size_t* const first = ws.first().data();
   const std::size_t* const last = ws.last().data();
-  const unsigned rowbits32 = 64u - static_cast<unsigned>(__builtin_clzll(std::uint64_t{n - 1}));
+  const unsigned rowbits32 = 64u - detail::countl_zero(std::uint64_t{n - 1});
 
   // The radix digits skip the low zero bits common to every key (a coarse grid such as whole
   // milliseconds, scaled up). Guess them from each row's first point and the largest (whose

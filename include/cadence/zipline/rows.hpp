@@ -2,6 +2,8 @@
 // as a dense n x R matrix or as ragged rows (values plus n+1 offsets), and the contract check.
 #pragma once
 
+#include <cadence/core/detail/bits.hpp>
+
 #include <cadence/core/error.hpp>
 #include <cadence/core/span.hpp>
 
@@ -102,7 +104,7 @@ template <class T>
 bool zipline_span_ok(T lo, T hi) noexcept {
   if constexpr (std::is_integral_v<T>) {
     T diff;
-    return !__builtin_sub_overflow(hi, lo, &diff);
+    return !detail::sub_overflows(hi, lo, &diff);
   } else {
     return std::isfinite(hi - lo);
   }

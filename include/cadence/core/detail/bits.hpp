@@ -1,0 +1,107 @@
+// The only place Cadence touches compiler builtins: checked integer arithmetic and bit
+// counts, with portable fallbacks, so every other header stays standard C++17.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+namespace cadence::detail {
+
+#if defined(__GNUC__) || defined(__clang__)
+#define CADENCE_DETAIL_HAS_OVERFLOW_BUILTINS 1
+#else
+#define CADENCE_DETAIL_HAS_OVERFLOW_BUILTINS 0
+#endif
+
+/// *r = a + b; returns true when the exact sum does not fit T (then *r is unspecified).
+template <class T>
+constexpr bool add_overflows(T a, T b, T* r) noexcept {
+  static_assert(std::is_integral_v<T>, "cadence::detail::add_overflows: T must be an integer");
+#if CADENCE_DETAIL_HAS_OVERFLOW_BUILTINS
+  return __builtin_add_overflow(a, b, r);
+#else
+  using L = std::numeric_limits<T>;
+  if ((b > 0 && a > L::max() - b) || (b < 0 && a < L::min() - b)) return true;
+  *r = static_cast<T>(a + b);
+  return false;
+#endif
+}
+
+/// *r = a - b; returns true when the exact difference does not fit T.
+template <class T>
+constexpr bool sub_overflows(T a, T b, T* r) noexcept {
+  static_assert(std::is_integral_v<T>, "cadence::detail::sub_overflows: T must be an integer");
+#if CADENCE_DETAIL_HAS_OVERFLOW_BUILTINS
+  return __builtin_sub_overflow(a, b, r);
+#else
+  using L = std::numeric_limits<T>;
+  if ((b < 0 && a > L::max() + b) || (b > 0 && a < L::min() + b)) return true;
+  *r = static_cast<T>(a - b);
+  return false;
+#endif
+}
+
+/// *r = a * b; returns true when the exact product does not fit T.
+template <class T>
+constexpr bool mul_overflows(T a, T b, T* r) noexcept {
+  static_assert(std::is_integral_v<T>, "cadence::detail::mul_overflows: T must be an integer");
+#if CADENCE_DETAIL_HAS_OVERFLOW_BUILTINS
+  return __builtin_mul_overflow(a, b, r);
+#else
+  using L = std::numeric_limits<T>;
+  if (a != 0 && b != 0) {
+    if constexpr (std::is_signed_v<T>) {
+      if (a == -1 && b == L::min()) return true;
+      if (b == -1 && a == L::min()) return true;
+      if (a > 0 ? (b > 0 ? a > L::max() / b : b < L::min() / a)
+                : (b > 0 ? a < L::min() / b : a < L::max() / b))
+        return true;
+    } else if (a > L::max() / b) {
+      return true;
+    }
+  }
+  *r = static_cast<T>(a * b);
+  return false;
+#endif
+}
+
+/// Number of trailing zero bits of x != 0.
+constexpr unsigned countr_zero(std::uint32_t x) noexcept {
+#if CADENCE_DETAIL_HAS_OVERFLOW_BUILTINS
+  return static_cast<unsigned>(__builtin_ctz(x));
+#else
+  unsigned n = 0;
+  while ((x & 1u) == 0) {
+    x >>= 1;
+    ++n;
+  }
+  return n;
+#endif
+}
+
+/// Number of leading zero bits of x != 0 (32 bits).
+constexpr unsigned countl_zero(std::uint32_t x) noexcept {
+#if CADENCE_DETAIL_HAS_OVERFLOW_BUILTINS
+  return static_cast<unsigned>(__builtin_clz(x));
+#else
+  unsigned n = 0;
+  for (std::uint32_t bit = 0x80000000u; (x & bit) == 0; bit >>= 1) ++n;
+  return n;
+#endif
+}
+
+/// Number of leading zero bits of x != 0 (64 bits).
+constexpr unsigned countl_zero(std::uint64_t x) noexcept {
+#if CADENCE_DETAIL_HAS_OVERFLOW_BUILTINS
+  return static_cast<unsigned>(__builtin_clzll(x));
+#else
+  unsigned n = 0;
+  for (std::uint64_t bit = std::uint64_t{1} << 63; (x & bit) == 0; bit >>= 1) ++n;
+  return n;
+#endif
+}
+
+#undef CADENCE_DETAIL_HAS_OVERFLOW_BUILTINS
+
+}  // namespace cadence::detail
