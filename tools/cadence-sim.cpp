@@ -23,7 +23,7 @@ namespace {
 
 constexpr const char* default_policies[] = {"bsp", "asp", "ssp:3", "dssp:3:15", "elastic:15", "elastic:60"};
 
-using cadence::usage_error;
+using cadence::tools::usage_error;
 
 void print_help() {
   std::cout <<
@@ -92,7 +92,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> policies;
   enum { table, json, csv } format = table;
 
-  for (cadence::flag_reader args(argc, argv); args.next();) {
+  for (cadence::tools::flag_reader args(argc, argv); args.next();) {
     const std::string_view flag = args.flag();
     if (flag == "--help" || flag == "-h") {
       args.no_value();
@@ -107,21 +107,21 @@ int run(int argc, char** argv) {
     } else if (flag == "--scenario") {
       scenario_name = std::string(args.value());
     } else if (flag == "--workers") {
-      workers = cadence::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 24);
+      workers = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 24);
     } else if (flag == "--seconds") {
-      seconds = cadence::parse_flag_real(flag, args.value());
+      seconds = cadence::tools::parse_flag_real(flag, args.value());
       iterations = 0;
     } else if (flag == "--iterations") {
-      iterations = cadence::parse_flag_integer<std::uint64_t>(flag, args.value(), 1, UINT64_MAX);
+      iterations = cadence::tools::parse_flag_integer<std::uint64_t>(flag, args.value(), 1, UINT64_MAX);
       seconds = -1;
     } else if (flag == "--policy") {
       policies.emplace_back(args.value());
     } else if (flag == "--seed") {
-      seed = cadence::parse_flag_integer<std::uint64_t>(flag, args.value(), 0, UINT64_MAX);
+      seed = cadence::tools::parse_flag_integer<std::uint64_t>(flag, args.value(), 0, UINT64_MAX);
     } else if (flag == "--push-cost") {
-      push_cost = cadence::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
+      push_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
     } else if (flag == "--pull-cost") {
-      pull_cost = cadence::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
+      pull_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
     } else if (flag == "--json") {
       args.no_value();
       format = json;

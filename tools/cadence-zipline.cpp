@@ -1,10 +1,11 @@
 // cadence-zipline: plan an ElasticBSP barrier from a push history (or from predicted push
 // times) with any ZipLine variant, time it, and print a summary or JSON.
+#include "cli.hpp"
+#include "zipline_json.hpp"
+
 #include <cadence/core/error.hpp>
-#include <cadence/io/cli.hpp>
 #include <cadence/io/generator.hpp>
 #include <cadence/io/push_history.hpp>
-#include <cadence/io/zipline_json.hpp>
 #include <cadence/predict/any_predictor.hpp>
 #include <cadence/zipline/variant.hpp>
 #ifdef CADENCE_HAS_THRUST
@@ -58,7 +59,7 @@ Options:
 Exit status: 0 on success, 1 on bad input data, 2 on a bad command line.
 )";
 
-using cadence::usage_error;
+using cadence::tools::usage_error;
 
 struct options {
   std::optional<std::string> input, predicted, generate;
@@ -109,7 +110,7 @@ options parse_args(int argc, char** argv) {
     else if (flag == "--predicted") o.predicted = std::string(value);
     else if (flag == "--generate") o.generate = std::string(value);
     else if (flag == "--lookahead")
-      o.lookahead = cadence::parse_flag_integer<std::size_t>(flag, value, 1, 1000000);
+      o.lookahead = cadence::tools::parse_flag_integer<std::size_t>(flag, value, 1, 1000000);
     else if (flag == "--predictor") {
       o.predictor = std::string(value);
       try {
@@ -120,15 +121,15 @@ options parse_args(int argc, char** argv) {
     }
     else if (flag == "--interval") {
       const auto [lo, hi] =
-          cadence::parse_flag_pair<std::int64_t>(flag, value, 1, std::int64_t{1} << 40);
+          cadence::tools::parse_flag_pair<std::int64_t>(flag, value, 1, std::int64_t{1} << 40);
       if (lo > hi) throw cadence::parse_error("--interval: LO must be <= HI, got " + std::string(value));
       o.interval_lo = lo;
       o.interval_hi = hi;
     } else if (flag == "--seed")
-      o.seed = cadence::parse_flag_integer<std::uint64_t>(flag, value, 0, UINT64_MAX);
+      o.seed = cadence::tools::parse_flag_integer<std::uint64_t>(flag, value, 0, UINT64_MAX);
     else if (flag == "--variant") o.variant = std::string(value);
     else if (flag == "--repeat")
-      o.repeat = cadence::parse_flag_integer<std::size_t>(flag, value, 1, 1000000);
+      o.repeat = cadence::tools::parse_flag_integer<std::size_t>(flag, value, 1, 1000000);
   }
   if (o.help) return o;
   const int sources = (o.input ? 1 : 0) + (o.predicted ? 1 : 0) + (o.generate ? 1 : 0);
@@ -172,7 +173,7 @@ int run_tool(const options& o) {
     history = cadence::read_push_history_file<ts>(*o.predicted);
     source = "predicted rows " + *o.predicted;
   } else {
-    const auto [n, t] = cadence::parse_flag_pair<std::size_t>("--generate", *o.generate, 1, 10000000);
+    const auto [n, t] = cadence::tools::parse_flag_pair<std::size_t>("--generate", *o.generate, 1, 10000000);
     if (t < 2) throw cadence::parse_error("--generate: T must be >= 2 (a predictor needs two pushes)");
     if (n * t > 200000000) throw cadence::parse_error("--generate: N*T must be <= 200000000");
     cadence::generator_options g;
@@ -256,7 +257,7 @@ int run_tool(const options& o) {
     if (o.variant == "all") doc += "[";
     for (std::size_t k = 0; k < runs.size(); ++k) {
       if (k) doc += ",\n ";
-      doc += cadence::zipline_result_json(runs[k].name, runs[k].result, runs[k].seconds);
+      doc += cadence::tools::zipline_result_json(runs[k].name, runs[k].result, runs[k].seconds);
     }
     if (o.variant == "all") doc += "]";
     std::cout << doc << '\n';

@@ -2,7 +2,7 @@
 // and main's error handling (exit 2 for a bad command line, 1 for anything else).
 #pragma once
 
-#include <cadence/io/cli.hpp>
+#include "cli.hpp"
 #include <cadence/sim/scenarios.hpp>
 
 #include <cstdio>

@@ -1,11 +1,14 @@
 // Cadence: synchronization policies for distributed deep-learning training.
-// The umbrella header: every CPU-side component. It includes no CUDA, Thrust, MPI or NCCL;
-// the Thrust backend is opt-in through <cadence/thrust/zipline.hpp> and cadence::thrust.
+// The umbrella header: what a trainer needs (controllers, the blocking runtime, predictors,
+// ZipLine). It includes no CUDA, Thrust, MPI or NCCL. Opt-in: <cadence/sim.hpp> (the cluster
+// simulator), <cadence/io.hpp> (push-history files), <cadence/thrust/zipline.hpp>
+// (cadence::thrust).
 #pragma once
 
 #include <cadence/core/error.hpp>
 #include <cadence/core/span.hpp>
 #include <cadence/core/types.hpp>
+#include <cadence/version.hpp>
 
 #include <cadence/controllers/any_controller.hpp>
 #include <cadence/controllers/controller.hpp>
@@ -16,17 +19,9 @@
 
 #include <cadence/runtime/blocking_controller.hpp>
 
-#include <cadence/io/generator.hpp>
-#include <cadence/io/push_history.hpp>
-
 #include <cadence/predict/any_predictor.hpp>
 #include <cadence/predict/interval.hpp>
 #include <cadence/predict/predictor.hpp>
-
-#include <cadence/sim/metrics.hpp>
-#include <cadence/sim/report.hpp>
-#include <cadence/sim/scenarios.hpp>
-#include <cadence/sim/simulator.hpp>
 
 #include <cadence/zipline/brute_force.hpp>
 #include <cadence/zipline/result.hpp>

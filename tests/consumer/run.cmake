@@ -18,6 +18,12 @@ if(MODE STREQUAL "find_package")
            -DCADENCE_BUILD_TESTS=OFF -DCADENCE_BUILD_BENCHMARKS=OFF -DCADENCE_BUILD_TOOLS=OFF
            -DCADENCE_BUILD_EXAMPLES=OFF -DCADENCE_INSTALL=ON)
   run_step(${CMAKE_COMMAND} --install ${WORK_DIR}/cadence-build)
+  # Only the library is installed: no tool or application headers.
+  foreach(stray include/cadence/train include/cadence/io/cli.hpp include/cadence/io/zipline_json.hpp)
+    if(EXISTS ${WORK_DIR}/prefix/${stray})
+      message(FATAL_ERROR "the installed package holds ${stray}, which is not part of the library")
+    endif()
+  endforeach()
   run_step(${CMAKE_COMMAND} -S ${consumer_src} -B ${WORK_DIR}/consumer-build -G ${GENERATOR}
            -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCONSUMER_MODE=find_package)
 else()

@@ -1,5 +1,5 @@
 // io/zipline_json.hpp: the tool's JSON object has exactly the documented keys and formats.
-#include <cadence/io/zipline_json.hpp>
+#include "zipline_json.hpp"
 
 #include <doctest/doctest.h>
 
@@ -11,7 +11,7 @@ TEST_CASE("a result is written as one JSON object with the documented keys in or
   r.spread = 12;
   r.barrier = 3400;
   r.choice = {0, 2, 14};
-  CHECK(cadence::zipline_result_json("fast", r, 0.00025) ==
+  CHECK(cadence::tools::zipline_result_json("fast", r, 0.00025) ==
         R"({"variant": "fast", "n": 3, "spread": 12, "barrier": 3400, "choice": [0, 2, 14], "seconds": 0.00025})");
 }
 
@@ -20,6 +20,6 @@ TEST_CASE("floating-point results use the shortest exact text and escape strings
   r.spread = 0.1;
   r.barrier = std::numeric_limits<double>::infinity();
   r.choice = {};
-  CHECK(cadence::zipline_result_json("a\"b", r, 1.5) ==
+  CHECK(cadence::tools::zipline_result_json("a\"b", r, 1.5) ==
         R"({"variant": "a\"b", "n": 0, "spread": 0.1, "barrier": null, "choice": [], "seconds": 1.5})");
 }

@@ -1,4 +1,4 @@
-#include <cadence/train/idx.hpp>
+#include "idx.hpp"
 
 #include <doctest/doctest.h>
 #include <unistd.h>

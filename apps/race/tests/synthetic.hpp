@@ -3,7 +3,7 @@
 #pragma once
 
 #include <cadence/sim/random.hpp>
-#include <cadence/train/idx.hpp>
+#include "idx.hpp"
 
 #include <cstddef>
 #include <cstdint>

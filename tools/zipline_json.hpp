@@ -12,7 +12,7 @@
 #include <string_view>
 #include <type_traits>
 
-namespace cadence {
+namespace cadence::tools {
 
 namespace detail {
 
@@ -85,4 +85,4 @@ std::string zipline_result_json(std::string_view variant, const zipline_result<T
   return out;
 }
 
-}  // namespace cadence
+}  // namespace cadence::tools

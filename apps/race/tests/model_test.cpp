@@ -1,6 +1,6 @@
 #include "synthetic.hpp"
 
-#include <cadence/train/model.hpp>
+#include "model.hpp"
 
 #include <doctest/doctest.h>
 

@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace cadence {
+namespace cadence::tools {
 
 /// Parses a decimal integer for `flag` and checks min <= value <= max. Throws parse_error
 /// "FLAG: 'TEXT' is not an integer" or "FLAG: VALUE is out of range [MIN, MAX]".
@@ -112,4 +112,4 @@ private:
   bool inline_ = false;
 };
 
-}  // namespace cadence
+}  // namespace cadence::tools

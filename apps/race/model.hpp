@@ -4,7 +4,7 @@
 
 #include <cadence/core/error.hpp>
 #include <cadence/core/span.hpp>
-#include <cadence/train/idx.hpp>
+#include "idx.hpp"
 
 #include <cmath>
 #include <cstddef>

@@ -1,12 +1,12 @@
 // cadence-race: races synchronization policies on a simulated cluster that trains a real model
 // on Fashion-MNIST, and prints what each policy buys in test accuracy per simulated second.
 #include "common.hpp"
+#include "race.hpp"
 
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/sim/report.hpp>
 #include <cadence/sim/scenarios.hpp>
-#include <cadence/train/race.hpp>
 
 #include <charconv>
 #include <chrono>
@@ -23,7 +23,7 @@ constexpr const char* default_policies[] = {"bsp", "asp", "ssp:3", "dssp:3:15", 
 constexpr const char* default_data = "/usr/share/datasets/fashion-mnist";
 constexpr double default_seconds = 120;
 
-using cadence::usage_error;
+using cadence::tools::usage_error;
 
 void print_help() {
   std::cout <<
@@ -114,7 +114,7 @@ int run(int argc, char** argv) {
   cadence::train::race_options o;
   enum { table, json, csv } format = table;
 
-  for (cadence::flag_reader args(argc, argv); args.next();) {
+  for (cadence::tools::flag_reader args(argc, argv); args.next();) {
     const std::string_view flag = args.flag();
     if (flag == "--help" || flag == "-h") {
       args.no_value();
@@ -126,23 +126,23 @@ int run(int argc, char** argv) {
     } else if (flag == "--scenario") {
       scenario_name = std::string(args.value());
     } else if (flag == "--workers") {
-      workers = cadence::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 20);
+      workers = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 20);
     } else if (flag == "--seconds") {
-      seconds = cadence::parse_flag_real(flag, args.value(), false, 1e9);
+      seconds = cadence::tools::parse_flag_real(flag, args.value(), false, 1e9);
     } else if (flag == "--policy") {
       policies.emplace_back(args.value());
     } else if (flag == "--seed") {
-      seed = cadence::parse_flag_integer<std::uint64_t>(flag, args.value(), 0, UINT64_MAX);
+      seed = cadence::tools::parse_flag_integer<std::uint64_t>(flag, args.value(), 0, UINT64_MAX);
     } else if (flag == "--lr") {
-      o.learning_rate = cadence::parse_flag_real(flag, args.value(), false, 1e9);
+      o.learning_rate = cadence::tools::parse_flag_real(flag, args.value(), false, 1e9);
     } else if (flag == "--batch") {
-      o.batch_size = cadence::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 20);
+      o.batch_size = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 20);
     } else if (flag == "--eval-every") {
-      o.eval_every_seconds = cadence::parse_flag_real(flag, args.value(), false, 1e9);
+      o.eval_every_seconds = cadence::tools::parse_flag_real(flag, args.value(), false, 1e9);
     } else if (flag == "--train-limit") {
-      o.train_limit = cadence::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
+      o.train_limit = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
     } else if (flag == "--test-limit") {
-      o.test_limit = cadence::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
+      o.test_limit = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
     } else if (flag == "--json") {
       args.no_value();
       format = json;

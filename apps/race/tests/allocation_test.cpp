@@ -1,11 +1,11 @@
 // The model and the race promise no allocation per step once built: counted here by replacing
 // the global operator new for this test executable.
-#include "../support/count_allocations.hpp"
+#include "support/count_allocations.hpp"
 #include "synthetic.hpp"
 
 #include <cadence/sim/scenarios.hpp>
-#include <cadence/train/model.hpp>
-#include <cadence/train/race.hpp>
+#include "model.hpp"
+#include "race.hpp"
 
 #include <doctest/doctest.h>
 

@@ -11,8 +11,8 @@
 #include <cadence/sim/random.hpp>
 #include <cadence/sim/scenario.hpp>
 #include <cadence/sim/simulator.hpp>
-#include <cadence/train/idx.hpp>
-#include <cadence/train/model.hpp>
+#include "idx.hpp"
+#include "model.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,7 @@
 
 #include <cadence/controllers/ssp.hpp>
 #include <cadence/sim/scenarios.hpp>
-#include <cadence/train/race.hpp>
+#include "race.hpp"
 
 #include <doctest/doctest.h>
 

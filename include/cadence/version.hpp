@@ -1,0 +1,19 @@
+// Cadence's version, for code that must check which release it compiles against. The
+// top-level CMakeLists.txt reads the project version from these lines: they are the only
+// place it is written.
+#pragma once
+
+#define CADENCE_VERSION_MAJOR 0
+#define CADENCE_VERSION_MINOR 1
+#define CADENCE_VERSION_PATCH 0
+
+/// MAJOR * 10000 + MINOR * 100 + PATCH, for comparisons in #if.
+#define CADENCE_VERSION \
+  (CADENCE_VERSION_MAJOR * 10000 + CADENCE_VERSION_MINOR * 100 + CADENCE_VERSION_PATCH)
+
+#define CADENCE_DETAIL_STRINGIFY_(x) #x
+#define CADENCE_DETAIL_STRINGIFY(x) CADENCE_DETAIL_STRINGIFY_(x)
+/// "MAJOR.MINOR.PATCH".
+#define CADENCE_VERSION_STRING                                                              \
+  CADENCE_DETAIL_STRINGIFY(CADENCE_VERSION_MAJOR) "." CADENCE_DETAIL_STRINGIFY(              \
+      CADENCE_VERSION_MINOR) "." CADENCE_DETAIL_STRINGIFY(CADENCE_VERSION_PATCH)
