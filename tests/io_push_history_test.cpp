@@ -1,25 +1,36 @@
 // io/push_history.hpp: the published `id:t1,...,tk,` format reads and writes losslessly,
-// accepts its variants (unequal rows, CRLF, no trailing comma) and names file and line of
-// every malformed input.
+// accepts its variants (unequal rows, CRLF, no trailing comma, decimal timestamps), names
+// file and line of every malformed input and stops at its bounds.
 #include <cadence/io/push_history.hpp>
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
+#include <streambuf>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace {
 
-cadence::push_history<> parse(const std::string& text) {
+template <class T = std::int64_t>
+cadence::push_history<T> parse(const std::string& text,
+                               const cadence::push_history_read_options& options = {}) {
   std::istringstream in(text);
-  return cadence::read_push_history(in);
+  return cadence::read_push_history<T>(in, "<stream>", options);
 }
 
-std::vector<std::int64_t> row_of(const cadence::push_history<>& h, std::size_t p) {
+cadence::any_push_history parse_any(const std::string& text) {
+  std::istringstream in(text);
+  return cadence::read_any_push_history(in);
+}
+
+template <class T>
+std::vector<T> row_of(const cadence::push_history<T>& h, std::size_t p) {
   const auto r = h.row(p);
-  return std::vector<std::int64_t>(r.begin(), r.end());
+  return std::vector<T>(r.begin(), r.end());
 }
 
 }  // namespace
@@ -68,8 +79,12 @@ TEST_CASE("malformed lines are parse_errors naming the source, the line and the 
       {"0:1,2,\n\n7:\n", "<stream>:3: worker 7 has no timestamps"},
       {"0:1,,3,\n", "<stream>:1: worker 0: timestamp 2 is empty"},
       {"0:1,2.5,\n", "<stream>:1: worker 0: timestamp 2 '2.5' is not an integer"},
-      {"0:1,99999999999999999999,\n", "timestamp 2 '99999999999999999999' is not an integer"},
-      {"0:5,3,\n", "<stream>:1: worker 0: timestamp 2 (3) is earlier than the one before it"},
+      {"0:1,+-2,\n", "<stream>:1: worker 0: timestamp 2 '+-2' is not an integer"},
+      {"0:1,99999999999999999999,\n",
+       "<stream>:1: worker 0: timestamp 2 '99999999999999999999' does not fit a 64-bit signed integer"},
+      {"0:1,2,\n1:5,3,\n",
+       "<stream>:2: worker 1: timestamp 2 (3) is earlier than timestamp 1 (5); timestamps must "
+       "not go backwards"},
       {"4:1,\n5:2,\n4:3,\n", "<stream>:3: duplicate worker id 4 (first on line 1)"},
   };
   for (const auto& c : cases) {
@@ -105,6 +120,158 @@ TEST_CASE("push_history rejects duplicate ids, empty rows and inconsistent stora
 TEST_CASE("narrow timestamp types reject values they cannot hold") {
   std::istringstream in("0:1,70000,\n");
   CHECK_THROWS_WITH_AS(cadence::read_push_history<std::int16_t>(in),
-                       doctest::Contains("'70000' is not an integer that fits"),
+                       doctest::Contains("'70000' does not fit a 16-bit signed integer"),
                        cadence::parse_error);
+}
+
+TEST_CASE("equal timestamps are a valid history but not valid strictly increasing rows") {
+  CHECK(row_of(parse("3:5,5,6,\n"), 0) == std::vector<std::int64_t>{5, 5, 6});
+  cadence::push_history_read_options strict;
+  strict.strictly_increasing = true;
+  CHECK_THROWS_WITH_AS(parse("0:1,2,\n3:5,5,6,\n", strict),
+                       "cadence::read_push_history: <stream>:2: worker 3: timestamp 2 (5) is not "
+                       "later than timestamp 1 (5); timestamps must be strictly increasing",
+                       cadence::parse_error);
+}
+
+TEST_CASE("a worker with fewer timestamps than min_timestamps is named with its line") {
+  cadence::push_history_read_options o;
+  o.min_timestamps = 2;
+  CHECK(parse("0:1,2,\n", o).size() == 1);
+  CHECK_THROWS_WITH_AS(parse("0:1,2,\n\n5:7,\n", o),
+                       "cadence::read_push_history: <stream>:3: worker 5 has 1 timestamp; at least "
+                       "2 are required",
+                       cadence::parse_error);
+}
+
+TEST_CASE("floating-point histories read decimals and exponents exactly as written") {
+  const auto h = parse<double>("1:1.25,2.5,3.75,\n0: 0.1 ,+2e-1,3E-1\n");
+  REQUIRE(h.size() == 2);
+  CHECK(h.ids() == std::vector<std::int64_t>{0, 1});
+  CHECK(row_of(h, 0) == std::vector<double>{0.1, 0.2, 0.3});
+  CHECK(row_of(h, 1) == std::vector<double>{1.25, 2.5, 3.75});
+  const auto file = cadence::read_push_history_file<double>(CADENCE_TEST_DATA_DIR
+                                                            "/push_history_decimal.txt");
+  REQUIRE(file.size() == 3);
+  CHECK(row_of(file, 2) == std::vector<double>{0.5, 1.75, 3.0});
+}
+
+TEST_CASE("malformed decimals are parse_errors naming the line, the timestamp and the rule") {
+  struct bad_case {
+    const char* text;
+    const char* message;
+  };
+  const bad_case cases[] = {
+      {"0:1.5,\n1:1.2.3,\n", "<stream>:2: worker 1: timestamp 1 '1.2.3' is not a number"},
+      {"0:1,nan,\n", "<stream>:1: worker 0: timestamp 2 'nan' is not a finite number"},
+      {"0:1,\n\n2:inf,\n", "<stream>:3: worker 2: timestamp 1 'inf' is not a finite number"},
+      {"0:1,1e999,\n", "<stream>:1: worker 0: timestamp 2 '1e999' does not fit a double"},
+      {"0:1.,2x,\n", "<stream>:1: worker 0: timestamp 2 '2x' is not a number"},
+      {"0:2.5,1.25,\n",
+       "<stream>:1: worker 0: timestamp 2 (1.25) is earlier than timestamp 1 (2.5); timestamps "
+       "must not go backwards"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    CHECK_THROWS_WITH_AS(parse<double>(c.text), doctest::Contains(c.message),
+                         cadence::parse_error);
+  }
+}
+
+TEST_CASE("a floating-point history writes its shortest round-trip form and reads back unchanged") {
+  const auto h = parse<double>("0:0.1,2.5,1e300,\n");
+  std::ostringstream out;
+  cadence::write_push_history(out, h);
+  CHECK(out.str() == "0:0.1,2.5,1e+300,\n");
+  CHECK(parse<double>(out.str()) == h);
+}
+
+TEST_CASE("read_any_push_history keeps integer files exact and reads files with a decimal as doubles") {
+  const auto integers = parse_any("1:9007199254740993,\n0:5,7,\n");
+  REQUIRE(std::holds_alternative<cadence::push_history<std::int64_t>>(integers));
+  const auto& h = std::get<cadence::push_history<std::int64_t>>(integers);
+  CHECK(row_of(h, 1) == std::vector<std::int64_t>{9007199254740993});
+
+  SUBCASE("a '.' anywhere makes every timestamp a double, those before it too") {
+    const auto any = parse_any("0:1,2,\n1:0.5,3,\n");
+    REQUIRE(std::holds_alternative<cadence::push_history<double>>(any));
+    const auto& d = std::get<cadence::push_history<double>>(any);
+    CHECK(row_of(d, 0) == std::vector<double>{1, 2});
+    CHECK(row_of(d, 1) == std::vector<double>{0.5, 3});
+  }
+  SUBCASE("an exponent does too") {
+    CHECK(std::holds_alternative<cadence::push_history<double>>(parse_any("0:1,2e3,\n")));
+    CHECK(std::holds_alternative<cadence::push_history<double>>(parse_any("0:1,2E3,\n")));
+  }
+  SUBCASE("an integer beyond 64 bits is read as a double in a decimal file") {
+    const auto any = parse_any("0:1,99999999999999999999,\n1:0.5,\n");
+    REQUIRE(std::holds_alternative<cadence::push_history<double>>(any));
+    CHECK(std::get<cadence::push_history<double>>(any).row(0)[1] == 1e20);
+  }
+}
+
+TEST_CASE("read_any_push_history names the line of an integer beyond 64 bits in an integer file") {
+  CHECK_THROWS_WITH_AS(parse_any("0:1,\n1:2,99999999999999999999,\n2:3,\n"),
+                       "cadence::read_push_history: <stream>:2: worker 1: timestamp 2 "
+                       "'99999999999999999999' does not fit a 64-bit signed integer (integer "
+                       "timestamps are read exactly)",
+                       cadence::parse_error);
+  CHECK_THROWS_WITH_AS(parse_any("0:1,nan,\n"), doctest::Contains(":1: worker 0: timestamp 2 'nan' is not a finite number"),
+                       cadence::parse_error);
+  CHECK_THROWS_WITH_AS(parse_any("0:1,x,\n"), doctest::Contains(":1: worker 0: timestamp 2 'x' is not a number"),
+                       cadence::parse_error);
+  CHECK_THROWS_WITH_AS(parse_any("0:1,2.5,\n1:3,2,\n"),
+                       doctest::Contains(":2: worker 1: timestamp 2 (2) is earlier than timestamp 1 (3)"),
+                       cadence::parse_error);
+}
+
+TEST_CASE("the reader stops at its bounds with the line and the bound") {
+  cadence::push_history_read_options o;
+  o.max_line_length = 8;
+  CHECK(parse("0:1,2,3,\n", o).size() == 1);  // 8 bytes: at the bound
+  CHECK_THROWS_WITH_AS(parse("0:1,\n0:1,2,3,4,\n", o),
+                       "cadence::read_push_history: <stream>:2: line is longer than 8 bytes (the "
+                       "reader's max_line_length)",
+                       cadence::parse_error);
+  o = {};
+  o.max_workers = 2;
+  CHECK_THROWS_WITH_AS(parse("0:1,\n1:1,\n\n2:1,\n", o),
+                       "cadence::read_push_history: <stream>:4: more than 2 workers (the reader's "
+                       "max_workers)",
+                       cadence::parse_error);
+  o = {};
+  o.max_timestamps = 3;
+  CHECK_THROWS_WITH_AS(parse("0:1,2,\n1:1,2,\n", o),
+                       "cadence::read_push_history: <stream>:2: more than 3 timestamps in all (the "
+                       "reader's max_timestamps)",
+                       cadence::parse_error);
+}
+
+TEST_CASE("one endless line fails at the default line-length bound, having read little more") {
+  // A stream that never ends: reading it whole would never return.
+  struct endless_buf : std::streambuf {
+    char chunk[4096];
+    std::size_t served = 0;
+    endless_buf() { std::fill(chunk, chunk + sizeof chunk, '7'); }
+    int_type underflow() override {
+      served += sizeof chunk;
+      setg(chunk, chunk, chunk + sizeof chunk);
+      return traits_type::to_int_type(chunk[0]);
+    }
+  } buf;
+  std::istream in(&buf);
+  CHECK_THROWS_WITH_AS(cadence::read_push_history(in, "endless"),
+                       "cadence::read_push_history: endless:1: line is longer than 67108864 bytes "
+                       "(the reader's max_line_length)",
+                       cadence::parse_error);
+  CHECK(buf.served <= cadence::push_history_max_line_length + (std::size_t{1} << 17));
+}
+
+TEST_CASE("a NUL byte is rejected at once with its line and column") {
+  const std::string zeros(1000, '\0');
+  CHECK_THROWS_WITH_AS(parse(zeros), "cadence::read_push_history: <stream>:1: NUL byte at column 1: "
+                                     "a push history is text",
+                       cadence::parse_error);
+  CHECK_THROWS_WITH_AS(parse("0:1,\n1:2" + std::string(1, '\0') + ",\n"),
+                       doctest::Contains("<stream>:2: NUL byte at column 4"), cadence::parse_error);
 }

@@ -12,9 +12,11 @@
 
 #include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,7 +39,9 @@ options:
   --workers N        number of workers (default: the scenario's own)
   --seconds S        run for S simulated seconds (default: the scenario's own)
   --iterations N     instead run until the cluster has made N iterations per worker
-                     (N * workers pushes in total)
+                     (N * workers pushes in total); not with --seconds. Either way a
+                     run is at most 100000000 pushes per policy: N * workers, or
+                     S * workers / the fastest worker's iteration time
   --policy CONFIG    a make_controller config: bsp, asp, ssp:<s>, dssp:<s_L>:<s_U>,
                      elastic:<R>[:...]; repeat to compare several (default: bsp, asp,
                      ssp:3, dssp:3:15, elastic:15, elastic:60)
@@ -45,7 +49,7 @@ options:
   --push-cost S      seconds for a push to reach the server (default: the scenario's)
   --pull-cost S      seconds for a worker to pull the weights (default: the scenario's)
   --json             print one JSON array, one object per policy
-  --csv              print CSV: a header row and one row per policy
+  --csv              print CSV: a header row and one row per policy; not with --json
   --list-scenarios   list the named scenarios and exit
   --help             this text
 
@@ -92,7 +96,10 @@ int run(int argc, char** argv) {
   std::vector<std::string> policies;
   enum { table, json, csv } format = table;
 
-  for (cadence::tools::flag_reader args(argc, argv); args.next();) {
+  cadence::tools::flag_reader args(argc, argv);
+  // Each pair sets one thing (the run length, the output format): both would drop one.
+  args.at_most_one_of({"--seconds", "--iterations"}).at_most_one_of({"--json", "--csv"});
+  while (args.next()) {
     const std::string_view flag = args.flag();
     if (flag == "--help" || flag == "-h") {
       args.no_value();
@@ -107,13 +114,14 @@ int run(int argc, char** argv) {
     } else if (flag == "--scenario") {
       scenario_name = std::string(args.value());
     } else if (flag == "--workers") {
-      workers = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 24);
+      // The upper bound is make_scenario's, which scenario_from_flags reports.
+      workers = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
     } else if (flag == "--seconds") {
-      seconds = cadence::tools::parse_flag_real(flag, args.value());
-      iterations = 0;
+      // No bound of its own: check_simulated_work below bounds seconds x workers.
+      seconds = cadence::tools::parse_flag_real(flag, args.value(), false,
+                                                std::numeric_limits<double>::max());
     } else if (flag == "--iterations") {
       iterations = cadence::tools::parse_flag_integer<std::uint64_t>(flag, args.value(), 1, UINT64_MAX);
-      seconds = -1;
     } else if (flag == "--policy") {
       policies.emplace_back(args.value());
     } else if (flag == "--seed") {
@@ -141,6 +149,9 @@ int run(int argc, char** argv) {
   }
   if (push_cost >= 0) s.push_seconds = push_cost;
   if (pull_cost >= 0) s.pull_seconds = pull_cost;
+  cadence::tools::check_simulated_work(s, args.given("--iterations") ? "--iterations"
+                                          : args.given("--seconds")  ? "--seconds"
+                                                                     : "--workers");
   cadence::sim::validate(s);
 
   // The default list names policies a build may not have yet: skip those, with a note.

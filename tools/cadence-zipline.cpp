@@ -16,17 +16,15 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <iostream>
-#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace {
-
-using ts = std::int64_t;
 
 constexpr const char* usage = R"(usage: cadence-zipline (--input FILE | --predicted FILE | --generate N,T) [options]
 
@@ -35,14 +33,21 @@ Plans an ElasticBSP barrier: picks one predicted push per worker so that the spr
 wins, and each worker's choice is its latest predicted push <= the barrier.
 
 Source (exactly one):
-  --input FILE        push history, one worker per line 'id:t1,t2,...,tk,' (integer ms);
-                      each worker's next R pushes are predicted, then searched
+  --input FILE        push history, one worker per line 'id:t1,t2,...,tk,' with integer
+                      milliseconds, or decimal seconds ('0:1.25,2.5,3.75,'); timestamps
+                      must not go backwards; each worker's next R pushes are predicted,
+                      then searched
   --predicted FILE    rows that already are predicted push times (same format, strictly
                       increasing per row); searched directly
-  --generate N,T      synthetic history: N workers, T >= 2 pushes each, then predicted
+  --generate N,T      synthetic history: N workers (at most 10000000), T >= 2 pushes each,
+                      N*T at most 200000000, then predicted
+  A file with any decimal timestamp (a '.' or an exponent) is read and searched in double
+  precision; integer files stay exact. Files hold at most 10000000 workers, 200000000
+  timestamps and 67108864 bytes per line.
 
 Options:
-  --lookahead R       predicted pushes per worker (default 15; not with --predicted)
+  --lookahead R       predicted pushes per worker, R >= 1 (default 15; N*R at most
+                      200000000; not with --predicted)
   --predictor NAME    last | mean:K | median:K | ewma:ALPHA (default last; not with --predicted)
   --interval LO,HI    per-worker push interval range in ms for --generate (default 1000,1500)
   --seed S            generator seed for --generate (default 1)
@@ -60,97 +65,134 @@ Exit status: 0 on success, 1 on bad input data, 2 on a bad command line.
 )";
 
 using cadence::tools::usage_error;
+using ts = std::int64_t;
 
 struct options {
-  std::optional<std::string> input, predicted, generate;
+  std::optional<std::string> input, predicted;
+  std::size_t workers = 0, pushes = 0;  // --generate N,T (0: not given)
   std::size_t lookahead = 15;
   std::string predictor = "last";
   std::int64_t interval_lo = 1000, interval_hi = 1500;
   std::uint64_t seed = 1;
   std::string variant = "fast";
+  std::vector<std::string> variants;  // what --variant runs
   std::size_t repeat = 1;
   bool json = false;
   bool help = false;
-  std::map<std::string, bool> given;
 };
 
+/// The prediction matrix has N x R entries; the bound is the readers' bound on timestamps,
+/// so no source yields more points to search than a history file may hold.
+void check_prediction_size(std::size_t n, std::size_t r) {
+  if (n > cadence::push_history_max_timestamps / r)
+    throw usage_error("--lookahead: N x R must be at most " +
+                      std::to_string(cadence::push_history_max_timestamps) +
+                      " predicted push times, got " + std::to_string(n) + " workers x " +
+                      std::to_string(r));
+}
+
+std::vector<std::string> variants_to_run(const std::string& variant) {
+  if (variant == "all") {
+#ifdef CADENCE_HAS_THRUST
+    return {"zipline", "opt", "opt-bs", "fast", "thrust"};
+#else
+    return {"zipline", "opt", "opt-bs", "fast"};
+#endif
+  }
+  if (variant == "thrust") {
+#ifndef CADENCE_HAS_THRUST
+    throw usage_error("--variant thrust: this build has no Thrust backend (configure with "
+                      "CADENCE_ENABLE_THRUST=ON and the CCCL headers available)");
+#endif
+    return {"thrust"};
+  }
+  try {
+    (void)cadence::parse_zipline_variant(variant);
+  } catch (const cadence::parse_error&) {
+    throw usage_error("--variant: unknown variant '" + variant +
+                      "' (valid: zipline, opt, opt-bs, fast, thrust, all)");
+  }
+  return {variant};
+}
+
 options parse_args(int argc, char** argv) {
+  using cadence::tools::parse_flag_integer;
   options o;
-  const std::vector<std::string_view> valued = {"--input",    "--predicted", "--generate",
-                                                "--lookahead", "--predictor", "--interval",
-                                                "--seed",      "--variant",   "--repeat"};
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    std::string_view value;
-    bool has_value = false;
-    if (const auto eq = arg.find('='); eq != std::string_view::npos && arg.substr(0, 2) == "--") {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    const std::string flag(arg);
+  cadence::tools::flag_reader args(argc, argv);
+  args.at_most_one_of({"--input", "--predicted", "--generate"})
+      .at_most_once({"--lookahead", "--predictor", "--interval", "--seed", "--variant", "--repeat"});
+  while (args.next()) {
+    const std::string_view flag = args.flag();
     if (flag == "--help" || flag == "-h") {
+      args.no_value();
       o.help = true;
-      continue;
-    }
-    if (flag == "--json") {
-      if (has_value) throw usage_error("--json takes no value");
+    } else if (flag == "--json") {
+      args.no_value();
       o.json = true;
-      continue;
-    }
-    if (std::find(valued.begin(), valued.end(), arg) == valued.end())
-      throw usage_error("unknown option '" + std::string(argv[i]) + "' (see --help)");
-    if (o.given[flag]) throw usage_error(flag + " given twice");
-    o.given[flag] = true;
-    if (!has_value) {
-      if (i + 1 >= argc) throw usage_error(flag + " needs a value");
-      value = argv[++i];
-    }
-    if (flag == "--input") o.input = std::string(value);
-    else if (flag == "--predicted") o.predicted = std::string(value);
-    else if (flag == "--generate") o.generate = std::string(value);
-    else if (flag == "--lookahead")
-      o.lookahead = cadence::tools::parse_flag_integer<std::size_t>(flag, value, 1, 1000000);
-    else if (flag == "--predictor") {
-      o.predictor = std::string(value);
+    } else if (flag == "--input") {
+      o.input = std::string(args.value());
+    } else if (flag == "--predicted") {
+      o.predicted = std::string(args.value());
+    } else if (flag == "--generate") {
+      const auto [n, t] = cadence::tools::split_flag_pair(flag, args.value(), "N", "T");
+      o.workers = parse_flag_integer<std::size_t>(flag, n, 1, cadence::push_history_max_workers, "N");
+      // Every predictor needs two pushes to see an interval.
+      o.pushes = parse_flag_integer<std::size_t>(flag, t, 2, cadence::push_history_max_timestamps, "T");
+      if (o.workers > cadence::push_history_max_timestamps / o.pushes)
+        throw usage_error("--generate: N x T must be at most " +
+                          std::to_string(cadence::push_history_max_timestamps) +
+                          " timestamps, got " + std::string(n) + " x " + std::string(t));
+    } else if (flag == "--lookahead") {
+      o.lookahead = parse_flag_integer<std::size_t>(flag, args.value(), 1,
+                                                    cadence::push_history_max_timestamps, "R");
+    } else if (flag == "--predictor") {
+      o.predictor = std::string(args.value());
       try {
         (void)cadence::make_predictor<ts>(o.predictor);
       } catch (const cadence::error& e) {
         throw usage_error(std::string("--predictor: ") + e.what());
       }
-    }
-    else if (flag == "--interval") {
-      const auto [lo, hi] =
-          cadence::tools::parse_flag_pair<std::int64_t>(flag, value, 1, std::int64_t{1} << 40);
-      if (lo > hi) throw cadence::parse_error("--interval: LO must be <= HI, got " + std::string(value));
+    } else if (flag == "--interval") {
+      const auto [lo, hi] = cadence::tools::parse_flag_pair<std::int64_t>(
+          flag, args.value(), 1, std::int64_t{1} << 40, "LO", "HI");
+      if (lo > hi)
+        throw usage_error("--interval: LO must be at most HI, got " + std::string(args.value()));
       o.interval_lo = lo;
       o.interval_hi = hi;
-    } else if (flag == "--seed")
-      o.seed = cadence::tools::parse_flag_integer<std::uint64_t>(flag, value, 0, UINT64_MAX);
-    else if (flag == "--variant") o.variant = std::string(value);
-    else if (flag == "--repeat")
-      o.repeat = cadence::tools::parse_flag_integer<std::size_t>(flag, value, 1, 1000000);
+    } else if (flag == "--seed") {
+      o.seed = parse_flag_integer<std::uint64_t>(flag, args.value(), 0, UINT64_MAX);
+    } else if (flag == "--variant") {
+      o.variant = std::string(args.value());
+      o.variants = variants_to_run(o.variant);
+    } else if (flag == "--repeat") {
+      o.repeat = parse_flag_integer<std::size_t>(flag, args.value(), 1, 1000000, "K");
+    } else {
+      args.unknown();
+    }
   }
   if (o.help) return o;
-  const int sources = (o.input ? 1 : 0) + (o.predicted ? 1 : 0) + (o.generate ? 1 : 0);
-  if (sources != 1)
+  if (o.variants.empty()) o.variants = variants_to_run(o.variant);
+  const bool generate = o.workers > 0;
+  if (!o.input && !o.predicted && !generate)
     throw usage_error("give exactly one of --input, --predicted, --generate (see --help)");
-  if (o.predicted && (o.given["--lookahead"] || o.given["--predictor"]))
+  if (o.predicted && (args.given("--lookahead") || args.given("--predictor")))
     throw usage_error("--lookahead and --predictor apply to --input and --generate, not --predicted");
-  if (!o.generate && (o.given["--interval"] || o.given["--seed"]))
+  if (!generate && (args.given("--interval") || args.given("--seed")))
     throw usage_error("--interval and --seed apply only to --generate");
+  if (generate) check_prediction_size(o.workers, o.lookahead);
   return o;
 }
 
+template <class T>
 struct variant_run {
   std::string name;
-  cadence::zipline_result<ts> result;
+  cadence::zipline_result<T> result;
   double seconds = 0;
 };
 
-template <class F>
-variant_run time_variant(std::string name, std::size_t repeat, F&& solve) {
-  variant_run run;
+template <class T, class F>
+variant_run<T> time_variant(std::string name, std::size_t repeat, F&& solve) {
+  variant_run<T> run;
   run.name = std::move(name);
   for (std::size_t k = 0; k < repeat; ++k) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -162,87 +204,49 @@ variant_run time_variant(std::string name, std::size_t repeat, F&& solve) {
   return run;
 }
 
-int run_tool(const options& o) {
-  // 1. Rows to search: predicted push times, one row per worker, ascending id.
-  cadence::push_history<ts> history;
-  std::string source;
-  if (o.input) {
-    history = cadence::read_push_history_file<ts>(*o.input);
-    source = "history " + *o.input;
-  } else if (o.predicted) {
-    history = cadence::read_push_history_file<ts>(*o.predicted);
-    source = "predicted rows " + *o.predicted;
-  } else {
-    const auto [n, t] = cadence::tools::parse_flag_pair<std::size_t>("--generate", *o.generate, 1, 10000000);
-    if (t < 2) throw cadence::parse_error("--generate: T must be >= 2 (a predictor needs two pushes)");
-    if (n * t > 200000000) throw cadence::parse_error("--generate: N*T must be <= 200000000");
-    cadence::generator_options g;
-    g.workers = n;
-    g.pushes = t;
-    g.interval_lo = o.interval_lo;
-    g.interval_hi = o.interval_hi;
-    g.seed = o.seed;
-    history = cadence::generate_push_history(g);
-    source = "generated history (" + std::to_string(n) + " workers x " + std::to_string(t) +
-             " pushes, interval " + std::to_string(o.interval_lo) + ".." +
-             std::to_string(o.interval_hi) + " ms, seed " + std::to_string(o.seed) + ")";
-  }
+/// Predicts (unless the rows already are predictions), runs the variants and prints. T is
+/// std::int64_t for integer milliseconds and double for decimal timestamps (seconds).
+template <class T>
+int plan(const options& o, const cadence::push_history<T>& history, const std::string& source) {
+  constexpr const char* unit = std::is_integral_v<T> ? "ms" : "s";
   if (history.empty()) throw cadence::parse_error("no workers in " + source);
 
-  std::vector<ts> predicted;
-  cadence::rows_view<ts> rows;
+  // 1. Rows to search: predicted push times, one row per worker, ascending id.
+  std::vector<T> predicted;
+  cadence::rows_view<T> rows;
   if (o.predicted) {
     rows = history.rows();
   } else {
-    const auto predictor = cadence::make_predictor<ts>(o.predictor);
     const std::size_t n = history.size(), r = o.lookahead;
+    check_prediction_size(n, r);
+    const auto predictor = cadence::make_predictor<T>(o.predictor);
     predicted.resize(n * r);
     for (std::size_t p = 0; p < n; ++p) {
       try {
         predictor.predict(history.row(p), r, predicted.data() + p * r);
       } catch (const cadence::error& e) {
-        throw cadence::time_error("worker " + std::to_string(history.ids()[p]) + ": " + e.what());
+        // The readers have checked length and order, so this is a prediction that overflows.
+        throw cadence::time_error(source + ": worker " + std::to_string(history.ids()[p]) +
+                                  ": " + e.what());
       }
     }
-    rows = cadence::rows_view<ts>::matrix(predicted.data(), n, r);
+    rows = cadence::rows_view<T>::matrix(predicted.data(), n, r);
   }
 
-  // 2. Variants to run.
-  std::vector<std::string> names;
-  if (o.variant == "all") {
-    names = {"zipline", "opt", "opt-bs", "fast"};
-#ifdef CADENCE_HAS_THRUST
-    names.push_back("thrust");
-#endif
-  } else if (o.variant == "thrust") {
-#ifndef CADENCE_HAS_THRUST
-    throw usage_error("--variant thrust: this build has no Thrust backend (configure with "
-                      "CADENCE_ENABLE_THRUST=ON and the CCCL headers available)");
-#endif
-    names = {"thrust"};
-  } else {
-    try {
-      (void)cadence::parse_zipline_variant(o.variant);
-    } catch (const cadence::parse_error&) {
-      throw usage_error("--variant: unknown variant '" + o.variant +
-                        "' (valid: zipline, opt, opt-bs, fast, thrust, all)");
-    }
-    names = {o.variant};
-  }
-
-  std::vector<variant_run> runs;
-  cadence::zipline_workspace<ts> ws;
-  for (const auto& name : names) {
+  // 2. The variants, each timed.
+  std::vector<variant_run<T>> runs;
+  cadence::zipline_workspace<T> ws;
+  for (const auto& name : o.variants) {
     if (name == "thrust") {
 #ifdef CADENCE_HAS_THRUST
-      runs.push_back(time_variant(name, o.repeat, [&](cadence::zipline_result<ts>& out) {
+      runs.push_back(time_variant<T>(name, o.repeat, [&](cadence::zipline_result<T>& out) {
         out = cadence::zipline_thrust(rows);
       }));
 #endif
       continue;
     }
     const auto v = cadence::parse_zipline_variant(name);
-    runs.push_back(time_variant(name, o.repeat, [&](cadence::zipline_result<ts>& out) {
+    runs.push_back(time_variant<T>(name, o.repeat, [&](cadence::zipline_result<T>& out) {
       cadence::zipline_solve(v, rows, ws, out);
     }));
   }
@@ -251,7 +255,8 @@ int run_tool(const options& o) {
       throw cadence::error("variants disagree: " + run.name + " and " + runs.front().name +
                            " returned different results");
 
-  // 3. Output.
+  // 3. Output; numbers in their shortest round-trip form, as in the JSON.
+  using cadence::tools::number_text;
   if (o.json) {
     std::string doc;
     if (o.variant == "all") doc += "[";
@@ -267,12 +272,13 @@ int run_tool(const options& o) {
   std::cout << "cadence-zipline: " << source << "\n";
   std::cout << "  " << rows.size() << " workers";
   if (!o.predicted) std::cout << ", " << o.lookahead << " predicted pushes each (predictor " << o.predictor << ")";
-  std::cout << "\n  spread " << res.spread << " ms, barrier at " << res.barrier << " ms\n";
+  std::cout << "\n  spread " << number_text(res.spread) << ' ' << unit << ", barrier at "
+            << number_text(res.barrier) << ' ' << unit << "\n";
   const std::size_t shown = std::min<std::size_t>(rows.size(), 10);
   std::cout << "  worker: pushes to run before the barrier (index+1) at time\n";
   for (std::size_t p = 0; p < shown; ++p)
     std::cout << "    " << history.ids()[p] << ": " << res.choice[p] + 1 << " at "
-              << rows[p][res.choice[p]] << " ms\n";
+              << number_text(rows[p][res.choice[p]]) << ' ' << unit << "\n";
   if (shown < rows.size()) std::cout << "    ... (" << rows.size() - shown << " more; use --json)\n";
   for (const auto& run : runs) {
     char buf[64];
@@ -282,31 +288,48 @@ int run_tool(const options& o) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  options o;
-  try {
-    o = parse_args(argc, argv);
-  } catch (const cadence::error& e) {
-    std::cerr << "cadence-zipline: error: " << e.what() << '\n';
-    return 2;
-  }
+int run(int argc, char** argv) {
+  const options o = parse_args(argc, argv);
   if (o.help) {
     std::cout << usage;
     return 0;
   }
-  try {
-    return run_tool(o);
-  } catch (const usage_error& e) {
-    std::cerr << "cadence-zipline: error: " << e.what() << '\n';
-    return 2;
-  } catch (const cadence::parse_error& e) {
-    // Bad flag values (messages start with the flag) are usage errors; bad files are data.
-    std::cerr << "cadence-zipline: error: " << e.what() << '\n';
-    return std::string_view(e.what()).substr(0, 2) == "--" ? 2 : 1;
-  } catch (const std::exception& e) {
-    std::cerr << "cadence-zipline: error: " << e.what() << '\n';
-    return 1;
+  if (o.workers > 0) {
+    cadence::generator_options g;
+    g.workers = o.workers;
+    g.pushes = o.pushes;
+    g.interval_lo = o.interval_lo;
+    g.interval_hi = o.interval_hi;
+    g.seed = o.seed;
+    cadence::push_history<ts> history;
+    try {
+      history = cadence::generate_push_history(g);
+    } catch (const cadence::invalid_parameter_error& e) {  // T x HI beyond 64-bit milliseconds
+      throw usage_error(std::string("--generate, --interval: ") + e.what());
+    }
+    return plan(o, history,
+                "generated history (" + std::to_string(o.workers) + " workers x " +
+                    std::to_string(o.pushes) + " pushes, interval " +
+                    std::to_string(o.interval_lo) + ".." + std::to_string(o.interval_hi) +
+                    " ms, seed " + std::to_string(o.seed) + ")");
   }
+  cadence::push_history_read_options read;
+  std::string path, source;
+  if (o.input) {
+    path = *o.input;
+    source = "history " + path;
+    read.min_timestamps = cadence::make_predictor<ts>(o.predictor).min_history();
+  } else {
+    path = *o.predicted;
+    source = "predicted rows " + path;
+    read.strictly_increasing = true;  // ZipLine's contract, checked here to name the line
+  }
+  return std::visit([&](const auto& history) { return plan(o, history, source); },
+                    cadence::read_any_push_history_file(path, read));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return cadence::tools::guarded_main("cadence-zipline", run, argc, argv);
 }

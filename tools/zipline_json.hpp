@@ -59,6 +59,15 @@ inline void append_json_string(std::string& out, std::string_view s) {
 
 }  // namespace detail
 
+/// A number as zipline_result_json writes it (shortest round-trip text), for the text output
+/// to print the same values.
+template <class N>
+std::string number_text(N v) {
+  std::string out;
+  detail::append_json_number(out, v);
+  return out;
+}
+
 /// One variant's result as a single-line JSON object (no trailing newline). choice[p] is the
 /// 0-based index into row p; n is the number of rows.
 template <class T>

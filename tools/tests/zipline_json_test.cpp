@@ -1,4 +1,4 @@
-// io/zipline_json.hpp: the tool's JSON object has exactly the documented keys and formats.
+// zipline_json.hpp: the tool's JSON object has exactly the documented keys and formats.
 #include "zipline_json.hpp"
 
 #include <doctest/doctest.h>
@@ -22,4 +22,11 @@ TEST_CASE("floating-point results use the shortest exact text and escape strings
   r.choice = {};
   CHECK(cadence::tools::zipline_result_json("a\"b", r, 1.5) ==
         R"({"variant": "a\"b", "n": 0, "spread": 0.1, "barrier": null, "choice": [], "seconds": 1.5})");
+}
+
+TEST_CASE("number_text prints timestamps as the JSON does: exact integers, shortest doubles") {
+  CHECK(cadence::tools::number_text(std::int64_t{9007199254740993}) == "9007199254740993");
+  CHECK(cadence::tools::number_text(0.1) == "0.1");
+  CHECK(cadence::tools::number_text(5.5) == "5.5");
+  CHECK(cadence::tools::number_text(1.0 / 3) == "0.3333333333333333");
 }
