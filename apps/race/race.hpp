@@ -65,7 +65,13 @@ struct time_to_accuracy {
 
 /// What one policy achieved in the race.
 struct race_result {
-  /// The simulator's measurements of the same run (throughput, waiting, clock staleness).
+  /// The simulator's measurements of the same run: throughput, waiting and both kinds of
+  /// staleness. metrics.max_start_staleness and its histogram are the clock gap a worker
+  /// started an iteration at (what SSP and DSSP bound); metrics.mean_updates_behind,
+  /// max_updates_behind and updates_behind_histogram count, for each applied gradient, the
+  /// other gradients the server applied between the worker's pull and its push: the staleness
+  /// the model actually sees (under BSP up to n - 1, because the server applies a round's
+  /// gradients one by one).
   sim::run_metrics metrics;
   /// Test accuracy and loss every eval_every_seconds from t = 0, on the first test_limit
   /// test examples, ending with a point at the end of the run.
@@ -77,11 +83,6 @@ struct race_result {
   double best_accuracy = 0;
   /// One entry per race_options::targets, in that order.
   std::vector<time_to_accuracy> reached;
-  /// Update delay of an applied gradient: how many other workers' gradients the server
-  /// applied between this worker's pull and its push (the staleness the model actually sees;
-  /// under BSP up to n - 1, because the server applies a round's gradients one by one).
-  double mean_update_delay = 0;
-  std::uint64_t max_update_delay = 0;
 };
 
 namespace detail {
@@ -162,7 +163,6 @@ race_result run_race(Controller& c, const sim::scenario& s, const train_test_dat
   const std::size_t params = model.parameter_count();
   std::vector<float> weights(params, 0.0f);
   std::vector<float> grads(n * params, 0.0f);
-  std::vector<std::uint64_t> pulled_version(n, 0);
   std::vector<detail::shard_walk> walks;
   walks.reserve(n);
   for (std::size_t p = 0; p < n; ++p)
@@ -171,7 +171,7 @@ race_result run_race(Controller& c, const sim::scenario& s, const train_test_dat
   const auto lr = static_cast<float>(o.learning_rate);
 
   race_result r;
-  std::uint64_t updates = 0, delay_sum = 0;
+  std::uint64_t updates = 0;
   double next_eval = 0;
   auto measure = [&](double t) {
     const evaluation e = model.evaluate(weights, data.test, o.test_limit);
@@ -190,14 +190,10 @@ race_result run_race(Controller& c, const sim::scenario& s, const train_test_dat
   opt.on_iteration_start = [&](worker_id p, double) {
     const span<float> g(grads.data() + p * params, params);
     model.gradient(weights, data.train, walks[p].next(), g);
-    pulled_version[p] = updates;
   };
   opt.on_push = [&](worker_id p, double t) {
     measure_before(t);
     softmax_regression::sgd_step(weights, span<const float>(grads.data() + p * params, params), lr);
-    const std::uint64_t delay = updates - pulled_version[p];
-    delay_sum += delay;
-    if (delay > r.max_update_delay) r.max_update_delay = delay;
     ++updates;
   };
   r.metrics = sim::simulate(c, s, opt);
@@ -218,7 +214,6 @@ race_result run_race(Controller& c, const sim::scenario& s, const train_test_dat
       }
     r.reached.push_back(t);
   }
-  r.mean_update_delay = updates > 0 ? static_cast<double>(delay_sum) / static_cast<double>(updates) : 0.0;
   return r;
 }
 
