@@ -46,12 +46,14 @@ options:
   --seed N           seed of the cluster and of the data order (default 1)
   --lr X             SGD step size the server applies per push (default 0.005)
   --batch N          examples per worker iteration (default 32)
-  --eval-every S     simulated seconds between test evaluations (default 2)
+  --eval-every S     simulated seconds between test evaluations (default 2); at most
+                     1000 evaluations per run, so S >= seconds / 1000
   --train-limit N    train on the first N training images only (default: all 60000)
   --test-limit N     evaluate the curve on the first N test images (default 2000); the
                      final accuracy always uses the whole test set
   --json             one JSON array, one object per policy, with its curve
   --csv              the curves as CSV: policy,seconds,accuracy,loss,updates
+                     (at most one of --json and --csv)
   --help             this text
 
 columns (JSON keys in brackets):
@@ -125,7 +127,7 @@ int run(int argc, char** argv) {
   std::uint64_t seed = 1;
   std::vector<std::string> policies;
   cadence::train::race_options o;
-  enum { table, json, csv } format = table;
+  bool json = false, csv = false;
 
   for (cadence::tools::flag_reader args(argc, argv); args.next();) {
     const std::string_view flag = args.flag();
@@ -158,15 +160,26 @@ int run(int argc, char** argv) {
       o.test_limit = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
     } else if (flag == "--json") {
       args.no_value();
-      format = json;
+      json = true;
     } else if (flag == "--csv") {
       args.no_value();
-      format = csv;
+      csv = true;
     } else {
       args.unknown();
     }
   }
   o.seed = seed;
+  // Checked here, before the data load, so the mistake costs no time.
+  if (json && csv) throw usage_error("--json and --csv: give at most one output format");
+  if (seconds / o.eval_every_seconds > static_cast<double>(cadence::train::max_curve_points)) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "--eval-every: %g s over the %g s run means more than %zu test evaluations; use "
+                  "--eval-every >= %g",
+                  o.eval_every_seconds, seconds, cadence::train::max_curve_points,
+                  seconds / static_cast<double>(cadence::train::max_curve_points));
+    throw usage_error(buf);
+  }
 
   cadence::sim::scenario s = cadence::tools::scenario_from_flags(scenario_name, workers, seed);
   s.seconds = seconds;
@@ -198,9 +211,9 @@ int run(int argc, char** argv) {
   for (const auto& policy : policies) runs.push_back(cadence::train::run_race(policy, s, data, o));
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
 
-  if (format == json) {
+  if (json) {
     write_json(runs);
-  } else if (format == csv) {
+  } else if (csv) {
     std::printf("policy,seconds,accuracy,loss,updates\n");
     for (const auto& r : runs)
       for (const auto& p : r.curve)

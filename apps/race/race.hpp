@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -26,6 +27,11 @@
 
 namespace cadence::train {
 
+/// Most points a race's curve may have. Each is an evaluation of the server's weights on up to
+/// test_limit test examples, so an eval_every_seconds far below the run's length would run for
+/// hours without a line of output; this bounds it relative to the run instead.
+inline constexpr std::size_t max_curve_points = 1000;
+
 /// How the race trains. The cluster (worker speeds, push and pull costs, run length) is the
 /// scenario's; these are the learning knobs and how often to measure.
 struct race_options {
@@ -33,7 +39,8 @@ struct race_options {
   double learning_rate = 0.005;
   /// Examples per worker iteration (capped at a worker's shard size).
   std::size_t batch_size = 32;
-  /// Simulated seconds between two test evaluations of the server's weights (the curve).
+  /// Simulated seconds between two test evaluations of the server's weights (the curve); at
+  /// most max_curve_points evaluations over the run.
   double eval_every_seconds = 2.0;
   /// Use only the first train_limit training examples (0: all), split into one disjoint
   /// shard per worker.
@@ -87,6 +94,15 @@ struct race_result {
 
 namespace detail {
 
+inline std::string too_many_evaluations(double run_seconds, double eval_every) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "eval_every_seconds %g means more than %zu test evaluations in %g simulated s; "
+                "use eval_every_seconds >= %g",
+                eval_every, max_curve_points, run_seconds, run_seconds / static_cast<double>(max_curve_points));
+  return buf;
+}
+
 inline void check_race(const sim::scenario& s, const train_test_data& data, const race_options& o) {
   auto fail = [](const std::string& what) { throw invalid_parameter_error("cadence::train::run_race: " + what); };
   if (!(o.learning_rate > 0) || !std::isfinite(o.learning_rate))
@@ -94,6 +110,9 @@ inline void check_race(const sim::scenario& s, const train_test_data& data, cons
   if (o.batch_size == 0) fail("batch_size must be >= 1");
   if (!(o.eval_every_seconds > 0) || !std::isfinite(o.eval_every_seconds))
     fail("eval_every_seconds must be finite and > 0, got " + std::to_string(o.eval_every_seconds));
+  // A run limited by iterations has no length yet: run_race checks its curve as it grows.
+  if (s.seconds > 0 && s.seconds / o.eval_every_seconds > static_cast<double>(max_curve_points))
+    fail(too_many_evaluations(s.seconds, o.eval_every_seconds));
   const std::size_t n_train = o.train_limit == 0 ? data.train.size() : std::min(o.train_limit, data.train.size());
   if (n_train < s.workers.size())
     fail("every worker needs at least one training example: " + std::to_string(n_train) + " examples for " +
@@ -180,6 +199,8 @@ race_result run_race(Controller& c, const sim::scenario& s, const train_test_dat
   // Curve points at k * eval_every that lie before time t (pushes at t come after them).
   auto measure_before = [&](double t) {
     while (next_eval < t) {
+      if (s.seconds == 0 && r.curve.size() >= max_curve_points)  // check_race bounded timed runs
+        throw invalid_parameter_error("cadence::train::run_race: " + detail::too_many_evaluations(t, o.eval_every_seconds));
       measure(next_eval);
       next_eval = static_cast<double>(r.curve.size()) * o.eval_every_seconds;
     }

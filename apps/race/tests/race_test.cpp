@@ -120,6 +120,26 @@ TEST_CASE("the race reports the simulator's own staleness metrics for the same r
   }
 }
 
+TEST_CASE("an evaluation interval far below the run's length is rejected, not run for hours") {
+  const auto data = cadence_test::synthetic_split(40, 10);
+  race_options o = small_options();
+  auto s = small_cluster(20);
+  o.eval_every_seconds = 0.03125;  // 640 evaluations in 20 s
+  CHECK_NOTHROW(cadence::train::detail::check_race(s, data, o));
+  o.eval_every_seconds = 0.015625;  // 1280
+  CHECK_THROWS_AS(cadence::train::detail::check_race(s, data, o), cadence::invalid_parameter_error);
+  o.eval_every_seconds = 1e-6;
+  CHECK_THROWS_WITH_AS(run_race("asp", s, data, o),
+                       "cadence::train::run_race: eval_every_seconds 1e-06 means more than 1000 test "
+                       "evaluations in 20 simulated s; use eval_every_seconds >= 0.02",
+                       cadence::invalid_parameter_error);
+  // A run limited by iterations has no length up front: the curve is bounded as it grows.
+  s.seconds = 0;
+  s.iterations = 50;
+  CHECK_THROWS_WITH_AS(run_race("asp", s, data, o), doctest::Contains("more than 1000 test evaluations"),
+                       cadence::invalid_parameter_error);
+}
+
 TEST_CASE("run_race rejects bad options with a message naming the option") {
   const auto data = cadence_test::synthetic_split(40, 10);
   const auto s = small_cluster(1);
