@@ -58,10 +58,11 @@ columns (JSON and CSV keys in brackets; "-" or null where one does not apply):
                   server lets a worker start an iteration, 99th percentile and max over
                   all starts [start_staleness_p99, start_staleness_max]. 0 under bsp,
                   <= s under ssp:s, <= s_U under dssp; unbounded under asp and elastic
-  behind p99/max  staleness of the weights a gradient was computed on, for every policy:
+  behind mean/p99/max
+                  staleness of the weights a gradient was computed on, for every policy:
                   how many other pushes the server applied between the worker's pull and
-                  the arrival of its push [updates_behind_p99, updates_behind_max; also
-                  updates_behind_mean]
+                  the arrival of its push [updates_behind_mean, updates_behind_p99,
+                  updates_behind_max]
   barriers        barriers the policy completed (ElasticBSP); "-" for policies without
                   barriers of their own (under bsp every iteration ends in one release
                   event: see release_events in JSON and CSV) [barriers]

@@ -66,10 +66,11 @@ columns (JSON keys in brackets):
   stale p99/max   the clock gap c_p - c_min when a worker starts an iteration, as in
                   cadence-sim: 0 under bsp, <= s under ssp:s, <= s_U under dssp
                   [start_staleness_p99, start_staleness_max]
-  behind p99/max  how many other gradients the server applied between a worker's pull of
+  behind mean/p99/max
+                  how many other gradients the server applied between a worker's pull of
                   the weights and the arrival of its own gradient: the staleness the model
-                  sees, for every policy [updates_behind_p99, updates_behind_max; also
-                  updates_behind_mean]
+                  sees, for every policy [updates_behind_mean, updates_behind_p99,
+                  updates_behind_max]
 )";
 }
 
@@ -228,17 +229,16 @@ int run(int argc, char** argv) {
                 "%g s, final on all %zu\n\n",
                 s.name.c_str(), s.workers.size(), static_cast<unsigned long long>(seed), s.seconds, n_eval,
                 o.eval_every_seconds, data.test.size());
-    std::printf("%-22s %7s %7s %7s %7s %8s %7s %13s %14s\n", "policy", "final", "best", "t@70%", "t@80%", "iters",
-                "wait%", "stale p99/max", "behind p99/max");
+    std::printf("%-20s %6s %6s %6s %6s %7s %6s %13s %19s\n", "policy", "final", "best", "t@70%", "t@80%", "iters",
+                "wait%", "stale p99/max", "behind mean/p99/max");
     for (const auto& r : runs) {
       const auto& m = r.metrics;
-      std::printf("%-22s %7s %7s %7s %7s %8llu %7s %13s %14s\n", m.policy.c_str(),
+      std::printf("%-20s %6s %6s %6s %6s %7llu %6s %13s %19s\n", m.policy.c_str(),
                   percent(r.final_test.accuracy).c_str(), percent(r.best_accuracy).c_str(),
                   seconds_or_dash(r.reached[0]).c_str(), seconds_or_dash(r.reached[1]).c_str(),
                   static_cast<unsigned long long>(m.iterations), percent(m.wait_fraction).c_str(),
-                  cadence::sim::detail::p99_and_max(m.start_staleness_histogram,
-                                                    static_cast<std::uint64_t>(m.max_start_staleness)).c_str(),
-                  cadence::sim::detail::p99_and_max(m.updates_behind_histogram, m.max_updates_behind).c_str());
+                  cadence::sim::detail::start_staleness_cell(m).c_str(),
+                  cadence::sim::detail::updates_behind_cell(m).c_str());
     }
     std::printf("\n(%.1f s of wall-clock time, data loading included)\n", wall);
   }

@@ -77,9 +77,18 @@ inline std::vector<std::pair<std::string, std::string>> fields(const run_metrics
   };
 }
 
-/// "P99/MAX" of a histogram and its maximum, one table cell.
-inline std::string p99_and_max(const std::vector<std::uint64_t>& h, std::uint64_t max) {
-  return std::to_string(histogram_quantile(h, 0.99)) + "/" + std::to_string(max);
+/// Table cells shared by cadence-sim and cadence-race: the clock gap at start as "P99/MAX",
+/// updates behind as "MEAN/P99/MAX".
+inline std::string start_staleness_cell(const run_metrics& m) {
+  return std::to_string(histogram_quantile(m.start_staleness_histogram, 0.99)) + "/" +
+         std::to_string(m.max_start_staleness);
+}
+inline std::string updates_behind_cell(const run_metrics& m) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f/%zu/%llu", m.mean_updates_behind,
+                histogram_quantile(m.updates_behind_histogram, 0.99),
+                static_cast<unsigned long long>(m.max_updates_behind));
+  return buf;
 }
 
 }  // namespace detail
@@ -118,8 +127,9 @@ inline void write_csv(std::ostream& os, const std::vector<run_metrics>& runs) {
 /// "-" where a column does not apply to the policy.
 inline void write_table(std::ostream& os, const std::vector<run_metrics>& runs) {
   char line[256];
-  std::snprintf(line, sizeof line, "%-22s %7s %6s %9s %13s %14s %8s %14s %7s\n", "policy", "iter/s",
-                "wait%", "wait/iter", "stale p99/max", "behind p99/max", "barriers", "superstep", "ctrl ns");
+  std::snprintf(line, sizeof line, "%-20s %7s %6s %9s %13s %19s %8s %14s %7s\n", "policy", "iter/s",
+                "wait%", "wait/iter", "stale p99/max", "behind mean/p99/max", "barriers", "superstep",
+                "ctrl ns");
   os << line;
   for (const auto& m : runs) {
     std::string barriers = "-", superstep = "-";
@@ -135,13 +145,11 @@ inline void write_table(std::ostream& os, const std::vector<run_metrics>& runs) 
                     static_cast<unsigned long long>(m.superstep_planned_max));
       superstep = b;
     }
-    std::snprintf(line, sizeof line, "%-22s %7.1f %5.1f%% %7.2fms %13s %14s %8s %14s %7.0f\n",
+    std::snprintf(line, sizeof line, "%-20s %7.1f %5.1f%% %7.2fms %13s %19s %8s %14s %7.0f\n",
                   m.policy.c_str(), m.iterations_per_second, 100.0 * m.wait_fraction,
-                  1e3 * m.mean_wait_per_iteration,
-                  detail::p99_and_max(m.start_staleness_histogram,
-                                      static_cast<std::uint64_t>(m.max_start_staleness)).c_str(),
-                  detail::p99_and_max(m.updates_behind_histogram, m.max_updates_behind).c_str(),
-                  barriers.c_str(), superstep.c_str(), m.controller_ns_per_push);
+                  1e3 * m.mean_wait_per_iteration, detail::start_staleness_cell(m).c_str(),
+                  detail::updates_behind_cell(m).c_str(), barriers.c_str(), superstep.c_str(),
+                  m.controller_ns_per_push);
     os << line;
   }
 }
