@@ -1,6 +1,8 @@
 #include <cadence/controllers/any_controller.hpp>
 #include <cadence/controllers/dssp.hpp>
+#include <cadence/controllers/elastic_bsp.hpp>
 #include <cadence/controllers/ssp.hpp>
+#include <cadence/predict/interval.hpp>
 
 #include "support/schedule.hpp"
 
@@ -50,4 +52,51 @@ TEST_CASE("target gives access to the concrete controller") {
   CHECK(a.target<ssp>() == nullptr);
   const any_controller& ca = a;
   CHECK(ca.target<dssp>()->lower_bound() == 1);
+}
+
+TEST_CASE("supersteps reports an elasticbsp's barriers whatever its predictor type and however it is held") {
+  using last_bsp = basic_elastic_bsp<last_interval>;
+  using median_bsp = basic_elastic_bsp<median_interval>;
+  // Two workers, R = 1: two monitoring pushes each, then one planned push each; the second
+  // planned push completes the barrier.
+  auto run_one_superstep = [](auto& c) {
+    REQUIRE(supersteps(c).has_value());
+    CHECK(supersteps(c)->barriers == 0);
+    CHECK(supersteps(c)->monitoring);
+    c.push(0, 1.0);
+    c.push(1, 1.5);
+    c.push(0, 2.0);
+    c.push(1, 3.0);  // every worker has pushed twice: the plan is made
+    CHECK_FALSE(supersteps(c)->monitoring);
+    CHECK_FALSE(c.push(0, 3.25).proceed);
+    CHECK(c.push(1, 4.5).proceed);  // the last arrival completes the barrier
+    CHECK(supersteps(c)->barriers == 1);
+    CHECK(supersteps(c)->monitoring);
+  };
+  SUBCASE("concrete, predictor chosen at run time") {
+    elastic_bsp c(2, 1);
+    run_one_superstep(c);
+  }
+  SUBCASE("concrete, last_interval") {
+    last_bsp c(2, 1);
+    run_one_superstep(c);
+  }
+  SUBCASE("any_controller holding basic_elastic_bsp<last_interval>") {
+    any_controller a = last_bsp(2, 1);
+    run_one_superstep(a);
+    CHECK(a.target<last_bsp>()->barriers() == 1);
+  }
+  SUBCASE("any_controller holding basic_elastic_bsp<median_interval>") {
+    any_controller a = median_bsp(2, 1, median_interval(3));
+    run_one_superstep(a);
+    CHECK(a.target<median_bsp>()->barriers() == 1);
+  }
+}
+
+TEST_CASE("supersteps is empty for policies without barriers of their own, concrete or held") {
+  CHECK_FALSE(supersteps(ssp(2, 1)).has_value());
+  CHECK_FALSE(supersteps(dssp(2, 1, 4)).has_value());
+  CHECK_FALSE(supersteps(any_controller(bsp(2))).has_value());
+  CHECK_FALSE(supersteps(any_controller(dssp(2, 1, 4))).has_value());
+  CHECK_THROWS_AS(supersteps(any_controller()), invalid_parameter_error);
 }

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -34,9 +35,16 @@ TEST_CASE("the JSON report is one array with one object per run and the document
   CHECK(j.find("\"policy\": \"bsp\"") != std::string::npos);
   CHECK(j.find("\"policy\": \"ssp:3\"") != std::string::npos);
   for (const char* key : {"\"workers\": 2", "\"iterations_per_second\": ", "\"wait_fraction\": ",
-                          "\"max_staleness\": ", "\"barriers\": ", "\"controller_ns_per_push\": ",
-                          "\"scenario\": \"hetero2\"", "\"seed\": 1", "\"superstep_iterations_mean\": null"})
+                          "\"start_staleness_max\": ", "\"start_staleness_p99\": ",
+                          "\"updates_behind_mean\": ", "\"updates_behind_p99\": ", "\"updates_behind_max\": ",
+                          "\"release_events\": ", "\"controller_ns_per_push\": ", "\"scenario\": \"hetero2\"",
+                          "\"seed\": 1", "\"superstep_iterations_mean\": null"})
     CHECK_MESSAGE(count(j, key) == 2, key);
+  // Neither bsp nor ssp counts barriers of its own: null, not their release events.
+  CHECK(count(j, "\"barriers\": null") == 2);
+  // bsp starts every iteration in step; ssp:3 never more than 3 clocks ahead.
+  CHECK(j.find("\"start_staleness_max\": 0,") < j.find("\"policy\": \"ssp:3\""));
+  CHECK(count(j, "\"max_staleness\"") == 0);
   std::ostringstream empty;
   write_json(empty, {});
   CHECK(empty.str() == "[]\n");
@@ -61,4 +69,26 @@ TEST_CASE("the table report has a header and a row per run") {
   const std::string t = os.str();
   CHECK(count(t, "\n") == 3);
   CHECK(t.find("ssp:3") != std::string::npos);
+  CHECK(t.find("stale p99/max") != std::string::npos);
+}
+
+TEST_CASE("the table and the JSON show an elasticbsp run's barriers and superstep sizes") {
+  scenario s = make_scenario("hetero2");
+  s.seconds = 30;
+  const run_metrics m = simulate("elastic:4", s);
+  REQUIRE(m.barriers.has_value());
+  REQUIRE(*m.barriers > 0);
+  std::ostringstream table, json;
+  write_table(table, {m});
+  write_json(json, {m});
+  char superstep[64];
+  std::snprintf(superstep, sizeof superstep, "%llu-%llu (%llu+%llu)",
+                static_cast<unsigned long long>(m.superstep_iterations_min),
+                static_cast<unsigned long long>(m.superstep_iterations_max),
+                static_cast<unsigned long long>(m.superstep_monitoring_max),
+                static_cast<unsigned long long>(m.superstep_planned_max));
+  CHECK(table.str().find(superstep) != std::string::npos);
+  CHECK(json.str().find("\"barriers\": " + std::to_string(*m.barriers) + ",") != std::string::npos);
+  CHECK(json.str().find("\"superstep_planned_max\": " + std::to_string(m.superstep_planned_max) + ",") !=
+        std::string::npos);
 }

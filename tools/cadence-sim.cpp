@@ -53,13 +53,30 @@ options:
   --list-scenarios   list the named scenarios and exit
   --help             this text
 
-columns: iter/s = cluster iterations per simulated second; wait% = share of the workers'
-time spent idle waiting for a release; wait/iter = mean idle time per iteration;
-stale.max / stale.p99 = c_p - c_min right after a push (max and 99th percentile);
-barriers = the policy's completed barriers (ElasticBSP) or else release events (pushes or
-removals that released waiting workers; one per global barrier under BSP); superstep =
-ElasticBSP's fewest-most iterations a worker made between two barriers; ctrl ns = wall-clock
-nanoseconds inside controller.push() per push.
+columns (JSON and CSV keys in brackets; "-" or null where one does not apply):
+  iter/s          cluster iterations (pushes) per simulated second [iterations_per_second]
+  wait%           share of the workers' alive time spent idle, waiting for a release
+                  [wait_fraction]
+  wait/iter       mean idle time per iteration [mean_wait]
+  stale p99/max   staleness as the policies bound it: the clock gap c_p - c_min when the
+                  server lets a worker start an iteration, 99th percentile and max over
+                  all starts [start_staleness_p99, start_staleness_max]. 0 under bsp,
+                  <= s under ssp:s, <= s_U under dssp; unbounded under asp and elastic
+  behind mean/p99/max
+                  staleness of the weights a gradient was computed on, for every policy:
+                  how many other pushes the server applied between the worker's pull and
+                  the arrival of its push [updates_behind_mean, updates_behind_p99,
+                  updates_behind_max]
+  barriers        barriers the policy completed (ElasticBSP); "-" for policies without
+                  barriers of their own (under bsp every iteration ends in one release
+                  event: see release_events in JSON and CSV) [barriers]
+  superstep       ElasticBSP: fewest-most iterations a worker made between two barriers,
+                  and in parentheses the two parts of their bound as observed: the most
+                  monitoring pushes and the most planned pushes (at most R) of a worker in
+                  one superstep [superstep_iterations_min, superstep_iterations_max,
+                  superstep_monitoring_max, superstep_planned_max]
+  ctrl ns         wall-clock nanoseconds inside controller.push() per push, the only
+                  column that varies between runs [controller_ns_per_push]
 )";
 }
 

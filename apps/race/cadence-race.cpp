@@ -46,19 +46,31 @@ options:
   --seed N           seed of the cluster and of the data order (default 1)
   --lr X             SGD step size the server applies per push (default 0.005)
   --batch N          examples per worker iteration (default 32)
-  --eval-every S     simulated seconds between test evaluations (default 2)
+  --eval-every S     simulated seconds between test evaluations (default 2); at most
+                     1000 evaluations per run, so S >= seconds / 1000
   --train-limit N    train on the first N training images only (default: all 60000)
   --test-limit N     evaluate the curve on the first N test images (default 2000); the
                      final accuracy always uses the whole test set
   --json             one JSON array, one object per policy, with its curve
   --csv              the curves as CSV: policy,seconds,accuracy,loss,updates
+                     (at most one of --json and --csv)
   --help             this text
 
-columns: final = test accuracy of the final weights on the whole test set; best = best
-accuracy on the curve; t@70% / t@80% = first simulated second at which the curve reached
-that accuracy ("-": never); iters = pushes; wait% = share of worker time spent waiting;
-stale.max = largest clock gap c_p - c_min after a push; delay = mean and max number of other
-workers' updates the server applied between a worker's pull and its push.
+columns (JSON keys in brackets):
+  final           test accuracy of the final weights on the whole test set [final_accuracy]
+  best            best accuracy on the curve [best_accuracy]
+  t@70% t@80%     first simulated second at which the curve reached that accuracy ("-":
+                  never) [time_to_accuracy]
+  iters           gradients applied (pushes) [iterations]
+  wait%           share of the workers' time spent waiting for a release [wait_fraction]
+  stale p99/max   the clock gap c_p - c_min when a worker starts an iteration, as in
+                  cadence-sim: 0 under bsp, <= s under ssp:s, <= s_U under dssp
+                  [start_staleness_p99, start_staleness_max]
+  behind mean/p99/max
+                  how many other gradients the server applied between a worker's pull of
+                  the weights and the arrival of its own gradient: the staleness the model
+                  sees, for every policy [updates_behind_mean, updates_behind_p99,
+                  updates_behind_max]
 )";
 }
 
@@ -75,21 +87,25 @@ std::string seconds_or_dash(const cadence::train::time_to_accuracy& t) {
   return buf;
 }
 
+// Keys of the simulator's JSON (cadence-sim --json) that the race reports too, with the same
+// names and meanings, so the two tools' outputs can be joined.
+constexpr const char* cluster_keys[] = {
+    "policy", "scenario", "workers", "simulated_seconds", "iterations", "wait_fraction",
+    "start_staleness_max", "start_staleness_p99", "updates_behind_mean", "updates_behind_p99",
+    "updates_behind_max", "barriers", "superstep_iterations_min", "superstep_iterations_max"};
+
 void write_json(const std::vector<cadence::train::race_result>& runs) {
   using cadence::sim::detail::format_number;
   std::printf("[");
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const auto& r = runs[i];
-    const auto& m = r.metrics;
-    std::printf("%s{\"policy\": %s, \"scenario\": %s, \"workers\": %zu, \"simulated_seconds\": %s, "
-                "\"iterations\": %llu, \"wait_fraction\": %s, \"max_staleness\": %llu, "
-                "\"mean_update_delay\": %s, \"max_update_delay\": %llu, \"final_accuracy\": %s, "
-                "\"final_loss\": %s, \"final_test_examples\": %zu, \"best_accuracy\": %s, \"time_to_accuracy\": {",
-                i ? ",\n " : "\n ", cadence::sim::detail::json_string(m.policy).c_str(),
-                cadence::sim::detail::json_string(m.scenario).c_str(), m.workers,
-                format_number(m.simulated_seconds).c_str(), static_cast<unsigned long long>(m.iterations),
-                format_number(m.wait_fraction).c_str(), static_cast<unsigned long long>(m.max_staleness),
-                format_number(r.mean_update_delay).c_str(), static_cast<unsigned long long>(r.max_update_delay),
+    std::printf("%s{", i ? ",\n " : "\n ");
+    const auto fields = cadence::sim::detail::fields(r.metrics);
+    for (const char* key : cluster_keys)
+      for (const auto& f : fields)
+        if (f.first == key) std::printf("\"%s\": %s, ", key, f.second.c_str());
+    std::printf("\"final_accuracy\": %s, \"final_loss\": %s, \"final_test_examples\": %zu, "
+                "\"best_accuracy\": %s, \"time_to_accuracy\": {",
                 format_number(r.final_test.accuracy).c_str(), format_number(r.final_test.loss).c_str(),
                 r.final_test_examples, format_number(r.best_accuracy).c_str());
     for (std::size_t k = 0; k < r.reached.size(); ++k)
@@ -112,7 +128,7 @@ int run(int argc, char** argv) {
   std::uint64_t seed = 1;
   std::vector<std::string> policies;
   cadence::train::race_options o;
-  enum { table, json, csv } format = table;
+  bool json = false, csv = false;
 
   for (cadence::tools::flag_reader args(argc, argv); args.next();) {
     const std::string_view flag = args.flag();
@@ -145,15 +161,26 @@ int run(int argc, char** argv) {
       o.test_limit = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
     } else if (flag == "--json") {
       args.no_value();
-      format = json;
+      json = true;
     } else if (flag == "--csv") {
       args.no_value();
-      format = csv;
+      csv = true;
     } else {
       args.unknown();
     }
   }
   o.seed = seed;
+  // Checked here, before the data load, so the mistake costs no time.
+  if (json && csv) throw usage_error("--json and --csv: give at most one output format");
+  if (seconds / o.eval_every_seconds > static_cast<double>(cadence::train::max_curve_points)) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "--eval-every: %g s over the %g s run means more than %zu test evaluations; use "
+                  "--eval-every >= %g",
+                  o.eval_every_seconds, seconds, cadence::train::max_curve_points,
+                  seconds / static_cast<double>(cadence::train::max_curve_points));
+    throw usage_error(buf);
+  }
 
   cadence::sim::scenario s = cadence::tools::scenario_from_flags(scenario_name, workers, seed);
   s.seconds = seconds;
@@ -185,9 +212,9 @@ int run(int argc, char** argv) {
   for (const auto& policy : policies) runs.push_back(cadence::train::run_race(policy, s, data, o));
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
 
-  if (format == json) {
+  if (json) {
     write_json(runs);
-  } else if (format == csv) {
+  } else if (csv) {
     std::printf("policy,seconds,accuracy,loss,updates\n");
     for (const auto& r : runs)
       for (const auto& p : r.curve)
@@ -202,17 +229,16 @@ int run(int argc, char** argv) {
                 "%g s, final on all %zu\n\n",
                 s.name.c_str(), s.workers.size(), static_cast<unsigned long long>(seed), s.seconds, n_eval,
                 o.eval_every_seconds, data.test.size());
-    std::printf("%-22s %7s %7s %7s %7s %8s %7s %9s %11s\n", "policy", "final", "best", "t@70%", "t@80%", "iters",
-                "wait%", "stale.max", "delay");
+    std::printf("%-20s %6s %6s %6s %6s %7s %6s %13s %19s\n", "policy", "final", "best", "t@70%", "t@80%", "iters",
+                "wait%", "stale p99/max", "behind mean/p99/max");
     for (const auto& r : runs) {
-      char delay[48];
-      std::snprintf(delay, sizeof delay, "%.1f/%llu", r.mean_update_delay,
-                    static_cast<unsigned long long>(r.max_update_delay));
-      std::printf("%-22s %7s %7s %7s %7s %8llu %7s %9llu %11s\n", r.metrics.policy.c_str(),
+      const auto& m = r.metrics;
+      std::printf("%-20s %6s %6s %6s %6s %7llu %6s %13s %19s\n", m.policy.c_str(),
                   percent(r.final_test.accuracy).c_str(), percent(r.best_accuracy).c_str(),
                   seconds_or_dash(r.reached[0]).c_str(), seconds_or_dash(r.reached[1]).c_str(),
-                  static_cast<unsigned long long>(r.metrics.iterations), percent(r.metrics.wait_fraction).c_str(),
-                  static_cast<unsigned long long>(r.metrics.max_staleness), delay);
+                  static_cast<unsigned long long>(m.iterations), percent(m.wait_fraction).c_str(),
+                  cadence::sim::detail::start_staleness_cell(m).c_str(),
+                  cadence::sim::detail::updates_behind_cell(m).c_str());
     }
     std::printf("\n(%.1f s of wall-clock time, data loading included)\n", wall);
   }

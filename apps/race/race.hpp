@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -26,6 +27,11 @@
 
 namespace cadence::train {
 
+/// Most points a race's curve may have. Each is an evaluation of the server's weights on up to
+/// test_limit test examples, so an eval_every_seconds far below the run's length would run for
+/// hours without a line of output; this bounds it relative to the run instead.
+inline constexpr std::size_t max_curve_points = 1000;
+
 /// How the race trains. The cluster (worker speeds, push and pull costs, run length) is the
 /// scenario's; these are the learning knobs and how often to measure.
 struct race_options {
@@ -33,7 +39,8 @@ struct race_options {
   double learning_rate = 0.005;
   /// Examples per worker iteration (capped at a worker's shard size).
   std::size_t batch_size = 32;
-  /// Simulated seconds between two test evaluations of the server's weights (the curve).
+  /// Simulated seconds between two test evaluations of the server's weights (the curve); at
+  /// most max_curve_points evaluations over the run.
   double eval_every_seconds = 2.0;
   /// Use only the first train_limit training examples (0: all), split into one disjoint
   /// shard per worker.
@@ -65,7 +72,13 @@ struct time_to_accuracy {
 
 /// What one policy achieved in the race.
 struct race_result {
-  /// The simulator's measurements of the same run (throughput, waiting, clock staleness).
+  /// The simulator's measurements of the same run: throughput, waiting and both kinds of
+  /// staleness. metrics.max_start_staleness and its histogram are the clock gap a worker
+  /// started an iteration at (what SSP and DSSP bound); metrics.mean_updates_behind,
+  /// max_updates_behind and updates_behind_histogram count, for each applied gradient, the
+  /// other gradients the server applied between the worker's pull and its push: the staleness
+  /// the model actually sees (under BSP up to n - 1, because the server applies a round's
+  /// gradients one by one).
   sim::run_metrics metrics;
   /// Test accuracy and loss every eval_every_seconds from t = 0, on the first test_limit
   /// test examples, ending with a point at the end of the run.
@@ -77,14 +90,18 @@ struct race_result {
   double best_accuracy = 0;
   /// One entry per race_options::targets, in that order.
   std::vector<time_to_accuracy> reached;
-  /// Update delay of an applied gradient: how many other workers' gradients the server
-  /// applied between this worker's pull and its push (the staleness the model actually sees;
-  /// under BSP up to n - 1, because the server applies a round's gradients one by one).
-  double mean_update_delay = 0;
-  std::uint64_t max_update_delay = 0;
 };
 
 namespace detail {
+
+inline std::string too_many_evaluations(double run_seconds, double eval_every) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "eval_every_seconds %g means more than %zu test evaluations in %g simulated s; "
+                "use eval_every_seconds >= %g",
+                eval_every, max_curve_points, run_seconds, run_seconds / static_cast<double>(max_curve_points));
+  return buf;
+}
 
 inline void check_race(const sim::scenario& s, const train_test_data& data, const race_options& o) {
   auto fail = [](const std::string& what) { throw invalid_parameter_error("cadence::train::run_race: " + what); };
@@ -93,6 +110,9 @@ inline void check_race(const sim::scenario& s, const train_test_data& data, cons
   if (o.batch_size == 0) fail("batch_size must be >= 1");
   if (!(o.eval_every_seconds > 0) || !std::isfinite(o.eval_every_seconds))
     fail("eval_every_seconds must be finite and > 0, got " + std::to_string(o.eval_every_seconds));
+  // A run limited by iterations has no length yet: run_race checks its curve as it grows.
+  if (s.seconds > 0 && s.seconds / o.eval_every_seconds > static_cast<double>(max_curve_points))
+    fail(too_many_evaluations(s.seconds, o.eval_every_seconds));
   const std::size_t n_train = o.train_limit == 0 ? data.train.size() : std::min(o.train_limit, data.train.size());
   if (n_train < s.workers.size())
     fail("every worker needs at least one training example: " + std::to_string(n_train) + " examples for " +
@@ -162,7 +182,6 @@ race_result run_race(Controller& c, const sim::scenario& s, const train_test_dat
   const std::size_t params = model.parameter_count();
   std::vector<float> weights(params, 0.0f);
   std::vector<float> grads(n * params, 0.0f);
-  std::vector<std::uint64_t> pulled_version(n, 0);
   std::vector<detail::shard_walk> walks;
   walks.reserve(n);
   for (std::size_t p = 0; p < n; ++p)
@@ -171,7 +190,7 @@ race_result run_race(Controller& c, const sim::scenario& s, const train_test_dat
   const auto lr = static_cast<float>(o.learning_rate);
 
   race_result r;
-  std::uint64_t updates = 0, delay_sum = 0;
+  std::uint64_t updates = 0;
   double next_eval = 0;
   auto measure = [&](double t) {
     const evaluation e = model.evaluate(weights, data.test, o.test_limit);
@@ -180,6 +199,8 @@ race_result run_race(Controller& c, const sim::scenario& s, const train_test_dat
   // Curve points at k * eval_every that lie before time t (pushes at t come after them).
   auto measure_before = [&](double t) {
     while (next_eval < t) {
+      if (s.seconds == 0 && r.curve.size() >= max_curve_points)  // check_race bounded timed runs
+        throw invalid_parameter_error("cadence::train::run_race: " + detail::too_many_evaluations(t, o.eval_every_seconds));
       measure(next_eval);
       next_eval = static_cast<double>(r.curve.size()) * o.eval_every_seconds;
     }
@@ -190,14 +211,10 @@ race_result run_race(Controller& c, const sim::scenario& s, const train_test_dat
   opt.on_iteration_start = [&](worker_id p, double) {
     const span<float> g(grads.data() + p * params, params);
     model.gradient(weights, data.train, walks[p].next(), g);
-    pulled_version[p] = updates;
   };
   opt.on_push = [&](worker_id p, double t) {
     measure_before(t);
     softmax_regression::sgd_step(weights, span<const float>(grads.data() + p * params, params), lr);
-    const std::uint64_t delay = updates - pulled_version[p];
-    delay_sum += delay;
-    if (delay > r.max_update_delay) r.max_update_delay = delay;
     ++updates;
   };
   r.metrics = sim::simulate(c, s, opt);
@@ -218,7 +235,6 @@ race_result run_race(Controller& c, const sim::scenario& s, const train_test_dat
       }
     r.reached.push_back(t);
   }
-  r.mean_update_delay = updates > 0 ? static_cast<double>(delay_sum) / static_cast<double>(updates) : 0.0;
   return r;
 }
 

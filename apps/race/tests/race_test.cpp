@@ -54,12 +54,11 @@ TEST_CASE("asp and bsp both learn the synthetic problem, and bsp never starts st
     CHECK(r.curve.back().loss < r.curve.front().loss);
     if (std::string(policy) == "bsp") {
       CHECK(r.metrics.max_start_staleness == 0);
-      CHECK(r.metrics.max_staleness <= 1);
-      // The server applies a round's four gradients one by one: at most three others between.
-      CHECK(r.max_update_delay <= 3);
+      // The server applies a round's four gradients one by one: three others land before the last.
+      CHECK(r.metrics.max_updates_behind == 3);
     } else {
       CHECK(r.metrics.wait_fraction == 0);
-      CHECK(r.metrics.max_staleness > 1);
+      CHECK(r.metrics.max_start_staleness > 1);
     }
   }
 }
@@ -100,9 +99,45 @@ TEST_CASE("asp's gradients are staler than bsp's: more updates land between a pu
   const race_options o = small_options();
   const race_result bsp = run_race("bsp", s, data, o);
   const race_result asp = run_race("asp", s, data, o);
-  CHECK(asp.mean_update_delay > 5);
-  CHECK(bsp.max_update_delay <= 15);
-  CHECK(asp.max_update_delay > bsp.max_update_delay);
+  CHECK(asp.metrics.mean_updates_behind > 5);
+  CHECK(bsp.metrics.max_updates_behind == 15);
+  CHECK(asp.metrics.max_updates_behind > bsp.metrics.max_updates_behind);
+}
+
+TEST_CASE("the race reports the simulator's own staleness metrics for the same run") {
+  const auto data = cadence_test::synthetic_split(400, 200);
+  const auto s = small_cluster(6);
+  for (const char* policy : {"ssp:2", "elastic:4"}) {
+    CAPTURE(policy);
+    const race_result r = run_race(policy, s, data, small_options());
+    const cadence::sim::run_metrics m = cadence::sim::simulate(policy, s);
+    CHECK(r.metrics.iterations == m.iterations);
+    CHECK(r.metrics.start_staleness_histogram == m.start_staleness_histogram);
+    CHECK(r.metrics.updates_behind_histogram == m.updates_behind_histogram);
+    CHECK(r.metrics.mean_updates_behind == m.mean_updates_behind);
+    CHECK(r.metrics.barriers == m.barriers);
+    CHECK(r.metrics.superstep_iterations_max == m.superstep_iterations_max);
+  }
+}
+
+TEST_CASE("an evaluation interval far below the run's length is rejected, not run for hours") {
+  const auto data = cadence_test::synthetic_split(40, 10);
+  race_options o = small_options();
+  auto s = small_cluster(20);
+  o.eval_every_seconds = 0.03125;  // 640 evaluations in 20 s
+  CHECK_NOTHROW(cadence::train::detail::check_race(s, data, o));
+  o.eval_every_seconds = 0.015625;  // 1280
+  CHECK_THROWS_AS(cadence::train::detail::check_race(s, data, o), cadence::invalid_parameter_error);
+  o.eval_every_seconds = 1e-6;
+  CHECK_THROWS_WITH_AS(run_race("asp", s, data, o),
+                       "cadence::train::run_race: eval_every_seconds 1e-06 means more than 1000 test "
+                       "evaluations in 20 simulated s; use eval_every_seconds >= 0.02",
+                       cadence::invalid_parameter_error);
+  // A run limited by iterations has no length up front: the curve is bounded as it grows.
+  s.seconds = 0;
+  s.iterations = 50;
+  CHECK_THROWS_WITH_AS(run_race("asp", s, data, o), doctest::Contains("more than 1000 test evaluations"),
+                       cadence::invalid_parameter_error);
 }
 
 TEST_CASE("run_race rejects bad options with a message naming the option") {

@@ -5,13 +5,59 @@
 #include <cadence/controllers/controller.hpp>
 #include <cadence/core/error.hpp>
 
+#include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace cadence {
+
+/// Where a controller that synchronises in supersteps stands (ElasticBSP: free-running
+/// monitoring, then a planned barrier). Read it with supersteps(c), for any controller.
+struct superstep_status {
+  /// Barriers completed so far.
+  std::size_t barriers = 0;
+  /// True while the current superstep is monitoring (no barrier planned yet): pushes made now
+  /// are not bounded by the plan, so a report of superstep sizes must count them apart.
+  bool monitoring = false;
+};
+
+namespace detail {
+// The optional superstep queries, detected rather than required because only ElasticBSP has
+// barriers of its own: cc.barriers() and cc.is_monitoring() (basic_elastic_bsp<P>, every P) ...
+template <class C, class = void>
+struct has_superstep_queries : std::false_type {};
+template <class C>
+struct has_superstep_queries<C, std::void_t<decltype(std::declval<const C&>().barriers()),
+                                            decltype(std::declval<const C&>().is_monitoring())>>
+    : std::bool_constant<std::is_convertible_v<decltype(std::declval<const C&>().barriers()), std::size_t> &&
+                         std::is_convertible_v<decltype(std::declval<const C&>().is_monitoring()), bool>> {};
+// ... or cc.supersteps() -> std::optional<superstep_status>, for wrappers that forward whatever
+// the controller they hold reports (any_controller).
+template <class C, class = void>
+struct forwards_supersteps : std::false_type {};
+template <class C>
+struct forwards_supersteps<C, std::void_t<decltype(std::declval<const C&>().supersteps())>>
+    : std::is_same<decltype(std::declval<const C&>().supersteps()), std::optional<superstep_status>> {};
+}  // namespace detail
+
+/// c's superstep status if its policy synchronises in supersteps, else nullopt (BSP, ASP, SSP
+/// and DSSP: their waits end in releases, not in barriers the policy counts). Works alike for
+/// a concrete controller and for one held by any_controller, whatever its predictor type.
+template <class C>
+std::optional<superstep_status> supersteps(const C& c) {
+  if constexpr (detail::forwards_supersteps<C>::value) {
+    return c.supersteps();
+  } else if constexpr (detail::has_superstep_queries<C>::value) {
+    return superstep_status{static_cast<std::size_t>(c.barriers()), static_cast<bool>(c.is_monitoring())};
+  } else {
+    (void)c;
+    return std::nullopt;
+  }
+}
 
 /// Holds any synchronization_controller by value. One virtual call per push on top of the
 /// policy's own cost; use the concrete class directly when the policy is fixed at compile time.
@@ -50,6 +96,8 @@ public:
   clock_value max_staleness() const { return self().max_staleness(); }
   std::vector<worker_id> waiting_for(worker_id p) const { return self().waiting_for(p); }
   std::string config() const { return self().config(); }
+  /// The held controller's superstep status (see cadence::supersteps), nullopt if it has none.
+  std::optional<superstep_status> supersteps() const { return self().supersteps(); }
 
   /// The held controller if it is a C (as std::function::target), else nullptr.
   template <class C>
@@ -89,6 +137,7 @@ private:
     virtual clock_value max_staleness() const = 0;
     virtual std::vector<worker_id> waiting_for(worker_id) const = 0;
     virtual std::string config() const = 0;
+    virtual std::optional<superstep_status> supersteps() const = 0;
   };
 
   template <class C>
@@ -109,6 +158,7 @@ private:
     clock_value max_staleness() const override { return value.max_staleness(); }
     std::vector<worker_id> waiting_for(worker_id p) const override { return value.waiting_for(p); }
     std::string config() const override { return value.config(); }
+    std::optional<superstep_status> supersteps() const override { return cadence::supersteps(value); }
     C value;
   };
 

@@ -1,10 +1,11 @@
-// What a simulated run measures, per run and per worker: throughput, waiting, staleness,
-// barriers, ElasticBSP's superstep sizes and the wall-clock cost of the controller.
+// What a simulated run measures, per run and per worker: throughput, waiting, staleness (the
+// clock gap at start, and updates behind), barriers, superstep sizes, the controller's cost.
 #pragma once
 
 #include <cadence/core/types.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,10 @@ struct worker_metrics {
   double wait_seconds = 0;
   /// Number of pushes after which it had to wait.
   std::uint64_t waits = 0;
-  /// Largest c_p - c_min right after one of its pushes (see run_metrics::max_staleness).
-  clock_value max_staleness = 0;
+  /// Largest clock gap at which it started an iteration (see run_metrics::max_start_staleness).
+  clock_value max_start_staleness = 0;
+  /// Most updates behind of one of its pushes (see run_metrics::updates_behind_histogram).
+  std::uint64_t max_updates_behind = 0;
   /// Set when the worker died during the run.
   bool failed = false;
 };
@@ -51,37 +54,44 @@ struct run_metrics {
   /// wait_seconds / iterations: average idle time per iteration.
   double mean_wait_per_iteration = 0;
 
-  /// Staleness at push: c_p - c_min just after worker p's push has been counted, over active
-  /// workers, as the controller sees it (controller.staleness(p)). A worker may push at
-  /// staleness bound + 1 (it started within the bound, then got one ahead) and then waits;
-  /// so max_staleness <= s + 1 under ssp(s), <= s_U + 1 under dssp, 1 under bsp.
-  clock_value max_staleness = 0;
-  /// Staleness at start: c_p - c_min when a worker is allowed to start its next iteration
-  /// (it proceeds, or is released). This is what the bounds promise: <= s under ssp(s),
-  /// <= s_U under dssp(s_L, s_U), 0 under bsp.
+  /// Staleness as the policies bound it: the clock gap c_p - c_min (over active workers, as the
+  /// controller sees it) when the server lets worker p start an iteration, at t = 0 or when it
+  /// proceeds or is released. 0 under bsp, <= s under ssp(s), <= s_U under dssp(s_L, s_U);
+  /// unbounded under asp and elastic (there it grows with the speed gap, by design). The gap
+  /// right after a push is not reported: a worker may push one clock past the bound and then
+  /// wait, which says nothing about the weights anyone computes on.
   clock_value max_start_staleness = 0;
-  /// histogram[k] = pushes at staleness k, up to max_staleness (when max_staleness reaches
-  /// run_options::staleness_buckets, the last bucket also counts everything above it).
-  std::vector<std::uint64_t> staleness_histogram;
+  /// histogram[k] = iteration starts at clock gap k, up to max_start_staleness (the last bucket
+  /// also counts everything above run_options::histogram_buckets - 1).
+  std::vector<std::uint64_t> start_staleness_histogram;
 
-  /// Barriers. For a policy that reports them (ElasticBSP's barriers(): completed barriers)
-  /// that count; otherwise the release events below. Under BSP every global barrier is exactly
-  /// one release event (the last arrival releases everyone), so the two agree; under SSP and
-  /// DSSP they count the times a straggler's push (or a removal) let waiting workers go; ASP
-  /// has none.
-  std::uint64_t barriers = 0;
-  /// True when `barriers` came from the policy itself rather than from release events.
-  bool barriers_from_policy = false;
-  /// Events (pushes or removals) that released at least one waiting worker.
+  /// Staleness of the weights a gradient was computed on, for every policy: the number of
+  /// other pushes the server applied between the worker's pull (its go-ahead) and the arrival
+  /// of its push. Under bsp a round's pushes arrive one by one on the same weights, so up to
+  /// n - 1; under asp about n - 1 on average and more behind a straggler.
+  /// histogram[k] = pushes k updates behind (bucketed like start_staleness_histogram).
+  std::vector<std::uint64_t> updates_behind_histogram;
+  std::uint64_t max_updates_behind = 0;
+  double mean_updates_behind = 0;
+
+  /// Barriers the policy completed during the run, for policies that count their own
+  /// (ElasticBSP, through cadence::supersteps); empty for the others, whose waits end in
+  /// release events rather than barriers.
+  std::optional<std::uint64_t> barriers;
+  /// Events (pushes or removals) that released at least one waiting worker, for every policy.
+  /// Under bsp every global barrier is one release event (the last arrival releases everyone).
   std::uint64_t release_events = 0;
 
-  /// ElasticBSP only (0 otherwise): supersteps observed, and over every (superstep, worker)
-  /// pair the pushes the worker made between the two barriers (its monitoring pushes plus the
-  /// planned ones), as mean, min and max.
-  std::uint64_t supersteps = 0;
+  /// Superstep policies only (0 otherwise), over every (completed superstep, live worker) pair:
+  /// the pushes the worker made between the two barriers, as mean, min and max; the most of
+  /// them it made while the superstep was monitoring; and the most it made after the barrier
+  /// was planned. ElasticBSP bounds the last by its lookahead R, so a superstep's iterations
+  /// are at most its monitoring pushes plus R.
   double superstep_iterations_mean = 0;
   std::uint64_t superstep_iterations_min = 0;
   std::uint64_t superstep_iterations_max = 0;
+  std::uint64_t superstep_monitoring_max = 0;
+  std::uint64_t superstep_planned_max = 0;
 
   /// Wall-clock time spent inside controller.push() (not deterministic), and per push.
   double controller_seconds = 0;

@@ -5,6 +5,7 @@
 #include <cadence/sim/metrics.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <ostream>
 #include <string>
@@ -38,11 +39,15 @@ inline std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-/// The columns of --json and --csv, in order: name and value as JSON text.
+/// The columns of --json and --csv, in order: name and value as JSON text. A field that does
+/// not apply to the run's policy is null (barriers and superstep sizes for non-superstep
+/// policies), so a reader never mistakes a stand-in for the real quantity.
 inline std::vector<std::pair<std::string, std::string>> fields(const run_metrics& m) {
-  const bool elastic = m.supersteps > 0;
+  const bool superstep = m.barriers.has_value();
+  const bool sampled = superstep && *m.barriers > 0;
   auto num = [](double v) { return format_number(v); };
   auto integer = [](auto v) { return std::to_string(v); };
+  auto superstep_integer = [&](std::uint64_t v) { return sampled ? integer(v) : "null"; };
   return {
       {"policy", json_string(m.policy)},
       {"scenario", json_string(m.scenario)},
@@ -55,19 +60,35 @@ inline std::vector<std::pair<std::string, std::string>> fields(const run_metrics
       {"wait_fraction", num(m.wait_fraction)},
       {"wait_seconds", num(m.wait_seconds)},
       {"mean_wait", num(m.mean_wait_per_iteration)},
-      {"max_staleness", integer(m.max_staleness)},
-      {"max_start_staleness", integer(m.max_start_staleness)},
-      {"staleness_p50", integer(histogram_quantile(m.staleness_histogram, 0.50))},
-      {"staleness_p99", integer(histogram_quantile(m.staleness_histogram, 0.99))},
-      {"barriers", integer(m.barriers)},
-      {"barrier_source", json_string(m.barriers_from_policy ? "policy" : "release_events")},
+      {"start_staleness_max", integer(m.max_start_staleness)},
+      {"start_staleness_p50", integer(histogram_quantile(m.start_staleness_histogram, 0.50))},
+      {"start_staleness_p99", integer(histogram_quantile(m.start_staleness_histogram, 0.99))},
+      {"updates_behind_mean", num(m.mean_updates_behind)},
+      {"updates_behind_p99", integer(histogram_quantile(m.updates_behind_histogram, 0.99))},
+      {"updates_behind_max", integer(m.max_updates_behind)},
+      {"barriers", superstep ? integer(*m.barriers) : "null"},
       {"release_events", integer(m.release_events)},
-      {"supersteps", integer(m.supersteps)},
-      {"superstep_iterations_mean", elastic ? num(m.superstep_iterations_mean) : "null"},
-      {"superstep_iterations_min", elastic ? integer(m.superstep_iterations_min) : "null"},
-      {"superstep_iterations_max", elastic ? integer(m.superstep_iterations_max) : "null"},
+      {"superstep_iterations_mean", sampled ? num(m.superstep_iterations_mean) : "null"},
+      {"superstep_iterations_min", superstep_integer(m.superstep_iterations_min)},
+      {"superstep_iterations_max", superstep_integer(m.superstep_iterations_max)},
+      {"superstep_monitoring_max", superstep_integer(m.superstep_monitoring_max)},
+      {"superstep_planned_max", superstep_integer(m.superstep_planned_max)},
       {"controller_ns_per_push", format_number(m.controller_ns_per_push, "%.1f")},
   };
+}
+
+/// Table cells shared by cadence-sim and cadence-race: the clock gap at start as "P99/MAX",
+/// updates behind as "MEAN/P99/MAX".
+inline std::string start_staleness_cell(const run_metrics& m) {
+  return std::to_string(histogram_quantile(m.start_staleness_histogram, 0.99)) + "/" +
+         std::to_string(m.max_start_staleness);
+}
+inline std::string updates_behind_cell(const run_metrics& m) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f/%zu/%llu", m.mean_updates_behind,
+                histogram_quantile(m.updates_behind_histogram, 0.99),
+                static_cast<unsigned long long>(m.max_updates_behind));
+  return buf;
 }
 
 }  // namespace detail
@@ -102,27 +123,32 @@ inline void write_csv(std::ostream& os, const std::vector<run_metrics>& runs) {
   }
 }
 
-/// An aligned comparison table for a terminal.
+/// An aligned comparison table for a terminal; columns as cadence-sim --help explains them.
+/// "-" where a column does not apply to the policy.
 inline void write_table(std::ostream& os, const std::vector<run_metrics>& runs) {
   char line[256];
-  std::snprintf(line, sizeof line, "%-22s %10s %7s %11s %9s %9s %10s %9s %10s\n", "policy",
-                "iter/s", "wait%", "wait/iter", "stale.max", "stale.p99", "barriers", "superstep",
+  std::snprintf(line, sizeof line, "%-20s %7s %6s %9s %13s %19s %8s %14s %7s\n", "policy", "iter/s",
+                "wait%", "wait/iter", "stale p99/max", "behind mean/p99/max", "barriers", "superstep",
                 "ctrl ns");
   os << line;
   for (const auto& m : runs) {
-    std::string superstep = "-";
-    if (m.supersteps > 0) {
-      char b[48];
-      std::snprintf(b, sizeof b, "%llu-%llu",
+    std::string barriers = "-", superstep = "-";
+    if (m.barriers) barriers = std::to_string(*m.barriers);
+    if (m.barriers && *m.barriers > 0) {
+      // Fewest-most iterations per superstep, then the two parts of its bound as observed: the
+      // most monitoring pushes and the most planned pushes (at most R) of a worker.
+      char b[64];
+      std::snprintf(b, sizeof b, "%llu-%llu (%llu+%llu)",
                     static_cast<unsigned long long>(m.superstep_iterations_min),
-                    static_cast<unsigned long long>(m.superstep_iterations_max));
+                    static_cast<unsigned long long>(m.superstep_iterations_max),
+                    static_cast<unsigned long long>(m.superstep_monitoring_max),
+                    static_cast<unsigned long long>(m.superstep_planned_max));
       superstep = b;
     }
-    std::snprintf(line, sizeof line, "%-22s %10.1f %6.1f%% %9.2fms %9lld %9zu %10llu %9s %10.0f\n",
+    std::snprintf(line, sizeof line, "%-20s %7.1f %5.1f%% %7.2fms %13s %19s %8s %14s %7.0f\n",
                   m.policy.c_str(), m.iterations_per_second, 100.0 * m.wait_fraction,
-                  1e3 * m.mean_wait_per_iteration, static_cast<long long>(m.max_staleness),
-                  histogram_quantile(m.staleness_histogram, 0.99),
-                  static_cast<unsigned long long>(m.barriers), superstep.c_str(),
+                  1e3 * m.mean_wait_per_iteration, detail::start_staleness_cell(m).c_str(),
+                  detail::updates_behind_cell(m).c_str(), barriers.c_str(), superstep.c_str(),
                   m.controller_ns_per_push);
     os << line;
   }

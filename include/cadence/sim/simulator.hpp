@@ -4,7 +4,6 @@
 
 #include <cadence/controllers/any_controller.hpp>
 #include <cadence/controllers/controller.hpp>
-#include <cadence/controllers/elastic_bsp.hpp>
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/sim/event_queue.hpp>
@@ -18,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -30,12 +30,13 @@ namespace cadence::sim {
 struct run_options {
   /// Measure the wall-clock time of every controller.push() (two steady_clock reads a push).
   bool time_controller = true;
-  /// Most buckets the staleness histogram grows to; the last one also counts larger staleness.
-  std::size_t staleness_buckets = std::size_t{1} << 20;
+  /// Most buckets each histogram (clock gap at start, updates behind) grows to; the last one
+  /// also counts larger values.
+  std::size_t histogram_buckets = std::size_t{1} << 20;
   /// Called about every 65536 events with the fraction of the run done, in [0, 1].
   std::function<void(double)> progress;
   /// Observers that let a caller attach real work to the simulated cluster (the training race
-  /// in cadence/train/race.hpp computes and applies real gradients through them). Empty by
+  /// in apps/race/race.hpp computes and applies real gradients through them). Empty by
   /// default; they never change the simulated outcome, and an empty one costs one test.
   ///
   /// on_iteration_start(p, t): worker p starts computing an iteration at simulated time t
@@ -51,35 +52,17 @@ struct run_options {
 
 namespace detail {
 
-template <class C, class = void>
-struct has_barriers : std::false_type {};
-template <class C>
-struct has_barriers<C, std::void_t<decltype(std::declval<const C&>().barriers())>> : std::true_type {};
-
-/// Reads a policy's own barrier count (ElasticBSP's completed barriers) when it has one.
-struct barrier_probe {
-  const void* object = nullptr;
-  std::uint64_t (*read)(const void*) = nullptr;
-  bool available() const noexcept { return read != nullptr; }
-  std::uint64_t operator()() const { return read(object); }
-};
-
-template <class T>
-barrier_probe probe_of(const T& t) {
-  return {&t, [](const void* o) { return static_cast<std::uint64_t>(static_cast<const T*>(o)->barriers()); }};
+/// Counts value v in histogram h, growing h by doubling up to `buckets` (the last bucket
+/// also counts everything larger), so a run with small values keeps a small histogram.
+inline void count_in(std::vector<std::uint64_t>& h, std::uint64_t v, std::size_t buckets) {
+  const auto bucket = static_cast<std::size_t>(std::min<std::uint64_t>(v, buckets - 1));
+  if (bucket >= h.size()) h.resize(std::min(buckets, 2 * bucket + 1), 0);
+  ++h[bucket];
 }
 
-template <class C>
-barrier_probe make_barrier_probe(C& c) {
-  if constexpr (std::is_same_v<C, any_controller>) {
-    if (const auto* e = c.template target<elastic_bsp>()) return probe_of(*e);
-    return {};
-  } else if constexpr (has_barriers<C>::value) {
-    return probe_of(c);
-  } else {
-    (void)c;
-    return {};
-  }
+/// Drops the empty buckets that count_in's doubling left at the end.
+inline void trim(std::vector<std::uint64_t>& h) {
+  while (h.size() > 1 && h.back() == 0) h.pop_back();
 }
 
 enum class phase : unsigned char { working, waiting, dead };
@@ -106,15 +89,14 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
                                   " workers but the controller '" + std::string(c.config()) +
                                   "' was built for " + std::to_string(c.worker_capacity()) +
                                   " (active " + std::to_string(c.active_workers()) + ")");
-  if (opt.staleness_buckets == 0)
-    throw invalid_parameter_error("cadence::sim: run_options.staleness_buckets must be >= 1");
+  if (opt.histogram_buckets == 0)
+    throw invalid_parameter_error("cadence::sim: run_options.histogram_buckets must be >= 1");
 
   run_metrics m;
   m.policy = c.config();
   m.scenario = s.name;
   m.seed = s.seed;
   m.workers = n;
-  m.staleness_histogram.assign(std::min<std::size_t>(opt.staleness_buckets, 64), 0);
   m.per_worker.resize(n);
   for (std::size_t p = 0; p < n; ++p) m.per_worker[p].label = s.workers[p].label;
 
@@ -123,27 +105,33 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
   for (std::size_t p = 0; p < n; ++p) sampler.emplace_back(s.workers[p], mix_seed(s.seed, p));
   std::vector<detail::phase> state(n, detail::phase::working);
   std::vector<double> wait_since(n, 0.0), computing(n, 0.0);
-  std::vector<std::uint64_t> since_barrier(n, 0);
+  // m.iterations (pushes applied so far) when each worker last pulled the weights.
+  std::vector<std::uint64_t> pulled(n, 0);
+  std::uint64_t behind_sum = 0;
 
   const bool timed = s.seconds > 0;
   const double horizon = timed ? s.seconds : HUGE_VAL;
   const std::uint64_t target = timed ? UINT64_MAX : s.iterations * n;
-  const clock_value top_bucket = static_cast<clock_value>(opt.staleness_buckets - 1);
 
   event_queue queue;
   queue.reserve(n + 2 * n);
-  // A worker starts an iteration at `t`: draw its compute time and schedule the push.
+  // A worker starts an iteration at `t`: draw its compute time and schedule the push. What it
+  // computes on is the server's state now, at its go-ahead (the pull takes pull_seconds but
+  // carries the weights as they were when it was sent).
   auto start_iteration = [&](worker_id p, double t) {
     const double d = sampler[p].next(t);
     computing[p] = d;
+    pulled[p] = m.iterations;
     if (opt.on_iteration_start) opt.on_iteration_start(p, t);
     queue.push(t + d + s.push_seconds, p, event_kind::push_arrives);
   };
-  // After the controller let p go at time t: it pulls, then computes.
-  auto let_go = [&](worker_id p, double t) {
-    const clock_value st = c.staleness(p);
-    if (st > m.max_start_staleness) m.max_start_staleness = st;
-    start_iteration(p, t + s.pull_seconds);
+  // The server lets p start an iteration at time t: record the clock gap the policies bound.
+  auto let_go = [&](worker_id p, double t, double pull) {
+    const clock_value gap = c.staleness(p);
+    worker_metrics& w = m.per_worker[p];
+    if (gap > w.max_start_staleness) w.max_start_staleness = gap;
+    detail::count_in(m.start_staleness_histogram, static_cast<std::uint64_t>(gap), opt.histogram_buckets);
+    start_iteration(p, t + pull);
   };
   auto resume = [&](span<const worker_id> released, double t) {
     if (!released.empty()) ++m.release_events;
@@ -151,32 +139,39 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
       if (state[q] != detail::phase::waiting) continue;  // died while waiting: stays idle
       m.per_worker[q].wait_seconds += t - wait_since[q];
       state[q] = detail::phase::working;
-      let_go(q, t);
+      let_go(q, t, s.pull_seconds);
     }
   };
 
-  const detail::barrier_probe probe = detail::make_barrier_probe(c);
-  std::uint64_t barriers_seen = probe.available() ? probe() : 0;
+  // Superstep policies (ElasticBSP behind any type or wrapper): the status after each event
+  // tells whether the next push is a monitoring one and whether a barrier just completed.
+  std::optional<superstep_status> steps = supersteps(c);
+  const std::size_t barriers_at_start = steps ? steps->barriers : 0;
+  std::vector<std::uint64_t> step_pushes(steps ? n : 0, 0), step_monitoring(steps ? n : 0, 0);
   std::uint64_t superstep_sum = 0, superstep_pairs = 0;
   m.superstep_iterations_min = UINT64_MAX;
-  auto check_barrier = [&]() {
-    if (!probe.available()) return;
-    const std::uint64_t b = probe();
-    if (b == barriers_seen) return;
-    m.supersteps += b - barriers_seen;
-    barriers_seen = b;
+  // Closes a superstep when the event just handled completed a barrier: one sample per live
+  // worker (a removed one is not in the barrier; a dead one is about to be removed).
+  auto after_event = [&]() {
+    if (!steps) return;
+    const std::size_t before = steps->barriers;
+    steps = supersteps(c);
+    if (steps->barriers == before) return;
     for (worker_id p = 0; p < n; ++p) {
       if (state[p] == detail::phase::dead) continue;
-      const std::uint64_t k = since_barrier[p];
+      const std::uint64_t k = step_pushes[p];
       superstep_sum += k;
       ++superstep_pairs;
       m.superstep_iterations_min = std::min(m.superstep_iterations_min, k);
       m.superstep_iterations_max = std::max(m.superstep_iterations_max, k);
+      m.superstep_monitoring_max = std::max(m.superstep_monitoring_max, step_monitoring[p]);
+      m.superstep_planned_max = std::max(m.superstep_planned_max, k - step_monitoring[p]);
     }
-    std::fill(since_barrier.begin(), since_barrier.end(), 0);
+    std::fill(step_pushes.begin(), step_pushes.end(), 0);
+    std::fill(step_monitoring.begin(), step_monitoring.end(), 0);
   };
 
-  for (worker_id p = 0; p < n; ++p) start_iteration(p, 0.0);
+  for (worker_id p = 0; p < n; ++p) let_go(p, 0.0, 0.0);
   for (worker_id p = 0; p < n; ++p) {
     const double f = s.workers[p].fails_at;
     if (std::isinf(f)) continue;
@@ -214,27 +209,28 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
         } else {
           d = c.push(p, t);
         }
-        ++m.iterations;
         worker_metrics& w = m.per_worker[p];
+        const std::uint64_t behind = m.iterations - pulled[p];
+        behind_sum += behind;
+        if (behind > w.max_updates_behind) w.max_updates_behind = behind;
+        detail::count_in(m.updates_behind_histogram, behind, opt.histogram_buckets);
+        ++m.iterations;
         ++w.iterations;
         w.compute_seconds += computing[p];
-        ++since_barrier[p];
-        const clock_value st = c.staleness(p);
-        if (st > w.max_staleness) w.max_staleness = st;
-        const auto bucket = static_cast<std::size_t>(std::min(st, top_bucket));
-        if (bucket >= m.staleness_histogram.size())
-          m.staleness_histogram.resize(std::min(opt.staleness_buckets, 2 * bucket + 1), 0);
-        ++m.staleness_histogram[bucket];
+        if (steps) {
+          ++step_pushes[p];
+          if (steps->monitoring) ++step_monitoring[p];
+        }
         // Release the others before p goes on: `d.released` is valid until the next call.
         resume(d.released, t);
         if (d.proceed) {
-          let_go(p, t);
+          let_go(p, t, s.pull_seconds);
         } else {
           state[p] = detail::phase::waiting;
           wait_since[p] = t;
           ++w.waits;
         }
-        check_barrier();
+        after_event();
         if (m.iterations >= target) {
           end = t;
           finished = true;
@@ -251,7 +247,7 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
       case event_kind::worker_removed: {
         ++m.removed_workers;
         resume(c.remove_worker(p), t);
-        check_barrier();
+        after_event();
         break;
       }
     }
@@ -268,8 +264,8 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
   }
 
   m.simulated_seconds = end;
-  while (m.staleness_histogram.size() > 1 && m.staleness_histogram.back() == 0)
-    m.staleness_histogram.pop_back();
+  detail::trim(m.start_staleness_histogram);
+  detail::trim(m.updates_behind_histogram);
   double alive_total = 0;
   for (worker_id p = 0; p < n; ++p) {
     worker_metrics& w = m.per_worker[p];
@@ -277,17 +273,15 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
     if (!w.failed) w.alive_seconds = end;
     alive_total += w.alive_seconds;
     m.wait_seconds += w.wait_seconds;
-    if (w.max_staleness > m.max_staleness) m.max_staleness = w.max_staleness;
+    m.max_start_staleness = std::max(m.max_start_staleness, w.max_start_staleness);
+    m.max_updates_behind = std::max(m.max_updates_behind, w.max_updates_behind);
   }
   m.iterations_per_second = end > 0 ? static_cast<double>(m.iterations) / end : 0.0;
   m.wait_fraction = alive_total > 0 ? m.wait_seconds / alive_total : 0.0;
   m.mean_wait_per_iteration = m.iterations > 0 ? m.wait_seconds / static_cast<double>(m.iterations) : 0.0;
-  if (probe.available()) {
-    m.barriers = barriers_seen;
-    m.barriers_from_policy = true;
-  } else {
-    m.barriers = m.release_events;
-  }
+  m.mean_updates_behind =
+      m.iterations > 0 ? static_cast<double>(behind_sum) / static_cast<double>(m.iterations) : 0.0;
+  if (steps) m.barriers = steps->barriers - barriers_at_start;
   if (superstep_pairs > 0) {
     m.superstep_iterations_mean = static_cast<double>(superstep_sum) / static_cast<double>(superstep_pairs);
   } else {
