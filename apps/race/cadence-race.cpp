@@ -130,7 +130,9 @@ int run(int argc, char** argv) {
   cadence::train::race_options o;
   bool json = false, csv = false;
 
-  for (cadence::tools::flag_reader args(argc, argv); args.next();) {
+  cadence::tools::flag_reader args(argc, argv);
+  args.at_most_one_of({"--json", "--csv"});
+  while (args.next()) {
     const std::string_view flag = args.flag();
     if (flag == "--help" || flag == "-h") {
       args.no_value();
@@ -171,7 +173,6 @@ int run(int argc, char** argv) {
   }
   o.seed = seed;
   // Checked here, before the data load, so the mistake costs no time.
-  if (json && csv) throw usage_error("--json and --csv: give at most one output format");
   if (seconds / o.eval_every_seconds > static_cast<double>(cadence::train::max_curve_points)) {
     char buf[256];
     std::snprintf(buf, sizeof buf,
@@ -185,6 +186,7 @@ int run(int argc, char** argv) {
   cadence::sim::scenario s = cadence::tools::scenario_from_flags(scenario_name, workers, seed);
   s.seconds = seconds;
   s.iterations = 0;
+  cadence::tools::check_simulated_work(s, "--seconds");
 
   if (policies.empty()) policies.assign(std::begin(default_policies), std::end(default_policies));
   // Parse every policy before the (slow) data load, so a typo fails at once.
