@@ -1,6 +1,6 @@
 // zipline/fast.hpp: zipline_fast matches the oracle on the inputs its shortcuts are most
-// likely to get wrong (trimming, clustered buckets, other timestamp types), and stops
-// allocating once its workspace has grown.
+// likely to get wrong (trimming, clustered buckets, other timestamp types), stops allocating
+// once its workspace has grown, and is what cadence::zipline runs.
 #include <cadence/zipline/brute_force.hpp>
 #include <cadence/zipline/fast.hpp>
 
@@ -119,6 +119,23 @@ TEST_CASE("zipline_fast does not grow its workspace or result once warmed up") {
     cadence::zipline_fast(big.view(), ws, out);
     CHECK(ws.bytes_reserved() == warmed);
     CHECK(out.choice.data() == choice);
+  }
+}
+
+TEST_CASE("cadence::zipline is zipline_fast: the same answers from the same workspace") {
+  std::mt19937_64 rng(3);
+  for (int iter = 0; iter < 20; ++iter) {
+    const auto rows = periodic_rows<double>(rng, 1 + rng() % 60, 1 + rng() % 20, 1000, 1500,
+                                            1 + rng() % 20000);
+    cadence::zipline_workspace<double> ws, fast_ws;
+    cadence::zipline_result<double> out, fast_out;
+    cadence::zipline(rows.view(), ws, out);
+    cadence::zipline_fast(rows.view(), fast_ws, fast_out);
+    CHECK(out == cadence::zipline_brute_force(rows.view()));
+    CHECK(out == fast_out);
+    CHECK(cadence::zipline(rows.view()) == out);
+    // The paper's algorithms fill other buffers, so equal footprints pin the algorithm.
+    CHECK(ws.bytes_reserved() == fast_ws.bytes_reserved());
   }
 }
 

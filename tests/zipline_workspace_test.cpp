@@ -16,8 +16,8 @@ TEST_CASE("one workspace can be shared by all variants in turn and cleared betwe
   cadence::zipline_result<double> out;
   CHECK(ws.bytes_reserved() == 0);
   using cadence::zipline_variant;
-  for (const auto v : {zipline_variant::fast, zipline_variant::zipline, zipline_variant::opt_bs,
-                       zipline_variant::opt}) {
+  for (const auto v : {zipline_variant::fast, zipline_variant::paper, zipline_variant::paper_opt_bs,
+                       zipline_variant::paper_opt}) {
     CAPTURE(cadence::to_string(v));
     cadence::zipline_solve(v, rows, ws, out);
     CHECK(out == expected);
@@ -41,12 +41,12 @@ TEST_CASE("a workspace holds what the largest input needed, whichever variant ra
   cadence::zipline_workspace<int> ws;
   cadence::zipline_result<int> out;
   using cadence::zipline_variant;
-  for (const auto v : {zipline_variant::zipline, zipline_variant::opt,
-                       zipline_variant::opt_bs, zipline_variant::fast})
+  for (const auto v : {zipline_variant::paper, zipline_variant::paper_opt,
+                       zipline_variant::paper_opt_bs, zipline_variant::fast})
     cadence::zipline_solve(v, big_rows, ws, out);
   const std::size_t held = ws.bytes_reserved();
-  for (const auto v : {zipline_variant::fast, zipline_variant::opt_bs,
-                       zipline_variant::opt, zipline_variant::zipline}) {
+  for (const auto v : {zipline_variant::fast, zipline_variant::paper_opt_bs,
+                       zipline_variant::paper_opt, zipline_variant::paper}) {
     CAPTURE(cadence::to_string(v));
     cadence::zipline_solve(v, small_rows, ws, out);
     CHECK(out == cadence::zipline_brute_force(small_rows));

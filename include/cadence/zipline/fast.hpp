@@ -1,7 +1,7 @@
-// zipline_fast: the library's fastest single-core ZipLine. Trims points that cannot matter,
-// radix-sorts the rest on exact integer keys (or, when the timestamps have none, bucket-sorts
-// them by their offset from the smallest) and finds the answer with one sliding window.
-// Returns exactly zipline_brute_force's answer.
+// cadence::zipline, the ZipLine to call, and zipline_fast, the library's own algorithm that it
+// runs: trim the points that cannot matter, sort the rest in linear time (radix sort on exact
+// integer keys, else a bucket sort), one sliding window. Returns exactly
+// zipline_brute_force's answer. The paper's algorithms are in paper.hpp.
 #pragma once
 
 #include <cadence/zipline/detail/common.hpp>
@@ -38,7 +38,7 @@ namespace cadence {
 /// has a later point inside; a window covering every row and ending at B has spread
 /// B - left, which equals d(B) once all points equal to B are in (earlier positions with
 /// the same time only overestimate).
-/// Pick it whenever you just want the answer; it is what zipline_solve's default runs.
+/// Call it by this name to pin the algorithm (benchmarks); otherwise call cadence::zipline.
 template <class T>
 void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
   if (!detail::zipline_rows_valid(rows)) validate(rows);  // throws the exact error
@@ -60,6 +60,22 @@ void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>
 template <class T>
 zipline_result<T> zipline_fast(rows_view<T> rows) {
   return detail::solve_with_fresh_workspace<T>(rows, zipline_fast<T>);
+}
+
+/// ZipLine: for n rows of predicted push times, the one-per-row selection with the smallest
+/// spread, its smallest barrier and each row's choice (spec section 5; identical in every
+/// variant). Runs the library's fastest CPU algorithm, today zipline_fast. Reuse ws and out
+/// across calls: once they have served the largest input, a call does not allocate. Throws
+/// zipline_input_error, naming the row and index, on input that breaks the contract.
+template <class T>
+void zipline(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
+  zipline_fast(rows, ws, out);
+}
+
+/// Convenience overload: allocates a workspace and a result (reuse them in loops).
+template <class T>
+zipline_result<T> zipline(rows_view<T> rows) {
+  return zipline_fast(rows);
 }
 
 }  // namespace cadence

@@ -1,6 +1,8 @@
-// The published ZipLine algorithms (Zhao et al., Machine Learning 2021): zipline (Algorithm 2),
-// zipline_opt (its leftmost-row pruning) and zipline_opt_bs (binary search via an n x R matrix).
-// They are the reference points for speed ratios; zipline_fast is what to call in production.
+// The published ZipLine algorithms (Zhao et al., Machine Learning 2021) under their paper's
+// names: zipline_paper (ZipLine, Algorithm 2), zipline_paper_opt (ZipLineOpt, its
+// leftmost-row pruning) and zipline_paper_opt_bs (ZipLineOptBS, binary search through an
+// n x R matrix). They are the reference points for speed ratios; for answers call
+// cadence::zipline (fast.hpp), which returns the same result much faster.
 #pragma once
 
 #include <cadence/zipline/detail/common.hpp>
@@ -17,46 +19,46 @@ namespace cadence {
 /// dropped. O(N log N + N n) time for N points in n rows (O(R n^2) for n rows of R points).
 /// Pick it only as the reference that other variants are measured against.
 template <class T>
-void zipline(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
+void zipline_paper(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
   detail::zipline_paper_scan<false>(rows, detail::zipline_workspace_access::buffers(ws), out,
-                                    "zipline");
+                                    "zipline_paper");
 }
 
 /// Convenience overload: allocates a workspace and a result.
 template <class T>
-zipline_result<T> zipline(rows_view<T> rows) {
-  return detail::solve_with_fresh_workspace<T>(rows, zipline<T>);
+zipline_result<T> zipline_paper(rows_view<T> rows) {
+  return detail::solve_with_fresh_workspace<T>(rows, zipline_paper<T>);
 }
 
-/// zipline with the paper's pruning: when the arriving point's row owns Z's leftmost point,
-/// that point is popped in O(1) instead of searched for. Same worst case as zipline; faster
-/// when rows advance in lock step (equal intervals), where the pruning fires on most arrivals.
+/// zipline_paper with the paper's pruning: when the arriving point's row owns Z's leftmost
+/// point, that point is popped in O(1) instead of searched for. Same worst case; faster when
+/// rows advance in lock step (equal intervals), where the pruning fires on most arrivals.
 template <class T>
-void zipline_opt(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
+void zipline_paper_opt(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
   detail::zipline_paper_scan<true>(rows, detail::zipline_workspace_access::buffers(ws), out,
-                                   "zipline_opt");
+                                   "zipline_paper_opt");
 }
 
 /// Convenience overload: allocates a workspace and a result.
 template <class T>
-zipline_result<T> zipline_opt(rows_view<T> rows) {
-  return detail::solve_with_fresh_workspace<T>(rows, zipline_opt<T>);
+zipline_result<T> zipline_paper_opt(rows_view<T> rows) {
+  return detail::solve_with_fresh_workspace<T>(rows, zipline_paper_opt<T>);
 }
 
-/// zipline with an auxiliary n x R matrix (one entry per point: its position on the
+/// zipline_paper with an auxiliary n x R matrix (one entry per point: its position on the
 /// merged timeline). An arriving e_p[i] can only replace e_p[i-1]; its slot in the
 /// time-ordered Z is found by binary search and marked removed (Z is compacted when its
 /// buffer fills), so each arrival costs O(log n): O(N log N) in all, O(R n log n) for n rows
 /// of R points.
 template <class T>
-void zipline_opt_bs(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
+void zipline_paper_opt_bs(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
   detail::zipline_paper_opt_bs_scan(rows, detail::zipline_workspace_access::buffers(ws), out);
 }
 
 /// Convenience overload: allocates a workspace and a result.
 template <class T>
-zipline_result<T> zipline_opt_bs(rows_view<T> rows) {
-  return detail::solve_with_fresh_workspace<T>(rows, zipline_opt_bs<T>);
+zipline_result<T> zipline_paper_opt_bs(rows_view<T> rows) {
+  return detail::solve_with_fresh_workspace<T>(rows, zipline_paper_opt_bs<T>);
 }
 
 }  // namespace cadence

@@ -12,8 +12,8 @@ namespace detail {
 struct zipline_workspace_access;
 }  // namespace detail
 
-/// Memory reused across calls of any ZipLine variant (zipline, zipline_opt, zipline_opt_bs,
-/// zipline_fast, zipline_solve). Buffers only grow: once a workspace has served an input
+/// Memory reused across calls of any ZipLine variant (zipline, zipline_fast, the paper's
+/// zipline_paper*, zipline_solve). Buffers only grow: once a workspace has served an input
 /// of n rows and N points, later calls with inputs no larger do not allocate (zipline_fast:
 /// inputs of the same kind; it keeps separate buffers for exact keys in 32 and in 64 bits
 /// and for timestamps without exact keys, each grown on its first use). Not thread-safe:

@@ -30,17 +30,17 @@ struct zipline_buffers {
   std::vector<std::uint64_t> keys_tmp;
   std::vector<std::uint32_t> keys32;
   std::vector<std::uint32_t> keys32_tmp;
-  /// zipline_opt_bs: the merged position of every point.
+  /// zipline_paper_opt_bs: the merged position of every point.
   std::vector<std::size_t> aux;
   /// zipline_fast: per-row counts of the sliding window.
   std::vector<std::uint32_t> counts;
   /// zipline_fast: radix-digit and bucket histograms.
   std::vector<std::uint32_t> buckets;
-  /// zipline_fast: each row's surviving range [first, last); zipline_opt_bs: points
+  /// zipline_fast: each row's surviving range [first, last); zipline_paper_opt_bs: points
   /// met per row, and Z.
   std::vector<std::size_t> first;
   std::vector<std::size_t> last;
-  /// Z's times and rows (zipline, zipline_opt); zipline_opt_bs: Z's
+  /// Z's times and rows (zipline_paper, zipline_paper_opt); zipline_paper_opt_bs: Z's
   /// tombstones in zr.
   std::vector<T> zt;
   std::vector<std::uint32_t> zr;

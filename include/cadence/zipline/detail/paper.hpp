@@ -14,7 +14,7 @@
 namespace cadence::detail {
 
 /// Algorithm 2 on the merged timeline. Z holds at most one point per row, in time order, in
-/// zt/zr[head, tail). When `prune` is set (zipline_opt) an arrival whose row owns Z's
+/// zt/zr[head, tail). When `prune` is set (zipline_paper_opt) an arrival whose row owns Z's
 /// leftmost point pops it in O(1) instead of searching Z linearly and shifting its tail.
 template <bool prune, class T>
 void zipline_paper_scan(rows_view<T> rows, zipline_buffers<T>& buf, zipline_result<T>& out,
@@ -80,14 +80,14 @@ void zipline_paper_scan(rows_view<T> rows, zipline_buffers<T>& buf, zipline_resu
   zipline_finish(rows, best, best_b, out);
 }
 
-/// zipline_opt_bs: Z holds merged positions, ascending, with tombstones; an arriving
+/// zipline_paper_opt_bs: Z holds merged positions, ascending, with tombstones; an arriving
 /// e_p[i] finds e_p[i-1]'s slot by binary search (through the n x R matrix of merged
 /// positions) and marks it removed; Z is compacted when its buffer fills.
 template <class T>
 void zipline_paper_opt_bs_scan(rows_view<T> rows, zipline_buffers<T>& buf,
                                zipline_result<T>& out) {
   validate(rows);
-  zipline_check_sizes(rows, "zipline_opt_bs");
+  zipline_check_sizes(rows, "zipline_paper_opt_bs");
   const std::size_t n = rows.size();
   zipline_merge_sorted(rows, buf);
   const auto& pts = buf.points;
