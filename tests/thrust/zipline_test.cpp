@@ -3,16 +3,7 @@
 // for; the batched, device-input and device-prediction forms agree with the plain one.
 #include <cadence/thrust/zipline.hpp>
 #include <cadence/zipline/brute_force.hpp>
-
-#if __has_include(<cadence/zipline/zipline_fast.hpp>)
-#  include <cadence/zipline/zipline_fast.hpp>
-#  define CADENCE_TEST_HAVE_FAST 1
-#elif __has_include(<cadence/zipline/fast.hpp>)
-#  include <cadence/zipline/fast.hpp>
-#  define CADENCE_TEST_HAVE_FAST 1
-#else
-#  define CADENCE_TEST_HAVE_FAST 0
-#endif
+#include <cadence/zipline/fast.hpp>
 
 #include <thrust/device_vector.h>
 
@@ -131,7 +122,7 @@ TEST_CASE("the Thrust ZipLine equals the brute force on thousands of random inte
     const std::size_t n = 1 + rng() % 8;
     const int range = 4 + static_cast<int>(rng() % 40);  // small ranges: many equal timestamps
     const auto inst = random_instance<int>(rng, n, 10, range, 1, trial % 3 == 0);
-    cadence::zipline_thrust(inst.view(), got, ws);
+    cadence::zipline_thrust(inst.view(), ws, got);
     const auto want = cadence::zipline_brute_force(inst.view());
     REQUIRE_MESSAGE(got == want, "trial " << trial << " n " << n << ": spread " << got.spread
                                           << " vs " << want.spread << ", barrier " << got.barrier
@@ -151,7 +142,7 @@ TEST_CASE("the Thrust ZipLine equals the brute force on random double instances,
     const auto rows = matrix ? cadence::rows_view<double>::matrix(inst.values.data(), n,
                                                                   inst.offsets[1])
                              : inst.view();
-    cadence::zipline_thrust(rows, got, ws);
+    cadence::zipline_thrust(rows, ws, got);
     REQUIRE_MESSAGE(got == cadence::zipline_brute_force(rows), "trial " << trial);
   }
 }
@@ -203,20 +194,16 @@ TEST_CASE("the Thrust ZipLine equals an O(N log N) sliding window on large insta
     }
     const auto rows = cadence::rows_view<double>::matrix(v.data(), 2000, 50);
     cadence::zipline_result<double> got;
-    cadence::zipline_thrust(rows, got, ws);
+    cadence::zipline_thrust(rows, ws, got);
     CHECK(got == sliding_window_reference(rows));
-#if CADENCE_TEST_HAVE_FAST
-    CHECK(got == cadence::zipline_fast(rows));
-#endif
+    CHECK(got == cadence::zipline(rows));
   }
   SUBCASE("integers on a coarse grid, 3000 ragged rows") {
     const auto inst = random_instance<std::int64_t>(rng, 3000, 40, 200, 3);
     cadence::zipline_result<std::int64_t> got;
-    cadence::zipline_thrust(inst.view(), got, ws);
+    cadence::zipline_thrust(inst.view(), ws, got);
     CHECK(got == sliding_window_reference(inst.view()));
-#if CADENCE_TEST_HAVE_FAST
-    CHECK(got == cadence::zipline_fast(inst.view()));
-#endif
+    CHECK(got == cadence::zipline(inst.view()));
   }
 }
 
@@ -233,11 +220,11 @@ TEST_CASE("the batched Thrust ZipLine equals a loop of single solves") {
 
   SUBCASE("many instances at once") {
     std::vector<cadence::zipline_result<double>> got;
-    cadence::zipline_thrust_batched(views.data(), views.size(), got, ws);
+    cadence::zipline_thrust_batched(views.data(), views.size(), ws, got);
     REQUIRE(got.size() == views.size());
     for (std::size_t k = 0; k < views.size(); ++k) {
       cadence::zipline_result<double> single;
-      cadence::zipline_thrust(views[k], single, ws);
+      cadence::zipline_thrust(views[k], ws, single);
       REQUIRE_MESSAGE(got[k] == single, "instance " << k);
       REQUIRE(got[k] == cadence::zipline_brute_force(views[k]));
     }
@@ -271,7 +258,7 @@ TEST_CASE("predicting on the device equals predicting on the host and then solvi
       }
       const auto host = predict_on_host(prev, last, r);
       cadence::zipline_result<double> got;
-      cadence::zipline_thrust_predicted(prev.data(), last.data(), n, r, got, ws);
+      cadence::zipline_thrust_predicted(prev.data(), last.data(), n, r, ws, got);
       const auto rows = cadence::rows_view<double>::matrix(host.data(), n, r);
       REQUIRE_MESSAGE(got == cadence::zipline_thrust(rows), "trial " << trial);
       REQUIRE(got == sliding_window_reference(rows));
@@ -320,14 +307,14 @@ TEST_CASE("input already in device memory gives the same answer and the same err
     const std::size_t r = inst.offsets[1];
     ::thrust::device_vector<double> d(inst.values.begin(), inst.values.end());
     cadence::zipline_result<double> got;
-    cadence::zipline_thrust_device(::thrust::raw_pointer_cast(d.data()), n, r, got, ws);
+    cadence::zipline_thrust_device(::thrust::raw_pointer_cast(d.data()), n, r, ws, got);
     REQUIRE(got == cadence::zipline_brute_force(cadence::rows_view<double>::matrix(inst.values.data(), n, r)));
   }
   const std::vector<double> bad{1.0, 2.0, 3.0, 4.0, std::nan(""), 6.0};
   ::thrust::device_vector<double> d(bad.begin(), bad.end());
   cadence::zipline_result<double> got;
   const auto device_msg = message_of<cadence::zipline_input_error>([&] {
-    cadence::zipline_thrust_device(::thrust::raw_pointer_cast(d.data()), 2, 3, got, ws);
+    cadence::zipline_thrust_device(::thrust::raw_pointer_cast(d.data()), 2, 3, ws, got);
   });
   const auto host_msg = message_of<cadence::zipline_input_error>(
       [&] { cadence::validate(cadence::rows_view<double>::matrix(bad.data(), 2, 3)); });
@@ -340,23 +327,23 @@ TEST_CASE("bad input is rejected before any device work, with the row and index"
   cadence::thrust_zipline_workspace ws;
   cadence::zipline_result<double> out;
   const std::vector<double> ok{1.0, 2.0};
-  CHECK_THROWS_AS(cadence::zipline_thrust(rv::matrix(ok.data(), 0, 2), out, ws),
+  CHECK_THROWS_AS(cadence::zipline_thrust(rv::matrix(ok.data(), 0, 2), ws, out),
                   cadence::zipline_input_error);
   const std::vector<std::size_t> off{0, 2, 2};
   CHECK(message_of<cadence::zipline_input_error>([&] {
-          cadence::zipline_thrust(rv::ragged(ok.data(), off.data(), 2), out, ws);
+          cadence::zipline_thrust(rv::ragged(ok.data(), off.data(), 2), ws, out);
         }).find("row 1 is empty") != std::string::npos);
   const std::vector<double> unsorted{1.0, 3.0, 2.0};
   CHECK(message_of<cadence::zipline_input_error>([&] {
-          cadence::zipline_thrust(rv::matrix(unsorted.data(), 1, 3), out, ws);
+          cadence::zipline_thrust(rv::matrix(unsorted.data(), 1, 3), ws, out);
         }).find("not strictly increasing at index 2") != std::string::npos);
   const std::vector<double> inf{1.0, std::numeric_limits<double>::infinity()};
-  CHECK_THROWS_AS(cadence::zipline_thrust(rv::matrix(inf.data(), 2, 1), out, ws),
+  CHECK_THROWS_AS(cadence::zipline_thrust(rv::matrix(inf.data(), 2, 1), ws, out),
                   cadence::zipline_input_error);
   const std::vector<int> wide{std::numeric_limits<int>::min(), std::numeric_limits<int>::max()};
   CHECK_THROWS_AS((void)cadence::zipline_thrust(cadence::rows_view<int>::matrix(wide.data(), 2, 1)),
                   cadence::zipline_input_error);
-  CHECK_THROWS_AS(cadence::zipline_thrust_device(ok.data(), 1, 0, out, ws), cadence::zipline_input_error);
+  CHECK_THROWS_AS(cadence::zipline_thrust_device(ok.data(), 1, 0, ws, out), cadence::zipline_input_error);
   CHECK(ws.bytes_reserved() == 0);  // nothing was allocated for rejected input
 }
 
@@ -364,14 +351,14 @@ TEST_CASE("a workspace is reused across sizes and timestamp types and can be rel
   cadence::thrust_zipline_workspace ws;
   const std::vector<double> a{1.0, 2.0, 3.0, 1.5, 2.5, 3.5};
   cadence::zipline_result<double> rd;
-  cadence::zipline_thrust(cadence::rows_view<double>::matrix(a.data(), 2, 3), rd, ws);
+  cadence::zipline_thrust(cadence::rows_view<double>::matrix(a.data(), 2, 3), ws, rd);
   CHECK(ws.bytes_reserved() > 0);
   const std::vector<std::int64_t> b{10, 20, 30, 40, 11, 21, 31, 41, 12, 22, 32, 42};
   cadence::zipline_result<std::int64_t> ri;
-  cadence::zipline_thrust(cadence::rows_view<std::int64_t>::matrix(b.data(), 3, 4), ri, ws);
+  cadence::zipline_thrust(cadence::rows_view<std::int64_t>::matrix(b.data(), 3, 4), ws, ri);
   CHECK(ri.spread == 2);
   CHECK(ri.barrier == 12);
-  cadence::zipline_thrust(cadence::rows_view<double>::matrix(a.data(), 2, 3), rd, ws);
+  cadence::zipline_thrust(cadence::rows_view<double>::matrix(a.data(), 2, 3), ws, rd);
   CHECK(rd == cadence::zipline_brute_force(cadence::rows_view<double>::matrix(a.data(), 2, 3)));
   cadence::thrust_zipline_workspace moved = std::move(ws);
   moved.release();
