@@ -14,16 +14,10 @@
 #include <cadence/zipline/result.hpp>
 #include <cadence/zipline/rows.hpp>
 
-#include <thrust/iterator/counting_iterator.h>
 #include <thrust/sequence.h>
-#include <thrust/transform.h>
 
-#include <cadence/core/detail/bits.hpp>
-
-#include <cmath>
 #include <cstddef>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace cadence {
@@ -156,29 +150,21 @@ std::vector<zipline_result<T>> zipline_thrust_batched(const rows_view<T>* instan
   return out;
 }
 
-/// ZipLine over predictions made on the device: worker p's next r pushes are
-/// e[i] = last_push[p] + i * (last_push[p] - previous_push[p]), i = 1..r (the paper's
-/// predictor), so only 2n timestamps cross the bus instead of n * r. choice[p] = i - 1.
-/// Equals predicting the same way on the host and calling zipline_thrust.
+/// ZipLine over predictions made on the device by the paper's last-interval predictor, so
+/// only 2n timestamps cross the bus instead of n * r: worker p's next r pushes are
+/// e[i] = last_push[p] + i * (last_push[p] - previous_push[p]), i = 1..r, and, as on the host,
+/// a prediction not above the one before it (last_push[p] for the first; equal pushes give
+/// a zero interval) becomes the next representable value above that one. The result equals
+/// cadence::last_interval's predictions solved by zipline_thrust; choice[p] = i - 1.
 template <class T>
 void zipline_thrust_predicted(const T* previous_push, const T* last_push, std::size_t n,
                               std::size_t r, thrust_zipline_workspace& ws, zipline_result<T>& out,
                               device_stream stream = nullptr) {
-  using detail::zl_index;
   const char* api = "zipline_thrust_predicted";
   detail::zl_check_matrix_shape(n, r, api);
   for (std::size_t p = 0; p < n; ++p) {
     const T a = previous_push[p], b = last_push[p];
-    bool ok = a < b;
-    if constexpr (std::is_floating_point_v<T>) ok = ok && std::isfinite(a) && std::isfinite(b);
-    if constexpr (std::is_integral_v<T>) {
-      T step, reach, end;
-      ok = ok && !detail::sub_overflows(b, a, &step) &&
-           !detail::mul_overflows(step, static_cast<T>(r), &reach) &&
-           !detail::add_overflows(b, reach, &end) &&
-           static_cast<std::size_t>(static_cast<T>(r)) == r;
-    }
-    if (!ok)
+    if (!detail::zl_history_predictable(a, b, r))
       throw zipline_input_error(std::string("cadence::") + api + ": worker " + std::to_string(p) +
                                 ": pushes " + detail::timestamp_to_string(a) + " then " +
                                 detail::timestamp_to_string(b) + " do not predict " +
@@ -193,9 +179,8 @@ void zipline_thrust_predicted(const T* previous_push, const T* last_push, std::s
     detail::zl_to_device(hist + n, last_push, n, stream);
     ctx.step = "predict";
     vals = detail::zl_buf<T>(ws, detail::zl_values, n * r);
-    const ::thrust::counting_iterator<zl_index> zero(0);
-    ::thrust::transform(pol, zero, zero + static_cast<zl_index>(n * r), vals,
-                        detail::zl_predict<T>{hist, hist + n, static_cast<zl_index>(r)});
+    detail::zl_predict_last_interval(pol, static_cast<const T*>(hist),
+                                     static_cast<const T*>(hist + n), n, r, vals);
   });
   detail::zl_solve_device_matrix(static_cast<const T*>(vals), n, r, ws, out, stream, ctx);
 }
