@@ -79,7 +79,17 @@ target_link_libraries(cadence_thrust INTERFACE cadence::cadence)
 # The toolkit's include directory is an absolute system path; it is exported as such, so an
 # installed Cadence expects the CUDA toolkit (or CCCL) where it was found at build time.
 target_include_directories(cadence_thrust SYSTEM INTERFACE ${CADENCE_CCCL_INCLUDE_DIR})
-file(GLOB _cadence_thrust_headers CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/thrust/*.hpp)
+# Listed, not globbed, so a header is installed and checked only when it is meant to ship.
+set(_cadence_thrust_headers
+  cadence/thrust/config.hpp
+  cadence/thrust/workspace.hpp
+  cadence/thrust/zipline.hpp
+  cadence/thrust/detail/device.hpp
+  cadence/thrust/detail/functors.hpp
+  cadence/thrust/detail/memory.hpp
+  cadence/thrust/detail/predict.hpp
+  cadence/thrust/detail/solve.hpp)
+list(TRANSFORM _cadence_thrust_headers PREPEND ${CMAKE_CURRENT_LIST_DIR}/../include/)
 target_sources(cadence_thrust INTERFACE
   FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include FILES ${_cadence_thrust_headers})
 

@@ -200,7 +200,7 @@ TEST_CASE("elastic_bsp with one worker never plans a barrier and never waits") {
 }
 
 TEST_CASE("elastic_bsp accepts any predictor type and reports its config") {
-  basic_elastic_bsp<median_interval> c(4, 15, median_interval(5), zipline_variant::opt_bs);
+  basic_elastic_bsp<median_interval> c(4, 15, median_interval(5), zipline_variant::paper_opt_bs);
   CHECK(c.config() == "elastic:15:median:5:opt-bs");
   static_assert(is_synchronization_controller_v<basic_elastic_bsp<median_interval>>);
   static_assert(is_synchronization_controller_v<elastic_bsp>);

@@ -1,5 +1,6 @@
-// zipline/paper.hpp: the published variants (zipline, zipline_opt, zipline_opt_bs) on worked
-// examples and on inputs that exercise their Z buffers (compaction, replacement, pruning).
+// zipline/paper.hpp: the published variants (zipline_paper, zipline_paper_opt,
+// zipline_paper_opt_bs) on worked examples and on inputs that exercise their Z buffers
+// (compaction, replacement, pruning).
 #include <cadence/zipline/brute_force.hpp>
 #include <cadence/zipline/paper.hpp>
 
@@ -21,9 +22,10 @@ struct named_solver {
   solver fn;
 };
 
-const named_solver paper_variants[] = {{"zipline", &cadence::zipline<int>},
-                                       {"zipline_opt", &cadence::zipline_opt<int>},
-                                       {"zipline_opt_bs", &cadence::zipline_opt_bs<int>}};
+const named_solver paper_variants[] = {
+    {"zipline_paper", &cadence::zipline_paper<int>},
+    {"zipline_paper_opt", &cadence::zipline_paper_opt<int>},
+    {"zipline_paper_opt_bs", &cadence::zipline_paper_opt_bs<int>}};
 
 }  // namespace
 
@@ -71,10 +73,10 @@ TEST_CASE("the convenience overloads return what the workspace overloads write")
   const auto rows = rows_view<int>::matrix(m, 2, 3);
   zipline_workspace<int> ws;
   zipline_result<int> out;
-  cadence::zipline(rows, ws, out);
-  CHECK(cadence::zipline(rows) == out);
-  CHECK(cadence::zipline_opt(rows) == out);
-  CHECK(cadence::zipline_opt_bs(rows) == out);
+  cadence::zipline_paper(rows, ws, out);
+  CHECK(cadence::zipline_paper(rows) == out);
+  CHECK(cadence::zipline_paper_opt(rows) == out);
+  CHECK(cadence::zipline_paper_opt_bs(rows) == out);
   CHECK(out.spread == 1);
   CHECK(out.barrier == 2);
 }

@@ -18,8 +18,8 @@ using cadence::rows_view;
 using cadence::zipline_result;
 using cadence::zipline_variant;
 
-constexpr zipline_variant all_variants[] = {zipline_variant::zipline, zipline_variant::opt,
-                                            zipline_variant::opt_bs, zipline_variant::fast};
+constexpr zipline_variant all_variants[] = {zipline_variant::paper, zipline_variant::paper_opt,
+                                            zipline_variant::paper_opt_bs, zipline_variant::fast};
 
 /// Ragged rows owned by the test.
 template <class T>
@@ -67,8 +67,9 @@ void check_all_variants(rows_view<T> rows, cadence::zipline_workspace<T>& ws) {
     REQUIRE(got.choice == expected.choice);
   }
   CHECK(cadence::zipline(rows) == expected);
-  CHECK(cadence::zipline_opt(rows) == expected);
-  CHECK(cadence::zipline_opt_bs(rows) == expected);
+  CHECK(cadence::zipline_paper(rows) == expected);
+  CHECK(cadence::zipline_paper_opt(rows) == expected);
+  CHECK(cadence::zipline_paper_opt_bs(rows) == expected);
   CHECK(cadence::zipline_fast(rows) == expected);
 }
 
@@ -76,7 +77,13 @@ void check_all_variants(rows_view<T> rows, cadence::zipline_workspace<T>& ws) {
 
 TEST_CASE("variant names round-trip through parse_zipline_variant and to_string") {
   for (const auto v : all_variants) CHECK(cadence::parse_zipline_variant(cadence::to_string(v)) == v);
-  CHECK(cadence::to_string(zipline_variant::opt_bs) == "opt-bs");
+  CHECK(cadence::to_string(zipline_variant::paper_opt_bs) == "opt-bs");
+}
+
+TEST_CASE("the run-time names configs and command lines use still pick the same algorithms") {
+  CHECK(cadence::parse_zipline_variant("zipline") == zipline_variant::paper);
+  CHECK(cadence::parse_zipline_variant("opt") == zipline_variant::paper_opt);
+  CHECK(cadence::parse_zipline_variant("opt-bs") == zipline_variant::paper_opt_bs);
   CHECK(cadence::parse_zipline_variant("fast") == zipline_variant::fast);
 }
 
@@ -191,7 +198,7 @@ TEST_CASE("equal timestamps across rows do not change the answer") {
     r.add({5, 10});
     r.add({10});
     check_all_variants(r.view(), ws);
-    const auto res = cadence::zipline_opt(r.view());
+    const auto res = cadence::zipline_paper_opt(r.view());
     CHECK(res.spread == 0);
     CHECK(res.barrier == 10);
     CHECK(res.choice == std::vector<std::size_t>{1, 1, 0});
@@ -201,7 +208,7 @@ TEST_CASE("equal timestamps across rows do not change the answer") {
     r.add({0, 100});
     r.add({3, 103});
     check_all_variants(r.view(), ws);
-    const auto res = cadence::zipline(r.view());
+    const auto res = cadence::zipline_paper(r.view());
     CHECK(res.spread == 3);
     CHECK(res.barrier == 3);
     CHECK(res.choice == std::vector<std::size_t>{0, 0});
@@ -219,7 +226,7 @@ TEST_CASE("a single row and rows of length one have the obvious answers") {
   singles.add({1.0});
   singles.add({9.0});
   check_all_variants(singles.view(), ws);
-  const auto res = cadence::zipline_opt_bs(singles.view());
+  const auto res = cadence::zipline_paper_opt_bs(singles.view());
   CHECK(res.spread == 8.0);
   CHECK(res.barrier == 9.0);
   CHECK(res.choice == std::vector<std::size_t>{0, 0, 0});

@@ -2,6 +2,9 @@
 // last push) gives R predicted pushes each through the paper's last-interval predictor.
 #pragma once
 
+#include <cadence/core/span.hpp>
+#include <cadence/predict/interval.hpp>
+
 #include <cstddef>
 #include <random>
 #include <vector>
@@ -15,7 +18,7 @@ struct zipline_input {
 };
 
 // Periods spread +-25% around 1 s and phases spread over one period, as in a cluster of
-// similar GPUs; the predictions are e[i] = last + i * (last - previous).
+// similar GPUs; the rows are what cadence::last_interval predicts from (previous, last).
 inline zipline_input make_zipline_input(std::size_t n, std::size_t r, unsigned seed = 1) {
   zipline_input in;
   in.n = n;
@@ -28,10 +31,11 @@ inline zipline_input make_zipline_input(std::size_t n, std::size_t r, unsigned s
     in.previous.push_back(t - step);
     in.last.push_back(t);
   }
-  in.rows.reserve(n * r);
-  for (std::size_t p = 0; p < n; ++p)
-    for (std::size_t i = 1; i <= r; ++i)
-      in.rows.push_back(in.last[p] + static_cast<double>(i) * (in.last[p] - in.previous[p]));
+  in.rows.resize(n * r);
+  for (std::size_t p = 0; p < n; ++p) {
+    const double history[] = {in.previous[p], in.last[p]};
+    cadence::last_interval{}.predict(cadence::span<const double>(history, 2), r, in.rows.data() + p * r);
+  }
   return in;
 }
 

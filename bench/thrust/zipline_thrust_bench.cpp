@@ -44,13 +44,13 @@ void BM_zipline_thrust_omp(benchmark::State& state) {
   const auto& in = input(static_cast<std::size_t>(state.range(0)), static_cast<std::size_t>(state.range(1)));
   cadence::thrust_zipline_workspace ws;
   cadence::zipline_result<double> out;
-  cadence::zipline_thrust(view(in), out, ws);
+  cadence::zipline_thrust(view(in), ws, out);
   if (out != cadence::zipline_fast(view(in))) {
     state.SkipWithError("zipline_thrust and zipline_fast disagree");
     return;
   }
   for (auto _ : state) {
-    cadence::zipline_thrust(view(in), out, ws);
+    cadence::zipline_thrust(view(in), ws, out);
     benchmark::DoNotOptimize(out.barrier);
   }
   state.SetComplexityN(state.range(0) * state.range(1));

@@ -1,26 +1,22 @@
 // cadence/thrust/zipline.hpp: the Thrust ZipLine returns zipline_brute_force's exact answer
 // (ties, equal timestamps, ragged rows, n = 1) on whichever device system this file is built
-// for; the batched, device-input and device-prediction forms agree with the plain one.
+// for; the batched, device-input and device-prediction forms agree with the plain one, and the
+// device predictor writes exactly what the host's last_interval predicts.
 #include <cadence/thrust/zipline.hpp>
+#include <cadence/predict/interval.hpp>
 #include <cadence/zipline/brute_force.hpp>
+#include <cadence/zipline/fast.hpp>
 
-#if __has_include(<cadence/zipline/zipline_fast.hpp>)
-#  include <cadence/zipline/zipline_fast.hpp>
-#  define CADENCE_TEST_HAVE_FAST 1
-#elif __has_include(<cadence/zipline/fast.hpp>)
-#  include <cadence/zipline/fast.hpp>
-#  define CADENCE_TEST_HAVE_FAST 1
-#else
-#  define CADENCE_TEST_HAVE_FAST 0
-#endif
-
+#include <thrust/copy.h>
 #include <thrust/device_vector.h>
+#include <thrust/execution_policy.h>
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -107,14 +103,50 @@ std::string message_of(F&& f) {
   return "<no exception>";
 }
 
-// The paper's predictor on the host, the way a caller would write it.
+// What the host's last_interval predictor makes of each worker's two pushes, row after row.
 template <class T>
-std::vector<T> predict_on_host(const std::vector<T>& prev, const std::vector<T>& last, std::size_t r) {
-  std::vector<T> out;
-  for (std::size_t p = 0; p < prev.size(); ++p)
-    for (std::size_t i = 1; i <= r; ++i)
-      out.push_back(static_cast<T>(last[p] + static_cast<T>(i) * static_cast<T>(last[p] - prev[p])));
+std::vector<T> predict_on_host(const std::vector<T>& prev, const std::vector<T>& last,
+                               std::size_t r) {
+  std::vector<T> out(prev.size() * r);
+  for (std::size_t p = 0; p < prev.size(); ++p) {
+    const T history[] = {prev[p], last[p]};
+    cadence::last_interval{}.predict(cadence::span<const T>(history, 2), r, out.data() + p * r);
+  }
   return out;
+}
+
+// What zipline_thrust_predicted's device predictor writes for the same pushes, copied back.
+template <class T>
+std::vector<T> predict_on_device(const std::vector<T>& prev, const std::vector<T>& last,
+                                 std::size_t r) {
+  using ::thrust::raw_pointer_cast;
+  const ::thrust::device_vector<T> d_prev(prev.begin(), prev.end());
+  const ::thrust::device_vector<T> d_last(last.begin(), last.end());
+  ::thrust::device_vector<T> d_out(prev.size() * r);
+  cadence::detail::zl_predict_last_interval(::thrust::device, raw_pointer_cast(d_prev.data()),
+                                            raw_pointer_cast(d_last.data()), prev.size(), r,
+                                            raw_pointer_cast(d_out.data()));
+  std::vector<T> out(d_out.size());
+  ::thrust::copy(d_out.begin(), d_out.end(), out.begin());
+  return out;
+}
+
+// Bit for bit, so a -0.0 where the host has 0.0 counts as a difference.
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+template <class T>
+void check_device_predicts_as_host(const std::vector<T>& prev, const std::vector<T>& last,
+                                   std::size_t r) {
+  const auto host = predict_on_host(prev, last, r);
+  const auto device = predict_on_device(prev, last, r);
+  for (std::size_t k = 0; k < host.size(); ++k) {
+    CAPTURE(k);
+    CHECK(device[k] == host[k]);
+  }
+  CHECK(same_bits(device, host));
 }
 
 }  // namespace
@@ -131,7 +163,7 @@ TEST_CASE("the Thrust ZipLine equals the brute force on thousands of random inte
     const std::size_t n = 1 + rng() % 8;
     const int range = 4 + static_cast<int>(rng() % 40);  // small ranges: many equal timestamps
     const auto inst = random_instance<int>(rng, n, 10, range, 1, trial % 3 == 0);
-    cadence::zipline_thrust(inst.view(), got, ws);
+    cadence::zipline_thrust(inst.view(), ws, got);
     const auto want = cadence::zipline_brute_force(inst.view());
     REQUIRE_MESSAGE(got == want, "trial " << trial << " n " << n << ": spread " << got.spread
                                           << " vs " << want.spread << ", barrier " << got.barrier
@@ -151,7 +183,7 @@ TEST_CASE("the Thrust ZipLine equals the brute force on random double instances,
     const auto rows = matrix ? cadence::rows_view<double>::matrix(inst.values.data(), n,
                                                                   inst.offsets[1])
                              : inst.view();
-    cadence::zipline_thrust(rows, got, ws);
+    cadence::zipline_thrust(rows, ws, got);
     REQUIRE_MESSAGE(got == cadence::zipline_brute_force(rows), "trial " << trial);
   }
 }
@@ -203,20 +235,16 @@ TEST_CASE("the Thrust ZipLine equals an O(N log N) sliding window on large insta
     }
     const auto rows = cadence::rows_view<double>::matrix(v.data(), 2000, 50);
     cadence::zipline_result<double> got;
-    cadence::zipline_thrust(rows, got, ws);
+    cadence::zipline_thrust(rows, ws, got);
     CHECK(got == sliding_window_reference(rows));
-#if CADENCE_TEST_HAVE_FAST
-    CHECK(got == cadence::zipline_fast(rows));
-#endif
+    CHECK(got == cadence::zipline(rows));
   }
   SUBCASE("integers on a coarse grid, 3000 ragged rows") {
     const auto inst = random_instance<std::int64_t>(rng, 3000, 40, 200, 3);
     cadence::zipline_result<std::int64_t> got;
-    cadence::zipline_thrust(inst.view(), got, ws);
+    cadence::zipline_thrust(inst.view(), ws, got);
     CHECK(got == sliding_window_reference(inst.view()));
-#if CADENCE_TEST_HAVE_FAST
-    CHECK(got == cadence::zipline_fast(inst.view()));
-#endif
+    CHECK(got == cadence::zipline(inst.view()));
   }
 }
 
@@ -233,11 +261,11 @@ TEST_CASE("the batched Thrust ZipLine equals a loop of single solves") {
 
   SUBCASE("many instances at once") {
     std::vector<cadence::zipline_result<double>> got;
-    cadence::zipline_thrust_batched(views.data(), views.size(), got, ws);
+    cadence::zipline_thrust_batched(views.data(), views.size(), ws, got);
     REQUIRE(got.size() == views.size());
     for (std::size_t k = 0; k < views.size(); ++k) {
       cadence::zipline_result<double> single;
-      cadence::zipline_thrust(views[k], single, ws);
+      cadence::zipline_thrust(views[k], ws, single);
       REQUIRE_MESSAGE(got[k] == single, "instance " << k);
       REQUIRE(got[k] == cadence::zipline_brute_force(views[k]));
     }
@@ -258,6 +286,54 @@ TEST_CASE("the batched Thrust ZipLine equals a loop of single solves") {
   }
 }
 
+TEST_CASE("the device predictor writes exactly what the host's last_interval predicts") {
+  SUBCASE("integers: equal pushes predict last + 1, last + 2, ... on both sides") {
+    const std::vector<std::int64_t> prev{5, 7, -3, 0, 100}, last{5, 9, -3, 4, 100};
+    check_device_predicts_as_host(prev, last, 6);
+    CHECK(predict_on_host(prev, last, 6)[5] == 11);  // the rule the parity is about
+  }
+  SUBCASE("unsigned and narrow integers, equal pushes included") {
+    check_device_predicts_as_host<std::uint32_t>({0, 7, 9}, {0, 7, 12}, 5);
+    check_device_predicts_as_host<std::int8_t>({-3, 4}, {-3, 6}, 9);
+  }
+  SUBCASE("doubles: equal pushes step one representable value at a time") {
+    const double tiny = std::numeric_limits<double>::denorm_min();
+    const double below_two = std::nextafter(2.0, 0.0);
+    // Ordinary values, through zero from below (-0.0 comes first), across a binade boundary,
+    // zero itself, and one worker with a positive interval among them.
+    check_device_predicts_as_host<double>({1.0, -2 * tiny, below_two, 0.0, 3.5},
+                                          {1.0, -2 * tiny, below_two, 0.0, 4.25}, 5);
+    CHECK(predict_on_host<double>({1.0}, {1.0}, 1)[0] == std::nextafter(1.0, 2.0));
+  }
+  SUBCASE("floats: equal pushes, and an interval too small to move the sum") {
+    // From just below 2 to 2 the interval is half of 2's ulp: 2 + interval rounds back to 2.
+    const float below_two = std::nextafter(2.0f, 0.0f);
+    check_device_predicts_as_host<float>({10.0f, 1e8f, below_two}, {10.0f, 1e8f, 2.0f}, 7);
+  }
+  SUBCASE("doubles: intervals lost to rounding above 2^53 are spread as on the host") {
+    // Above 2^53 doubles are 2 apart: 2^53 + 1 rounds back to 2^53, 2^53 + 3 to 2^53 + 4.
+    const double big = 9007199254740992.0;
+    check_device_predicts_as_host<double>({big - 1.0}, {big}, 4);
+  }
+  SUBCASE("random histories in which a third of the workers pushed twice at the same time") {
+    std::mt19937_64 rng(77);
+    for (int trial = 0; trial < 20; ++trial) {
+      const std::size_t n = 1 + rng() % 40, r = 1 + rng() % 30;
+      std::vector<double> dp(n), dl(n);
+      std::vector<int> ip(n), il(n);
+      for (std::size_t p = 0; p < n; ++p) {
+        const bool same = rng() % 3 == 0;
+        dp[p] = std::uniform_real_distribution<double>(-50.0, 50.0)(rng);
+        dl[p] = same ? dp[p] : dp[p] + std::uniform_real_distribution<double>(0.01, 3.0)(rng);
+        ip[p] = static_cast<int>(rng() % 1000) - 500;
+        il[p] = same ? ip[p] : ip[p] + static_cast<int>(rng() % 9);
+      }
+      check_device_predicts_as_host(dp, dl, r);
+      check_device_predicts_as_host(ip, il, r);
+    }
+  }
+}
+
 TEST_CASE("predicting on the device equals predicting on the host and then solving") {
   std::mt19937_64 rng(4242);
   cadence::thrust_zipline_workspace ws;
@@ -271,27 +347,40 @@ TEST_CASE("predicting on the device equals predicting on the host and then solvi
       }
       const auto host = predict_on_host(prev, last, r);
       cadence::zipline_result<double> got;
-      cadence::zipline_thrust_predicted(prev.data(), last.data(), n, r, got, ws);
+      cadence::zipline_thrust_predicted(prev.data(), last.data(), n, r, ws, got);
       const auto rows = cadence::rows_view<double>::matrix(host.data(), n, r);
       REQUIRE_MESSAGE(got == cadence::zipline_thrust(rows), "trial " << trial);
       REQUIRE(got == sliding_window_reference(rows));
     }
   }
-  SUBCASE("integers with shared timestamps") {
+  SUBCASE("integers with shared timestamps and workers that pushed twice at the same time") {
     for (int trial = 0; trial < 40; ++trial) {
       const std::size_t n = 1 + rng() % 50, r = 1 + rng() % 20;
       std::vector<int> prev(n), last(n);
       for (std::size_t p = 0; p < n; ++p) {
         prev[p] = static_cast<int>(rng() % 20);
-        last[p] = prev[p] + 1 + static_cast<int>(rng() % 5);
+        last[p] = prev[p] + static_cast<int>(rng() % 5);
       }
       const auto host = predict_on_host(prev, last, r);
       const auto got = cadence::zipline_thrust_predicted(prev.data(), last.data(), n, r);
-      REQUIRE(got == cadence::zipline_brute_force(cadence::rows_view<int>::matrix(host.data(), n, r)));
+      REQUIRE(got ==
+              cadence::zipline_brute_force(cadence::rows_view<int>::matrix(host.data(), n, r)));
     }
   }
-  SUBCASE("a worker whose last push is not after its previous one is an input error") {
-    const std::vector<double> prev{1.0, 5.0}, last{2.0, 5.0};
+  SUBCASE("equal pushes in floating point plan as the host predictor's rows do") {
+    // Worker 0 pushed twice at 1.0, so its predictions lie one ulp apart above 1.0; worker 1
+    // predicts 1.0, 6.0, 11.0. The tightest window is 1.0 with worker 0's first prediction.
+    const std::vector<double> prev{1.0, -9.0}, last{1.0, -4.0};
+    const auto host = predict_on_host(prev, last, 3);
+    const auto got = cadence::zipline_thrust_predicted(prev.data(), last.data(), 2, 3);
+    CHECK(got == cadence::zipline(cadence::rows_view<double>::matrix(host.data(), 2, 3)));
+    const double up = std::nextafter(1.0, 2.0);
+    CHECK(got.spread == up - 1.0);
+    CHECK(got.barrier == up);
+    CHECK(got.choice == std::vector<std::size_t>{0, 0});
+  }
+  SUBCASE("a worker whose last push is before its previous one is an input error") {
+    const std::vector<double> prev{1.0, 5.0}, last{2.0, 4.0};
     const auto msg = message_of<cadence::zipline_input_error>(
         [&] { (void)cadence::zipline_thrust_predicted(prev.data(), last.data(), 2, 3); });
     CHECK(msg.find("worker 1") != std::string::npos);
@@ -300,14 +389,11 @@ TEST_CASE("predicting on the device equals predicting on the host and then solvi
     const std::vector<std::int32_t> prev{0}, last{std::numeric_limits<std::int32_t>::max() / 2};
     CHECK_THROWS_AS((void)cadence::zipline_thrust_predicted(prev.data(), last.data(), 1, 3),
                     cadence::zipline_input_error);
-  }
-  SUBCASE("predictions that collapse in floating point are reported like host input") {
-    // Above 2^53 doubles are 2 apart: 2^53 + 3 rounds to 2^53 + 4, which is also e[4].
-    const double big = 9007199254740992.0;
-    const std::vector<double> prev{big - 1.0}, last{big};
-    const auto msg = message_of<cadence::zipline_input_error>(
-        [&] { (void)cadence::zipline_thrust_predicted(prev.data(), last.data(), 1, 4); });
-    CHECK(msg.find("not strictly increasing at index 3") != std::string::npos);
+    // Equal pushes one below the maximum: the host predictor's +1 steps overflow at the second.
+    const std::vector<std::int32_t> top{std::numeric_limits<std::int32_t>::max() - 1};
+    CHECK_NOTHROW((void)cadence::zipline_thrust_predicted(top.data(), top.data(), 1, 1));
+    CHECK_THROWS_AS((void)cadence::zipline_thrust_predicted(top.data(), top.data(), 1, 2),
+                    cadence::zipline_input_error);
   }
 }
 
@@ -320,14 +406,14 @@ TEST_CASE("input already in device memory gives the same answer and the same err
     const std::size_t r = inst.offsets[1];
     ::thrust::device_vector<double> d(inst.values.begin(), inst.values.end());
     cadence::zipline_result<double> got;
-    cadence::zipline_thrust_device(::thrust::raw_pointer_cast(d.data()), n, r, got, ws);
+    cadence::zipline_thrust_device(::thrust::raw_pointer_cast(d.data()), n, r, ws, got);
     REQUIRE(got == cadence::zipline_brute_force(cadence::rows_view<double>::matrix(inst.values.data(), n, r)));
   }
   const std::vector<double> bad{1.0, 2.0, 3.0, 4.0, std::nan(""), 6.0};
   ::thrust::device_vector<double> d(bad.begin(), bad.end());
   cadence::zipline_result<double> got;
   const auto device_msg = message_of<cadence::zipline_input_error>([&] {
-    cadence::zipline_thrust_device(::thrust::raw_pointer_cast(d.data()), 2, 3, got, ws);
+    cadence::zipline_thrust_device(::thrust::raw_pointer_cast(d.data()), 2, 3, ws, got);
   });
   const auto host_msg = message_of<cadence::zipline_input_error>(
       [&] { cadence::validate(cadence::rows_view<double>::matrix(bad.data(), 2, 3)); });
@@ -340,23 +426,23 @@ TEST_CASE("bad input is rejected before any device work, with the row and index"
   cadence::thrust_zipline_workspace ws;
   cadence::zipline_result<double> out;
   const std::vector<double> ok{1.0, 2.0};
-  CHECK_THROWS_AS(cadence::zipline_thrust(rv::matrix(ok.data(), 0, 2), out, ws),
+  CHECK_THROWS_AS(cadence::zipline_thrust(rv::matrix(ok.data(), 0, 2), ws, out),
                   cadence::zipline_input_error);
   const std::vector<std::size_t> off{0, 2, 2};
   CHECK(message_of<cadence::zipline_input_error>([&] {
-          cadence::zipline_thrust(rv::ragged(ok.data(), off.data(), 2), out, ws);
+          cadence::zipline_thrust(rv::ragged(ok.data(), off.data(), 2), ws, out);
         }).find("row 1 is empty") != std::string::npos);
   const std::vector<double> unsorted{1.0, 3.0, 2.0};
   CHECK(message_of<cadence::zipline_input_error>([&] {
-          cadence::zipline_thrust(rv::matrix(unsorted.data(), 1, 3), out, ws);
+          cadence::zipline_thrust(rv::matrix(unsorted.data(), 1, 3), ws, out);
         }).find("not strictly increasing at index 2") != std::string::npos);
   const std::vector<double> inf{1.0, std::numeric_limits<double>::infinity()};
-  CHECK_THROWS_AS(cadence::zipline_thrust(rv::matrix(inf.data(), 2, 1), out, ws),
+  CHECK_THROWS_AS(cadence::zipline_thrust(rv::matrix(inf.data(), 2, 1), ws, out),
                   cadence::zipline_input_error);
   const std::vector<int> wide{std::numeric_limits<int>::min(), std::numeric_limits<int>::max()};
   CHECK_THROWS_AS((void)cadence::zipline_thrust(cadence::rows_view<int>::matrix(wide.data(), 2, 1)),
                   cadence::zipline_input_error);
-  CHECK_THROWS_AS(cadence::zipline_thrust_device(ok.data(), 1, 0, out, ws), cadence::zipline_input_error);
+  CHECK_THROWS_AS(cadence::zipline_thrust_device(ok.data(), 1, 0, ws, out), cadence::zipline_input_error);
   CHECK(ws.bytes_reserved() == 0);  // nothing was allocated for rejected input
 }
 
@@ -364,14 +450,14 @@ TEST_CASE("a workspace is reused across sizes and timestamp types and can be rel
   cadence::thrust_zipline_workspace ws;
   const std::vector<double> a{1.0, 2.0, 3.0, 1.5, 2.5, 3.5};
   cadence::zipline_result<double> rd;
-  cadence::zipline_thrust(cadence::rows_view<double>::matrix(a.data(), 2, 3), rd, ws);
+  cadence::zipline_thrust(cadence::rows_view<double>::matrix(a.data(), 2, 3), ws, rd);
   CHECK(ws.bytes_reserved() > 0);
   const std::vector<std::int64_t> b{10, 20, 30, 40, 11, 21, 31, 41, 12, 22, 32, 42};
   cadence::zipline_result<std::int64_t> ri;
-  cadence::zipline_thrust(cadence::rows_view<std::int64_t>::matrix(b.data(), 3, 4), ri, ws);
+  cadence::zipline_thrust(cadence::rows_view<std::int64_t>::matrix(b.data(), 3, 4), ws, ri);
   CHECK(ri.spread == 2);
   CHECK(ri.barrier == 12);
-  cadence::zipline_thrust(cadence::rows_view<double>::matrix(a.data(), 2, 3), rd, ws);
+  cadence::zipline_thrust(cadence::rows_view<double>::matrix(a.data(), 2, 3), ws, rd);
   CHECK(rd == cadence::zipline_brute_force(cadence::rows_view<double>::matrix(a.data(), 2, 3)));
   cadence::thrust_zipline_workspace moved = std::move(ws);
   moved.release();

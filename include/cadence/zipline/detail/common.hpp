@@ -1,0 +1,98 @@
+// The steps every ZipLine variant shares: the size limit, the spread expression, the
+// branch-free row search, the choice rule that finishes every variant, and the merged timeline.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/zipline/detail/buffers.hpp>
+#include <cadence/zipline/result.hpp>
+#include <cadence/zipline/rows.hpp>
+#include <cadence/zipline/workspace.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace cadence::detail {
+
+/// The body of every variant's convenience overload: one call with a fresh workspace and
+/// result (they allocate; reuse a workspace in loops).
+template <class T>
+zipline_result<T> solve_with_fresh_workspace(
+    rows_view<T> rows, void (*solve)(rows_view<T>, zipline_workspace<T>&, zipline_result<T>&)) {
+  zipline_workspace<T> ws;
+  zipline_result<T> out;
+  solve(rows, ws, out);
+  return out;
+}
+
+/// Row indices are stored as 32 bits to halve the merged timeline's footprint.
+template <class T>
+void zipline_check_sizes(rows_view<T> rows, const char* who) {
+  if (rows.size() > std::numeric_limits<std::uint32_t>::max() ||
+      rows.total() > std::numeric_limits<std::uint32_t>::max())
+    throw zipline_input_error(std::string("cadence::") + who + ": " +
+                              std::to_string(rows.total()) + " points in " +
+                              std::to_string(rows.size()) +
+                              " rows exceed the 2^32 - 1 this variant supports");
+}
+
+/// Spread of a window [lo, b] in T (the same expression in every variant and the oracle, so
+/// floating-point spreads compare bit for bit).
+template <class T>
+constexpr T zipline_spread(T b, T lo) noexcept {
+  return static_cast<T>(b - lo);
+}
+
+/// std::upper_bound(v, v + len, x) - v for sorted v, without unpredictable branches (zipline_fast's
+/// trim and every variant's choices run one or two per row).
+template <class T>
+std::size_t zipline_upper_bound(const T* v, std::size_t len, T x) noexcept {
+  if (len == 0) return 0;
+  std::size_t lo = 0;
+  while (len > 1) {
+    const std::size_t half = len / 2;
+    lo = v[lo + half] <= x ? lo + half : lo;
+    len -= half;
+  }
+  return lo + static_cast<std::size_t>(v[lo] <= x);
+}
+
+/// What a variant's search finds before zipline_finish: the optimal spread and its smallest
+/// barrier.
+template <class T>
+struct zipline_window {
+  T spread;
+  T barrier;
+};
+
+/// Writes spread, barrier and choice (each row's latest point <= barrier) into out.
+/// Every variant finds (spread, barrier) its own way and finishes here, so the choice rule
+/// is implemented once.
+template <class T>
+void zipline_finish(rows_view<T> rows, T spread, T barrier, zipline_result<T>& out) {
+  const std::size_t n = rows.size();
+  out.spread = spread;
+  out.barrier = barrier;
+  out.choice.resize(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    const auto row = rows[p];
+    out.choice[p] = zipline_upper_bound(row.data(), row.size(), barrier) - 1;
+  }
+}
+
+/// The merged timeline in buf.points: every point as (time, row), sorted by time, then row.
+template <class T>
+void zipline_merge_sorted(rows_view<T> rows, zipline_buffers<T>& buf) {
+  auto& pts = buf.points;
+  pts.resize(rows.total());
+  std::size_t k = 0;
+  for (std::size_t p = 0; p < rows.size(); ++p)
+    for (const T v : rows[p]) pts[k++] = {v, static_cast<std::uint32_t>(p), 0};
+  std::sort(pts.begin(), pts.end(), [](const auto& a, const auto& b) {
+    return a.t < b.t || (a.t == b.t && a.row < b.row);
+  });
+}
+
+}  // namespace cadence::detail
