@@ -276,3 +276,23 @@ TEST_CASE("dssp takes any predictor, and the default decides exactly like the pa
   }
   CHECK(basic_dssp<median_interval>(2, 1, 4, median_interval(3)).config() == "dssp:1:4:median:3");
 }
+
+TEST_CASE("dssp bounds r_max, history and workers x history where it accepts them") {
+  CHECK(dssp(2, 3, 3 + dssp::max_extension).upper_bound() == 3 + dssp::max_extension);
+  CHECK_THROWS_WITH_AS(dssp(2, 3, 3 + dssp::max_extension + 1),
+                       "cadence::dssp: r_max = s_U - s_L = 65537 exceeds dssp::max_extension = 65536",
+                       invalid_parameter_error);
+  using median_dssp = basic_dssp<median_interval>;
+  CHECK_NOTHROW(median_dssp(2, 1, 4, median_interval(3), max_history));
+  CHECK_THROWS_WITH_AS(median_dssp(2, 1, 4, median_interval(3), max_history + 1),
+                       "cadence::dssp: history = 1025 exceeds cadence::max_history = 1024",
+                       invalid_parameter_error);
+  const std::size_t most = max_history_entries / max_history;  // workers with the longest history
+  CHECK_THROWS_WITH_AS(median_dssp(most + 1, 1, 4, median_interval(3), max_history),
+                       "cadence::dssp: workers x history (16385 x 1024) = 16778240 exceeds "
+                       "cadence::max_history_entries = 16777216",
+                       invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(dssp(max_workers + 1, 1, 4),
+                       "cadence::dssp: workers = 1048577 exceeds cadence::max_workers = 1048576",
+                       invalid_parameter_error);
+}

@@ -224,3 +224,23 @@ TEST_CASE("elastic_bsp rejects bad parameters") {
   elastic_bsp c(2, 3);
   CHECK_THROWS_WITH(c.push(2, 1.0), doctest::Contains("cadence::elastic_bsp: push: unknown worker 2"));
 }
+
+TEST_CASE("elastic_bsp bounds R, history and their products with the workers where it accepts them") {
+  CHECK(elastic_bsp(2, elastic_bsp::max_lookahead).lookahead() == elastic_bsp::max_lookahead);
+  CHECK_THROWS_WITH_AS(elastic_bsp(2, elastic_bsp::max_lookahead + 1),
+                       "cadence::elastic_bsp: lookahead R = 65537 exceeds "
+                       "elastic_bsp::max_lookahead = 65536",
+                       invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(elastic_bsp(257, elastic_bsp::max_lookahead),
+                       "cadence::elastic_bsp: workers x lookahead R (257 x 65536) = 16842752 "
+                       "exceeds elastic_bsp::max_plan_points = 16777216",
+                       invalid_parameter_error);
+  CHECK_NOTHROW(elastic_bsp(2, 15, {}, zipline_variant::fast, max_history));
+  CHECK_THROWS_WITH_AS(elastic_bsp(2, 15, {}, zipline_variant::fast, max_history + 1),
+                       "cadence::elastic_bsp: history = 1025 exceeds cadence::max_history = 1024",
+                       invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(elastic_bsp(16385, 1, {}, zipline_variant::fast, max_history),
+                       "cadence::elastic_bsp: workers x history (16385 x 1024) = 16778240 exceeds "
+                       "cadence::max_history_entries = 16777216",
+                       invalid_parameter_error);
+}

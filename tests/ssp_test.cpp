@@ -199,3 +199,21 @@ TEST_CASE("ssp tracks clock gaps far larger than its initial ring") {
   CHECK(c.min_clock() == 5000);
   CHECK(c.max_staleness() == 0);
 }
+
+TEST_CASE("ssp issues at most max_workers worker ids, and refusing one more changes nothing") {
+  CHECK_THROWS_WITH_AS(bsp(max_workers + 1),
+                       "cadence::bsp: workers = 1048577 exceeds cadence::max_workers = 1048576",
+                       invalid_parameter_error);
+  ssp c(max_workers, 1);
+  CHECK(c.push(0, 1.0).proceed);
+  c.remove_worker(1);  // ids are never reused, so removing a worker frees none
+  CHECK_THROWS_WITH_AS(c.add_worker(),
+                       "cadence::ssp: add_worker: workers = 1048577 ids would exceed "
+                       "cadence::max_workers = 1048576 (ids of removed workers are not reused)",
+                       invalid_parameter_error);
+  CHECK(c.worker_capacity() == max_workers);
+  CHECK(c.active_workers() == max_workers - 1);
+  CHECK(c.clock(0) == 1);
+  CHECK(c.min_clock() == 0);
+  CHECK_FALSE(c.push(0, 2.0).proceed);  // and it still decides: two clocks ahead of the rest
+}

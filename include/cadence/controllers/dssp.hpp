@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -68,8 +69,16 @@ class basic_dssp : public detail::controller_base {
                 "timestamps (see cadence/predict/predictor.hpp)");
 
 public:
-  /// `history` >= 2: how many of each worker's latest push times the predictor sees
-  /// (default: 2 for last_interval, which needs no more, else 16).
+  /// Most extra iterations the synchronization controller may consider, r_max = s_U - s_L.
+  /// It sizes two scratch buffers of r_max + 1 predictions (1 MiB at the bound) and each run
+  /// of the controller costs O(r_max). 2^16 is thousands of times the docs' example
+  /// (dssp:3:15, r_max = 12); a wider range is ASP in all but name.
+  static constexpr clock_value max_extension = clock_value{1} << 16;
+
+  /// `history` in [2, cadence::max_history]: how many of each worker's latest push times the
+  /// predictor sees (default: 2 for last_interval, which needs no more, else 16); workers x
+  /// history <= cadence::max_history_entries. Throws invalid_parameter_error naming the
+  /// parameter, its value and the bound.
   basic_dssp(std::size_t workers, clock_value s_lower, clock_value s_upper, P predictor = P(),
              std::size_t history = std::is_same_v<P, last_interval> ? 2 : 16)
       : controller_base("dssp", workers),
@@ -83,9 +92,15 @@ public:
     if (s_upper < s_lower)
       throw invalid_parameter_error("cadence::dssp: upper bound s_U (" + std::to_string(s_upper) +
                                     ") must be >= lower bound s_L (" + std::to_string(s_lower) + ")");
+    detail::check_parameter_bound("dssp", "r_max = s_U - s_L",
+                                  static_cast<std::uintmax_t>(s_upper - s_lower),
+                                  "dssp::max_extension", max_extension);
     if (history < 2)
       throw invalid_parameter_error("cadence::dssp: history must be >= 2 pushes, got " +
                                     std::to_string(history));
+    detail::check_parameter_bound("dssp", "history", history, "cadence::max_history", max_history);
+    detail::check_product_bound("dssp", workers, "history", history,
+                                "cadence::max_history_entries", max_history_entries);
     extra_.assign(workers, 0);
     pushes_.assign(workers, 0);
     ring_.assign(workers * history_, 0.0);
@@ -127,6 +142,8 @@ public:
   span<const worker_id> remove_worker(worker_id p) { return remove_releasing_within(p, s_lower_); }
 
   worker_id add_worker() {
+    detail::check_product_bound("dssp", worker_capacity() + 1, "history", history_,
+                                "cadence::max_history_entries", max_history_entries);
     const worker_id p = add_worker_at_min();
     extra_.push_back(0);
     pushes_.push_back(0);

@@ -51,8 +51,20 @@ class basic_elastic_bsp : public detail::controller_base {
                 "timestamps (see cadence/predict/predictor.hpp)");
 
 public:
-  /// `lookahead` R >= 1 predicted pushes per worker; `history` >= 2 is how many of a worker's
-  /// latest pushes since the barrier the predictor sees.
+  /// Most predicted pushes per worker (R). 2^16 is hundreds of times the R the docs measure
+  /// (2 to 120; beyond about 30 predictions are already less accurate); R also bounds the
+  /// iterations a worker runs between barriers.
+  static constexpr std::size_t max_lookahead = std::size_t{1} << 16;
+  /// Most points in one plan, workers x R, counted over worker ids issued. The rows take 8
+  /// bytes a point and the ZipLine workspace a few times that, so 2^24 points keep planning
+  /// under about 1 GiB; cadence::max_workers with R <= 16 fits.
+  static constexpr std::size_t max_plan_points = std::size_t{1} << 24;
+
+  /// `lookahead` R in [1, max_lookahead] predicted pushes per worker; `history` in
+  /// [2, cadence::max_history] is how many of a worker's latest pushes since the barrier the
+  /// predictor sees; workers x R <= max_plan_points and workers x history <=
+  /// cadence::max_history_entries. Throws invalid_parameter_error naming the parameter, its
+  /// value and the bound.
   basic_elastic_bsp(std::size_t workers, std::size_t lookahead, P predictor = P(),
                     zipline_variant variant = zipline_variant::fast, std::size_t history = 16)
       : controller_base("elastic_bsp", workers),
@@ -62,9 +74,14 @@ public:
         variant_(variant) {
     if (lookahead < 1)
       throw invalid_parameter_error("cadence::elastic_bsp: lookahead R must be >= 1, got 0");
+    detail::check_parameter_bound("elastic_bsp", "lookahead R", lookahead,
+                                  "elastic_bsp::max_lookahead", max_lookahead);
     if (history < 2)
       throw invalid_parameter_error("cadence::elastic_bsp: history must be >= 2 pushes, got " +
                                     std::to_string(history));
+    detail::check_parameter_bound("elastic_bsp", "history", history, "cadence::max_history",
+                                  max_history);
+    check_worker_bounds(workers);
     for (std::size_t p = 0; p < workers; ++p) grow_worker(true);
     participants_ = workers;
   }
@@ -117,6 +134,7 @@ public:
   }
 
   worker_id add_worker() {
+    check_worker_bounds(worker_capacity() + 1);
     const worker_id p = add_worker_at_min();
     grow_worker(false);  // takes part from the next monitoring phase...
     if (participants_ == 0) start_monitoring();  // ...which starts now if nobody takes part
@@ -172,6 +190,13 @@ private:
     clock_value remaining = 0;       // running: pushes left before the barrier
     std::vector<timestamp> ring;     // latest `history_` push times since the barrier
   };
+
+  void check_worker_bounds(std::size_t workers) const {
+    detail::check_product_bound("elastic_bsp", workers, "lookahead R", lookahead_,
+                                "elastic_bsp::max_plan_points", max_plan_points);
+    detail::check_product_bound("elastic_bsp", workers, "history", history_,
+                                "cadence::max_history_entries", max_history_entries);
+  }
 
   void grow_worker(bool participating) {
     worker w;

@@ -2,11 +2,13 @@
 // check, the release buffer, and the error messages for misuse.
 #pragma once
 
+#include <cadence/controllers/controller.hpp>
 #include <cadence/controllers/detail/clock_table.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/core/types.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +21,31 @@ inline std::string format_time(timestamp t) {
   os << t;
   return os.str();
 }
+
+/// Throws invalid_parameter_error unless value <= bound, naming the policy, the parameter, its
+/// value and the bound ("cadence::dssp: history = 5000 exceeds cadence::max_history = 1024").
+inline void check_parameter_bound(const char* kind, const std::string& parameter,
+                                  std::uintmax_t value, const char* bound_name,
+                                  std::uintmax_t bound) {
+  if (value > bound)
+    throw invalid_parameter_error(std::string("cadence::") + kind + ": " + parameter + " = " +
+                                  std::to_string(value) + " exceeds " + bound_name + " = " +
+                                  std::to_string(bound));
+}
+
+/// Checks workers x per_worker (history, R) against a bound on their product; both factors
+/// are already bounded, so the product cannot overflow.
+inline void check_product_bound(const char* kind, std::size_t workers, const char* factor,
+                                std::size_t per_worker, const char* bound_name,
+                                std::size_t bound) {
+  check_parameter_bound(kind,
+                        std::string("workers x ") + factor + " (" + std::to_string(workers) +
+                            " x " + std::to_string(per_worker) + ")",
+                        std::uintmax_t{workers} * per_worker, bound_name, bound);
+}
+
+static_assert(max_workers < clock_table::none,
+              "cadence: max_workers must leave clock_table::none free as a sentinel");
 
 /// Base of the concrete controllers. Not part of the public interface: controllers are used
 /// through their own classes, the synchronization_controller concept, or any_controller.
@@ -62,9 +89,7 @@ protected:
   enum worker_state : unsigned char { running, waiting, removed };
 
   controller_base(const char* kind, std::size_t workers) : kind_(kind) {
-    if (workers > static_cast<std::size_t>(clock_table::none))
-      throw invalid_parameter_error(std::string("cadence::") + kind + ": too many workers (" +
-                                    std::to_string(workers) + ")");
+    check_parameter_bound(kind, "workers", workers, "cadence::max_workers", max_workers);
     state_.assign(workers, running);
     table_.reserve_workers(workers);
     released_.reserve(workers);
@@ -73,9 +98,13 @@ protected:
 
   /// Registers a new worker at the slowest active clock (or the last one when none is active).
   worker_id add_worker_at_min() {
-    const worker_id p = static_cast<worker_id>(state_.size());
-    if (p == clock_table::none)
-      throw invalid_parameter_error(std::string("cadence::") + kind_ + ": worker ids exhausted");
+    const std::size_t n = state_.size() + 1;
+    if (n > max_workers)
+      throw invalid_parameter_error(prefix() + "add_worker: workers = " + std::to_string(n) +
+                                    " ids would exceed cadence::max_workers = " +
+                                    std::to_string(max_workers) +
+                                    " (ids of removed workers are not reused)");
+    const auto p = static_cast<worker_id>(n - 1);
     state_.push_back(running);
     released_.reserve(state_.size());
     table_.insert_front(p, table_.min());  // when none is active, min() holds the last clock
