@@ -1,5 +1,6 @@
 #include <cadence/controllers/any_controller.hpp>
 #include <cadence/controllers/dssp.hpp>
+#include <cadence/controllers/make_controller.hpp>
 #include <cadence/controllers/ssp.hpp>
 
 #include "support/schedule.hpp"
@@ -50,4 +51,22 @@ TEST_CASE("target gives access to the concrete controller") {
   CHECK(a.target<ssp>() == nullptr);
   const any_controller& ca = a;
   CHECK(ca.target<dssp>()->lower_bound() == 1);
+}
+
+TEST_CASE("a call that throws through an any_controller leaves the held controller as it was") {
+  for (const char* config : {"bsp", "ssp:2", "dssp:1:4", "elastic:3"}) {
+    CAPTURE(config);
+    any_controller c = make_controller(config, 3);
+    const decision d = c.push(0, 1.0);
+    const any_controller before = c;
+    CHECK_THROWS_AS(c.push(3, 2.0), worker_error);
+    CHECK_THROWS_AS(c.push(1, 0.5), time_error);
+    if (!d.proceed) CHECK_THROWS_AS(c.push(0, 2.0), worker_error);
+    CHECK_THROWS_AS(c.remove_worker(7), worker_error);
+    test::require_same_state(c, before);
+    any_controller reference = before;
+    test::schedule_options opt;
+    opt.events = 40;
+    test::require_same_decisions(c, reference, 5, opt, 1.0);
+  }
 }

@@ -48,6 +48,9 @@ inline constexpr std::size_t max_history_entries = std::size_t{1} << 24;
 //     timeout can name the stragglers instead of just failing.
 //  6. cc.config() -> std::string: the string make_controller() parses back into this policy,
 //     so a run can be reported and reproduced.
+// The shipped controllers also promise, without the concept being able to check it: a call
+// that throws (push, remove_worker, add_worker) leaves the controller exactly as it was, so a
+// trainer that catches the error can report it and carry on, or retry.
 
 namespace detail {
 template <class C, class = void>
