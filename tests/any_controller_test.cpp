@@ -1,6 +1,7 @@
 #include <cadence/controllers/any_controller.hpp>
 #include <cadence/controllers/dssp.hpp>
 #include <cadence/controllers/elastic_bsp.hpp>
+#include <cadence/controllers/make_controller.hpp>
 #include <cadence/controllers/ssp.hpp>
 #include <cadence/predict/interval.hpp>
 
@@ -99,4 +100,22 @@ TEST_CASE("supersteps is empty for policies without barriers of their own, concr
   CHECK_FALSE(supersteps(any_controller(bsp(2))).has_value());
   CHECK_FALSE(supersteps(any_controller(dssp(2, 1, 4))).has_value());
   CHECK_THROWS_AS(supersteps(any_controller()), invalid_parameter_error);
+}
+
+TEST_CASE("a call that throws through an any_controller leaves the held controller as it was") {
+  for (const char* config : {"bsp", "ssp:2", "dssp:1:4", "elastic:3"}) {
+    CAPTURE(config);
+    any_controller c = make_controller(config, 3);
+    const decision d = c.push(0, 1.0);
+    const any_controller before = c;
+    CHECK_THROWS_AS(c.push(3, 2.0), worker_error);
+    CHECK_THROWS_AS(c.push(1, 0.5), time_error);
+    if (!d.proceed) CHECK_THROWS_AS(c.push(0, 2.0), worker_error);
+    CHECK_THROWS_AS(c.remove_worker(7), worker_error);
+    test::require_same_state(c, before);
+    any_controller reference = before;
+    test::schedule_options opt;
+    opt.events = 40;
+    test::require_same_decisions(c, reference, 5, opt, 1.0);
+  }
 }

@@ -276,3 +276,69 @@ TEST_CASE("dssp takes any predictor, and the default decides exactly like the pa
   }
   CHECK(basic_dssp<median_interval>(2, 1, 4, median_interval(3)).config() == "dssp:1:4:median:3");
 }
+
+TEST_CASE("dssp bounds r_max, history and workers x history where it accepts them") {
+  CHECK(dssp(2, 3, 3 + dssp::max_extension).upper_bound() == 3 + dssp::max_extension);
+  CHECK_THROWS_WITH_AS(dssp(2, 3, 3 + dssp::max_extension + 1),
+                       "cadence::dssp: r_max = s_U - s_L = 65537 exceeds dssp::max_extension = 65536",
+                       invalid_parameter_error);
+  using median_dssp = basic_dssp<median_interval>;
+  CHECK_NOTHROW(median_dssp(2, 1, 4, median_interval(3), max_history));
+  CHECK_THROWS_WITH_AS(median_dssp(2, 1, 4, median_interval(3), max_history + 1),
+                       "cadence::dssp: history = 1025 exceeds cadence::max_history = 1024",
+                       invalid_parameter_error);
+  const std::size_t most = max_history_entries / max_history;  // workers with the longest history
+  CHECK_THROWS_WITH_AS(median_dssp(most + 1, 1, 4, median_interval(3), max_history),
+                       "cadence::dssp: workers x history (16385 x 1024) = 16778240 exceeds "
+                       "cadence::max_history_entries = 16777216",
+                       invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(dssp(max_workers + 1, 1, 4),
+                       "cadence::dssp: workers = 1048577 exceeds cadence::max_workers = 1048576",
+                       invalid_parameter_error);
+}
+
+namespace {
+
+void require_same_dssp(const basic_dssp<test::failing_predictor>& a,
+                       const basic_dssp<test::failing_predictor>& b) {
+  test::require_same_state(a, b);
+  REQUIRE(a.grants() == b.grants());
+  for (worker_id p = 0; p < a.worker_capacity(); ++p)
+    if (a.is_active(p)) REQUIRE(a.extra_iterations(p) == b.extra_iterations(p));
+}
+
+}  // namespace
+
+TEST_CASE("a push that throws, from bad input or from the predictor, leaves a dssp as it was") {
+  using failure = test::failing_predictor::failure;
+  std::size_t predictor_throws = 0;
+  for (std::uint64_t seed = 0; seed < 12; ++seed) {
+    std::mt19937_64 rng(seed);
+    test::schedule_options opt;
+    opt.workers = 2 + seed % 5;
+    opt.events = 150;
+    opt.remove_probability = 0.02;
+    opt.add_probability = 0.02;
+    failure fail = failure::none;
+    basic_dssp<test::failing_predictor> c(opt.workers, 1, 6, test::failing_predictor{&fail});
+    using dssp_t = decltype(c);
+    const bool live = test::run_random_schedule(c, rng, opt, [&](const dssp_t& cc, std::size_t e) {
+      const std::uint64_t replay_seed = seed * 1000 + e;
+      if (e % 4 == 0) test::require_bad_calls_change_nothing(cc, require_same_dssp, replay_seed);
+      // A push from each running worker, with the predictor failing: those that reach the
+      // synchronization controller must throw and change nothing.
+      const double t = cc.last_time() + 0.25;
+      for (worker_id q = 0; q < cc.worker_capacity(); ++q) {
+        if (!cc.is_active(q) || cc.is_waiting(q)) continue;
+        predictor_throws += test::throw_changes_nothing<test::predictor_failure>(
+            cc, [&](dssp_t& x) { test::scoped_failure f(fail, failure::error); x.push(q, t); },
+            require_same_dssp, replay_seed);
+        predictor_throws += test::throw_changes_nothing<std::bad_alloc>(
+            cc, [&](dssp_t& x) { test::scoped_failure f(fail, failure::bad_alloc); x.push(q, t); },
+            require_same_dssp, replay_seed);
+      }
+    });
+    REQUIRE(live);
+  }
+  CHECK(predictor_throws > 50);
+}

@@ -224,3 +224,84 @@ TEST_CASE("elastic_bsp rejects bad parameters") {
   elastic_bsp c(2, 3);
   CHECK_THROWS_WITH(c.push(2, 1.0), doctest::Contains("cadence::elastic_bsp: push: unknown worker 2"));
 }
+
+TEST_CASE("elastic_bsp bounds R, history and their products with the workers where it accepts them") {
+  CHECK(elastic_bsp(2, elastic_bsp::max_lookahead).lookahead() == elastic_bsp::max_lookahead);
+  CHECK_THROWS_WITH_AS(elastic_bsp(2, elastic_bsp::max_lookahead + 1),
+                       "cadence::elastic_bsp: lookahead R = 65537 exceeds "
+                       "elastic_bsp::max_lookahead = 65536",
+                       invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(elastic_bsp(257, elastic_bsp::max_lookahead),
+                       "cadence::elastic_bsp: workers x lookahead R (257 x 65536) = 16842752 "
+                       "exceeds elastic_bsp::max_plan_points = 16777216",
+                       invalid_parameter_error);
+  CHECK_NOTHROW(elastic_bsp(2, 15, {}, zipline_variant::fast, max_history));
+  CHECK_THROWS_WITH_AS(elastic_bsp(2, 15, {}, zipline_variant::fast, max_history + 1),
+                       "cadence::elastic_bsp: history = 1025 exceeds cadence::max_history = 1024",
+                       invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(elastic_bsp(16385, 1, {}, zipline_variant::fast, max_history),
+                       "cadence::elastic_bsp: workers x history (16385 x 1024) = 16778240 exceeds "
+                       "cadence::max_history_entries = 16777216",
+                       invalid_parameter_error);
+}
+
+namespace {
+
+using failing_elastic = basic_elastic_bsp<test::failing_predictor>;
+
+void require_same_elastic(const failing_elastic& a, const failing_elastic& b) {
+  test::require_same_state(a, b);
+  REQUIRE(a.barriers() == b.barriers());
+  REQUIRE(a.fallbacks() == b.fallbacks());
+  REQUIRE(a.is_monitoring() == b.is_monitoring());
+  REQUIRE(a.last_superstep_iterations() == b.last_superstep_iterations());
+  REQUIRE(a.max_superstep_iterations() == b.max_superstep_iterations());
+  const elastic_plan pa = a.plan(), pb = b.plan();
+  REQUIRE(pa.planned == pb.planned);
+  REQUIRE(pa.remaining == pb.remaining);
+  if (pa.planned) {
+    REQUIRE(pa.barrier == pb.barrier);
+    REQUIRE(pa.spread == pb.spread);
+    REQUIRE(pa.planned_at == pb.planned_at);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a push or removal that throws, from bad input or from planning, leaves an elastic_bsp as it was") {
+  using failure = test::failing_predictor::failure;
+  std::size_t push_throws = 0, remove_throws = 0;
+  for (std::uint64_t seed = 0; seed < 12; ++seed) {
+    std::mt19937_64 rng(seed);
+    test::schedule_options opt;
+    opt.workers = 2 + seed % 5;
+    opt.events = 150;
+    opt.remove_probability = 0.02;
+    opt.add_probability = 0.02;
+    failure fail = failure::none;
+    failing_elastic c(opt.workers, 1 + seed % 6, test::failing_predictor{&fail});
+    const bool live = test::run_random_schedule(c, rng, opt, [&](const failing_elastic& cc, std::size_t e) {
+      const std::uint64_t replay_seed = seed * 1000 + e;
+      if (e % 4 == 0) test::require_bad_calls_change_nothing(cc, require_same_elastic, replay_seed);
+      // Every push and removal with planning failing: those that would plan (the last
+      // monitoring push; a removal that leaves everyone ready) must throw and change nothing.
+      const double t = cc.last_time() + 0.25;
+      for (worker_id q = 0; q < cc.worker_capacity(); ++q) {
+        if (!cc.is_active(q)) continue;
+        remove_throws += test::throw_changes_nothing<test::predictor_failure>(
+            cc, [&](failing_elastic& x) { test::scoped_failure f(fail, failure::error); x.remove_worker(q); },
+            require_same_elastic, replay_seed);
+        if (cc.is_waiting(q)) continue;
+        push_throws += test::throw_changes_nothing<test::predictor_failure>(
+            cc, [&](failing_elastic& x) { test::scoped_failure f(fail, failure::error); x.push(q, t); },
+            require_same_elastic, replay_seed);
+        push_throws += test::throw_changes_nothing<std::bad_alloc>(
+            cc, [&](failing_elastic& x) { test::scoped_failure f(fail, failure::bad_alloc); x.push(q, t); },
+            require_same_elastic, replay_seed);
+      }
+    });
+    REQUIRE(live);
+  }
+  CHECK(push_throws > 20);
+  CHECK(remove_throws > 5);
+}

@@ -2,7 +2,24 @@
 
 #include <doctest/doctest.h>
 
+#include <string>
+
 using namespace cadence;
+
+namespace {
+
+// The message of the invalid_parameter_error that make() throws.
+template <class F>
+std::string invalid_parameter_message(F&& make) {
+  try {
+    make();
+  } catch (const invalid_parameter_error& e) {
+    return e.what();
+  }
+  return "(no invalid_parameter_error)";
+}
+
+}  // namespace
 
 TEST_CASE("make_controller builds each policy from its config string and round-trips it") {
   for (const char* config : {"bsp", "asp", "ssp:0", "ssp:3", "dssp:3:15", "dssp:0:0", "dssp:3:15:median:5",
@@ -25,6 +42,7 @@ TEST_CASE("make_controller rejects bad strings with a message naming what was wr
   CHECK_THROWS_WITH(make_controller("ssp:-1", 2), doctest::Contains("expected an integer >= 0"));
   CHECK_THROWS_WITH(make_controller("ssp:3:4", 2), doctest::Contains("must look like"));
   CHECK_THROWS_WITH(make_controller("dssp:3", 2), doctest::Contains("must look like 'dssp:<s_L>:<s_U>[:<predictor>]'"));
+  CHECK_THROWS_WITH(make_controller("dssp:5:2", 2), doctest::Contains("policy 'dssp:5:2' for 2 workers: "));
   CHECK_THROWS_WITH(make_controller("dssp:5:2", 2), doctest::Contains("must be >= lower bound"));
   CHECK_THROWS_AS(make_controller("dssp:5:2", 2), invalid_parameter_error);
   CHECK_THROWS_WITH(make_controller("dssp:1:", 2), doctest::Contains("bad upper bound s_U ''"));
@@ -33,4 +51,40 @@ TEST_CASE("make_controller rejects bad strings with a message naming what was wr
   CHECK_THROWS_AS(make_controller("dssp:1:4:mean:0", 2), invalid_parameter_error);
   CHECK_THROWS_WITH(make_controller("dssp:1:4:oracle", 2), doctest::Contains("oracle"));
   CHECK_THROWS_WITH(make_controller("ssp:99999999999999999999", 2), doctest::Contains("bad staleness"));
+}
+
+TEST_CASE("make_controller enforces the constructors' bounds on memory-sizing parameters, naming the string") {
+  // The same bound, checked before anything is allocated, with the config string in front.
+  const auto same_bound = [](const char* config, std::size_t workers, auto direct) {
+    CAPTURE(config);
+    const std::string expected = invalid_parameter_message(direct);
+    CHECK(expected.find("exceeds") != std::string::npos);
+    CHECK(invalid_parameter_message([&] { return make_controller(config, workers); }) ==
+          "cadence: policy '" + std::string(config) + "' for " + std::to_string(workers) +
+              " workers: " + expected);
+  };
+  same_bound("bsp", 1'000'000'000'000, [] { return bsp(1'000'000'000'000); });
+  same_bound("asp", max_workers + 1, [] { return asp(max_workers + 1); });
+  same_bound("ssp:3", max_workers + 1, [] { return ssp(max_workers + 1, 3); });
+  same_bound("dssp:0:100000000000", 4, [] { return dssp(4, 0, 100'000'000'000); });
+  same_bound("dssp:1:4:median:5", max_workers + 1, [] {
+    return basic_dssp<median_interval>(max_workers + 1, 1, 4, median_interval(5));
+  });
+  same_bound("elastic:100000000", 4, [] { return elastic_bsp(4, 100'000'000); });
+  same_bound("elastic:65536:opt-bs", 300,
+             [] { return elastic_bsp(300, 65536, {}, zipline_variant::opt_bs); });
+  CHECK(invalid_parameter_message([] { return make_controller("elastic:100000000", 4); }) ==
+        "cadence: policy 'elastic:100000000' for 4 workers: cadence::elastic_bsp: lookahead R = "
+        "100000000 exceeds elastic_bsp::max_lookahead = 65536");
+  // The bounds themselves are accepted.
+  CHECK(make_controller("dssp:0:65536", 2).config() == "dssp:0:65536");
+  CHECK(make_controller("elastic:65536", 2).config() == "elastic:65536:last:fast");
+  // Errors from the predictor and variant parsers name the string too.
+  CHECK_THROWS_WITH_AS(make_controller("dssp:1:4:median:65", 2),
+                       doctest::Contains("policy 'dssp:1:4:median:65' for 2 workers: "
+                                         "cadence::median_interval: k must be in [1, 64], got 65"),
+                       invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(make_controller("elastic:15:fastest", 2),
+                       doctest::Contains("policy 'elastic:15:fastest' for 2 workers: "),
+                       parse_error);
 }

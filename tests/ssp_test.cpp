@@ -199,3 +199,42 @@ TEST_CASE("ssp tracks clock gaps far larger than its initial ring") {
   CHECK(c.min_clock() == 5000);
   CHECK(c.max_staleness() == 0);
 }
+
+TEST_CASE("a push or removal that throws leaves bsp, ssp and asp exactly as they were") {
+  const auto same = [](const auto& a, const auto& b) { test::require_same_state(a, b); };
+  const auto run = [&](auto c, std::uint64_t seed, const test::schedule_options& opt) {
+    std::mt19937_64 rng(seed);
+    const bool live = test::run_random_schedule(c, rng, opt, [&](const auto& cc, std::size_t e) {
+      if (e % 4 == 0) test::require_bad_calls_change_nothing(cc, same, seed * 1000 + e);
+    });
+    REQUIRE(live);
+  };
+  for (std::uint64_t seed = 0; seed < 12; ++seed) {
+    test::schedule_options opt;
+    opt.workers = 2 + seed % 5;
+    opt.events = 120;
+    opt.remove_probability = 0.03;
+    opt.add_probability = 0.03;
+    run(bsp(opt.workers), seed, opt);
+    run(ssp(opt.workers, 2), seed, opt);
+    run(asp(opt.workers), seed, opt);
+  }
+}
+
+TEST_CASE("ssp issues at most max_workers worker ids, and refusing one more changes nothing") {
+  CHECK_THROWS_WITH_AS(bsp(max_workers + 1),
+                       "cadence::bsp: workers = 1048577 exceeds cadence::max_workers = 1048576",
+                       invalid_parameter_error);
+  ssp c(max_workers, 1);
+  CHECK(c.push(0, 1.0).proceed);
+  c.remove_worker(1);  // ids are never reused, so removing a worker frees none
+  CHECK_THROWS_WITH_AS(c.add_worker(),
+                       "cadence::ssp: add_worker: workers = 1048577 ids would exceed "
+                       "cadence::max_workers = 1048576 (ids of removed workers are not reused)",
+                       invalid_parameter_error);
+  CHECK(c.worker_capacity() == max_workers);
+  CHECK(c.active_workers() == max_workers - 1);
+  CHECK(c.clock(0) == 1);
+  CHECK(c.min_clock() == 0);
+  CHECK_FALSE(c.push(0, 2.0).proceed);  // and it still decides: two clocks ahead of the rest
+}

@@ -1,14 +1,23 @@
 // Seeded random push schedules for property tests of controllers: who pushes next (among
 // running workers, weighted by speed), strictly increasing times, and occasional joins and
-// departures. Checks the invariants every controller must keep after each event.
+// departures. Checks the invariants every controller must keep after each event, and the
+// strong exception guarantee (a call that throws changes nothing), with a predictor that fails
+// on demand.
 #pragma once
 
 #include <cadence/controllers/controller.hpp>
+#include <cadence/controllers/detail/controller_base.hpp>
+#include <cadence/predict/interval.hpp>
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <new>
 #include <random>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 namespace cadence::test {
@@ -118,13 +127,15 @@ inline std::vector<worker_id> sorted(span<const worker_id> v) {
 }
 
 /// Replays one seeded random schedule on two controllers and requires identical decisions
-/// (released sets compared as sets) and identical state after every event.
+/// (released sets compared as sets) and identical state after every event. Times start after
+/// `t0` (pass the controllers' last_time() to continue a run).
 template <class A, class B>
-void require_same_decisions(A& a, B& b, std::uint64_t seed, const test::schedule_options& opt) {
+void require_same_decisions(A& a, B& b, std::uint64_t seed, const test::schedule_options& opt,
+                            double t0 = 0) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   std::vector<double> speed;
-  double t = 0;
+  double t = t0;
   for (std::size_t e = 0; e < opt.events; ++e) {
     if (opt.add_probability > 0 && unit(rng) < opt.add_probability) REQUIRE(a.add_worker() == b.add_worker());
     while (speed.size() < a.worker_capacity()) speed.push_back(0.2 + 2.8 * unit(rng));
@@ -161,5 +172,121 @@ void require_same_decisions(A& a, B& b, std::uint64_t seed, const test::schedule
     REQUIRE(sorted(da.released) == sorted(db.released));
   }
 }
+
+/// Requires a and b to show the same state through everything the controller concept offers,
+/// plus last_time() and waiting_count() for the shipped controllers. Policy-specific state
+/// (DSSP's allowances, ElasticBSP's plan) is for the caller to compare.
+template <class C>
+void require_same_state(const C& a, const C& b) {
+  REQUIRE(a.worker_capacity() == b.worker_capacity());
+  REQUIRE(a.active_workers() == b.active_workers());
+  REQUIRE(a.min_clock() == b.min_clock());
+  REQUIRE(a.max_staleness() == b.max_staleness());
+  REQUIRE(a.config() == b.config());
+  if constexpr (std::is_base_of_v<detail::controller_base, C>) {
+    REQUIRE(a.last_time() == b.last_time());
+    REQUIRE(a.waiting_count() == b.waiting_count());
+  }
+  for (worker_id p = 0; p < a.worker_capacity(); ++p) {
+    REQUIRE(a.is_active(p) == b.is_active(p));
+    if (!a.is_active(p)) continue;
+    REQUIRE(a.clock(p) == b.clock(p));
+    REQUIRE(a.staleness(p) == b.staleness(p));
+    REQUIRE(a.is_waiting(p) == b.is_waiting(p));
+    if (a.is_waiting(p)) REQUIRE(a.waiting_for(p) == b.waiting_for(p));
+  }
+}
+
+/// The strong exception guarantee for one call: runs `call` on a copy of c and, if it throws
+/// E, requires the copy to be unchanged: `same(copy, c)` (which REQUIREs equal observables),
+/// then identical decisions and state on 30 events of a random schedule continuing both.
+/// Returns whether the call threw E; any other exception fails the test.
+template <class E, class C, class Call, class Same>
+bool throw_changes_nothing(const C& c, Call&& call, Same&& same, std::uint64_t seed) {
+  C probe = c;
+  try {
+    call(probe);
+  } catch (const E&) {
+    same(probe, c);
+    C reference = c;
+    schedule_options opt;
+    opt.events = 30;
+    opt.remove_probability = 0.03;
+    opt.add_probability = 0.03;
+    require_same_decisions(probe, reference, seed, opt,
+                           std::isfinite(c.last_time()) ? c.last_time() : 0.0);
+    same(probe, reference);
+    return true;
+  }
+  return false;
+}
+
+/// throw_changes_nothing for a call that must throw E.
+template <class E, class C, class Call, class Same>
+void require_throw_changes_nothing(const C& c, Call&& call, Same&& same, std::uint64_t seed) {
+  CHECK(throw_changes_nothing<E>(c, call, same, seed));
+}
+
+/// Makes the calls a controller must reject (a push or removal of an unknown, removed or
+/// waiting worker; a push at a NaN, infinite or backward time) and requires each to throw and
+/// change nothing.
+template <class C, class Same>
+void require_bad_calls_change_nothing(const C& c, Same&& same, std::uint64_t seed) {
+  const auto unknown = static_cast<worker_id>(c.worker_capacity());
+  const double t = std::isfinite(c.last_time()) ? c.last_time() + 1.0 : 1.0;
+  require_throw_changes_nothing<worker_error>(c, [&](C& x) { x.push(unknown, t); }, same, seed);
+  require_throw_changes_nothing<worker_error>(c, [&](C& x) { x.remove_worker(unknown); }, same, seed);
+  bool timed = false;
+  for (worker_id p = 0; p < c.worker_capacity(); ++p) {
+    if (!c.is_active(p)) {
+      require_throw_changes_nothing<worker_error>(c, [&](C& x) { x.push(p, t); }, same, seed);
+      require_throw_changes_nothing<worker_error>(c, [&](C& x) { x.remove_worker(p); }, same, seed);
+    } else if (c.is_waiting(p)) {
+      require_throw_changes_nothing<worker_error>(c, [&](C& x) { x.push(p, t); }, same, seed);
+    } else if (!timed) {  // the time checks do not depend on the worker: one running one will do
+      timed = true;
+      require_throw_changes_nothing<time_error>(c, [&](C& x) { x.push(p, std::nan("")); }, same, seed);
+      require_throw_changes_nothing<time_error>(c, [&](C& x) { x.push(p, HUGE_VAL); }, same, seed);
+      if (std::isfinite(c.last_time()))
+        require_throw_changes_nothing<time_error>(c, [&](C& x) { x.push(p, c.last_time() - 0.5); },
+                                                  same, seed);
+    }
+  }
+}
+
+/// What failing_predictor throws for failure::error: not a cadence::error, as a user's own
+/// exception would not be.
+struct predictor_failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Predicts like last_interval until its switch says fail: then predict throws, as a buggy
+/// user predictor or an allocation failing during planning would. Copies share the switch,
+/// so a test can trip it inside a controller that holds a copy.
+struct failing_predictor {
+  enum class failure { none, error, bad_alloc };
+  const failure* fail = nullptr;
+
+  template <class T>
+  void predict(span<const T> history, std::size_t r, T* out) const {
+    if (*fail == failure::error) throw predictor_failure("failing_predictor: asked to fail");
+    if (*fail == failure::bad_alloc) throw std::bad_alloc();
+    last_interval{}.predict(history, r, out);
+  }
+  static constexpr std::size_t min_history() noexcept { return 2; }
+  std::string name() const { return "failing"; }
+};
+
+/// Sets a failing_predictor's switch for the lifetime of this object.
+class scoped_failure {
+public:
+  scoped_failure(failing_predictor::failure& s, failing_predictor::failure f) : s_(s) { s_ = f; }
+  ~scoped_failure() { s_ = failing_predictor::failure::none; }
+  scoped_failure(const scoped_failure&) = delete;
+  scoped_failure& operator=(const scoped_failure&) = delete;
+
+private:
+  failing_predictor::failure& s_;
+};
 
 }  // namespace cadence::test

@@ -4,12 +4,35 @@
 
 #include <cadence/core/types.hpp>
 
+#include <cstddef>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace cadence {
+
+// Bounds on the parameters that size a controller's memory. Every controller checks them
+// where it accepts the parameter (constructor, add_worker, make_controller), so a typo fails
+// at once with invalid_parameter_error naming the parameter, its value and the bound, instead
+// of allocating gigabytes or throwing std::bad_alloc in the middle of training.
+
+/// Most worker ids one controller issues over its life: the initial workers plus every
+/// add_worker() (ids are never reused, so departed workers count). 2^20 is about ten times the
+/// largest data-parallel jobs reported (~10^5 accelerators), and per-worker state is tens of
+/// bytes (about 21 MiB for SSP at the bound).
+inline constexpr std::size_t max_workers = std::size_t{1} << 20;
+
+/// Most push times a controller keeps per worker for its predictor (the `history` parameter of
+/// basic_dssp and basic_elastic_bsp). The shipped predictors look at most 64 intervals back
+/// (median_interval::max_k) or weigh old ones down geometrically (ewma); 1024 leaves room for
+/// a user predictor with a long window while keeping each prediction O(1024).
+inline constexpr std::size_t max_history = 1024;
+
+/// Most push times kept over all workers (worker ids x history): 2^24 timestamps, 128 MiB.
+/// max_workers with the default history of 16 fits exactly; only a long history on a very
+/// large cluster reaches it.
+inline constexpr std::size_t max_history_entries = std::size_t{1} << 24;
 
 // A type C is a synchronization controller when, for `C& c`, `const C& cc`, worker_id p and
 // timestamp t:
@@ -25,6 +48,9 @@ namespace cadence {
 //     timeout can name the stragglers instead of just failing.
 //  6. cc.config() -> std::string: the string make_controller() parses back into this policy,
 //     so a run can be reported and reproduced.
+// The shipped controllers also promise, without the concept being able to check it: a call
+// that throws (push, remove_worker, add_worker) leaves the controller exactly as it was, so a
+// trainer that catches the error can report it and carry on, or retry.
 
 namespace detail {
 template <class C, class = void>

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -68,8 +69,16 @@ class basic_dssp : public detail::controller_base {
                 "timestamps (see cadence/predict/predictor.hpp)");
 
 public:
-  /// `history` >= 2: how many of each worker's latest push times the predictor sees
-  /// (default: 2 for last_interval, which needs no more, else 16).
+  /// Most extra iterations the synchronization controller may consider, r_max = s_U - s_L.
+  /// It sizes two scratch buffers of r_max + 1 predictions (1 MiB at the bound) and each run
+  /// of the controller costs O(r_max). 2^16 is thousands of times the docs' example
+  /// (dssp:3:15, r_max = 12); a wider range is ASP in all but name.
+  static constexpr clock_value max_extension = clock_value{1} << 16;
+
+  /// `history` in [2, cadence::max_history]: how many of each worker's latest push times the
+  /// predictor sees (default: 2 for last_interval, which needs no more, else 16); workers x
+  /// history <= cadence::max_history_entries. Throws invalid_parameter_error naming the
+  /// parameter, its value and the bound.
   basic_dssp(std::size_t workers, clock_value s_lower, clock_value s_upper, P predictor = P(),
              std::size_t history = std::is_same_v<P, last_interval> ? 2 : 16)
       : controller_base("dssp", workers),
@@ -83,9 +92,15 @@ public:
     if (s_upper < s_lower)
       throw invalid_parameter_error("cadence::dssp: upper bound s_U (" + std::to_string(s_upper) +
                                     ") must be >= lower bound s_L (" + std::to_string(s_lower) + ")");
+    detail::check_parameter_bound("dssp", "r_max = s_U - s_L",
+                                  static_cast<std::uintmax_t>(s_upper - s_lower),
+                                  "dssp::max_extension", max_extension);
     if (history < 2)
       throw invalid_parameter_error("cadence::dssp: history must be >= 2 pushes, got " +
                                     std::to_string(history));
+    detail::check_parameter_bound("dssp", "history", history, "cadence::max_history", max_history);
+    detail::check_product_bound("dssp", workers, "history", history,
+                                "cadence::max_history_entries", max_history_entries);
     extra_.assign(workers, 0);
     pushes_.assign(workers, 0);
     ring_.assign(workers * history_, 0.0);
@@ -95,39 +110,56 @@ public:
     slow_.resize(r_max + 1);
   }
 
+  /// Worker p finished an iteration at time t. Throws worker_error or time_error as ssp does,
+  /// and whatever the predictor throws other than time_error (which means "no extension");
+  /// a push that throws changes nothing.
   decision push(worker_id p, timestamp t) {
     check_push(p, t);
+    // Decide from the state as it will be after the push, then commit: the predictor, the
+    // deadlock check and the ring growth all run before the first change.
+    const clock_value c = table_.clock(p) + 1;
+    const clock_value gap = c - table_.min_after_advance(p);
+    clock_value extra = extra_[p];
+    bool proceed = true, grant = false;
+    if (extra > 0) {
+      --extra;
+    } else if (gap > s_lower_) {
+      // Only the fastest worker (the largest clock once it has pushed) may be granted more.
+      const clock_value r = c >= table_.max() ? controller(p, t, gap) : 0;
+      proceed = grant = r > 0;
+      if (grant) extra = r - 1;
+    }
+    if (!proceed) check_wait_allowed();
+    table_.reserve_advance(p);
+
     last_time_ = t;
     released_.clear();
     ring_[std::size_t{p} * history_ + pushes_[p] % history_] = t;
     ++pushes_[p];
+    extra_[p] = extra;
+    if (grant) ++grants_;
     const clock_value old_min = table_.min();
     table_.advance(p);
     release_within(old_min, s_lower_);
-
-    const clock_value gap = table_.clock(p) - table_.min();
-    bool proceed = false;
-    if (extra_[p] > 0) {
-      --extra_[p];
-      proceed = true;
-    } else if (gap <= s_lower_) {
-      proceed = true;
-    } else if (table_.clock(p) == table_.max()) {
-      const clock_value r = controller(p, gap);
-      if (r > 0) {
-        extra_[p] = r - 1;
-        proceed = true;
-        ++grants_;
-      }
-    }
     if (!proceed) set_waiting(p);
     return decide(proceed);
   }
 
+  /// Removes worker p and releases whoever waited only for it; throws worker_error, changing
+  /// nothing, for an unknown or removed worker.
   span<const worker_id> remove_worker(worker_id p) { return remove_releasing_within(p, s_lower_); }
 
+  /// Adds a worker at the slowest active clock; returns its id. Throws
+  /// invalid_parameter_error, changing nothing, past cadence::max_workers ids or
+  /// cadence::max_history_entries push times.
   worker_id add_worker() {
-    const worker_id p = add_worker_at_min();
+    const worker_id p = reserve_new_worker();
+    detail::check_product_bound("dssp", std::size_t{p} + 1, "history", history_,
+                                "cadence::max_history_entries", max_history_entries);
+    detail::reserve_for(extra_, std::size_t{p} + 1);
+    detail::reserve_for(pushes_, std::size_t{p} + 1);
+    detail::reserve_for(ring_, ring_.size() + history_);
+    commit_new_worker(p);  // nothing from here on can throw
     extra_.push_back(0);
     pushes_.push_back(0);
     ring_.resize(ring_.size() + history_, 0.0);
@@ -163,29 +195,36 @@ public:
   }
 
 private:
-  // Worker q's latest min(pushes, history) push times, oldest first, in scratch_history_.
-  span<const timestamp> history_of(worker_id q) {
-    const std::size_t have = pushes_[q] < history_ ? pushes_[q] : history_;
+  // Worker q's latest push times, oldest first, in scratch_history_: the recorded ones, then
+  // `t` when `pending` (the push being decided, not recorded yet).
+  span<const timestamp> history_of(worker_id q, bool pending, timestamp t) {
+    const std::size_t pushes = pushes_[q] + (pending ? 1 : 0);
+    const std::size_t have = pushes < history_ ? pushes : history_;
     const timestamp* ring = ring_.data() + std::size_t{q} * history_;
-    for (std::size_t i = 0; i < have; ++i)
-      scratch_history_[i] = ring[(pushes_[q] - have + i) % history_];
+    for (std::size_t i = 0; i < have; ++i) {
+      const std::size_t k = pushes - have + i;
+      scratch_history_[i] = k == pushes_[q] ? t : ring[k % history_];
+    }
     return span<const timestamp>(scratch_history_.data(), have);
   }
 
-  // The synchronization controller for the fastest worker p, `gap` clocks ahead of c_min.
-  clock_value controller(worker_id p, clock_value gap) {
+  // The synchronization controller for p's push at t, which will make p the fastest worker,
+  // `gap` clocks ahead of the slowest. Reads the state as it will be after the push, and
+  // writes only scratch buffers, so whatever the predictor throws changes nothing.
+  clock_value controller(worker_id p, timestamp t, clock_value gap) {
     const clock_value max_i = std::min(s_upper_ - s_lower_, s_upper_ + 1 - gap);
-    if (max_i <= 0 || pushes_[p] < 2) return 0;
+    if (max_i <= 0 || pushes_[p] + 1 < 2) return 0;
     // The slowest worker: smallest clock, ties to the oldest latest push (the bucket's head).
-    const worker_id slow = table_.head(table_.min());
+    // gap > 0, so p is not alone at the smallest clock and that clock stays.
+    const worker_id slow = table_.head_of_min_after_advance(p);
     if (pushes_[slow] < 2) return 0;
     const auto np = static_cast<std::size_t>(max_i) + 1;
     const auto ns = static_cast<std::size_t>(s_upper_ - s_lower_) + 1;
     try {
-      const span<const timestamp> hp = history_of(p);
+      const span<const timestamp> hp = history_of(p, true, t);
       fast_[0] = hp.back();
       predictor_.predict(hp, np - 1, fast_.data() + 1);
-      predictor_.predict(history_of(slow), ns, slow_.data());
+      predictor_.predict(history_of(slow, false, t), ns, slow_.data());
     } catch (const time_error&) {  // predictions beyond what a double holds: no extension
       return 0;
     }

@@ -51,8 +51,20 @@ class basic_elastic_bsp : public detail::controller_base {
                 "timestamps (see cadence/predict/predictor.hpp)");
 
 public:
-  /// `lookahead` R >= 1 predicted pushes per worker; `history` >= 2 is how many of a worker's
-  /// latest pushes since the barrier the predictor sees.
+  /// Most predicted pushes per worker (R). 2^16 is hundreds of times the R the docs measure
+  /// (2 to 120; beyond about 30 predictions are already less accurate); R also bounds the
+  /// iterations a worker runs between barriers.
+  static constexpr std::size_t max_lookahead = std::size_t{1} << 16;
+  /// Most points in one plan, workers x R, counted over worker ids issued. The rows take 8
+  /// bytes a point and the ZipLine workspace a few times that, so 2^24 points keep planning
+  /// under about 1 GiB; cadence::max_workers with R <= 16 fits.
+  static constexpr std::size_t max_plan_points = std::size_t{1} << 24;
+
+  /// `lookahead` R in [1, max_lookahead] predicted pushes per worker; `history` in
+  /// [2, cadence::max_history] is how many of a worker's latest pushes since the barrier the
+  /// predictor sees; workers x R <= max_plan_points and workers x history <=
+  /// cadence::max_history_entries. Throws invalid_parameter_error naming the parameter, its
+  /// value and the bound.
   basic_elastic_bsp(std::size_t workers, std::size_t lookahead, P predictor = P(),
                     zipline_variant variant = zipline_variant::fast, std::size_t history = 16)
       : controller_base("elastic_bsp", workers),
@@ -62,64 +74,125 @@ public:
         variant_(variant) {
     if (lookahead < 1)
       throw invalid_parameter_error("cadence::elastic_bsp: lookahead R must be >= 1, got 0");
+    detail::check_parameter_bound("elastic_bsp", "lookahead R", lookahead,
+                                  "elastic_bsp::max_lookahead", max_lookahead);
     if (history < 2)
       throw invalid_parameter_error("cadence::elastic_bsp: history must be >= 2 pushes, got " +
                                     std::to_string(history));
-    for (std::size_t p = 0; p < workers; ++p) grow_worker(true);
+    detail::check_parameter_bound("elastic_bsp", "history", history, "cadence::max_history",
+                                  max_history);
+    check_worker_bounds(workers);
+    w_.resize(workers);
+    for (worker& w : w_) {
+      w.participating = true;
+      w.ring.resize(history_);
+    }
     participants_ = workers;
+    last_superstep_.assign(workers, 0);
+    // Planning room for every worker, so that planning allocates only in the ZipLine workspace.
+    rows_.resize(workers * lookahead_);
+    history_buf_.resize(history_);
+    row_worker_.reserve(workers);
+    result_.choice.reserve(workers);
   }
 
+  /// Worker p finished an iteration at time t. Throws worker_error or time_error as ssp does,
+  /// and whatever planning throws other than the documented fallbacks (an exception from the
+  /// predictor, std::bad_alloc from the ZipLine workspace); a push that throws changes nothing.
   decision push(worker_id p, timestamp t) {
     check_push(p, t);
+    // Decide first, then commit: the plan this push may complete (prediction and search, into
+    // scratch buffers), the deadlock check and the ring growth all run before the first change.
+    worker& w = w_[p];
+    step next = step::run;
+    if (w.participating) {
+      if (!planned_) {
+        if (ready_ + (w.since_barrier + 1 == 2 ? 1 : 0) == participants_)
+          next = solve_plan(p, t, detail::clock_table::none) ? step::plan : step::fallback;
+      } else if (w.remaining == 1) {
+        next = arrived_ + 1 == participants_ ? step::complete : step::wait;
+      }
+    }
+    if (next == step::wait) check_wait_allowed();
+    table_.reserve_advance(p);
+
     last_time_ = t;
     released_.clear();
     table_.advance(p);
-    worker& w = w_[p];
     ++w.superstep_pushes;
     if (!w.participating) return decide(true);
-
     if (!planned_) {
       record(w, t);
       if (w.since_barrier == 2) ++ready_;
-      if (ready_ == participants_) make_plan(t);
+      if (next == step::plan) commit_plan(t);
+      if (next == step::fallback) fallback();
       return decide(true);
     }
-    if (--w.remaining > 0) return decide(true);
-    // p reached its planned barrier iteration.
-    if (arrived_ + 1 == participants_) {
-      complete_barrier(p);
-      return decide(true);
-    }
+    --w.remaining;
+    if (next == step::complete) complete_barrier(p);  // p reached the barrier last
+    if (next != step::wait) return decide(true);
     ++arrived_;
     set_waiting(p);
     return decide(false);
   }
 
+  /// Removes worker p; if others wait at the barrier only for it, the barrier completes, and
+  /// if everyone left is ready, the plan is made. Throws worker_error for an unknown or
+  /// removed worker, or what planning throws (as for push); a throwing call changes nothing.
   span<const worker_id> remove_worker(worker_id p) {
     check_active(p, "remove_worker");
-    released_.clear();
     worker& w = w_[p];
-    const bool was_waiting = mark_removed(p);
+    const bool was_waiting = state_[p] == waiting;
+    // Decide first (planning may throw), then commit.
+    step next = step::run;
     if (w.participating) {
-      w.participating = false;
-      --participants_;
-      if (was_waiting) --arrived_;
-      if (!planned_ && w.since_barrier >= 2) --ready_;
-      if (participants_ == 0) {
-        start_monitoring();
-      } else if (planned_ && arrived_ == participants_) {
-        complete_barrier(detail::clock_table::none);
-      } else if (!planned_ && ready_ == participants_) {
-        make_plan(last_time_);
-      }
+      const std::size_t left = participants_ - 1;
+      const std::size_t ready = ready_ - (!planned_ && w.since_barrier >= 2 ? 1 : 0);
+      if (left == 0)
+        next = step::restart;
+      else if (planned_ && arrived_ - (was_waiting ? 1 : 0) == left)
+        next = step::complete;
+      else if (!planned_ && ready == left)
+        next = solve_plan(detail::clock_table::none, 0, p) ? step::plan : step::fallback;
+    }
+
+    released_.clear();
+    mark_removed(p);
+    if (!w.participating) return released_;
+    w.participating = false;
+    --participants_;
+    if (was_waiting) --arrived_;
+    if (!planned_ && w.since_barrier >= 2) --ready_;
+    switch (next) {
+      case step::restart: start_monitoring(); break;
+      case step::complete: complete_barrier(detail::clock_table::none); break;
+      case step::plan: commit_plan(last_time_); break;
+      case step::fallback: fallback(); break;
+      case step::run: case step::wait: break;  // a removal neither runs nor waits
     }
     return released_;
   }
 
+  /// Adds a worker (it takes part from the next monitoring phase); returns its id. Throws
+  /// invalid_parameter_error, changing nothing, past cadence::max_workers ids or the bounds on
+  /// workers x R and workers x history.
   worker_id add_worker() {
-    const worker_id p = add_worker_at_min();
-    grow_worker(false);  // takes part from the next monitoring phase...
-    if (participants_ == 0) start_monitoring();  // ...which starts now if nobody takes part
+    const worker_id p = reserve_new_worker();
+    const std::size_t n = std::size_t{p} + 1;
+    check_worker_bounds(n);
+    // Make room for everything the new worker needs, planning included; then commit.
+    worker fresh;
+    fresh.ring.resize(history_);
+    detail::reserve_for(w_, n);
+    detail::reserve_for(last_superstep_, n);
+    detail::reserve_for(rows_, n * lookahead_);
+    detail::reserve_for(row_worker_, n);
+    detail::reserve_for(result_.choice, n);
+    commit_new_worker(p);  // nothing from here on can throw
+    w_.push_back(std::move(fresh));
+    last_superstep_.push_back(0);
+    rows_.resize(n * lookahead_);
+    if (participants_ == 0) start_monitoring();  // the next monitoring phase starts now
     return p;
   }
 
@@ -173,20 +246,22 @@ private:
     std::vector<timestamp> ring;     // latest `history_` push times since the barrier
   };
 
-  void grow_worker(bool participating) {
-    worker w;
-    w.participating = participating;
-    w.ring.resize(history_);
-    w_.push_back(std::move(w));
-    last_superstep_.push_back(0);
+  // What a push or a removal will do once it commits, decided before anything changes.
+  enum class step { run, plan, fallback, wait, complete, restart };
+
+  void check_worker_bounds(std::size_t workers) const {
+    detail::check_product_bound("elastic_bsp", workers, "lookahead R", lookahead_,
+                                "elastic_bsp::max_plan_points", max_plan_points);
+    detail::check_product_bound("elastic_bsp", workers, "history", history_,
+                                "cadence::max_history_entries", max_history_entries);
   }
 
-  void record(worker& w, timestamp t) {
+  void record(worker& w, timestamp t) noexcept {
     w.ring[w.since_barrier % history_] = t;
     ++w.since_barrier;
   }
 
-  void start_monitoring() {
+  void start_monitoring() noexcept {
     planned_ = false;
     ready_ = 0;
     arrived_ = 0;
@@ -200,7 +275,7 @@ private:
     }
   }
 
-  void end_superstep() {
+  void end_superstep() noexcept {
     for (worker_id q = 0; q < w_.size(); ++q) {
       last_superstep_[q] = w_[q].superstep_pushes;
       if (w_[q].superstep_pushes > max_superstep_) max_superstep_ = w_[q].superstep_pushes;
@@ -208,44 +283,47 @@ private:
     }
   }
 
-  // Prediction and planning; on failure, the documented fallback.
-  void make_plan(timestamp now) {
-    if (participants_ < 2) {
-      fallback();
-      return;
-    }
+  // Prediction and planning into the scratch buffers (rows_, row_worker_, result_), as if
+  // worker `pushed` had recorded its push at `t` and worker `leaving` were gone: the caller
+  // commits only afterwards, so whatever this throws changes nothing. Returns false for the
+  // documented fallback (fewer than two participants, or predictions the search rejects).
+  bool solve_plan(worker_id pushed, timestamp t, worker_id leaving) {
+    const std::size_t n = participants_ - (leaving == detail::clock_table::none ? 0 : 1);
+    if (n < 2) return false;
     const std::size_t r = lookahead_;
-    rows_.resize(participants_ * r);
     row_worker_.clear();
     for (worker_id q = 0; q < w_.size(); ++q) {
       const worker& w = w_[q];
-      if (!is_active(q) || !w.participating) continue;
-      // The ring in time order, oldest first.
-      const std::size_t have = w.since_barrier < history_ ? w.since_barrier : history_;
-      history_buf_.resize(have);
-      for (std::size_t i = 0; i < have; ++i)
-        history_buf_[i] = w.ring[(w.since_barrier - have + i) % history_];
+      if (q == leaving || !is_active(q) || !w.participating) continue;
+      // The ring in time order, oldest first, plus the push being decided.
+      const std::size_t recorded = w.since_barrier;
+      const std::size_t pushes = recorded + (q == pushed ? 1 : 0);
+      const std::size_t have = pushes < history_ ? pushes : history_;
+      for (std::size_t i = 0; i < have; ++i) {
+        const std::size_t k = pushes - have + i;
+        history_buf_[i] = k == recorded ? t : w.ring[k % history_];
+      }
       try {
         predictor_.predict(span<const timestamp>(history_buf_.data(), have), r,
                            rows_.data() + row_worker_.size() * r);
       } catch (const time_error&) {  // a prediction beyond what a double holds
-        fallback();
-        return;
+        return false;
       }
       row_worker_.push_back(q);
     }
-    for (const timestamp v : rows_)
-      if (!std::isfinite(v)) {
-        fallback();
-        return;
-      }
+    for (std::size_t i = 0; i < n * r; ++i)
+      if (!std::isfinite(rows_[i])) return false;
+    const auto rows = rows_view<timestamp>::matrix(rows_.data(), n, r);
     try {
-      zipline_solve(variant_, rows_view<timestamp>::matrix(rows_.data(), participants_, r), ws_,
-                    result_);
+      zipline_solve(variant_, rows, ws_, result_);
     } catch (const zipline_input_error&) {
-      fallback();
-      return;
+      return false;
     }
+    return true;
+  }
+
+  // Puts the plan solve_plan left in the scratch buffers in force.
+  void commit_plan(timestamp now) noexcept {
     planned_ = true;
     arrived_ = 0;
     plan_.barrier = result_.barrier;
@@ -255,14 +333,14 @@ private:
       w_[row_worker_[i]].remaining = static_cast<clock_value>(result_.choice[i]) + 1;
   }
 
-  void fallback() {
+  void fallback() noexcept {
     ++fallbacks_;
     end_superstep();
     start_monitoring();
   }
 
   // Everyone waiting is released; `last` (the final arrival, if any) proceeds directly.
-  void complete_barrier(worker_id last) {
+  void complete_barrier(worker_id last) noexcept {
     for (worker_id q = 0; q < w_.size(); ++q)
       if (q != last && is_active(q) && state_[q] == waiting) release(q);
     ++barriers_;
@@ -279,7 +357,8 @@ private:
   elastic_plan plan_;
   std::size_t barriers_ = 0, fallbacks_ = 0, max_superstep_ = 0;
   std::vector<std::size_t> last_superstep_;
-  // Planning scratch, reused every superstep.
+  // Planning scratch, sized for every worker id at construction and add_worker and reused
+  // every superstep; its contents between plans mean nothing.
   std::vector<timestamp> rows_, history_buf_;
   std::vector<worker_id> row_worker_;
   zipline_workspace<timestamp> ws_;

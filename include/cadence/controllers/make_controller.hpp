@@ -41,6 +41,24 @@ inline clock_value parse_count(std::string_view config, std::string_view field, 
   return v;
 }
 
+/// Runs `build` (a constructor, or the predictor or variant parser), which does not know the
+/// config string, and puts the string and the worker count in front of its message, so the
+/// user sees which setting to fix. The exception keeps its type.
+template <class F>
+auto naming_config(std::string_view config, std::size_t workers, F&& build) -> decltype(build()) {
+  const auto context = [&] {
+    return "cadence: policy '" + std::string(config) + "' for " + std::to_string(workers) +
+           " workers: ";
+  };
+  try {
+    return build();
+  } catch (const invalid_parameter_error& e) {
+    throw invalid_parameter_error(context() + e.what());
+  } catch (const parse_error& e) {
+    throw parse_error(context() + e.what());
+  }
+}
+
 inline const char* policy_grammar() {
   return "bsp | asp | ssp:<s> | dssp:<s_L>:<s_U>[:<predictor>] | "
          "elastic:<R>[:<predictor>][:<variant>]";
@@ -60,7 +78,8 @@ inline const char* policy_grammar() {
 ///                         median:<k> or ewma:<alpha>; ZipLine variant fast (default), opt-bs,
 ///                         opt or zipline. Example: elastic:15:median:5:opt-bs
 /// Throws parse_error (unknown policy, wrong field count, non-numbers) or
-/// invalid_parameter_error (values out of range), both naming the offending string.
+/// invalid_parameter_error (values out of range, including the bounds on memory-sizing
+/// parameters such as cadence::max_workers), both naming the offending string.
 inline any_controller make_controller(std::string_view config, std::size_t workers) {
   const auto f = detail::split_fields(config, ':');
   const std::string_view kind = f[0];
@@ -69,27 +88,33 @@ inline any_controller make_controller(std::string_view config, std::size_t worke
       throw parse_error("cadence: policy '" + std::string(config) + "' must look like '" + form +
                         "'");
   };
+  auto build = [&](auto&& make) -> any_controller {
+    return detail::naming_config(config, workers, [&] { return any_controller(make()); });
+  };
   if (kind == "bsp") {
     expect_fields(1, "bsp");
-    return bsp(workers);
+    return build([&] { return bsp(workers); });
   }
   if (kind == "asp") {
     expect_fields(1, "asp");
-    return asp(workers);
+    return build([&] { return asp(workers); });
   }
   if (kind == "ssp") {
     expect_fields(2, "ssp:<s>");
-    return ssp(workers, detail::parse_count(config, f[1], "staleness s"));
+    const clock_value s = detail::parse_count(config, f[1], "staleness s");
+    return build([&] { return ssp(workers, s); });
   }
   if (kind == "dssp") {
     if (f.size() < 3) expect_fields(3, "dssp:<s_L>:<s_U>[:<predictor>]");
     const clock_value lo = detail::parse_count(config, f[1], "lower bound s_L");
     const clock_value hi = detail::parse_count(config, f[2], "upper bound s_U");
-    if (f.size() == 3) return dssp(workers, lo, hi);
+    if (f.size() == 3) return build([&] { return dssp(workers, lo, hi); });
     // The rest is a predictor spec, which has its own ':' fields ("median:5").
     const std::string_view predictor = config.substr(f[0].size() + f[1].size() + f[2].size() + 3);
-    return basic_dssp<any_predictor<timestamp>>(workers, lo, hi,
-                                                make_predictor<timestamp>(predictor));
+    return build([&] {
+      return basic_dssp<any_predictor<timestamp>>(workers, lo, hi,
+                                                  make_predictor<timestamp>(predictor));
+    });
   }
   if (kind == "elastic") {
     if (f.size() < 2)
@@ -109,13 +134,14 @@ inline any_controller make_controller(std::string_view config, std::size_t worke
         predictor += ":" + std::string(f[next++]);
       }
     }
-    zipline_variant variant = zipline_variant::fast;
-    if (next < f.size()) variant = parse_zipline_variant(f[next++]);
+    const std::string_view variant = next < f.size() ? f[next++] : std::string_view("fast");
     if (next < f.size())
       throw parse_error("cadence: policy '" + std::string(config) + "': unexpected field '" +
                         std::string(f[next]) + "'; expected elastic:<R>[:<predictor>][:<variant>]");
-    return elastic_bsp(workers, static_cast<std::size_t>(r), make_predictor<timestamp>(predictor),
-                       variant);
+    return build([&] {
+      return elastic_bsp(workers, static_cast<std::size_t>(r), make_predictor<timestamp>(predictor),
+                         parse_zipline_variant(variant));
+    });
   }
   throw parse_error("cadence: unknown policy '" + std::string(config) + "'; expected one of " +
                     detail::policy_grammar());

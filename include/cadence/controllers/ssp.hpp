@@ -23,24 +23,34 @@ public:
   ssp(std::size_t workers, clock_value s) : ssp(workers, s, "ssp") {}
 
   /// Worker p finished an iteration at time t. Throws worker_error for an unknown, removed or
-  /// waiting worker and time_error for a non-finite time or one earlier than the last push.
+  /// waiting worker and time_error for a non-finite time or one earlier than the last push; a
+  /// push that throws changes nothing.
   decision push(worker_id p, timestamp t) {
     check_push(p, t);
+    // Decide from the clocks as they will be, then commit: nothing below the reserve throws.
+    const bool proceed = table_.clock(p) + 1 - table_.min_after_advance(p) <= s_;
+    if (!proceed) check_wait_allowed();
+    table_.reserve_advance(p);
     last_time_ = t;
     released_.clear();
     const clock_value old_min = table_.min();
     table_.advance(p);
     release_within(old_min, s_);
-    const bool proceed = table_.clock(p) - table_.min() <= s_;
     if (!proceed) set_waiting(p);
     return decide(proceed);
   }
 
-  /// Removes worker p (it left or died) and releases whoever waited only for it.
+  /// Removes worker p (it left or died) and releases whoever waited only for it. Throws
+  /// worker_error, changing nothing, for an unknown or removed worker.
   span<const worker_id> remove_worker(worker_id p) { return remove_releasing_within(p, s_); }
 
   /// Adds a worker at the slowest active clock (it pulls the current weights); returns its id.
-  worker_id add_worker() { return add_worker_at_min(); }
+  /// Throws invalid_parameter_error, changing nothing, past cadence::max_workers ids.
+  worker_id add_worker() {
+    const worker_id p = reserve_new_worker();
+    commit_new_worker(p);
+    return p;
+  }
 
   /// Active workers that p waits for: those more than s clocks behind it.
   std::vector<worker_id> waiting_for(worker_id p) const {

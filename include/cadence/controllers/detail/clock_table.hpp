@@ -33,6 +33,30 @@ public:
   }
   worker_id next(worker_id p) const noexcept { return next_[p]; }
 
+  /// The smallest clock once p has advanced: it rises (by one) only when p alone held it.
+  clock_value min_after_advance(worker_id p) const noexcept {
+    return clock_[p] == min_ && buckets_[slot(min_)].count == 1 ? min_ + 1 : min_;
+  }
+  /// First worker at the smallest clock once p has advanced (p leaves its bucket). Only for a
+  /// p that is not alone at the smallest clock, so the smallest clock stays where it is.
+  worker_id head_of_min_after_advance(worker_id p) const noexcept {
+    const worker_id h = buckets_[slot(min_)].head;
+    return h == p ? next_[p] : h;
+  }
+
+  /// Grows the ring so that advance(p) cannot allocate, hence cannot throw: callers reserve
+  /// first, then change their own state. Growing keeps every bucket, so it changes nothing
+  /// observable if the caller then throws.
+  void reserve_advance(worker_id p) {
+    const clock_value c = clock_[p];
+    if (c + 1 > max_) ensure_ring(static_cast<std::size_t>(c + 1 - min_) + 1);
+  }
+  /// Makes room so that insert_front(p, c) cannot throw.
+  void reserve_insert(worker_id p) {
+    reserve_workers(std::size_t{p} + 1);
+    ensure_ring(1);
+  }
+
   /// Makes room for worker ids below `capacity`.
   void reserve_workers(std::size_t capacity) {
     if (clock_.size() < capacity) {
@@ -60,13 +84,11 @@ public:
     ++active_;
   }
 
-  /// Moves p from its clock c to c + 1, at the back of the new bucket.
-  void advance(worker_id p) {
+  /// Moves p from its clock c to c + 1, at the back of the new bucket. Call reserve_advance(p)
+  /// first (after any other change to the table), so that this cannot allocate or throw.
+  void advance(worker_id p) noexcept {
     const clock_value c = clock_[p];
-    if (c + 1 > max_) {
-      ensure_ring(static_cast<std::size_t>(c + 1 - min_) + 1);
-      max_ = c + 1;
-    }
+    if (c + 1 > max_) max_ = c + 1;
     unlink(p);
     clock_[p] = c + 1;
     bucket& b = buckets_[slot(c + 1)];
@@ -79,7 +101,7 @@ public:
   }
 
   /// Removes p from the table.
-  void erase(worker_id p) {
+  void erase(worker_id p) noexcept {
     const clock_value c = clock_[p];
     unlink(p);
     --active_;
@@ -103,7 +125,7 @@ private:
     return static_cast<std::size_t>(c) & (buckets_.size() - 1);
   }
 
-  void unlink(worker_id p) {
+  void unlink(worker_id p) noexcept {
     bucket& b = buckets_[slot(clock_[p])];
     if (prev_[p] != none) next_[prev_[p]] = next_[p]; else b.head = next_[p];
     if (next_[p] != none) prev_[next_[p]] = prev_[p]; else b.tail = prev_[p];
@@ -111,10 +133,10 @@ private:
     --b.count;
   }
 
-  void settle_min() {
+  void settle_min() noexcept {
     while (min_ < max_ && buckets_[slot(min_)].count == 0) ++min_;
   }
-  void settle_max() {
+  void settle_max() noexcept {
     while (max_ > min_ && buckets_[slot(max_)].count == 0) --max_;
   }
 

@@ -2,11 +2,13 @@
 // check, the release buffer, and the error messages for misuse.
 #pragma once
 
+#include <cadence/controllers/controller.hpp>
 #include <cadence/controllers/detail/clock_table.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/core/types.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +21,39 @@ inline std::string format_time(timestamp t) {
   os << t;
   return os.str();
 }
+
+/// Throws invalid_parameter_error unless value <= bound, naming the policy, the parameter, its
+/// value and the bound ("cadence::dssp: history = 5000 exceeds cadence::max_history = 1024").
+inline void check_parameter_bound(const char* kind, const std::string& parameter,
+                                  std::uintmax_t value, const char* bound_name,
+                                  std::uintmax_t bound) {
+  if (value > bound)
+    throw invalid_parameter_error(std::string("cadence::") + kind + ": " + parameter + " = " +
+                                  std::to_string(value) + " exceeds " + bound_name + " = " +
+                                  std::to_string(bound));
+}
+
+/// Checks workers x per_worker (history, R) against a bound on their product; both factors
+/// are already bounded, so the product cannot overflow.
+inline void check_product_bound(const char* kind, std::size_t workers, const char* factor,
+                                std::size_t per_worker, const char* bound_name,
+                                std::size_t bound) {
+  check_parameter_bound(kind,
+                        std::string("workers x ") + factor + " (" + std::to_string(workers) +
+                            " x " + std::to_string(per_worker) + ")",
+                        std::uintmax_t{workers} * per_worker, bound_name, bound);
+}
+
+/// Ensures v can hold n elements without reallocating, growing geometrically so that adding
+/// workers one at a time stays amortised O(1). Changes no element, so it is safe to call
+/// before a change that must not fail halfway.
+template <class T>
+void reserve_for(std::vector<T>& v, std::size_t n) {
+  if (v.capacity() < n) v.reserve(n > 2 * v.capacity() ? n : 2 * v.capacity());
+}
+
+static_assert(max_workers < clock_table::none,
+              "cadence: max_workers must leave clock_table::none free as a sentinel");
 
 /// Base of the concrete controllers. Not part of the public interface: controllers are used
 /// through their own classes, the synchronization_controller concept, or any_controller.
@@ -62,24 +97,35 @@ protected:
   enum worker_state : unsigned char { running, waiting, removed };
 
   controller_base(const char* kind, std::size_t workers) : kind_(kind) {
-    if (workers > static_cast<std::size_t>(clock_table::none))
-      throw invalid_parameter_error(std::string("cadence::") + kind + ": too many workers (" +
-                                    std::to_string(workers) + ")");
+    check_parameter_bound(kind, "workers", workers, "cadence::max_workers", max_workers);
     state_.assign(workers, running);
     table_.reserve_workers(workers);
-    released_.reserve(workers);
+    released_.reserve(workers);  // a push releases at most every worker: never reallocates
     for (std::size_t p = workers; p-- > 0;) table_.insert_front(static_cast<worker_id>(p), 0);
   }
 
-  /// Registers a new worker at the slowest active clock (or the last one when none is active).
-  worker_id add_worker_at_min() {
-    const worker_id p = static_cast<worker_id>(state_.size());
-    if (p == clock_table::none)
-      throw invalid_parameter_error(std::string("cadence::") + kind_ + ": worker ids exhausted");
+  // add_worker in two steps so that a policy can make its own room in between and commit only
+  // when nothing can fail any more: a throwing add_worker changes nothing.
+
+  /// Checks the id bound and makes room for one more worker; returns the id it will get.
+  /// Changes nothing observable.
+  worker_id reserve_new_worker() {
+    const std::size_t p = state_.size();
+    if (p >= max_workers)
+      throw invalid_parameter_error(prefix() + "add_worker: workers = " + std::to_string(p + 1) +
+                                    " ids would exceed cadence::max_workers = " +
+                                    std::to_string(max_workers) +
+                                    " (ids of removed workers are not reused)");
+    reserve_for(state_, p + 1);
+    reserve_for(released_, p + 1);
+    table_.reserve_insert(static_cast<worker_id>(p));
+    return static_cast<worker_id>(p);
+  }
+  /// Registers worker p (from reserve_new_worker) at the slowest active clock, or at the last
+  /// one when none is active. Does not throw.
+  void commit_new_worker(worker_id p) noexcept {
     state_.push_back(running);
-    released_.reserve(state_.size());
     table_.insert_front(p, table_.min());  // when none is active, min() holds the last clock
-    return p;
   }
 
   /// Validates a push from p at time t (known, active, not waiting, time finite and monotone).
@@ -110,18 +156,26 @@ protected:
 
   std::string prefix() const { return std::string("cadence::") + kind_ + ": "; }
 
-  void set_waiting(worker_id p) {
+  /// A push that makes its worker wait must leave someone running, or no push could ever
+  /// release them (a bug in the policy). Checked before the push changes anything, so the
+  /// deadlock_error leaves the controller as it was. Exact because in every policy here a push
+  /// that waits releases nobody: under SSP and DSSP the slowest clock rises only when the
+  /// pusher was alone at it, and then the pusher proceeds; under ElasticBSP only the last
+  /// arrival at the barrier releases, and it proceeds.
+  void check_wait_allowed() const {
+    if (waiting_ + 1 >= table_.active()) throw_deadlock();
+  }
+  void set_waiting(worker_id p) noexcept {
     state_[p] = waiting;
     ++waiting_;
-    if (waiting_ == table_.active()) throw_deadlock();
   }
-  void release(worker_id p) {
+  void release(worker_id p) noexcept {
     state_[p] = running;
     --waiting_;
     released_.push_back(p);
   }
   /// Marks p removed; returns whether it was waiting.
-  bool mark_removed(worker_id p) {
+  bool mark_removed(worker_id p) noexcept {
     const bool was_waiting = state_[p] == waiting;
     if (was_waiting) --waiting_;
     state_[p] = removed;
@@ -130,7 +184,7 @@ protected:
   }
 
   /// Releases every waiting worker whose clock is in [lo, hi] (clipped to the active range).
-  void release_clocks(clock_value lo, clock_value hi) {
+  void release_clocks(clock_value lo, clock_value hi) noexcept {
     if (waiting_ == 0 || table_.empty()) return;
     if (lo < table_.min()) lo = table_.min();
     if (hi > table_.max()) hi = table_.max();
@@ -155,7 +209,7 @@ protected:
   }
 
   /// After c_min rose from old_min, releases the waiters that are now within `bound` of it.
-  void release_within(clock_value old_min, clock_value bound) {
+  void release_within(clock_value old_min, clock_value bound) noexcept {
     // A waiter sits more than `bound` above c_min, so waiting_ > 0 implies a finite bound and
     // the sums below cannot overflow.
     if (waiting_ == 0 || table_.empty() || table_.min() == old_min) return;
