@@ -72,7 +72,7 @@ TEST_CASE("make_controller enforces the constructors' bounds on memory-sizing pa
   });
   same_bound("elastic:100000000", 4, [] { return elastic_bsp(4, 100'000'000); });
   same_bound("elastic:65536:opt-bs", 300,
-             [] { return elastic_bsp(300, 65536, {}, zipline_variant::opt_bs); });
+             [] { return elastic_bsp(300, 65536, {}, zipline_variant::paper_opt_bs); });
   CHECK(invalid_parameter_message([] { return make_controller("elastic:100000000", 4); }) ==
         "cadence: policy 'elastic:100000000' for 4 workers: cadence::elastic_bsp: lookahead R = "
         "100000000 exceeds elastic_bsp::max_lookahead = 65536");

@@ -70,7 +70,7 @@ TEST_CASE("every elasticbsp flavour reports its barriers and keeps each superste
         }
         {
           INFO("any_controller holding basic_elastic_bsp<median_interval> with ZipLineOptBS");
-          any_controller a = median_bsp(n, r, median_interval(5), zipline_variant::opt_bs);
+          any_controller a = median_bsp(n, r, median_interval(5), zipline_variant::paper_opt_bs);
           check_elastic_run(a, *a.target<median_bsp>(), s, r);
         }
         {
