@@ -17,8 +17,8 @@ using test::require_same_decisions;
 
 namespace {
 
-// DSSP written straight from the spec, scanning every worker on every event, with the
-// controller as the double loop the spec describes.
+// DSSP written straight from the contract, scanning every worker on every event, with the
+// controller as the double loop docs/contract.md#3-dssp describes.
 class naive_dssp {
 public:
   naive_dssp(std::size_t n, clock_value lo, clock_value hi)
@@ -201,7 +201,7 @@ TEST_CASE("dssp never lets a worker start an iteration more than s_U clocks ahea
   }
 }
 
-TEST_CASE("dssp decides exactly like the spec's pseudo-code run by scanning every worker") {
+TEST_CASE("dssp decides exactly like the contract's rules run by scanning every worker") {
   for (std::uint64_t seed = 0; seed < 400; ++seed) {
     const clock_value lo = static_cast<clock_value>(seed % 4);
     const clock_value hi = lo + static_cast<clock_value>(seed % 7);

@@ -22,7 +22,7 @@ namespace cadence {
 
 namespace detail {
 
-/// DSSP's synchronization controller (spec section 3) on predicted push times: with the fast
+/// DSSP's synchronization controller (docs/contract.md#the-synchronization-controller) on predicted push times: with the fast
 /// worker's candidate stopping pushes p[0..np) and the slowest worker's predicted pushes
 /// s[0..ns), both sorted, returns the i that minimises min_k |s[k] - p[i]|, the smallest such
 /// i on ties. One forward pass with two pointers: O(np + ns).
@@ -45,7 +45,7 @@ inline std::size_t dssp_best_extension(const timestamp* p, std::size_t np, const
 
 }  // namespace detail
 
-/// DSSP(s_L, s_U) over a push-time predictor P. On a push from p (spec section 3):
+/// DSSP(s_L, s_U) over a push-time predictor P. On a push from p (docs/contract.md#3-dssp):
 /// 1. c_p += 1 and p's push history shifts (on every push of every worker);
 /// 2. if p holds extra iterations (r_p > 0), it uses one and proceeds;
 /// 3. else if c_p - c_min <= s_L it proceeds;

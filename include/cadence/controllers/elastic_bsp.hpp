@@ -35,7 +35,7 @@ struct elastic_plan {
 
 /// ElasticBSP over a predictor type P (any is_predictor_v<P, timestamp>; any_predictor by
 /// default, so the predictor can be picked at run time).
-/// The cycle after every barrier (spec section 4):
+/// The cycle after every barrier (docs/contract.md#4-elasticbsp):
 /// 1. monitoring: everyone proceeds until every participating worker has pushed twice;
 /// 2. prediction: P maps each worker's pushes since the barrier to its next R push times;
 /// 3. planning: the ZipLine variant picks, per worker, j_p in [1, R] iterations to run;

@@ -63,7 +63,7 @@ zipline_result<T> zipline_fast(rows_view<T> rows) {
 }
 
 /// ZipLine: for n rows of predicted push times, the one-per-row selection with the smallest
-/// spread, its smallest barrier and each row's choice (spec section 5; identical in every
+/// spread, its smallest barrier and each row's choice (docs/contract.md#5-zipline; identical in every
 /// variant). Runs the library's fastest CPU algorithm, today zipline_fast. Reuse ws and out
 /// across calls: once they have served the largest input, a call does not allocate. Throws
 /// zipline_input_error, naming the row and index, on input that breaks the contract.

@@ -1,5 +1,5 @@
 // The answer every ZipLine variant returns, identical across variants by contract
-// (spec section 5): the minimum spread, the smallest optimal barrier, and each row's choice.
+// (docs/contract.md#5-zipline): the minimum spread, the smallest optimal barrier, and each row's choice.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,6 @@
-// The Thrust ZipLine solver proper (spec section 5, parallel form) for one or many instances,
-// and the device-side input check of a matrix already in device memory.
+// The Thrust ZipLine solver proper for one or many instances (the problem:
+// docs/contract.md#5-zipline; the parallel form: docs/thrust.md), and the device-side input
+// check of a matrix already in device memory.
 #pragma once
 
 #include <cadence/core/error.hpp>
