@@ -1,6 +1,7 @@
 // The Thrust ZipLine's per-element functors (the parallel form in docs/thrust.md of the
 // problem in docs/contract.md#5-zipline): next position of each row, window starts, window
-// candidates and their arg-min, choices, and the device-side input check. Host and device code alike (CADENCE_HOST_DEVICE).
+// candidates and their arg-min, choices, and the device-side input check. Host and device
+// code alike (CADENCE_HOST_DEVICE).
 #pragma once
 
 #include <cadence/thrust/config.hpp>
