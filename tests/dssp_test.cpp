@@ -250,6 +250,34 @@ TEST_CASE("a dssp worker with fewer than two pushes gets no extension") {
   CHECK(c.grants() == 0);
 }
 
+TEST_CASE("a dssp fast worker whose last two pushes share a timestamp gets no extension") {
+  // Worker 1 pushes every 2 s; worker 0 reaches s_L + 1 = 2 ahead with pushes at 10, 10.
+  // (Under last_interval only the last two pushes count.)
+  // Equal times predict a zero interval: every candidate ties, so r* = 0 and worker 0 waits,
+  // where searching the strictly-increasing predictions as they are would grant s_U - s_L.
+  dssp c(2, 1, 5);
+  c.push(1, 1.0);
+  c.push(0, 2.0);
+  c.push(1, 3.0);
+  CHECK(c.push(0, 9.0).proceed);
+  CHECK(c.push(0, 10.0).proceed);
+  CHECK_FALSE(c.push(0, 10.0).proceed);
+  CHECK(c.grants() == 0);
+  CHECK(c.extra_iterations(0) == 0);
+
+  // The same schedule with a real interval (0.5 s) is granted r* = 1: P_1 = 4.5 + 0.5 lands
+  // exactly on worker 1's predicted push at 3 + 2.
+  dssp d(2, 1, 5);
+  d.push(1, 1.0);
+  d.push(0, 2.0);
+  d.push(1, 3.0);
+  CHECK(d.push(0, 3.5).proceed);
+  CHECK(d.push(0, 4.0).proceed);
+  CHECK(d.push(0, 4.5).proceed);
+  CHECK(d.grants() == 1);
+  CHECK(d.extra_iterations(0) == 0);
+}
+
 TEST_CASE("dssp takes any predictor, and the default decides exactly like the paper's formula") {
   // The naive reference above computes P_i = A_p + i I_p and S_k = A_s + (k+1) I_s directly.
   for (std::uint64_t seed = 0; seed < 100; ++seed) {

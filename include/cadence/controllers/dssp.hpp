@@ -132,7 +132,7 @@ public:
     if (!proceed) check_wait_allowed();
     table_.reserve_advance(p);
 
-    last_time_ = t;
+    record_push_time(p, t);
     released_.clear();
     ring_[std::size_t{p} * history_ + pushes_[p] % history_] = t;
     ++pushes_[p];
@@ -228,6 +228,10 @@ private:
     } catch (const time_error&) {  // predictions beyond what a double holds: no extension
       return 0;
     }
+    // A predicted interval of zero (equal push times) comes back as one representable step,
+    // because predictions are strictly increasing. Candidates that far apart carry no
+    // duration: every i would tie, and the tie goes to i = 0 as the paper's formula gives.
+    if (np > 1 && fast_[1] <= std::nextafter(fast_[0], HUGE_VAL)) return 0;
     return static_cast<clock_value>(detail::dssp_best_extension(fast_.data(), np, slow_.data(), ns));
   }
 
