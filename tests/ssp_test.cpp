@@ -180,7 +180,10 @@ TEST_CASE("ssp rejects bad input with messages that name the worker, clock and b
   c.push(0, 2.0);  // waits for worker 1
   CHECK_THROWS_WITH(c.push(0, 3.0), doctest::Contains("worker 0 pushed at clock 1"));
   CHECK_THROWS_AS(c.push(1, 1.0), time_error);
-  CHECK_THROWS_WITH(c.push(1, 1.0), doctest::Contains("earlier than the previous push at t=2"));
+  CHECK_THROWS_WITH(c.push(1, 1.0),
+                    "cadence::ssp: worker 1 pushed at t=1 (clock 0), earlier than the previous push, "
+                    "by worker 0 at t=2; time must not go backwards across all workers (one "
+                    "timeline per controller)");
   c.remove_worker(1);
   CHECK_THROWS_WITH(c.push(1, 3.0), doctest::Contains("worker 1 was removed"));
   CHECK_THROWS_AS(c.remove_worker(1), worker_error);

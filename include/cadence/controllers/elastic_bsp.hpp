@@ -116,7 +116,7 @@ public:
     if (next == step::wait) check_wait_allowed();
     table_.reserve_advance(p);
 
-    last_time_ = t;
+    record_push_time(p, t);
     released_.clear();
     table_.advance(p);
     ++w.superstep_pushes;

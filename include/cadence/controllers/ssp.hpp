@@ -31,7 +31,7 @@ public:
     const bool proceed = table_.clock(p) + 1 - table_.min_after_advance(p) <= s_;
     if (!proceed) check_wait_allowed();
     table_.reserve_advance(p);
-    last_time_ = t;
+    record_push_time(p, t);
     released_.clear();
     const clock_value old_min = table_.min();
     table_.advance(p);

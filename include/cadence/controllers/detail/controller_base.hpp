@@ -140,8 +140,17 @@ protected:
                        format_time(t) + ") at clock " + std::to_string(table_.clock(p)));
     if (t < last_time_)
       throw time_error(prefix() + "worker " + std::to_string(p) + " pushed at t=" + format_time(t) +
-                       ", earlier than the previous push at t=" + format_time(last_time_) +
-                       " (clock " + std::to_string(table_.clock(p)) + "); time must not go backwards");
+                       " (clock " + std::to_string(table_.clock(p)) +
+                       "), earlier than the previous push, by worker " +
+                       std::to_string(last_pusher_) + " at t=" + format_time(last_time_) +
+                       "; time must not go backwards across all workers (one timeline per "
+                       "controller)");
+  }
+
+  /// Commits the time of an accepted push (after every check that can throw).
+  void record_push_time(worker_id p, timestamp t) noexcept {
+    last_time_ = t;
+    last_pusher_ = p;
   }
 
   void check_active(worker_id p, const char* what) const {
@@ -229,6 +238,7 @@ protected:
   std::vector<worker_id> released_;
   std::size_t waiting_ = 0;
   timestamp last_time_ = -HUGE_VAL;
+  worker_id last_pusher_ = 0;  // who pushed at last_time_, for the backwards-time message
 };
 
 }  // namespace cadence::detail
