@@ -190,7 +190,11 @@ public:
   /// "dssp:<s_L>:<s_U>", followed by ":<predictor>" unless it is the default last_interval.
   std::string config() const {
     std::string c = "dssp:" + std::to_string(s_lower_) + ":" + std::to_string(s_upper_);
-    if constexpr (!std::is_same_v<P, last_interval>) c += ":" + std::string(predictor_.name());
+    if constexpr (!std::is_same_v<P, last_interval>) {
+      // Appended piecewise: g++ 12 warns (-Wrestrict, a false positive) on ":" + string.
+      c += ':';
+      c += predictor_.name();
+    }
     return c;
   }
 
