@@ -61,7 +61,7 @@ inline transport_error deadline_error(const call_info& c, const std::vector<int>
 inline transport_error lost_peer_error(const call_info& c, const std::vector<int>& lost,
                                        const std::string& how) {
   return transport_error(describe(c) + ": lost " + rank_list(lost) + " (" + how +
-                         ") while waiting for it");
+                         (lost.size() == 1 ? ") while waiting for it" : ") while waiting for them"));
 }
 
 [[noreturn]] inline void bad_argument(const call_info& c, const std::string& what) {
