@@ -19,7 +19,7 @@ namespace cadence::transport::detail {
 struct call_info {
   const char* backend;  // "inproc", "mpi", ...
   const char* op;       // "allreduce", "broadcast", "send", "recv"
-  std::uint64_t seq;    // 1-based: the n-th call on this communicator
+  std::uint64_t seq;    // 1-based: the n-th call on this communicator (0: not a call)
   int rank;
   int size;
   deadline::clock::time_point started;
@@ -27,9 +27,10 @@ struct call_info {
 
 /// "cadence::transport[inproc]: allreduce #7 on rank 1 of 4"
 inline std::string describe(const call_info& c) {
-  return std::string("cadence::transport[") + c.backend + "]: " + c.op + " #" +
-         std::to_string(c.seq) + " on rank " + std::to_string(c.rank) + " of " +
-         std::to_string(c.size);
+  // seq 0: not a call (a backend's construction), so no number.
+  return std::string("cadence::transport[") + c.backend + "]: " + c.op +
+         (c.seq != 0 ? " #" + std::to_string(c.seq) : std::string()) + " on rank " +
+         std::to_string(c.rank) + " of " + std::to_string(c.size);
 }
 
 /// "rank 3", "ranks 1, 3"
