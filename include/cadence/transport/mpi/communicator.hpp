@@ -329,10 +329,10 @@ private:
     return bounce_.get();
   }
 
+  // Between two polls. Spinning (as MPI's blocking calls do) keeps small operations at MPI's
+  // latency; yielding there gives the core away for a whole time slice on a busy machine.
   void pause(deadline::clock::time_point since) const {
-    if (deadline::clock::now() - since < options_.spin_for)
-      std::this_thread::yield();
-    else
+    if (deadline::clock::now() - since >= options_.spin_for)
       std::this_thread::sleep_for(options_.poll_sleep);
   }
 
