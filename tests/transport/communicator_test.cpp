@@ -100,6 +100,14 @@ TEST_CASE("a duration converts to a deadline that far from now; remaining() coun
   CHECK(zero.passed());
 }
 
+TEST_CASE("a deadline practically forever away saturates instead of overflowing into the past") {
+  const deadline never = std::chrono::hours::max();
+  CHECK(never.time_point() == deadline::clock::time_point::max());
+  CHECK_FALSE(never.passed());
+  const deadline far = std::chrono::hours(24 * 365);
+  CHECK(far.time_point() > deadline::clock::now() + std::chrono::hours(24 * 364));
+}
+
 TEST_CASE("capabilities default to the weakest backend: nothing promised") {
   const capability_flags c;
   CHECK_FALSE(c.any_source);

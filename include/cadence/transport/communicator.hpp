@@ -108,7 +108,7 @@ public:
   deadline() : at_(clock::now() + default_timeout) {}
   template <class Rep, class Period>
   deadline(std::chrono::duration<Rep, Period> from_now)  // NOLINT: implicit on purpose
-      : at_(clock::now() + std::chrono::duration_cast<clock::duration>(from_now)) {}
+      : at_(after(clock::now(), from_now)) {}
 
   /// A deadline at an absolute time, shared by several calls ("all of this within 10 s").
   static deadline at(clock::time_point when) noexcept { return deadline(when, 0); }
@@ -122,6 +122,17 @@ public:
 
 private:
   deadline(clock::time_point when, int) noexcept : at_(when) {}
+
+  // now + d, saturating: "wait practically forever" (hours::max()) must not overflow into
+  // the past.
+  template <class Rep, class Period>
+  static clock::time_point after(clock::time_point now, std::chrono::duration<Rep, Period> d) {
+    using period_duration = std::chrono::duration<long double, Period>;
+    const long double left =
+        std::chrono::duration_cast<period_duration>(clock::time_point::max() - now).count();
+    if (static_cast<long double>(d.count()) >= left) return clock::time_point::max();
+    return now + std::chrono::duration_cast<clock::duration>(d);
+  }
   clock::time_point at_;
 };
 

@@ -30,7 +30,8 @@ struct mpi_harness_for {
       mpi_communicator c(MPI_COMM_WORLD, Options(), 30s);
       body(c);
     } catch (const std::exception& e) {
-      FAIL_CHECK("rank " << rank << " threw: " << e.what());
+      const std::string what = "rank " + std::to_string(rank) + " threw: " + e.what();
+      FAIL_CHECK(what);
     }
   }
 };
@@ -103,4 +104,56 @@ TEST_CASE("f16 and bf16 are refused: MPI has no host type for them" * doctest::t
   expect_throw<invalid_parameter_error>(c.rank(), [&] { c.allreduce(&h, 1, dtype::f16, reduce_op::sum, 5s); },
                                         {"allreduce #1", "dtype f16"});
   CHECK_FALSE(c.failed());
+}
+
+TEST_CASE("abort() from a watchdog thread ends a blocked call on the owning thread" *
+          doctest::timeout(60)) {
+  mpi_communicator c(MPI_COMM_WORLD, {}, 30s);
+  if (c.rank() == 0) {
+    std::thread watchdog([&] {
+      std::this_thread::sleep_for(100ms);
+      c.abort();
+    });
+    float x = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_throw<transport_error>(0, [&] { c.recv(&x, sizeof x, 1, 77, 30s); },
+                                  {"recv #1 on rank 0", "aborted", "waiting for rank 1"});
+    CHECK(cadence_conformance::seconds_since(t0) < 20.0);
+    watchdog.join();
+  }
+  // Everyone leaves together, so rank 1 cannot be gone while rank 0 still waits for it (that
+  // would not change the outcome under MPI, but keeps the test's story simple).
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("construction with a deadline already passed is refused before any MPI call" *
+          doctest::timeout(60)) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  expect_throw<invalid_parameter_error>(
+      rank, [&] { mpi_communicator c(MPI_COMM_WORLD, {}, deadline::at(std::chrono::steady_clock::now() - 1s)); },
+      {"construction on rank " + std::to_string(rank), "deadline had already passed"});
+}
+
+TEST_CASE("construction is bounded by its deadline when a rank never constructs" *
+          doctest::timeout(60)) {
+  // On a scratch duplicate: the abandoned MPI_Comm_idup stays posted on it forever, so it is
+  // never freed and never used again.
+  MPI_Comm scratch;
+  MPI_Comm_dup(MPI_COMM_WORLD, &scratch);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(scratch, &rank);
+  MPI_Comm_size(scratch, &size);
+  if (rank == size - 1) {
+    std::this_thread::sleep_for(1500ms);  // never constructs
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_throw<transport_error>(
+        rank, [&] { mpi_communicator c(scratch, {}, 500ms); },
+        {"construction on rank " + std::to_string(rank), "deadline passed",
+         std::to_string(size - 1)});
+    CHECK(cadence_conformance::seconds_since(t0) >= 0.499);
+    CHECK(cadence_conformance::seconds_since(t0) < 10.0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -45,6 +45,9 @@ struct mpi_options {
   /// sleeping slows a large all-reduce.
   std::chrono::microseconds spin_for{200000};
   std::chrono::microseconds poll_sleep{50};
+  /// How long the destructor waits for the peers' last announcements before it gives up and
+  /// leaks the duplicated communicators rather than free them with messages in flight.
+  std::chrono::milliseconds shutdown_wait{2000};
 };
 
 namespace detail {
@@ -93,6 +96,9 @@ inline std::string mpi_error_string(int code) {
 /// excludes it (MPI_Comm_create_group involves only the survivors). A crashed rank is not
 /// survivable: Open MPI's runtime kills the whole job (capabilities().survives_lost_peer is
 /// false), and before it does, only the deadline sees the loss.
+///
+/// Neither copyable nor movable (MPI holds pointers into it while requests are posted): hold
+/// it in a std::unique_ptr to hand it around.
 class mpi_communicator {
 public:
   explicit mpi_communicator(MPI_Comm comm, mpi_options options = {}, deadline d = {})
@@ -132,6 +138,7 @@ public:
     MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(notices_, MPI_ERRORS_RETURN);
     seen_.assign(static_cast<std::size_t>(size_), {});
+    last_index_.assign(static_cast<std::size_t>(size_), 0);
     inbox_.resize(static_cast<std::size_t>(size_));
     notice_reqs_.assign(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
     for (int p = 0; p < size_; ++p)
@@ -141,17 +148,25 @@ public:
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
 
-  /// On the owning thread, before MPI_Finalize. Frees the duplicates, unless a collective
-  /// failed while posted: then MPI may still use them and the communicator's buffers, and all
-  /// of it is deliberately leaked.
+  /// On the owning thread, before MPI_Finalize. Every message sent on the communicator must
+  /// have been received by then. The duplicates are freed only when nothing can still arrive
+  /// on them: Open MPI gives a freed context id to the next communicator, which would then
+  /// receive the stragglers as its own. So a healthy communicator first waits (at most
+  /// options.shutdown_wait) for its peers' announcements of the last collective; one that
+  /// failed, was aborted, or abandoned a collective leaks its duplicates and buffers instead.
   ~mpi_communicator() {
+    const bool clean = abandoned_.empty() && !failure_ &&
+                       !aborted_.load(std::memory_order_acquire) && announcements_complete();
     for (auto& r : notice_reqs_) cancel(r);
-    for (auto& s : notice_sends_) cancel(s.req);
-    if (abandoned_.empty()) {
+    // Our own announcements complete without us (small sends are delivered eagerly).
+    for (auto& s : notice_sends_)
+      if (s.req != MPI_REQUEST_NULL) MPI_Request_free(&s.req);
+    if (clean) {
       MPI_Comm_free(&data_);
       MPI_Comm_free(&notices_);
     } else {
       for (auto& a : abandoned_) a.release();  // MPI may write into them: never freed
+      for (auto& s : notice_sends_) s.words.release();  // likewise read, until delivered
     }
   }
 
@@ -362,6 +377,28 @@ private:
     }
   }
 
+  // Shutdown: whether every peer's announcement of our last collective has arrived (waiting
+  // up to options_.shutdown_wait). Never throws: it runs in the destructor.
+  bool announcements_complete() noexcept {
+    const auto until = deadline::clock::now() + options_.shutdown_wait;
+    for (;;) {
+      bool complete = true;
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        auto& req = notice_reqs_[static_cast<std::size_t>(p)];
+        int done = 0;
+        while (req != MPI_REQUEST_NULL && MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+          last_index_[static_cast<std::size_t>(p)] = inbox_[static_cast<std::size_t>(p)][0];
+          post_notice_recv(p);
+        }
+        complete = complete && last_index_[static_cast<std::size_t>(p)] >= collectives_;
+      }
+      if (complete) return true;
+      if (deadline::clock::now() >= until) return false;
+      std::this_thread::sleep_for(options_.poll_sleep);
+    }
+  }
+
   // Takes in every announcement that has arrived; keeps the last one per peer.
   void drain_notices(const detail::call_info& c) {
     for (int p = 0; p < size_; ++p) {
@@ -373,6 +410,7 @@ private:
         if (!done) break;
         const auto& w = inbox_[static_cast<std::size_t>(p)];
         seen_[static_cast<std::size_t>(p)].push_back({w[0], w[1], w[2], w[3], w[4], w[5]});
+        last_index_[static_cast<std::size_t>(p)] = w[0];
         post_notice_recv(p);
       }
     }
@@ -532,6 +570,7 @@ private:
   std::vector<MPI_Request> notice_reqs_;                     // per peer: posted announcement recv
   std::vector<std::array<std::int64_t, 6>> inbox_;           // per peer: its buffer
   std::vector<std::deque<detail::mpi_notice>> seen_;         // per peer: announcements not yet used
+  std::vector<std::int64_t> last_index_;                     // per peer: latest index announced
   std::deque<notice_send> notice_sends_;
   unsigned char dummy_ = 0;  // MPI wants a valid address even for zero bytes
 };
