@@ -122,19 +122,29 @@ public:
     const detail::call_info c{"mpi", "construction", 0, rank_, size_, deadline::clock::now()};
     detail::check_deadline(c, d);
     // MPI_Comm_idup, polled: a missing rank must not hang construction past its deadline.
-    MPI_Request reqs[2];
-    check_mpi(c, MPI_Comm_idup(comm, &data_, &reqs[0]));
-    check_mpi(c, MPI_Comm_idup(comm, &notices_, &reqs[1]));
+    // MPI writes the new handles when the duplication completes, possibly after a timeout has
+    // destroyed this object, so they land in storage that is leaked in that case.
+    auto dups = std::make_unique<MPI_Comm[]>(2);
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    auto check = [&](int rc) {
+      if (rc == MPI_SUCCESS) return;
+      dups.release();  // a duplication may be posted: never freed
+      throw transport_error(detail::describe(c) + ": " + detail::mpi_error_string(rc));
+    };
+    check(MPI_Comm_idup(comm, &dups[0], &reqs[0]));
+    check(MPI_Comm_idup(comm, &dups[1], &reqs[1]));
     for (;;) {
       int done = 0;
-      check_mpi(c, MPI_Testall(2, reqs, &done, MPI_STATUSES_IGNORE));
+      check(MPI_Testall(2, reqs, &done, MPI_STATUSES_IGNORE));
       if (done) break;
       if (d.passed()) {
-        // The duplicates may still complete inside MPI; they are leaked, never freed.
+        dups.release();  // MPI may still write them: never freed
         throw detail::deadline_error(c, others(), "the other ranks did not construct theirs");
       }
       pause(c.started);
     }
+    data_ = dups[0];
+    notices_ = dups[1];
     MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(notices_, MPI_ERRORS_RETURN);
     seen_.assign(static_cast<std::size_t>(size_), {});
@@ -158,15 +168,20 @@ public:
     const bool clean = abandoned_.empty() && !failure_ &&
                        !aborted_.load(std::memory_order_acquire) && announcements_complete();
     for (auto& r : notice_reqs_) cancel(r);
-    // Our own announcements complete without us (small sends are delivered eagerly).
-    for (auto& s : notice_sends_)
+    // Our own announcements complete without us; one still in flight keeps its words (leaked)
+    // since MPI may read them until it is delivered.
+    for (auto& s : notice_sends_) {
+      if (s.req == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      if (MPI_Test(&s.req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) continue;
       if (s.req != MPI_REQUEST_NULL) MPI_Request_free(&s.req);
+      s.words.release();
+    }
     if (clean) {
       MPI_Comm_free(&data_);
       MPI_Comm_free(&notices_);
     } else {
       for (auto& a : abandoned_) a.release();  // MPI may write into them: never freed
-      for (auto& s : notice_sends_) s.words.release();  // likewise read, until delivered
     }
   }
 
