@@ -157,3 +157,33 @@ TEST_CASE("construction is bounded by its deadline when a rank never constructs"
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
+
+TEST_CASE("a rank that joins a collective after the others gave up cannot write into their "
+          "buffers" * doctest::timeout(60)) {
+  // Without verify_before_posting the others post the all-reduce and abandon it on their
+  // deadline; the late rank's call then completes it inside MPI. The bounce buffer, not the
+  // caller's, receives that late result.
+  mpi_options options;
+  options.verify_before_posting = false;
+  mpi_communicator c(MPI_COMM_WORLD, options, 30s);
+  const int late = c.size() - 1;
+  std::vector<float> grad(1024, 1.0f);
+  if (c.rank() == late) {
+    std::this_thread::sleep_for(1s);
+    // It may even succeed: the others' abandoned requests are still posted inside MPI.
+    try {
+      c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 1s);
+    } catch (const transport_error&) {
+    }
+  } else {
+    expect_throw<transport_error>(
+        c.rank(), [&] { c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 300ms); },
+        {"allreduce #1 on rank " + std::to_string(c.rank()), "waiting for rank " + std::to_string(late)});
+  }
+  // Let MPI progress the abandoned operation everywhere, then look at the callers' buffers.
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::this_thread::sleep_for(100ms);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (c.rank() != late)
+    CHECK(std::all_of(grad.begin(), grad.end(), [](float v) { return v == 1.0f; }));
+}
