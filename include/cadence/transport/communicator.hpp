@@ -146,13 +146,15 @@ private:
 //  3. c.broadcast(buf, n, root, d): n bytes from `root` into every rank's buf. Initial weights
 //     and plans start on one rank.
 //  4. c.send(cbuf, n, dst, tag, d) and c.recv(buf, n, src, tag, d) -> int (the sender's rank):
-//     n bytes, matched by (source, tag), in order per (source, tag), tags in [0, max_tag]. recv's byte count must
-//     equal send's: a difference is reported, not truncated. A parameter server needs point to
-//     point traffic, and with src == any_source (where capabilities().any_source) it serves
-//     whichever worker pushes first, hence the returned rank.
-//  5. c.abort() noexcept, idempotent; cc.failed() -> bool. A watchdog or a failing peer's
-//     handler must be able to stop a communicator without knowing its state, and callers must
-//     be able to ask whether it is still usable.
+//     n bytes, matched by (source, tag), in order per (source, tag), tags in [0, max_tag].
+//     recv's byte count must equal send's: a difference is reported, not truncated. A
+//     parameter server needs point to point traffic, and with src == any_source (where
+//     capabilities().any_source) it serves whichever worker pushes first, hence the returned
+//     rank.
+//  5. c.abort() noexcept, idempotent, callable from any thread; cc.failed() -> bool. A
+//     watchdog or a failing peer's handler must be able to stop a communicator without
+//     knowing its state (a call blocked on the owning thread then throws), and callers must be
+//     able to ask whether it is still usable.
 //  6. cc.capabilities() -> capability_flags, so adapters choose protocols at run time.
 // Every blocking call (2-4) takes the deadline as its last argument, and all backends obey one
 // failure contract (docs/transports.md):
@@ -160,7 +162,8 @@ private:
 //     operation, its sequence number on this communicator, this rank and the peer(s) waited
 //     for. A timeout that names no rank is a bug.
 //  b. The first failure marks the communicator failed; every later call throws the original
-//     error at once. Nothing retries silently.
+//     error at once. Nothing retries silently. After abort() (with no failure before it) every
+//     call throws transport_error naming itself.
 //  c. No call outlives its deadline by more than a polling interval.
 //  d. Bad arguments (null buffer with a nonzero size, rank or root out of range, a negative
 //     tag, a deadline already passed) throw invalid_parameter_error naming the operation and
