@@ -4,6 +4,7 @@
 //
 //   cadence-bench-transport --backend inproc [--ranks N] [--json]
 //   mpirun -np 2 cadence-bench-transport --backend mpi [--json] [--no-bounce] [--no-verify]
+//                                         [--no-ring]
 //
 // Raw: MPI_Allreduce for mpi; for inproc a plain shared-memory all-reduce among the same
 // threads (each rank adds its buffer into a shared accumulator under a lock, then copies the
@@ -45,6 +46,7 @@ struct config {
   int reps = 5;  // raw/ours pairs per size; the median pair is reported
   bool bounce = true;
   bool verify = true;
+  bool ring = true;
 };
 
 struct row {
@@ -253,6 +255,7 @@ int run_mpi(config cfg) {
       mpi_options options;
       options.bounce_buffers = cfg.bounce;
       options.verify_before_posting = cfg.verify;
+      if (!cfg.ring) options.ring_min_bytes = static_cast<std::size_t>(-1);
       mpi_communicator comm(MPI_COMM_WORLD, options);
       rank_ops ops;
       ops.rank = rank;
@@ -285,12 +288,13 @@ int run_mpi(config cfg) {
   std::fprintf(stderr,
                "cadence-bench-transport: %s\n"
                "usage: cadence-bench-transport --backend inproc|mpi [--ranks N] [--json]\n"
-               "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify]\n"
+               "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring]\n"
                "  --ranks N      threads for inproc (default 2); under MPI, mpirun -np sets it\n"
                "  --max-bytes B  largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)\n"
                "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
                "  --no-bounce    mpi: mpi_options::bounce_buffers = false\n"
-               "  --no-verify    mpi: mpi_options::verify_before_posting = false\n",
+               "  --no-verify    mpi: mpi_options::verify_before_posting = false\n"
+               "  --no-ring      mpi: every all-reduce as one MPI_Iallreduce (no ring)\n",
                why.c_str());
   std::exit(2);
 }
@@ -319,6 +323,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps") cfg.reps = static_cast<int>(parse_number(a, value()));
     else if (a == "--no-bounce") cfg.bounce = false;
     else if (a == "--no-verify") cfg.verify = false;
+    else if (a == "--no-ring") cfg.ring = false;
     else usage("unknown argument '" + a + "'");
   }
   if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)

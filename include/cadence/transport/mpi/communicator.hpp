@@ -27,12 +27,13 @@
 namespace cadence::transport {
 
 struct mpi_options {
-  /// All-reduce and broadcast run on a buffer the communicator owns, copied from and back to
-  /// the caller's. MPI cannot cancel a collective: when one fails on its deadline its request
-  /// stays posted, and if the late rank ever joins, MPI writes into that buffer. With the copy
-  /// the buffer is the communicator's, kept (leaked) for as long as MPI may touch it; without
-  /// it, the caller must never free or reuse a buffer whose collective failed. Costs two
-  /// memcpy per call; the benchmark measures both settings.
+  /// Broadcasts and the all-reduces below ring_min_bytes (MPI collectives) run on a buffer the
+  /// communicator owns, copied from and back to the caller's. MPI cannot cancel a collective:
+  /// when one fails on its deadline its request stays posted, and if the late rank ever joins,
+  /// MPI writes into that buffer. With the copy the buffer is the communicator's, kept
+  /// (leaked) for as long as MPI may touch it; without it, the caller must never free or reuse
+  /// a buffer whose collective failed. Costs two memcpy per call (the benchmark's --no-bounce
+  /// measures it). The ring all-reduce needs no copy: its requests can be cancelled.
   bool bounce_buffers = true;
   /// A collective is posted only once the peers it depends on have announced the same
   /// arguments (all peers for an all-reduce, the root for a broadcast receiver). MPI given
