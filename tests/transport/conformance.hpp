@@ -302,6 +302,25 @@ CADENCE_CONFORMANCE_TEST("a recv that nobody answers throws after its deadline, 
   });
 }
 
+CADENCE_CONFORMANCE_TEST("a large send that nobody receives throws after its deadline, naming "
+                         "the receiver", conformance_send_deadline) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    if (c.rank() != 0) {
+      // Stay alive past rank 0's deadline: a departed peer would be reported as lost instead.
+      std::this_thread::sleep_for(1s);
+      return;
+    }
+    // 4 MiB: above every backend's eager limit, so the send needs the receiver.
+    std::vector<unsigned char> big(std::size_t{4} << 20, 1);
+    const auto t0 = steady::now();
+    expect_throw<transport_error>(0, [&] { c.send(big.data(), big.size(), 1, 8, 300ms); },
+                                  {"send #1 on rank 0", "deadline passed", "rank 1"});
+    CHECK(seconds_since(t0) >= 0.299);
+    CHECK(c.failed());
+  });
+}
+
 CADENCE_CONFORMANCE_TEST("bad arguments throw invalid_parameter_error naming the rank and the "
                          "call, and leave the communicator usable", conformance_bad_arguments) {
   using namespace cadence_conformance;
@@ -418,6 +437,7 @@ CADENCE_CONFORMANCE_TEST("abort is idempotent and every later call throws transp
   TEST_CASE_TEMPLATE_INVOKE(conformance_helpers, H);                 \
   TEST_CASE_TEMPLATE_INVOKE(conformance_stalled_rank, H);            \
   TEST_CASE_TEMPLATE_INVOKE(conformance_recv_deadline, H);           \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_send_deadline, H);           \
   TEST_CASE_TEMPLATE_INVOKE(conformance_bad_arguments, H);           \
   TEST_CASE_TEMPLATE_INVOKE(conformance_mismatch, H);                \
   TEST_CASE_TEMPLATE_INVOKE(conformance_message_size, H);            \

@@ -33,7 +33,9 @@ struct mpi_options {
   /// MPI writes into that buffer. With the copy the buffer is the communicator's, kept
   /// (leaked) for as long as MPI may touch it; without it, the caller must never free or reuse
   /// a buffer whose collective failed. Costs two memcpy per call (the benchmark's --no-bounce
-  /// measures it). The ring all-reduce needs no copy: its requests can be cancelled.
+  /// measures it). Sends and the ring all-reduce's outgoing segments go from a copy too:
+  /// Open MPI cannot cancel a send, so a failed one is released to complete on its own and
+  /// reads the copy, which is leaked, instead of the caller's buffer.
   bool bounce_buffers = true;
   /// A collective is posted only once the peers it depends on have announced the same
   /// arguments (all peers for an all-reduce, the root for a broadcast receiver). MPI given
@@ -45,8 +47,8 @@ struct mpi_options {
   /// of point-to-point messages on the caller's buffer; smaller ones as one MPI_Iallreduce,
   /// which has the lower latency. Open MPI progresses point-to-point transfers far better than
   /// its non-blocking collectives (about twice the bandwidth at 2 MiB and up on one host), and
-  /// they can be cancelled: a ring that fails leaves nothing posted, so it needs no bounce
-  /// buffer. SIZE_MAX turns the ring off.
+  /// its receives can be cancelled: a ring that fails leaves MPI nothing to write into the
+  /// caller's buffer. SIZE_MAX turns the ring off.
   std::size_t ring_min_bytes = 256 * 1024;
   /// Polling: the first waits spin on MPI_Test (latency); a call still waiting after this long
   /// sleeps `poll_sleep` between tests so a stalled job does not burn its cores.
@@ -181,7 +183,7 @@ public:
   ~mpi_communicator() {
     const bool clean = abandoned_.empty() && !failure_ &&
                        !aborted_.load(std::memory_order_acquire) && announcements_complete();
-    for (auto& r : notice_reqs_) cancel(r);
+    for (auto& r : notice_reqs_) cancel_recv(r);
     // Our own announcements complete without us; one still in flight keeps its words (leaked)
     // since MPI may read them until it is delivered.
     for (auto& s : notice_sends_) {
@@ -264,11 +266,22 @@ public:
     detail::check_tag(c, tag);
     check_int_count(c, bytes, "bytes");
     detail::check_deadline(c, d);
+    // Open MPI cannot cancel a send: one that fails stays posted and MPI reads its buffer
+    // until the receiver takes it. So the bytes go from a buffer the communicator can leak.
+    const void* from = bytes ? buf : &dummy_;
+    if (options_.bounce_buffers && bytes != 0) {
+      if (send_stage_size_ < bytes) {
+        send_stage_.reset(new unsigned char[bytes]);
+        send_stage_size_ = bytes;
+      }
+      std::memcpy(send_stage_.get(), buf, bytes);
+      from = send_stage_.get();
+    }
     MPI_Request req = MPI_REQUEST_NULL;
-    check_mpi(c, MPI_Isend(bytes ? buf : &dummy_, static_cast<int>(bytes), MPI_BYTE, dst, tag,
-                           data_, &req));
+    check_mpi(c, MPI_Isend(from, static_cast<int>(bytes), MPI_BYTE, dst, tag, data_, &req));
     MPI_Status status;
-    poll_p2p(c, d, req, status, {dst}, "the matching recv was not posted");
+    poll_p2p(c, d, req, status, {dst}, "the matching recv was not posted", &send_stage_,
+             &send_stage_size_);
   }
 
   int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
@@ -288,7 +301,7 @@ public:
                            src == any_source ? MPI_ANY_SOURCE : src, tag, data_, &req));
     MPI_Status status;
     poll_p2p(c, d, req, status, src == any_source ? others() : std::vector<int>{src},
-             "no matching message arrived");
+             "no matching message arrived", nullptr, nullptr);
     int received = 0;
     MPI_Get_count(&status, MPI_BYTE, &received);
     if (static_cast<std::size_t>(received) != bytes)
@@ -553,6 +566,10 @@ private:
       ring_scratch_.reset(new unsigned char[largest]);
       ring_scratch_size_ = largest;
     }
+    if (options_.bounce_buffers && ring_out_size_ < largest) {
+      ring_out_.reset(new unsigned char[largest]);
+      ring_out_size_ = largest;
+    }
     for (int step = 0; step < n - 1; ++step) {
       const int out = (rank_ - step + n) % n, in = (rank_ - step - 1 + 2 * n) % n;
       exchange(c, d, at(out), elems(out) * esize, ring_scratch_.get(), elems(in) * esize, right, left);
@@ -564,14 +581,19 @@ private:
     }
   }
 
-  // One ring step: send to `right` while receiving from `left`, both polled against the
-  // deadline and cancelled on failure, so neither buffer is touched by MPI afterwards.
+  // One ring step: send to `right` while receiving from `left`, polled against the deadline.
+  // On failure the receive is cancelled; the send, which Open MPI cannot cancel, is left to
+  // complete from the communicator's copy of the segment (bounce_buffers), which is leaked.
   void exchange(const detail::call_info& c, const deadline& d, const void* out, std::size_t out_bytes,
                 void* in, std::size_t in_bytes, int right, int left) {
+    if (options_.bounce_buffers) {
+      std::memcpy(ring_out_.get(), out, out_bytes);
+      out = ring_out_.get();
+    }
     MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     auto give_up = [&](transport_error e) {
-      cancel(reqs[0]);
-      cancel(reqs[1]);
+      cancel_recv(reqs[0]);
+      abandon_send(reqs[1], options_.bounce_buffers ? &ring_out_ : nullptr, &ring_out_size_);
       fail(std::move(e));
     };
     int rc = MPI_Irecv(in, static_cast<int>(in_bytes), MPI_BYTE, left, ring_tag, notices_, &reqs[0]);
@@ -604,16 +626,26 @@ private:
     }
   }
 
-  // Point to point: polled like a collective; on deadline or abort the request is cancelled
-  // (MPI guarantees the wait that follows a cancel is local), so the caller's buffer is free.
+  // Point to point: polled like a collective. On deadline or abort a receive is cancelled
+  // (the wait after a cancelled receive is local, so the caller's buffer is free again); a
+  // send, which Open MPI cannot cancel, is abandoned with its staging buffer (`stage`, or
+  // the caller's buffer when there is none).
   void poll_p2p(const detail::call_info& c, const deadline& d, MPI_Request& req,
-                MPI_Status& status, const std::vector<int>& awaited, const char* note) {
+                MPI_Status& status, const std::vector<int>& awaited, const char* note,
+                std::unique_ptr<unsigned char[]>* stage, std::size_t* stage_size) {
+    const bool is_send = stage_size != nullptr;
+    auto stop = [&] {
+      if (is_send)
+        abandon_send(req, options_.bounce_buffers ? stage : nullptr, stage_size);
+      else
+        cancel_recv(req);
+    };
     for (;;) {
       int done = 0;
       const int rc = MPI_Test(&req, &done, &status);
       if (rc != MPI_SUCCESS) {  // single-completion calls return the request's error
         const int code = rc;
-        cancel(req);
+        stop();
         int cls = 0;
         MPI_Error_class(code, &cls);
         fail(transport_error(detail::describe(c) + ": " + detail::mpi_error_string(code) +
@@ -623,22 +655,37 @@ private:
       }
       if (done) return;
       if (aborted_.load(std::memory_order_acquire)) {
-        cancel(req);
+        stop();
         fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort()) " +
                              "while waiting for " + detail::rank_list(awaited)));
       }
       if (d.passed()) {
-        cancel(req);
+        stop();
         fail(detail::deadline_error(c, awaited, note));
       }
       pause(c.started);
     }
   }
 
-  static void cancel(MPI_Request& req) {
+  // Receives only: MPI guarantees that the wait after cancelling a receive returns locally.
+  static void cancel_recv(MPI_Request& req) {
     if (req == MPI_REQUEST_NULL) return;
     MPI_Cancel(&req);
     MPI_Wait(&req, MPI_STATUS_IGNORE);
+  }
+
+  // Open MPI's MPI_Cancel does not cancel a send, and a wait would last until the receiver
+  // takes the message, perhaps forever. An unfinished send is released to complete on its
+  // own; the buffer it reads from (`stage`, when the communicator owns it) is leaked, and the
+  // duplicates are never freed. Without a stage the caller's buffer is what MPI may still read.
+  void abandon_send(MPI_Request& req, std::unique_ptr<unsigned char[]>* stage,
+                    std::size_t* stage_size) {
+    if (req == MPI_REQUEST_NULL) return;
+    int done = 0;
+    if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) return;
+    MPI_Request_free(&req);
+    abandoned_.push_back(stage != nullptr ? std::move(*stage) : nullptr);
+    if (stage_size != nullptr) *stage_size = 0;
   }
 
   struct notice_send {
@@ -658,8 +705,12 @@ private:
   std::atomic<bool> failed_{false};         // mirrors failure_ for failed() on other threads
   std::atomic<bool> aborted_{false};
   static constexpr int ring_tag = 1;  // on notices_, beside the announcements' tag 0
-  std::unique_ptr<unsigned char[]> ring_scratch_;
+  std::unique_ptr<unsigned char[]> ring_scratch_;  // the incoming segment to reduce
   std::size_t ring_scratch_size_ = 0;
+  std::unique_ptr<unsigned char[]> ring_out_;  // the outgoing segment (bounce_buffers)
+  std::size_t ring_out_size_ = 0;
+  std::unique_ptr<unsigned char[]> send_stage_;  // send()'s copy (bounce_buffers)
+  std::size_t send_stage_size_ = 0;
   std::unique_ptr<unsigned char[]> bounce_;
   std::size_t bounce_size_ = 0;
   std::vector<std::unique_ptr<unsigned char[]>> abandoned_;  // buffers of abandoned collectives
