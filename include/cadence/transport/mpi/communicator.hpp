@@ -46,9 +46,9 @@ struct mpi_options {
   /// All-reduces of at least this many bytes run as a ring (reduce-scatter, then allgather)
   /// of point-to-point messages on the caller's buffer; smaller ones as one MPI_Iallreduce,
   /// which has the lower latency. Open MPI progresses point-to-point transfers far better than
-  /// its non-blocking collectives (about twice the bandwidth at 2 MiB and up on one host), and
-  /// its receives can be cancelled: a ring that fails leaves MPI nothing to write into the
-  /// caller's buffer. SIZE_MAX turns the ring off.
+  /// its non-blocking collectives (two to four times the bandwidth from 256 KiB up on one
+  /// host, in cadence-bench-transport), and its receives can be cancelled: a ring that fails
+  /// leaves MPI nothing to write into the caller's buffer. SIZE_MAX turns the ring off.
   std::size_t ring_min_bytes = 256 * 1024;
   /// Polling: the first waits spin on MPI_Test (latency); a call still waiting after this long
   /// sleeps `poll_sleep` between tests so a stalled job does not burn its cores.
