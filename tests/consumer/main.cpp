@@ -1,5 +1,7 @@
-// A trainer that uses Cadence through CMake: picks a policy from a string and runs it.
+// A trainer that uses Cadence through CMake: picks a policy from a string and runs it, and
+// moves a value through the in-process transport.
 #include <cadence/cadence.hpp>
+#include <cadence/transport/inproc.hpp>
 
 #include <cstdio>
 #include <cstring>
@@ -14,6 +16,12 @@ int main() {
                 CONSUMER_EXPECTED_VERSION);
     return 1;
   }
+  // The in-process transport is part of the core target.
+  cadence::transport::inproc_world world(1);
+  auto comm = world.join(0);
+  double x = 3;
+  comm.allreduce(&x, 1, cadence::transport::dtype::f64, cadence::transport::reduce_op::sum);
+  if (x != 3) return 1;
   std::puts("consumer ok");
   return 0;
 }

@@ -62,4 +62,12 @@ public:
   using error::error;
 };
 
+/// A communication call failed: its deadline passed, a peer was lost, the ranks' arguments
+/// disagreed, or the communicator had failed or been aborted before. The message names the
+/// operation, its sequence number on the communicator, this rank and the peer(s) waited for.
+class transport_error : public error {
+public:
+  using error::error;
+};
+
 }  // namespace cadence

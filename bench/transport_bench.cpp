@@ -1,0 +1,348 @@
+// cadence-bench-transport: all-reduce through a Cadence communicator against the raw backend
+// call on the same buffers, interleaved, measured as nccl-tests does (warm-up, N back-to-back
+// operations, time averaged over ranks; algbw = bytes / t, busbw = algbw * 2(n-1)/n).
+//
+//   cadence-bench-transport --backend inproc [--ranks N] [--json]
+//   mpirun -np 2 cadence-bench-transport --backend mpi [--json] [--no-bounce] [--no-verify]
+//                                         [--no-ring]
+//
+// Raw: MPI_Allreduce for mpi; for inproc a plain shared-memory all-reduce among the same
+// threads (each rank adds its buffer into a shared accumulator under a lock, then copies the
+// sum out), the same data movement without matching, deadlines or failure handling. Not a
+// Google Benchmark program: it must run as one job of several MPI processes or threads, and
+// print one JSON array from one rank. These machines are shared: read the ratios, not the
+// absolute times.
+#include <cadence/transport/inproc.hpp>
+#if defined(CADENCE_BENCH_WITH_MPI)
+#include <cadence/transport/mpi/communicator.hpp>
+
+#include <mpi.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace cadence::transport;
+using steady = std::chrono::steady_clock;
+
+struct config {
+  std::string backend;
+  int ranks = 2;  // inproc only; under MPI the job's size
+  bool json = false;
+  std::size_t min_bytes = 8;
+  std::size_t max_bytes = std::size_t{64} << 20;
+  int reps = 5;  // raw/ours pairs per size; the median pair is reported
+  bool bounce = true;
+  bool verify = true;
+  bool ring = true;
+};
+
+struct row {
+  std::size_t bytes;
+  int ranks;
+  double raw_us;
+  double ours_us;
+};
+
+// Operations one rank performs; `average` returns a value's mean over all ranks and doubles as
+// the barrier that lines the ranks up before each timed block.
+struct rank_ops {
+  int rank = 0;
+  int size = 1;
+  std::function<void(float*, std::size_t)> raw;
+  std::function<void(float*, std::size_t)> ours;
+  std::function<double(double)> average;
+};
+
+// Back-to-back operations per timed block: enough that tiny messages are not timer noise and
+// large ones do not take all day.
+int iterations_for(std::size_t bytes) {
+  const std::size_t budget = std::size_t{256} << 20;
+  return static_cast<int>(std::clamp<std::size_t>(budget / std::max<std::size_t>(bytes, 1), 5, 1000));
+}
+
+double time_block(rank_ops& ops, const std::function<void(float*, std::size_t)>& op, float* buf,
+                  std::size_t count, int iters) {
+  ops.average(0);  // line up
+  const auto t0 = steady::now();
+  for (int i = 0; i < iters; ++i) op(buf, count);
+  const double us = std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
+  return ops.average(us);
+}
+
+std::vector<row> run_rank(rank_ops& ops, const config& cfg) {
+  std::vector<row> rows;
+  // 8 B, 64 B, ... by factors of 8, and max_bytes itself last (64 MiB by default).
+  std::vector<std::size_t> sizes;
+  for (std::size_t b = cfg.min_bytes; b < cfg.max_bytes; b *= 8) sizes.push_back(b);
+  sizes.push_back(cfg.max_bytes);
+  for (std::size_t bytes : sizes) {
+    const std::size_t count = bytes / sizeof(float);
+    std::vector<float> buf(count);
+    // Correctness first: both paths must produce the exact sum.
+    for (auto* op : {&ops.raw, &ops.ours}) {
+      std::fill(buf.begin(), buf.end(), static_cast<float>(ops.rank + 1));
+      (*op)(buf.data(), count);
+      const float expected = static_cast<float>(ops.size * (ops.size + 1) / 2);
+      if (std::any_of(buf.begin(), buf.end(), [&](float v) { return v != expected; }))
+        throw std::runtime_error("wrong all-reduce result at " + std::to_string(bytes) + " bytes");
+    }
+    std::fill(buf.begin(), buf.end(), 0.0f);  // sums of zeros stay finite however often
+    const int iters = iterations_for(bytes);
+    for (int w = 0; w < 2; ++w) {  // warm-up: caches, MPI's connections and buffers
+      ops.raw(buf.data(), count);
+      ops.ours(buf.data(), count);
+    }
+    std::vector<std::pair<double, double>> pairs;
+    for (int rep = 0; rep < cfg.reps; ++rep) {
+      const double raw = time_block(ops, ops.raw, buf.data(), count, iters);
+      const double ours = time_block(ops, ops.ours, buf.data(), count, iters);
+      pairs.emplace_back(raw, ours);
+    }
+    // The pair with the median ratio: one noisy block does not decide the result.
+    std::sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& b) {
+      return a.second / a.first < b.second / b.first;
+    });
+    const auto& mid = pairs[pairs.size() / 2];
+    rows.push_back({bytes, ops.size, mid.first, mid.second});
+  }
+  return rows;
+}
+
+double busbw(const row& r, double us) {
+  const double algbw = static_cast<double>(r.bytes) / (us * 1e-6) / 1e9;  // GB/s
+  return algbw * 2.0 * (r.ranks - 1) / r.ranks;
+}
+
+void print(const std::vector<row>& rows, const config& cfg) {
+  if (cfg.json) {
+    std::printf("[");
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const row& r = rows[i];
+      std::printf("%s\n  {\"backend\": \"%s\", \"op\": \"allreduce\", \"bytes\": %zu, \"ranks\": %d, "
+                  "\"raw_us\": %.3f, \"ours_us\": %.3f, \"raw_busbw\": %.4f, \"ours_busbw\": %.4f}",
+                  i ? "," : "", cfg.backend.c_str(), r.bytes, r.ranks, r.raw_us, r.ours_us,
+                  busbw(r, r.raw_us), busbw(r, r.ours_us));
+    }
+    std::printf("\n]\n");
+    return;
+  }
+  std::printf("all-reduce f32 sum, backend %s, %d ranks (busbw in GB/s)\n", cfg.backend.c_str(),
+              rows.empty() ? 0 : rows.front().ranks);
+  std::printf("%12s %12s %12s %10s %10s %8s\n", "bytes", "raw us", "ours us", "raw busbw",
+              "ours busbw", "ours/raw");
+  for (const row& r : rows)
+    std::printf("%12zu %12.2f %12.2f %10.3f %10.3f %8.2f\n", r.bytes, r.raw_us, r.ours_us,
+                busbw(r, r.raw_us), busbw(r, r.ours_us), r.ours_us / r.raw_us);
+}
+
+// ---- inproc: ranks as threads ----
+
+// A reusable barrier that also sums one double per rank (C++17 has no std::barrier).
+class summing_barrier {
+public:
+  explicit summing_barrier(int n) : n_(n) {}
+  double arrive_and_sum(double v) {
+    std::unique_lock<std::mutex> lock(m_);
+    const std::size_t gen = generation_;
+    sum_ += v;
+    if (++arrived_ == n_) {
+      result_ = sum_;
+      sum_ = 0;
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return generation_ != gen; });
+    }
+    return result_;
+  }
+
+private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  const int n_;
+  int arrived_ = 0;
+  std::size_t generation_ = 0;
+  double sum_ = 0, result_ = 0;
+};
+
+// The raw in-process all-reduce: accumulate under a lock, wait for all, copy out, wait again
+// (so nobody starts the next accumulation while another still reads the sum).
+class plain_shared_allreduce {
+public:
+  explicit plain_shared_allreduce(int n) : n_(n), barrier_(n) {}
+  void run(float* buf, std::size_t count) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (contributed_++ == 0) {
+        acc_.assign(buf, buf + count);
+      } else {
+        for (std::size_t i = 0; i < count; ++i) acc_[i] += buf[i];
+      }
+      if (contributed_ == n_) contributed_ = 0;
+    }
+    barrier_.arrive_and_sum(0);
+    std::memcpy(buf, acc_.data(), count * sizeof(float));
+    barrier_.arrive_and_sum(0);
+  }
+
+private:
+  std::mutex m_;
+  const int n_;
+  int contributed_ = 0;
+  std::vector<float> acc_;
+  summing_barrier barrier_;
+};
+
+std::vector<row> run_inproc(const config& cfg) {
+  inproc_world world(cfg.ranks);
+  summing_barrier sync(cfg.ranks);
+  plain_shared_allreduce raw(cfg.ranks);
+  std::vector<row> rows;
+  std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < cfg.ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = world.join(r);
+        rank_ops ops;
+        ops.rank = r;
+        ops.size = cfg.ranks;
+        ops.raw = [&](float* b, std::size_t n) { raw.run(b, n); };
+        ops.ours = [&](float* b, std::size_t n) {
+          comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+        };
+        ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
+        auto mine = run_rank(ops, cfg);
+        if (r == 0) rows = std::move(mine);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (!e.empty()) throw std::runtime_error(e);
+  return rows;
+}
+
+// ---- mpi: one rank per process ----
+
+#if defined(CADENCE_BENCH_WITH_MPI)
+int run_mpi(config cfg) {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  try {
+    MPI_Comm raw_comm;
+    MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
+    {
+      mpi_options options;
+      options.bounce_buffers = cfg.bounce;
+      options.verify_before_posting = cfg.verify;
+      if (!cfg.ring) options.ring_min_bytes = static_cast<std::size_t>(-1);
+      mpi_communicator comm(MPI_COMM_WORLD, options);
+      rank_ops ops;
+      ops.rank = rank;
+      ops.size = size;
+      ops.raw = [&](float* b, std::size_t n) {
+        MPI_Allreduce(MPI_IN_PLACE, b, static_cast<int>(n), MPI_FLOAT, MPI_SUM, raw_comm);
+      };
+      ops.ours = [&](float* b, std::size_t n) {
+        comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+      };
+      ops.average = [&](double v) {
+        double sum = 0;
+        MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, raw_comm);
+        return sum / size;
+      };
+      const auto rows = run_rank(ops, cfg);
+      if (rank == 0) print(rows, cfg);
+    }
+    MPI_Comm_free(&raw_comm);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cadence-bench-transport (rank %d): %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);  // the other ranks would wait for this one
+  }
+  MPI_Finalize();
+  return 0;
+}
+#endif
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "cadence-bench-transport: %s\n"
+               "usage: cadence-bench-transport --backend inproc|mpi [--ranks N] [--json]\n"
+               "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring]\n"
+               "  --ranks N      threads for inproc (default 2); under MPI, mpirun -np sets it\n"
+               "  --max-bytes B  largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)\n"
+               "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
+               "  --no-bounce    mpi: mpi_options::bounce_buffers = false\n"
+               "  --no-verify    mpi: mpi_options::verify_before_posting = false\n"
+               "  --no-ring      mpi: every all-reduce as one MPI_Iallreduce (no ring)\n",
+               why.c_str());
+  std::exit(2);
+}
+
+long parse_number(const std::string& flag, const char* text) {
+  char* end = nullptr;
+  const long v = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || v < 1) usage(flag + " needs a positive integer, not '" + text + "'");
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  config cfg;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--backend") cfg.backend = value();
+    else if (a == "--ranks") cfg.ranks = static_cast<int>(parse_number(a, value()));
+    else if (a == "--json") cfg.json = true;
+    else if (a == "--max-bytes") cfg.max_bytes = static_cast<std::size_t>(parse_number(a, value()));
+    else if (a == "--reps") cfg.reps = static_cast<int>(parse_number(a, value()));
+    else if (a == "--no-bounce") cfg.bounce = false;
+    else if (a == "--no-verify") cfg.verify = false;
+    else if (a == "--no-ring") cfg.ring = false;
+    else usage("unknown argument '" + a + "'");
+  }
+  if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
+    usage("--max-bytes must be a multiple of 4, at least 8");
+  try {
+    if (cfg.backend == "inproc") {
+      print(run_inproc(cfg), cfg);
+      return 0;
+    }
+    if (cfg.backend == "mpi") {
+#if defined(CADENCE_BENCH_WITH_MPI)
+      return run_mpi(cfg);
+#else
+      usage("this build has no MPI (cadence::mpi was not found at configure time)");
+#endif
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cadence-bench-transport: %s\n", e.what());
+    return 1;
+  }
+  usage(cfg.backend.empty() ? "--backend is required" : "unknown backend '" + cfg.backend + "'");
+}

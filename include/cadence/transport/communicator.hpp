@@ -1,0 +1,221 @@
+// The communicator concept: what a transport backend (in-process threads, MPI, gloo, NCCL) must
+// offer so that exchange adapters are written once and run over any of them.
+#pragma once
+
+#include <cadence/core/error.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace cadence::transport {
+
+/// Element types of all-reduce. Host backends reduce f32, f64, i32, i64 and u8; f16 and bf16
+/// exist for backends whose buffers live on the device (NCCL), where the reduction runs there.
+enum class dtype : std::uint8_t { f32, f64, i32, i64, u8, f16, bf16 };
+
+/// Bytes per element of `t`.
+constexpr std::size_t dtype_size(dtype t) noexcept {
+  switch (t) {
+    case dtype::f64:
+    case dtype::i64: return 8;
+    case dtype::f32:
+    case dtype::i32: return 4;
+    case dtype::f16:
+    case dtype::bf16: return 2;
+    case dtype::u8: return 1;
+  }
+  return 0;
+}
+
+constexpr const char* dtype_name(dtype t) noexcept {
+  switch (t) {
+    case dtype::f32: return "f32";
+    case dtype::f64: return "f64";
+    case dtype::i32: return "i32";
+    case dtype::i64: return "i64";
+    case dtype::u8: return "u8";
+    case dtype::f16: return "f16";
+    case dtype::bf16: return "bf16";
+  }
+  return "unknown dtype";
+}
+
+/// The dtype of a C++ element type: `dtype_of_v<float> == dtype::f32`. Only the host types
+/// have one; f16 and bf16 have no standard C++17 type.
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
+template <>
+struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
+template <>
+struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
+template <>
+struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
+template <>
+struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
+template <class T>
+inline constexpr dtype dtype_of_v = dtype_of<T>::value;
+
+/// Reductions every backend performs natively. Averaging is a sum followed by a scale
+/// (allreduce_avg in collectives.hpp), as c10d does on backends without a native average.
+enum class reduce_op : std::uint8_t { sum, min, max };
+
+constexpr const char* reduce_op_name(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum: return "sum";
+    case reduce_op::min: return "min";
+    case reduce_op::max: return "max";
+  }
+  return "unknown op";
+}
+
+/// recv()'s `src` for "whichever rank sends first"; only where capabilities().any_source.
+inline constexpr int any_source = -1;
+
+/// Tags run from 0 to max_tag on every backend: the range MPI guarantees everywhere.
+inline constexpr int max_tag = 32767;
+
+/// What a backend can do beyond the concept's minimum, so adapters choose a protocol (or
+/// refuse) at run time instead of hanging on a backend that cannot deliver.
+struct capability_flags {
+  /// recv() accepts any_source. NCCL cannot: a parameter server over NCCL needs a control
+  /// communicator that can.
+  bool any_source = false;
+  /// A peer that crashes surfaces as a transport_error naming it before the deadline (a closed
+  /// connection, a dead thread). Without it, only the deadline catches a crashed peer.
+  bool detects_lost_peer = false;
+  /// The surviving ranks keep running after a peer crashes. Open MPI 4.1 kills the whole job.
+  bool survives_lost_peer = false;
+  /// Buffers are device pointers (NCCL); host-side helpers refuse such communicators.
+  bool device_buffers = false;
+};
+
+/// When a blocking call must give up: a point on the steady clock. Every blocking call takes
+/// one, so no call can hang forever. Default-constructed it is finite: 60 s from its creation,
+/// which for a defaulted argument is the call itself. A duration converts implicitly, so
+/// `comm.recv(buf, n, 0, tag, 5s)` reads as "within five seconds". A deadline that has already
+/// passed when a call starts is a caller error, not a timeout: the call throws
+/// invalid_parameter_error before touching the network.
+class deadline {
+public:
+  using clock = std::chrono::steady_clock;
+  static constexpr std::chrono::seconds default_timeout{60};
+
+  deadline() : at_(clock::now() + default_timeout) {}
+  template <class Rep, class Period>
+  deadline(std::chrono::duration<Rep, Period> from_now)  // NOLINT: implicit on purpose
+      : at_(after(clock::now(), from_now)) {}
+
+  /// A deadline at an absolute time, shared by several calls ("all of this within 10 s").
+  static deadline at(clock::time_point when) noexcept { return deadline(when, 0); }
+
+  clock::time_point time_point() const noexcept { return at_; }
+  bool passed(clock::time_point now = clock::now()) const noexcept { return now >= at_; }
+  /// Time left, zero once passed.
+  clock::duration remaining(clock::time_point now = clock::now()) const noexcept {
+    return now >= at_ ? clock::duration::zero() : at_ - now;
+  }
+
+private:
+  deadline(clock::time_point when, int) noexcept : at_(when) {}
+
+  // now + d, saturating: "wait practically forever" (hours::max()) must not overflow into
+  // the past.
+  template <class Rep, class Period>
+  static clock::time_point after(clock::time_point now, std::chrono::duration<Rep, Period> d) {
+    using period_duration = std::chrono::duration<long double, Period>;
+    const long double left =
+        std::chrono::duration_cast<period_duration>(clock::time_point::max() - now).count();
+    if (static_cast<long double>(d.count()) >= left) return clock::time_point::max();
+    return now + std::chrono::duration_cast<clock::duration>(d);
+  }
+  clock::time_point at_;
+};
+
+// A type C is a communicator when, for `C& c`, `const C& cc`, a buffer `void* buf`,
+// `const void* cbuf`, std::size_t n, dtype t, reduce_op op, int peer, int tag, deadline d:
+//  1. cc.rank(), cc.size() -> int, 0 <= rank < size. Adapters derive roles (server, worker)
+//     from ranks, so both must be known without communicating.
+//  2. c.allreduce(buf, n, t, op, d): n elements of t, reduced in place across all ranks. In
+//     place because gradients already sit in the buffer the optimizer reads; a second buffer
+//     would double the memory of the largest tensors.
+//  3. c.broadcast(buf, n, root, d): n bytes from `root` into every rank's buf. Initial weights
+//     and plans start on one rank.
+//  4. c.send(cbuf, n, dst, tag, d) and c.recv(buf, n, src, tag, d) -> int (the sender's rank):
+//     n bytes, matched by (source, tag), in order per (source, tag), tags in [0, max_tag].
+//     recv's byte count must equal send's: a difference is reported, not truncated. A
+//     parameter server needs point to point traffic, and with src == any_source (where
+//     capabilities().any_source) it serves whichever worker pushes first, hence the returned
+//     rank.
+//  5. c.abort() noexcept, idempotent, callable from any thread; cc.failed() -> bool. A
+//     watchdog or a failing peer's handler must be able to stop a communicator without
+//     knowing its state (a call blocked on the owning thread then throws), and callers must be
+//     able to ask whether it is still usable.
+//  6. cc.capabilities() -> capability_flags, so adapters choose protocols at run time.
+// Every blocking call (2-4) takes the deadline as its last argument, and all backends obey one
+// failure contract (docs/transports.md):
+//  a. A call that misses its deadline or sees a peer vanish throws transport_error naming the
+//     operation, its sequence number on this communicator, this rank and the peer(s) waited
+//     for. A timeout that names no rank is a bug.
+//  b. The first failure marks the communicator failed; every later call throws the original
+//     error at once. Nothing retries silently. After abort() (with no failure before it) every
+//     call throws transport_error naming itself.
+//  c. No call outlives its deadline by more than a polling interval.
+//  d. Bad arguments (null buffer with a nonzero size, rank or root out of range, a negative
+//     tag, a deadline already passed) throw invalid_parameter_error naming the operation and
+//     rank, and leave the communicator usable. Arguments that disagree across ranks (sizes,
+//     dtypes, ops, roots), where the backend can see them, fail the call with transport_error.
+
+namespace detail {
+template <class C, class = void>
+struct is_communicator_impl : std::false_type {};
+
+template <class C>
+struct is_communicator_impl<
+    C, std::void_t<decltype(std::declval<const C&>().rank()),
+                   decltype(std::declval<const C&>().size()),
+                   decltype(std::declval<C&>().allreduce(std::declval<void*>(), std::size_t{},
+                                                         dtype{}, reduce_op{},
+                                                         std::declval<deadline>())),
+                   decltype(std::declval<C&>().broadcast(std::declval<void*>(), std::size_t{},
+                                                         int{}, std::declval<deadline>())),
+                   decltype(std::declval<C&>().send(std::declval<const void*>(), std::size_t{},
+                                                    int{}, int{}, std::declval<deadline>())),
+                   decltype(std::declval<C&>().recv(std::declval<void*>(), std::size_t{}, int{},
+                                                    int{}, std::declval<deadline>())),
+                   decltype(std::declval<C&>().abort()),
+                   decltype(std::declval<const C&>().failed()),
+                   decltype(std::declval<const C&>().capabilities())>>
+    : std::bool_constant<
+          std::is_convertible_v<decltype(std::declval<const C&>().rank()), int> &&
+          std::is_convertible_v<decltype(std::declval<const C&>().size()), int> &&
+          std::is_convertible_v<decltype(std::declval<C&>().recv(std::declval<void*>(),
+                                                                 std::size_t{}, int{}, int{},
+                                                                 std::declval<deadline>())),
+                                int> &&
+          noexcept(std::declval<C&>().abort()) &&
+          std::is_convertible_v<decltype(std::declval<const C&>().failed()), bool> &&
+          std::is_same_v<std::decay_t<decltype(std::declval<const C&>().capabilities())>,
+                         capability_flags>> {};
+}  // namespace detail
+
+/// C++17 form of the concept.
+template <class C>
+inline constexpr bool is_communicator_v = detail::is_communicator_impl<C>::value;
+
+#if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+template <class C>
+concept communicator = is_communicator_v<C>;
+#endif
+
+}  // namespace cadence::transport
+
+/// Use in templates that take a communicator: names the library and the misused type.
+#define CADENCE_REQUIRE_COMMUNICATOR(C)                                                        \
+  static_assert(::cadence::transport::is_communicator_v<C>,                                    \
+                "cadence: " #C " does not model transport::communicator (see "                 \
+                "cadence/transport/communicator.hpp for the required members)")

@@ -1,0 +1,444 @@
+// The communicator conformance suite: the contract of cadence/transport/communicator.hpp as
+// test bodies written once and instantiated per backend with CADENCE_TRANSPORT_CONFORMANCE(H).
+//
+// A harness H provides
+//   template <class Body> static void run(Body body);
+// which calls body(comm) once per rank, ranks in parallel, each with a fresh communicator of
+// the same world (size at least 2), and turns an exception escaping a rank into a test failure
+// naming the rank. In one process (inproc) run() starts the threads; under mpirun each process
+// is one rank and run() wraps a fresh duplicate of MPI_COMM_WORLD.
+//
+// Every rank issues the same sequence of collectives whatever its checks find (CHECK, never
+// REQUIRE, inside bodies), so a failed check on one rank cannot leave the others waiting; and
+// every wait has a deadline, so a bug in a backend fails a test instead of hanging it.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/transport/collectives.hpp>
+#include <cadence/transport/communicator.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace cadence_conformance {
+
+using namespace cadence;
+using namespace cadence::transport;
+using namespace std::chrono_literals;
+using steady = std::chrono::steady_clock;
+
+inline double seconds_since(steady::time_point t0) {
+  return std::chrono::duration<double>(steady::now() - t0).count();
+}
+
+// Element i of rank r's contribution: integer-valued, so every sum is exact in every dtype
+// (u8 sums stay below 256 for up to 8 ranks; i64 values need all 64 bits).
+template <class T>
+T value(int r, std::size_t i) {
+  const auto k = static_cast<std::int64_t>((i * 7 + static_cast<std::size_t>(r) * 13) % 31);
+  if constexpr (std::is_same_v<T, std::uint8_t>) {
+    return static_cast<T>(k);
+  } else if constexpr (std::is_same_v<T, std::int64_t>) {
+    return (k - 15) * (std::int64_t{1} << 40) + r;
+  } else {
+    return static_cast<T>(k - 15);
+  }
+}
+
+// Runs f, which must throw E with every needle in its message; returns the message.
+template <class E, class F>
+std::string expect_throw(int rank, F&& f, std::initializer_list<std::string> needles) {
+  try {
+    f();
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    for (const auto& needle : needles)
+      CHECK_MESSAGE(msg.find(needle) != std::string::npos,
+                    "rank " << rank << ": \"" << msg << "\" does not contain \"" << needle << "\"");
+    return msg;
+  } catch (const std::exception& e) {
+    CHECK_MESSAGE(false, "rank " << rank << ": wrong exception type: " << e.what());
+    return {};
+  }
+  CHECK_MESSAGE(false, "rank " << rank << ": expected an exception, none was thrown");
+  return {};
+}
+
+template <class T, class C>
+void check_allreduce(C& c, std::size_t count, reduce_op op, deadline d = 60s) {
+  const int n = c.size();
+  std::vector<T> buf(count);
+  for (std::size_t i = 0; i < count; ++i) buf[i] = value<T>(c.rank(), i);
+  c.allreduce(buf.data(), count, dtype_of_v<T>, op, d);
+  std::size_t wrong = 0, first_wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    T expected = value<T>(0, i);
+    for (int r = 1; r < n; ++r) {
+      const T v = value<T>(r, i);
+      expected = op == reduce_op::sum   ? static_cast<T>(expected + v)
+                 : op == reduce_op::min ? std::min(expected, v)
+                                        : std::max(expected, v);
+    }
+    if (buf[i] != expected && wrong++ == 0) first_wrong = i;
+  }
+  CHECK_MESSAGE(wrong == 0, "rank " << c.rank() << ": allreduce " << dtype_name(dtype_of_v<T>)
+                                    << " " << reduce_op_name(op) << " of " << count
+                                    << " elements: " << wrong << " wrong, first at " << first_wrong);
+}
+
+}  // namespace cadence_conformance
+
+#define CADENCE_CONFORMANCE_TEST(name, id) \
+  TEST_CASE_TEMPLATE_DEFINE(name * doctest::timeout(120), H, id)
+
+CADENCE_CONFORMANCE_TEST("allreduce sums, mins and maxes every dtype exactly on every rank",
+                         conformance_allreduce_dtypes) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    for (reduce_op op : {reduce_op::sum, reduce_op::min, reduce_op::max}) {
+      check_allreduce<float>(c, 1000, op);
+      check_allreduce<double>(c, 1000, op);
+      check_allreduce<std::int32_t>(c, 1000, op);
+      check_allreduce<std::int64_t>(c, 1000, op);
+      check_allreduce<std::uint8_t>(c, 1000, op);
+    }
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("allreduce is exact for every size from 0 bytes to 64 MiB",
+                         conformance_allreduce_sizes) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    check_allreduce<std::uint8_t>(c, 0, reduce_op::sum);
+    check_allreduce<std::uint8_t>(c, 1, reduce_op::sum);
+    for (std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{1023},
+                              std::size_t{65537}, std::size_t{262147}})
+      check_allreduce<float>(c, count, reduce_op::sum);
+    check_allreduce<float>(c, std::size_t{16} << 20, reduce_op::sum);  // 64 MiB, once
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("broadcast delivers the root's bytes to every rank, from every root",
+                         conformance_broadcast) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    for (int root = 0; root < c.size(); ++root) {
+      for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{1000},
+                                (std::size_t{1} << 20) + 3}) {
+        auto pattern = [root](std::size_t i) {
+          return static_cast<unsigned char>((i * 31 + static_cast<std::size_t>(root)) & 0xFF);
+        };
+        std::vector<unsigned char> buf(bytes, 0xEE);
+        if (c.rank() == root)
+          for (std::size_t i = 0; i < bytes; ++i) buf[i] = pattern(i);
+        c.broadcast(buf.data(), bytes, root, 60s);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < bytes; ++i) wrong += buf[i] != pattern(i);
+        CHECK_MESSAGE(wrong == 0, "rank " << c.rank() << ": broadcast of " << bytes
+                                          << " bytes from root " << root << ": " << wrong
+                                          << " bytes wrong");
+      }
+    }
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("send and recv match by source and tag, in order per source and tag",
+                         conformance_point_to_point) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    const int n = c.size(), r = c.rank();
+    const int dst = (r + 1) % n, src = (r + n - 1) % n;
+    // Three messages on tag 1, then one on tag 2 and an empty one on tag 3; the receiver asks
+    // for tag 2 first, so matching is by tag, not arrival.
+    for (std::int64_t k = 0; k < 3; ++k) {
+      const std::int64_t msg[2] = {r, k};
+      c.send(msg, sizeof msg, dst, 1, 30s);
+    }
+    const std::int64_t last[2] = {r, 99};
+    c.send(last, sizeof last, dst, 2, 30s);
+    c.send(nullptr, 0, dst, 3, 30s);
+
+    std::int64_t got[2] = {-1, -1};
+    CHECK(c.recv(got, sizeof got, src, 2, 30s) == src);
+    CHECK((got[0] == src && got[1] == 99));
+    for (std::int64_t k = 0; k < 3; ++k) {
+      CHECK(c.recv(got, sizeof got, src, 1, 30s) == src);
+      CHECK_MESSAGE((got[0] == src && got[1] == k),
+                    "rank " << r << ": message " << k << " from rank " << src << " arrived as {"
+                            << got[0] << ", " << got[1] << "}");
+    }
+    CHECK(c.recv(nullptr, 0, src, 3, 30s) == src);
+
+    // 4 MiB messages around the ring: above any eager limit, so each send completes only when
+    // its receive is posted. Even ranks send first and odd ranks receive first, so the ring
+    // cannot deadlock on an even number of ranks.
+    if (n % 2 == 0) {
+      std::vector<std::int32_t> out(std::size_t{1} << 20), in(out.size(), -1);
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<std::int32_t>(i) * n + r;
+      const std::size_t bytes = out.size() * sizeof(std::int32_t);
+      if (r % 2 == 0) {
+        c.send(out.data(), bytes, dst, 4, 30s);
+        c.recv(in.data(), bytes, src, 4, 30s);
+      } else {
+        c.recv(in.data(), bytes, src, 4, 30s);
+        c.send(out.data(), bytes, dst, 4, 30s);
+      }
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < in.size(); ++i) wrong += in[i] != static_cast<std::int32_t>(i) * n + src;
+      CHECK_MESSAGE(wrong == 0, "rank " << r << ": 4 MiB message from rank " << src << ": "
+                                        << wrong << " elements wrong");
+    }
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("recv from any_source returns each sender's rank",
+                         conformance_any_source) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    if (!c.capabilities().any_source) return;  // the capability flag says so; nothing to test
+    if (c.rank() == 0) {
+      std::vector<int> seen;
+      for (int k = 1; k < c.size(); ++k) {
+        std::int32_t who = -1;
+        const int src = c.recv(&who, sizeof who, any_source, 5, 30s);
+        CHECK(src == who);
+        seen.push_back(src);
+      }
+      std::sort(seen.begin(), seen.end());
+      for (int k = 1; k < c.size(); ++k) CHECK(seen[static_cast<std::size_t>(k - 1)] == k);
+    } else {
+      const std::int32_t me = c.rank();
+      c.send(&me, sizeof me, 0, 5, 30s);
+    }
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("barrier, allgather and allreduce_avg work over the backend",
+                         conformance_helpers) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    const int n = c.size(), r = c.rank();
+    barrier(c, 30s);
+
+    const unsigned char mine[3] = {static_cast<unsigned char>(r), static_cast<unsigned char>(200 + r),
+                                   static_cast<unsigned char>(r * 2)};
+    std::vector<unsigned char> all(static_cast<std::size_t>(n) * 3, 0xEE);
+    allgather(c, mine, all.data(), 3, 30s);
+    for (int p = 0; p < n; ++p) {
+      const auto* block = &all[static_cast<std::size_t>(p) * 3];
+      CHECK_MESSAGE((block[0] == p && block[1] == 200 + p && block[2] == 2 * p),
+                    "rank " << r << ": allgather block of rank " << p << " is wrong");
+    }
+
+    // Rank r contributes n * (i + r): the average n * i + n(n-1)/2 is exact.
+    std::vector<float> grad(100);
+    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(n * (static_cast<int>(i) + r));
+    allreduce_avg(c, grad.data(), grad.size(), dtype::f32, 30s);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < grad.size(); ++i)
+      wrong += grad[i] != static_cast<float>(n * static_cast<int>(i) + n * (n - 1) / 2);
+    CHECK_MESSAGE(wrong == 0, "rank " << r << ": allreduce_avg: " << wrong << " wrong");
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("a stalled rank makes the others throw transport_error naming it "
+                         "within the deadline; later calls rethrow that error at once",
+                         conformance_stalled_rank) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    const int stalled = c.size() - 1;
+    if (c.rank() == stalled) {
+      // Stops taking part: long enough for every other rank's 1 s deadline to pass first.
+      std::this_thread::sleep_for(2500ms);
+      return;
+    }
+    float x = 1;
+    const auto t0 = steady::now();
+    const std::string original = expect_throw<transport_error>(
+        c.rank(), [&] { c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 1s); },
+        {"allreduce #1 on rank " + std::to_string(c.rank()),
+         "rank " + std::to_string(stalled)});
+    const double waited = seconds_since(t0);
+    CHECK_MESSAGE(waited >= 0.99, "rank " << c.rank() << " gave up early, after " << waited << " s");
+    CHECK_MESSAGE(waited < 10.0, "rank " << c.rank() << " overran its 1 s deadline: " << waited << " s");
+    CHECK(c.failed());
+
+    // The first failure sticks: every later call throws it again, without waiting.
+    const auto t1 = steady::now();
+    const std::string again = expect_throw<transport_error>(
+        c.rank(), [&] { c.broadcast(&x, sizeof x, 0, 30s); }, {});
+    CHECK(again == original);
+    const std::string again_p2p = expect_throw<transport_error>(
+        c.rank(), [&] { c.send(&x, sizeof x, 0, 0, 30s); }, {});
+    CHECK(again_p2p == original);
+    CHECK_MESSAGE(seconds_since(t1) < 5.0, "rank " << c.rank() << ": a failed communicator waited");
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("a recv that nobody answers throws after its deadline, naming the "
+                         "awaited rank", conformance_recv_deadline) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    if (c.rank() != 0) {
+      // Stay alive past rank 0's deadline: a departed peer would be reported as lost instead.
+      std::this_thread::sleep_for(1s);
+      return;
+    }
+    char b[8];
+    const auto t0 = steady::now();
+    expect_throw<transport_error>(0, [&] { c.recv(b, sizeof b, 1, 7, 300ms); },
+                                  {"recv #1 on rank 0", "deadline passed", "rank 1"});
+    CHECK(seconds_since(t0) >= 0.299);
+    CHECK(c.failed());
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("a large send that nobody receives throws after its deadline, naming "
+                         "the receiver", conformance_send_deadline) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    if (c.rank() != 0) {
+      // Stay alive past rank 0's deadline: a departed peer would be reported as lost instead.
+      std::this_thread::sleep_for(1s);
+      return;
+    }
+    // 4 MiB: above every backend's eager limit, so the send needs the receiver.
+    std::vector<unsigned char> big(std::size_t{4} << 20, 1);
+    const auto t0 = steady::now();
+    expect_throw<transport_error>(0, [&] { c.send(big.data(), big.size(), 1, 8, 300ms); },
+                                  {"send #1 on rank 0", "deadline passed", "rank 1"});
+    CHECK(seconds_since(t0) >= 0.299);
+    CHECK(c.failed());
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("bad arguments throw invalid_parameter_error naming the rank and the "
+                         "call, and leave the communicator usable", conformance_bad_arguments) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    const int n = c.size(), r = c.rank();
+    const std::string me = " on rank " + std::to_string(r);
+    float x[4] = {};
+    auto bad = [&](auto&& f, std::initializer_list<std::string> needles) {
+      expect_throw<invalid_parameter_error>(r, f, needles);
+    };
+    bad([&] { c.allreduce(nullptr, 4, dtype::f32, reduce_op::sum, 30s); },
+        {"allreduce #1" + me, "null buffer"});
+    bad([&] { c.broadcast(x, sizeof x, n, 30s); }, {"broadcast #2" + me, "root rank " + std::to_string(n)});
+    bad([&] { c.broadcast(nullptr, 4, 0, 30s); }, {"broadcast #3" + me, "null buffer"});
+    bad([&] { c.send(x, sizeof x, n, 0, 30s); }, {"send #4" + me, "destination rank"});
+    bad([&] { c.send(x, sizeof x, any_source, 0, 30s); }, {"send #5" + me, "destination rank -1"});
+    bad([&] { c.recv(x, sizeof x, -7, 0, 30s); }, {"recv #6" + me, "source rank -7"});
+    bad([&] { c.send(x, sizeof x, 0, -1, 30s); }, {"send #7" + me, "tag -1"});
+    bad([&] { c.recv(nullptr, 8, 0, 0, 30s); }, {"recv #8" + me, "null buffer"});
+    bad([&] { c.allreduce(x, 1, dtype::f32, reduce_op::sum, deadline::at(steady::now() - 1s)); },
+        {"allreduce #9" + me, "deadline had already passed"});
+    CHECK_FALSE(c.failed());
+    std::int64_t sum = r;
+    c.allreduce(&sum, 1, dtype::i64, reduce_op::sum, 30s);
+    CHECK(sum == std::int64_t{n} * (n - 1) / 2);
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("collective arguments that differ across ranks fail with "
+                         "transport_error on every rank", conformance_mismatch) {
+  using namespace cadence_conformance;
+  SUBCASE("count") {
+    H::run([](auto& c) {
+      std::vector<float> buf(8, 1.0f);
+      const std::size_t count = c.rank() == 0 ? 8 : 4;
+      expect_throw<transport_error>(
+          c.rank(), [&] { c.allreduce(buf.data(), count, dtype::f32, reduce_op::sum, 30s); },
+          {"allreduce #1 on rank " + std::to_string(c.rank()), "differ", "count 8", "count 4"});
+      CHECK(c.failed());
+    });
+  }
+  SUBCASE("dtype") {
+    H::run([](auto& c) {
+      std::int32_t buf[4] = {1, 2, 3, 4};
+      const dtype t = c.rank() == 0 ? dtype::i32 : dtype::f32;
+      expect_throw<transport_error>(
+          c.rank(), [&] { c.allreduce(buf, 4, t, reduce_op::sum, 30s); },
+          {"allreduce #1 on rank " + std::to_string(c.rank()), "differ", "i32", "f32"});
+    });
+  }
+  SUBCASE("broadcast size") {
+    // A root does not wait for the others (as in MPI), so only the ranks that receive are sure
+    // to see the difference; the root may or may not, depending on who arrived first.
+    H::run([](auto& c) {
+      char buf[16] = {};
+      const std::size_t bytes = c.rank() == 0 ? 16 : 8;
+      if (c.rank() == 0) {
+        try {
+          c.broadcast(buf, bytes, 0, 30s);
+        } catch (const transport_error&) {
+        }
+        return;
+      }
+      expect_throw<transport_error>(
+          c.rank(), [&] { c.broadcast(buf, bytes, 0, 30s); },
+          {"broadcast #1 on rank " + std::to_string(c.rank())});
+      CHECK(c.failed());
+    });
+  }
+}
+
+CADENCE_CONFORMANCE_TEST("a message of another size than the receive fails the recv, naming "
+                         "the sender", conformance_message_size) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    if (c.rank() == 0) {
+      const char small[8] = {};
+      c.send(small, sizeof small, 1, 3, 30s);
+    } else if (c.rank() == 1) {
+      char big[16] = {};
+      expect_throw<transport_error>(1, [&] { c.recv(big, sizeof big, 0, 3, 30s); },
+                                    {"recv #1 on rank 1", "rank 0", "8 bytes", "16 bytes"});
+      CHECK(c.failed());
+    }
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("abort is idempotent and every later call throws transport_error "
+                         "naming itself", conformance_abort) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    const std::string me = " on rank " + std::to_string(c.rank());
+    CHECK_FALSE(c.failed());
+    c.abort();
+    c.abort();
+    CHECK(c.failed());
+    float x = 0;
+    const auto t0 = steady::now();
+    expect_throw<transport_error>(c.rank(), [&] { c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 30s); },
+                                  {"allreduce #1" + me, "abort"});
+    expect_throw<transport_error>(c.rank(), [&] { c.recv(&x, sizeof x, 0, 0, 30s); },
+                                  {"recv #2" + me, "abort"});
+    CHECK(seconds_since(t0) < 5.0);
+  });
+}
+
+/// Instantiates the whole suite for harness H (once per test executable).
+#define CADENCE_TRANSPORT_CONFORMANCE(H)                             \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_allreduce_dtypes, H);        \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_allreduce_sizes, H);         \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_broadcast, H);               \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_point_to_point, H);          \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_any_source, H);              \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_helpers, H);                 \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_stalled_rank, H);            \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_recv_deadline, H);           \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_send_deadline, H);           \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_bad_arguments, H);           \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_mismatch, H);                \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_message_size, H);            \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_abort, H)

@@ -1,0 +1,311 @@
+#include <cadence/transport/inproc.hpp>
+
+#include "conformance.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace cadence;
+using namespace cadence::transport;
+using namespace std::chrono_literals;
+using cadence_conformance::expect_throw;
+using cadence_conformance::seconds_since;
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+// Runs body(world, comm) on one thread per rank of `world`; an exception escaping a rank fails
+// the test, naming the rank.
+template <class Body>
+void run_ranks(inproc_world& world, Body body) {
+  std::mutex m;
+  std::vector<std::string> escaped;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world.size(); ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        inproc_communicator c = world.join(r);
+        body(c);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(m);
+        escaped.push_back("rank " + std::to_string(r) + " threw: " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : escaped) FAIL_CHECK(e);
+}
+
+struct inproc_harness {
+  template <class Body>
+  static void run(Body body) {
+    inproc_world world(4);
+    run_ranks(world, body);
+  }
+};
+
+}  // namespace
+
+TYPE_TO_STRING(inproc_harness);
+CADENCE_TRANSPORT_CONFORMANCE(inproc_harness);
+
+TEST_CASE("a world needs at least one rank, and each rank joins once" * doctest::timeout(10)) {
+  CHECK_THROWS_AS(inproc_world(0), invalid_parameter_error);
+  inproc_world world(2);
+  auto c0 = world.join(0);
+  CHECK(c0.rank() == 0);
+  CHECK(c0.size() == 2);
+  CHECK_THROWS_WITH_AS(world.join(0), doctest::Contains("rank 0 has already joined"),
+                       invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(world.join(2), doctest::Contains("rank 2 is out of range"),
+                       invalid_parameter_error);
+  CHECK_THROWS_AS(world.kill(-1), invalid_parameter_error);
+  CHECK_THROWS_AS(world.delay_link(0, 1, -1ms), invalid_parameter_error);
+  static_assert(is_communicator_v<inproc_communicator>);
+}
+
+TEST_CASE("the in-process capabilities: any_source, lost peers seen and survived, host buffers" *
+          doctest::timeout(10)) {
+  inproc_world world(1);
+  const auto caps = world.join(0).capabilities();
+  CHECK(caps.any_source);
+  CHECK(caps.detects_lost_peer);
+  CHECK(caps.survives_lost_peer);
+  CHECK_FALSE(caps.device_buffers);
+}
+
+TEST_CASE("a world of one rank reduces and broadcasts its own data and can message itself" *
+          doctest::timeout(10)) {
+  inproc_world world(1);
+  auto c = world.join(0);
+  double x[2] = {1.5, -2};
+  c.allreduce(x, 2, dtype::f64, reduce_op::sum, 5s);
+  CHECK((x[0] == 1.5 && x[1] == -2));
+  c.broadcast(x, sizeof x, 0, 5s);
+  const int v = 7;
+  int w = 0;
+  c.send(&v, sizeof v, 0, 1, 5s);
+  CHECK(c.recv(&w, sizeof w, any_source, 1, 5s) == 0);
+  CHECK(w == 7);
+}
+
+TEST_CASE("f16 and bf16 are refused: the host cannot reduce them" * doctest::timeout(10)) {
+  inproc_world world(1);
+  auto c = world.join(0);
+  std::uint16_t h = 0;
+  CHECK_THROWS_WITH_AS(c.allreduce(&h, 1, dtype::bf16, reduce_op::sum, 5s),
+                       doctest::Contains("dtype bf16 has no host reduction"), invalid_parameter_error);
+  CHECK_FALSE(c.failed());
+}
+
+TEST_CASE("a killed rank is reported as lost before the deadline, and its own calls fail" *
+          doctest::timeout(60)) {
+  inproc_world world(3);
+  std::atomic<int> waiting{0};
+  std::thread killer([&] {
+    while (waiting.load() < 2) std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(50ms);  // let both survivors block in their calls
+    world.kill(2);
+  });
+  run_ranks(world, [&](inproc_communicator& c) {
+    float x = 1;
+    if (c.rank() == 2) {
+      // The crashed process: its call never completes normally.
+      expect_throw<transport_error>(2, [&] { c.recv(&x, sizeof x, 0, 9, 30s); },
+                                    {"recv #1 on rank 2", "this rank is gone", "killed"});
+      return;
+    }
+    ++waiting;
+    const auto t0 = steady::now();
+    expect_throw<transport_error>(c.rank(), [&] { c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 30s); },
+                                  {"allreduce #1 on rank " + std::to_string(c.rank()),
+                                   "lost rank 2 (killed by fault injection)"});
+    // Seen as lost, not timed out: long before the 30 s deadline.
+    CHECK(seconds_since(t0) < 20.0);
+  });
+  killer.join();
+}
+
+TEST_CASE("messages a rank sent before it was killed are still delivered" * doctest::timeout(30)) {
+  inproc_world world(2);
+  {
+    auto c1 = world.join(1);
+    const int v = 42;
+    c1.send(&v, sizeof v, 0, 0, 5s);
+    world.kill(1);
+  }
+  auto c0 = world.join(0);
+  int got = 0;
+  CHECK(c0.recv(&got, sizeof got, 1, 0, 5s) == 1);
+  CHECK(got == 42);
+  CHECK_THROWS_WITH_AS(c0.recv(&got, sizeof got, 1, 0, 5s), doctest::Contains("lost rank 1"),
+                       transport_error);
+}
+
+TEST_CASE("a rank stalled by fault injection takes no part until resumed" * doctest::timeout(60)) {
+  SUBCASE("the others time out naming it") {
+    inproc_world world(3);
+    world.stall(1);
+    run_ranks(world, [&](inproc_communicator& c) {
+      std::int32_t x = c.rank();
+      if (c.rank() == 1) {
+        expect_throw<transport_error>(1, [&] { c.allreduce(&x, 1, dtype::i32, reduce_op::sum, 1500ms); },
+                                      {"allreduce #1 on rank 1", "stalled by fault injection"});
+        return;
+      }
+      expect_throw<transport_error>(c.rank(), [&] { c.allreduce(&x, 1, dtype::i32, reduce_op::sum, 500ms); },
+                                    {"deadline passed", "waiting for rank 1"});
+    });
+  }
+  SUBCASE("after resume() it catches up and the collective completes") {
+    inproc_world world(3);
+    world.stall(2);
+    std::atomic<int> arrived{0};
+    std::thread resumer([&] {
+      while (arrived.load() < 3) std::this_thread::sleep_for(1ms);
+      std::this_thread::sleep_for(100ms);
+      world.resume(2);
+    });
+    run_ranks(world, [&](inproc_communicator& c) {
+      std::int32_t x = c.rank() + 1;
+      ++arrived;
+      c.allreduce(&x, 1, dtype::i32, reduce_op::sum, 30s);
+      CHECK(x == 6);
+    });
+    resumer.join();
+  }
+}
+
+TEST_CASE("a delayed link delivers later but in order, and a shorter deadline names the sender" *
+          doctest::timeout(60)) {
+  SUBCASE("FIFO per source survives the delay; any_source takes an undelayed sender first") {
+    inproc_world world(3);
+    world.delay_link(0, 2, 300ms);
+    const auto start = steady::now();  // before any send, so every delayed message is >= 300 ms later
+    run_ranks(world, [&](inproc_communicator& c) {
+      if (c.rank() == 0) {
+        for (int k = 0; k < 3; ++k) c.send(&k, sizeof k, 2, 0, 5s);
+      } else if (c.rank() == 1) {
+        std::this_thread::sleep_for(50ms);  // sends after rank 0, arrives before it
+        const int k = 100;
+        c.send(&k, sizeof k, 2, 0, 5s);
+      } else {
+        int k = -1;
+        CHECK(c.recv(&k, sizeof k, any_source, 0, 5s) == 1);
+        CHECK(k == 100);
+        for (int expected = 0; expected < 3; ++expected) {
+          CHECK(c.recv(&k, sizeof k, 0, 0, 5s) == 0);
+          CHECK(k == expected);
+        }
+        CHECK(seconds_since(start) >= 0.299);
+      }
+    });
+  }
+  SUBCASE("an all-reduce whose deadline is shorter than the delay names the delayed sender") {
+    inproc_world world(2);
+    world.delay_link(1, 0, 2s);
+    run_ranks(world, [&](inproc_communicator& c) {
+      float x = 1;
+      if (c.rank() == 1) {
+        c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 5s);  // rank 0's data is not delayed
+        CHECK(x == 2);
+        return;
+      }
+      expect_throw<transport_error>(0, [&] { c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 300ms); },
+                                    {"waiting for rank 1", "delayed by fault injection"});
+    });
+  }
+}
+
+TEST_CASE("sends above the eager limit wait for their recv, so a send-send exchange fails on its "
+          "deadline instead of hanging" * doctest::timeout(60)) {
+  inproc_options options;
+  options.eager_limit = 16;
+  inproc_world world(2, options);
+  std::atomic<int> done{0};
+  run_ranks(world, [&](inproc_communicator& c) {
+    const int peer = 1 - c.rank();
+    std::vector<char> out(64, 'x'), in(64);
+    // Under the limit: buffered, so both may send first.
+    c.send(out.data(), 16, peer, 0, 5s);
+    c.recv(in.data(), 16, peer, 0, 5s);
+    // Over it: both block in send, each waiting for the other's recv.
+    expect_throw<transport_error>(c.rank(), [&] { c.send(out.data(), out.size(), peer, 1, 300ms); },
+                                  {"send #3 on rank " + std::to_string(c.rank()),
+                                   "waiting for rank " + std::to_string(peer), "eager limit"});
+    // Stay until both have failed: a departed peer would be reported as lost instead.
+    ++done;
+    while (done.load() < 2) std::this_thread::sleep_for(1ms);
+  });
+}
+
+TEST_CASE("abort() from another thread wakes a blocked call, which throws" * doctest::timeout(60)) {
+  inproc_world world(2);
+  auto c0 = world.join(0);
+  auto c1 = world.join(1);  // joined but silent: rank 0 waits for it
+  std::thread watchdog([&] {
+    std::this_thread::sleep_for(100ms);
+    c0.abort();
+  });
+  float x = 0;
+  const auto t0 = steady::now();
+  CHECK_THROWS_WITH_AS(c0.recv(&x, sizeof x, 1, 0, 30s),
+                       doctest::Contains("recv #1 on rank 0 of 2: the communicator was aborted"),
+                       transport_error);
+  CHECK(seconds_since(t0) < 20.0);
+  watchdog.join();
+  CHECK(c0.failed());
+  CHECK_FALSE(c1.failed());
+}
+
+TEST_CASE("a destroyed communicator is a lost peer, not a silent one" * doctest::timeout(30)) {
+  inproc_world world(2);
+  auto c0 = world.join(0);
+  world.join(1);  // the temporary is destroyed at once
+  float x = 0;
+  CHECK_THROWS_WITH_AS(c0.allreduce(&x, 1, dtype::f32, reduce_op::sum, 30s),
+                       doctest::Contains("lost rank 1 (its communicator was destroyed)"),
+                       transport_error);
+}
+
+TEST_CASE("a moved communicator keeps its rank and sequence numbers" * doctest::timeout(30)) {
+  inproc_world world(1);
+  auto a = world.join(0);
+  float x = 0;
+  a.allreduce(&x, 1, dtype::f32, reduce_op::sum, 5s);
+  inproc_communicator b = std::move(a);
+  CHECK(b.rank() == 0);
+  CHECK_THROWS_WITH_AS(b.send(&x, sizeof x, 3, 0, 5s), doctest::Contains("send #2 on rank 0"),
+                       invalid_parameter_error);
+}
+
+TEST_CASE("many rounds of mixed traffic from every rank stay consistent" * doctest::timeout(120)) {
+  // A seeded mix of collectives and ring messages of varying sizes: the ordering and
+  // matching must hold over many rounds, not just one call (and TSan sees the interleavings).
+  inproc_world world(4);
+  run_ranks(world, [&](inproc_communicator& c) {
+    const int n = c.size(), r = c.rank();
+    std::uint32_t seed = 12345;  // identical on every rank: every rank picks the same sizes
+    for (int round = 0; round < 200; ++round) {
+      seed = seed * 1664525u + 1013904223u;
+      const std::size_t count = (seed >> 8) % 5000;
+      std::vector<std::int64_t> v(count, r + round);
+      c.allreduce(v.data(), count, dtype::i64, reduce_op::sum, 30s);
+      const std::int64_t expected = std::int64_t{n} * round + std::int64_t{n} * (n - 1) / 2;
+      CHECK(std::all_of(v.begin(), v.end(), [&](std::int64_t e) { return e == expected; }));
+      const std::int64_t token[2] = {r, round};
+      std::int64_t got[2] = {};
+      c.send(token, sizeof token, (r + 1) % n, round % 7, 30s);
+      c.recv(got, sizeof got, (r + n - 1) % n, round % 7, 30s);
+      CHECK((got[0] == (r + n - 1) % n && got[1] == round));
+    }
+  });
+}

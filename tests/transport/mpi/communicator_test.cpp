@@ -1,0 +1,209 @@
+// The MPI backend: the conformance suite under mpirun (one rank per process), plus what is
+// specific to MPI (construction, ownership, bounce buffers).
+#include <cadence/transport/mpi/communicator.hpp>
+
+#include "../conformance.hpp"
+
+#include <doctest/doctest.h>
+
+#include <mpi.h>
+
+#include <chrono>
+#include <exception>
+#include <string>
+#include <thread>
+
+using namespace cadence;
+using namespace cadence::transport;
+using namespace std::chrono_literals;
+using cadence_conformance::expect_throw;
+
+namespace {
+
+template <mpi_options (*Options)()>
+struct mpi_harness_for {
+  template <class Body>
+  static void run(Body body) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    try {
+      mpi_communicator c(MPI_COMM_WORLD, Options(), 30s);
+      body(c);
+    } catch (const std::exception& e) {
+      const std::string what = "rank " + std::to_string(rank) + " threw: " + e.what();
+      FAIL_CHECK(what);
+    }
+  }
+};
+
+mpi_options bounced() { return {}; }
+mpi_options unbounced() {
+  mpi_options o;
+  o.bounce_buffers = false;
+  return o;
+}
+using mpi_harness = mpi_harness_for<&bounced>;
+using mpi_unbounced_harness = mpi_harness_for<&unbounced>;
+
+}  // namespace
+
+TYPE_TO_STRING(mpi_harness);
+CADENCE_TRANSPORT_CONFORMANCE(mpi_harness);
+
+TEST_CASE("without bounce buffers the data paths are the same" * doctest::timeout(120)) {
+  // The conformance bodies that move data through MPI collectives (all-reduces below the
+  // ring's 256 KiB, broadcasts), on the caller's buffers directly.
+  using cadence_conformance::check_allreduce;
+  mpi_unbounced_harness::run([](auto& c) {
+    check_allreduce<float>(c, 65521, reduce_op::sum);  // 262084 bytes: just below the ring
+    check_allreduce<std::int64_t>(c, 1000, reduce_op::max);
+    std::vector<unsigned char> b(1000, static_cast<unsigned char>(c.rank() == 1 ? 7 : 0));
+    c.broadcast(b.data(), b.size(), 1, 30s);
+    CHECK(std::count(b.begin(), b.end(), 7) == 1000);
+  });
+}
+
+TEST_CASE("the MPI capabilities: any_source, but a crashed peer is seen only by the deadline" *
+          doctest::timeout(60)) {
+  mpi_communicator c(MPI_COMM_WORLD, {}, 30s);
+  static_assert(is_communicator_v<mpi_communicator>);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  CHECK(c.rank() == rank);
+  CHECK(c.size() == size);
+  CHECK(c.capabilities().any_source);
+  CHECK_FALSE(c.capabilities().detects_lost_peer);
+  CHECK_FALSE(c.capabilities().survives_lost_peer);
+  CHECK_FALSE(c.capabilities().device_buffers);
+}
+
+TEST_CASE("a thread that does not own the communicator is refused before it enters MPI" *
+          doctest::timeout(60)) {
+  mpi_communicator c(MPI_COMM_WORLD, {}, 30s);
+  float x = 0;
+  std::string what;
+  std::thread other([&] {
+    try {
+      c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 5s);
+    } catch (const invalid_parameter_error& e) {
+      what = e.what();
+    }
+    c.abort();  // allowed from any thread: it only raises a flag
+  });
+  other.join();
+  CHECK(what.find("does not own the communicator") != std::string::npos);
+  CHECK(c.failed());
+  expect_throw<transport_error>(c.rank(), [&] { c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 5s); },
+                                {"allreduce #2", "aborted"});
+}
+
+TEST_CASE("f16 and bf16 are refused: MPI has no host type for them" * doctest::timeout(60)) {
+  mpi_communicator c(MPI_COMM_WORLD, {}, 30s);
+  std::uint16_t h = 0;
+  expect_throw<invalid_parameter_error>(c.rank(), [&] { c.allreduce(&h, 1, dtype::f16, reduce_op::sum, 5s); },
+                                        {"allreduce #1", "dtype f16"});
+  CHECK_FALSE(c.failed());
+}
+
+TEST_CASE("abort() from a watchdog thread ends a blocked call on the owning thread" *
+          doctest::timeout(60)) {
+  mpi_communicator c(MPI_COMM_WORLD, {}, 30s);
+  if (c.rank() == 0) {
+    std::thread watchdog([&] {
+      std::this_thread::sleep_for(100ms);
+      c.abort();
+    });
+    float x = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_throw<transport_error>(0, [&] { c.recv(&x, sizeof x, 1, 77, 30s); },
+                                  {"recv #1 on rank 0", "aborted", "waiting for rank 1"});
+    CHECK(cadence_conformance::seconds_since(t0) < 20.0);
+    watchdog.join();
+  }
+  // Everyone leaves together, so rank 1 cannot be gone while rank 0 still waits for it (that
+  // would not change the outcome under MPI, but keeps the test's story simple).
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("construction with a deadline already passed is refused before any MPI call" *
+          doctest::timeout(60)) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  expect_throw<invalid_parameter_error>(
+      rank, [&] { mpi_communicator c(MPI_COMM_WORLD, {}, deadline::at(std::chrono::steady_clock::now() - 1s)); },
+      {"construction on rank " + std::to_string(rank), "deadline had already passed"});
+}
+
+TEST_CASE("construction is bounded by its deadline when a rank never constructs" *
+          doctest::timeout(60)) {
+  // On a scratch duplicate: the abandoned MPI_Comm_idup stays posted on it forever, so it is
+  // never freed and never used again.
+  MPI_Comm scratch;
+  MPI_Comm_dup(MPI_COMM_WORLD, &scratch);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(scratch, &rank);
+  MPI_Comm_size(scratch, &size);
+  if (rank == size - 1) {
+    std::this_thread::sleep_for(1500ms);  // never constructs
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_throw<transport_error>(
+        rank, [&] { mpi_communicator c(scratch, {}, 500ms); },
+        {"construction on rank " + std::to_string(rank), "deadline passed",
+         std::to_string(size - 1)});
+    CHECK(cadence_conformance::seconds_since(t0) >= 0.499);
+    CHECK(cadence_conformance::seconds_since(t0) < 10.0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("a rank that joins a collective after the others gave up cannot write into their "
+          "buffers" * doctest::timeout(60)) {
+  // Without verify_before_posting the others post the all-reduce and abandon it on their
+  // deadline; the late rank's call then completes it inside MPI. The bounce buffer, not the
+  // caller's, receives that late result.
+  mpi_options options;
+  options.verify_before_posting = false;
+  mpi_communicator c(MPI_COMM_WORLD, options, 30s);
+  const int late = c.size() - 1;
+  std::vector<float> grad(1024, 1.0f);
+  if (c.rank() == late) {
+    std::this_thread::sleep_for(1s);
+    // It may even succeed: the others' abandoned requests are still posted inside MPI.
+    try {
+      c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 1s);
+    } catch (const transport_error&) {
+    }
+  } else {
+    expect_throw<transport_error>(
+        c.rank(), [&] { c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 300ms); },
+        {"allreduce #1 on rank " + std::to_string(c.rank()), "waiting for rank " + std::to_string(late)});
+  }
+  // Let MPI progress the abandoned operation everywhere, then look at the callers' buffers.
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::this_thread::sleep_for(100ms);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (c.rank() != late)
+    CHECK(std::all_of(grad.begin(), grad.end(), [](float v) { return v == 1.0f; }));
+}
+
+TEST_CASE("a ring all-reduce that a rank never joins fails on its deadline and leaves nothing "
+          "posted" * doctest::timeout(60)) {
+  // Without verify_before_posting the ring starts at once; its point-to-point steps wait for
+  // the neighbours and are cancelled on the deadline.
+  mpi_options options;
+  options.verify_before_posting = false;
+  mpi_communicator c(MPI_COMM_WORLD, options, 30s);
+  const int stalled = c.size() - 1;
+  if (c.rank() == stalled) {
+    std::this_thread::sleep_for(1500ms);
+  } else {
+    std::vector<float> grad(std::size_t{1} << 20, 1.0f);  // 4 MiB: the ring path
+    expect_throw<transport_error>(
+        c.rank(), [&] { c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 500ms); },
+        {"allreduce #1 on rank " + std::to_string(c.rank()), "in the ring all-reduce",
+         "waiting for rank"});
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
