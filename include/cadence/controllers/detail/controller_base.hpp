@@ -69,13 +69,6 @@ public:
     return state_[p] == waiting;
   }
   std::size_t waiting_count() const noexcept { return waiting_; }
-  /// Workers currently waiting, in ascending id order. O(n): for inspection, not hot paths.
-  std::vector<worker_id> waiting_workers() const {
-    std::vector<worker_id> out;
-    for (worker_id p = 0; p < state_.size(); ++p)
-      if (state_[p] == waiting) out.push_back(p);
-    return out;
-  }
   /// Pushes worker p has made (its clock; a joiner starts at the slowest active clock).
   clock_value clock(worker_id p) const {
     check_active(p, "clock");
