@@ -7,10 +7,11 @@
 //                                         [--no-ring]
 //   cadence-bench-transport --backend nccl [--ranks N] [--json]   (one thread per GPU)
 //
-// Raw: MPI_Allreduce for mpi; for nccl ncclAllReduce on a communicator of its own (ncclCommInitAll)
-// over the same device buffers, followed by a stream synchronize; for inproc a plain shared-memory all-reduce among the same
-// threads (each rank adds its buffer into a shared accumulator under a lock, then copies the
-// sum out), the same data movement without matching, deadlines or failure handling. Not a
+// Raw: MPI_Allreduce for mpi; for nccl, ncclAllReduce on a communicator of its own
+// (ncclCommInitAll) over the same device buffers, then a stream synchronize; for inproc a plain
+// shared-memory all-reduce among the same threads (each rank adds its buffer into a shared
+// accumulator under a lock, then copies the sum out), the same data movement without matching,
+// deadlines or failure handling. Not a
 // Google Benchmark program: it must run as one job of several MPI processes or threads, and
 // print one JSON array from one rank. These machines are shared: read the ratios, not the
 // absolute times.

@@ -78,7 +78,9 @@ inline nccl_api real_nccl_api() {
     *async_error = static_cast<int>(state);
     return static_cast<int>(rc);
   };
-  a.comm_abort = [](void* comm) -> int { return static_cast<int>(ncclCommAbort(detail::nccl_comm(comm))); };
+  a.comm_abort = [](void* comm) -> int {
+    return static_cast<int>(ncclCommAbort(detail::nccl_comm(comm)));
+  };
   a.comm_finalize = [](void* comm) -> int {
     return static_cast<int>(ncclCommFinalize(detail::nccl_comm(comm)));
   };
@@ -87,21 +89,22 @@ inline nccl_api real_nccl_api() {
   };
   a.all_reduce = [](const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
                     void* comm, void* stream) -> int {
-    return static_cast<int>(ncclAllReduce(send, recv, count, detail::nccl_type(t), detail::nccl_op(op),
-                                          detail::nccl_comm(comm), detail::cuda_stream(stream)));
+    return static_cast<int>(ncclAllReduce(send, recv, count, detail::nccl_type(t),
+                                          detail::nccl_op(op), detail::nccl_comm(comm),
+                                          detail::cuda_stream(stream)));
   };
   a.broadcast = [](const void* send, void* recv, std::size_t bytes, int root, void* comm,
                    void* stream) -> int {
-    return static_cast<int>(ncclBroadcast(send, recv, bytes, ncclUint8, root, detail::nccl_comm(comm),
-                                          detail::cuda_stream(stream)));
+    return static_cast<int>(ncclBroadcast(send, recv, bytes, ncclUint8, root,
+                                          detail::nccl_comm(comm), detail::cuda_stream(stream)));
   };
   a.send = [](const void* buf, std::size_t bytes, int peer, void* comm, void* stream) -> int {
-    return static_cast<int>(
-        ncclSend(buf, bytes, ncclUint8, peer, detail::nccl_comm(comm), detail::cuda_stream(stream)));
+    return static_cast<int>(ncclSend(buf, bytes, ncclUint8, peer, detail::nccl_comm(comm),
+                                     detail::cuda_stream(stream)));
   };
   a.recv = [](void* buf, std::size_t bytes, int peer, void* comm, void* stream) -> int {
-    return static_cast<int>(
-        ncclRecv(buf, bytes, ncclUint8, peer, detail::nccl_comm(comm), detail::cuda_stream(stream)));
+    return static_cast<int>(ncclRecv(buf, bytes, ncclUint8, peer, detail::nccl_comm(comm),
+                                     detail::cuda_stream(stream)));
   };
   a.get_error_string = [](int rc) -> const char* {
     return ncclGetErrorString(static_cast<ncclResult_t>(rc));
@@ -124,7 +127,8 @@ inline nccl_api real_nccl_api() {
     return static_cast<int>(rc);
   };
   a.event_record = [](void* event, void* stream) -> int {
-    return static_cast<int>(cudaEventRecord(detail::cuda_event(event), detail::cuda_stream(stream)));
+    return static_cast<int>(
+        cudaEventRecord(detail::cuda_event(event), detail::cuda_stream(stream)));
   };
   a.event_query = [](void* event) -> int {
     return static_cast<int>(cudaEventQuery(detail::cuda_event(event)));

@@ -1,6 +1,6 @@
 // The NCCL backend's logic without NCCL: the function table (nccl_api) through which it reaches
 // NCCL and the CUDA runtime, and nccl_communicator. Includes no CUDA header, so the protocol is
-// unit-tested on CPU against a fake table; cadence/transport/nccl/communicator.hpp adds the real one.
+// unit-tested on CPU against a fake table; nccl/communicator.hpp adds the real one.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -48,7 +48,8 @@ struct nccl_api {
   int (*get_unique_id)(void* context, nccl_unique_id* id) = nullptr;
   /// ncclCommInitRankConfig with config.blocking = 0: returns at once (success or in_progress);
   /// comm_get_async_error says when the communicator is ready.
-  int (*comm_init_rank_nonblocking)(void** comm, int nranks, const nccl_unique_id* id, int rank) = nullptr;
+  int (*comm_init_rank_nonblocking)(void** comm, int nranks, const nccl_unique_id* id,
+                                    int rank) = nullptr;
   int (*comm_get_async_error)(void* comm, int* async_error) = nullptr;
   int (*comm_abort)(void* comm) = nullptr;
   int (*comm_finalize)(void* comm) = nullptr;
@@ -174,7 +175,7 @@ public:
     detail::check_deadline(c, d);
     if (bytes == 0) return;
     check_nccl(c, api_.all_reduce(buf, buf, count, t, op, comm_, stream));
-    complete(c, d, stream, others(), "NCCL cannot say which of them is missing");
+    complete(c, d, stream, others_or_self(), "NCCL cannot say which of them is missing");
   }
 
   void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
@@ -188,7 +189,7 @@ public:
     detail::check_deadline(c, d);
     if (bytes == 0) return;
     check_nccl(c, api_.broadcast(buf, buf, bytes, root, comm_, stream));
-    complete(c, d, stream, rank_ == root ? others() : std::vector<int>{root},
+    complete(c, d, stream, rank_ == root ? others_or_self() : std::vector<int>{root},
              rank_ == root ? "NCCL cannot say which of them is missing" : "");
   }
 
@@ -274,7 +275,8 @@ private:
     comm_ = comm;
     if (rc != nccl_codes::success && rc != nccl_codes::in_progress) {
       abort_backend();
-      throw transport_error(detail::describe(c) + ": ncclCommInitRankConfig failed: " + nccl_error(rc));
+      throw transport_error(detail::describe(c) + ": ncclCommInitRankConfig failed: " +
+                            nccl_error(rc));
     }
     for (;;) {
       int state = nccl_codes::in_progress;
@@ -429,15 +431,16 @@ private:
       const int q = api_.comm_get_async_error(comm_, &state);
       if (q != nccl_codes::success) state = q;
       if (state != nccl_codes::success && state != nccl_codes::in_progress)
-        fail(transport_error(detail::describe(c) + ": NCCL reported an asynchronous error while " +
-                             "waiting for " + detail::rank_list(awaited) + ": " + nccl_error(state) +
-                             " (aborted with ncclCommAbort)"));
+        fail(transport_error(detail::describe(c) + ": NCCL reported an asynchronous error " +
+                             "while waiting for " + detail::rank_list(awaited) + ": " +
+                             nccl_error(state) + " (aborted with ncclCommAbort)"));
       // The event goes behind the operation once NCCL has finished issuing it (a non-blocking
       // communicator may still be issuing it when the enqueue call returns in_progress).
       if (!recorded && state == nccl_codes::success) {
         const int rc = api_.event_record(event_, stream);
         if (rc != nccl_codes::success)
-          fail(transport_error(detail::describe(c) + ": cudaEventRecord failed: " + cuda_error(rc)));
+          fail(transport_error(detail::describe(c) + ": cudaEventRecord failed: " +
+                               cuda_error(rc)));
         recorded = true;
       }
       if (recorded) {
@@ -452,8 +455,9 @@ private:
         fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort()) " +
                              "while waiting for " + detail::rank_list(awaited)));
       if (d.passed())
-        fail(detail::deadline_error(c, awaited, note.empty() ? std::string("aborted with ncclCommAbort")
-                                                             : note + "; aborted with ncclCommAbort"));
+        fail(detail::deadline_error(c, awaited,
+                                    note.empty() ? std::string("aborted with ncclCommAbort")
+                                                 : note + "; aborted with ncclCommAbort"));
       pause(c.started);
     }
   }
@@ -471,7 +475,8 @@ private:
       if (p != rank_) v.push_back(p);
     return v;
   }
-  // Whom an init waits for: the others, or on a single rank NCCL itself (named as this rank).
+  // Whom a collective or an init waits for: the others; on a single rank, the device itself,
+  // named as this rank (a timeout that names nobody is a bug).
   std::vector<int> others_or_self() const {
     auto v = others();
     if (v.empty()) v.push_back(rank_);
