@@ -207,6 +207,22 @@ TEST_CASE("an init that never completes times out: ncclCommAbort on the construc
   CHECK(aborted_on(log, 1, owners[1]));
 }
 
+TEST_CASE("a rank that never joins the bootstrap fails construction on its deadline, naming it" *
+          doctest::timeout(30)) {
+  fake::world w;
+  const nccl_api api = w.api();
+  run_ranks(2, [&](int r, inproc_communicator& b) {
+    if (r == 1) {
+      std::this_thread::sleep_for(800ms);  // alive past rank 0's deadline, never constructing
+      return;
+    }
+    expect_throw<transport_error>(0, [&] { nccl_communicator c(api, b, 0, {}, 300ms); },
+                                  {"construction on rank 0 of 2", "bootstrap communicator failed",
+                                   "unique id", "rank 1"});
+  });
+  CHECK(w.group_count() == 0);  // NCCL was never initialised
+}
+
 TEST_CASE("an asynchronous NCCL error aborts the communicator, names the error, and sticks" *
           doctest::timeout(30)) {
   fake::faults f;

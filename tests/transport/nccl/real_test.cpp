@@ -121,11 +121,8 @@ TEST_CASE("a real NCCL init whose second rank never joins times out and aborts w
   inproc_world boot(2);
   std::thread rank1([&] {
     auto b1 = boot.join(1);
-    struct {
-      std::uint8_t ok;
-      nccl_unique_id id;
-    } block{};
-    b1.broadcast(&block, sizeof block, 0, 30s);
+    nccl_unique_id id{};
+    b1.broadcast(&id, sizeof id, 0, 30s);
     const std::uint8_t ready = 1;
     std::uint8_t all[2] = {};
     allgather(b1, &ready, all, 1, 30s);

@@ -239,19 +239,17 @@ private:
     // Local setup first, its failure only recorded: the ranks must learn of each other's
     // failures over the bootstrap, or the healthy ones would wait in NCCL init until the deadline.
     std::string local_error = local_setup();
-    struct {
-      std::uint8_t ok;
-      nccl_unique_id id;
-    } block{};
+    nccl_unique_id id{};
     if (rank_ == 0 && local_error.empty()) {
-      const int rc = api_.get_unique_id(api_.context, &block.id);
+      const int rc = api_.get_unique_id(api_.context, &id);
       if (rc != nccl_codes::success) local_error = "ncclGetUniqueId failed: " + nccl_error(rc);
     }
-    block.ok = local_error.empty() ? 1 : 0;
+    // The id (meaningless if rank 0 failed), then whether each rank is ready: the allgather
+    // tells everyone about everyone's setup, rank 0's unique id included.
     std::vector<std::uint8_t> ready(static_cast<std::size_t>(size_), 0);
     const std::uint8_t mine = local_error.empty() ? 1 : 0;
     try {
-      bootstrap.broadcast(&block, sizeof block, 0, d);
+      bootstrap.broadcast(&id, sizeof id, 0, d);
       allgather(bootstrap, &mine, ready.data(), 1, d);
     } catch (const cadence::error& e) {
       throw transport_error(detail::describe(c) + ": the bootstrap communicator failed while " +
@@ -271,7 +269,7 @@ private:
 
     // Non-blocking init, polled: a rank that never joins must not hang us past the deadline.
     void* comm = nullptr;
-    const int rc = api_.comm_init_rank_nonblocking(&comm, size_, &block.id, rank_);
+    const int rc = api_.comm_init_rank_nonblocking(&comm, size_, &id, rank_);
     comm_ = comm;
     if (rc != nccl_codes::success && rc != nccl_codes::in_progress) {
       abort_backend();
