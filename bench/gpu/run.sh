@@ -44,8 +44,17 @@ echo "== GPU ZipLine table =="
 if [[ -d "$build/CMakeFiles" ]] && grep -qE '^CADENCE_NCCL_LIBRARY:[A-Z]+=/' "$build/CMakeCache.txt" 2>/dev/null; then
   cmake --build "$build" -j "$jobs" --target cadence_transport_nccl_tests_cxx17 cadence-bench-transport
   echo "== NCCL backend tests (real NCCL, one GPU) =="
-  "$build/bin/cadence_transport_nccl_tests_cxx17" --no-version -s | grep -E 'MESSAGE|FAILED|ERROR|test cases|assertions' || true
-  "$build/bin/cadence_transport_nccl_tests_cxx17" --no-version
+  # -s shows the MESSAGE lines (the init abort's time against its deadline). Without a GPU the
+  # test passes on the clean-error path; here that would test nothing, so it fails the script.
+  nccl_log=$("$build/bin/cadence_transport_nccl_tests_cxx17" --no-version -s 2>&1) || {
+    echo "$nccl_log"
+    exit 1
+  }
+  grep -E 'MESSAGE|test cases|assertions|Status' <<<"$nccl_log"
+  if grep -q 'no GPU' <<<"$nccl_log"; then
+    echo "the NCCL tests found no GPU: nothing was tested on the device" >&2
+    exit 1
+  fi
   echo "== NCCL all-reduce: ours against raw ncclAllReduce, 1 GPU (busbw is 0 on one rank: read us) =="
   "$build/bin/cadence-bench-transport" --backend nccl --ranks 1
 else
