@@ -365,6 +365,15 @@ TEST_CASE("setup failures: no device fails every rank at once; a device out of r
     });
     CHECK(w.group_count() == 0);  // nobody initialised NCCL: the failure came first
   }
+  SUBCASE("a bootstrap that takes device buffers") {
+    fake::world w;
+    const nccl_api api = w.api();
+    run_ranks(1, [&](int, inproc_communicator& b) {
+      nccl_communicator first(api, b, 0, {}, 10s);
+      expect_throw<invalid_parameter_error>(0, [&] { nccl_communicator c(api, first, 0, {}, 10s); },
+                                            {"construction on rank 0 of 1", "bootstrap", "device buffers"});
+    });
+  }
   SUBCASE("a table with a missing function") {
     fake::world w;
     nccl_api api = w.api();

@@ -131,6 +131,9 @@ public:
     const detail::call_info c{"nccl", "construction", 0, rank_, size_, deadline::clock::now()};
     detail::check_deadline(c, d);
     check_table(c);
+    if (bootstrap.capabilities().device_buffers)
+      detail::bad_argument(c, "the bootstrap communicator takes device buffers; the unique id "
+                              "travels in host memory (bootstrap over MPI, gloo or inproc)");
     try {
       construct(c, bootstrap, d);
     } catch (...) {
