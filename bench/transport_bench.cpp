@@ -5,10 +5,13 @@
 //   cadence-bench-transport --backend inproc [--ranks N] [--json]
 //   mpirun -np 2 cadence-bench-transport --backend mpi [--json] [--no-bounce] [--no-verify]
 //                                         [--no-ring]
+//   cadence-bench-transport --backend nccl [--ranks N] [--json]   (one thread per GPU)
 //
-// Raw: MPI_Allreduce for mpi; for inproc a plain shared-memory all-reduce among the same
-// threads (each rank adds its buffer into a shared accumulator under a lock, then copies the
-// sum out), the same data movement without matching, deadlines or failure handling. Not a
+// Raw: MPI_Allreduce for mpi; for nccl, ncclAllReduce on a communicator of its own
+// (ncclCommInitAll) over the same device buffers, then a stream synchronize; for inproc a plain
+// shared-memory all-reduce among the same threads (each rank adds its buffer into a shared
+// accumulator under a lock, then copies the sum out), the same data movement without matching,
+// deadlines or failure handling. Not a
 // Google Benchmark program: it must run as one job of several MPI processes or threads, and
 // print one JSON array from one rank. These machines are shared: read the ratios, not the
 // absolute times.
@@ -17,6 +20,12 @@
 #include <cadence/transport/mpi/communicator.hpp>
 
 #include <mpi.h>
+#endif
+#if defined(CADENCE_BENCH_WITH_NCCL)
+#include <cadence/transport/nccl/communicator.hpp>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
 #endif
 
 #include <algorithm>
@@ -64,6 +73,10 @@ struct rank_ops {
   std::function<void(float*, std::size_t)> raw;
   std::function<void(float*, std::size_t)> ours;
   std::function<double(double)> average;
+  // Device backends: where the operations run (a device copy of the host buffer) and the copy
+  // back for the correctness check. Unset: the host buffer itself.
+  std::function<float*(const float*, std::size_t)> stage;
+  std::function<void(float*, const float*, std::size_t)> unstage;
 };
 
 // Back-to-back operations per timed block: enough that tiny messages are not timer noise and
@@ -92,23 +105,27 @@ std::vector<row> run_rank(rank_ops& ops, const config& cfg) {
     const std::size_t count = bytes / sizeof(float);
     std::vector<float> buf(count);
     // Correctness first: both paths must produce the exact sum.
+    auto stage = [&] { return ops.stage ? ops.stage(buf.data(), count) : buf.data(); };
     for (auto* op : {&ops.raw, &ops.ours}) {
       std::fill(buf.begin(), buf.end(), static_cast<float>(ops.rank + 1));
-      (*op)(buf.data(), count);
+      float* p = stage();
+      (*op)(p, count);
+      if (ops.unstage) ops.unstage(buf.data(), p, count);
       const float expected = static_cast<float>(ops.size * (ops.size + 1) / 2);
       if (std::any_of(buf.begin(), buf.end(), [&](float v) { return v != expected; }))
         throw std::runtime_error("wrong all-reduce result at " + std::to_string(bytes) + " bytes");
     }
     std::fill(buf.begin(), buf.end(), 0.0f);  // sums of zeros stay finite however often
+    float* p = stage();
     const int iters = iterations_for(bytes);
     for (int w = 0; w < 2; ++w) {  // warm-up: caches, MPI's connections and buffers
-      ops.raw(buf.data(), count);
-      ops.ours(buf.data(), count);
+      ops.raw(p, count);
+      ops.ours(p, count);
     }
     std::vector<std::pair<double, double>> pairs;
     for (int rep = 0; rep < cfg.reps; ++rep) {
-      const double raw = time_block(ops, ops.raw, buf.data(), count, iters);
-      const double ours = time_block(ops, ops.ours, buf.data(), count, iters);
+      const double raw = time_block(ops, ops.raw, p, count, iters);
+      const double ours = time_block(ops, ops.ours, p, count, iters);
       pairs.emplace_back(raw, ours);
     }
     // The pair with the median ratio: one noisy block does not decide the result.
@@ -284,12 +301,83 @@ int run_mpi(config cfg) {
 }
 #endif
 
+// ---- nccl: one thread per GPU, bootstrapped over the in-process communicator ----
+
+#if defined(CADENCE_BENCH_WITH_NCCL)
+std::vector<row> run_nccl(const config& cfg) {
+  int devices = 0;
+  const cudaError_t probe = cudaGetDeviceCount(&devices);
+  if (probe != cudaSuccess || devices < 1)
+    throw std::runtime_error(std::string("the nccl backend needs a GPU: cudaGetDeviceCount: ") +
+                             (probe != cudaSuccess ? cudaGetErrorString(probe) : "no device"));
+  if (cfg.ranks > devices)
+    throw std::runtime_error("--ranks " + std::to_string(cfg.ranks) + " needs as many GPUs; " +
+                             std::to_string(devices) + " found (NCCL takes one rank per GPU)");
+  // The raw side: a communicator of NCCL's own over the same GPUs, blocking as nccl-tests use it.
+  std::vector<ncclComm_t> raw_comms(static_cast<std::size_t>(cfg.ranks));
+  std::vector<int> devs(static_cast<std::size_t>(cfg.ranks));
+  for (int r = 0; r < cfg.ranks; ++r) devs[static_cast<std::size_t>(r)] = r;
+  if (ncclCommInitAll(raw_comms.data(), cfg.ranks, devs.data()) != ncclSuccess)
+    throw std::runtime_error("ncclCommInitAll failed");
+  const std::size_t max_count = cfg.max_bytes / sizeof(float);
+  inproc_world boot(cfg.ranks);
+  summing_barrier sync(cfg.ranks);
+  std::vector<row> rows;
+  std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < cfg.ranks; ++r) {
+    threads.emplace_back([&, r] {
+      float* dev = nullptr;
+      try {
+        auto b = boot.join(r);
+        nccl_communicator comm(real_nccl_api(), b, r, {}, std::chrono::seconds(60));
+        if (cudaMalloc(&dev, std::max<std::size_t>(max_count, 1) * sizeof(float)) != cudaSuccess)
+          throw std::runtime_error("cudaMalloc failed");
+        auto stream = static_cast<cudaStream_t>(comm.stream());
+        ncclComm_t raw = raw_comms[static_cast<std::size_t>(r)];
+        rank_ops ops;
+        ops.rank = r;
+        ops.size = cfg.ranks;
+        // Both on the communicator's stream, each ending when its work is done on the GPU.
+        ops.raw = [&](float* p, std::size_t n) {
+          if (ncclAllReduce(p, p, n, ncclFloat32, ncclSum, raw, stream) != ncclSuccess ||
+              cudaStreamSynchronize(stream) != cudaSuccess)
+            throw std::runtime_error("raw ncclAllReduce failed");
+        };
+        ops.ours = [&](float* p, std::size_t n) {
+          comm.allreduce(p, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+        };
+        ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
+        ops.stage = [&](const float* host, std::size_t n) {
+          cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice);
+          return dev;
+        };
+        ops.unstage = [&](float* host, const float* p, std::size_t n) {
+          cudaMemcpy(host, p, n * sizeof(float), cudaMemcpyDeviceToHost);
+        };
+        auto mine = run_rank(ops, cfg);
+        if (r == 0) rows = std::move(mine);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+      if (dev != nullptr) cudaFree(dev);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto c : raw_comms) ncclCommDestroy(c);
+  for (const auto& e : errors)
+    if (!e.empty()) throw std::runtime_error(e);
+  return rows;
+}
+#endif
+
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "cadence-bench-transport: %s\n"
-               "usage: cadence-bench-transport --backend inproc|mpi [--ranks N] [--json]\n"
+               "usage: cadence-bench-transport --backend inproc|mpi|nccl [--ranks N] [--json]\n"
                "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring]\n"
-               "  --ranks N      threads for inproc (default 2); under MPI, mpirun -np sets it\n"
+               "  --ranks N      threads for inproc (default 2) or nccl (one per GPU, default 1);\n"
+               "                 under MPI, mpirun -np sets it\n"
                "  --max-bytes B  largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)\n"
                "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
                "  --no-bounce    mpi: mpi_options::bounce_buffers = false\n"
@@ -310,6 +398,7 @@ long parse_number(const std::string& flag, const char* text) {
 
 int main(int argc, char** argv) {
   config cfg;
+  bool ranks_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* {
@@ -317,7 +406,10 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--backend") cfg.backend = value();
-    else if (a == "--ranks") cfg.ranks = static_cast<int>(parse_number(a, value()));
+    else if (a == "--ranks") {
+      cfg.ranks = static_cast<int>(parse_number(a, value()));
+      ranks_given = true;
+    }
     else if (a == "--json") cfg.json = true;
     else if (a == "--max-bytes") cfg.max_bytes = static_cast<std::size_t>(parse_number(a, value()));
     else if (a == "--reps") cfg.reps = static_cast<int>(parse_number(a, value()));
@@ -332,6 +424,15 @@ int main(int argc, char** argv) {
     if (cfg.backend == "inproc") {
       print(run_inproc(cfg), cfg);
       return 0;
+    }
+    if (cfg.backend == "nccl") {
+#if defined(CADENCE_BENCH_WITH_NCCL)
+      if (!ranks_given) cfg.ranks = 1;
+      print(run_nccl(cfg), cfg);
+      return 0;
+#else
+      usage("this build has no NCCL (cadence::nccl was not found at configure time)");
+#endif
     }
     if (cfg.backend == "mpi") {
 #if defined(CADENCE_BENCH_WITH_MPI)

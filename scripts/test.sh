@@ -7,7 +7,7 @@
 #   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer: every test, the Thrust tests
 #                on OMP and CPP, the examples and the tools' command-line tests
 #   build-tsan/  ThreadSanitizer, the concurrent tests (blocking runtime, liveness, the
-#                in-process transport)
+#                in-process transport, the NCCL protocol over its fake)
 #   build-cuda/  the Thrust sources and GPU benchmark compiled with nvcc for sm_90 (compile
 #                and link only; skipped with a message when no CUDA compiler is installed)
 # A configuration whose build fails counts as one failure and the others still run. Always
@@ -108,7 +108,8 @@ section "ThreadSanitizer (concurrent parts)"
 if configure build-tsan tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
      -DCADENCE_SANITIZE=thread -DCADENCE_TEST_STANDARDS=20 -DCADENCE_ENABLE_THRUST=OFF \
      -DCADENCE_BUILD_BENCHMARKS=OFF -DCADENCE_BUILD_EXAMPLES=OFF -DCADENCE_BUILD_TOOLS=OFF &&
-   build build-tsan tsan --target cadence_tests_cxx20 cadence_transport_tests_cxx20; then
+   build build-tsan tsan --target cadence_tests_cxx20 cadence_transport_tests_cxx20 \
+     cadence_transport_nccl_fake_tests_cxx20; then
   run_ctest build-tsan -R 'blocking|liveness|transport_'
 fi
 

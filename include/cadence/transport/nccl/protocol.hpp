@@ -1,0 +1,513 @@
+// The NCCL backend's logic without NCCL: the function table (nccl_api) through which it reaches
+// NCCL and the CUDA runtime, and nccl_communicator. Includes no CUDA header, so the protocol is
+// unit-tested on CPU against a fake table; nccl/communicator.hpp adds the real one.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/transport/collectives.hpp>
+#include <cadence/transport/communicator.hpp>
+#include <cadence/transport/detail/call.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace cadence::transport {
+
+/// NCCL's unique id (NCCL_UNIQUE_ID_BYTES = 128 bytes), which rank 0 creates and the bootstrap
+/// communicator broadcasts.
+struct nccl_unique_id {
+  char bytes[128];
+};
+
+/// Result codes as the table returns them: the values of ncclResult_t and cudaError_t that the
+/// protocol tells apart (the rest are errors, named by the table's error-string functions).
+namespace nccl_codes {
+inline constexpr int success = 0;        // ncclSuccess, cudaSuccess
+inline constexpr int in_progress = 7;    // ncclInProgress: a non-blocking call still running
+inline constexpr int cuda_not_ready = 600;  // cudaErrorNotReady: an event not yet reached
+}  // namespace nccl_codes
+
+/// Every NCCL and CUDA runtime call the backend makes, as plain function pointers. Handles are
+/// opaque: `comm` is an ncclComm_t, `stream` a cudaStream_t, `event` a cudaEvent_t. NCCL calls
+/// return ncclResult_t values, CUDA calls cudaError_t values (see nccl_codes). real_nccl_api()
+/// (cadence/transport/nccl/communicator.hpp) fills it with NCCL and the CUDA runtime; the tests
+/// fill it with a host-memory fake whose ranks are threads.
+struct nccl_api {
+  /// Passed to the calls that take no handle (get_unique_id, get_device_count): the fake's
+  /// world; null for the real table.
+  void* context = nullptr;
+  // ---- NCCL ----
+  int (*get_unique_id)(void* context, nccl_unique_id* id) = nullptr;
+  /// ncclCommInitRankConfig with config.blocking = 0: returns at once (success or in_progress);
+  /// comm_get_async_error says when the communicator is ready.
+  int (*comm_init_rank_nonblocking)(void** comm, int nranks, const nccl_unique_id* id,
+                                    int rank) = nullptr;
+  int (*comm_get_async_error)(void* comm, int* async_error) = nullptr;
+  int (*comm_abort)(void* comm) = nullptr;
+  int (*comm_finalize)(void* comm) = nullptr;
+  int (*comm_destroy)(void* comm) = nullptr;
+  int (*all_reduce)(const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
+                    void* comm, void* stream) = nullptr;
+  int (*broadcast)(const void* send, void* recv, std::size_t bytes, int root, void* comm,
+                   void* stream) = nullptr;
+  int (*send)(const void* buf, std::size_t bytes, int peer, void* comm, void* stream) = nullptr;
+  int (*recv)(void* buf, std::size_t bytes, int peer, void* comm, void* stream) = nullptr;
+  const char* (*get_error_string)(int result) = nullptr;
+  // ---- CUDA runtime ----
+  int (*get_device_count)(void* context, int* count) = nullptr;
+  int (*set_device)(int device) = nullptr;
+  int (*stream_create)(void** stream) = nullptr;  // a non-blocking stream
+  int (*stream_destroy)(void* stream) = nullptr;
+  int (*event_create)(void** event) = nullptr;  // timing disabled
+  int (*event_record)(void* event, void* stream) = nullptr;
+  int (*event_query)(void* event) = nullptr;  // success, cuda_not_ready or an error
+  int (*event_destroy)(void* event) = nullptr;
+  const char* (*cuda_error_string)(int error) = nullptr;
+};
+
+struct nccl_options {
+  /// The stream (a cudaStream_t) the calls without an explicit stream enqueue on. Null: the
+  /// communicator creates a non-blocking stream of its own on its device.
+  void* stream = nullptr;
+  /// Polling: the first waits spin (a small all-reduce completes in microseconds); a call
+  /// still waiting after spin_for sleeps poll_sleep between queries.
+  std::chrono::microseconds spin_for{20000};
+  std::chrono::microseconds poll_sleep{50};
+  /// How long the destructor waits for ncclCommFinalize before it aborts instead.
+  std::chrono::milliseconds shutdown_wait{2000};
+};
+
+/// Models transport::communicator over NCCL (target cadence::nccl for the real table).
+///
+/// Construction is collective over a **bootstrap communicator** (any host communicator: MPI,
+/// gloo, inproc), used only inside the constructor: every rank sets up its device, stream and
+/// event; rank 0 creates the NCCL unique id and broadcasts it over the bootstrap; the ranks
+/// agree that all of them are set up (a one-byte allgather, so a rank without a device fails
+/// everyone at once instead of at the deadline); each initialises NCCL non-blocking
+/// (ncclConfig_t::blocking = 0) and polls ncclCommGetAsyncError until the communicator is
+/// ready; then a barrier over the bootstrap. An init that does not complete by the deadline is
+/// aborted (ncclCommAbort, on the constructing thread) and throws transport_error.
+///
+/// Buffers are device pointers (capabilities().device_buffers), f16 and bf16 included. Each
+/// call enqueues its NCCL operation on a stream (the communicator's, or the one passed), records
+/// an event behind it and polls that event and ncclCommGetAsyncError until the operation has
+/// completed on the device, an error appears, abort() is called, or the deadline passes: the
+/// buffer is ready when the call returns. Zero-byte calls are local no-ops, as in NCCL.
+///
+/// Failure: the first failure (deadline, asynchronous NCCL error, abort()) calls ncclCommAbort on
+/// the owning thread, marks the communicator failed and throws transport_error; every later
+/// call rethrows that error at once. NCCL cannot say which rank a collective waits for, so a
+/// timed-out collective names every other rank and says so; send and recv name their peer.
+///
+/// What NCCL cannot do, and so this backend does not claim: recv from any_source; matching by
+/// tag (tags are range-checked, but the n-th send from a to b meets the n-th recv on b from a,
+/// whatever their tags); seeing argument mismatches (counts, dtypes, roots, or a recv size
+/// different from the send's: NCCL has no header to compare, and a message-size header would
+/// cost a second transfer per message, so callers must agree on sizes, as the parameter
+/// server's host-side announcements do); seeing a lost peer other than by the deadline
+/// (detects_lost_peer false); surviving one (survives_lost_peer false: the communicator is
+/// aborted and a new one must be built among the survivors).
+///
+/// Only the constructing thread may call it, except abort() and failed(): abort() only raises a
+/// flag that the owning thread's polling loop sees, so ncclCommAbort never runs on another
+/// thread. Neither copyable nor movable: hold it in a std::unique_ptr to hand it around.
+class nccl_communicator {
+public:
+  template <class Bootstrap>
+  nccl_communicator(const nccl_api& api, Bootstrap& bootstrap, int device,
+                    nccl_options options = {}, deadline d = {})
+      : api_(api), options_(options), device_(device), owner_(std::this_thread::get_id()) {
+    CADENCE_REQUIRE_COMMUNICATOR(Bootstrap);
+    rank_ = bootstrap.rank();
+    size_ = bootstrap.size();
+    const detail::call_info c{"nccl", "construction", 0, rank_, size_, deadline::clock::now()};
+    detail::check_deadline(c, d);
+    check_table(c);
+    if (bootstrap.capabilities().device_buffers)
+      detail::bad_argument(c, "the bootstrap communicator takes device buffers; the unique id "
+                              "travels in host memory (bootstrap over MPI, gloo or inproc)");
+    try {
+      construct(c, bootstrap, d);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  nccl_communicator(const nccl_communicator&) = delete;
+  nccl_communicator& operator=(const nccl_communicator&) = delete;
+
+  /// On the owning thread. A healthy communicator is finalized (ncclCommFinalize, polled for at
+  /// most options.shutdown_wait, then ncclCommDestroy); a failed one was aborted already; one
+  /// whose finalize does not complete in time is aborted.
+  ~nccl_communicator() { release(); }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  int device() const noexcept { return device_; }
+  /// The stream calls without an explicit stream use (a cudaStream_t).
+  void* stream() const noexcept { return stream_; }
+
+  capability_flags capabilities() const noexcept {
+    capability_flags f;
+    f.any_source = false;          // NCCL receives from one named peer
+    f.detects_lost_peer = false;   // a crashed peer is seen only by the deadline
+    f.survives_lost_peer = false;  // the communicator is aborted; rebuild among the survivors
+    f.device_buffers = true;
+    return f;
+  }
+
+  void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
+    allreduce(buf, count, t, op, stream_, d);
+  }
+  /// On `stream` (a cudaStream_t of this communicator's device) instead of the communicator's.
+  void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, void* stream, deadline d) {
+    const detail::call_info c = begin("allreduce");
+    enter(c);
+    const std::size_t bytes = detail::checked_bytes(c, count, t);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_op(c, op);
+    detail::check_deadline(c, d);
+    if (bytes == 0) return;
+    check_nccl(c, api_.all_reduce(buf, buf, count, t, op, comm_, stream));
+    complete(c, d, stream, others_or_self(), "NCCL cannot say which of them is missing");
+  }
+
+  void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
+    broadcast(buf, bytes, root, stream_, d);
+  }
+  void broadcast(void* buf, std::size_t bytes, int root, void* stream, deadline d) {
+    const detail::call_info c = begin("broadcast");
+    enter(c);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_peer(c, root, "root");
+    detail::check_deadline(c, d);
+    if (bytes == 0) return;
+    check_nccl(c, api_.broadcast(buf, buf, bytes, root, comm_, stream));
+    complete(c, d, stream, rank_ == root ? others_or_self() : std::vector<int>{root},
+             rank_ == root ? "NCCL cannot say which of them is missing" : "");
+  }
+
+  void send(const void* buf, std::size_t bytes, int dst, int tag, deadline d = {}) {
+    send(buf, bytes, dst, tag, stream_, d);
+  }
+  void send(const void* buf, std::size_t bytes, int dst, int tag, void* stream, deadline d) {
+    const detail::call_info c = begin("send");
+    enter(c);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_peer(c, dst, "destination");
+    detail::check_tag(c, tag);
+    detail::check_deadline(c, d);
+    if (bytes == 0) return;
+    check_nccl(c, api_.send(buf, bytes, dst, comm_, stream));
+    complete(c, d, stream, {dst}, "the matching recv was not posted");
+  }
+
+  int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
+    return recv(buf, bytes, src, tag, stream_, d);
+  }
+  int recv(void* buf, std::size_t bytes, int src, int tag, void* stream, deadline d) {
+    const detail::call_info c = begin("recv");
+    enter(c);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_peer(c, src, "source");  // no any_source: NCCL receives from a named peer
+    detail::check_tag(c, tag);
+    detail::check_deadline(c, d);
+    if (bytes == 0) return src;
+    check_nccl(c, api_.recv(buf, bytes, src, comm_, stream));
+    complete(c, d, stream, {src}, "no matching send arrived");
+    return src;
+  }
+
+  /// Any thread; never enters NCCL. The owning thread's call in progress (or its next call)
+  /// sees the flag, calls ncclCommAbort and throws.
+  void abort() noexcept { aborted_.store(true, std::memory_order_release); }
+
+  bool failed() const noexcept {
+    return failed_.load(std::memory_order_acquire) || aborted_.load(std::memory_order_acquire);
+  }
+
+private:
+  // ---- construction ----
+  template <class Bootstrap>
+  void construct(const detail::call_info& c, Bootstrap& bootstrap, const deadline& d) {
+    // Local setup first, its failure only recorded: the ranks must learn of each other's
+    // failures over the bootstrap, or the healthy ones would wait in NCCL init until the deadline.
+    std::string local_error = local_setup();
+    nccl_unique_id id{};
+    if (rank_ == 0 && local_error.empty()) {
+      const int rc = api_.get_unique_id(api_.context, &id);
+      if (rc != nccl_codes::success) local_error = "ncclGetUniqueId failed: " + nccl_error(rc);
+    }
+    // The id (meaningless if rank 0 failed), then whether each rank is ready: the allgather
+    // tells everyone about everyone's setup, rank 0's unique id included.
+    std::vector<std::uint8_t> ready(static_cast<std::size_t>(size_), 0);
+    const std::uint8_t mine = local_error.empty() ? 1 : 0;
+    try {
+      bootstrap.broadcast(&id, sizeof id, 0, d);
+      allgather(bootstrap, &mine, ready.data(), 1, d);
+    } catch (const cadence::error& e) {
+      throw transport_error(detail::describe(c) + ": the bootstrap communicator failed while " +
+                            "exchanging the NCCL unique id: " + e.what());
+    }
+    if (!local_error.empty()) {
+      if (bad_device_) detail::bad_argument(c, local_error);
+      throw transport_error(detail::describe(c) + ": " + local_error);
+    }
+    std::vector<int> unready;
+    for (int p = 0; p < size_; ++p)
+      if (ready[static_cast<std::size_t>(p)] == 0) unready.push_back(p);
+    if (!unready.empty())
+      throw transport_error(detail::describe(c) + ": " + detail::rank_list(unready) +
+                            " could not set up (the error is on " +
+                            (unready.size() == 1 ? "that rank)" : "those ranks)"));
+
+    // Non-blocking init, polled: a rank that never joins must not hang us past the deadline.
+    void* comm = nullptr;
+    const int rc = api_.comm_init_rank_nonblocking(&comm, size_, &id, rank_);
+    comm_ = comm;
+    if (rc != nccl_codes::success && rc != nccl_codes::in_progress) {
+      abort_backend();
+      throw transport_error(detail::describe(c) + ": ncclCommInitRankConfig failed: " +
+                            nccl_error(rc));
+    }
+    for (;;) {
+      int state = nccl_codes::in_progress;
+      const int q = api_.comm_get_async_error(comm_, &state);
+      if (q != nccl_codes::success) state = q;
+      if (state == nccl_codes::success) break;
+      if (state != nccl_codes::in_progress) {
+        abort_backend();
+        throw transport_error(detail::describe(c) + ": NCCL init failed: " + nccl_error(state) +
+                              " (the communicator was aborted with ncclCommAbort)");
+      }
+      if (d.passed()) {
+        abort_backend();
+        throw detail::deadline_error(c, others_or_self(),
+                                     "NCCL init (non-blocking ncclCommInitRankConfig) did not "
+                                     "complete; NCCL cannot say which rank is missing; aborted "
+                                     "with ncclCommAbort");
+      }
+      pause(c.started);
+    }
+    try {
+      barrier(bootstrap, d);
+    } catch (const cadence::error& e) {
+      abort_backend();
+      throw transport_error(detail::describe(c) + ": the barrier after NCCL init failed on the " +
+                            "bootstrap communicator: " + e.what());
+    }
+  }
+
+  // Device, stream, event; returns the first failure's description instead of throwing.
+  std::string local_setup() {
+    int devices = 0;
+    int rc = api_.get_device_count(api_.context, &devices);
+    if (rc != nccl_codes::success) return "cudaGetDeviceCount failed: " + cuda_error(rc);
+    if (device_ < 0 || device_ >= devices) {
+      bad_device_ = true;  // an argument error, thrown once the other ranks know
+      return "device " + std::to_string(device_) + " is out of range [0, " +
+             std::to_string(devices) + ")";
+    }
+    rc = api_.set_device(device_);
+    if (rc != nccl_codes::success)
+      return "cudaSetDevice(" + std::to_string(device_) + ") failed: " + cuda_error(rc);
+    if (options_.stream != nullptr) {
+      stream_ = options_.stream;
+    } else {
+      rc = api_.stream_create(&stream_);
+      if (rc != nccl_codes::success) {
+        stream_ = nullptr;
+        return "cudaStreamCreateWithFlags failed: " + cuda_error(rc);
+      }
+      own_stream_ = true;
+    }
+    rc = api_.event_create(&event_);
+    if (rc != nccl_codes::success) {
+      event_ = nullptr;
+      return "cudaEventCreateWithFlags failed: " + cuda_error(rc);
+    }
+    return {};
+  }
+
+  void check_table(const detail::call_info& c) const {
+    const bool complete_table =
+        api_.get_unique_id && api_.comm_init_rank_nonblocking && api_.comm_get_async_error &&
+        api_.comm_abort && api_.comm_finalize && api_.comm_destroy && api_.all_reduce &&
+        api_.broadcast && api_.send && api_.recv && api_.get_error_string &&
+        api_.get_device_count && api_.set_device && api_.stream_create && api_.stream_destroy &&
+        api_.event_create && api_.event_record && api_.event_query && api_.event_destroy &&
+        api_.cuda_error_string;
+    if (!complete_table) detail::bad_argument(c, "the nccl_api table has a null function");
+  }
+
+  // Never throws: the destructor and failed constructions run it.
+  void release() noexcept {
+    if (comm_ != nullptr) {
+      if (failure_ || aborted_.load(std::memory_order_acquire)) {
+        abort_backend();
+      } else {
+        // in_progress is the usual answer of a non-blocking finalize; the poll below waits.
+        const int rc = api_.comm_finalize(comm_);
+        bool clean = rc == nccl_codes::success || rc == nccl_codes::in_progress;
+        const auto until = deadline::clock::now() + options_.shutdown_wait;
+        while (clean) {
+          int state = nccl_codes::in_progress;
+          if (api_.comm_get_async_error(comm_, &state) != nccl_codes::success) state = -1;
+          if (state == nccl_codes::success) break;
+          if (state != nccl_codes::in_progress || deadline::clock::now() >= until) {
+            clean = false;
+            break;
+          }
+          std::this_thread::sleep_for(options_.poll_sleep);
+        }
+        if (clean) {
+          api_.comm_destroy(comm_);
+          comm_ = nullptr;
+        } else {
+          abort_backend();
+        }
+      }
+    }
+    if (event_ != nullptr) api_.event_destroy(event_);
+    event_ = nullptr;
+    if (own_stream_ && stream_ != nullptr) api_.stream_destroy(stream_);
+    stream_ = nullptr;
+    own_stream_ = false;
+  }
+
+  // ncclCommAbort, once, on the owning thread (every caller runs there).
+  void abort_backend() noexcept {
+    if (comm_ == nullptr) return;
+    api_.comm_abort(comm_);
+    comm_ = nullptr;
+  }
+
+  // ---- calls ----
+  detail::call_info begin(const char* op) {
+    return {"nccl", op, ++calls_, rank_, size_, deadline::clock::now()};
+  }
+
+  // Contract b: after a failure every call rethrows it; after abort() each call says so (and
+  // the owning thread aborts NCCL, if no call has yet).
+  void enter(const detail::call_info& c) {
+    if (std::this_thread::get_id() != owner_)
+      detail::bad_argument(c, "called from a thread that does not own the communicator "
+                              "(only the constructing thread may call NCCL through it)");
+    if (failure_) throw *failure_;
+    if (aborted_.load(std::memory_order_acquire)) {
+      abort_backend();
+      throw transport_error(detail::describe(c) + ": the communicator was aborted (abort())");
+    }
+  }
+
+  [[noreturn]] void fail(transport_error e) {
+    if (!failure_) failure_ = std::move(e);
+    abort_backend();
+    failed_.store(true, std::memory_order_release);
+    throw *failure_;
+  }
+
+  // An enqueue's result: in_progress means a non-blocking NCCL call still being issued, which
+  // complete() waits out through ncclCommGetAsyncError.
+  void check_nccl(const detail::call_info& c, int rc) {
+    if (rc != nccl_codes::success && rc != nccl_codes::in_progress)
+      fail(transport_error(detail::describe(c) + ": NCCL failed to enqueue it: " + nccl_error(rc)));
+  }
+
+  // Polls until the operation just enqueued on `stream` has completed on the device.
+  void complete(const detail::call_info& c, const deadline& d, void* stream,
+                const std::vector<int>& awaited, const std::string& note) {
+    bool recorded = false;
+    for (;;) {
+      int state = nccl_codes::in_progress;
+      const int q = api_.comm_get_async_error(comm_, &state);
+      if (q != nccl_codes::success) state = q;
+      if (state != nccl_codes::success && state != nccl_codes::in_progress)
+        fail(transport_error(detail::describe(c) + ": NCCL reported an asynchronous error " +
+                             "while waiting for " + detail::rank_list(awaited) + ": " +
+                             nccl_error(state) + " (aborted with ncclCommAbort)"));
+      // The event goes behind the operation once NCCL has finished issuing it (a non-blocking
+      // communicator may still be issuing it when the enqueue call returns in_progress).
+      if (!recorded && state == nccl_codes::success) {
+        const int rc = api_.event_record(event_, stream);
+        if (rc != nccl_codes::success)
+          fail(transport_error(detail::describe(c) + ": cudaEventRecord failed: " +
+                               cuda_error(rc)));
+        recorded = true;
+      }
+      if (recorded) {
+        const int e = api_.event_query(event_);
+        if (e == nccl_codes::success) return;
+        if (e != nccl_codes::cuda_not_ready)
+          fail(transport_error(detail::describe(c) + ": cudaEventQuery failed while waiting for " +
+                               detail::rank_list(awaited) + ": " + cuda_error(e) +
+                               " (aborted with ncclCommAbort)"));
+      }
+      if (aborted_.load(std::memory_order_acquire))
+        fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort()) " +
+                             "while waiting for " + detail::rank_list(awaited)));
+      if (d.passed())
+        fail(detail::deadline_error(c, awaited,
+                                    note.empty() ? std::string("aborted with ncclCommAbort")
+                                                 : note + "; aborted with ncclCommAbort"));
+      pause(c.started);
+    }
+  }
+
+  void pause(deadline::clock::time_point since) const {
+    if (deadline::clock::now() - since >= options_.spin_for)
+      std::this_thread::sleep_for(options_.poll_sleep);
+    else
+      std::this_thread::yield();
+  }
+
+  std::vector<int> others() const {
+    std::vector<int> v;
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_) v.push_back(p);
+    return v;
+  }
+  // Whom a collective or an init waits for: the others; on a single rank, the device itself,
+  // named as this rank (a timeout that names nobody is a bug).
+  std::vector<int> others_or_self() const {
+    auto v = others();
+    if (v.empty()) v.push_back(rank_);
+    return v;
+  }
+
+  std::string nccl_error(int rc) const {
+    const char* s = api_.get_error_string ? api_.get_error_string(rc) : nullptr;
+    return std::string(s ? s : "unknown NCCL error") + " (ncclResult_t " + std::to_string(rc) + ")";
+  }
+  std::string cuda_error(int rc) const {
+    const char* s = api_.cuda_error_string ? api_.cuda_error_string(rc) : nullptr;
+    return std::string(s ? s : "unknown CUDA error") + " (cudaError_t " + std::to_string(rc) + ")";
+  }
+
+  nccl_api api_;
+  nccl_options options_;
+  int device_ = 0;
+  std::thread::id owner_;
+  int rank_ = 0;
+  int size_ = 1;
+  void* comm_ = nullptr;  // null once aborted or destroyed
+  void* stream_ = nullptr;
+  bool own_stream_ = false;
+  bool bad_device_ = false;
+  void* event_ = nullptr;
+  std::uint64_t calls_ = 0;
+  std::optional<transport_error> failure_;  // owning thread only
+  std::atomic<bool> failed_{false};         // mirrors failure_ for failed() on other threads
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace cadence::transport
