@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -211,6 +212,29 @@ inline constexpr bool is_communicator_v = detail::is_communicator_impl<C>::value
 template <class C>
 concept communicator = is_communicator_v<C>;
 #endif
+
+// An optional extension: c.try_recv(buf, n, src, tag, d) -> std::optional<int>. The same as
+// recv(), except that a deadline passing before a matching message has arrived is not a
+// failure: it returns std::nullopt, consumes nothing and leaves the communicator usable; a
+// deadline already passed polls once. A server that must also act on time (evict a silent
+// worker) waits for "the next message or the next liveness deadline" with it, which recv()
+// cannot express: its deadline fails the communicator. Every other error is recv()'s.
+namespace detail {
+template <class C, class = void>
+struct has_try_recv_impl : std::false_type {};
+template <class C>
+struct has_try_recv_impl<
+    C, std::void_t<decltype(std::declval<C&>().try_recv(std::declval<void*>(), std::size_t{},
+                                                        int{}, int{}, std::declval<deadline>()))>>
+    : std::bool_constant<std::is_convertible_v<
+          decltype(std::declval<C&>().try_recv(std::declval<void*>(), std::size_t{}, int{}, int{},
+                                               std::declval<deadline>())),
+          std::optional<int>>> {};
+}  // namespace detail
+
+/// Whether C offers try_recv (the in-process and MPI backends do).
+template <class C>
+inline constexpr bool has_try_recv_v = detail::has_try_recv_impl<C>::value;
 
 }  // namespace cadence::transport
 
