@@ -55,9 +55,12 @@ struct scenario {
   std::int64_t iterations = 12;
   std::vector<int> ms_per_iteration{1, 2, 3};
   ps_options options{};
-  // Optional per-worker behaviour: return false to stop (without finish) before iteration k.
+  // Optional per-worker behaviour: return false to stall (silent, 800 ms, then gone without
+  // finish) before iteration k.
   std::function<bool(worker_id, std::int64_t)> keep_going;
   std::function<void(inproc_world&, worker_id, std::int64_t)> before_push;
+  // Runs on a thread of its own beside the ranks (fault injection on a timer).
+  std::function<void(inproc_world&)> fault;
 };
 
 run_result run(const scenario& sc) {
@@ -100,7 +103,12 @@ run_result run(const scenario& sc) {
         std::vector<float> weights(model), g(model);
         worker.pull(weights.data());
         for (std::int64_t k = 1; k <= sc.iterations; ++k) {
-          if (sc.keep_going && !sc.keep_going(w, k)) return;  // silent from here on
+          if (sc.keep_going && !sc.keep_going(w, k)) {
+            // Stalled, not crashed: silent while its rank stays up (a destroyed communicator
+            // would make it a lost peer instead).
+            std::this_thread::sleep_for(800ms);
+            return;
+          }
           std::this_thread::sleep_for(std::chrono::milliseconds(sc.ms_per_iteration[w]));
           if (sc.before_push) sc.before_push(world, w, k);
           gradient(w, k, g);
@@ -115,6 +123,7 @@ run_result run(const scenario& sc) {
       }
     });
   }
+  if (sc.fault) threads.emplace_back([&] { sc.fault(world); });
   for (auto& t : threads) t.join();
   return out;
 }
@@ -172,6 +181,7 @@ TEST_CASE("every policy over 1 and 2 servers: guarantee, exactly-once, replay" *
         sc.workers = workers;
         sc.ms_per_iteration = {1, 4, 2, 3};
         const run_result r = run(sc);
+        INFO(r.server_error);
         REQUIRE(r.server_error.empty());
         for (int w = 0; w < workers; ++w) {
           CHECK_MESSAGE(r.worker_errors[static_cast<std::size_t>(w)].empty(), r.worker_errors[static_cast<std::size_t>(w)]);
@@ -199,6 +209,7 @@ TEST_CASE("BSP over two servers: weights at the start of an iteration contain th
   sc.workers = 3;
   sc.ms_per_iteration = {1, 6, 2};
   const run_result r = run(sc);
+  INFO(r.server_error);
   REQUIRE(r.server_error.empty());
   for (int s = 0; s < 2; ++s) {
     // In each server's log, no worker's iteration k+1 comes before every worker's iteration k.
@@ -227,6 +238,7 @@ TEST_CASE("a worker that falls silent is evicted; the others finish; nothing the
       const auto t0 = std::chrono::steady_clock::now();
       const run_result r = run(sc);
       CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+      INFO(r.server_error);
       REQUIRE(r.server_error.empty());
       REQUIRE(r.servers[0].evictions.size() == 1);
       CHECK(r.servers[0].evictions[0].worker == 1);
@@ -257,6 +269,7 @@ TEST_CASE("a killed worker is evicted and the survivors finish" * doctest::timeo
     }
   };
   const run_result r = run(sc);
+  INFO(r.server_error);
   REQUIRE(r.server_error.empty());
   REQUIRE(r.servers[0].evictions.size() == 1);
   CHECK(r.servers[0].evictions[0].worker == 2);
@@ -264,6 +277,39 @@ TEST_CASE("a killed worker is evicted and the survivors finish" * doctest::timeo
   CHECK(r.iterations[1] == 8);
   CHECK(r.servers[0].pushes[2] == 4);
   check_replay(r, 1);
+}
+
+TEST_CASE("a worker killed while it waits for its reply is dropped when the reply finds it gone" *
+          doctest::timeout(60)) {
+  // BSP, worker 0 much faster than the others: it spends nearly all its time parked at the
+  // barrier, where it is excused from liveness. Killed there, it is found gone by the reply
+  // that releases it (not by silence: evict_after is long), and the survivors go on.
+  for (int servers : {1, 2}) {
+    CAPTURE(servers);
+    scenario sc;
+    sc.policy = "bsp";
+    sc.servers = servers;
+    sc.workers = 3;
+    sc.iterations = 10;
+    sc.ms_per_iteration = {0, 30, 30};
+    sc.options.evict_after = 30s;
+    sc.fault = [servers](inproc_world& world) {
+      std::this_thread::sleep_for(100ms);
+      world.kill(servers);  // worker 0's rank
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    const run_result r = run(sc);
+    CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+    INFO(r.server_error);
+    REQUIRE(r.server_error.empty());
+    REQUIRE(r.servers[0].evictions.size() == 1);
+    CHECK(r.servers[0].evictions[0].worker == 0);
+    CHECK(r.servers[0].evictions[0].reason.find("lost") != std::string::npos);
+    CHECK(r.worker_errors[0].find("this rank is gone") != std::string::npos);
+    CHECK(r.iterations[1] == 10);
+    CHECK(r.iterations[2] == 10);
+    check_replay(r, servers);
+  }
 }
 
 TEST_CASE("an evicted worker that comes back gets a clear error" * doctest::timeout(60)) {
@@ -278,6 +324,7 @@ TEST_CASE("an evicted worker that comes back gets a clear error" * doctest::time
     if (w == 1 && k == 3 && !slept.exchange(true)) std::this_thread::sleep_for(400ms);
   };
   const run_result r = run(sc);
+  INFO(r.server_error);
   REQUIRE(r.server_error.empty());
   INFO(r.worker_errors[1]);
   CHECK(r.worker_errors[1].find("evicted") != std::string::npos);

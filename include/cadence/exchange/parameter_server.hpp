@@ -75,10 +75,13 @@ struct ps_log_entry {
 };
 
 /// A worker server 0 evicted for silence.
+/// A worker a server dropped: silent past evict_after (server 0), or lost, when sending to or
+/// receiving from it failed on a backend that survives a lost peer.
 struct ps_eviction {
   worker_id worker = 0;
   std::int64_t pushes = 0;  ///< pushes applied before the eviction
   double silent_seconds = 0;
+  std::string reason;       ///< "silent for ... s" or "lost: <the transport error>"
 };
 
 /// What a server measured: per worker, pushes applied and the largest staleness (the
@@ -93,7 +96,7 @@ struct ps_stats {
 
 namespace detail {
 
-enum class ps_kind : std::int64_t { push = 1, pull, finish, reply, release, evicted, shutdown };
+enum class ps_kind : std::int64_t { push = 1, pull, finish, reply, release, evicted };
 enum class ps_status : std::int64_t { ok = 0, evicted, error };
 
 // Every control message is this fixed-size header; a payload, when any, follows on the
@@ -319,8 +322,8 @@ public:
     parked_.assign(w, 0);
   }
 
-  /// Serves until every worker finished or was evicted (server 0), or until server 0 says so
-  /// (the others). Throws transport_error when the communicator fails.
+  /// Serves until every worker finished or was evicted. Throws transport_error when the
+  /// communicator fails (or, on a server other than 0, after server_idle_timeout of silence).
   void run() {
     start_ = clock::now();
     if (coordinator() && options_.evict_after) {
@@ -328,16 +331,21 @@ public:
       for (int p = 0; p < workers_; ++p) liveness_->heard(static_cast<worker_id>(p), start_);
     }
     for (;;) {
-      if (coordinator() && done()) {
-        detail::ps_header h;
-        h.kind = static_cast<std::int64_t>(detail::ps_kind::shutdown);
-        for (int s = 1; s < options_.servers; ++s) comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
-        return;
-      }
+      // Every server hears every worker's finish() (or server 0's eviction notice), so each
+      // ends on its own once nobody is left: none may end before a worker's last message.
+      if (done()) return;
       detail::ps_header h;
       const auto wake = next_wake();
-      const std::optional<int> src =
-          comm_.try_recv(&h, sizeof h, transport::any_source, tags_.control, transport::deadline::at(wake));
+      std::optional<int> src;
+      try {
+        src = comm_.try_recv(&h, sizeof h, transport::any_source, tags_.control, transport::deadline::at(wake));
+      } catch (const transport_error& e) {
+        // Every rank that could still send is lost (the communicator survives lost peers,
+        // so it is still usable): whoever has not finished never will.
+        if (comm_.failed()) throw;
+        for (int p = 0; p < workers_; ++p) drop(static_cast<worker_id>(p), std::string("lost: ") + e.what());
+        continue;
+      }
       if (!src) {
         if (coordinator()) {
           evict_silent(clock::now());
@@ -348,7 +356,7 @@ public:
                               std::to_string(std::chrono::duration<double>(options_.server_idle_timeout).count()) +
                               " s (server_idle_timeout); is server rank 0 gone?");
       }
-      if (handle(*src, h)) return;  // shutdown
+      handle(*src, h);
       if (coordinator()) evict_silent(clock::now());
     }
   }
@@ -378,17 +386,15 @@ private:
     return clock::now() + options_.server_idle_timeout;  // nothing to watch: wake only to re-check
   }
 
-  // Returns true on shutdown.
-  bool handle(int src, const detail::ps_header& h) {
+  void handle(int src, const detail::ps_header& h) {
     const auto kind = static_cast<detail::ps_kind>(h.kind);
     if (src < options_.servers) {  // from server 0
       if (src != 0 || coordinator())
         throw transport_error(who() + ": control message from server rank " + std::to_string(src) +
                               " (only server 0 coordinates)");
       switch (kind) {
-        case detail::ps_kind::shutdown: return true;
-        case detail::ps_kind::release: on_release(h); return false;
-        case detail::ps_kind::evicted: on_evicted_notice(h); return false;
+        case detail::ps_kind::release: on_release(h); return;
+        case detail::ps_kind::evicted: on_evicted_notice(h); return;
         default:
           throw transport_error(who() + ": unexpected message kind " + std::to_string(h.kind) + " from server 0");
       }
@@ -417,7 +423,6 @@ private:
       default:
         throw transport_error(who() + ": unexpected message kind " + std::to_string(h.kind) + " from rank " + std::to_string(src));
     }
-    return false;
   }
 
   void on_push(worker_id w, const detail::ps_header& h) {
@@ -429,13 +434,15 @@ private:
     if (!fits) {
       const auto n = static_cast<std::size_t>(std::clamp<std::int64_t>(h.count, 0, std::int64_t{1} << 26));
       std::vector<T> junk(n);
-      comm_.recv(junk.data(), n * sizeof(T), src, tags_.data, options_.transfer_timeout);
+      if (!with_worker(w, [&] { comm_.recv(junk.data(), n * sizeof(T), src, tags_.data, options_.transfer_timeout); }))
+        return;
       refuse_text(w, "gradient slice of " + std::to_string(h.count) + " elements, but server rank " +
                          std::to_string(comm_.rank()) + " owns " + std::to_string(slice_.count) +
                          " (do all ranks use one model size?)");
       return;
     }
-    comm_.recv(scratch_.data(), slice_.count * sizeof(T), src, tags_.data, options_.transfer_timeout);
+    if (!with_worker(w, [&] { comm_.recv(scratch_.data(), slice_.count * sizeof(T), src, tags_.data, options_.transfer_timeout); }))
+      return;  // lost between header and payload: nothing applied
     if (state_[wi] != worker_state::active) {
       refuse(w, state_[wi]);
       return;
@@ -488,7 +495,8 @@ private:
         }
       }
       reply(w, applied_[wi]);
-      if (liveness_) liveness_->heard(w, clock::now());  // its silence counts from its release
+      // Its silence counts from its release (unless the reply found it gone).
+      if (liveness_ && state_[wi] == worker_state::active) liveness_->heard(w, clock::now());
     }
   }
 
@@ -504,6 +512,7 @@ private:
     if (h.count != workers_ || h.worker < 0 || h.worker >= workers_)
       throw transport_error(who() + ": malformed release notice from server 0");
     comm_.recv(r.need.data(), r.need.size() * sizeof(std::int64_t), 0, tags_.data, options_.transfer_timeout);
+    if (state_[static_cast<std::size_t>(r.worker)] != worker_state::active) return;  // dropped here
     pending_.push_back(std::move(r));
     serve_pending();
   }
@@ -511,10 +520,7 @@ private:
   void on_evicted_notice(const detail::ps_header& h) {
     if (h.worker < 0 || h.worker >= workers_)
       throw transport_error(who() + ": malformed eviction notice from server 0");
-    const auto wi = static_cast<std::size_t>(h.worker);
-    if (state_[wi] == worker_state::active) state_[wi] = worker_state::evicted;
-    stats_.evictions.push_back({static_cast<worker_id>(h.worker), applied_[wi], 0.0});
-    serve_pending();
+    drop(static_cast<worker_id>(h.worker), "evicted by server 0");
   }
 
   // Servers other than 0: answer every release whose required pushes are all applied here.
@@ -534,7 +540,25 @@ private:
     }
   }
 
+  // Talks to worker w; when its rank is lost (the communicator survives it), the worker is
+  // dropped instead of failing the server. Returns false then.
+  template <class F>
+  bool with_worker(worker_id w, F&& f) {
+    try {
+      f();
+      return true;
+    } catch (const transport_error& e) {
+      if (comm_.failed()) throw;  // the server's own communicator is gone: fail-stop
+      drop(w, std::string("lost: ") + e.what());
+      return false;
+    }
+  }
+
   void reply(worker_id w, std::int64_t iteration) {
+    with_worker(w, [&] { send_reply(w, iteration); });
+  }
+
+  void send_reply(worker_id w, std::int64_t iteration) {
     detail::ps_header h;
     h.kind = static_cast<std::int64_t>(detail::ps_kind::reply);
     h.worker = w;
@@ -551,6 +575,10 @@ private:
   }
 
   void refuse_text(worker_id w, const std::string& text) {
+    with_worker(w, [&] { send_refusal(w, text); });
+  }
+
+  void send_refusal(worker_id w, const std::string& text) {
     detail::ps_header h;
     h.kind = static_cast<std::int64_t>(detail::ps_kind::reply);
     h.worker = w;
@@ -566,20 +594,35 @@ private:
   void evict_silent(clock::time_point now) {
     if (!liveness_) return;
     for (worker_id w : liveness_->silent(now)) {
-      const auto wi = static_cast<std::size_t>(w);
       const auto last = liveness_->last_heard(w);
-      liveness_->forget(w);
-      if (state_[wi] != worker_state::active) continue;
-      state_[wi] = worker_state::evicted;
-      stats_.evictions.push_back({w, applied_[wi], last ? std::chrono::duration<double>(now - *last).count() : 0.0});
-      detail::ps_header h;
-      h.kind = static_cast<std::int64_t>(detail::ps_kind::evicted);
-      h.worker = w;
-      h.iteration = applied_[wi];
-      for (int s = 1; s < options_.servers; ++s) comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
-      auto released = controller_.remove_worker(w);
-      release_all(std::vector<worker_id>(released.begin(), released.end()));
+      const double silent = last ? std::chrono::duration<double>(now - *last).count() : 0.0;
+      drop(w, "silent for " + std::to_string(silent) + " s (evict_after)", silent);
     }
+  }
+
+  // Removes worker w for good. Server 0 removes it from the controller (releasing whoever
+  // waited only for it) and tells the other servers; another server stops waiting for its
+  // pushes and leaves the controller to server 0, which evicts it when it falls silent.
+  void drop(worker_id w, const std::string& reason, double silent = 0) {
+    const auto wi = static_cast<std::size_t>(w);
+    if (liveness_) liveness_->forget(w);
+    if (state_[wi] != worker_state::active) return;
+    state_[wi] = worker_state::evicted;
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                  [&](const pending_release& r) { return r.worker == w; }),
+                   pending_.end());
+    stats_.evictions.push_back({w, applied_[wi], silent, reason});
+    if (!coordinator()) {
+      serve_pending();
+      return;
+    }
+    detail::ps_header h;
+    h.kind = static_cast<std::int64_t>(detail::ps_kind::evicted);
+    h.worker = w;
+    h.iteration = applied_[wi];
+    for (int s = 1; s < options_.servers; ++s) comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
+    auto released = controller_.remove_worker(w);
+    release_all(std::vector<worker_id>(released.begin(), released.end()));
   }
 
   Comm& comm_;

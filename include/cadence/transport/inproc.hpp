@@ -213,8 +213,8 @@ public:
     detail::check_tag(c, tag);
     detail::check_deadline(c, d);
     enter(lock, c, d);
-    if (!state_->at(dst).lost.empty())
-      fail(c, detail::lost_peer_error(c, {dst}, state_->at(dst).lost));
+    if (!state_->at(dst).lost.empty())  // survives_lost_peer: the others stay reachable
+      throw detail::lost_peer_error(c, {dst}, state_->at(dst).lost);
     auto msg = std::make_shared<detail::inproc_message>();
     msg->src = rank_;
     msg->tag = tag;
@@ -240,7 +240,7 @@ public:
         if (!msg->taken) mailbox.erase(std::find(mailbox.begin(), mailbox.end(), msg));
       }
     } guard{mailbox, msg};
-    wait(lock, c, d, [&](auto, auto&, auto& waiting, auto& lost, std::string& note) {
+    wait(lock, c, d, /*poll=*/false, /*p2p=*/true, [&](auto, auto&, auto& waiting, auto& lost, std::string& note) {
       if (msg->taken) return true;
       waiting.push_back(dst);
       if (!state_->at(dst).lost.empty()) lost.push_back(dst);
@@ -298,7 +298,7 @@ private:
     enter(lock, c, d);
     auto& mailbox = state_->at(rank_).mailbox;
     std::shared_ptr<detail::inproc_message> got;
-    const bool arrived = wait(lock, c, d, poll, [&](auto now, auto& wake, auto& waiting, auto& lost, std::string& note) {
+    const bool arrived = wait(lock, c, d, poll, /*p2p=*/true, [&](auto now, auto& wake, auto& waiting, auto& lost, std::string& note) {
       // The oldest matching message wins. A message still on a delayed link blocks later ones
       // from the same source (FIFO per source and tag) but not other sources' (any_source).
       std::vector<int> in_flight;
@@ -420,14 +420,16 @@ private:
   // and the earliest time something could change without a notification (a delayed link).
   // With `poll`, a deadline that passes before the call is ready returns false instead of
   // failing (try_recv); without it the return value is always true.
+  // With `p2p` (send, recv), losing the peer(s) it waited for throws without failing the
+  // communicator: the other ranks stay reachable (capabilities().survives_lost_peer).
   template <class Ready>
   bool wait(std::unique_lock<std::mutex>& lock, const detail::call_info& c, const deadline& d,
             Ready ready) {
-    return wait(lock, c, d, false, ready);
+    return wait(lock, c, d, false, false, ready);
   }
   template <class Ready>
   bool wait(std::unique_lock<std::mutex>& lock, const detail::call_info& c, const deadline& d,
-            bool poll, Ready ready) {
+            bool poll, bool p2p, Ready ready) {
     for (;;) {
       auto& self = state_->at(rank_);
       throw_if_failed(c);  // aborted from another thread
@@ -448,6 +450,7 @@ private:
             how += (how.empty() ? "rank " : "; rank ") + std::to_string(q) + ": " + state_->at(q).lost;
           break;
         }
+        if (p2p) throw detail::lost_peer_error(c, lost, how);
         fail(c, detail::lost_peer_error(c, lost, how));
       }
       if (d.passed(now)) {
