@@ -90,6 +90,10 @@ struct capability_flags {
   /// connection, a dead thread). Without it, only the deadline catches a crashed peer.
   bool detects_lost_peer = false;
   /// The surviving ranks keep running after a peer crashes. Open MPI 4.1 kills the whole job.
+  /// Where set, losing a peer fails the point-to-point calls that need it (sends to it,
+  /// receives from it, an any_source receive whose every candidate is lost) without failing
+  /// the communicator: a parameter server drops a crashed worker and serves the others on.
+  /// A collective that loses a peer still fails the communicator (rule b).
   bool survives_lost_peer = false;
   /// Buffers are device pointers (NCCL); host-side helpers refuse such communicators.
   bool device_buffers = false;
@@ -157,7 +161,7 @@ private:
 //     knowing its state (a call blocked on the owning thread then throws), and callers must be
 //     able to ask whether it is still usable.
 //  6. cc.capabilities() -> capability_flags, so adapters choose protocols at run time.
-// Every blocking call (2-4) takes the deadline as its last argument, and all backends obey one
+// try_recv (below) is an optional extension. Every blocking call (2-4) takes the deadline as its last argument, and all backends obey one
 // failure contract (docs/transports.md):
 //  a. A call that misses its deadline or sees a peer vanish throws transport_error naming the
 //     operation, its sequence number on this communicator, this rank and the peer(s) waited
@@ -165,6 +169,10 @@ private:
 //  b. The first failure marks the communicator failed; every later call throws the original
 //     error at once. Nothing retries silently. After abort() (with no failure before it) every
 //     call throws transport_error naming itself.
+//     One exception, where capabilities().survives_lost_peer: a point-to-point call that
+//     fails only because its peer is lost throws without marking the communicator failed
+//     (failed() stays false, calls with the other ranks go on), so one crashed process does
+//     not take a parameter server down with it.
 //  c. No call outlives its deadline by more than a polling interval.
 //  d. Bad arguments (null buffer with a nonzero size, rank or root out of range, a negative
 //     tag, a deadline already passed) throw invalid_parameter_error naming the operation and
