@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -302,6 +303,39 @@ CADENCE_CONFORMANCE_TEST("a recv that nobody answers throws after its deadline, 
   });
 }
 
+CADENCE_CONFORMANCE_TEST("try_recv, where offered, reports nothing yet at its deadline and "
+                         "leaves the communicator usable", conformance_try_recv) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    using C = std::decay_t<decltype(c)>;
+    if constexpr (has_try_recv_v<C>) {
+      const int r = c.rank();
+      if (r == 0) {
+        int got = 0;
+        const auto t0 = steady::now();
+        CHECK_FALSE(c.try_recv(&got, sizeof got, 1, 9, 100ms).has_value());
+        CHECK(seconds_since(t0) >= 0.099);
+        CHECK_FALSE(c.failed());
+        // A deadline already passed polls once instead of being a caller error.
+        CHECK_FALSE(c.try_recv(&got, sizeof got, any_source, 9,
+                               deadline::at(steady::now() - 1s)).has_value());
+      }
+      barrier(c, 30s);  // rank 1 sends only after rank 0's polls timed out
+      if (r == 1) {
+        const int v = 41;
+        c.send(&v, sizeof v, 0, 9, 30s);
+      }
+      if (r == 0) {
+        int got = 0;
+        const std::optional<int> from = c.try_recv(&got, sizeof got, any_source, 9, 30s);
+        CHECK(from == std::optional<int>(1));
+        CHECK(got == 41);
+      }
+      barrier(c, 30s);
+    }
+  });
+}
+
 CADENCE_CONFORMANCE_TEST("a large send that nobody receives throws after its deadline, naming "
                          "the receiver", conformance_send_deadline) {
   using namespace cadence_conformance;
@@ -437,6 +471,7 @@ CADENCE_CONFORMANCE_TEST("abort is idempotent and every later call throws transp
   TEST_CASE_TEMPLATE_INVOKE(conformance_helpers, H);                 \
   TEST_CASE_TEMPLATE_INVOKE(conformance_stalled_rank, H);            \
   TEST_CASE_TEMPLATE_INVOKE(conformance_recv_deadline, H);           \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_try_recv, H);                \
   TEST_CASE_TEMPLATE_INVOKE(conformance_send_deadline, H);           \
   TEST_CASE_TEMPLATE_INVOKE(conformance_bad_arguments, H);           \
   TEST_CASE_TEMPLATE_INVOKE(conformance_mismatch, H);                \

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -89,6 +90,10 @@ struct capability_flags {
   /// connection, a dead thread). Without it, only the deadline catches a crashed peer.
   bool detects_lost_peer = false;
   /// The surviving ranks keep running after a peer crashes. Open MPI 4.1 kills the whole job.
+  /// Where set, losing a peer fails the point-to-point calls that need it (sends to it,
+  /// receives from it, an any_source receive whose every candidate is lost) without failing
+  /// the communicator: a parameter server drops a crashed worker and serves the others on.
+  /// A collective that loses a peer still fails the communicator (rule b).
   bool survives_lost_peer = false;
   /// Buffers are device pointers (NCCL); host-side helpers refuse such communicators.
   bool device_buffers = false;
@@ -156,7 +161,7 @@ private:
 //     knowing its state (a call blocked on the owning thread then throws), and callers must be
 //     able to ask whether it is still usable.
 //  6. cc.capabilities() -> capability_flags, so adapters choose protocols at run time.
-// Every blocking call (2-4) takes the deadline as its last argument, and all backends obey one
+// try_recv (below) is an optional extension. Every blocking call (2-4) takes the deadline as its last argument, and all backends obey one
 // failure contract (docs/transports.md):
 //  a. A call that misses its deadline or sees a peer vanish throws transport_error naming the
 //     operation, its sequence number on this communicator, this rank and the peer(s) waited
@@ -164,6 +169,10 @@ private:
 //  b. The first failure marks the communicator failed; every later call throws the original
 //     error at once. Nothing retries silently. After abort() (with no failure before it) every
 //     call throws transport_error naming itself.
+//     One exception, where capabilities().survives_lost_peer: a point-to-point call that
+//     fails only because its peer is lost throws without marking the communicator failed
+//     (failed() stays false, calls with the other ranks go on), so one crashed process does
+//     not take a parameter server down with it.
 //  c. No call outlives its deadline by more than a polling interval.
 //  d. Bad arguments (null buffer with a nonzero size, rank or root out of range, a negative
 //     tag, a deadline already passed) throw invalid_parameter_error naming the operation and
@@ -211,6 +220,29 @@ inline constexpr bool is_communicator_v = detail::is_communicator_impl<C>::value
 template <class C>
 concept communicator = is_communicator_v<C>;
 #endif
+
+// An optional extension: c.try_recv(buf, n, src, tag, d) -> std::optional<int>. The same as
+// recv(), except that a deadline passing before a matching message has arrived is not a
+// failure: it returns std::nullopt, consumes nothing and leaves the communicator usable; a
+// deadline already passed polls once. A server that must also act on time (evict a silent
+// worker) waits for "the next message or the next liveness deadline" with it, which recv()
+// cannot express: its deadline fails the communicator. Every other error is recv()'s.
+namespace detail {
+template <class C, class = void>
+struct has_try_recv_impl : std::false_type {};
+template <class C>
+struct has_try_recv_impl<
+    C, std::void_t<decltype(std::declval<C&>().try_recv(std::declval<void*>(), std::size_t{},
+                                                        int{}, int{}, std::declval<deadline>()))>>
+    : std::bool_constant<std::is_convertible_v<
+          decltype(std::declval<C&>().try_recv(std::declval<void*>(), std::size_t{}, int{}, int{},
+                                               std::declval<deadline>())),
+          std::optional<int>>> {};
+}  // namespace detail
+
+/// Whether C offers try_recv (the in-process and MPI backends do).
+template <class C>
+inline constexpr bool has_try_recv_v = detail::has_try_recv_impl<C>::value;
 
 }  // namespace cadence::transport
 

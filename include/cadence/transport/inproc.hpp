@@ -213,8 +213,8 @@ public:
     detail::check_tag(c, tag);
     detail::check_deadline(c, d);
     enter(lock, c, d);
-    if (!state_->at(dst).lost.empty())
-      fail(c, detail::lost_peer_error(c, {dst}, state_->at(dst).lost));
+    if (!state_->at(dst).lost.empty())  // survives_lost_peer: the others stay reachable
+      throw detail::lost_peer_error(c, {dst}, state_->at(dst).lost);
     auto msg = std::make_shared<detail::inproc_message>();
     msg->src = rank_;
     msg->tag = tag;
@@ -240,7 +240,7 @@ public:
         if (!msg->taken) mailbox.erase(std::find(mailbox.begin(), mailbox.end(), msg));
       }
     } guard{mailbox, msg};
-    wait(lock, c, d, [&](auto, auto&, auto& waiting, auto& lost, std::string& note) {
+    wait(lock, c, d, /*poll=*/false, /*p2p=*/true, [&](auto, auto&, auto& waiting, auto& lost, std::string& note) {
       if (msg->taken) return true;
       waiting.push_back(dst);
       if (!state_->at(dst).lost.empty()) lost.push_back(dst);
@@ -252,17 +252,53 @@ public:
   }
 
   int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
-    const detail::call_info c = begin("recv");
+    return *receive("recv", buf, bytes, src, tag, d, /*poll=*/false);
+  }
+
+  /// recv() that treats a deadline with no matching message as "nothing yet": returns
+  /// std::nullopt and the communicator stays usable (see try_recv in communicator.hpp).
+  std::optional<int> try_recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
+    return receive("try_recv", buf, bytes, src, tag, d, /*poll=*/true);
+  }
+
+  /// Marks the communicator failed (idempotent; any thread). A blocking call in progress on the
+  /// owning thread wakes and throws, and so does every later call, each naming itself. Peers are
+  /// not told: like a process that stops talking, this rank misses their deadlines.
+  void abort() noexcept {
+    if (!state_) return;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->at(rank_).aborted = true;
+    state_->changed.notify_all();
+  }
+
+  bool failed() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    const auto& self = state_->ranks[static_cast<std::size_t>(rank_)];
+    return self.failure.has_value() || self.aborted;
+  }
+
+private:
+  friend class inproc_world;
+  inproc_communicator(std::shared_ptr<detail::inproc_state> state, int rank)
+      : state_(std::move(state)), rank_(rank) {}
+
+  detail::call_info begin(const char* op) {
+    return {"inproc", op, ++calls_, rank_, state_->size, detail::inproc_clock::now()};
+  }
+
+  std::optional<int> receive(const char* op, void* buf, std::size_t bytes, int src, int tag,
+                             const deadline& d, bool poll) {
+    const detail::call_info c = begin(op);
     std::unique_lock<std::mutex> lock(state_->mutex);
     throw_if_failed(c);
     detail::check_buffer(c, buf, bytes);
     detail::check_peer(c, src, "source", /*allow_any=*/true);
     detail::check_tag(c, tag);
-    detail::check_deadline(c, d);
+    if (!poll) detail::check_deadline(c, d);  // try_recv: a passed deadline polls once
     enter(lock, c, d);
     auto& mailbox = state_->at(rank_).mailbox;
     std::shared_ptr<detail::inproc_message> got;
-    wait(lock, c, d, [&](auto now, auto& wake, auto& waiting, auto& lost, std::string& note) {
+    const bool arrived = wait(lock, c, d, poll, /*p2p=*/true, [&](auto now, auto& wake, auto& waiting, auto& lost, std::string& note) {
       // The oldest matching message wins. A message still on a delayed link blocks later ones
       // from the same source (FIFO per source and tag) but not other sources' (any_source).
       std::vector<int> in_flight;
@@ -291,6 +327,7 @@ public:
       if (!in_flight.empty()) note = "a matching message is on a link delayed by fault injection";
       return false;
     });
+    if (!arrived) return std::nullopt;
     got->taken = true;
     state_->changed.notify_all();  // a rendezvous sender waits for `taken`
     if (got->bytes != bytes) {
@@ -305,30 +342,6 @@ public:
     return got->src;
   }
 
-  /// Marks the communicator failed (idempotent; any thread). A blocking call in progress on the
-  /// owning thread wakes and throws, and so does every later call, each naming itself. Peers are
-  /// not told: like a process that stops talking, this rank misses their deadlines.
-  void abort() noexcept {
-    if (!state_) return;
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->at(rank_).aborted = true;
-    state_->changed.notify_all();
-  }
-
-  bool failed() const {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    const auto& self = state_->ranks[static_cast<std::size_t>(rank_)];
-    return self.failure.has_value() || self.aborted;
-  }
-
-private:
-  friend class inproc_world;
-  inproc_communicator(std::shared_ptr<detail::inproc_state> state, int rank)
-      : state_(std::move(state)), rank_(rank) {}
-
-  detail::call_info begin(const char* op) {
-    return {"inproc", op, ++calls_, rank_, state_->size, detail::inproc_clock::now()};
-  }
 
   // After a failure every call rethrows the original error; after abort() (with no failure
   // before it) every call says it was aborted, naming itself.
@@ -405,9 +418,18 @@ private:
   // The one wait loop of every call: `ready(now, wake, waiting, lost, note)` returns true when
   // the call can complete; otherwise it fills whom the call waits for, which of them are lost,
   // and the earliest time something could change without a notification (a delayed link).
+  // With `poll`, a deadline that passes before the call is ready returns false instead of
+  // failing (try_recv); without it the return value is always true.
+  // With `p2p` (send, recv), losing the peer(s) it waited for throws without failing the
+  // communicator: the other ranks stay reachable (capabilities().survives_lost_peer).
   template <class Ready>
-  void wait(std::unique_lock<std::mutex>& lock, const detail::call_info& c, const deadline& d,
+  bool wait(std::unique_lock<std::mutex>& lock, const detail::call_info& c, const deadline& d,
             Ready ready) {
+    return wait(lock, c, d, false, false, ready);
+  }
+  template <class Ready>
+  bool wait(std::unique_lock<std::mutex>& lock, const detail::call_info& c, const deadline& d,
+            bool poll, bool p2p, Ready ready) {
     for (;;) {
       auto& self = state_->at(rank_);
       throw_if_failed(c);  // aborted from another thread
@@ -417,7 +439,7 @@ private:
       auto wake = d.time_point();
       std::vector<int> waiting, lost;
       std::string note;
-      if (ready(now, wake, waiting, lost, note)) return;
+      if (ready(now, wake, waiting, lost, note)) return true;
       if (!lost.empty()) {
         // One reason when they share it, else each rank's own.
         std::string how = state_->at(lost.front()).lost;
@@ -428,9 +450,13 @@ private:
             how += (how.empty() ? "rank " : "; rank ") + std::to_string(q) + ": " + state_->at(q).lost;
           break;
         }
+        if (p2p) throw detail::lost_peer_error(c, lost, how);
         fail(c, detail::lost_peer_error(c, lost, how));
       }
-      if (d.passed(now)) fail(c, detail::deadline_error(c, waiting, note));
+      if (d.passed(now)) {
+        if (poll) return false;
+        fail(c, detail::deadline_error(c, waiting, note));
+      }
       state_->changed.wait_until(lock, wake);
     }
   }

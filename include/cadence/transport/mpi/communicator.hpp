@@ -285,31 +285,15 @@ public:
   }
 
   int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
-    const detail::call_info c = begin("recv");
-    enter(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, src, "source", /*allow_any=*/true);
-    detail::check_tag(c, tag);
-    check_int_count(c, bytes, "bytes");
-    detail::check_deadline(c, d);
-    // Posted for exactly `bytes`: a longer message fails with MPI_ERR_TRUNCATE, a shorter one
-    // is caught by its count below.
-    void* target = buf;
-    if (bytes == 0 || buf == nullptr) target = &dummy_;
-    MPI_Request req = MPI_REQUEST_NULL;
-    check_mpi(c, MPI_Irecv(target, static_cast<int>(bytes), MPI_BYTE,
-                           src == any_source ? MPI_ANY_SOURCE : src, tag, data_, &req));
-    MPI_Status status;
-    poll_p2p(c, d, req, status, src == any_source ? others() : std::vector<int>{src},
-             "no matching message arrived", nullptr, nullptr);
-    int received = 0;
-    MPI_Get_count(&status, MPI_BYTE, &received);
-    if (static_cast<std::size_t>(received) != bytes)
-      fail(transport_error(detail::describe(c) + ": rank " + std::to_string(status.MPI_SOURCE) +
-                           " sent " + std::to_string(received) + " bytes with tag " +
-                           std::to_string(tag) + " but rank " + std::to_string(rank_) +
-                           " received into " + std::to_string(bytes) + " bytes"));
-    return status.MPI_SOURCE;
+    return *receive("recv", buf, bytes, src, tag, d, /*poll=*/false);
+  }
+
+  /// recv() that treats a deadline with no matching message as "nothing yet": returns
+  /// std::nullopt and the communicator stays usable (see try_recv in communicator.hpp). The
+  /// receive is posted and cancelled at the deadline; MPI either cancels it or completes it,
+  /// never half of it, so a message is never lost between two calls.
+  std::optional<int> try_recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
+    return receive("try_recv", buf, bytes, src, tag, d, /*poll=*/true);
   }
 
   /// Any thread; never enters MPI. The owning thread's call in progress (or its next call)
@@ -323,6 +307,36 @@ public:
 private:
   detail::call_info begin(const char* op) {
     return {"mpi", op, ++calls_, rank_, size_, deadline::clock::now()};
+  }
+
+  std::optional<int> receive(const char* op, void* buf, std::size_t bytes, int src, int tag,
+                             const deadline& d, bool poll) {
+    const detail::call_info c = begin(op);
+    enter(c);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_peer(c, src, "source", /*allow_any=*/true);
+    detail::check_tag(c, tag);
+    check_int_count(c, bytes, "bytes");
+    if (!poll) detail::check_deadline(c, d);  // try_recv: a passed deadline polls once
+    // Posted for exactly `bytes`: a longer message fails with MPI_ERR_TRUNCATE, a shorter one
+    // is caught by its count below.
+    void* target = buf;
+    if (bytes == 0 || buf == nullptr) target = &dummy_;
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_mpi(c, MPI_Irecv(target, static_cast<int>(bytes), MPI_BYTE,
+                           src == any_source ? MPI_ANY_SOURCE : src, tag, data_, &req));
+    MPI_Status status;
+    if (!poll_p2p(c, d, req, status, src == any_source ? others() : std::vector<int>{src},
+                  "no matching message arrived", nullptr, nullptr, poll))
+      return std::nullopt;
+    int received = 0;
+    MPI_Get_count(&status, MPI_BYTE, &received);
+    if (static_cast<std::size_t>(received) != bytes)
+      fail(transport_error(detail::describe(c) + ": rank " + std::to_string(status.MPI_SOURCE) +
+                           " sent " + std::to_string(received) + " bytes with tag " +
+                           std::to_string(tag) + " but rank " + std::to_string(rank_) +
+                           " received into " + std::to_string(bytes) + " bytes"));
+    return status.MPI_SOURCE;
   }
 
   // Contract b: after a failure every call rethrows it; after abort() each call says so.
@@ -630,9 +644,12 @@ private:
   // (the wait after a cancelled receive is local, so the caller's buffer is free again); a
   // send, which Open MPI cannot cancel, is abandoned with its staging buffer (`stage`, or
   // the caller's buffer when there is none).
-  void poll_p2p(const detail::call_info& c, const deadline& d, MPI_Request& req,
+  // With `poll` (receives only), a deadline that passes returns false when the cancel wins,
+  // and true when the message arrived first; without it the return value is always true.
+  bool poll_p2p(const detail::call_info& c, const deadline& d, MPI_Request& req,
                 MPI_Status& status, const std::vector<int>& awaited, const char* note,
-                std::unique_ptr<unsigned char[]>* stage, std::size_t* stage_size) {
+                std::unique_ptr<unsigned char[]>* stage, std::size_t* stage_size,
+                bool poll = false) {
     const bool is_send = stage_size != nullptr;
     auto stop = [&] {
       if (is_send)
@@ -653,13 +670,21 @@ private:
                                                         "buffer; sizes must match exactly)"
                                                       : "")));
       }
-      if (done) return;
+      if (done) return true;
       if (aborted_.load(std::memory_order_acquire)) {
         stop();
         fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort()) " +
                              "while waiting for " + detail::rank_list(awaited)));
       }
       if (d.passed()) {
+        if (poll) {
+          MPI_Cancel(&req);
+          MPI_Wait(&req, &status);
+          int cancelled = 0;
+          MPI_Test_cancelled(&status, &cancelled);
+          if (cancelled) return false;
+          return true;  // the message won the race: it is in the buffer
+        }
         stop();
         fail(detail::deadline_error(c, awaited, note));
       }

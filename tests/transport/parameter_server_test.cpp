@@ -1,0 +1,406 @@
+// The parameter server over in-process ranks: every policy's guarantee measured at the server,
+// every push applied exactly once, final weights equal to a replay of the servers' logs;
+// eviction of a silent or killed worker; bad input.
+#include <cadence/controllers/make_controller.hpp>
+#include <cadence/exchange/parameter_server.hpp>
+#include <cadence/transport/inproc.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace cadence;
+using namespace cadence::exchange;
+using namespace cadence::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::size_t model = 1000;
+
+// Worker w's gradient at its k-th push: deterministic, so a replay can recompute it.
+void gradient(worker_id w, std::int64_t k, std::vector<float>& g) {
+  for (std::size_t i = 0; i < g.size(); ++i)
+    g[i] = static_cast<float>(static_cast<int>((w * 31 + static_cast<std::size_t>(k) * 7 + i) % 13) - 6) * 0.25f;
+}
+
+std::vector<float> initial() {
+  std::vector<float> w(model);
+  for (std::size_t i = 0; i < model; ++i) w[i] = static_cast<float>(i % 17) * 0.5f;
+  return w;
+}
+
+struct run_result {
+  std::vector<ps_stats> servers;          // per server
+  std::vector<std::vector<float>> slices;  // per server
+  std::vector<std::int64_t> iterations;    // per worker, completed push_pulls
+  std::vector<std::string> worker_errors;  // per worker, "" when none
+  std::string server_error;
+  std::string config;
+  std::size_t supersteps_hint = 0;
+};
+
+struct scenario {
+  std::string policy = "bsp";
+  int servers = 1;
+  int workers = 3;
+  std::int64_t iterations = 12;
+  std::vector<int> ms_per_iteration{1, 2, 3};
+  ps_options options{};
+  // Optional per-worker behaviour: return false to stall (silent, 800 ms, then gone without
+  // finish) before iteration k.
+  std::function<bool(worker_id, std::int64_t)> keep_going;
+  std::function<void(inproc_world&, worker_id, std::int64_t)> before_push;
+  // Runs on a thread of its own beside the ranks (fault injection on a timer).
+  std::function<void(inproc_world&)> fault;
+};
+
+run_result run(const scenario& sc) {
+  const int n = sc.servers + sc.workers;
+  inproc_world world(n);
+  ps_options o = sc.options;
+  o.servers = sc.servers;
+  o.keep_log = true;
+  run_result out;
+  out.servers.resize(static_cast<std::size_t>(sc.servers));
+  out.slices.resize(static_cast<std::size_t>(sc.servers));
+  out.iterations.assign(static_cast<std::size_t>(sc.workers), 0);
+  out.worker_errors.assign(static_cast<std::size_t>(sc.workers), "");
+  std::mutex m;
+  const std::vector<float> w0 = initial();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = world.join(r);
+      if (r < sc.servers) {
+        try {
+          parameter_server<inproc_communicator, any_controller> server(
+              comm, model, w0.data(), make_controller(sc.policy, static_cast<std::size_t>(sc.workers)),
+              sgd<float>{0.125f}, o);
+          server.run();
+          std::lock_guard<std::mutex> lock(m);
+          out.servers[static_cast<std::size_t>(r)] = server.stats();
+          out.slices[static_cast<std::size_t>(r)] = server.weights();
+          if (r == 0) out.config = server.controller().config();
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(m);
+          out.server_error += std::string("server ") + std::to_string(r) + ": " + e.what() + "\n";
+        }
+        return;
+      }
+      const auto w = static_cast<worker_id>(r - sc.servers);
+      try {
+        ps_worker<inproc_communicator> worker(comm, model, o);
+        CHECK(worker.id() == w);
+        std::vector<float> weights(model), g(model);
+        worker.pull(weights.data());
+        for (std::int64_t k = 1; k <= sc.iterations; ++k) {
+          if (sc.keep_going && !sc.keep_going(w, k)) {
+            // Stalled, not crashed: silent while its rank stays up (a destroyed communicator
+            // would make it a lost peer instead).
+            std::this_thread::sleep_for(800ms);
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(sc.ms_per_iteration[w]));
+          if (sc.before_push) sc.before_push(world, w, k);
+          gradient(w, k, g);
+          worker.push_pull(g.data(), weights.data());
+          std::lock_guard<std::mutex> lock(m);
+          out.iterations[w] = k;
+        }
+        worker.finish();
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(m);
+        out.worker_errors[w] = e.what();
+      }
+    });
+  }
+  if (sc.fault) threads.emplace_back([&] { sc.fault(world); });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// Each server's slice equals the initial slice with its logged pushes applied in log order.
+void check_replay(const run_result& r, int servers) {
+  const std::vector<float> w0 = initial();
+  for (int s = 0; s < servers; ++s) {
+    const ps_slice sl = ps_slice_of(model, servers, s);
+    std::vector<float> w(w0.begin() + static_cast<std::ptrdiff_t>(sl.offset),
+                         w0.begin() + static_cast<std::ptrdiff_t>(sl.offset + sl.count));
+    std::vector<float> g(model);
+    for (const ps_log_entry& e : r.servers[static_cast<std::size_t>(s)].log) {
+      gradient(e.worker, e.iteration, g);
+      sgd<float>{0.125f}(w.data(), g.data() + sl.offset, sl.count, e.worker);
+    }
+    CHECK_MESSAGE(w == r.slices[static_cast<std::size_t>(s)], "server " << s << ": replay differs");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ps_slice_of cuts a model into contiguous slices that cover it") {
+  for (std::size_t size : {0u, 1u, 7u, 1000u, 1001u}) {
+    for (int servers : {1, 2, 3, 5}) {
+      std::size_t next = 0;
+      for (int s = 0; s < servers; ++s) {
+        const ps_slice sl = ps_slice_of(size, servers, s);
+        CHECK(sl.offset == next);
+        CHECK(sl.count + 1 >= size / static_cast<std::size_t>(servers));
+        next += sl.count;
+      }
+      CHECK(next == size);
+    }
+  }
+  CHECK_THROWS_AS(ps_slice_of(10, 2, 2), invalid_parameter_error);
+}
+
+TEST_CASE("every policy over 1 and 2 servers: guarantee, exactly-once, replay" * doctest::timeout(120)) {
+  struct policy_case {
+    const char* config;
+    clock_value bound;  // largest clock gap a worker may start an iteration with
+  };
+  const policy_case cases[] = {{"bsp", 0},         {"ssp:2", 2},        {"dssp:1:4", 4},
+                               {"asp", -1},        {"elastic:3", -1}};
+  for (const auto& pc : cases) {
+    for (int servers : {1, 2}) {
+      for (int workers : {2, 4}) {
+        CAPTURE(pc.config);
+        CAPTURE(servers);
+        CAPTURE(workers);
+        scenario sc;
+        sc.policy = pc.config;
+        sc.servers = servers;
+        sc.workers = workers;
+        sc.ms_per_iteration = {1, 4, 2, 3};
+        const run_result r = run(sc);
+        INFO(r.server_error);
+        REQUIRE(r.server_error.empty());
+        for (int w = 0; w < workers; ++w) {
+          CHECK_MESSAGE(r.worker_errors[static_cast<std::size_t>(w)].empty(), r.worker_errors[static_cast<std::size_t>(w)]);
+          CHECK(r.iterations[static_cast<std::size_t>(w)] == sc.iterations);
+          for (int s = 0; s < servers; ++s)  // every accepted push applied exactly once, everywhere
+            CHECK(r.servers[static_cast<std::size_t>(s)].pushes[static_cast<std::size_t>(w)] == sc.iterations);
+          if (pc.bound >= 0)
+            CHECK(r.servers[0].max_start_staleness[static_cast<std::size_t>(w)] <= pc.bound);
+        }
+        for (int s = 0; s < servers; ++s)
+          CHECK(r.servers[static_cast<std::size_t>(s)].log.size() ==
+                static_cast<std::size_t>(workers * sc.iterations));
+        check_replay(r, servers);
+      }
+    }
+  }
+}
+
+TEST_CASE("BSP over two servers: weights at the start of an iteration contain the whole round" *
+          doctest::timeout(60)) {
+  // Under BSP a released worker's weights must include every worker's push of the round on
+  // every shard: the release notice carries server 0's counts, the other server waits for them.
+  scenario sc;
+  sc.servers = 2;
+  sc.workers = 3;
+  sc.ms_per_iteration = {1, 6, 2};
+  const run_result r = run(sc);
+  INFO(r.server_error);
+  REQUIRE(r.server_error.empty());
+  for (int s = 0; s < 2; ++s) {
+    // In each server's log, no worker's iteration k+1 comes before every worker's iteration k.
+    std::vector<std::int64_t> seen(3, 0);
+    for (const ps_log_entry& e : r.servers[static_cast<std::size_t>(s)].log) {
+      for (int v = 0; v < 3; ++v) CHECK(seen[static_cast<std::size_t>(v)] >= e.iteration - 1);
+      seen[e.worker] = e.iteration;
+    }
+  }
+  CHECK(r.servers[0].parked > 0);
+}
+
+TEST_CASE("a worker that falls silent is evicted; the others finish; nothing they pushed is lost" *
+          doctest::timeout(60)) {
+  for (const char* policy : {"bsp", "ssp:1", "elastic:3"}) {
+    for (int servers : {1, 2}) {
+      CAPTURE(policy);
+      CAPTURE(servers);
+      scenario sc;
+      sc.policy = policy;
+      sc.servers = servers;
+      sc.workers = 3;
+      sc.iterations = 10;
+      sc.options.evict_after = 150ms;
+      sc.keep_going = [](worker_id w, std::int64_t k) { return !(w == 1 && k == 4); };
+      const auto t0 = std::chrono::steady_clock::now();
+      const run_result r = run(sc);
+      CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+      INFO(r.server_error);
+      REQUIRE(r.server_error.empty());
+      REQUIRE(r.servers[0].evictions.size() == 1);
+      CHECK(r.servers[0].evictions[0].worker == 1);
+      CHECK(r.servers[0].evictions[0].pushes == 3);
+      CHECK(r.servers[0].evictions[0].silent_seconds >= 0.15);
+      for (worker_id w : {0u, 2u}) {
+        CHECK(r.worker_errors[w].empty());
+        CHECK(r.iterations[w] == 10);
+        for (int s = 0; s < servers; ++s) CHECK(r.servers[static_cast<std::size_t>(s)].pushes[w] == 10);
+      }
+      CHECK(r.servers[0].pushes[1] == 3);
+      check_replay(r, servers);
+    }
+  }
+}
+
+TEST_CASE("a killed worker is evicted and the survivors finish" * doctest::timeout(60)) {
+  scenario sc;
+  sc.policy = "bsp";
+  sc.workers = 3;
+  sc.iterations = 8;
+  sc.options.evict_after = 150ms;
+  // Worker 2's rank dies (as a crashed process would) while it computes its 5th iteration.
+  sc.before_push = [](inproc_world& world, worker_id w, std::int64_t k) {
+    if (w == 2 && k == 5) {
+      world.kill(static_cast<int>(w) + 1);
+      throw std::runtime_error("killed");
+    }
+  };
+  const run_result r = run(sc);
+  INFO(r.server_error);
+  REQUIRE(r.server_error.empty());
+  REQUIRE(r.servers[0].evictions.size() == 1);
+  CHECK(r.servers[0].evictions[0].worker == 2);
+  CHECK(r.iterations[0] == 8);
+  CHECK(r.iterations[1] == 8);
+  CHECK(r.servers[0].pushes[2] == 4);
+  check_replay(r, 1);
+}
+
+TEST_CASE("a worker killed while it waits for its reply is dropped when the reply finds it gone" *
+          doctest::timeout(60)) {
+  // BSP, worker 0 much faster than the others: it spends nearly all its time parked at the
+  // barrier, where it is excused from liveness. Killed there, it is found gone by the reply
+  // that releases it (not by silence: evict_after is long), and the survivors go on.
+  for (int servers : {1, 2}) {
+    CAPTURE(servers);
+    scenario sc;
+    sc.policy = "bsp";
+    sc.servers = servers;
+    sc.workers = 3;
+    sc.iterations = 10;
+    sc.ms_per_iteration = {0, 30, 30};
+    sc.options.evict_after = 30s;
+    sc.fault = [servers](inproc_world& world) {
+      std::this_thread::sleep_for(100ms);
+      world.kill(servers);  // worker 0's rank
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    const run_result r = run(sc);
+    CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+    INFO(r.server_error);
+    REQUIRE(r.server_error.empty());
+    REQUIRE(r.servers[0].evictions.size() == 1);
+    CHECK(r.servers[0].evictions[0].worker == 0);
+    CHECK(r.servers[0].evictions[0].reason.find("lost") != std::string::npos);
+    CHECK(r.worker_errors[0].find("this rank is gone") != std::string::npos);
+    CHECK(r.iterations[1] == 10);
+    CHECK(r.iterations[2] == 10);
+    check_replay(r, servers);
+  }
+}
+
+TEST_CASE("an evicted worker that comes back gets a clear error" * doctest::timeout(60)) {
+  scenario sc;
+  sc.policy = "asp";
+  sc.workers = 2;
+  sc.iterations = 15;
+  sc.options.evict_after = 200ms;
+  sc.ms_per_iteration = {40, 1};  // worker 0 keeps the server up until worker 1 is back
+  std::atomic<bool> slept{false};
+  sc.before_push = [&](inproc_world&, worker_id w, std::int64_t k) {
+    if (w == 1 && k == 3 && !slept.exchange(true)) std::this_thread::sleep_for(400ms);
+  };
+  const run_result r = run(sc);
+  INFO(r.server_error);
+  REQUIRE(r.server_error.empty());
+  INFO(r.worker_errors[1]);
+  CHECK(r.worker_errors[1].find("evicted") != std::string::npos);
+  CHECK(r.worker_errors[1].find("worker 1") != std::string::npos);
+  CHECK(r.iterations[1] == 2);
+  CHECK(r.servers[0].pushes[1] == 2);  // the late push was refused, not applied
+  CHECK(r.iterations[0] == 15);
+  check_replay(r, 1);
+}
+
+TEST_CASE("bad input: a rank in the wrong role, push after finish, a wrong-size gradient" *
+          doctest::timeout(60)) {
+  inproc_world world(3);
+  std::vector<float> w0(10, 1.0f);
+  std::string server_error, worker_error_text, role_error_text;
+  std::thread server([&] {
+    auto comm = world.join(0);
+    try {
+      parameter_server<inproc_communicator, any_controller> s(comm, 10, w0.data(), make_controller("asp", 2));
+      s.run();
+    } catch (const std::exception& e) {
+      server_error = e.what();
+    }
+  });
+  std::thread wrong_size([&] {
+    auto comm = world.join(2);
+    ps_worker<inproc_communicator> w(comm, 12);  // the servers' model has 10 elements
+    std::vector<float> g(12, 0.5f), weights(12);
+    try {
+      w.push_pull(g.data(), weights.data());
+    } catch (const worker_error& e) {
+      worker_error_text = e.what();
+    }
+    w.finish();
+  });
+  auto comm = world.join(1);
+  try {
+    parameter_server<inproc_communicator, any_controller> s(comm, 10, w0.data(), make_controller("asp", 2));
+  } catch (const invalid_parameter_error& e) {
+    role_error_text = e.what();
+  }
+  {
+    ps_worker<inproc_communicator> w(comm, 10);
+    std::vector<float> g(10, 0.5f), weights(10);
+    CHECK_THROWS_AS(w.push_pull(nullptr, weights.data()), invalid_parameter_error);
+    w.push_pull(g.data(), weights.data());
+    CHECK(weights[0] == doctest::Approx(1.0f - 0.01f * 0.5f));
+    w.finish();
+    CHECK_THROWS_WITH_AS(w.push_pull(g.data(), weights.data()),
+                         doctest::Contains("after finish()"), worker_error);
+  }
+  server.join();
+  wrong_size.join();
+  CHECK(server_error.empty());
+  CHECK(role_error_text.find("rank 1 is a worker") != std::string::npos);
+  CHECK(worker_error_text.find("gradient slice of 12 elements") != std::string::npos);
+  CHECK(worker_error_text.find("owns 10") != std::string::npos);
+  CHECK_THROWS_AS(ps_slice_of(1, 0, 0), invalid_parameter_error);
+}
+
+TEST_CASE("options are checked" ) {
+  inproc_world world(2);
+  auto c0 = world.join(0);
+  std::vector<float> w0(4);
+  ps_options o;
+  o.servers = 2;  // no worker left
+  CHECK_THROWS_WITH_AS((ps_worker<inproc_communicator>(c0, 4, o)), doctest::Contains("leaves no worker"),
+                       invalid_parameter_error);
+  o.servers = 1;
+  o.evict_after = std::chrono::nanoseconds(0);
+  CHECK_THROWS_AS((parameter_server<inproc_communicator, any_controller>(c0, 4, w0.data(),
+                                                                         make_controller("bsp", 1), {}, o)),
+                  invalid_parameter_error);
+  o.evict_after.reset();
+  CHECK_THROWS_WITH_AS((parameter_server<inproc_communicator, any_controller>(c0, 4, w0.data(),
+                                                                              make_controller("bsp", 3), {}, o)),
+                       doctest::Contains("the controller has 3 workers but the world has 1"),
+                       invalid_parameter_error);
+}
