@@ -88,7 +88,7 @@ run_result run(const scenario& sc) {
           server.run();
           std::lock_guard<std::mutex> lock(m);
           out.servers[static_cast<std::size_t>(r)] = server.stats();
-          out.slices[static_cast<std::size_t>(r)] = server.weights();
+          out.slices[static_cast<std::size_t>(r)].assign(server.weights().begin(), server.weights().end());
           if (r == 0) out.config = server.controller().config();
         } catch (const std::exception& e) {
           std::lock_guard<std::mutex> lock(m);

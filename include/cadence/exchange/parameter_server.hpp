@@ -4,6 +4,7 @@
 
 #include <cadence/controllers/controller.hpp>
 #include <cadence/core/error.hpp>
+#include <cadence/core/span.hpp>
 #include <cadence/core/types.hpp>
 #include <cadence/runtime/liveness.hpp>
 #include <cadence/transport/communicator.hpp>
@@ -127,6 +128,24 @@ inline void check_options(const char* who, const ps_options& o, int size) {
                                   " leaves no room for 4 tags below max_tag");
 }
 
+template <class A, class B>
+void check_same_ranks(const char* who, const A& control, const B& bulk) {
+  if (control.rank() != bulk.rank() || control.size() != bulk.size())
+    throw invalid_parameter_error(std::string("cadence::exchange::") + who +
+                                  ": the control communicator is rank " + std::to_string(control.rank()) +
+                                  " of " + std::to_string(control.size()) +
+                                  " but the bulk communicator is rank " + std::to_string(bulk.rank()) +
+                                  " of " + std::to_string(bulk.size()) + " (they must agree)");
+  if (!control.capabilities().any_source)
+    throw invalid_parameter_error(std::string("cadence::exchange::") + who +
+                                  ": the control communicator cannot receive from any_source "
+                                  "(NCCL cannot; use MPI, gloo or inproc for control)");
+  if (control.capabilities().device_buffers)
+    throw invalid_parameter_error(std::string("cadence::exchange::") + who +
+                                  ": the control communicator takes device buffers; headers live "
+                                  "in host memory");
+}
+
 struct ps_tags {
   int control, data, reply, reply_data;
   explicit ps_tags(int base) : control(base), data(base + 1), reply(base + 2), reply_data(base + 3) {}
@@ -136,30 +155,37 @@ struct ps_tags {
 
 /// A worker's end: push a gradient, get back the weights the policy allows it to start from.
 /// `Comm` models transport::communicator with any_source (the worker takes the servers'
-/// replies in arrival order, so a server blocked on one reply never stalls another).
-template <class Comm, class T = float>
+/// replies in arrival order, so a server blocked on one reply never stalls another). With a
+/// second communicator `Bulk` (NCCL), headers travel on `Comm` and gradients and weights on
+/// `Bulk`, whose buffers may be device memory; the ranks of both must be the same.
+template <class Comm, class T = float, class Bulk = Comm>
 class ps_worker {
   CADENCE_REQUIRE_COMMUNICATOR(Comm);
+  CADENCE_REQUIRE_COMMUNICATOR(Bulk);
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "cadence::exchange::ps_worker: T must be float or double");
 
 public:
   ps_worker(Comm& comm, std::size_t model_size, ps_options options = {})
-      : comm_(comm), size_(model_size), options_(options), tags_(options.tag_base) {
+      : ps_worker(comm, comm, model_size, options) {}
+
+  /// Headers on `control`, gradients and weights on `bulk` (which may be `control` itself).
+  ps_worker(Comm& control, Bulk& bulk, std::size_t model_size, ps_options options = {})
+      : comm_(control), bulk_(bulk), size_(model_size), options_(options), tags_(options.tag_base) {
     detail::check_options("ps_worker", options_, comm_.size());
+    detail::check_same_ranks("ps_worker", comm_, bulk_);
     if (comm_.rank() < options_.servers)
       throw invalid_parameter_error("cadence::exchange::ps_worker: rank " +
                                     std::to_string(comm_.rank()) + " is a server (ranks [0, " +
                                     std::to_string(options_.servers) + ") serve)");
-    if (!comm_.capabilities().any_source)
-      throw invalid_parameter_error("cadence::exchange::ps_worker: the communicator cannot "
-                                    "receive from any_source (use a control communicator)");
   }
 
   worker_id id() const noexcept { return static_cast<worker_id>(comm_.rank() - options_.servers); }
   std::int64_t iteration() const noexcept { return iteration_; }
 
-  /// The current weights, at once (no policy applies): the starting point of training.
+  /// The current weights, at once (no policy applies): the starting point of training. The
+  /// servers check the model size here. Over a bulk communicator with device buffers call it
+  /// first: a gradient of the wrong size cannot be caught there once it is on its way.
   void pull(T* weights) {
     check_usable("pull");
     check_buffer("pull", weights, "weights");
@@ -167,8 +193,10 @@ public:
     h.kind = static_cast<std::int64_t>(detail::ps_kind::pull);
     h.worker = id();
     h.iteration = iteration_;
+    h.count = static_cast<std::int64_t>(size_);
     for (int s = 0; s < options_.servers; ++s) comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
     collect("pull", weights);
+    pulled_ = true;
   }
 
   /// Sends `gradient` (model_size elements), then blocks until the policy lets this worker
@@ -179,6 +207,9 @@ public:
     check_usable("push_pull");
     check_buffer("push_pull", gradient, "gradient");
     check_buffer("push_pull", weights, "weights");
+    if (!pulled_ && bulk_.capabilities().device_buffers)
+      throw invalid_parameter_error(who() + ": push_pull before pull(): over device buffers the "
+                                            "first pull() checks the model size with the servers");
     const std::int64_t k = iteration_ + 1;
     for (int s = 0; s < options_.servers; ++s) {
       const ps_slice sl = ps_slice_of(size_, options_.servers, s);
@@ -188,7 +219,7 @@ public:
       h.iteration = k;
       h.count = static_cast<std::int64_t>(sl.count);
       comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
-      comm_.send(gradient + sl.offset, sl.count * sizeof(T), s, tags_.data, options_.transfer_timeout);
+      bulk_.send(gradient + sl.offset, sl.count * sizeof(T), s, tags_.data, options_.transfer_timeout);
     }
     iteration_ = k;
     collect("push_pull", weights);
@@ -257,7 +288,7 @@ private:
         throw transport_error(who() + ": server rank " + std::to_string(s) + " sent " +
                               std::to_string(h.count) + " weights; its slice has " +
                               std::to_string(sl.count) + " (do all ranks use one model size?)");
-      comm_.recv(weights + sl.offset, sl.count * sizeof(T), s, tags_.reply_data, options_.transfer_timeout);
+      bulk_.recv(weights + sl.offset, sl.count * sizeof(T), s, tags_.reply_data, options_.transfer_timeout);
     }
     if (!refusal.empty()) {
       if (evicted) refusal_ = refusal;  // an evicted worker stays evicted
@@ -266,11 +297,13 @@ private:
   }
 
   Comm& comm_;
+  Bulk& bulk_;
   std::size_t size_;
   ps_options options_;
   detail::ps_tags tags_;
   std::int64_t iteration_ = 0;
   bool finished_ = false;
+  bool pulled_ = false;
   std::string refusal_;  // sticky: an evicted worker stays evicted
 };
 
@@ -279,9 +312,10 @@ private:
 /// `Controller`, stamping each push with its own steady clock on arrival, and tells the other
 /// servers whom it released and which pushes (per worker, how many) the released worker's
 /// weights must contain; they answer once those are applied. Others ignore the controller.
-template <class Comm, class Controller, class T = float, class Update = sgd<T>>
+template <class Comm, class Controller, class T = float, class Update = sgd<T>, class Bulk = Comm>
 class parameter_server {
   CADENCE_REQUIRE_COMMUNICATOR(Comm);
+  CADENCE_REQUIRE_COMMUNICATOR(Bulk);
   static_assert(transport::has_try_recv_v<Comm>,
                 "cadence::exchange::parameter_server: the communicator must offer try_recv "
                 "(the server waits for the next message or the next liveness deadline)");
@@ -295,15 +329,43 @@ public:
   /// On server 0, `controller` must have been built for exactly size() - servers workers.
   parameter_server(Comm& comm, std::size_t model_size, const T* initial, Controller controller,
                    Update update = Update{}, ps_options options = {})
-      : comm_(comm), size_(model_size), controller_(std::move(controller)), update_(std::move(update)),
-        options_(options), tags_(options.tag_base) {
+      : comm_(comm), bulk_(comm), size_(model_size), controller_(std::move(controller)),
+        update_(std::move(update)), options_(options), tags_(options.tag_base) {
+    setup();
+    detail::check_same_ranks("parameter_server", comm_, comm_);
+    if (initial == nullptr && model_size != 0)
+      throw invalid_parameter_error("cadence::exchange::parameter_server: null initial weights");
+    owned_weights_.assign(initial + slice_.offset, initial + slice_.offset + slice_.count);
+    owned_scratch_.resize(slice_.count);
+    weights_ = owned_weights_.data();
+    scratch_ = owned_scratch_.data();
+  }
+
+  /// Headers on `control`, gradients and weights on `bulk` (NCCL: device memory). The buffers
+  /// are the caller's: `weights` holds this server's slice (ps_slice_of(model_size, servers,
+  /// rank).count elements, the initial values in it) and `scratch` as many elements, where each
+  /// incoming gradient lands before `update(weights, scratch, count, worker)` applies it; both
+  /// must outlive the server. Over device buffers the update rule runs on the device (yours).
+  parameter_server(Comm& control, Bulk& bulk, std::size_t model_size, T* weights, T* scratch,
+                   Controller controller, Update update = Update{}, ps_options options = {})
+      : comm_(control), bulk_(bulk), size_(model_size), controller_(std::move(controller)),
+        update_(std::move(update)), options_(options), tags_(options.tag_base) {
+    setup();
+    detail::check_same_ranks("parameter_server", comm_, bulk_);
+    if ((weights == nullptr || scratch == nullptr) && slice_.count != 0)
+      throw invalid_parameter_error("cadence::exchange::parameter_server: null weights or scratch "
+                                    "buffer for a slice of " + std::to_string(slice_.count) + " elements");
+    weights_ = weights;
+    scratch_ = scratch;
+  }
+
+private:
+  void setup() {
     detail::check_options("parameter_server", options_, comm_.size());
     if (comm_.rank() >= options_.servers)
       throw invalid_parameter_error("cadence::exchange::parameter_server: rank " +
                                     std::to_string(comm_.rank()) + " is a worker (ranks [0, " +
                                     std::to_string(options_.servers) + ") serve)");
-    if (initial == nullptr && model_size != 0)
-      throw invalid_parameter_error("cadence::exchange::parameter_server: null initial weights");
     workers_ = comm_.size() - options_.servers;
     if (coordinator() && controller_.worker_capacity() != static_cast<std::size_t>(workers_))
       throw invalid_parameter_error(
@@ -312,8 +374,6 @@ public:
           std::to_string(workers_) + " (" + std::to_string(comm_.size()) + " ranks, " +
           std::to_string(options_.servers) + " servers)");
     slice_ = ps_slice_of(size_, options_.servers, comm_.rank());
-    weights_.assign(initial + slice_.offset, initial + slice_.offset + slice_.count);
-    scratch_.resize(slice_.count);
     const auto w = static_cast<std::size_t>(workers_);
     state_.assign(w, worker_state::active);
     applied_.assign(w, 0);
@@ -322,6 +382,7 @@ public:
     parked_.assign(w, 0);
   }
 
+public:
   /// Serves until every worker finished or was evicted. Throws transport_error when the
   /// communicator fails (or, on a server other than 0, after server_idle_timeout of silence).
   void run() {
@@ -361,8 +422,9 @@ public:
     }
   }
 
-  /// This server's slice of the weights, and where it sits in the model.
-  const std::vector<T>& weights() const noexcept { return weights_; }
+  /// This server's slice of the weights (the caller's buffer, device memory over NCCL), and
+  /// where it sits in the model.
+  span<const T> weights() const noexcept { return span<const T>(weights_, slice_.count); }
   ps_slice slice() const noexcept { return slice_; }
   const ps_stats& stats() const noexcept { return stats_; }
   const Controller& controller() const noexcept { return controller_; }
@@ -406,6 +468,10 @@ private:
       case detail::ps_kind::pull:
         if (state_[wi] != worker_state::active) {
           refuse(w, state_[wi]);
+        } else if (h.count != static_cast<std::int64_t>(size_)) {
+          refuse_text(w, "worker " + std::to_string(w) + " has a model of " + std::to_string(h.count) +
+                             " elements, server rank " + std::to_string(comm_.rank()) + " one of " +
+                             std::to_string(size_) + " (do all ranks use one model size?)");
         } else {
           if (liveness_) liveness_->heard(w, clock::now());
           reply(w, h.iteration);
@@ -432,16 +498,20 @@ private:
     // The payload is in flight whatever we think of it: take it (into scratch when it does
     // not fit, bounded by the slice or 64 Mi elements), so the stream stays in step.
     if (!fits) {
+      if (bulk_.capabilities().device_buffers)  // pull() agreed on the size: a broken protocol
+        throw transport_error(who() + ": worker " + std::to_string(w) + " announced a gradient slice of " +
+                              std::to_string(h.count) + " elements; this server owns " +
+                              std::to_string(slice_.count) + " (it skipped pull()?)");
       const auto n = static_cast<std::size_t>(std::clamp<std::int64_t>(h.count, 0, std::int64_t{1} << 26));
       std::vector<T> junk(n);
-      if (!with_worker(w, [&] { comm_.recv(junk.data(), n * sizeof(T), src, tags_.data, options_.transfer_timeout); }))
+      if (!with_worker(w, [&] { bulk_.recv(junk.data(), n * sizeof(T), src, tags_.data, options_.transfer_timeout); }))
         return;
       refuse_text(w, "gradient slice of " + std::to_string(h.count) + " elements, but server rank " +
                          std::to_string(comm_.rank()) + " owns " + std::to_string(slice_.count) +
                          " (do all ranks use one model size?)");
       return;
     }
-    if (!with_worker(w, [&] { comm_.recv(scratch_.data(), slice_.count * sizeof(T), src, tags_.data, options_.transfer_timeout); }))
+    if (!with_worker(w, [&] { bulk_.recv(scratch_, slice_.count * sizeof(T), src, tags_.data, options_.transfer_timeout); }))
       return;  // lost between header and payload: nothing applied
     if (state_[wi] != worker_state::active) {
       refuse(w, state_[wi]);
@@ -450,7 +520,7 @@ private:
     if (h.iteration != applied_[wi] + 1)
       throw transport_error(who() + ": worker " + std::to_string(w) + " pushed iteration " +
                             std::to_string(h.iteration) + " after " + std::to_string(applied_[wi]));
-    update_(weights_.data(), scratch_.data(), slice_.count, w);
+    update_(weights_, static_cast<const T*>(scratch_), slice_.count, w);
     applied_[wi] = h.iteration;
     ++stats_.pushes[wi];
     if (options_.keep_log) stats_.log.push_back({w, h.iteration});
@@ -565,7 +635,7 @@ private:
     h.iteration = iteration;
     h.count = static_cast<std::int64_t>(slice_.count);
     comm_.send(&h, sizeof h, rank_of(w), tags_.reply, options_.transfer_timeout);
-    comm_.send(weights_.data(), slice_.count * sizeof(T), rank_of(w), tags_.reply_data, options_.transfer_timeout);
+    bulk_.send(weights_, slice_.count * sizeof(T), rank_of(w), tags_.reply_data, options_.transfer_timeout);
   }
 
   void refuse(worker_id w, worker_state s) {
@@ -626,6 +696,7 @@ private:
   }
 
   Comm& comm_;
+  Bulk& bulk_;
   std::size_t size_;
   Controller controller_;
   Update update_;
@@ -633,7 +704,9 @@ private:
   detail::ps_tags tags_;
   int workers_ = 0;
   ps_slice slice_;
-  std::vector<T> weights_, scratch_;
+  std::vector<T> owned_weights_, owned_scratch_;  // the host-buffer constructor's
+  T* weights_ = nullptr;
+  T* scratch_ = nullptr;
   std::vector<worker_state> state_;
   std::vector<std::int64_t> applied_;  // per worker: pushes applied to this slice
   std::vector<char> parked_;

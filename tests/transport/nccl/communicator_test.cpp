@@ -1,7 +1,10 @@
 // The real NCCL path (cadence::nccl). Without a GPU (CI) it checks that construction fails
 // cleanly, naming cudaGetDeviceCount's error; on a GPU (bench/gpu/run.sh) it runs a one-rank
 // communicator through every dtype and op with exact checks, and the abort-on-deadline path of
-// an init whose second rank never joins NCCL.
+// an init whose second rank never joins NCCL; with two GPUs or more, the parameter server's
+// NCCL form (headers on an in-process control communicator, bulk over NCCL).
+#include <cadence/controllers/make_controller.hpp>
+#include <cadence/exchange/parameter_server.hpp>
 #include <cadence/transport/inproc.hpp>
 #include <cadence/transport/nccl/communicator.hpp>
 
@@ -143,4 +146,69 @@ TEST_CASE("a real NCCL init whose second rank never joins times out and aborts w
   MESSAGE("init aborted after " << waited << " s (deadline 2 s)");
   CHECK(waited < 4.0);
   rank1.join();
+}
+
+TEST_CASE("the parameter server's NCCL form on real GPUs: a server and a worker, each on its "
+          "own device" * doctest::timeout(120)) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
+    // NCCL refuses two ranks of one communicator on one device.
+    MESSAGE("fewer than 2 GPUs: the parameter server over NCCL skipped");
+    return;
+  }
+  constexpr std::size_t model = 1 << 16;
+  constexpr std::int64_t iterations = 20;
+  inproc_world world(2);
+  std::vector<float> final_weights(model), expected(model, 1.0f);
+  for (std::int64_t k = 1; k <= iterations; ++k)
+    for (auto& w : expected) w -= 0.5f * static_cast<float>(k);
+  std::string errors[2];
+  // The update runs on the host through copies: a test has no kernel of its own (g++ only).
+  struct host_sgd {
+    void operator()(float* w, const float* g, std::size_t n, worker_id) const {
+      std::vector<float> hw(n), hg(n);
+      cudaMemcpy(hw.data(), w, n * sizeof(float), cudaMemcpyDeviceToHost);
+      cudaMemcpy(hg.data(), g, n * sizeof(float), cudaMemcpyDeviceToHost);
+      for (std::size_t i = 0; i < n; ++i) hw[i] -= 0.5f * hg[i];
+      cudaMemcpy(w, hw.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+    }
+  };
+  auto rank = [&](int r) {
+    try {
+      auto control = world.join(r);
+      nccl_communicator bulk(real_nccl_api(), control, r, {}, 60s);
+      cudaSetDevice(r);
+      float *a = nullptr, *b = nullptr;
+      cudaMalloc(&a, model * sizeof(float));
+      cudaMalloc(&b, model * sizeof(float));
+      exchange::ps_options o;
+      if (r == 0) {
+        const std::vector<float> ones(model, 1.0f);
+        cudaMemcpy(a, ones.data(), model * sizeof(float), cudaMemcpyHostToDevice);
+        exchange::parameter_server<inproc_communicator, any_controller, float, host_sgd, nccl_communicator>
+            server(control, bulk, model, a, b, make_controller("bsp", 1), host_sgd{}, o);
+        server.run();
+        cudaMemcpy(final_weights.data(), a, model * sizeof(float), cudaMemcpyDeviceToHost);
+      } else {
+        exchange::ps_worker<inproc_communicator, float, nccl_communicator> worker(control, bulk, model, o);
+        worker.pull(b);
+        for (std::int64_t k = 1; k <= iterations; ++k) {
+          const std::vector<float> g(model, static_cast<float>(k));
+          cudaMemcpy(a, g.data(), model * sizeof(float), cudaMemcpyHostToDevice);
+          worker.push_pull(a, b);
+        }
+        worker.finish();
+      }
+      cudaFree(a);
+      cudaFree(b);
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+    }
+  };
+  std::thread t1(rank, 1);
+  rank(0);
+  t1.join();
+  CHECK_MESSAGE(errors[0].empty(), errors[0]);
+  CHECK_MESSAGE(errors[1].empty(), errors[1]);
+  CHECK(final_weights == expected);
 }
