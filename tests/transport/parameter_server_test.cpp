@@ -312,6 +312,35 @@ TEST_CASE("a worker killed while it waits for its reply is dropped when the repl
   }
 }
 
+TEST_CASE("a dead server is fail-stop: the workers throw naming it, nobody hangs" *
+          doctest::timeout(60)) {
+  scenario sc;
+  sc.policy = "bsp";
+  sc.servers = 2;
+  sc.workers = 2;
+  sc.iterations = 200;
+  sc.ms_per_iteration = {2, 3};
+  sc.options.reply_timeout = 2s;
+  sc.fault = [](inproc_world& world) {
+    std::this_thread::sleep_for(50ms);
+    world.kill(1);  // server rank 1
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const run_result r = run(sc);
+  CHECK(std::chrono::steady_clock::now() - t0 < 15s);
+  for (int w = 0; w < 2; ++w) {
+    const std::string& e = r.worker_errors[static_cast<std::size_t>(w)];
+    INFO(e);
+    CHECK(r.iterations[static_cast<std::size_t>(w)] < 200);
+    // Either the push to it or the wait for its reply names server rank 1.
+    CHECK((e.find("sending to server rank 1 failed") != std::string::npos ||
+           e.find("no reply from server rank(s) 1") != std::string::npos));
+  }
+  INFO(r.server_error);
+  CHECK(r.server_error.find("server 1:") != std::string::npos);
+  CHECK(r.server_error.find("server rank 1 is gone") != std::string::npos);
+}
+
 TEST_CASE("an evicted worker that comes back gets a clear error" * doctest::timeout(60)) {
   scenario sc;
   sc.policy = "asp";

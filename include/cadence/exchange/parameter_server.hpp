@@ -194,7 +194,8 @@ public:
     h.worker = id();
     h.iteration = iteration_;
     h.count = static_cast<std::int64_t>(size_);
-    for (int s = 0; s < options_.servers; ++s) comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
+    for (int s = 0; s < options_.servers; ++s)
+      to_server("pull", s, [&] { comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout); });
     collect("pull", weights);
     pulled_ = true;
   }
@@ -218,8 +219,10 @@ public:
       h.worker = id();
       h.iteration = k;
       h.count = static_cast<std::int64_t>(sl.count);
-      comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
-      bulk_.send(gradient + sl.offset, sl.count * sizeof(T), s, tags_.data, options_.transfer_timeout);
+      to_server("push_pull", s, [&] {
+        comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
+        bulk_.send(gradient + sl.offset, sl.count * sizeof(T), s, tags_.data, options_.transfer_timeout);
+      });
     }
     iteration_ = k;
     collect("push_pull", weights);
@@ -233,12 +236,25 @@ public:
     h.kind = static_cast<std::int64_t>(detail::ps_kind::finish);
     h.worker = id();
     h.iteration = iteration_;
-    for (int s = 0; s < options_.servers; ++s) comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
     finished_ = true;
+    for (int s = 0; s < options_.servers; ++s)
+      to_server("finish", s, [&] { comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout); });
   }
 
 private:
   std::string who() const { return "cadence::exchange::ps_worker (worker " + std::to_string(id()) + ", rank " + std::to_string(comm_.rank()) + ")"; }
+
+  // Sends to server s, naming it when that fails (a dead server is fail-stop for workers).
+  template <class F>
+  void to_server(const char* op, int s, F&& f) {
+    try {
+      f();
+    } catch (const transport_error& e) {
+      throw transport_error(who() + ": " + op + " after " + std::to_string(iteration_) +
+                            " iterations: sending to server rank " + std::to_string(s) +
+                            " failed: " + e.what());
+    }
+  }
 
   void check_usable(const char* op) const {
     if (finished_) throw worker_error(who() + ": " + op + " after finish()");
@@ -559,10 +575,11 @@ private:
         h.worker = w;
         h.iteration = applied_[wi];
         h.count = static_cast<std::int64_t>(need.size());
-        for (int s = 1; s < options_.servers; ++s) {
-          comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
-          comm_.send(need.data(), need.size() * sizeof(std::int64_t), s, tags_.data, options_.transfer_timeout);
-        }
+        for (int s = 1; s < options_.servers; ++s)
+          to_server(s, [&] {
+            comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
+            comm_.send(need.data(), need.size() * sizeof(std::int64_t), s, tags_.data, options_.transfer_timeout);
+          });
       }
       reply(w, applied_[wi]);
       // Its silence counts from its release (unless the reply found it gone).
@@ -607,6 +624,16 @@ private:
       const std::int64_t k = it->iteration;
       it = pending_.erase(it);
       if (state_[static_cast<std::size_t>(w)] == worker_state::active) reply(w, k);
+    }
+  }
+
+  // Server 0 tells server s something; a server that is gone is fail-stop for everyone.
+  template <class F>
+  void to_server(int s, F&& f) {
+    try {
+      f();
+    } catch (const transport_error& e) {
+      throw transport_error(who() + ": server rank " + std::to_string(s) + " is gone: " + e.what());
     }
   }
 
@@ -690,7 +717,8 @@ private:
     h.kind = static_cast<std::int64_t>(detail::ps_kind::evicted);
     h.worker = w;
     h.iteration = applied_[wi];
-    for (int s = 1; s < options_.servers; ++s) comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
+    for (int s = 1; s < options_.servers; ++s)
+      to_server(s, [&] { comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout); });
     auto released = controller_.remove_worker(w);
     release_all(std::vector<worker_id>(released.begin(), released.end()));
   }
