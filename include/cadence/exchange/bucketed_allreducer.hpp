@@ -81,11 +81,16 @@ public:
       }
       const std::size_t count = at / transport::dtype_size(b.type);
       comm_->allreduce(fused, count, b.type, transport::reduce_op::sum, d);
-      detail::divide(tensor_ref_of(fused, count, b.type), n);
+      // Copy out and average in one pass.
       at = 0;
       for (std::size_t i = b.first; i < b.last; ++i) {
         const tensor_ref& t = tensors_[i];
-        if (t.count != 0) std::memcpy(t.data, fused + at, t.bytes());
+        if (t.type == transport::dtype::f32)
+          detail::divide_into(static_cast<float*>(t.data), reinterpret_cast<const float*>(fused + at),
+                              t.count, n);
+        else
+          detail::divide_into(static_cast<double*>(t.data),
+                              reinterpret_cast<const double*>(fused + at), t.count, n);
         at += t.bytes();
       }
     }
@@ -104,11 +109,6 @@ private:
     std::size_t first, last;  // tensors [first, last), contiguous in registration order
     transport::dtype type;
   };
-
-  static tensor_ref tensor_ref_of(unsigned char* p, std::size_t count, transport::dtype t) {
-    if (t == transport::dtype::f32) return tensor_ref(reinterpret_cast<float*>(p), count);
-    return tensor_ref(reinterpret_cast<double*>(p), count);
-  }
 
   // Consecutive tensors of one dtype fill a bucket until the next would overflow it; empty
   // tensors join whatever bucket is open (they move nothing) and never form one of their own.

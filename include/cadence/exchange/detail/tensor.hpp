@@ -8,6 +8,7 @@
 #include <cadence/transport/communicator.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -67,17 +68,27 @@ inline void check_timeout(const char* adapter, std::chrono::milliseconds timeout
                                   " ms");
 }
 
-/// Divides every element by `by` (division, not multiplication by 1/by: correctly rounded, so
-/// exact whenever the quotient is representable, as allreduce_avg does).
-inline void divide(const tensor_ref& t, double by) {
-  if (t.type == transport::dtype::f32) {
-    auto* p = static_cast<float*>(t.data);
-    const auto f = static_cast<float>(by);
-    for (std::size_t i = 0; i < t.count; ++i) p[i] /= f;
+/// Divides every element by `by`: multiplication by the reciprocal when `by` is a power of two
+/// (then exact and the same result), else division, correctly rounded, so exact whenever the
+/// quotient is representable (as allreduce_avg). `from` (default: in place) is read instead.
+template <class T>
+void divide_into(T* out, const T* from, std::size_t count, double by) {
+  int e = 0;
+  const bool pow2 = std::frexp(by, &e) == 0.5;
+  const T f = static_cast<T>(by);
+  if (pow2) {
+    const T inv = static_cast<T>(1.0 / by);
+    for (std::size_t i = 0; i < count; ++i) out[i] = from[i] * inv;
   } else {
-    auto* p = static_cast<double*>(t.data);
-    for (std::size_t i = 0; i < t.count; ++i) p[i] /= by;
+    for (std::size_t i = 0; i < count; ++i) out[i] = from[i] / f;
   }
+}
+
+inline void divide(const tensor_ref& t, double by) {
+  if (t.type == transport::dtype::f32)
+    divide_into(static_cast<float*>(t.data), static_cast<const float*>(t.data), t.count, by);
+  else
+    divide_into(static_cast<double*>(t.data), static_cast<const double*>(t.data), t.count, by);
 }
 
 inline void scale(const tensor_ref& t, double by) {
