@@ -75,6 +75,158 @@ struct elastic_round {
   std::uint64_t hash = 0;
 };
 
+/// The deterministic planning step of elastic_averager, usable on its own (cadence-sim runs it
+/// on simulated step times): from every rank's timing record, the local steps each rank runs
+/// before the next barrier. Integer microseconds throughout, so every rank that runs it on the
+/// same records gets the same plan, bit for bit (the ewma predictor computes its mean interval
+/// in double from those integers: IEEE arithmetic without a platform-dependent step, and the
+/// hash check catches a build that contracts it differently).
+///
+/// Record of rank r (record_words() 64-bit integers): [local steps since the last barrier,
+/// durations that follow (at most history), the latest step durations, oldest first, 0-padded].
+class elastic_planner {
+public:
+  /// Throws parse_error or invalid_parameter_error naming `config` (and `ranks`).
+  elastic_planner(std::string_view config, std::size_t ranks, std::size_t history = 16,
+                  std::size_t warmup_steps = 0)
+      : ranks_(ranks), history_(history) {
+    const cadence::detail::elastic_config e = cadence::detail::parse_elastic_config(config);
+    cadence::detail::naming_config(config, ranks, [&] {
+      if (ranks < 1) throw invalid_parameter_error("needs at least one rank");
+      if (e.lookahead < 1) throw invalid_parameter_error("lookahead R must be >= 1, got 0");
+      if (e.lookahead > (std::size_t{1} << 16))
+        throw invalid_parameter_error("lookahead R must be <= 65536, got " +
+                                      std::to_string(e.lookahead));
+      if (ranks > (std::size_t{1} << 24) / e.lookahead)
+        throw invalid_parameter_error("ranks x R must be <= 2^24");
+      predictor_ = make_predictor<std::int64_t>(e.predictor);
+      variant_ = parse_zipline_variant(e.variant);
+      return 0;
+    });
+    lookahead_ = e.lookahead;
+    if (history < 2 || history > 1024)
+      throw invalid_parameter_error("cadence::exchange::elastic_planner: history must be in "
+                                    "[2, 1024], got " + std::to_string(history));
+    const std::size_t needed = std::max<std::size_t>(predictor_.min_history(), 2) - 1;
+    warmup_ = std::max<std::size_t>(warmup_steps == 0 ? needed : warmup_steps, 1);
+    rows_.assign(ranks * lookahead_, 0);
+    times_.assign(history + 1, 0);
+  }
+
+  std::size_t record_words() const noexcept { return history_ + 2; }
+  std::size_t ranks() const noexcept { return ranks_; }
+  std::size_t history() const noexcept { return history_; }
+  std::size_t lookahead() const noexcept { return lookahead_; }
+  std::size_t warmup_steps() const noexcept { return warmup_; }
+  std::uint64_t fallbacks() const noexcept { return fallbacks_; }
+  /// "elastic:<R>:<predictor>:<variant>", canonical.
+  std::string config() const {
+    return "elastic:" + std::to_string(lookahead_) + ":" + predictor_.name() + ":" +
+           std::string(to_string(variant_));
+  }
+
+  /// The warm-up plan: one step per rank.
+  elastic_round bsp_round(std::uint64_t barrier, std::uint64_t salt = 0) const {
+    elastic_round out;
+    out.barrier = barrier;
+    out.steps.assign(ranks_, 1);
+    out.hash = hash_round(out, salt);
+    return out;
+  }
+
+  /// The plan for barrier `barrier + 1` from ranks() records laid end to end. `salt` enters the
+  /// hash (the averager mixes in its merge rule, so ranks that merge differently disagree).
+  elastic_round plan(span<const std::int64_t> records, std::uint64_t barrier, std::uint64_t salt = 0) {
+    const std::size_t n = ranks_;
+    const std::size_t w = record_words();
+    if (records.size() != n * w)
+      throw invalid_parameter_error("cadence::exchange::elastic_planner: " +
+                                    std::to_string(records.size()) + " record words, expected " +
+                                    std::to_string(n * w));
+    std::int64_t fewest = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t r = 0; r < n; ++r) fewest = std::min(fewest, records[r * w + 1]);
+    const bool warm = fewest >= static_cast<std::int64_t>(warmup_) &&
+                      fewest + 1 >= static_cast<std::int64_t>(predictor_.min_history());
+    if (!warm) return bsp_round(barrier, salt);
+    const std::size_t r_ = lookahead_;
+    bool ok = true;
+    for (std::size_t p = 0; p < n && ok; ++p) {
+      // The rank's steps as push times on a clock that starts at 0 and never waits; the
+      // predictions minus the last time are the predicted step ends after the barrier.
+      const auto have = static_cast<std::size_t>(
+          std::min<std::int64_t>(records[p * w + 1], static_cast<std::int64_t>(history_)));
+      times_[0] = 0;
+      for (std::size_t i = 0; i < have; ++i) times_[i + 1] = times_[i] + records[p * w + 2 + i];
+      try {
+        predictor_.predict(span<const std::int64_t>(times_.data(), have + 1), r_,
+                           rows_.data() + p * r_);
+      } catch (const time_error&) {
+        ok = false;
+        break;
+      }
+      for (std::size_t i = 0; i < r_; ++i) rows_[p * r_ + i] -= times_[have];
+    }
+    if (ok && n > 1) {
+      try {
+        zipline_solve(variant_, rows_view<std::int64_t>::matrix(rows_.data(), n, r_), ws_, result_);
+      } catch (const zipline_input_error&) {
+        ok = false;
+      }
+    }
+    if (!ok) {
+      ++fallbacks_;
+      return bsp_round(barrier, salt);
+    }
+    elastic_round out;
+    out.barrier = barrier;
+    out.warmup = false;
+    out.steps.assign(n, 1);
+    if (n == 1) {
+      out.steps[0] = static_cast<std::int64_t>(r_);  // nobody to wait for
+      out.predicted_barrier_us = rows_[r_ - 1];
+    } else {
+      for (std::size_t p = 0; p < n; ++p)
+        out.steps[p] = static_cast<std::int64_t>(result_.choice[p]) + 1;
+      out.predicted_barrier_us = result_.barrier;
+      out.predicted_spread_us = result_.spread;
+    }
+    out.hash = hash_round(out, salt);
+    return out;
+  }
+
+private:
+  // FNV-1a over the configuration and the plan, so a rank with another config string also
+  // fails the check.
+  std::uint64_t hash_round(const elastic_round& r, std::uint64_t salt) const {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&](std::uint64_t v) {
+      for (int i = 0; i < 8; ++i) {
+        h ^= (v >> (8 * i)) & 0xFF;
+        h *= 1099511628211ull;
+      }
+    };
+    for (char ch : config()) mix(static_cast<unsigned char>(ch));
+    mix(history_);
+    mix(warmup_);
+    mix(salt);
+    mix(r.barrier);
+    mix(r.warmup ? 1 : 0);
+    for (std::int64_t s : r.steps) mix(static_cast<std::uint64_t>(s));
+    mix(static_cast<std::uint64_t>(r.predicted_barrier_us));
+    mix(static_cast<std::uint64_t>(r.predicted_spread_us));
+    return h;
+  }
+
+  std::size_t ranks_, history_;
+  std::size_t lookahead_ = 1, warmup_ = 1;
+  any_predictor<std::int64_t> predictor_;
+  zipline_variant variant_ = zipline_variant::fast;
+  std::uint64_t fallbacks_ = 0;
+  std::vector<std::int64_t> rows_, times_;
+  zipline_workspace<std::int64_t> ws_;
+  zipline_result<std::int64_t> result_;
+};
+
 /// ElasticBSP over collectives (our adaptation: the paper places the barriers on a parameter
 /// server). Between barriers each rank runs local SGD steps without communicating; at a barrier
 /// every rank calls sync(), which merges the parameters with one all-reduce per tensor. How many
@@ -110,37 +262,13 @@ public:
   /// Throws parse_error or invalid_parameter_error naming the string.
   explicit elastic_averager(C& comm, std::string_view config = "elastic:15",
                             elastic_averager_options options = {})
-      : comm_(&comm), options_(options), config_(config) {
+      : comm_(&comm), options_(options), config_(config),
+        planner_(make_planner(comm, config, options)) {
     detail::require_host(comm, "elastic_averager");
     detail::check_timeout("elastic_averager", options.timeout);
-    const cadence::detail::elastic_config e = cadence::detail::parse_elastic_config(config);
-    cadence::detail::naming_config(config, static_cast<std::size_t>(comm.size()), [&] {
-      if (e.lookahead < 1)
-        throw invalid_parameter_error("lookahead R must be >= 1, got 0");
-      if (e.lookahead > (std::size_t{1} << 16))
-        throw invalid_parameter_error("lookahead R must be <= 65536, got " +
-                                      std::to_string(e.lookahead));
-      predictor_ = make_predictor<std::int64_t>(e.predictor);
-      variant_ = parse_zipline_variant(e.variant);
-      return 0;
-    });
-    lookahead_ = e.lookahead;
-    if (options.history < 2 || options.history > 1024)
-      throw invalid_parameter_error(here() + "history must be in [2, 1024], got " +
-                                    std::to_string(options.history));
-    const std::size_t needed = std::max<std::size_t>(predictor_.min_history(), 2) - 1;
-    if (needed > options.history)
-      throw invalid_parameter_error(here() + "predictor " + predictor_.name() + " needs " +
-                                    std::to_string(needed) + " durations, history keeps " +
-                                    std::to_string(options.history));
-    warmup_ = std::max<std::size_t>(options.warmup_steps == 0 ? needed : options.warmup_steps, 1);
-    const auto n = static_cast<std::size_t>(comm.size());
     ring_.assign(options.history, 0);
-    records_.assign(n * record_words(), 0);
-    rows_.assign(n * lookahead_, 0);
-    times_.assign(options.history + 1, 0);
-    round_.steps.assign(n, 1);
-    round_.hash = hash_round(round_);
+    records_.assign(planner_.ranks() * planner_.record_words(), 0);
+    round_ = planner_.bsp_round(0, salt());
   }
 
   /// This rank finished a local step that took `duration_us` microseconds (its own clock,
@@ -210,7 +338,7 @@ public:
     merge(tensors, d);
 
     // 3. The next plan, from the records alone, then the check that every rank made the same.
-    elastic_round next = plan(round_.barrier + 1);
+    elastic_round next = planner_.plan(records_, round_.barrier + 1, salt());
     std::int64_t h[2] = {static_cast<std::int64_t>(next.hash >> 2),
                          -static_cast<std::int64_t>(next.hash >> 2)};
     comm_->allreduce(h, 2, transport::dtype::i64, transport::reduce_op::max, d);
@@ -238,22 +366,32 @@ public:
   std::uint64_t total_steps() const noexcept { return total_steps_; }
   /// Barriers completed, and plans that fell back to one step because prediction failed.
   std::uint64_t barriers() const noexcept { return round_.barrier; }
-  std::uint64_t fallbacks() const noexcept { return fallbacks_; }
+  std::uint64_t fallbacks() const noexcept { return planner_.fallbacks(); }
   /// The most local steps any rank ran between two barriers so far (from the records).
   std::int64_t max_local_steps() const noexcept { return max_local_steps_; }
-  std::size_t lookahead() const noexcept { return lookahead_; }
-  std::size_t warmup_steps() const noexcept { return warmup_; }
+  std::size_t lookahead() const noexcept { return planner_.lookahead(); }
+  std::size_t warmup_steps() const noexcept { return planner_.warmup_steps(); }
   /// "elastic:<R>:<predictor>:<variant>", canonical.
-  std::string config() const {
-    return "elastic:" + std::to_string(lookahead_) + ":" + predictor_.name() + ":" +
-           std::string(to_string(variant_));
-  }
+  std::string config() const { return planner_.config(); }
 
 private:
   std::string here() const {
     return detail::where("elastic_averager", comm_->rank(), comm_->size());
   }
-  std::size_t record_words() const noexcept { return options_.history + 2; }
+  std::size_t record_words() const noexcept { return planner_.record_words(); }
+  std::uint64_t salt() const noexcept { return static_cast<std::uint64_t>(options_.merge); }
+
+  // The planner, with errors that name this rank (the config string's are named by it).
+  static elastic_planner make_planner(const C& comm, std::string_view config,
+                                      const elastic_averager_options& o) {
+    try {
+      return elastic_planner(config, static_cast<std::size_t>(comm.size()), o.history, o.warmup_steps);
+    } catch (const parse_error& e) {
+      throw parse_error(detail::where("elastic_averager", comm.rank(), comm.size()) + e.what());
+    } catch (const invalid_parameter_error& e) {
+      throw invalid_parameter_error(detail::where("elastic_averager", comm.rank(), comm.size()) + e.what());
+    }
+  }
 
   void merge(span<const tensor_ref> tensors, const transport::deadline& d) {
     const int n = comm_->size();
@@ -320,104 +458,16 @@ private:
     }
   }
 
-  // The plan for the barrier after `barrier - 1` completed ones, from records_ only (the same
-  // bytes on every rank), in integers.
-  elastic_round plan(std::uint64_t barrier) {
-    const auto n = static_cast<std::size_t>(comm_->size());
-    const std::size_t w = record_words();
-    elastic_round out;
-    out.barrier = barrier;
-    out.steps.assign(n, 1);
-    std::int64_t fewest = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t r = 0; r < n; ++r) fewest = std::min(fewest, records_[r * w + 1]);
-    const bool warm = fewest >= static_cast<std::int64_t>(warmup_) &&
-                      fewest + 1 >= static_cast<std::int64_t>(predictor_.min_history());
-    if (!warm) {
-      out.hash = hash_round(out);
-      return out;
-    }
-    const std::size_t r_ = lookahead_;
-    bool ok = true;
-    for (std::size_t p = 0; p < n && ok; ++p) {
-      // The rank's steps as push times on a clock that starts at 0, without waits; the
-      // predictions minus the last time are the predicted step ends after the barrier.
-      const auto have = static_cast<std::size_t>(records_[p * w + 1]);
-      times_[0] = 0;
-      for (std::size_t i = 0; i < have; ++i) times_[i + 1] = times_[i] + records_[p * w + 2 + i];
-      try {
-        predictor_.predict(span<const std::int64_t>(times_.data(), have + 1), r_,
-                           rows_.data() + p * r_);
-      } catch (const time_error&) {
-        ok = false;
-        break;
-      }
-      for (std::size_t i = 0; i < r_; ++i) rows_[p * r_ + i] -= times_[have];
-    }
-    if (ok && n > 1) {
-      try {
-        zipline_solve(variant_, rows_view<std::int64_t>::matrix(rows_.data(), n, r_), ws_, result_);
-      } catch (const zipline_input_error&) {
-        ok = false;
-      }
-    }
-    if (!ok) {
-      ++fallbacks_;
-      out.hash = hash_round(out);
-      return out;
-    }
-    out.warmup = false;
-    if (n == 1) {
-      out.steps[0] = static_cast<std::int64_t>(r_);  // nobody to wait for
-      out.predicted_barrier_us = rows_[r_ - 1];
-    } else {
-      for (std::size_t p = 0; p < n; ++p)
-        out.steps[p] = static_cast<std::int64_t>(result_.choice[p]) + 1;
-      out.predicted_barrier_us = result_.barrier;
-      out.predicted_spread_us = result_.spread;
-    }
-    out.hash = hash_round(out);
-    return out;
-  }
-
-  // FNV-1a over the configuration and the plan, so a rank with another config string also
-  // fails the check.
-  std::uint64_t hash_round(const elastic_round& r) const {
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&](std::uint64_t v) {
-      for (int i = 0; i < 8; ++i) {
-        h ^= (v >> (8 * i)) & 0xFF;
-        h *= 1099511628211ull;
-      }
-    };
-    for (char ch : config()) mix(static_cast<unsigned char>(ch));
-    mix(options_.history);
-    mix(warmup_);
-    mix(static_cast<std::uint64_t>(options_.merge));
-    mix(r.barrier);
-    mix(r.warmup ? 1 : 0);
-    for (std::int64_t s : r.steps) mix(static_cast<std::uint64_t>(s));
-    mix(static_cast<std::uint64_t>(r.predicted_barrier_us));
-    mix(static_cast<std::uint64_t>(r.predicted_spread_us));
-    return h;
-  }
-
   C* comm_;
   elastic_averager_options options_;
   std::string config_;
-  std::size_t lookahead_ = 1;
-  any_predictor<std::int64_t> predictor_;
-  zipline_variant variant_ = zipline_variant::fast;
-  std::size_t warmup_ = 1;
-
+  elastic_planner planner_;
   std::vector<std::int64_t> ring_;  // this rank's latest step durations
-  std::uint64_t recorded_ = 0, total_steps_ = 0, fallbacks_ = 0;
+  std::uint64_t recorded_ = 0, total_steps_ = 0;
   std::int64_t local_steps_ = 0, max_local_steps_ = 0;
   elastic_round round_;
   std::vector<std::vector<unsigned char>> anchor_;  // summed_deltas: the last merged model
-  // Planning scratch, reused every barrier.
-  std::vector<std::int64_t> records_, rows_, times_;
-  zipline_workspace<std::int64_t> ws_;
-  zipline_result<std::int64_t> result_;
+  std::vector<std::int64_t> records_;               // every rank's record, as exchanged
 };
 
 }  // namespace cadence::exchange
