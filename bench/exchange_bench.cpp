@@ -6,7 +6,8 @@
 //   mpirun -np 2 cadence-bench-exchange --backend mpi [--json]
 //
 // Ops (the "op" field): "bsp_allreduce" is bucketed_allreducer::average() over the buffer
-// registered as 16 tensors (fused into 25 MiB buckets, copied in and out); "elastic_sync" is
+// registered as 16 tensors (fused into 25 MiB buckets, copied in and out);
+// "bsp_allreduce_views" the same 16 tensors as bucket views (add_view: no copies); "elastic_sync" is
 // one elastic_averager::sync() of the buffer (record all-gather, merge all-reduce, plan, hash
 // check). Raw is one all-reduce (sum) of the whole buffer through the same communicator, so
 // the ratio is the adapter's own cost; --raw-mpi compares against MPI_Allreduce instead (the
@@ -61,7 +62,8 @@ struct row {
 struct rank_ops {
   int rank = 0, size = 1;
   std::function<void(float*, std::size_t)> raw;
-  std::function<void(float*, std::size_t)> prepare;  // (re)binds the adapter to the buffer
+  // (Re)binds the adapter to the buffer; returns the buffer to use instead, or nullptr.
+  std::function<float*(float*, std::size_t)> prepare;
   std::function<void()> ours;
   std::function<double(double)> average;
 };
@@ -78,23 +80,25 @@ std::vector<row> run_rank(const std::string& op, rank_ops& ops, const config& cf
   sizes.push_back(cfg.max_bytes);
   for (std::size_t bytes : sizes) {
     const std::size_t count = bytes / sizeof(float);
-    std::vector<float> buf(count, static_cast<float>(ops.rank) * 2);
-    ops.prepare(buf.data(), count);
+    std::vector<float> own(count);
+    float* buf = ops.prepare(own.data(), count);
+    if (buf == nullptr) buf = own.data();
+    std::fill(buf, buf + count, static_cast<float>(ops.rank) * 2);
     ops.ours();  // correctness: the average of 2r is n - 1 exactly
-    for (float v : buf)
-      if (v != static_cast<float>(ops.size - 1))
+    for (std::size_t i = 0; i < count; ++i)
+      if (buf[i] != static_cast<float>(ops.size - 1))
         throw std::runtime_error(op + ": wrong average at " + std::to_string(bytes) + " bytes");
-    std::fill(buf.begin(), buf.end(), 0.0f);
+    std::fill(buf, buf + count, 0.0f);
     const int iters = iterations_for(bytes);
     for (int w = 0; w < 2; ++w) {
-      ops.raw(buf.data(), count);
+      ops.raw(buf, count);
       ops.ours();
     }
     std::vector<std::pair<double, double>> pairs;
     for (int rep = 0; rep < cfg.reps; ++rep) {
       ops.average(0);
       auto t0 = steady::now();
-      for (int i = 0; i < iters; ++i) ops.raw(buf.data(), count);
+      for (int i = 0; i < iters; ++i) ops.raw(buf, count);
       const double raw = ops.average(std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters);
       ops.average(0);
       t0 = steady::now();
@@ -130,10 +134,10 @@ void print(const std::vector<row>& rows, const config& cfg) {
   }
   std::printf("collective adapters vs raw all-reduce, backend %s, %d ranks (busbw in GB/s)\n",
               cfg.backend.c_str(), rows.empty() ? 0 : rows.front().ranks);
-  std::printf("%-14s %10s %10s %10s %10s %10s %9s\n", "op", "bytes", "raw us", "ours us",
+  std::printf("%-20s %10s %10s %10s %10s %10s %9s\n", "op", "bytes", "raw us", "ours us",
               "raw busbw", "ours busbw", "ours/raw");
   for (const row& r : rows)
-    std::printf("%-14s %10zu %10.1f %10.1f %10.3f %10.3f %8.1f%%\n", r.op.c_str(), r.bytes,
+    std::printf("%-20s %10zu %10.1f %10.1f %10.3f %10.3f %8.1f%%\n", r.op.c_str(), r.bytes,
                 r.raw_us, r.ours_us, busbw(r, r.raw_us), busbw(r, r.ours_us),
                 100.0 * busbw(r, r.ours_us) / busbw(r, r.raw_us));
 }
@@ -143,22 +147,39 @@ template <class C>
 std::vector<row> run_adapters(C& comm, rank_ops ops, const config& cfg) {
   std::vector<row> rows;
   std::unique_ptr<bucketed_allreducer<C>> bsp;
-  ops.prepare = [&](float* b, std::size_t n) {
+  ops.prepare = [&](float* b, std::size_t n) -> float* {
     bsp = std::make_unique<bucketed_allreducer<C>>(comm);
     const std::size_t piece = n / 16;
     for (std::size_t k = 0; k < 16; ++k) bsp->add(b + k * piece, k == 15 ? n - 15 * piece : piece);
+    return nullptr;
   };
   ops.ours = [&] { bsp->average(); };
   for (auto& r : run_rank("bsp_allreduce", ops, cfg)) rows.push_back(r);
+  // The same 16 tensors as bucket views: one bucket, reduced in place (the raw all-reduce
+  // runs on the same memory).
+  ops.prepare = [&](float*, std::size_t n) -> float* {
+    bucketed_allreducer_options o;
+    o.bucket_bytes = std::max(o.bucket_bytes, n * sizeof(float));
+    bsp = std::make_unique<bucketed_allreducer<C>>(comm, o);
+    const std::size_t piece = n / 16;
+    float* first = nullptr;
+    for (std::size_t k = 0; k < 16; ++k) {
+      float* p = bsp->template add_view<float>(k == 15 ? n - 15 * piece : piece);
+      if (k == 0) first = p;
+    }
+    return first;
+  };
+  for (auto& r : run_rank("bsp_allreduce_views", ops, cfg)) rows.push_back(r);
   bsp.reset();
 
   std::unique_ptr<elastic_averager<C>> avg;
   float* buf = nullptr;
   std::size_t count = 0;
-  ops.prepare = [&](float* b, std::size_t n) {
+  ops.prepare = [&](float* b, std::size_t n) -> float* {
     avg = std::make_unique<elastic_averager<C>>(comm, "elastic:4");
     buf = b;
     count = n;
+    return nullptr;
   };
   ops.ours = [&] {
     while (!avg->step_done(1000)) {

@@ -16,6 +16,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -183,6 +184,46 @@ CADENCE_EXCHANGE_TEST("bucketed all-reduce equals the unbucketed all-reduce for 
   });
 }
 
+CADENCE_EXCHANGE_TEST("bucket views are averaged in place like registered tensors",
+                      exchange_bucket_views) {
+  using namespace cadence_exchange_suite;
+  H::run([](auto& c) {
+    using C = std::decay_t<decltype(c)>;
+    bucketed_allreducer_options o;
+    o.bucket_bytes = 256;
+    o.timeout = 30s;
+    bucketed_allreducer<C> red(c, o);
+    std::vector<float> plain(10);
+    red.add(plain);
+    const std::size_t sizes[] = {0, 1, 30, 100, 7, 0, 64};
+    std::vector<float*> f;
+    std::vector<double*> g;
+    for (std::size_t n : sizes) {
+      f.push_back(red.template add_view<float>(n));
+      g.push_back(red.template add_view<double>(n + 2));
+    }
+    CHECK(red.buckets() > 2);
+    std::vector<std::vector<float>> f_ref;
+    std::vector<std::vector<double>> g_ref;
+    for (std::size_t k = 0; k < f.size(); ++k) {
+      for (std::size_t i = 0; i < sizes[k]; ++i) f[k][i] = cadence_conformance::value<float>(c.rank(), i + k);
+      for (std::size_t i = 0; i < sizes[k] + 2; ++i) g[k][i] = cadence_conformance::value<double>(c.rank(), i * 5 + k);
+      f_ref.emplace_back(f[k], f[k] + sizes[k]);
+      g_ref.emplace_back(g[k], g[k] + sizes[k] + 2);
+    }
+    for (std::size_t i = 0; i < plain.size(); ++i) plain[i] = static_cast<float>(c.rank() * 4);
+    red.average();
+    allreduce_avg(c, plain.data(), 0, dtype::f32, 30s);  // keeps the ranks in step below
+    for (std::size_t k = 0; k < f.size(); ++k) {
+      allreduce_avg(c, f_ref[k].data(), f_ref[k].size(), dtype::f32, 30s);
+      allreduce_avg(c, g_ref[k].data(), g_ref[k].size(), dtype::f64, 30s);
+      CHECK(std::equal(f_ref[k].begin(), f_ref[k].end(), f[k]));
+      CHECK(std::equal(g_ref[k].begin(), g_ref[k].end(), g[k]));
+    }
+    for (float v : plain) CHECK(v == static_cast<float>(2 * (c.size() - 1)));
+  });
+}
+
 CADENCE_EXCHANGE_TEST("elastic averaging with 4:1 step times runs 200 barriers without a hang, "
                       "every rank on the same plans, merges exact, no rank past R local steps",
                       exchange_elastic_200_barriers) {
@@ -315,6 +356,7 @@ CADENCE_EXCHANGE_TEST("a rank that stops syncing makes the others throw transpor
 
 #define CADENCE_EXCHANGE_SUITE(H)                                      \
   TEST_CASE_TEMPLATE_INVOKE(exchange_bucketed_equals_unbucketed, H);   \
+  TEST_CASE_TEMPLATE_INVOKE(exchange_bucket_views, H);                 \
   TEST_CASE_TEMPLATE_INVOKE(exchange_elastic_200_barriers, H);         \
   TEST_CASE_TEMPLATE_INVOKE(exchange_periodic, H);                     \
   TEST_CASE_TEMPLATE_INVOKE(exchange_bad_input, H);                    \

@@ -6,10 +6,13 @@
 #include <cadence/exchange/detail/tensor.hpp>
 #include <cadence/transport/communicator.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace cadence::exchange {
@@ -60,6 +63,31 @@ public:
   std::size_t add(float* p, std::size_t n) { return add(tensor_ref(p, n)); }
   std::size_t add(double* p, std::size_t n) { return add(tensor_ref(p, n)); }
 
+  /// Registers a tensor that lives inside a bucket (DDP's gradient_as_bucket_view): returns
+  /// storage for `count` elements of T (float or double), zero-filled, valid as long as the
+  /// allreducer; write the gradient there and average() reduces it in place, with no copy in
+  /// or out of a fusion buffer. Consecutive views of one dtype share a bucket until it is full;
+  /// view buckets are reduced after the buckets of add()ed tensors.
+  template <class T>
+  T* add_view(std::size_t count) {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                  "cadence::exchange::bucketed_allreducer::add_view<T>: T must be float or double");
+    constexpr transport::dtype type = transport::dtype_of_v<T>;
+    const std::size_t bytes = count * sizeof(T);
+    if (views_.empty() || views_.back().type != type ||
+        views_.back().used + bytes > views_.back().capacity) {
+      view_bucket b;
+      b.type = type;
+      b.capacity = std::max(bytes, options_.bucket_bytes);
+      b.storage.reset(new double[(b.capacity + sizeof(double) - 1) / sizeof(double)]());
+      views_.push_back(std::move(b));
+    }
+    view_bucket& b = views_.back();
+    T* p = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(b.storage.get()) + b.used);
+    b.used += bytes;
+    return p;
+  }
+
   /// Replaces every registered tensor with its average over all ranks.
   void average() {
     plan();
@@ -94,12 +122,22 @@ public:
         at += t.bytes();
       }
     }
+    for (const view_bucket& b : views_) {
+      if (b.used == 0) continue;
+      const tensor_ref t = b.type == transport::dtype::f32
+                               ? tensor_ref(reinterpret_cast<float*>(b.storage.get()), b.used / sizeof(float))
+                               : tensor_ref(b.storage.get(), b.used / sizeof(double));
+      comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
+      detail::divide(t, n);
+    }
   }
 
-  /// All-reduces per average() call (after the first call or plan(): the bucket count).
+  /// All-reduces per average() call: buckets of add()ed tensors plus non-empty view buckets.
   std::size_t buckets() {
     plan();
-    return buckets_.size();
+    std::size_t v = 0;
+    for (const view_bucket& b : views_) v += b.used != 0 ? 1 : 0;
+    return buckets_.size() + v;
   }
   std::size_t tensors() const noexcept { return tensors_.size(); }
   const bucketed_allreducer_options& options() const noexcept { return options_; }
@@ -108,6 +146,11 @@ private:
   struct bucket {
     std::size_t first, last;  // tensors [first, last), contiguous in registration order
     transport::dtype type;
+  };
+  struct view_bucket {
+    transport::dtype type = transport::dtype::f32;
+    std::size_t capacity = 0, used = 0;  // bytes
+    std::unique_ptr<double[]> storage;   // doubles, so either dtype is aligned
   };
 
   // Consecutive tensors of one dtype fill a bucket until the next would overflow it; empty
@@ -153,6 +196,7 @@ private:
   bucketed_allreducer_options options_;
   std::vector<tensor_ref> tensors_;
   std::vector<bucket> buckets_;
+  std::vector<view_bucket> views_;
   std::vector<double> fusion_storage_;
   span<unsigned char> fusion_;
   bool planned_ = false;
