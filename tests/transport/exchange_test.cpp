@@ -164,3 +164,26 @@ TEST_CASE("the elastic planner gives a 3x faster rank 3 steps per step of the sl
   CHECK(planner.plan(cold, 1).warmup);
   CHECK_THROWS_AS(planner.plan(span<const std::int64_t>(records.data(), 5), 1), invalid_parameter_error);
 }
+
+TEST_CASE("a sync without tensors still plans, and several tensors of both dtypes merge at once" *
+          doctest::timeout(30)) {
+  inproc_world world(2);
+  run_world(world, [](inproc_communicator& c) {
+    elastic_averager<inproc_communicator> avg(c, "elastic:3");
+    periodic_averager<inproc_communicator> per(c, 1);
+    std::vector<float> a(3, static_cast<float>(c.rank()));
+    std::vector<double> b(2, static_cast<double>(4 * c.rank()));
+    CHECK(avg.step_done(100 * (c.rank() + 1)));
+    avg.sync();
+    CHECK(avg.barriers() == 1);
+    CHECK_FALSE(avg.round().warmup);
+    CHECK(avg.round().steps == std::vector<std::int64_t>{2, 1});
+    CHECK(per.step_done());
+    per.sync({a, b});
+    CHECK(a == std::vector<float>(3, 0.5f));
+    CHECK(b == std::vector<double>(2, 2.0));
+    CHECK(per.step_done());
+    per.sync();
+    CHECK(per.barriers() == 2);
+  });
+}

@@ -305,6 +305,8 @@ public:
   /// and dtype) in the same order. Throws invalid_parameter_error, before communicating, when
   /// the plan does not call for a barrier yet or a tensor is bad; transport_error when a peer
   /// fails or stalls, or when the ranks computed different plans.
+  /// A barrier without tensors (the timing exchange and plan still run; merge yourself).
+  void sync() { sync(span<const tensor_ref>()); }
   void sync(std::initializer_list<tensor_ref> tensors) {
     sync(span<const tensor_ref>(tensors.begin(), tensors.size()));
   }
