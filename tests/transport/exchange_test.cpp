@@ -187,3 +187,26 @@ TEST_CASE("a sync without tensors still plans, and several tensors of both dtype
     CHECK(per.barriers() == 2);
   });
 }
+
+TEST_CASE("summed deltas refuse, before communicating, tensors that changed since the last barrier" *
+          doctest::timeout(30)) {
+  inproc_world world(2);
+  run_world(world, [](inproc_communicator& c) {
+    elastic_averager_options o;
+    o.merge = merge_rule::summed_deltas;
+    elastic_averager<inproc_communicator> avg(c, "elastic:1", o);
+    std::vector<double> x(4, static_cast<double>(2 * c.rank())), y(3, 0.0);
+    CHECK(avg.step_done(10));
+    avg.sync(x);  // first barrier: the average
+    CHECK(x == std::vector<double>(4, 1.0));
+    CHECK(avg.step_done(10));
+    cadence_conformance::expect_throw<invalid_parameter_error>(
+        c.rank(), [&] { avg.sync(x, y); }, {"summed_deltas", "2 tensors, the last had 1"});
+    std::vector<double> z(5, 0.0);
+    cadence_conformance::expect_throw<invalid_parameter_error>(
+        c.rank(), [&] { avg.sync(z); }, {"tensor 0 changed size"});
+    x.assign(4, 1.0 + c.rank());  // deltas 0 and 1
+    avg.sync(x);                  // still in step: nothing was communicated above
+    CHECK(x == std::vector<double>(4, 2.0));
+  });
+}

@@ -324,6 +324,17 @@ public:
                                     std::to_string(planned()) + " local steps done");
     for (std::size_t i = 0; i < tensors.size(); ++i)
       detail::check_tensor("elastic_averager", comm_->rank(), comm_->size(), tensors[i], i);
+    if (options_.merge == merge_rule::summed_deltas && !anchor_.empty()) {
+      // The deltas are against the last merged tensors: the same tensors must come back.
+      if (anchor_.size() != tensors.size())
+        throw invalid_parameter_error(here() + "summed_deltas: sync() got " +
+                                      std::to_string(tensors.size()) + " tensors, the last had " +
+                                      std::to_string(anchor_.size()));
+      for (std::size_t i = 0; i < tensors.size(); ++i)
+        if (anchor_[i].size() != tensors[i].bytes())
+          throw invalid_parameter_error(here() + "summed_deltas: tensor " + std::to_string(i) +
+                                        " changed size since the last sync()");
+    }
     const transport::deadline d = transport::deadline(options_.timeout);
 
     // 1. Every rank's record: [local steps, durations recorded, the latest durations...].
@@ -400,17 +411,6 @@ private:
     const std::size_t w = record_words();
     merge_rule rule = options_.merge;
     if (rule == merge_rule::summed_deltas && anchor_.empty()) rule = merge_rule::average;
-    if (rule == merge_rule::summed_deltas) {
-      // Check the anchor matches the tensors before changing anything.
-      if (anchor_.size() != tensors.size())
-        throw invalid_parameter_error(here() + "summed_deltas: sync() got " +
-                                      std::to_string(tensors.size()) + " tensors, the last had " +
-                                      std::to_string(anchor_.size()));
-      for (std::size_t i = 0; i < tensors.size(); ++i)
-        if (anchor_[i].size() != tensors[i].bytes())
-          throw invalid_parameter_error(here() + "summed_deltas: tensor " + std::to_string(i) +
-                                        " changed size since the last sync()");
-    }
     std::int64_t total_steps = 0;
     for (int r = 0; r < n; ++r) total_steps += records_[static_cast<std::size_t>(r) * w];
     const std::int64_t my_steps = records_[static_cast<std::size_t>(comm_->rank()) * w];
