@@ -304,9 +304,8 @@ public:
   /// timing records and puts the next plan in force. Every rank passes the same tensors (count
   /// and dtype) in the same order. Throws invalid_parameter_error, before communicating, when
   /// the plan does not call for a barrier yet or a tensor is bad; transport_error when a peer
-  /// fails or stalls, or when the ranks computed different plans.
-  /// A barrier without tensors (the timing exchange and plan still run; merge yourself).
-  void sync() { sync(span<const tensor_ref>()); }
+  /// fails or stalls, or when the ranks computed different plans. After a transport_error the
+  /// communicator has failed: the job ends (collectives are fail-stop).
   void sync(std::initializer_list<tensor_ref> tensors) {
     sync(span<const tensor_ref>(tensors.begin(), tensors.size()));
   }
@@ -317,6 +316,8 @@ public:
     const tensor_ref list[] = {tensor_ref(tensors)...};
     sync(span<const tensor_ref>(list, sizeof...(T)));
   }
+  /// A barrier without tensors (the timing exchange and the plan still run).
+  void sync() { sync(span<const tensor_ref>()); }
   void sync(span<const tensor_ref> tensors) {
     if (!due())
       throw invalid_parameter_error(here() + "sync() before the plan calls for it: " +
@@ -360,7 +361,8 @@ public:
                             std::to_string(next.barrier + 1) + " (plan hash max " +
                             std::to_string(h[0]) + ", min " + std::to_string(-h[1]) + ", this rank " +
                             std::to_string(next.hash >> 2) + "): every rank must use the same "
-                            "config string, history and warm-up (this rank: " + config_ + ")");
+                            "config string, history, warm-up and merge rule (this rank: " + config_ +
+                            ", merge " + merge_rule_name(options_.merge) + ")");
     for (std::size_t r = 0; r < static_cast<std::size_t>(comm_->size()); ++r) {
       const std::int64_t s = records_[r * w];
       if (s > max_local_steps_) max_local_steps_ = s;
