@@ -1,0 +1,753 @@
+// The gloo backend (target cadence::gloo): a communicator over a gloo TCP context, found by a
+// file-store rendezvous, whose every wait has a deadline and names the peer it waits for.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/transport/communicator.hpp>
+#include <cadence/transport/detail/call.hpp>
+#include <cadence/transport/detail/reduce.hpp>
+
+#include <gloo/context.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+// Which rendezvous API the installed gloo has; cmake/CadenceGloo.cmake detects it and defines
+// CADENCE_GLOO_RENDEZVOUS_SHARED_STORE to 1 when connectFullMesh takes the store as a
+// std::shared_ptr (upstream since 2023) instead of a reference (Debian's 2022 snapshot).
+#ifndef CADENCE_GLOO_RENDEZVOUS_SHARED_STORE
+#define CADENCE_GLOO_RENDEZVOUS_SHARED_STORE 0
+#endif
+
+namespace cadence::transport {
+
+struct gloo_options {
+  /// The rendezvous folder (gloo::rendezvous::FileStore) every rank can reach, typically on a
+  /// shared file system or, on one host, a temporary folder. It must exist and be writable.
+  std::string store_path;
+  /// Names this communicator inside the folder (a subfolder of that name holds its keys), so
+  /// several communicators, or survivors forming a new one after a peer died, share a folder.
+  /// Must be fresh: keys left by an earlier job under the same prefix would be read as peers.
+  std::string prefix = "cadence";
+  /// The address our TCP device binds; peers connect to it. Loopback by default (one host).
+  std::string hostname = "127.0.0.1";
+  /// A network interface ("eth0") to bind instead of hostname, when not empty.
+  std::string interface_name;
+  /// Point to point messages and collectives of at most this many bytes travel in one framed
+  /// message through buffers the communicator owns (a send returns as soon as it is posted,
+  /// the way MPI's eager protocol does); larger ones announce their size in a header and then
+  /// move between the caller's buffers directly (a send waits for its receiver).
+  std::size_t eager_bytes = 64 * 1024;
+  /// All-reduces of at least this many bytes run as a ring (reduce-scatter, then allgather) on
+  /// the caller's buffer; smaller ones as one exchange of the whole buffer with every peer.
+  std::size_t ring_min_bytes = 64 * 1024;
+  /// At most this many small sends whose receiver has not taken them yet; one more waits (with
+  /// its deadline) for the oldest to be received.
+  std::size_t max_eager_in_flight = 1024;
+  /// Construction polls the folder for the other ranks' arrival at this interval.
+  std::chrono::milliseconds store_poll{5};
+  /// How long the destructor of a communicator that has not failed waits for its small sends
+  /// to be received (a send returns before that) before it closes the connections.
+  std::chrono::milliseconds shutdown_wait{5000};
+};
+
+namespace detail {
+
+// Sent before (or with) every collective's data, to every rank that receives it: the
+// collective's index and arguments, so that arguments that differ across ranks are reported
+// instead of reaching gloo (which would terminate the process on a longer message than the
+// receive posted).
+struct gloo_notice {
+  std::int64_t index = 0;  // 1-based collective index
+  std::int64_t kind = 0;   // 1 allreduce, 2 broadcast, 3 construction, 4 shutdown
+  std::int64_t count = 0;  // elements (allreduce) or bytes (broadcast)
+  std::int64_t type = 0;   // dtype
+  std::int64_t op = 0;     // reduce_op
+  std::int64_t root = 0;
+  bool operator==(const gloo_notice& o) const {
+    return index == o.index && kind == o.kind && count == o.count && type == o.type &&
+           op == o.op && root == o.root;
+  }
+  std::string describe() const {
+    if (kind == 3) return "construction(size " + std::to_string(count) + ")";
+    if (kind == 4) return "shutdown (destroyed its communicator)";
+    return kind == 1 ? signature("allreduce", static_cast<std::size_t>(count),
+                                 static_cast<dtype>(type), static_cast<reduce_op>(op))
+                     : signature("broadcast", static_cast<std::size_t>(count), static_cast<int>(root));
+  }
+};
+
+// A point to point message's header: its size and tag.
+struct gloo_frame {
+  std::uint64_t bytes = 0;
+  std::uint64_t tag = 0;
+};
+
+// gloo slots of our traffic: point to point slots carry the tag in their low bits, and every
+// range lies above gloo's own collectives (prefixes 1 to 8 in the top byte, gloo/types.h) so
+// gloo::allreduce may share the context.
+inline constexpr std::uint64_t gloo_slot_collective = std::uint64_t{0x20} << 56;
+inline constexpr std::uint64_t gloo_slot_bulk = std::uint64_t{0x21} << 56;
+inline constexpr std::uint64_t gloo_slot_p2p_head = std::uint64_t{0x22} << 56;
+inline constexpr std::uint64_t gloo_slot_p2p_body = std::uint64_t{0x23} << 56;
+
+// gloo's messages end in advice and an emoji; the first sentence is what a user needs.
+inline std::string gloo_reason(const std::exception& e) {
+  std::string s = e.what();
+  const auto cut = s.find(". ");
+  if (cut != std::string::npos) s.resize(cut);
+  if (s.size() > 300) s.resize(300);
+  return s;
+}
+
+// A buffer the communicator owns, registered with gloo once and reused.
+struct gloo_owned {
+  std::unique_ptr<unsigned char[]> bytes;
+  std::size_t size = 0;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> ub;
+};
+
+}  // namespace detail
+
+/// Models transport::communicator over gloo's TCP transport.
+///
+/// Construction is collective: every rank of `size` constructs one with the same store folder
+/// and prefix. A rank that never arrives makes the others throw transport_error naming it when
+/// the deadline passes.
+///
+/// Threads: one thread calls it at a time (the calls are not synchronized); abort() and
+/// failed() may be called from any thread. gloo's own device thread moves the bytes.
+///
+/// What it survives: a peer that crashes or is killed (even with SIGKILL) closes its TCP
+/// connections, which the kernel reports at once; a call waiting for that peer throws
+/// transport_error naming it as lost, without waiting for its deadline
+/// (capabilities().detects_lost_peer). The survivors keep running and may form a new
+/// communicator among themselves under a fresh prefix (survives_lost_peer). A receive from
+/// any_source waits on no particular connection: it sees a crash only through its deadline.
+///
+/// After the first failure the communicator closes its connections, so gloo never touches a
+/// caller's buffer after the failing call returned; the peers then see this rank as lost.
+///
+/// Neither copyable nor movable (gloo holds pointers into it): hold it in a std::unique_ptr.
+class gloo_communicator {
+public:
+  /// Rendezvous through options.store_path. Throws invalid_parameter_error for a store folder
+  /// that does not exist or is not writable (before waiting), and transport_error naming the
+  /// missing ranks when the others do not all arrive before `d`.
+  gloo_communicator(int rank, int size, gloo_options options, deadline d = {})
+      : options_(std::move(options)), rank_(rank), size_(size) {
+    const detail::call_info c{"gloo", "construction", 0, rank_, size_, deadline::clock::now()};
+    if (size_ < 1 || rank_ < 0 || rank_ >= size_)
+      detail::bad_argument(c, "rank " + std::to_string(rank_) + " is out of range for size " +
+                                  std::to_string(size_));
+    detail::check_deadline(c, d);
+    if (options_.prefix.empty() || options_.prefix.find('/') != std::string::npos)
+      detail::bad_argument(c, "the store prefix must be a non-empty name without '/', not \"" +
+                                  options_.prefix + "\"");
+    const std::string& folder = options_.store_path;
+    struct stat st {};
+    if (folder.empty() || ::stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      detail::bad_argument(c, "the store folder \"" + folder + "\" does not exist or is not a folder");
+    if (::access(folder.c_str(), W_OK | X_OK) != 0)
+      detail::bad_argument(c, "the store folder \"" + folder + "\" is not writable (" +
+                                  std::strerror(errno) + ")");
+    const std::string dir = folder + "/" + options_.prefix;
+    if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
+      detail::bad_argument(c, "cannot create \"" + dir + "\" in the store folder: " + std::strerror(errno));
+
+    std::shared_ptr<::gloo::transport::Device> device;
+    try {
+      ::gloo::transport::tcp::attr attr;
+      if (!options_.interface_name.empty())
+        attr.iface = options_.interface_name;
+      else
+        attr.hostname = options_.hostname;
+      device = ::gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      throw transport_error(detail::describe(c) + ": cannot open a TCP device on " +
+                            (options_.interface_name.empty() ? options_.hostname
+                                                             : options_.interface_name) +
+                            ": " + detail::gloo_reason(e));
+    }
+
+    // Our own arrival marks first, polled against the deadline: gloo's store waits would
+    // throw "Wait timeout" without saying which rank never came.
+    const std::string mark = dir + "/cadence-arrived-" + std::to_string(rank_);
+    {
+      const std::string tmp = mark + ".tmp";
+      std::FILE* f = std::fopen(tmp.c_str(), "w");
+      if (f == nullptr || std::fclose(f) != 0 || std::rename(tmp.c_str(), mark.c_str()) != 0)
+        detail::bad_argument(c, "cannot write \"" + mark + "\" in the store folder: " +
+                                    std::strerror(errno));
+    }
+    for (;;) {
+      std::vector<int> missing;
+      for (int p = 0; p < size_; ++p) {
+        const std::string theirs = dir + "/cadence-arrived-" + std::to_string(p);
+        if (p != rank_ && ::access(theirs.c_str(), F_OK) != 0) missing.push_back(p);
+      }
+      if (missing.empty()) break;
+      if (d.passed())
+        throw detail::deadline_error(c, missing, "they never arrived at the rendezvous in \"" +
+                                                     dir + "\"");
+      std::this_thread::sleep_for(options_.store_poll);
+    }
+
+    try {
+      auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
+      ctx->setTimeout(remaining_ms(d));
+#if CADENCE_GLOO_RENDEZVOUS_SHARED_STORE
+      auto store = std::make_shared<::gloo::rendezvous::FileStore>(dir);
+      ctx->connectFullMesh(store, device);
+#else
+      ::gloo::rendezvous::FileStore store(dir);
+      ctx->connectFullMesh(store, device);
+#endif
+      context_ = std::move(ctx);
+    } catch (const std::exception& e) {
+      if (d.passed())
+        throw detail::deadline_error(c, others(), "connecting: " + detail::gloo_reason(e));
+      throw transport_error(detail::describe(c) + ": connecting to " + detail::rank_list(others()) +
+                            ": " + detail::gloo_reason(e));
+    }
+    setup(c, d);
+  }
+
+  /// Over a connected gloo context the caller made (any transport, any rendezvous). The
+  /// communicator takes it over: it posts receives on its own slots (above gloo's collectives,
+  /// so gloo's algorithms may still share it) and closes its connections when it fails or is
+  /// destroyed.
+  explicit gloo_communicator(std::shared_ptr<::gloo::Context> context, gloo_options options = {},
+                             deadline d = {})
+      : options_(std::move(options)), context_(std::move(context)) {
+    if (!context_)
+      throw invalid_parameter_error("cadence::transport[gloo]: construction: null gloo context");
+    rank_ = context_->rank;
+    size_ = context_->size;
+    const detail::call_info c{"gloo", "construction", 0, rank_, size_, deadline::clock::now()};
+    detail::check_deadline(c, d);
+    setup(c, d);
+  }
+
+  gloo_communicator(const gloo_communicator&) = delete;
+  gloo_communicator& operator=(const gloo_communicator&) = delete;
+
+  /// Leaves gracefully, then closes the connections and frees the buffers gloo may refer to.
+  /// A communicator that has not failed first waits (at most options.shutdown_wait) for its
+  /// small sends to be received and for every peer's goodbye: closing a TCP connection with
+  /// unread bytes resets it, and a reset can destroy data a peer has not read yet, such as the
+  /// last collective's. A peer still calling collectives sees "rank r called shutdown".
+  ~gloo_communicator() {
+    if (!failed() && context_ && !closed_) {
+      try {
+        const deadline until = options_.shutdown_wait;
+        const detail::call_info c{"gloo", "shutdown", 0, rank_, size_, deadline::clock::now()};
+        for (auto& m : eager_) wait(c, until, *m.ub, false, {m.dst}, nullptr, "it never received a message");
+        if (size_ > 1) {
+          const detail::gloo_notice bye{collectives_ + 1, 4, 0, 0, 0, 0};
+          post_collective(c, bye, nullptr, 0, others());
+          collect(c, until, bye, others(), 0);
+          finish_collective_sends(c, until);
+        }
+      } catch (...) {
+        // A lost or slow peer: close anyway.
+      }
+    }
+    close();
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+  /// The gloo context, e.g. to run gloo's own algorithms beside ours (the benchmark does).
+  const std::shared_ptr<::gloo::Context>& context() const noexcept { return context_; }
+
+  capability_flags capabilities() const noexcept {
+    capability_flags f;
+    f.any_source = true;
+    f.detects_lost_peer = true;   // a closed connection; any_source receives see only the deadline
+    f.survives_lost_peer = true;  // survivors continue, and may rendezvous anew without it
+    f.device_buffers = false;
+    return f;
+  }
+
+  void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
+    const detail::call_info c = begin("allreduce");
+    enter(c);
+    const std::size_t bytes = detail::checked_bytes(c, count, t);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_op(c, op);
+    if (!detail::host_reducible(t))
+      detail::bad_argument(c, std::string("dtype ") + dtype_name(t) +
+                                  " has no host arithmetic (it is for device backends such as NCCL)");
+    detail::check_deadline(c, d);
+    const detail::gloo_notice me{++collectives_, 1, static_cast<std::int64_t>(count),
+                                 static_cast<std::int64_t>(t), static_cast<std::int64_t>(op), 0};
+    if (size_ == 1) return;
+    const bool ring = bytes >= options_.ring_min_bytes && count >= static_cast<std::size_t>(size_);
+    const bool inline_data = !ring && bytes <= options_.eager_bytes;
+    // Every peer gets our notice (and, below the ring, our data); we take theirs.
+    post_collective(c, me, inline_data ? buf : nullptr, inline_data ? bytes : 0, others());
+    collect(c, d, me, others(), inline_data ? bytes : 0);
+    if (ring) {
+      ring_allreduce(c, d, static_cast<unsigned char*>(buf), count, t, op);
+    } else if (inline_data) {
+      reduce_in_rank_order(buf, count, t, op);
+    } else {
+      // Between eager_bytes and ring_min_bytes (only when configured so): whole buffers
+      // exchanged on the bulk slot.
+      exchange_whole(c, d, buf, bytes);
+      reduce_in_rank_order(buf, count, t, op);
+    }
+    repost_collective(c, others());
+    finish_collective_sends(c, d);
+  }
+
+  void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
+    const detail::call_info c = begin("broadcast");
+    enter(c);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_peer(c, root, "root");
+    detail::check_deadline(c, d);
+    const detail::gloo_notice me{++collectives_, 2, static_cast<std::int64_t>(bytes), 0, 0, root};
+    if (size_ == 1) return;
+    const bool inline_data = bytes <= options_.eager_bytes;
+    if (rank_ == root) {
+      post_collective(c, me, inline_data ? buf : nullptr, inline_data ? bytes : 0, others());
+      if (!inline_data) {
+        auto ub = context_->createUnboundBuffer(buf, bytes);
+        std::vector<int> pending = others();
+        for (int p : pending) post(c, [&] { ub->send(p, detail::gloo_slot_bulk, 0, bytes); }, p);
+        // As MPI_Bcast: the root's call ends when its data is delivered; a receiver that
+        // never takes it is named.
+        for (std::size_t i = 0; i < pending.size(); ++i) {
+          wait(c, d, *ub, false, {pending.begin() + static_cast<std::ptrdiff_t>(i), pending.end()},
+               nullptr, "it did not take the broadcast's data");
+        }
+      }
+      finish_collective_sends(c, d);
+      return;
+    }
+    collect(c, d, me, {root}, inline_data ? bytes : 0);
+    if (inline_data) {
+      if (bytes != 0) std::memcpy(buf, in_[static_cast<std::size_t>(root)].bytes.get() + sizeof me, bytes);
+    } else {
+      auto ub = context_->createUnboundBuffer(buf, bytes);
+      post(c, [&] { ub->recv(root, detail::gloo_slot_bulk, 0, bytes); }, root);
+      wait(c, d, *ub, true, {root}, nullptr, "in the broadcast's data");
+    }
+    repost_collective(c, {root});
+  }
+
+  void send(const void* buf, std::size_t bytes, int dst, int tag, deadline d = {}) {
+    const detail::call_info c = begin("send");
+    enter(c);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_peer(c, dst, "destination");
+    detail::check_tag(c, tag);
+    detail::check_deadline(c, d);
+    if (dst == rank_)
+      detail::bad_argument(c, "a send to itself (rank " + std::to_string(rank_) +
+                                  ") is not supported by the gloo backend");
+    reap_eager(c, d);
+    const detail::gloo_frame frame{bytes, static_cast<std::uint64_t>(tag)};
+    const bool inline_data = bytes <= options_.eager_bytes;
+    eager_send m;
+    m.size = sizeof frame + (inline_data ? bytes : 0);
+    m.bytes.reset(new unsigned char[m.size]);
+    std::memcpy(m.bytes.get(), &frame, sizeof frame);
+    if (inline_data && bytes != 0) std::memcpy(m.bytes.get() + sizeof frame, buf, bytes);
+    m.ub = context_->createUnboundBuffer(m.bytes.get(), m.size);
+    m.dst = dst;
+    post(c, [&] { m.ub->send(dst, detail::gloo_slot_p2p_head | static_cast<std::uint64_t>(tag), 0, m.size); }, dst);
+    eager_.push_back(std::move(m));
+    if (inline_data) return;
+    // gloo reads the caller's buffer until the receiver has taken it: wait for that.
+    auto ub = context_->createUnboundBuffer(const_cast<void*>(buf), bytes);
+    post(c, [&] { ub->send(dst, detail::gloo_slot_p2p_body | static_cast<std::uint64_t>(tag), 0, bytes); }, dst);
+    wait(c, d, *ub, false, {dst}, nullptr, "the matching recv was not posted");
+  }
+
+  int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
+    const detail::call_info c = begin("recv");
+    enter(c);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_peer(c, src, "source", /*allow_any=*/true);
+    detail::check_tag(c, tag);
+    detail::check_deadline(c, d);
+    if (src == rank_)
+      detail::bad_argument(c, "a recv from itself (rank " + std::to_string(rank_) +
+                                  ") is not supported by the gloo backend");
+    const std::vector<int> from = src == any_source ? others() : std::vector<int>{src};
+    if (from.empty())
+      detail::bad_argument(c, "any_source on a communicator of one rank would wait forever");
+    auto& head = p2p_in_;
+    const std::uint64_t head_slot = detail::gloo_slot_p2p_head | static_cast<std::uint64_t>(tag);
+    if (src == any_source)
+      post(c, [&] { head.ub->recv(from, head_slot, 0, head.size); }, from);
+    else
+      post(c, [&] { head.ub->recv(src, head_slot, 0, head.size); }, src);
+    int sender = src;
+    wait(c, d, *head.ub, true, from, &sender, "no matching message arrived");
+    detail::gloo_frame frame;
+    std::memcpy(&frame, head.bytes.get(), sizeof frame);
+    if (frame.bytes != bytes)
+      fail(transport_error(detail::describe(c) + ": rank " + std::to_string(sender) + " sent " +
+                           std::to_string(frame.bytes) + " bytes with tag " + std::to_string(tag) +
+                           " but rank " + std::to_string(rank_) + " received into " +
+                           std::to_string(bytes) + " bytes"));
+    if (bytes <= options_.eager_bytes) {
+      if (bytes != 0) std::memcpy(buf, head.bytes.get() + sizeof frame, bytes);
+      return sender;
+    }
+    auto ub = context_->createUnboundBuffer(buf, bytes);
+    post(c, [&] { ub->recv(sender, detail::gloo_slot_p2p_body | static_cast<std::uint64_t>(tag), 0, bytes); }, sender);
+    wait(c, d, *ub, true, {sender}, nullptr, "the message's data did not arrive");
+    return sender;
+  }
+
+  /// Any thread. A call blocked on the owning thread wakes and throws; the next call throws.
+  void abort() noexcept {
+    aborted_.store(true, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(waiting_mutex_);
+    if (waiting_ == nullptr) return;
+    if (waiting_recv_)
+      waiting_->abortWaitRecv();
+    else
+      waiting_->abortWaitSend();
+  }
+
+  bool failed() const noexcept {
+    return failed_.load(std::memory_order_acquire) || aborted_.load(std::memory_order_acquire);
+  }
+
+private:
+  struct eager_send {
+    std::unique_ptr<unsigned char[]> bytes;
+    std::size_t size = 0;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> ub;
+    int dst = -1;
+  };
+
+  static std::chrono::milliseconds remaining_ms(const deadline& d) {
+    // Rounded up, plus one: a gloo wait must not end before our deadline has passed, or its
+    // timeout would read as a lost peer.
+    const auto left = d.remaining();
+    const auto hours = std::chrono::hours(24 * 365);
+    if (left >= hours) return hours;
+    return std::chrono::duration_cast<std::chrono::milliseconds>(left) + std::chrono::milliseconds(2);
+  }
+
+  // Registers our buffers, posts the first receives, then exchanges a message with every peer:
+  // a rank whose connections are all up may otherwise finish, and close them, while a peer is
+  // still connecting to it. The message also checks that every rank was given the same size.
+  void setup(const detail::call_info& c, const deadline& d) {
+    const std::size_t capacity = sizeof(detail::gloo_notice) + options_.eager_bytes;
+    in_.resize(static_cast<std::size_t>(size_));
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      auto& b = in_[static_cast<std::size_t>(p)];
+      b.size = capacity;
+      b.bytes.reset(new unsigned char[capacity]);
+      b.ub = context_->createUnboundBuffer(b.bytes.get(), capacity);
+    }
+    out_.size = capacity;
+    out_.bytes.reset(new unsigned char[capacity]);
+    out_.ub = context_->createUnboundBuffer(out_.bytes.get(), capacity);
+    p2p_in_.size = sizeof(detail::gloo_frame) + options_.eager_bytes;
+    p2p_in_.bytes.reset(new unsigned char[p2p_in_.size]);
+    p2p_in_.ub = context_->createUnboundBuffer(p2p_in_.bytes.get(), p2p_in_.size);
+    // Every peer's next collective message has a receive posted before it is sent, so it
+    // moves in one write instead of gloo's send-ready / recv-ready handshake.
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_) post_in(c, p);
+    if (size_ == 1) return;
+    const detail::gloo_notice hello{0, 3, size_, 0, 0, 0};
+    post_collective(c, hello, nullptr, 0, others());
+    collect(c, d, hello, others(), 0);
+    repost_collective(c, others());
+    finish_collective_sends(c, d);
+  }
+
+  void close() noexcept {
+    if (closed_) return;
+    closed_ = true;
+    if (!context_) return;
+    try {
+      context_->closeConnections();
+    } catch (...) {
+    }
+  }
+
+  detail::call_info begin(const char* op) {
+    return {"gloo", op, ++calls_, rank_, size_, deadline::clock::now()};
+  }
+
+  // Contract b: after a failure every call rethrows it; after abort() each call says so.
+  void enter(const detail::call_info& c) {
+    if (failure_) throw *failure_;
+    if (aborted_.load(std::memory_order_acquire)) {
+      close();
+      throw transport_error(detail::describe(c) + ": the communicator was aborted (abort())");
+    }
+  }
+
+  [[noreturn]] void fail(transport_error e) {
+    if (!failure_) failure_ = std::move(e);
+    failed_.store(true, std::memory_order_release);
+    // No receive or send of ours may complete into (or from) a caller's buffer after this.
+    close();
+    throw *failure_;
+  }
+
+  std::vector<int> others() const {
+    std::vector<int> v;
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_) v.push_back(p);
+    return v;
+  }
+
+  // Posting fails at once when the connection is already closed: a lost peer.
+  template <class F>
+  void post(const detail::call_info& c, F&& f, const std::vector<int>& peers) {
+    std::string reason;
+    try {
+      f();
+      return;
+    } catch (const std::exception& e) {
+      reason = detail::gloo_reason(e);
+    }
+    fail(detail::lost_peer_error(c, peers, reason));
+  }
+  template <class F>
+  void post(const detail::call_info& c, F&& f, int peer) {
+    post(c, std::forward<F>(f), std::vector<int>{peer});
+  }
+
+  // Waits for one posted operation; `awaited` names whom it depends on. gloo wakes it on
+  // completion, on a closed connection (a lost peer), on its own timeout (set just past our
+  // deadline) or through abort().
+  void wait(const detail::call_info& c, const deadline& d, ::gloo::transport::UnboundBuffer& ub,
+            bool is_recv, const std::vector<int>& awaited, int* source, const char* note) {
+    {
+      std::lock_guard<std::mutex> lock(waiting_mutex_);
+      waiting_ = &ub;
+      waiting_recv_ = is_recv;
+    }
+    struct unregister {
+      gloo_communicator* self;
+      ~unregister() {
+        std::lock_guard<std::mutex> lock(self->waiting_mutex_);
+        self->waiting_ = nullptr;
+      }
+    };
+    std::string reason;
+    bool done = false;
+    {
+      unregister guard{this};
+      if (!aborted_.load(std::memory_order_acquire)) {
+        try {
+          done = is_recv ? ub.waitRecv(source, remaining_ms(d)) : ub.waitSend(nullptr, remaining_ms(d));
+        } catch (const std::exception& e) {
+          reason = detail::gloo_reason(e);
+        }
+      }
+    }
+    if (done) return;
+    if (aborted_.load(std::memory_order_acquire))
+      fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort()) " +
+                           "while waiting for " + detail::rank_list(awaited)));
+    if (d.passed()) fail(detail::deadline_error(c, awaited, note));
+    fail(detail::lost_peer_error(c, awaited, "its connection closed: " + reason));
+  }
+
+  void post_in(const detail::call_info& c, int p) {
+    auto& b = in_[static_cast<std::size_t>(p)];
+    post(c, [&] { b.ub->recv(p, detail::gloo_slot_collective, 0, b.size); }, p);
+  }
+
+  // Our notice (and up to eager_bytes of data) to each of `to`, from out_.
+  void post_collective(const detail::call_info& c, const detail::gloo_notice& me, const void* data,
+                       std::size_t bytes, const std::vector<int>& to) {
+    std::memcpy(out_.bytes.get(), &me, sizeof me);
+    if (bytes != 0) std::memcpy(out_.bytes.get() + sizeof me, data, bytes);
+    for (int p : to) post(c, [&] { out_.ub->send(p, detail::gloo_slot_collective, 0, sizeof me + bytes); }, p);
+    out_pending_ = to.size();
+    out_to_ = to;
+  }
+
+  // The sends from out_ must have left before out_ is written again.
+  void finish_collective_sends(const detail::call_info& c, const deadline& d) {
+    while (out_pending_ > 0) {
+      const std::vector<int> left(out_to_.end() - static_cast<std::ptrdiff_t>(out_pending_), out_to_.end());
+      wait(c, d, *out_.ub, false, left, nullptr, "it did not take this collective's message");
+      --out_pending_;
+    }
+  }
+
+  // Waits for each of `from`'s message of this collective and checks its notice.
+  void collect(const detail::call_info& c, const deadline& d, const detail::gloo_notice& me,
+               const std::vector<int>& from, std::size_t bytes) {
+    for (std::size_t i = 0; i < from.size(); ++i) {
+      const int p = from[i];
+      auto& b = in_[static_cast<std::size_t>(p)];
+      wait(c, d, *b.ub, true, std::vector<int>(from.begin() + static_cast<std::ptrdiff_t>(i), from.end()),
+           nullptr, "they never started this collective");
+      detail::gloo_notice theirs;
+      std::memcpy(&theirs, b.bytes.get(), sizeof theirs);
+      if (!(theirs == me))
+        fail(transport_error(detail::describe(c) + ": arguments differ across ranks in collective #" +
+                             std::to_string(me.index) + ": rank " + std::to_string(p) +
+                             " called " + (theirs.index == me.index ? theirs.describe()
+                                                                    : theirs.describe() + " as collective #" +
+                                                                          std::to_string(theirs.index)) +
+                             ", rank " + std::to_string(rank_) + " called " + me.describe()));
+      (void)bytes;
+    }
+  }
+
+  void repost_collective(const detail::call_info& c, const std::vector<int>& from) {
+    for (int p : from) post_in(c, p);
+  }
+
+  // result = d_0 op d_1 op ... op d_{n-1}, in rank order on every rank, so float sums are
+  // bitwise identical everywhere.
+  void reduce_in_rank_order(void* buf, std::size_t count, dtype t, reduce_op op) {
+    const std::size_t bytes = count * dtype_size(t);
+    if (bytes == 0) return;
+    auto data_of = [&](int p) -> const void* {
+      if (p == rank_) return buf;
+      if (!whole_.empty()) return whole_[static_cast<std::size_t>(p)].bytes.get();
+      return in_[static_cast<std::size_t>(p)].bytes.get() + sizeof(detail::gloo_notice);
+    };
+    if (rank_ == 0) {
+      for (int p = 1; p < size_; ++p) detail::reduce_into(buf, data_of(p), count, t, op);
+      whole_.clear();
+      return;
+    }
+    if (acc_size_ < bytes) {
+      acc_.reset(new unsigned char[bytes]);
+      acc_size_ = bytes;
+    }
+    std::memcpy(acc_.get(), data_of(0), bytes);
+    for (int p = 1; p < size_; ++p) detail::reduce_into(acc_.get(), data_of(p), count, t, op);
+    std::memcpy(buf, acc_.get(), bytes);
+    whole_.clear();
+  }
+
+  // Every peer's whole buffer into whole_[p], ours to every peer (the middle sizes).
+  void exchange_whole(const detail::call_info& c, const deadline& d, void* buf, std::size_t bytes) {
+    whole_.clear();
+    whole_.resize(static_cast<std::size_t>(size_));
+    auto mine = context_->createUnboundBuffer(buf, bytes);
+    for (int p : others()) {
+      auto& w = whole_[static_cast<std::size_t>(p)];
+      w.size = bytes;
+      w.bytes.reset(new unsigned char[bytes]);
+      w.ub = context_->createUnboundBuffer(w.bytes.get(), bytes);
+      post(c, [&] { w.ub->recv(p, detail::gloo_slot_bulk, 0, bytes); }, p);
+      post(c, [&] { mine->send(p, detail::gloo_slot_bulk, 0, bytes); }, p);
+    }
+    for (int p : others())
+      wait(c, d, *whole_[static_cast<std::size_t>(p)].ub, true, {p}, nullptr, "in the all-reduce");
+    for (int p : others()) wait(c, d, *mine, false, {p}, nullptr, "in the all-reduce");
+  }
+
+  // Ring all-reduce: in reduce-scatter step s, rank r sends segment r - s to its right
+  // neighbour and adds segment r - s - 1 from its left one; after n - 1 steps it owns segment
+  // r + 1 fully reduced, and n - 1 allgather steps pass the reduced segments around. Each
+  // segment moves in chunks so that reducing one chunk overlaps receiving the next.
+  void ring_allreduce(const detail::call_info& c, const deadline& d, unsigned char* buf,
+                      std::size_t count, dtype t, reduce_op op) {
+    const int n = size_;
+    const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
+    const std::size_t esize = dtype_size(t);
+    auto first = [&](int seg) { return count * static_cast<std::size_t>(seg) / static_cast<std::size_t>(n); };
+    auto elems = [&](int seg) { return first(seg + 1) - first(seg); };
+    const std::size_t largest = (count + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * esize;
+    if (scratch_.size < largest) {
+      scratch_.ub.reset();
+      scratch_.bytes.reset(new unsigned char[largest]);
+      scratch_.size = largest;
+      scratch_.ub = context_->createUnboundBuffer(scratch_.bytes.get(), largest);
+    }
+    const std::size_t total = count * esize;
+    auto out = context_->createUnboundBuffer(buf, total);
+    auto in = context_->createUnboundBuffer(buf, total);
+    for (int step = 0; step < n - 1; ++step) {
+      const int o = (rank_ - step + n) % n, i = (rank_ - step - 1 + 2 * n) % n;
+      const std::size_t ob = elems(o) * esize, ib = elems(i) * esize;
+      post(c, [&] { scratch_.ub->recv(left, detail::gloo_slot_bulk, 0, ib); }, left);
+      post(c, [&] { out->send(right, detail::gloo_slot_bulk, first(o) * esize, ob); }, right);
+      wait(c, d, *scratch_.ub, true, {left}, nullptr, "in the ring all-reduce");
+      detail::reduce_into(buf + first(i) * esize, scratch_.bytes.get(), elems(i), t, op);
+      wait(c, d, *out, false, {right}, nullptr, "in the ring all-reduce");
+    }
+    for (int step = 0; step < n - 1; ++step) {
+      const int o = (rank_ + 1 - step + n) % n, i = (rank_ - step + n) % n;
+      post(c, [&] { in->recv(left, detail::gloo_slot_bulk, first(i) * esize, elems(i) * esize); }, left);
+      post(c, [&] { out->send(right, detail::gloo_slot_bulk, first(o) * esize, elems(o) * esize); }, right);
+      wait(c, d, *in, true, {left}, nullptr, "in the ring all-reduce");
+      wait(c, d, *out, false, {right}, nullptr, "in the ring all-reduce");
+    }
+  }
+
+  // Small sends not yet known to be received: beyond max_eager_in_flight the oldest is
+  // waited for. gloo has no non-blocking test of completion.
+  void reap_eager(const detail::call_info& c, const deadline& d) {
+    while (eager_.size() >= options_.max_eager_in_flight && !eager_.empty()) {
+      auto& m = eager_.front();
+      wait(c, d, *m.ub, false, {m.dst}, nullptr, "it has not received an earlier message");
+      eager_.pop_front();
+    }
+  }
+
+  gloo_options options_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::uint64_t calls_ = 0;
+  std::int64_t collectives_ = 0;
+  std::optional<transport_error> failure_;  // owning thread only
+  std::atomic<bool> failed_{false};         // mirrors failure_ for failed() on other threads
+  std::atomic<bool> aborted_{false};
+  bool closed_ = false;
+  std::mutex waiting_mutex_;  // guards waiting_ against abort() from another thread
+  ::gloo::transport::UnboundBuffer* waiting_ = nullptr;
+  bool waiting_recv_ = false;
+  std::shared_ptr<::gloo::Context> context_;
+  // Buffers gloo may refer to: declared after context_, so destroyed before it, and only
+  // after close() has shut the connections.
+  std::vector<detail::gloo_owned> in_;  // per peer: its next collective message (posted)
+  detail::gloo_owned out_;              // our collective message, sent to every peer
+  std::size_t out_pending_ = 0;
+  std::vector<int> out_to_;
+  detail::gloo_owned p2p_in_;   // a point to point header (and small payload)
+  detail::gloo_owned scratch_;  // the ring's incoming segment
+  std::vector<detail::gloo_owned> whole_;
+  std::unique_ptr<unsigned char[]> acc_;
+  std::size_t acc_size_ = 0;
+  std::deque<eager_send> eager_;
+};
+
+}  // namespace cadence::transport
