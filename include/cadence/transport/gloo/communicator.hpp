@@ -254,17 +254,22 @@ public:
   gloo_communicator& operator=(const gloo_communicator&) = delete;
 
   /// Leaves gracefully, then closes the connections and frees the buffers gloo may refer to.
-  /// A communicator that has not failed first waits (at most options.shutdown_wait) for its
-  /// small sends to be received and for every peer's goodbye: closing a TCP connection with
-  /// unread bytes resets it, and a reset can destroy data a peer has not read yet, such as the
-  /// last collective's. A peer still calling collectives sees "rank r called shutdown".
+  /// Unless its connections are already closed, it first waits (at most options.shutdown_wait)
+  /// for its small sends to be received and for every peer's goodbye: closing a TCP connection
+  /// with unread bytes resets it, and a reset destroys data the peer has not read yet, such as
+  /// the last collective's (or, after a failure, the message that tells a peer why). A peer
+  /// still calling collectives sees "rank r called shutdown".
   ~gloo_communicator() {
-    if (!failed() && context_ && !closed_) {
+    if (context_ && !closed_) {
+      shutting_down_ = true;  // even after abort(): an aborted communicator leaves gracefully too
       try {
         const deadline until = options_.shutdown_wait;
         const detail::call_info c{"gloo", "shutdown", 0, rank_, size_, deadline::clock::now()};
-        for (auto& m : eager_) wait(c, until, *m.ub, false, {m.dst}, nullptr, "it never received a message");
+        if (!failed())
+          for (auto& m : eager_) wait(c, until, *m.ub, false, {m.dst}, nullptr, "it never received a message");
         if (size_ > 1) {
+          // A failed collective's message may still wait in out_ for its receiver.
+          finish_collective_sends(c, until);
           const detail::gloo_notice bye{collectives_ + 1, 4, 0, 0, 0, 0};
           post_collective(c, bye, nullptr, 0, others());
           collect(c, until, bye, others(), 0);
@@ -336,6 +341,7 @@ public:
     if (rank_ == root) {
       post_collective(c, me, inline_data ? buf : nullptr, inline_data ? bytes : 0, others());
       if (!inline_data) {
+        exposed_ = true;
         auto ub = context_->createUnboundBuffer(buf, bytes);
         std::vector<int> pending = others();
         for (int p : pending) post(c, [&] { ub->send(p, detail::gloo_slot_bulk, 0, bytes); }, p);
@@ -345,6 +351,7 @@ public:
           wait(c, d, *ub, false, {pending.begin() + static_cast<std::ptrdiff_t>(i), pending.end()},
                nullptr, "it did not take the broadcast's data");
         }
+        exposed_ = false;
       }
       finish_collective_sends(c, d);
       return;
@@ -353,9 +360,11 @@ public:
     if (inline_data) {
       if (bytes != 0) std::memcpy(buf, in_[static_cast<std::size_t>(root)].bytes.get() + sizeof me, bytes);
     } else {
+      exposed_ = true;
       auto ub = context_->createUnboundBuffer(buf, bytes);
       post(c, [&] { ub->recv(root, detail::gloo_slot_bulk, 0, bytes); }, root);
       wait(c, d, *ub, true, {root}, nullptr, "in the broadcast's data");
+      exposed_ = false;
     }
     repost_collective(c, {root});
   }
@@ -384,9 +393,11 @@ public:
     eager_.push_back(std::move(m));
     if (inline_data) return;
     // gloo reads the caller's buffer until the receiver has taken it: wait for that.
+    exposed_ = true;
     auto ub = context_->createUnboundBuffer(const_cast<void*>(buf), bytes);
     post(c, [&] { ub->send(dst, detail::gloo_slot_p2p_body | static_cast<std::uint64_t>(tag), 0, bytes); }, dst);
     wait(c, d, *ub, false, {dst}, nullptr, "the matching recv was not posted");
+    exposed_ = false;
   }
 
   int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
@@ -421,9 +432,11 @@ public:
       if (bytes != 0) std::memcpy(buf, head.bytes.get() + sizeof frame, bytes);
       return sender;
     }
+    exposed_ = true;
     auto ub = context_->createUnboundBuffer(buf, bytes);
     post(c, [&] { ub->recv(sender, detail::gloo_slot_p2p_body | static_cast<std::uint64_t>(tag), 0, bytes); }, sender);
     wait(c, d, *ub, true, {sender}, nullptr, "the message's data did not arrive");
+    exposed_ = false;
     return sender;
   }
 
@@ -507,17 +520,18 @@ private:
   // Contract b: after a failure every call rethrows it; after abort() each call says so.
   void enter(const detail::call_info& c) {
     if (failure_) throw *failure_;
-    if (aborted_.load(std::memory_order_acquire)) {
-      close();
+    if (aborted_.load(std::memory_order_acquire))
       throw transport_error(detail::describe(c) + ": the communicator was aborted (abort())");
-    }
   }
 
   [[noreturn]] void fail(transport_error e) {
     if (!failure_) failure_ = std::move(e);
     failed_.store(true, std::memory_order_release);
-    // No receive or send of ours may complete into (or from) a caller's buffer after this.
-    close();
+    // No receive or send of ours may complete into (or from) a caller's buffer after this:
+    // with one posted, the connections close now (the peers then see this rank as lost).
+    // Otherwise only the communicator's own buffers are involved, and they stay open until
+    // the destructor's goodbye, so the peers learn what happened instead of seeing a reset.
+    if (exposed_) close();
     throw *failure_;
   }
 
@@ -564,9 +578,10 @@ private:
     };
     std::string reason;
     bool done = false;
+    const bool abortable = !shutting_down_;
     {
       unregister guard{this};
-      if (!aborted_.load(std::memory_order_acquire)) {
+      if (!(abortable && aborted_.load(std::memory_order_acquire))) {
         try {
           done = is_recv ? ub.waitRecv(source, remaining_ms(d)) : ub.waitSend(nullptr, remaining_ms(d));
         } catch (const std::exception& e) {
@@ -575,7 +590,7 @@ private:
       }
     }
     if (done) return;
-    if (aborted_.load(std::memory_order_acquire))
+    if (aborted_.load(std::memory_order_acquire) && (abortable || reason.empty()))
       fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort()) " +
                            "while waiting for " + detail::rank_list(awaited)));
     if (d.passed()) fail(detail::deadline_error(c, awaited, note));
@@ -660,6 +675,7 @@ private:
   void exchange_whole(const detail::call_info& c, const deadline& d, void* buf, std::size_t bytes) {
     whole_.clear();
     whole_.resize(static_cast<std::size_t>(size_));
+    exposed_ = true;
     auto mine = context_->createUnboundBuffer(buf, bytes);
     for (int p : others()) {
       auto& w = whole_[static_cast<std::size_t>(p)];
@@ -672,6 +688,7 @@ private:
     for (int p : others())
       wait(c, d, *whole_[static_cast<std::size_t>(p)].ub, true, {p}, nullptr, "in the all-reduce");
     for (int p : others()) wait(c, d, *mine, false, {p}, nullptr, "in the all-reduce");
+    exposed_ = false;
   }
 
   // Ring all-reduce: in reduce-scatter step s, rank r sends segment r - s to its right
@@ -693,6 +710,7 @@ private:
       scratch_.ub = context_->createUnboundBuffer(scratch_.bytes.get(), largest);
     }
     const std::size_t total = count * esize;
+    exposed_ = true;
     auto out = context_->createUnboundBuffer(buf, total);
     auto in = context_->createUnboundBuffer(buf, total);
     for (int step = 0; step < n - 1; ++step) {
@@ -711,6 +729,7 @@ private:
       wait(c, d, *in, true, {left}, nullptr, "in the ring all-reduce");
       wait(c, d, *out, false, {right}, nullptr, "in the ring all-reduce");
     }
+    exposed_ = false;
   }
 
   // Small sends not yet known to be received: beyond max_eager_in_flight the oldest is
@@ -732,6 +751,8 @@ private:
   std::atomic<bool> failed_{false};         // mirrors failure_ for failed() on other threads
   std::atomic<bool> aborted_{false};
   bool closed_ = false;
+  bool exposed_ = false;        // an operation on a caller's buffer is posted
+  bool shutting_down_ = false;  // in the destructor: abort() no longer stops waits
   std::mutex waiting_mutex_;  // guards waiting_ against abort() from another thread
   ::gloo::transport::UnboundBuffer* waiting_ = nullptr;
   bool waiting_recv_ = false;
