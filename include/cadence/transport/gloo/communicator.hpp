@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -62,6 +63,8 @@ struct gloo_options {
   /// All-reduces of at least this many bytes run as a ring (reduce-scatter, then allgather) on
   /// the caller's buffer; smaller ones as one exchange of the whole buffer with every peer.
   std::size_t ring_min_bytes = 64 * 1024;
+  /// The ring moves segments in chunks of this many bytes, pipelined (see ring_allreduce).
+  std::size_t ring_chunk_bytes = 256 * 1024;
   /// At most this many small sends whose receiver has not taken them yet; one more waits (with
   /// its deadline) for the oldest to be received.
   std::size_t max_eager_in_flight = 1024;
@@ -693,42 +696,69 @@ private:
 
   // Ring all-reduce: in reduce-scatter step s, rank r sends segment r - s to its right
   // neighbour and adds segment r - s - 1 from its left one; after n - 1 steps it owns segment
-  // r + 1 fully reduced, and n - 1 allgather steps pass the reduced segments around. Each
-  // segment moves in chunks so that reducing one chunk overlaps receiving the next.
+  // r + 1 fully reduced, and n - 1 allgather steps pass the reduced segments around. Segments
+  // move in chunks, pipelined: a chunk goes on to the right as soon as it is reduced (or, in
+  // the allgather, received), while gloo's device thread already reads the next one, and the
+  // next step's receives are posted a step ahead (two scratch buffers), so no chunk waits for
+  // gloo's send-ready / recv-ready handshake.
   void ring_allreduce(const detail::call_info& c, const deadline& d, unsigned char* buf,
                       std::size_t count, dtype t, reduce_op op) {
     const int n = size_;
     const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
     const std::size_t esize = dtype_size(t);
     auto first = [&](int seg) { return count * static_cast<std::size_t>(seg) / static_cast<std::size_t>(n); };
-    auto elems = [&](int seg) { return first(seg + 1) - first(seg); };
+    auto seg_bytes = [&](int seg) { return (first(seg + 1) - first(seg)) * esize; };
+    const std::size_t chunk = std::max(esize, options_.ring_chunk_bytes / esize * esize);
+    auto chunks = [&](int seg) { return (seg_bytes(seg) + chunk - 1) / chunk; };
+    auto chunk_len = [&](int seg, std::size_t k) { return std::min(chunk, seg_bytes(seg) - k * chunk); };
+    const int steps = 2 * (n - 1);
+    auto is_rs = [&](int s) { return s < n - 1; };
+    auto seg_out = [&](int s) { return is_rs(s) ? (rank_ - s + n) % n : (rank_ + 1 - (s - (n - 1)) + 2 * n) % n; };
+    auto seg_in = [&](int s) { return is_rs(s) ? (rank_ - s - 1 + 2 * n) % n : (rank_ - (s - (n - 1)) + 2 * n) % n; };
+
     const std::size_t largest = (count + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * esize;
-    if (scratch_.size < largest) {
-      scratch_.ub.reset();
-      scratch_.bytes.reset(new unsigned char[largest]);
-      scratch_.size = largest;
-      scratch_.ub = context_->createUnboundBuffer(scratch_.bytes.get(), largest);
+    for (auto& sc : scratch_) {
+      if (sc.size >= largest) continue;
+      sc.ub.reset();
+      sc.bytes.reset(new unsigned char[largest]);
+      sc.size = largest;
+      sc.ub = context_->createUnboundBuffer(sc.bytes.get(), largest);
     }
     const std::size_t total = count * esize;
     exposed_ = true;
     auto out = context_->createUnboundBuffer(buf, total);
     auto in = context_->createUnboundBuffer(buf, total);
-    for (int step = 0; step < n - 1; ++step) {
-      const int o = (rank_ - step + n) % n, i = (rank_ - step - 1 + 2 * n) % n;
-      const std::size_t ob = elems(o) * esize, ib = elems(i) * esize;
-      post(c, [&] { scratch_.ub->recv(left, detail::gloo_slot_bulk, 0, ib); }, left);
-      post(c, [&] { out->send(right, detail::gloo_slot_bulk, first(o) * esize, ob); }, right);
-      wait(c, d, *scratch_.ub, true, {left}, nullptr, "in the ring all-reduce");
-      detail::reduce_into(buf + first(i) * esize, scratch_.bytes.get(), elems(i), t, op);
-      wait(c, d, *out, false, {right}, nullptr, "in the ring all-reduce");
+    auto post_recvs = [&](int s) {
+      const int seg = seg_in(s);
+      for (std::size_t k = 0; k < chunks(seg); ++k) {
+        if (is_rs(s))
+          post(c, [&] { scratch_[static_cast<std::size_t>(s % 2)].ub->recv(left, detail::gloo_slot_bulk, k * chunk, chunk_len(seg, k)); }, left);
+        else
+          post(c, [&] { in->recv(left, detail::gloo_slot_bulk, first(seg) * esize + k * chunk, chunk_len(seg, k)); }, left);
+      }
+    };
+    std::size_t sends = 0;
+    auto post_send = [&](int s, std::size_t k) {
+      const int seg = seg_out(s);
+      post(c, [&] { out->send(right, detail::gloo_slot_bulk, first(seg) * esize + k * chunk, chunk_len(seg, k)); }, right);
+      ++sends;
+    };
+    post_recvs(0);
+    if (steps > 1) post_recvs(1);
+    for (std::size_t k = 0; k < chunks(seg_out(0)); ++k) post_send(0, k);
+    for (int s = 0; s < steps; ++s) {
+      if (s >= 1 && s + 1 < steps) post_recvs(s + 1);  // its scratch was step s - 1's: done
+      const int seg = seg_in(s);
+      auto& sc = scratch_[static_cast<std::size_t>(s % 2)];
+      for (std::size_t k = 0; k < chunks(seg); ++k) {
+        wait(c, d, is_rs(s) ? *sc.ub : *in, true, {left}, nullptr, "in the ring all-reduce");
+        if (is_rs(s))
+          detail::reduce_into(buf + first(seg) * esize + k * chunk, sc.bytes.get() + k * chunk,
+                              chunk_len(seg, k) / esize, t, op);
+        if (s + 1 < steps) post_send(s + 1, k);  // segment seg_in(s) is seg_out(s + 1)
+      }
     }
-    for (int step = 0; step < n - 1; ++step) {
-      const int o = (rank_ + 1 - step + n) % n, i = (rank_ - step + n) % n;
-      post(c, [&] { in->recv(left, detail::gloo_slot_bulk, first(i) * esize, elems(i) * esize); }, left);
-      post(c, [&] { out->send(right, detail::gloo_slot_bulk, first(o) * esize, elems(o) * esize); }, right);
-      wait(c, d, *in, true, {left}, nullptr, "in the ring all-reduce");
-      wait(c, d, *out, false, {right}, nullptr, "in the ring all-reduce");
-    }
+    for (; sends > 0; --sends) wait(c, d, *out, false, {right}, nullptr, "in the ring all-reduce");
     exposed_ = false;
   }
 
@@ -764,7 +794,7 @@ private:
   std::size_t out_pending_ = 0;
   std::vector<int> out_to_;
   detail::gloo_owned p2p_in_;   // a point to point header (and small payload)
-  detail::gloo_owned scratch_;  // the ring's incoming segment
+  detail::gloo_owned scratch_[2];  // the ring's incoming segments, alternating by step
   std::vector<detail::gloo_owned> whole_;
   std::unique_ptr<unsigned char[]> acc_;
   std::size_t acc_size_ = 0;
