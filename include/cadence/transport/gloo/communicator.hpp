@@ -270,14 +270,7 @@ public:
         const detail::call_info c{"gloo", "shutdown", 0, rank_, size_, deadline::clock::now()};
         if (!failed())
           for (auto& m : eager_) wait(c, until, *m.ub, false, {m.dst}, nullptr, "it never received a message");
-        if (size_ > 1) {
-          // A failed collective's message may still wait in out_ for its receiver.
-          finish_collective_sends(c, until);
-          const detail::gloo_notice bye{collectives_ + 1, 4, 0, 0, 0, 0};
-          post_collective(c, bye, nullptr, 0, others());
-          collect(c, until, bye, others(), 0);
-          finish_collective_sends(c, until);
-        }
+        if (size_ > 1) goodbye(c, until);
       } catch (...) {
         // A lost or slow peer: close anyway.
       }
@@ -481,6 +474,7 @@ private:
   void setup(const detail::call_info& c, const deadline& d) {
     const std::size_t capacity = sizeof(detail::gloo_notice) + options_.eager_bytes;
     in_.resize(static_cast<std::size_t>(size_));
+    in_posted_.assign(static_cast<std::size_t>(size_), false);
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
       auto& b = in_[static_cast<std::size_t>(p)];
@@ -603,6 +597,26 @@ private:
   void post_in(const detail::call_info& c, int p) {
     auto& b = in_[static_cast<std::size_t>(p)];
     post(c, [&] { b.ub->recv(p, detail::gloo_slot_collective, 0, b.size); }, p);
+    in_posted_[static_cast<std::size_t>(p)] = true;
+  }
+
+  // Every peer's goodbye, skipping what a failed collective left unread; ours to every peer.
+  void goodbye(const detail::call_info& c, const deadline& until) {
+    finish_collective_sends(c, until);  // a failed collective's message may still be in out_
+    const detail::gloo_notice bye{collectives_ + 1, 4, 0, 0, 0, 0};
+    post_collective(c, bye, nullptr, 0, others());
+    for (int p : others()) {
+      for (;;) {
+        if (!in_posted_[static_cast<std::size_t>(p)]) post_in(c, p);
+        auto& b = in_[static_cast<std::size_t>(p)];
+        wait(c, until, *b.ub, true, {p}, nullptr, "it did not say goodbye");
+        in_posted_[static_cast<std::size_t>(p)] = false;
+        detail::gloo_notice theirs;
+        std::memcpy(&theirs, b.bytes.get(), sizeof theirs);
+        if (theirs.kind == 4) break;
+      }
+    }
+    finish_collective_sends(c, until);
   }
 
   // Our notice (and up to eager_bytes of data) to each of `to`, from out_.
@@ -632,6 +646,7 @@ private:
       auto& b = in_[static_cast<std::size_t>(p)];
       wait(c, d, *b.ub, true, std::vector<int>(from.begin() + static_cast<std::ptrdiff_t>(i), from.end()),
            nullptr, "they never started this collective");
+      in_posted_[static_cast<std::size_t>(p)] = false;
       detail::gloo_notice theirs;
       std::memcpy(&theirs, b.bytes.get(), sizeof theirs);
       if (!(theirs == me))
@@ -789,7 +804,8 @@ private:
   std::shared_ptr<::gloo::Context> context_;
   // Buffers gloo may refer to: declared after context_, so destroyed before it, and only
   // after close() has shut the connections.
-  std::vector<detail::gloo_owned> in_;  // per peer: its next collective message (posted)
+  std::vector<detail::gloo_owned> in_;  // per peer: its next collective message
+  std::vector<bool> in_posted_;         // per peer: whether in_'s receive is posted
   detail::gloo_owned out_;              // our collective message, sent to every peer
   std::size_t out_pending_ = 0;
   std::vector<int> out_to_;
