@@ -102,6 +102,33 @@ TEST_CASE("two gloo ranks pass the all-reduce and point to point cases too" * do
   });
 }
 
+TEST_CASE("ring-sized all-reduces whose counts differ fail with transport_error on every rank, "
+          "without overrunning a buffer" * doctest::timeout(120)) {
+  // The ring checks the notices while its first chunks move; only the scratch receives may be
+  // posted by then. Under AddressSanitizer an overrun would stop the test.
+  gloo_harness::run([](auto& c) {
+    const std::size_t count = c.rank() == 0 ? (std::size_t{1} << 20) : (std::size_t{3} << 17);
+    std::vector<float> buf(count, 1.0f);
+    expect_throw<transport_error>(
+        c.rank(), [&] { c.allreduce(buf.data(), count, dtype::f32, reduce_op::sum, 30s); },
+        {"allreduce #1 on rank " + std::to_string(c.rank()), "differ"});
+    CHECK(c.failed());
+  });
+  // A broadcast against an all-reduce: the root's chunks never exceed a ring receive.
+  gloo_harness::run([](auto& c) {
+    std::vector<float> buf(std::size_t{1} << 20, 1.0f);
+    try {
+      if (c.rank() == 0)
+        c.broadcast(buf.data(), buf.size() * sizeof(float), 0, 30s);
+      else
+        c.allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, 30s);
+      CHECK_MESSAGE(c.rank() == 0, "rank " << c.rank() << ": a mismatched collective succeeded");
+    } catch (const transport_error& e) {
+      CHECK_MESSAGE(std::string(e.what()).find("rank 0") != std::string::npos, e.what());
+    }
+  });
+}
+
 TEST_CASE("the gloo capabilities: any_source, and a crashed peer is detected and survived" *
           doctest::timeout(60)) {
   gloo_pair_harness::run([](auto& c) {

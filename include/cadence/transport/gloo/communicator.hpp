@@ -57,14 +57,14 @@ struct gloo_options {
   std::string interface_name;
   /// Point to point messages and collectives of at most this many bytes travel in one framed
   /// message through buffers the communicator owns (a send returns as soon as it is posted,
-  /// the way MPI's eager protocol does); larger ones announce their size in a header and then
-  /// move between the caller's buffers directly (a send waits for its receiver).
+  /// the way MPI's eager protocol does; an all-reduce sends its whole buffer to every peer and
+  /// reduces in rank order); larger ones announce their size in a header and then move
+  /// between the caller's buffers directly (a send waits for its receiver).
   std::size_t eager_bytes = 64 * 1024;
-  /// All-reduces of at least this many bytes run as a ring (reduce-scatter, then allgather) on
-  /// the caller's buffer; smaller ones as one exchange of the whole buffer with every peer.
-  std::size_t ring_min_bytes = 64 * 1024;
-  /// The ring moves segments in chunks of this many bytes, pipelined (see ring_allreduce).
-  std::size_t ring_chunk_bytes = 256 * 1024;
+  /// All-reduces larger than eager_bytes run as a ring (reduce-scatter, then allgather) on the
+  /// caller's buffer, in chunks of this many bytes, pipelined; large broadcasts move in chunks
+  /// too. Every rank must be given the same eager_bytes and chunk_bytes.
+  std::size_t chunk_bytes = 256 * 1024;
   /// At most this many small sends whose receiver has not taken them yet; one more waits (with
   /// its deadline) for the oldest to be received.
   std::size_t max_eager_in_flight = 1024;
@@ -306,22 +306,17 @@ public:
     const detail::gloo_notice me{++collectives_, 1, static_cast<std::int64_t>(count),
                                  static_cast<std::int64_t>(t), static_cast<std::int64_t>(op), 0};
     if (size_ == 1) return;
-    const bool ring = bytes >= options_.ring_min_bytes && count >= static_cast<std::size_t>(size_);
-    const bool inline_data = !ring && bytes <= options_.eager_bytes;
-    // Every peer gets our notice (and, below the ring, our data); we take theirs.
+    // Every peer gets our notice (and, up to eager_bytes, our data); we take theirs. Larger
+    // all-reduces run as a ring, which checks the notices while its first chunks move.
+    const bool inline_data = bytes <= inline_capacity();
     post_collective(c, me, inline_data ? buf : nullptr, inline_data ? bytes : 0, others());
-    collect(c, d, me, others(), inline_data ? bytes : 0);
-    if (ring) {
-      ring_allreduce(c, d, static_cast<unsigned char*>(buf), count, t, op);
-    } else if (inline_data) {
+    if (inline_data) {
+      collect(c, d, me, others());
       reduce_in_rank_order(buf, count, t, op);
+      repost_collective(c, others());
     } else {
-      // Between eager_bytes and ring_min_bytes (only when configured so): whole buffers
-      // exchanged on the bulk slot.
-      exchange_whole(c, d, buf, bytes);
-      reduce_in_rank_order(buf, count, t, op);
+      ring_allreduce(c, d, static_cast<unsigned char*>(buf), count, t, op, me);
     }
-    repost_collective(c, others());
     finish_collective_sends(c, d);
   }
 
@@ -333,33 +328,42 @@ public:
     detail::check_deadline(c, d);
     const detail::gloo_notice me{++collectives_, 2, static_cast<std::int64_t>(bytes), 0, 0, root};
     if (size_ == 1) return;
-    const bool inline_data = bytes <= options_.eager_bytes;
+    const bool inline_data = bytes <= inline_capacity();
+    const std::size_t chunk = bulk_chunk();
+    const std::size_t chunks = (bytes + chunk - 1) / chunk;
     if (rank_ == root) {
       post_collective(c, me, inline_data ? buf : nullptr, inline_data ? bytes : 0, others());
       if (!inline_data) {
         exposed_ = true;
         auto ub = context_->createUnboundBuffer(buf, bytes);
         std::vector<int> pending = others();
-        for (int p : pending) post(c, [&] { ub->send(p, detail::gloo_slot_bulk, 0, bytes); }, p);
+        // In chunks: no message on the bulk slot is longer than a chunk, so a receive posted
+        // for one (by a ring whose notices are still being checked) can take any of them.
+        for (int p : pending)
+          for (std::size_t k = 0; k < chunks; ++k)
+            post(c, [&] { ub->send(p, detail::gloo_slot_bulk, k * chunk, std::min(chunk, bytes - k * chunk)); }, p);
         // As MPI_Bcast: the root's call ends when its data is delivered; a receiver that
         // never takes it is named.
         for (std::size_t i = 0; i < pending.size(); ++i) {
-          wait(c, d, *ub, false, {pending.begin() + static_cast<std::ptrdiff_t>(i), pending.end()},
-               nullptr, "it did not take the broadcast's data");
+          for (std::size_t k = 0; k < chunks; ++k)
+            wait(c, d, *ub, false, {pending.begin() + static_cast<std::ptrdiff_t>(i), pending.end()},
+                 nullptr, "it did not take the broadcast's data");
         }
         exposed_ = false;
       }
       finish_collective_sends(c, d);
       return;
     }
-    collect(c, d, me, {root}, inline_data ? bytes : 0);
+    collect(c, d, me, {root});
     if (inline_data) {
       if (bytes != 0) std::memcpy(buf, in_[static_cast<std::size_t>(root)].bytes.get() + sizeof me, bytes);
     } else {
       exposed_ = true;
       auto ub = context_->createUnboundBuffer(buf, bytes);
-      post(c, [&] { ub->recv(root, detail::gloo_slot_bulk, 0, bytes); }, root);
-      wait(c, d, *ub, true, {root}, nullptr, "in the broadcast's data");
+      for (std::size_t k = 0; k < chunks; ++k)
+        post(c, [&] { ub->recv(root, detail::gloo_slot_bulk, k * chunk, std::min(chunk, bytes - k * chunk)); }, root);
+      for (std::size_t k = 0; k < chunks; ++k)
+        wait(c, d, *ub, true, {root}, nullptr, "in the broadcast's data");
       exposed_ = false;
     }
     repost_collective(c, {root});
@@ -459,6 +463,15 @@ private:
     int dst = -1;
   };
 
+  // Collective messages carry up to this many bytes of data after their notice; never fewer
+  // than one 8-byte element per rank, so an all-reduce too small for the ring always fits.
+  std::size_t inline_capacity() const noexcept {
+    return std::max(options_.eager_bytes, std::size_t{8} * static_cast<std::size_t>(size_));
+  }
+  std::size_t bulk_chunk() const noexcept {
+    return std::max<std::size_t>(options_.chunk_bytes / 8 * 8, 8);
+  }
+
   static std::chrono::milliseconds remaining_ms(const deadline& d) {
     // Rounded up, plus one: a gloo wait must not end before our deadline has passed, or its
     // timeout would read as a lost peer.
@@ -472,7 +485,7 @@ private:
   // a rank whose connections are all up may otherwise finish, and close them, while a peer is
   // still connecting to it. The message also checks that every rank was given the same size.
   void setup(const detail::call_info& c, const deadline& d) {
-    const std::size_t capacity = sizeof(detail::gloo_notice) + options_.eager_bytes;
+    const std::size_t capacity = sizeof(detail::gloo_notice) + inline_capacity();
     in_.resize(static_cast<std::size_t>(size_));
     in_posted_.assign(static_cast<std::size_t>(size_), false);
     for (int p = 0; p < size_; ++p) {
@@ -495,7 +508,7 @@ private:
     if (size_ == 1) return;
     const detail::gloo_notice hello{0, 3, size_, 0, 0, 0};
     post_collective(c, hello, nullptr, 0, others());
-    collect(c, d, hello, others(), 0);
+    collect(c, d, hello, others());
     repost_collective(c, others());
     finish_collective_sends(c, d);
   }
@@ -640,7 +653,7 @@ private:
 
   // Waits for each of `from`'s message of this collective and checks its notice.
   void collect(const detail::call_info& c, const deadline& d, const detail::gloo_notice& me,
-               const std::vector<int>& from, std::size_t bytes) {
+               const std::vector<int>& from) {
     for (std::size_t i = 0; i < from.size(); ++i) {
       const int p = from[i];
       auto& b = in_[static_cast<std::size_t>(p)];
@@ -656,7 +669,6 @@ private:
                                                                     : theirs.describe() + " as collective #" +
                                                                           std::to_string(theirs.index)) +
                              ", rank " + std::to_string(rank_) + " called " + me.describe()));
-      (void)bytes;
     }
   }
 
@@ -671,12 +683,10 @@ private:
     if (bytes == 0) return;
     auto data_of = [&](int p) -> const void* {
       if (p == rank_) return buf;
-      if (!whole_.empty()) return whole_[static_cast<std::size_t>(p)].bytes.get();
       return in_[static_cast<std::size_t>(p)].bytes.get() + sizeof(detail::gloo_notice);
     };
     if (rank_ == 0) {
       for (int p = 1; p < size_; ++p) detail::reduce_into(buf, data_of(p), count, t, op);
-      whole_.clear();
       return;
     }
     if (acc_size_ < bytes) {
@@ -686,27 +696,6 @@ private:
     std::memcpy(acc_.get(), data_of(0), bytes);
     for (int p = 1; p < size_; ++p) detail::reduce_into(acc_.get(), data_of(p), count, t, op);
     std::memcpy(buf, acc_.get(), bytes);
-    whole_.clear();
-  }
-
-  // Every peer's whole buffer into whole_[p], ours to every peer (the middle sizes).
-  void exchange_whole(const detail::call_info& c, const deadline& d, void* buf, std::size_t bytes) {
-    whole_.clear();
-    whole_.resize(static_cast<std::size_t>(size_));
-    exposed_ = true;
-    auto mine = context_->createUnboundBuffer(buf, bytes);
-    for (int p : others()) {
-      auto& w = whole_[static_cast<std::size_t>(p)];
-      w.size = bytes;
-      w.bytes.reset(new unsigned char[bytes]);
-      w.ub = context_->createUnboundBuffer(w.bytes.get(), bytes);
-      post(c, [&] { w.ub->recv(p, detail::gloo_slot_bulk, 0, bytes); }, p);
-      post(c, [&] { mine->send(p, detail::gloo_slot_bulk, 0, bytes); }, p);
-    }
-    for (int p : others())
-      wait(c, d, *whole_[static_cast<std::size_t>(p)].ub, true, {p}, nullptr, "in the all-reduce");
-    for (int p : others()) wait(c, d, *mine, false, {p}, nullptr, "in the all-reduce");
-    exposed_ = false;
   }
 
   // Ring all-reduce: in reduce-scatter step s, rank r sends segment r - s to its right
@@ -716,14 +705,18 @@ private:
   // the allgather, received), while gloo's device thread already reads the next one, and the
   // next step's receives are posted a step ahead (two scratch buffers), so no chunk waits for
   // gloo's send-ready / recv-ready handshake.
+  //
+  // The peers' notices are checked while the first chunks move: until then only receives
+  // into our scratch are posted, each for a whole chunk, the longest message any peer sends
+  // on the bulk slot, so arguments that differ can garble scratch but never overrun a buffer.
   void ring_allreduce(const detail::call_info& c, const deadline& d, unsigned char* buf,
-                      std::size_t count, dtype t, reduce_op op) {
+                      std::size_t count, dtype t, reduce_op op, const detail::gloo_notice& me) {
     const int n = size_;
     const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
     const std::size_t esize = dtype_size(t);
     auto first = [&](int seg) { return count * static_cast<std::size_t>(seg) / static_cast<std::size_t>(n); };
     auto seg_bytes = [&](int seg) { return (first(seg + 1) - first(seg)) * esize; };
-    const std::size_t chunk = std::max(esize, options_.ring_chunk_bytes / esize * esize);
+    const std::size_t chunk = bulk_chunk();  // a multiple of 8, so of every element size
     auto chunks = [&](int seg) { return (seg_bytes(seg) + chunk - 1) / chunk; };
     auto chunk_len = [&](int seg, std::size_t k) { return std::min(chunk, seg_bytes(seg) - k * chunk); };
     const int steps = 2 * (n - 1);
@@ -732,12 +725,13 @@ private:
     auto seg_in = [&](int s) { return is_rs(s) ? (rank_ - s - 1 + 2 * n) % n : (rank_ - (s - (n - 1)) + 2 * n) % n; };
 
     const std::size_t largest = (count + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * esize;
+    const std::size_t scratch_bytes = (largest + chunk - 1) / chunk * chunk;
     for (auto& sc : scratch_) {
-      if (sc.size >= largest) continue;
+      if (sc.size >= scratch_bytes) continue;
       sc.ub.reset();
-      sc.bytes.reset(new unsigned char[largest]);
-      sc.size = largest;
-      sc.ub = context_->createUnboundBuffer(sc.bytes.get(), largest);
+      sc.bytes.reset(new unsigned char[scratch_bytes]);
+      sc.size = scratch_bytes;
+      sc.ub = context_->createUnboundBuffer(sc.bytes.get(), scratch_bytes);
     }
     const std::size_t total = count * esize;
     exposed_ = true;
@@ -747,7 +741,7 @@ private:
       const int seg = seg_in(s);
       for (std::size_t k = 0; k < chunks(seg); ++k) {
         if (is_rs(s))
-          post(c, [&] { scratch_[static_cast<std::size_t>(s % 2)].ub->recv(left, detail::gloo_slot_bulk, k * chunk, chunk_len(seg, k)); }, left);
+          post(c, [&] { scratch_[static_cast<std::size_t>(s % 2)].ub->recv(left, detail::gloo_slot_bulk, k * chunk, chunk); }, left);
         else
           post(c, [&] { in->recv(left, detail::gloo_slot_bulk, first(seg) * esize + k * chunk, chunk_len(seg, k)); }, left);
       }
@@ -759,8 +753,11 @@ private:
       ++sends;
     };
     post_recvs(0);
-    if (steps > 1) post_recvs(1);
+    if (is_rs(1)) post_recvs(1);
     for (std::size_t k = 0; k < chunks(seg_out(0)); ++k) post_send(0, k);
+    collect(c, d, me, others());
+    repost_collective(c, others());
+    if (!is_rs(1)) post_recvs(1);  // into the caller's buffer: only now that sizes agree
     for (int s = 0; s < steps; ++s) {
       if (s >= 1 && s + 1 < steps) post_recvs(s + 1);  // its scratch was step s - 1's: done
       const int seg = seg_in(s);
@@ -811,7 +808,6 @@ private:
   std::vector<int> out_to_;
   detail::gloo_owned p2p_in_;   // a point to point header (and small payload)
   detail::gloo_owned scratch_[2];  // the ring's incoming segments, alternating by step
-  std::vector<detail::gloo_owned> whole_;
   std::unique_ptr<unsigned char[]> acc_;
   std::size_t acc_size_ = 0;
   std::deque<eager_send> eager_;
