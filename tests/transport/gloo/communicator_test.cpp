@@ -87,7 +87,6 @@ using gloo_pair_harness = gloo_threads_harness<2>;
 }  // namespace
 
 TYPE_TO_STRING(gloo_harness);
-TYPE_TO_STRING(gloo_pair_harness);
 CADENCE_TRANSPORT_CONFORMANCE(gloo_harness);
 
 TEST_CASE("two gloo ranks pass the all-reduce and point to point cases too" * doctest::timeout(120)) {
