@@ -82,7 +82,12 @@ else()
                  "compiles against it; cadence::gloo not provided (see CMakeFiles/CMakeError.log)")
   return()
 endif()
-message(STATUS "cadence: cadence::gloo with gloo ${Gloo_VERSION} (${_cadence_gloo_api})")
+if(_cadence_gloo_from_config)
+  message(STATUS "cadence: cadence::gloo with gloo ${Gloo_VERSION} (${_cadence_gloo_api})")
+else()
+  message(STATUS "cadence: cadence::gloo with ${CADENCE_GLOO_LIBRARY} (no usable GlooConfig.cmake; "
+                 "${_cadence_gloo_api}; not exported with the package)")
+endif()
 
 add_library(cadence_gloo INTERFACE)
 add_library(cadence::gloo ALIAS cadence_gloo)

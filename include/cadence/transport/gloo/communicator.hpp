@@ -65,9 +65,10 @@ struct gloo_options {
   /// caller's buffer, in chunks of this many bytes, pipelined; large broadcasts move in chunks
   /// too. Every rank must be given the same eager_bytes and chunk_bytes.
   std::size_t chunk_bytes = 256 * 1024;
-  /// At most this many small sends whose receiver has not taken them yet; one more waits (with
-  /// its deadline) for the oldest to be received.
-  std::size_t max_eager_in_flight = 1024;
+  /// Small sends kept until known to be received (gloo has no test that does not block): at
+  /// this many, a send first waits, with its deadline, for the oldest to be received (usually
+  /// long done). Bounds the memory held to this many copies of up to eager_bytes.
+  std::size_t max_eager_in_flight = 64;
   /// Construction polls the folder for the other ranks' arrival at this interval.
   std::chrono::milliseconds store_poll{5};
   /// How long the destructor of a communicator that has not failed waits for its small sends
@@ -265,14 +266,17 @@ public:
   ~gloo_communicator() {
     if (context_ && !closed_) {
       shutting_down_ = true;  // even after abort(): an aborted communicator leaves gracefully too
+      const deadline until = options_.shutdown_wait;
+      const detail::call_info c{"gloo", "shutdown", 0, rank_, size_, deadline::clock::now()};
       try {
-        const deadline until = options_.shutdown_wait;
-        const detail::call_info c{"gloo", "shutdown", 0, rank_, size_, deadline::clock::now()};
         if (!failed())
           for (auto& m : eager_) wait(c, until, *m.ub, false, {m.dst}, nullptr, "it never received a message");
+      } catch (...) {
+        // A lost peer, or one that never receives: the goodbye still goes to the others.
+      }
+      try {
         if (size_ > 1) goodbye(c, until);
       } catch (...) {
-        // A lost or slow peer: close anyway.
       }
     }
     close();
@@ -613,23 +617,45 @@ private:
     in_posted_[static_cast<std::size_t>(p)] = true;
   }
 
-  // Every peer's goodbye, skipping what a failed collective left unread; ours to every peer.
+  // Ours to every peer, theirs from every peer, skipping what a failed collective left unread.
+  // A lost peer is skipped, not a reason to stop: the others still wait for our goodbye. The
+  // goodbye has a buffer of its own: out_ may still hold a failed collective's message, or
+  // carry gloo's error from a peer that died (gloo keeps it on the buffer).
   void goodbye(const detail::call_info& c, const deadline& until) {
-    finish_collective_sends(c, until);  // a failed collective's message may still be in out_
     const detail::gloo_notice bye{collectives_ + 1, 4, 0, 0, 0, 0};
-    post_collective(c, bye, nullptr, 0, others());
+    bye_.size = sizeof bye;
+    bye_.bytes.reset(new unsigned char[sizeof bye]);
+    std::memcpy(bye_.bytes.get(), &bye, sizeof bye);
+    bye_.ub = context_->createUnboundBuffer(bye_.bytes.get(), sizeof bye);
+    std::vector<int> sent;
     for (int p : others()) {
-      for (;;) {
-        if (!in_posted_[static_cast<std::size_t>(p)]) post_in(c, p);
-        auto& b = in_[static_cast<std::size_t>(p)];
-        wait(c, until, *b.ub, true, {p}, nullptr, "it did not say goodbye");
-        in_posted_[static_cast<std::size_t>(p)] = false;
-        detail::gloo_notice theirs;
-        std::memcpy(&theirs, b.bytes.get(), sizeof theirs);
-        if (theirs.kind == 4) break;
+      try {
+        bye_.ub->send(p, detail::gloo_slot_collective, 0, sizeof bye);
+        sent.push_back(p);
+      } catch (const std::exception&) {
       }
     }
-    finish_collective_sends(c, until);
+    for (int p : others()) {
+      try {
+        for (;;) {
+          if (!in_posted_[static_cast<std::size_t>(p)]) post_in(c, p);
+          auto& b = in_[static_cast<std::size_t>(p)];
+          wait(c, until, *b.ub, true, {p}, nullptr, "it did not say goodbye");
+          in_posted_[static_cast<std::size_t>(p)] = false;
+          detail::gloo_notice theirs;
+          std::memcpy(&theirs, b.bytes.get(), sizeof theirs);
+          if (theirs.kind == 4) break;
+        }
+      } catch (const std::exception&) {
+      }
+    }
+    for (std::size_t i = 0; i < sent.size(); ++i) {
+      try {
+        wait(c, until, *bye_.ub, false, {sent[i]}, nullptr, "it did not take our goodbye");
+      } catch (const std::exception&) {
+        break;
+      }
+    }
   }
 
   // Our notice (and up to eager_bytes of data) to each of `to`, from out_.
@@ -706,9 +732,11 @@ private:
   // next step's receives are posted a step ahead (two scratch buffers), so no chunk waits for
   // gloo's send-ready / recv-ready handshake.
   //
-  // The peers' notices are checked while the first chunks move: until then only receives
-  // into our scratch are posted, each for a whole chunk, the longest message any peer sends
-  // on the bulk slot, so arguments that differ can garble scratch but never overrun a buffer.
+  // The peers' notices are checked while the first chunks move. Until then nothing touches the
+  // caller's buffer: receives go into our scratch, each for a whole chunk (the longest message
+  // any peer sends on the bulk slot, so arguments that differ can garble scratch but never
+  // overrun a buffer), and the first chunk leaves from a copy. A mismatch therefore fails the
+  // call without closing the connections, and every peer reads the notice that explains it.
   void ring_allreduce(const detail::call_info& c, const deadline& d, unsigned char* buf,
                       std::size_t count, dtype t, reduce_op op, const detail::gloo_notice& me) {
     const int n = size_;
@@ -734,7 +762,6 @@ private:
       sc.ub = context_->createUnboundBuffer(sc.bytes.get(), scratch_bytes);
     }
     const std::size_t total = count * esize;
-    exposed_ = true;
     auto out = context_->createUnboundBuffer(buf, total);
     auto in = context_->createUnboundBuffer(buf, total);
     auto post_recvs = [&](int s) {
@@ -754,10 +781,22 @@ private:
     };
     post_recvs(0);
     if (is_rs(1)) post_recvs(1);
-    for (std::size_t k = 0; k < chunks(seg_out(0)); ++k) post_send(0, k);
+    {
+      const std::size_t len = chunk_len(seg_out(0), 0);
+      if (first_out_.size < chunk) {
+        first_out_.ub.reset();
+        first_out_.bytes.reset(new unsigned char[chunk]);
+        first_out_.size = chunk;
+        first_out_.ub = context_->createUnboundBuffer(first_out_.bytes.get(), chunk);
+      }
+      std::memcpy(first_out_.bytes.get(), buf + first(seg_out(0)) * esize, len);
+      post(c, [&] { first_out_.ub->send(right, detail::gloo_slot_bulk, 0, len); }, right);
+    }
     collect(c, d, me, others());
     repost_collective(c, others());
-    if (!is_rs(1)) post_recvs(1);  // into the caller's buffer: only now that sizes agree
+    exposed_ = true;  // from here on gloo reads and writes the caller's buffer
+    for (std::size_t k = 1; k < chunks(seg_out(0)); ++k) post_send(0, k);
+    if (!is_rs(1)) post_recvs(1);
     for (int s = 0; s < steps; ++s) {
       if (s >= 1 && s + 1 < steps) post_recvs(s + 1);  // its scratch was step s - 1's: done
       const int seg = seg_in(s);
@@ -770,6 +809,7 @@ private:
         if (s + 1 < steps) post_send(s + 1, k);  // segment seg_in(s) is seg_out(s + 1)
       }
     }
+    wait(c, d, *first_out_.ub, false, {right}, nullptr, "in the ring all-reduce");
     for (; sends > 0; --sends) wait(c, d, *out, false, {right}, nullptr, "in the ring all-reduce");
     exposed_ = false;
   }
@@ -807,7 +847,9 @@ private:
   std::size_t out_pending_ = 0;
   std::vector<int> out_to_;
   detail::gloo_owned p2p_in_;   // a point to point header (and small payload)
+  detail::gloo_owned bye_;      // the destructor's goodbye
   detail::gloo_owned scratch_[2];  // the ring's incoming segments, alternating by step
+  detail::gloo_owned first_out_;   // the ring's first outgoing chunk, sent before the check
   std::unique_ptr<unsigned char[]> acc_;
   std::size_t acc_size_ = 0;
   std::deque<eager_send> eager_;
