@@ -151,8 +151,8 @@ TEST_CASE("a rank that never arrives at the rendezvous fails construction within
   CHECK(waited < 5.0);
 }
 
-TEST_CASE("a store folder that does not exist or is no folder is refused before waiting, "
-          "naming it" * doctest::timeout(60)) {
+TEST_CASE("a store folder that does not exist, is no folder or is not writable is refused "
+          "before waiting, naming it" * doctest::timeout(60)) {
   temp_store store;
   const std::string missing = store.path + "/no/such/folder";
   const auto t0 = steady::now();
@@ -164,6 +164,14 @@ TEST_CASE("a store folder that does not exist or is no folder is refused before 
                                         {file, "not a folder"});
   expect_throw<invalid_parameter_error>(
       0, [&] { gloo_communicator c(0, 2, options_for(store.path, "a/b"), 30s); }, {"prefix"});
+  if (::geteuid() != 0) {  // root may write anywhere: this check means nothing there
+    const std::string locked = store.path + "/locked";
+    std::filesystem::create_directory(locked);
+    std::filesystem::permissions(locked, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    expect_throw<invalid_parameter_error>(0, [&] { gloo_communicator c(0, 2, options_for(locked), 30s); },
+                                          {locked, "not writable"});
+    std::filesystem::permissions(locked, std::filesystem::perms::owner_all);
+  }
   CHECK(std::chrono::duration<double>(steady::now() - t0).count() < 5.0);
 }
 

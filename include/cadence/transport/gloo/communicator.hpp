@@ -150,8 +150,10 @@ struct gloo_owned {
 /// communicator among themselves under a fresh prefix (survives_lost_peer). A receive from
 /// any_source waits on no particular connection: it sees a crash only through its deadline.
 ///
-/// After the first failure the communicator closes its connections, so gloo never touches a
-/// caller's buffer after the failing call returned; the peers then see this rank as lost.
+/// A failure that leaves an operation on a caller's buffer posted (inside the ring, a large
+/// message) closes the connections at once, so gloo never touches that buffer after the call
+/// returned; the peers then see this rank as lost. Other failures leave the connections open
+/// until the destructor, which says goodbye to every peer before it closes them.
 ///
 /// Neither copyable nor movable (gloo holds pointers into it): hold it in a std::unique_ptr.
 class gloo_communicator {
