@@ -13,6 +13,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -74,6 +75,14 @@ struct gloo_options {
   /// How long the destructor of a communicator that has not failed waits for its small sends
   /// to be received (a send returns before that) before it closes the connections.
   std::chrono::milliseconds shutdown_wait{5000};
+  /// gloo writes to its sockets with writev(2), without MSG_NOSIGNAL, so a write to a peer
+  /// that has died raises SIGPIPE, whose default action kills the whole process, survivors
+  /// included. When set, construction sets SIGPIPE to SIG_IGN if it is still at its default
+  /// (a handler or disposition the program chose is left alone); the write then fails with
+  /// EPIPE and the call reports the peer as lost. This is the one process-wide effect of the
+  /// backend (PyTorch and gRPC ignore SIGPIPE for the same reason); clear it to manage SIGPIPE
+  /// yourself.
+  bool ignore_sigpipe = true;
 };
 
 namespace detail {
@@ -182,6 +191,7 @@ public:
     if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
       detail::bad_argument(c, "cannot create \"" + dir + "\" in the store folder: " + std::strerror(errno));
 
+    ignore_sigpipe();  // before connecting: a rank may die during the rendezvous
     std::shared_ptr<::gloo::transport::Device> device;
     try {
       ::gloo::transport::tcp::attr attr;
@@ -491,6 +501,7 @@ private:
   // a rank whose connections are all up may otherwise finish, and close them, while a peer is
   // still connecting to it. The message also checks that every rank was given the same size.
   void setup(const detail::call_info& c, const deadline& d) {
+    ignore_sigpipe();
     const std::size_t capacity = sizeof(detail::gloo_notice) + inline_capacity();
     in_.resize(static_cast<std::size_t>(size_));
     in_posted_.assign(static_cast<std::size_t>(size_), false);
@@ -517,6 +528,17 @@ private:
     collect(c, d, hello, others());
     repost_collective(c, others());
     finish_collective_sends(c, d);
+  }
+
+  void ignore_sigpipe() const noexcept {
+    if (!options_.ignore_sigpipe) return;
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return;
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
   }
 
   void close() noexcept {
