@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -194,6 +195,15 @@ TEST_CASE("every policy over 1 and 2 servers: guarantee, exactly-once, replay" *
         for (int s = 0; s < servers; ++s)
           CHECK(r.servers[static_cast<std::size_t>(s)].log.size() ==
                 static_cast<std::size_t>(workers * sc.iterations));
+        // Server 0 records the staleness of every release: one per push_pull, within the
+        // policy's bound, and its largest is the per-worker maxima's largest.
+        const auto& gaps = r.servers[0].start_staleness;
+        CHECK(gaps.size() == static_cast<std::size_t>(workers * sc.iterations));
+        const clock_value top = gaps.empty() ? 0 : *std::max_element(gaps.begin(), gaps.end());
+        CHECK(top == *std::max_element(r.servers[0].max_start_staleness.begin(),
+                                       r.servers[0].max_start_staleness.end()));
+        if (pc.bound >= 0) CHECK(top <= pc.bound);
+        for (int s = 1; s < servers; ++s) CHECK(r.servers[static_cast<std::size_t>(s)].start_staleness.empty());
         check_replay(r, servers);
       }
     }
