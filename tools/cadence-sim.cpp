@@ -4,6 +4,7 @@
 
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/core/error.hpp>
+#include <cadence/sim/collective.hpp>
 #include <cadence/sim/report.hpp>
 #include <cadence/sim/scenarios.hpp>
 #include <cadence/sim/simulator.hpp>
@@ -24,6 +25,7 @@
 namespace {
 
 constexpr const char* default_policies[] = {"bsp", "asp", "ssp:3", "dssp:3:15", "elastic:15", "elastic:60"};
+constexpr const char* default_collective_modes[] = {"bsp", "periodic:4", "elastic:4", "periodic:15", "elastic:15"};
 
 using cadence::tools::usage_error;
 
@@ -48,6 +50,14 @@ options:
   --seed N           random seed (default 1); a seed gives the same run every time
   --push-cost S      seconds for a push to reach the server (default: the scenario's)
   --pull-cost S      seconds for a worker to pull the weights (default: the scenario's)
+  --collective       simulate an all-reduce cluster instead (no parameter server): the
+                     collective adapters' modes bsp, periodic:<k> (average every k local
+                     steps) and elastic:<R>[:...] (ElasticBSP over collectives, planned by
+                     the elastic_averager's own planner), given with --policy (default:
+                     bsp, periodic:4, elastic:4, periodic:15, elastic:15). A merge costs
+                     --allreduce-cost seconds; worker failures are not modelled
+  --allreduce-cost S seconds of one merge all-reduce with --collective (default: push +
+                     pull cost)
   --json             print one JSON array, one object per policy
   --csv              print CSV: a header row and one row per policy; not with --json
   --list-scenarios   list the named scenarios and exit
@@ -77,6 +87,16 @@ columns (JSON and CSV keys in brackets; "-" or null where one does not apply):
                   superstep_monitoring_max, superstep_planned_max]
   ctrl ns         wall-clock nanoseconds inside controller.push() per push, the only
                   column that varies between runs [controller_ns_per_push]
+
+columns with --collective:
+  steps/s         local steps of all ranks per simulated second [steps_per_second]
+  wait%           share of rank time spent at a barrier waiting for the slowest rank
+                  [wait_fraction]
+  comm%           share of time inside merge all-reduces [allreduce_fraction]
+  barriers        merges [barriers]
+  steps/bar       mean local steps per rank between two merges [steps_per_barrier]
+  max local       most local steps any rank ran between two merges (<= R, <= k)
+                  [max_local_steps]
 )";
 }
 
@@ -105,13 +125,53 @@ private:
   bool shown_ = false;
 };
 
+enum class output { table, json, csv };
+
+int run_collective(const cadence::sim::scenario& s, std::vector<std::string> modes,
+                   double allreduce_cost, output format) {
+  if (modes.empty()) modes.assign(std::begin(default_collective_modes), std::end(default_collective_modes));
+  cadence::sim::collective_options opt;
+  opt.allreduce_seconds = allreduce_cost;
+  std::vector<cadence::sim::collective_metrics> runs;
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  for (const auto& mode : modes) {
+    progress_bar bar(mode);
+    if (tty) opt.progress = [&bar](double f) { bar(f); };
+    try {
+      runs.push_back(cadence::sim::simulate_collective(mode, s, opt));
+    } catch (const cadence::parse_error& e) {
+      throw usage_error(std::string("--policy: ") + e.what());
+    } catch (const cadence::invalid_parameter_error& e) {
+      throw usage_error(std::string("--policy: ") + e.what());
+    }
+  }
+  if (format == output::json) {
+    cadence::sim::write_collective_json(std::cout, runs);
+  } else if (format == output::csv) {
+    cadence::sim::write_collective_csv(std::cout, runs);
+  } else {
+    std::printf("scenario %s (%zu ranks, seed %llu): %s\n", s.name.c_str(), s.workers.size(),
+                static_cast<unsigned long long>(s.seed), s.description.c_str());
+    std::printf("all-reduce cluster: merge %g ms; ", 1e3 * (allreduce_cost >= 0 ? allreduce_cost
+                                                                     : s.push_seconds + s.pull_seconds));
+    if (s.seconds > 0)
+      std::printf("%g simulated s\n\n", s.seconds);
+    else
+      std::printf("%llu steps per rank\n\n", static_cast<unsigned long long>(s.iterations));
+    std::fflush(stdout);
+    cadence::sim::write_collective_table(std::cout, runs);
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   std::string scenario_name(cadence::sim::default_scenario_name);
   std::size_t workers = 0;
-  double seconds = -1, push_cost = -1, pull_cost = -1;
+  double seconds = -1, push_cost = -1, pull_cost = -1, allreduce_cost = -1;
+  bool collective = false;
   std::uint64_t iterations = 0, seed = 1;
   std::vector<std::string> policies;
-  enum { table, json, csv } format = table;
+  output format = output::table;
 
   cadence::tools::flag_reader args(argc, argv);
   // Each pair sets one thing (the run length, the output format): both would drop one.
@@ -147,12 +207,17 @@ int run(int argc, char** argv) {
       push_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
     } else if (flag == "--pull-cost") {
       pull_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
+    } else if (flag == "--collective") {
+      args.no_value();
+      collective = true;
+    } else if (flag == "--allreduce-cost") {
+      allreduce_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
     } else if (flag == "--json") {
       args.no_value();
-      format = json;
+      format = output::json;
     } else if (flag == "--csv") {
       args.no_value();
-      format = csv;
+      format = output::csv;
     } else {
       args.unknown();
     }
@@ -170,6 +235,10 @@ int run(int argc, char** argv) {
                                           : args.given("--seconds")  ? "--seconds"
                                                                      : "--workers");
   cadence::sim::validate(s);
+
+  if (collective) return run_collective(s, policies, allreduce_cost, format);
+  if (args.given("--allreduce-cost"))
+    throw usage_error("--allreduce-cost: only with --collective");
 
   // The default list names policies a build may not have yet: skip those, with a note.
   const bool defaults = policies.empty();
@@ -193,9 +262,9 @@ int run(int argc, char** argv) {
     runs.push_back(cadence::sim::simulate(c, s, opt));
   }
 
-  if (format == json) {
+  if (format == output::json) {
     cadence::sim::write_json(std::cout, runs);
-  } else if (format == csv) {
+  } else if (format == output::csv) {
     cadence::sim::write_csv(std::cout, runs);
   } else {
     std::printf("scenario %s (%zu workers, seed %llu): %s\n", s.name.c_str(), s.workers.size(),

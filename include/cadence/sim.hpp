@@ -2,6 +2,7 @@
 // discrete-event simulator that drives the real controllers, its metrics and reports.
 #pragma once
 
+#include <cadence/sim/collective.hpp>
 #include <cadence/sim/event_queue.hpp>
 #include <cadence/sim/metrics.hpp>
 #include <cadence/sim/random.hpp>

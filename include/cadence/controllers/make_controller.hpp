@@ -59,6 +59,43 @@ auto naming_config(std::string_view config, std::size_t workers, F&& build) -> d
   }
 }
 
+/// The fields of an "elastic:<R>[:<predictor>][:<variant>]" config string, checked for shape
+/// (R an integer >= 0, a known predictor kind with its value, at most one variant field) but
+/// not for range: the consumer (the elastic_bsp controller, the collective elastic_averager)
+/// builds its predictor and variant from these strings and reports values out of range. One
+/// parser, so both accept exactly the same strings.
+struct elastic_config {
+  std::size_t lookahead = 0;
+  std::string predictor = "last";  // a make_predictor spec: "last", "median:5", ...
+  std::string variant = "fast";    // a parse_zipline_variant name
+};
+
+inline elastic_config parse_elastic_config(std::string_view config) {
+  const auto f = split_fields(config, ':');
+  if (f[0] != "elastic" || f.size() < 2)
+    throw parse_error("cadence: policy '" + std::string(config) +
+                      "' must look like 'elastic:<R>[:<predictor>][:<variant>]'");
+  elastic_config out;
+  out.lookahead = static_cast<std::size_t>(parse_count(config, f[1], "lookahead R"));
+  std::size_t next = 2;
+  if (next < f.size() && (f[next] == "last" || f[next] == "mean" || f[next] == "median" ||
+                          f[next] == "ewma")) {
+    out.predictor = std::string(f[next++]);
+    if (out.predictor != "last") {
+      if (next >= f.size())
+        throw parse_error("cadence: policy '" + std::string(config) + "': predictor '" +
+                          out.predictor + "' needs a value, e.g. " + out.predictor +
+                          (out.predictor == "ewma" ? ":0.5" : ":5"));
+      out.predictor += ":" + std::string(f[next++]);
+    }
+  }
+  if (next < f.size()) out.variant = std::string(f[next++]);
+  if (next < f.size())
+    throw parse_error("cadence: policy '" + std::string(config) + "': unexpected field '" +
+                      std::string(f[next]) + "'; expected elastic:<R>[:<predictor>][:<variant>]");
+  return out;
+}
+
 inline const char* policy_grammar() {
   return "bsp | asp | ssp:<s> | dssp:<s_L>:<s_U>[:<predictor>] | "
          "elastic:<R>[:<predictor>][:<variant>]";
@@ -117,30 +154,10 @@ inline any_controller make_controller(std::string_view config, std::size_t worke
     });
   }
   if (kind == "elastic") {
-    if (f.size() < 2)
-      throw parse_error("cadence: policy '" + std::string(config) +
-                        "' must look like 'elastic:<R>[:<predictor>][:<variant>]'");
-    const clock_value r = detail::parse_count(config, f[1], "lookahead R");
-    std::size_t next = 2;
-    std::string predictor = "last";
-    if (next < f.size() && (f[next] == "last" || f[next] == "mean" || f[next] == "median" ||
-                            f[next] == "ewma")) {
-      predictor = std::string(f[next++]);
-      if (predictor != "last") {
-        if (next >= f.size())
-          throw parse_error("cadence: policy '" + std::string(config) + "': predictor '" +
-                            predictor + "' needs a value, e.g. " + predictor +
-                            (predictor == "ewma" ? ":0.5" : ":5"));
-        predictor += ":" + std::string(f[next++]);
-      }
-    }
-    const std::string_view variant = next < f.size() ? f[next++] : std::string_view("fast");
-    if (next < f.size())
-      throw parse_error("cadence: policy '" + std::string(config) + "': unexpected field '" +
-                        std::string(f[next]) + "'; expected elastic:<R>[:<predictor>][:<variant>]");
+    const detail::elastic_config e = detail::parse_elastic_config(config);
     return build([&] {
-      return elastic_bsp(workers, static_cast<std::size_t>(r), make_predictor<timestamp>(predictor),
-                         parse_zipline_variant(variant));
+      return elastic_bsp(workers, e.lookahead, make_predictor<timestamp>(e.predictor),
+                         parse_zipline_variant(e.variant));
     });
   }
   throw parse_error("cadence: unknown policy '" + std::string(config) + "'; expected one of " +

@@ -1,0 +1,350 @@
+// cadence-bench-exchange: the collective adapters (cadence/exchange/) against a raw all-reduce
+// of the same buffers, interleaved, measured as nccl-tests does (warm-up, N back-to-back
+// operations, time averaged over ranks; algbw = bytes / t, busbw = algbw * 2(n-1)/n).
+//
+//   cadence-bench-exchange --backend inproc [--ranks N] [--json]
+//   mpirun -np 2 cadence-bench-exchange --backend mpi [--json]
+//
+// Ops (the "op" field): "bsp_allreduce" is bucketed_allreducer::average() over the buffer
+// registered as 16 tensors (fused into 25 MiB buckets, copied in and out);
+// "bsp_allreduce_views" the same 16 tensors as bucket views (add_view: no copies); "elastic_sync" is
+// one elastic_averager::sync() of the buffer (record all-gather, merge all-reduce, plan, hash
+// check). Raw is one all-reduce (sum) of the whole buffer through the same communicator, so
+// the ratio is the adapter's own cost; --raw-mpi compares against MPI_Allreduce instead (the
+// communicator's cost against MPI is cadence-bench-transport's table). The JSON rows have the
+// fields of cadence-bench-transport. These machines are shared: read the ratios, not the times.
+#include <cadence/exchange/bucketed_allreducer.hpp>
+#include <cadence/exchange/elastic_averager.hpp>
+#include <cadence/transport/inproc.hpp>
+#if defined(CADENCE_BENCH_WITH_MPI)
+#include <cadence/transport/mpi/communicator.hpp>
+
+#include <mpi.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace cadence::transport;
+using namespace cadence::exchange;
+using steady = std::chrono::steady_clock;
+
+struct config {
+  std::string backend;
+  int ranks = 2;
+  bool json = false;
+  std::size_t min_bytes = 1024;
+  std::size_t max_bytes = std::size_t{16} << 20;
+  int reps = 5;
+  bool raw_backend = false;  // mpi: raw is MPI_Allreduce instead of the communicator's allreduce
+};
+
+struct row {
+  std::string op;
+  std::size_t bytes;
+  int ranks;
+  double raw_us, ours_us;
+};
+
+// What one rank runs: `raw` and `ours` act on the buffer given to prepare(); `average` returns
+// a value's mean over ranks and lines the ranks up.
+struct rank_ops {
+  int rank = 0, size = 1;
+  std::function<void(float*, std::size_t)> raw;
+  // (Re)binds the adapter to the buffer; returns the buffer to use instead, or nullptr.
+  std::function<float*(float*, std::size_t)> prepare;
+  std::function<void()> ours;
+  std::function<double(double)> average;
+};
+
+int iterations_for(std::size_t bytes) {
+  const std::size_t budget = std::size_t{128} << 20;
+  return static_cast<int>(std::clamp<std::size_t>(budget / std::max<std::size_t>(bytes, 1), 5, 500));
+}
+
+std::vector<row> run_rank(const std::string& op, rank_ops& ops, const config& cfg) {
+  std::vector<row> rows;
+  std::vector<std::size_t> sizes;
+  for (std::size_t b = cfg.min_bytes; b < cfg.max_bytes; b *= 4) sizes.push_back(b);
+  sizes.push_back(cfg.max_bytes);
+  for (std::size_t bytes : sizes) {
+    const std::size_t count = bytes / sizeof(float);
+    std::vector<float> own(count);
+    float* buf = ops.prepare(own.data(), count);
+    if (buf == nullptr) buf = own.data();
+    std::fill(buf, buf + count, static_cast<float>(ops.rank) * 2);
+    ops.ours();  // correctness: the average of 2r is n - 1 exactly
+    for (std::size_t i = 0; i < count; ++i)
+      if (buf[i] != static_cast<float>(ops.size - 1))
+        throw std::runtime_error(op + ": wrong average at " + std::to_string(bytes) + " bytes");
+    std::fill(buf, buf + count, 0.0f);
+    const int iters = iterations_for(bytes);
+    for (int w = 0; w < 2; ++w) {
+      ops.raw(buf, count);
+      ops.ours();
+    }
+    std::vector<std::pair<double, double>> pairs;
+    for (int rep = 0; rep < cfg.reps; ++rep) {
+      ops.average(0);
+      auto t0 = steady::now();
+      for (int i = 0; i < iters; ++i) ops.raw(buf, count);
+      const double raw = ops.average(std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters);
+      ops.average(0);
+      t0 = steady::now();
+      for (int i = 0; i < iters; ++i) ops.ours();
+      const double ours = ops.average(std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters);
+      pairs.emplace_back(raw, ours);
+    }
+    std::sort(pairs.begin(), pairs.end(),
+              [](const auto& a, const auto& b) { return a.second / a.first < b.second / b.first; });
+    const auto& mid = pairs[pairs.size() / 2];
+    rows.push_back({op, bytes, ops.size, mid.first, mid.second});
+  }
+  return rows;
+}
+
+double busbw(const row& r, double us) {
+  const double algbw = static_cast<double>(r.bytes) / (us * 1e-6) / 1e9;
+  return algbw * 2.0 * (r.ranks - 1) / r.ranks;
+}
+
+void print(const std::vector<row>& rows, const config& cfg) {
+  if (cfg.json) {
+    std::printf("[");
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const row& r = rows[i];
+      std::printf("%s\n  {\"backend\": \"%s\", \"op\": \"%s\", \"bytes\": %zu, \"ranks\": %d, "
+                  "\"raw_us\": %.3f, \"ours_us\": %.3f, \"raw_busbw\": %.4f, \"ours_busbw\": %.4f}",
+                  i ? "," : "", cfg.backend.c_str(), r.op.c_str(), r.bytes, r.ranks, r.raw_us,
+                  r.ours_us, busbw(r, r.raw_us), busbw(r, r.ours_us));
+    }
+    std::printf("\n]\n");
+    return;
+  }
+  std::printf("collective adapters vs raw all-reduce, backend %s, %d ranks (busbw in GB/s)\n",
+              cfg.backend.c_str(), rows.empty() ? 0 : rows.front().ranks);
+  std::printf("%-20s %10s %10s %10s %10s %10s %9s\n", "op", "bytes", "raw us", "ours us",
+              "raw busbw", "ours busbw", "ours/raw");
+  for (const row& r : rows)
+    std::printf("%-20s %10zu %10.1f %10.1f %10.3f %10.3f %8.1f%%\n", r.op.c_str(), r.bytes,
+                r.raw_us, r.ours_us, busbw(r, r.raw_us), busbw(r, r.ours_us),
+                100.0 * busbw(r, r.ours_us) / busbw(r, r.raw_us));
+}
+
+// Both adapters on one communicator, for one rank.
+template <class C>
+std::vector<row> run_adapters(C& comm, rank_ops ops, const config& cfg) {
+  std::vector<row> rows;
+  std::unique_ptr<bucketed_allreducer<C>> bsp;
+  ops.prepare = [&](float* b, std::size_t n) -> float* {
+    bsp = std::make_unique<bucketed_allreducer<C>>(comm);
+    const std::size_t piece = n / 16;
+    for (std::size_t k = 0; k < 16; ++k) bsp->add(b + k * piece, k == 15 ? n - 15 * piece : piece);
+    return nullptr;
+  };
+  ops.ours = [&] { bsp->average(); };
+  for (auto& r : run_rank("bsp_allreduce", ops, cfg)) rows.push_back(r);
+  // The same 16 tensors as bucket views: one bucket, reduced in place (the raw all-reduce
+  // runs on the same memory).
+  ops.prepare = [&](float*, std::size_t n) -> float* {
+    bucketed_allreducer_options o;
+    o.bucket_bytes = std::max(o.bucket_bytes, n * sizeof(float));
+    bsp = std::make_unique<bucketed_allreducer<C>>(comm, o);
+    const std::size_t piece = n / 16;
+    float* first = nullptr;
+    for (std::size_t k = 0; k < 16; ++k) {
+      float* p = bsp->template add_view<float>(k == 15 ? n - 15 * piece : piece);
+      if (k == 0) first = p;
+    }
+    return first;
+  };
+  for (auto& r : run_rank("bsp_allreduce_views", ops, cfg)) rows.push_back(r);
+  bsp.reset();
+
+  std::unique_ptr<elastic_averager<C>> avg;
+  float* buf = nullptr;
+  std::size_t count = 0;
+  ops.prepare = [&](float* b, std::size_t n) -> float* {
+    avg = std::make_unique<elastic_averager<C>>(comm, "elastic:4");
+    buf = b;
+    count = n;
+    return nullptr;
+  };
+  ops.ours = [&] {
+    while (!avg->step_done(1000)) {
+    }
+    avg->sync(tensor_ref(buf, count));
+  };
+  for (auto& r : run_rank("elastic_sync", ops, cfg)) rows.push_back(r);
+  return rows;
+}
+
+class summing_barrier {
+public:
+  explicit summing_barrier(int n) : n_(n) {}
+  double arrive_and_sum(double v) {
+    std::unique_lock<std::mutex> lock(m_);
+    const std::size_t gen = generation_;
+    sum_ += v;
+    if (++arrived_ == n_) {
+      result_ = sum_;
+      sum_ = 0;
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return generation_ != gen; });
+    }
+    return result_;
+  }
+
+private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  const int n_;
+  int arrived_ = 0;
+  std::size_t generation_ = 0;
+  double sum_ = 0, result_ = 0;
+};
+
+std::vector<row> run_inproc(const config& cfg) {
+  inproc_world world(cfg.ranks);
+  summing_barrier sync(cfg.ranks);
+  std::vector<row> rows;
+  std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < cfg.ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = world.join(r);
+        rank_ops ops;
+        ops.rank = r;
+        ops.size = cfg.ranks;
+        ops.raw = [&](float* b, std::size_t n) {
+          comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+        };
+        ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
+        auto mine = run_adapters(comm, ops, cfg);
+        if (r == 0) rows = std::move(mine);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (!e.empty()) throw std::runtime_error(e);
+  return rows;
+}
+
+#if defined(CADENCE_BENCH_WITH_MPI)
+int run_mpi(const config& cfg) {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  try {
+    MPI_Comm raw_comm;
+    MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
+    {
+      mpi_communicator comm(MPI_COMM_WORLD, mpi_options{});
+      rank_ops ops;
+      ops.rank = rank;
+      ops.size = size;
+      ops.raw = [&](float* b, std::size_t n) {
+        if (cfg.raw_backend)
+          MPI_Allreduce(MPI_IN_PLACE, b, static_cast<int>(n), MPI_FLOAT, MPI_SUM, raw_comm);
+        else
+          comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+      };
+      ops.average = [&](double v) {
+        double sum = 0;
+        MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, raw_comm);
+        return sum / size;
+      };
+      const auto rows = run_adapters(comm, ops, cfg);
+      if (rank == 0) print(rows, cfg);
+    }
+    MPI_Comm_free(&raw_comm);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cadence-bench-exchange (rank %d): %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return 0;
+}
+#endif
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "cadence-bench-exchange: %s\n"
+               "usage: cadence-bench-exchange --backend inproc|mpi [--ranks N] [--json]\n"
+               "         [--min-bytes B] [--max-bytes B] [--reps R]\n"
+               "  --ranks N      threads for inproc (default 2); under MPI, mpirun -np sets it\n"
+               "  --min-bytes B  smallest buffer (default 1 KiB; sizes go x4 up to --max-bytes)\n"
+               "  --max-bytes B  largest buffer (default 16 MiB)\n"
+               "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
+               "  --raw-mpi      mpi: raw is MPI_Allreduce, not the communicator's allreduce\n",
+               why.c_str());
+  std::exit(2);
+}
+
+long parse_number(const std::string& flag, const char* text) {
+  char* end = nullptr;
+  const long v = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || v < 1) usage(flag + " needs a positive integer, not '" + text + "'");
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  config cfg;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--backend") cfg.backend = value();
+    else if (a == "--ranks") cfg.ranks = static_cast<int>(parse_number(a, value()));
+    else if (a == "--json") cfg.json = true;
+    else if (a == "--min-bytes") cfg.min_bytes = static_cast<std::size_t>(parse_number(a, value()));
+    else if (a == "--max-bytes") cfg.max_bytes = static_cast<std::size_t>(parse_number(a, value()));
+    else if (a == "--reps") cfg.reps = static_cast<int>(parse_number(a, value()));
+    else if (a == "--raw-mpi") cfg.raw_backend = true;
+    else usage("unknown argument '" + a + "'");
+  }
+  if (cfg.max_bytes < cfg.min_bytes || cfg.min_bytes < 64 || cfg.max_bytes % 64 != 0 ||
+      cfg.min_bytes % 64 != 0)
+    usage("--min-bytes and --max-bytes must be multiples of 64, min <= max");
+  try {
+    if (cfg.backend == "inproc") {
+      print(run_inproc(cfg), cfg);
+      return 0;
+    }
+    if (cfg.backend == "mpi") {
+#if defined(CADENCE_BENCH_WITH_MPI)
+      return run_mpi(cfg);
+#else
+      usage("this build has no MPI (cadence::mpi was not found at configure time)");
+#endif
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cadence-bench-exchange: %s\n", e.what());
+    return 1;
+  }
+  usage(cfg.backend.empty() ? "--backend is required" : "unknown backend '" + cfg.backend + "'");
+}

@@ -1,0 +1,477 @@
+// ElasticBSP over collectives: ranks run local steps between merge all-reduces placed where a
+// plan, computed identically on every rank by ZipLine from exchanged step times, says arrivals
+// are closest.
+#pragma once
+
+#include <cadence/controllers/make_controller.hpp>
+#include <cadence/core/error.hpp>
+#include <cadence/exchange/detail/tensor.hpp>
+#include <cadence/predict/any_predictor.hpp>
+#include <cadence/transport/collectives.hpp>
+#include <cadence/transport/communicator.hpp>
+#include <cadence/zipline/variant.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace cadence::exchange {
+
+/// How a barrier merges the ranks' parameters.
+enum class merge_rule : std::uint8_t {
+  /// x = mean over ranks of x_r: local SGD's model averaging (the default).
+  average,
+  /// x = a + sum over ranks of (x_r - a), where a is the merged model of the previous barrier:
+  /// every rank's progress counts in full, as in asynchronous SGD on a server. The first
+  /// barrier averages (no common starting point is known before it).
+  summed_deltas,
+  /// x = sum of s_r x_r / sum of s_r, with s_r the local steps rank r ran since the previous
+  /// barrier: a rank that did more work weighs more.
+  step_weighted,
+};
+
+constexpr const char* merge_rule_name(merge_rule m) noexcept {
+  switch (m) {
+    case merge_rule::average: return "average";
+    case merge_rule::summed_deltas: return "summed_deltas";
+    case merge_rule::step_weighted: return "step_weighted";
+  }
+  return "unknown merge_rule";
+}
+
+struct elastic_averager_options {
+  merge_rule merge = merge_rule::average;
+  /// Step durations each rank keeps and sends (the predictor sees the latest ones): the timing
+  /// record is 8 * (history + 2) bytes per rank. In [2, 1024].
+  std::size_t history = 16;
+  /// Local steps of BSP (a barrier after every step) before the first plan; 0: what the
+  /// predictor needs, min_history() - 1 durations (one for "last"), and at least 1.
+  std::size_t warmup_steps = 0;
+  /// Deadline of one sync(), all of its collectives together.
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+};
+
+/// The plan every rank follows until the next barrier, identical on every rank.
+struct elastic_round {
+  /// Barriers completed before this plan was made (0: the plan for the first barrier).
+  std::uint64_t barrier = 0;
+  /// True during warm-up (and after a fallback): one step per rank, BSP.
+  bool warmup = true;
+  /// Per rank: local steps to run before the next barrier, each in [1, R].
+  std::vector<std::int64_t> steps;
+  /// ZipLine's predicted barrier time and spread, in microseconds after the last barrier (0
+  /// during warm-up).
+  std::int64_t predicted_barrier_us = 0;
+  std::int64_t predicted_spread_us = 0;
+  /// The plan's hash, as checked across ranks.
+  std::uint64_t hash = 0;
+};
+
+/// The deterministic planning step of elastic_averager, usable on its own (cadence-sim runs it
+/// on simulated step times): from every rank's timing record, the local steps each rank runs
+/// before the next barrier. Integer microseconds throughout, so every rank that runs it on the
+/// same records gets the same plan, bit for bit (the ewma predictor computes its mean interval
+/// in double from those integers: IEEE arithmetic without a platform-dependent step, and the
+/// hash check catches a build that contracts it differently).
+///
+/// Record of rank r (record_words() 64-bit integers): [local steps since the last barrier,
+/// durations that follow (at most history), the latest step durations, oldest first, 0-padded].
+class elastic_planner {
+public:
+  /// Throws parse_error or invalid_parameter_error naming `config` (and `ranks`).
+  elastic_planner(std::string_view config, std::size_t ranks, std::size_t history = 16,
+                  std::size_t warmup_steps = 0)
+      : ranks_(ranks), history_(history) {
+    const cadence::detail::elastic_config e = cadence::detail::parse_elastic_config(config);
+    cadence::detail::naming_config(config, ranks, [&] {
+      if (ranks < 1) throw invalid_parameter_error("needs at least one rank");
+      if (e.lookahead < 1) throw invalid_parameter_error("lookahead R must be >= 1, got 0");
+      if (e.lookahead > (std::size_t{1} << 16))
+        throw invalid_parameter_error("lookahead R must be <= 65536, got " +
+                                      std::to_string(e.lookahead));
+      if (ranks > (std::size_t{1} << 24) / e.lookahead)
+        throw invalid_parameter_error("ranks x R must be <= 2^24");
+      predictor_ = make_predictor<std::int64_t>(e.predictor);
+      variant_ = parse_zipline_variant(e.variant);
+      return 0;
+    });
+    lookahead_ = e.lookahead;
+    if (history < 2 || history > 1024)
+      throw invalid_parameter_error("cadence::exchange::elastic_planner: history must be in "
+                                    "[2, 1024], got " + std::to_string(history));
+    const std::size_t needed = std::max<std::size_t>(predictor_.min_history(), 2) - 1;
+    warmup_ = std::max<std::size_t>(warmup_steps == 0 ? needed : warmup_steps, 1);
+    rows_.assign(ranks * lookahead_, 0);
+    times_.assign(history + 1, 0);
+  }
+
+  std::size_t record_words() const noexcept { return history_ + 2; }
+  std::size_t ranks() const noexcept { return ranks_; }
+  std::size_t history() const noexcept { return history_; }
+  std::size_t lookahead() const noexcept { return lookahead_; }
+  std::size_t warmup_steps() const noexcept { return warmup_; }
+  std::uint64_t fallbacks() const noexcept { return fallbacks_; }
+  /// "elastic:<R>:<predictor>:<variant>", canonical.
+  std::string config() const {
+    return "elastic:" + std::to_string(lookahead_) + ":" + predictor_.name() + ":" +
+           std::string(to_string(variant_));
+  }
+
+  /// The warm-up plan: one step per rank.
+  elastic_round bsp_round(std::uint64_t barrier, std::uint64_t salt = 0) const {
+    elastic_round out;
+    out.barrier = barrier;
+    out.steps.assign(ranks_, 1);
+    out.hash = hash_round(out, salt);
+    return out;
+  }
+
+  /// The plan for barrier `barrier + 1` from ranks() records laid end to end. `salt` enters the
+  /// hash (the averager mixes in its merge rule, so ranks that merge differently disagree).
+  elastic_round plan(span<const std::int64_t> records, std::uint64_t barrier, std::uint64_t salt = 0) {
+    const std::size_t n = ranks_;
+    const std::size_t w = record_words();
+    if (records.size() != n * w)
+      throw invalid_parameter_error("cadence::exchange::elastic_planner: " +
+                                    std::to_string(records.size()) + " record words, expected " +
+                                    std::to_string(n * w));
+    std::int64_t fewest = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t r = 0; r < n; ++r) fewest = std::min(fewest, records[r * w + 1]);
+    const bool warm = fewest >= static_cast<std::int64_t>(warmup_) &&
+                      fewest + 1 >= static_cast<std::int64_t>(predictor_.min_history());
+    if (!warm) return bsp_round(barrier, salt);
+    const std::size_t r_ = lookahead_;
+    bool ok = true;
+    for (std::size_t p = 0; p < n && ok; ++p) {
+      // The rank's steps as push times on a clock that starts at 0 and never waits; the
+      // predictions minus the last time are the predicted step ends after the barrier.
+      const auto have = static_cast<std::size_t>(
+          std::min<std::int64_t>(records[p * w + 1], static_cast<std::int64_t>(history_)));
+      times_[0] = 0;
+      for (std::size_t i = 0; i < have; ++i) times_[i + 1] = times_[i] + records[p * w + 2 + i];
+      try {
+        predictor_.predict(span<const std::int64_t>(times_.data(), have + 1), r_,
+                           rows_.data() + p * r_);
+      } catch (const time_error&) {
+        ok = false;
+        break;
+      }
+      for (std::size_t i = 0; i < r_; ++i) rows_[p * r_ + i] -= times_[have];
+    }
+    if (ok && n > 1) {
+      try {
+        zipline_solve(variant_, rows_view<std::int64_t>::matrix(rows_.data(), n, r_), ws_, result_);
+      } catch (const zipline_input_error&) {
+        ok = false;
+      }
+    }
+    if (!ok) {
+      ++fallbacks_;
+      return bsp_round(barrier, salt);
+    }
+    elastic_round out;
+    out.barrier = barrier;
+    out.warmup = false;
+    out.steps.assign(n, 1);
+    if (n == 1) {
+      out.steps[0] = static_cast<std::int64_t>(r_);  // nobody to wait for
+      out.predicted_barrier_us = rows_[r_ - 1];
+    } else {
+      for (std::size_t p = 0; p < n; ++p)
+        out.steps[p] = static_cast<std::int64_t>(result_.choice[p]) + 1;
+      out.predicted_barrier_us = result_.barrier;
+      out.predicted_spread_us = result_.spread;
+    }
+    out.hash = hash_round(out, salt);
+    return out;
+  }
+
+private:
+  // FNV-1a over the configuration and the plan, so a rank with another config string also
+  // fails the check.
+  std::uint64_t hash_round(const elastic_round& r, std::uint64_t salt) const {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&](std::uint64_t v) {
+      for (int i = 0; i < 8; ++i) {
+        h ^= (v >> (8 * i)) & 0xFF;
+        h *= 1099511628211ull;
+      }
+    };
+    for (char ch : config()) mix(static_cast<unsigned char>(ch));
+    mix(history_);
+    mix(warmup_);
+    mix(salt);
+    mix(r.barrier);
+    mix(r.warmup ? 1 : 0);
+    for (std::int64_t s : r.steps) mix(static_cast<std::uint64_t>(s));
+    mix(static_cast<std::uint64_t>(r.predicted_barrier_us));
+    mix(static_cast<std::uint64_t>(r.predicted_spread_us));
+    return h;
+  }
+
+  std::size_t ranks_, history_;
+  std::size_t lookahead_ = 1, warmup_ = 1;
+  any_predictor<std::int64_t> predictor_;
+  zipline_variant variant_ = zipline_variant::fast;
+  std::uint64_t fallbacks_ = 0;
+  std::vector<std::int64_t> rows_, times_;
+  zipline_workspace<std::int64_t> ws_;
+  zipline_result<std::int64_t> result_;
+};
+
+/// ElasticBSP over collectives (our adaptation: the paper places the barriers on a parameter
+/// server). Between barriers each rank runs local SGD steps without communicating; at a barrier
+/// every rank calls sync(), which merges the parameters with one all-reduce per tensor. How many
+/// local steps rank p runs before the next barrier comes from a plan that every rank computes
+/// from identical inputs: each rank reports the durations of its own steps (integer
+/// microseconds, its local clock only), sync() exchanges a fixed-size record of them, and every
+/// rank runs the same predictor and ZipLine variant on integers, so the plans agree bit for bit;
+/// a min/max all-reduce of the plan's hash turns any divergence into an error instead of a hang.
+///
+/// Use:
+///   elastic_averager<C> avg(comm, "elastic:8");      // the controller's config strings
+///   for (;;) {
+///     local_sgd_step(params);
+///     if (avg.step_done(measured_us)) avg.sync(params);  // barrier: merge, plan the next one
+///   }
+///
+/// Guarantee: no rank runs more than max(R, 1) local steps between two barriers (exactly 1
+/// during warm-up). Every rank issues the same collectives in the same order on every sync():
+/// an all-gather of the records, the merge all-reduces, one hash all-reduce. A stalled rank
+/// makes the others throw transport_error naming it within the timeout.
+/// When to pick it: ranks of unequal or varying speed where BSP's per-step barrier makes the
+/// fast ones wait, and the model tolerates local SGD between merges. With steady, equal ranks,
+/// periodic_averager (or BSP) is as good and simpler.
+template <class C>
+class elastic_averager {
+  CADENCE_REQUIRE_COMMUNICATOR(C);
+
+public:
+  /// Most durations one step may take: about 12.7 days. Keeps every sum of a history in range.
+  static constexpr std::int64_t max_duration_us = std::int64_t{1} << 40;
+
+  /// `config`: "elastic:<R>[:<predictor>][:<variant>]", as make_controller parses it.
+  /// Throws parse_error or invalid_parameter_error naming the string.
+  explicit elastic_averager(C& comm, std::string_view config = "elastic:15",
+                            elastic_averager_options options = {})
+      : comm_(&comm), options_(options), config_(config),
+        planner_(make_planner(comm, config, options)) {
+    detail::require_host(comm, "elastic_averager");
+    detail::check_timeout("elastic_averager", options.timeout);
+    ring_.assign(options.history, 0);
+    records_.assign(planner_.ranks() * planner_.record_words(), 0);
+    round_ = planner_.bsp_round(0, salt());
+  }
+
+  /// This rank finished a local step that took `duration_us` microseconds (its own clock,
+  /// compute only: not time spent in sync()). Returns true when this rank must call sync()
+  /// now. Throws invalid_parameter_error for a duration <= 0 or above max_duration_us, or when
+  /// a sync() is already due (the step would break the plan).
+  bool step_done(std::int64_t duration_us) {
+    if (due())
+      throw invalid_parameter_error(here() + "step_done() after the step that made sync() due: "
+                                    "call sync() first (barrier " +
+                                    std::to_string(round_.barrier + 1) + " after " +
+                                    std::to_string(local_steps_) + " local steps)");
+    if (duration_us <= 0 || duration_us > max_duration_us)
+      throw invalid_parameter_error(here() + "step duration " + std::to_string(duration_us) +
+                                    " us is not in [1, " + std::to_string(max_duration_us) +
+                                    "] (measure it with a steady clock; round up to 1 us)");
+    ring_[recorded_ % ring_.size()] = duration_us;
+    ++recorded_;
+    ++local_steps_;
+    ++total_steps_;
+    return due();
+  }
+  template <class Rep, class Period>
+  bool step_done(std::chrono::duration<Rep, Period> d) {
+    return step_done(static_cast<std::int64_t>(
+        std::chrono::ceil<std::chrono::microseconds>(d).count()));
+  }
+
+  /// Whether the plan says this rank must sync now.
+  bool due() const noexcept { return local_steps_ >= planned(); }
+
+  /// The barrier: merges the tensors across ranks (merge rule of the options), exchanges the
+  /// timing records and puts the next plan in force. Every rank passes the same tensors (count
+  /// and dtype) in the same order. Throws invalid_parameter_error, before communicating, when
+  /// the plan does not call for a barrier yet or a tensor is bad; transport_error when a peer
+  /// fails or stalls, or when the ranks computed different plans. After a transport_error the
+  /// communicator has failed: the job ends (collectives are fail-stop).
+  void sync(std::initializer_list<tensor_ref> tensors) {
+    sync(span<const tensor_ref>(tensors.begin(), tensors.size()));
+  }
+  template <class... T,
+            class = std::enable_if_t<(sizeof...(T) > 0) &&
+                                     (std::is_constructible_v<tensor_ref, T&&> && ...)>>
+  void sync(T&&... tensors) {
+    const tensor_ref list[] = {tensor_ref(tensors)...};
+    sync(span<const tensor_ref>(list, sizeof...(T)));
+  }
+  /// A barrier without tensors (the timing exchange and the plan still run).
+  void sync() { sync(span<const tensor_ref>()); }
+  void sync(span<const tensor_ref> tensors) {
+    if (!due())
+      throw invalid_parameter_error(here() + "sync() before the plan calls for it: " +
+                                    std::to_string(local_steps_) + " of " +
+                                    std::to_string(planned()) + " local steps done");
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      detail::check_tensor("elastic_averager", comm_->rank(), comm_->size(), tensors[i], i);
+    if (options_.merge == merge_rule::summed_deltas && !anchor_.empty()) {
+      // The deltas are against the last merged tensors: the same tensors must come back.
+      if (anchor_.size() != tensors.size())
+        throw invalid_parameter_error(here() + "summed_deltas: sync() got " +
+                                      std::to_string(tensors.size()) + " tensors, the last had " +
+                                      std::to_string(anchor_.size()));
+      for (std::size_t i = 0; i < tensors.size(); ++i)
+        if (anchor_[i].size() != tensors[i].bytes())
+          throw invalid_parameter_error(here() + "summed_deltas: tensor " + std::to_string(i) +
+                                        " changed size since the last sync()");
+    }
+    const transport::deadline d = transport::deadline(options_.timeout);
+
+    // 1. Every rank's record: [local steps, durations recorded, the latest durations...].
+    const std::size_t w = record_words();
+    std::vector<std::int64_t> mine(w, 0);
+    mine[0] = local_steps_;
+    const std::size_t have = std::min<std::size_t>(recorded_, ring_.size());
+    mine[1] = static_cast<std::int64_t>(have);
+    for (std::size_t i = 0; i < have; ++i)
+      mine[2 + i] = ring_[(recorded_ - have + i) % ring_.size()];
+    transport::allgather(*comm_, mine.data(), records_.data(), w * sizeof(std::int64_t), d);
+
+    // 2. The merge.
+    merge(tensors, d);
+
+    // 3. The next plan, from the records alone, then the check that every rank made the same.
+    elastic_round next = planner_.plan(records_, round_.barrier + 1, salt());
+    std::int64_t h[2] = {static_cast<std::int64_t>(next.hash >> 2),
+                         -static_cast<std::int64_t>(next.hash >> 2)};
+    comm_->allreduce(h, 2, transport::dtype::i64, transport::reduce_op::max, d);
+    if (h[0] != -h[1])
+      throw transport_error(here() + "the ranks computed different plans for barrier " +
+                            std::to_string(next.barrier + 1) + " (plan hash max " +
+                            std::to_string(h[0]) + ", min " + std::to_string(-h[1]) + ", this rank " +
+                            std::to_string(next.hash >> 2) + "): every rank must use the same "
+                            "config string, history, warm-up and merge rule (this rank: " + config_ +
+                            ", merge " + merge_rule_name(options_.merge) + ")");
+    for (std::size_t r = 0; r < static_cast<std::size_t>(comm_->size()); ++r) {
+      const std::int64_t s = records_[r * w];
+      if (s > max_local_steps_) max_local_steps_ = s;
+    }
+    round_ = std::move(next);
+    local_steps_ = 0;
+  }
+
+  /// The plan in force (the same on every rank).
+  const elastic_round& round() const noexcept { return round_; }
+  /// Local steps this rank runs before its next barrier, and how many it has done.
+  std::int64_t planned() const noexcept {
+    return round_.steps[static_cast<std::size_t>(comm_->rank())];
+  }
+  std::int64_t local_steps() const noexcept { return local_steps_; }
+  std::uint64_t total_steps() const noexcept { return total_steps_; }
+  /// Barriers completed, and plans that fell back to one step because prediction failed.
+  std::uint64_t barriers() const noexcept { return round_.barrier; }
+  std::uint64_t fallbacks() const noexcept { return planner_.fallbacks(); }
+  /// The most local steps any rank ran between two barriers so far (from the records).
+  std::int64_t max_local_steps() const noexcept { return max_local_steps_; }
+  std::size_t lookahead() const noexcept { return planner_.lookahead(); }
+  std::size_t warmup_steps() const noexcept { return planner_.warmup_steps(); }
+  /// "elastic:<R>:<predictor>:<variant>", canonical.
+  std::string config() const { return planner_.config(); }
+
+private:
+  std::string here() const {
+    return detail::where("elastic_averager", comm_->rank(), comm_->size());
+  }
+  std::size_t record_words() const noexcept { return planner_.record_words(); }
+  std::uint64_t salt() const noexcept { return static_cast<std::uint64_t>(options_.merge); }
+
+  // The planner, with errors that name this rank (the config string's are named by it).
+  static elastic_planner make_planner(const C& comm, std::string_view config,
+                                      const elastic_averager_options& o) {
+    try {
+      return elastic_planner(config, static_cast<std::size_t>(comm.size()), o.history, o.warmup_steps);
+    } catch (const parse_error& e) {
+      throw parse_error(detail::where("elastic_averager", comm.rank(), comm.size()) + e.what());
+    } catch (const invalid_parameter_error& e) {
+      throw invalid_parameter_error(detail::where("elastic_averager", comm.rank(), comm.size()) + e.what());
+    }
+  }
+
+  void merge(span<const tensor_ref> tensors, const transport::deadline& d) {
+    const int n = comm_->size();
+    const std::size_t w = record_words();
+    merge_rule rule = options_.merge;
+    if (rule == merge_rule::summed_deltas && anchor_.empty()) rule = merge_rule::average;
+    std::int64_t total_steps = 0;
+    for (int r = 0; r < n; ++r) total_steps += records_[static_cast<std::size_t>(r) * w];
+    const std::int64_t my_steps = records_[static_cast<std::size_t>(comm_->rank()) * w];
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const tensor_ref& t = tensors[i];
+      switch (rule) {
+        case merge_rule::average:
+          comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
+          detail::divide(t, static_cast<double>(n));
+          break;
+        case merge_rule::step_weighted:
+          detail::scale(t, static_cast<double>(my_steps));
+          comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
+          detail::divide(t, static_cast<double>(total_steps));
+          break;
+        case merge_rule::summed_deltas:
+          // Sum the deltas x_r - a, then add a back: exact where the deltas are.
+          add_anchor(t, anchor_[i], -1.0);
+          comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
+          add_anchor(t, anchor_[i], 1.0);
+          break;
+      }
+    }
+    if (options_.merge == merge_rule::summed_deltas) {
+      anchor_.resize(tensors.size());
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        anchor_[i].resize(tensors[i].bytes());
+        if (tensors[i].count != 0)
+          std::memcpy(anchor_[i].data(), tensors[i].data, tensors[i].bytes());
+      }
+    }
+  }
+
+  // t += sign * a, elementwise.
+  static void add_anchor(const tensor_ref& t, const std::vector<unsigned char>& a, double sign) {
+    if (t.count == 0) return;
+    if (t.type == transport::dtype::f32) {
+      auto* p = static_cast<float*>(t.data);
+      std::vector<float> q(t.count);
+      std::memcpy(q.data(), a.data(), t.bytes());
+      for (std::size_t k = 0; k < t.count; ++k) p[k] = sign > 0 ? p[k] + q[k] : p[k] - q[k];
+    } else {
+      auto* p = static_cast<double*>(t.data);
+      std::vector<double> q(t.count);
+      std::memcpy(q.data(), a.data(), t.bytes());
+      for (std::size_t k = 0; k < t.count; ++k) p[k] = sign > 0 ? p[k] + q[k] : p[k] - q[k];
+    }
+  }
+
+  C* comm_;
+  elastic_averager_options options_;
+  std::string config_;
+  elastic_planner planner_;
+  std::vector<std::int64_t> ring_;  // this rank's latest step durations
+  std::uint64_t recorded_ = 0, total_steps_ = 0;
+  std::int64_t local_steps_ = 0, max_local_steps_ = 0;
+  elastic_round round_;
+  std::vector<std::vector<unsigned char>> anchor_;  // summed_deltas: the last merged model
+  std::vector<std::int64_t> records_;               // every rank's record, as exchanged
+};
+
+}  // namespace cadence::exchange

@@ -1,0 +1,95 @@
+// Periodic model averaging over any communicator: every rank averages its parameters every k
+// local steps (PyTorch's post-local SGD), the baseline for elastic_averager.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/exchange/detail/tensor.hpp>
+#include <cadence/transport/communicator.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+
+namespace cadence::exchange {
+
+/// Local SGD with a fixed period: each rank runs k local steps, then every rank calls sync(),
+/// which replaces the parameters with their average (one all-reduce per tensor). As PyTorch's
+/// PeriodicModelAverager (post-local SGD, without its warm-up of BSP steps: run a
+/// bucketed_allreducer for those). The fast ranks wait for the slowest at every barrier; pick
+/// elastic_averager when ranks differ in speed.
+template <class C>
+class periodic_averager {
+  CADENCE_REQUIRE_COMMUNICATOR(C);
+
+public:
+  /// `period` k >= 1 local steps between barriers (1: BSP model averaging); `timeout` bounds
+  /// one sync().
+  periodic_averager(C& comm, std::size_t period,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60))
+      : comm_(&comm), period_(period), timeout_(timeout) {
+    detail::require_host(comm, "periodic_averager");
+    if (period < 1)
+      throw invalid_parameter_error(detail::where("periodic_averager", comm.rank(), comm.size()) +
+                                    "period k must be >= 1, got 0");
+    detail::check_timeout("periodic_averager", timeout);
+  }
+
+  /// This rank finished a local step; true when sync() is due. Throws invalid_parameter_error
+  /// when sync() was already due.
+  bool step_done() {
+    if (due())
+      throw invalid_parameter_error(detail::where("periodic_averager", comm_->rank(), comm_->size()) +
+                                    "step_done() after the step that made sync() due: call "
+                                    "sync() first");
+    ++local_steps_;
+    return due();
+  }
+  bool due() const noexcept { return local_steps_ >= period_; }
+
+  /// Averages the tensors across ranks (the same tensors, in the same order, on every rank).
+  /// Throws invalid_parameter_error before communicating when sync() is not due or a tensor is
+  /// bad; transport_error when a peer fails or stalls.
+  /// A barrier without tensors.
+  void sync() { sync(span<const tensor_ref>()); }
+  void sync(std::initializer_list<tensor_ref> tensors) {
+    sync(span<const tensor_ref>(tensors.begin(), tensors.size()));
+  }
+  template <class... T,
+            class = std::enable_if_t<(sizeof...(T) > 0) &&
+                                     (std::is_constructible_v<tensor_ref, T&&> && ...)>>
+  void sync(T&&... tensors) {
+    const tensor_ref list[] = {tensor_ref(tensors)...};
+    sync(span<const tensor_ref>(list, sizeof...(T)));
+  }
+  void sync(span<const tensor_ref> tensors) {
+    if (!due())
+      throw invalid_parameter_error(detail::where("periodic_averager", comm_->rank(), comm_->size()) +
+                                    "sync() before it is due: " + std::to_string(local_steps_) +
+                                    " of " + std::to_string(period_) + " local steps done");
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      detail::check_tensor("periodic_averager", comm_->rank(), comm_->size(), tensors[i], i);
+    const transport::deadline d = transport::deadline(timeout_);
+    for (const tensor_ref& t : tensors) {
+      comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
+      detail::divide(t, static_cast<double>(comm_->size()));
+    }
+    local_steps_ = 0;
+    ++barriers_;
+  }
+
+  std::size_t period() const noexcept { return period_; }
+  std::size_t local_steps() const noexcept { return local_steps_; }
+  std::uint64_t barriers() const noexcept { return barriers_; }
+
+private:
+  C* comm_;
+  std::size_t period_;
+  std::chrono::milliseconds timeout_;
+  std::size_t local_steps_ = 0;
+  std::uint64_t barriers_ = 0;
+};
+
+}  // namespace cadence::exchange

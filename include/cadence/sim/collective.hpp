@@ -1,0 +1,214 @@
+// A simulated all-reduce cluster for the collective adapters: BSP, periodic averaging and
+// ElasticBSP over collectives (the elastic_planner the averager runs) on a scenario's step times.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/exchange/elastic_averager.hpp>
+#include <cadence/sim/random.hpp>
+#include <cadence/sim/report.hpp>
+#include <cadence/sim/scenario.hpp>
+#include <cadence/sim/worker_model.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cadence::sim {
+
+/// Totals of one collective mode on one scenario. Times are simulated seconds.
+struct collective_metrics {
+  std::string mode;      ///< "bsp", "periodic:<k>" or the elastic planner's canonical config
+  std::string scenario;
+  std::uint64_t seed = 0;
+  std::size_t workers = 0;
+  double simulated_seconds = 0;  ///< from t = 0 to the end of the last merge counted
+  std::uint64_t steps = 0;       ///< local steps of all ranks
+  double steps_per_second = 0;
+  /// Seconds ranks sat at a barrier waiting for the slowest, and its share of rank time.
+  double wait_seconds = 0;
+  double wait_fraction = 0;
+  /// Share of rank time inside the merge all-reduces (barriers x allreduce_seconds).
+  double allreduce_fraction = 0;
+  std::uint64_t barriers = 0;
+  /// Mean local steps per rank between two barriers, and the most any rank ran.
+  double steps_per_barrier = 0;
+  std::int64_t max_local_steps = 0;
+  /// ElasticBSP: barriers planned as BSP (warm-up and fallbacks).
+  std::uint64_t bsp_barriers = 0;
+};
+
+struct collective_options {
+  /// Seconds of one merge all-reduce; negative: the scenario's push + pull cost.
+  double allreduce_seconds = -1;
+  /// Called now and then with the fraction done.
+  std::function<void(double)> progress;
+};
+
+namespace detail {
+
+// "bsp" -> 1, "periodic:<k>" -> k, else 0 (elastic).
+inline std::size_t fixed_period(std::string_view mode) {
+  if (mode == "bsp") return 1;
+  if (mode.substr(0, 9) == "periodic:") {
+    const std::string_view k = mode.substr(9);
+    std::size_t v = 0;
+    const auto [ptr, ec] = std::from_chars(k.data(), k.data() + k.size(), v);
+    if (k.empty() || ec != std::errc() || ptr != k.data() + k.size() || v < 1)
+      throw parse_error("cadence::sim: bad period in collective mode '" + std::string(mode) +
+                        "': expected periodic:<k> with k >= 1");
+    return v;
+  }
+  if (mode.substr(0, 8) == "elastic:") return 0;
+  throw parse_error("cadence::sim: unknown collective mode '" + std::string(mode) +
+                    "'; expected bsp, periodic:<k> or elastic:<R>[:<predictor>][:<variant>]");
+}
+
+}  // namespace detail
+
+/// Simulates `mode` ("bsp", "periodic:<k>", "elastic:<R>[:...]") on an all-reduce cluster: all
+/// ranks start a round together; rank p runs its local steps (1, k, or the plan's), each as long
+/// as the scenario's model draws; the merge starts when the slowest rank arrives and takes
+/// allreduce_seconds; the next round starts after it. ElasticBSP plans with
+/// exchange::elastic_planner on the rounded-up integer microseconds of each step, exactly what
+/// elastic_averager does on a real cluster. Worker failures are not modelled (collectives are
+/// fail-stop: the adapters throw). Runs until the scenario's seconds or iterations per worker.
+/// Throws parse_error or invalid_parameter_error for a bad mode or scenario.
+inline collective_metrics simulate_collective(std::string_view mode, const scenario& s,
+                                              const collective_options& opt = {}) {
+  validate(s);
+  const std::size_t n = s.workers.size();
+  const std::size_t period = detail::fixed_period(mode);
+  std::unique_ptr<exchange::elastic_planner> planner;
+  if (period == 0) planner = std::make_unique<exchange::elastic_planner>(mode, n);
+  const double cost = opt.allreduce_seconds >= 0 ? opt.allreduce_seconds : s.push_seconds + s.pull_seconds;
+
+  collective_metrics m;
+  m.mode = planner ? planner->config() : std::string(mode);
+  m.scenario = s.name;
+  m.seed = s.seed;
+  m.workers = n;
+
+  std::vector<iteration_sampler> sampler;
+  sampler.reserve(n);
+  for (std::size_t p = 0; p < n; ++p) sampler.emplace_back(s.workers[p], mix_seed(s.seed, p));
+  const std::size_t history = planner ? planner->history() : 0;
+  const std::size_t w = planner ? planner->record_words() : 0;
+  std::vector<std::int64_t> records(n * w, 0);
+  std::vector<std::vector<std::int64_t>> ring(n, std::vector<std::int64_t>(history, 0));
+  std::vector<std::uint64_t> recorded(n, 0);
+  exchange::elastic_round round;
+  if (planner) round = planner->bsp_round(0);
+  std::vector<double> end(n);
+  std::vector<std::int64_t> steps(n, static_cast<std::int64_t>(period));
+
+  const bool timed = s.seconds > 0;
+  const std::uint64_t target = timed ? 0 : s.iterations * n;
+  double t0 = 0, wait = 0;
+  std::uint64_t rounds = 0;
+  for (;;) {
+    if (planner) steps = round.steps;
+    double last = t0;
+    std::uint64_t round_steps = 0;
+    for (std::size_t p = 0; p < n; ++p) {
+      double t = t0;
+      for (std::int64_t i = 0; i < steps[p]; ++i) {
+        const double d = sampler[p].next(t);
+        t += d;
+        if (planner) {
+          const double us = std::ceil(d * 1e6);
+          ring[p][recorded[p] % history] =
+              static_cast<std::int64_t>(std::clamp(us, 1.0, 1e12));
+          ++recorded[p];
+        }
+      }
+      end[p] = t;
+      last = std::max(last, t);
+      round_steps += static_cast<std::uint64_t>(steps[p]);
+    }
+    if (timed && last + cost > s.seconds) break;
+    for (std::size_t p = 0; p < n; ++p) {
+      wait += last - end[p];
+      m.max_local_steps = std::max(m.max_local_steps, steps[p]);
+    }
+    m.steps += round_steps;
+    ++m.barriers;
+    if (planner) {
+      if (round.warmup) ++m.bsp_barriers;
+      for (std::size_t p = 0; p < n; ++p) {
+        std::int64_t* rec = records.data() + p * w;
+        rec[0] = steps[p];
+        const std::size_t have = static_cast<std::size_t>(std::min<std::uint64_t>(recorded[p], history));
+        rec[1] = static_cast<std::int64_t>(have);
+        for (std::size_t i = 0; i < have; ++i) rec[2 + i] = ring[p][(recorded[p] - have + i) % history];
+      }
+      round = planner->plan(records, round.barrier + 1);
+    }
+    t0 = last + cost;
+    if (!timed && m.steps >= target) break;
+    if (opt.progress && (++rounds & 0xFF) == 0)
+      opt.progress(timed ? t0 / s.seconds : static_cast<double>(m.steps) / static_cast<double>(target));
+  }
+  m.simulated_seconds = timed ? s.seconds : t0;
+  const double rank_seconds = static_cast<double>(n) * m.simulated_seconds;
+  m.steps_per_second = m.simulated_seconds > 0 ? static_cast<double>(m.steps) / m.simulated_seconds : 0;
+  m.wait_seconds = wait;
+  m.wait_fraction = rank_seconds > 0 ? wait / rank_seconds : 0;
+  m.allreduce_fraction = m.simulated_seconds > 0 ? static_cast<double>(m.barriers) * cost / m.simulated_seconds : 0;
+  m.steps_per_barrier = m.barriers > 0 ? static_cast<double>(m.steps) / static_cast<double>(m.barriers * n) : 0;
+  if (opt.progress) opt.progress(1.0);
+  return m;
+}
+
+/// One row per run: mode, steps/s, wait %, all-reduce %, barriers, steps per barrier.
+inline void write_collective_table(std::ostream& os, const std::vector<collective_metrics>& runs) {
+  char line[256];
+  std::snprintf(line, sizeof line, "%-26s %10s %7s %7s %9s %10s %9s\n", "mode", "steps/s", "wait%",
+                "comm%", "barriers", "steps/bar", "max local");
+  os << line;
+  for (const auto& r : runs) {
+    std::snprintf(line, sizeof line, "%-26s %10.1f %6.1f%% %6.1f%% %9llu %10.2f %9lld\n",
+                  r.mode.c_str(), r.steps_per_second, 100 * r.wait_fraction,
+                  100 * r.allreduce_fraction, static_cast<unsigned long long>(r.barriers),
+                  r.steps_per_barrier, static_cast<long long>(r.max_local_steps));
+    os << line;
+  }
+}
+
+inline void write_collective_json(std::ostream& os, const std::vector<collective_metrics>& runs) {
+  using detail::format_number;
+  os << "[";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    os << (i ? ",\n " : "\n ") << "{\"mode\": " << detail::json_string(r.mode)
+       << ", \"scenario\": " << detail::json_string(r.scenario) << ", \"seed\": " << r.seed
+       << ", \"workers\": " << r.workers << ", \"simulated_seconds\": " << format_number(r.simulated_seconds)
+       << ", \"steps\": " << r.steps << ", \"steps_per_second\": " << format_number(r.steps_per_second)
+       << ", \"wait_seconds\": " << format_number(r.wait_seconds)
+       << ", \"wait_fraction\": " << format_number(r.wait_fraction)
+       << ", \"allreduce_fraction\": " << format_number(r.allreduce_fraction)
+       << ", \"barriers\": " << r.barriers << ", \"steps_per_barrier\": " << format_number(r.steps_per_barrier)
+       << ", \"max_local_steps\": " << r.max_local_steps << ", \"bsp_barriers\": " << r.bsp_barriers << "}";
+  }
+  os << "\n]\n";
+}
+
+inline void write_collective_csv(std::ostream& os, const std::vector<collective_metrics>& runs) {
+  using detail::format_number;
+  os << "mode,scenario,seed,workers,simulated_seconds,steps,steps_per_second,wait_seconds,"
+        "wait_fraction,allreduce_fraction,barriers,steps_per_barrier,max_local_steps,bsp_barriers\n";
+  for (const auto& r : runs)
+    os << r.mode << "," << r.scenario << "," << r.seed << "," << r.workers << ","
+       << format_number(r.simulated_seconds) << "," << r.steps << "," << format_number(r.steps_per_second)
+       << "," << format_number(r.wait_seconds) << "," << format_number(r.wait_fraction) << ","
+       << format_number(r.allreduce_fraction) << "," << r.barriers << ","
+       << format_number(r.steps_per_barrier) << "," << r.max_local_steps << "," << r.bsp_barriers << "\n";
+}
+
+}  // namespace cadence::sim

@@ -1,0 +1,212 @@
+// The collective adapters (cadence/exchange/) over the in-process backend: the shared suite,
+// plus what needs fault injection (a rank stalled by the world, deterministically).
+#include <cadence/exchange/bucketed_allreducer.hpp>
+#include <cadence/exchange/elastic_averager.hpp>
+#include <cadence/exchange/periodic_averager.hpp>
+#include <cadence/transport/inproc.hpp>
+
+#include "exchange_suite.hpp"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace cadence;
+using namespace cadence::transport;
+using namespace cadence::exchange;
+using namespace std::chrono_literals;
+
+namespace {
+
+template <class Body>
+void run_world(inproc_world& world, Body body) {
+  std::mutex m;
+  std::vector<std::string> escaped;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world.size(); ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        inproc_communicator c = world.join(r);
+        body(c);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(m);
+        escaped.push_back("rank " + std::to_string(r) + " threw: " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : escaped) FAIL_CHECK(e);
+}
+
+template <int N>
+struct inproc_exchange_harness {
+  template <class Body>
+  static void run(Body body) {
+    inproc_world world(N);
+    run_world(world, body);
+  }
+};
+using inproc_4 = inproc_exchange_harness<4>;
+using inproc_3 = inproc_exchange_harness<3>;
+
+}  // namespace
+
+TYPE_TO_STRING(inproc_4);
+TYPE_TO_STRING(inproc_3);
+CADENCE_EXCHANGE_SUITE(inproc_4);
+CADENCE_EXCHANGE_SUITE(inproc_3);
+
+static_assert(is_communicator_v<inproc_communicator>);
+
+TEST_CASE("a rank stalled by fault injection makes the others' sync throw transport_error "
+          "naming it within the deadline" * doctest::timeout(60)) {
+  inproc_world world(4);
+  const int stalled = 2;
+  std::mutex m;
+  std::vector<std::string> errors(4);
+  std::vector<double> waited(4, 0.0);
+  run_world(world, [&](inproc_communicator& c) {
+    elastic_averager_options o;
+    o.timeout = 1s;
+    elastic_averager<inproc_communicator> avg(c, "elastic:6:median:3", o);
+    std::vector<double> x(100, 2.0);
+    std::uint64_t step = 0;
+    try {
+      for (;;) {
+        if (!avg.step_done(cadence_exchange_suite::step_us(c.rank(), ++step))) continue;
+        // The stalled rank stops contributing at its 8th barrier, mid-run, after warm-up.
+        if (c.rank() == stalled && avg.barriers() == 7) world.stall(stalled);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          avg.sync(x);
+        } catch (...) {
+          waited[static_cast<std::size_t>(c.rank())] = cadence_conformance::seconds_since(t0);
+          throw;
+        }
+        if (avg.barriers() > 50) break;  // the stall must have stopped us long before
+      }
+    } catch (const transport_error& e) {
+      std::lock_guard<std::mutex> lock(m);
+      errors[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  for (int r = 0; r < 4; ++r) {
+    const std::string& e = errors[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(!e.empty(), "rank " << r << " did not throw");
+    if (r != stalled) {
+      CHECK_MESSAGE(e.find("rank " + std::to_string(stalled)) != std::string::npos, e);
+      CHECK_MESSAGE(e.find("on rank " + std::to_string(r)) != std::string::npos, e);
+    }
+    CHECK_MESSAGE(waited[static_cast<std::size_t>(r)] >= 0.99, "rank " << r << " gave up early");
+    CHECK_MESSAGE(waited[static_cast<std::size_t>(r)] < 10.0, "rank " << r << " overran its deadline");
+  }
+}
+
+TEST_CASE("the elastic averager on one rank runs R local steps between merges" * doctest::timeout(30)) {
+  inproc_world world(1);
+  run_world(world, [](inproc_communicator& c) {
+    elastic_averager<inproc_communicator> avg(c, "elastic:5");
+    std::vector<float> x(3, 1.5f);
+    int syncs = 0;
+    for (int s = 1; s <= 41; ++s)
+      if (avg.step_done(100)) {
+        avg.sync(x);
+        ++syncs;
+      }
+    CHECK(avg.round().steps[0] == 5);
+    CHECK(syncs == 1 + 8);  // one warm-up step, then every 5
+    CHECK(x[0] == 1.5f);
+  });
+}
+
+TEST_CASE("the bucketed all-reducer fuses small tensors and leaves big ones alone" * doctest::timeout(30)) {
+  inproc_world world(2);
+  run_world(world, [](inproc_communicator& c) {
+    bucketed_allreducer_options o;
+    o.bucket_bytes = 100;
+    bucketed_allreducer<inproc_communicator> red(c, o);
+    std::vector<float> a(10), b(10), big(1000), d(5);
+    std::vector<double> e(3);
+    red.add(a);
+    red.add(b);
+    red.add(big);
+    red.add(d);
+    red.add(e);
+    // a+b (80 bytes) fused; big alone; d (f32) and e (f64) split by dtype.
+    CHECK(red.buckets() == 4);
+  });
+}
+
+TEST_CASE("the elastic planner gives a 3x faster rank 3 steps per step of the slow one") {
+  elastic_planner planner("elastic:6", 2, 4);
+  CHECK(planner.record_words() == 6);
+  // Rank 0: 1 step since the barrier, durations 100 us; rank 1: 300 us.
+  const std::vector<std::int64_t> records{1, 2, 100, 100, 0, 0, 1, 2, 300, 300, 0, 0};
+  const elastic_round r = planner.plan(records, 5);
+  CHECK_FALSE(r.warmup);
+  CHECK(r.barrier == 5);
+  CHECK(r.steps == std::vector<std::int64_t>{3, 1});  // both predicted to end at 300 us
+  CHECK(r.predicted_barrier_us == 300);
+  CHECK(r.predicted_spread_us == 0);
+  // Identical inputs, identical plan and hash; any change changes the hash.
+  elastic_planner other("elastic:6", 2, 4);
+  CHECK(other.plan(records, 5).hash == r.hash);
+  CHECK(other.plan(records, 6).hash != r.hash);
+  elastic_planner longer("elastic:7", 2, 4);
+  CHECK(longer.plan(records, 5).hash != r.hash);
+  // Without history on one rank it stays BSP.
+  const std::vector<std::int64_t> cold{1, 0, 0, 0, 0, 0, 1, 2, 300, 300, 0, 0};
+  CHECK(planner.plan(cold, 1).warmup);
+  CHECK_THROWS_AS(planner.plan(span<const std::int64_t>(records.data(), 5), 1), invalid_parameter_error);
+}
+
+TEST_CASE("a sync without tensors still plans, and several tensors of both dtypes merge at once" *
+          doctest::timeout(30)) {
+  inproc_world world(2);
+  run_world(world, [](inproc_communicator& c) {
+    elastic_averager<inproc_communicator> avg(c, "elastic:3");
+    periodic_averager<inproc_communicator> per(c, 1);
+    std::vector<float> a(3, static_cast<float>(c.rank()));
+    std::vector<double> b(2, static_cast<double>(4 * c.rank()));
+    CHECK(avg.step_done(100 * (c.rank() + 1)));
+    avg.sync();
+    CHECK(avg.barriers() == 1);
+    CHECK_FALSE(avg.round().warmup);
+    CHECK(avg.round().steps == std::vector<std::int64_t>{2, 1});
+    CHECK(per.step_done());
+    per.sync({a, b});
+    CHECK(a == std::vector<float>(3, 0.5f));
+    CHECK(b == std::vector<double>(2, 2.0));
+    CHECK(per.step_done());
+    per.sync();
+    CHECK(per.barriers() == 2);
+  });
+}
+
+TEST_CASE("summed deltas refuse, before communicating, tensors that changed since the last barrier" *
+          doctest::timeout(30)) {
+  inproc_world world(2);
+  run_world(world, [](inproc_communicator& c) {
+    elastic_averager_options o;
+    o.merge = merge_rule::summed_deltas;
+    elastic_averager<inproc_communicator> avg(c, "elastic:1", o);
+    std::vector<double> x(4, static_cast<double>(2 * c.rank())), y(3, 0.0);
+    CHECK(avg.step_done(10));
+    avg.sync(x);  // first barrier: the average
+    CHECK(x == std::vector<double>(4, 1.0));
+    CHECK(avg.step_done(10));
+    cadence_conformance::expect_throw<invalid_parameter_error>(
+        c.rank(), [&] { avg.sync(x, y); }, {"summed_deltas", "2 tensors, the last had 1"});
+    std::vector<double> z(5, 0.0);
+    cadence_conformance::expect_throw<invalid_parameter_error>(
+        c.rank(), [&] { avg.sync(z); }, {"tensor 0 changed size"});
+    x.assign(4, 1.0 + c.rank());  // deltas 0 and 1
+    avg.sync(x);                  // still in step: nothing was communicated above
+    CHECK(x == std::vector<double>(4, 2.0));
+  });
+}
