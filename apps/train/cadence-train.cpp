@@ -11,7 +11,10 @@
 #include <cadence/controllers/any_controller.hpp>
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/core/error.hpp>
+#include <cadence/exchange/elastic_averager.hpp>
 #include <cadence/exchange/parameter_server.hpp>
+#include <cadence/exchange/periodic_averager.hpp>
+#include <cadence/sim/collective.hpp>
 #include <cadence/sim/simulator.hpp>
 #include <cadence/transport/mpi/communicator.hpp>
 
@@ -55,8 +58,11 @@ and measured push/pull cost in cadence's simulator and prints both.
 
 options:
   --policy CONFIG    a make_controller config (bsp, asp, ssp:<s>, dssp:<s_L>:<s_U>,
-                     elastic:<R>); repeat to compare several (default: bsp, asp, ssp:3,
-                     dssp:3:15, elastic:15)
+                     elastic:<R>) over the parameter server, or a collective mode over
+                     all-reduce among the workers (rank 0 only measures): periodic:<k>
+                     (average every k local steps) or elastic-avg:<R>[:...] (ElasticBSP over
+                     collectives, elastic_averager); repeat to compare several (default: bsp,
+                     asp, ssp:3, dssp:3:15, elastic:15)
   --profile NAME     per-worker speed profile (default hetero16); see the list below
   --seconds S        wall-clock seconds of training per policy (default 30)
   --seed K           seed of the profile's iteration times, the data order and the initial
@@ -196,6 +202,15 @@ private:
   std::unique_ptr<train::softmax_regression> softmax_;
 };
 
+// A collective mode ("periodic:<k>" or "elastic-avg:<R>[:...]") rather than a controller.
+bool is_collective(const std::string& policy) {
+  return policy.rfind("periodic:", 0) == 0 || policy.rfind("elastic-avg:", 0) == 0;
+}
+// The mode as cadence::sim::simulate_collective and the adapters spell it.
+std::string collective_mode(const std::string& policy) {
+  return policy.rfind("elastic-avg:", 0) == 0 ? "elastic:" + policy.substr(12) : policy;
+}
+
 double since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
@@ -206,7 +221,9 @@ struct worker_summary {
   double overruns = 0;
   double evicted = 0;
   double timings = 0;
+  double max_local_steps = 0;  // collective modes: most local steps between two merges
 };
+constexpr int summary_words = 5;
 
 // Server 0's update rule: SGD, plus the snapshots of the weights that make the curve (the
 // weights at time t are those before the first push after t), the count of pushes within the
@@ -374,6 +391,126 @@ worker_summary work(const options& o, any_model& model, const train::dataset& sh
   return sum;
 }
 
+// Collective modes, on a worker rank: local SGD steps stretched to the profile, merged by the
+// adapter over an all-reduce among the workers only. Every merge also all-reduces a stop vote,
+// so all ranks leave after the same merge (the first one after any rank passed the run's end).
+// Worker 0 keeps the merged weights at each --eval-every and sends them to rank 0.
+worker_summary work_collective(const options& o, const std::string& policy, any_model& model,
+                               const train::dataset& shard, const cadence::sim::scenario& prof,
+                               std::vector<train::exchange_timing>& timings, std::uint64_t& counted) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, 1, 0, &sub);
+  worker_summary sum;
+  {
+    comm_type comm(sub, make_mpi_options(), cadence::transport::deadline(std::chrono::seconds(120)));
+    const auto id = static_cast<std::size_t>(comm.rank());
+    const std::size_t params = model.parameter_count();
+    const float lr = static_cast<float>(o.lr * static_cast<double>(comm.size()));
+    const std::string mode = collective_mode(policy);
+    std::optional<cadence::exchange::periodic_averager<comm_type>> periodic;
+    std::optional<cadence::exchange::elastic_averager<comm_type>> elastic;
+    if (mode.rfind("periodic:", 0) == 0)
+      periodic.emplace(comm, static_cast<std::size_t>(std::stoull(mode.substr(9))));
+    else
+      elastic.emplace(comm, mode);
+    cadence::sim::iteration_sampler sampler(prof.workers[id], cadence::sim::mix_seed(o.seed, id));
+    train::detail::shard_walk walk(0, static_cast<std::uint32_t>(shard.size()), o.batch,
+                                   cadence::sim::mix_seed(o.seed + 1, id));
+    std::vector<float> w(params), g(params), stop(1);
+    model.initialize(w, o.seed);
+    std::vector<float> merged = w;  // the model of the last merge
+    std::vector<double> snap_times;
+    std::vector<float> snaps;
+    auto snapshot_until = [&](double t) {
+      for (;;) {
+        const double next = static_cast<double>(snap_times.size()) * o.eval_every;
+        if (next > t || next > o.seconds + 1e-9) return;
+        snap_times.push_back(next);
+        snaps.insert(snaps.end(), merged.begin(), merged.end());
+      }
+    };
+    timings.clear();
+    counted = 0;
+    std::int64_t local = 0;
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto start = clock_type::now();
+    for (;;) {
+      const auto t0 = clock_type::now();
+      const double at = std::chrono::duration<double>(t0 - start).count();
+      const double d = sampler.next(at);
+      model.gradient(w, shard, walk.next(), g);
+      const auto until = t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(d));
+      if (clock_type::now() > until) sum.overruns += 1;
+      std::this_thread::sleep_until(until);
+      for (std::size_t k = 0; k < params; ++k) w[k] -= lr * g[k];
+      sum.iterations += 1;
+      ++local;
+      const bool due = periodic ? periodic->step_done() : elastic->step_done(clock_type::now() - t0);
+      if (!due) continue;
+      const auto s0 = clock_type::now();
+      const double s_at = std::chrono::duration<double>(s0 - start).count();
+      stop[0] = s_at >= o.seconds ? 1.0f : 0.0f;
+      if (periodic)
+        periodic->sync(w, stop);
+      else
+        elastic->sync(w, stop);
+      const double end = since(start);
+      timings.push_back({s_at, since(s0)});
+      sum.max_local_steps = std::max(sum.max_local_steps, static_cast<double>(local));
+      if (end <= o.seconds) counted += static_cast<std::uint64_t>(local);
+      local = 0;
+      if (id == 0) {
+        snapshot_until(end);
+        merged = w;
+      }
+      if (stop[0] > 0) break;
+    }
+    if (id == 0) {
+      snapshot_until(o.seconds);
+      // The curve and the final model go to rank 0, which has the test set.
+      const int n = static_cast<int>(snap_times.size());
+      MPI_Send(&n, 1, MPI_INT, 0, 7, MPI_COMM_WORLD);
+      MPI_Send(snap_times.data(), n, MPI_DOUBLE, 0, 7, MPI_COMM_WORLD);
+      MPI_Send(snaps.data(), static_cast<int>(snaps.size()), MPI_FLOAT, 0, 7, MPI_COMM_WORLD);
+      MPI_Send(merged.data(), static_cast<int>(params), MPI_FLOAT, 0, 7, MPI_COMM_WORLD);
+    }
+  }
+  MPI_Comm_free(&sub);
+  sum.timings = static_cast<double>(timings.size());
+  return sum;
+}
+
+// Collective modes, on rank 0: no server; it receives worker 0's snapshots and measures them.
+train::policy_report observe_collective(const options& o, const std::string& policy, any_model& model,
+                                        const train::dataset& test, std::size_t workers) {
+  MPI_Comm none = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, MPI_UNDEFINED, 0, &none);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (isatty(2) == 0) std::fprintf(stderr, "cadence-train: %s: running over all-reduce among the workers\n", policy.c_str());
+  const std::size_t params = model.parameter_count();
+  int n = 0;
+  MPI_Recv(&n, 1, MPI_INT, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  std::vector<double> times(static_cast<std::size_t>(n));
+  std::vector<float> snaps(static_cast<std::size_t>(n) * params), final_w(params);
+  MPI_Recv(times.data(), n, MPI_DOUBLE, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  MPI_Recv(snaps.data(), static_cast<int>(snaps.size()), MPI_FLOAT, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  MPI_Recv(final_w.data(), static_cast<int>(params), MPI_FLOAT, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  train::policy_report r;
+  r.policy = policy;
+  r.transport = "mpi-allreduce";
+  r.workers = workers;
+  r.seconds = o.seconds;
+  for (std::size_t k = 0; k < times.size(); ++k) {
+    const auto e = model.evaluate(cadence::span<const float>(snaps.data() + k * params, params), test, o.test_limit);
+    r.curve.push_back({times[k], e.accuracy});
+    r.best_accuracy = std::max(r.best_accuracy, e.accuracy);
+  }
+  r.final_accuracy = model.evaluate(final_w, test, 0).accuracy;
+  r.time_to_70 = train::time_to(r.curve, 0.70);
+  r.time_to_80 = train::time_to(r.curve, 0.80);
+  return r;
+}
+
 int run(int argc, char** argv, int rank, int size) {
   const options o = parse(argc, argv);
   if (o.help) {
@@ -392,7 +529,13 @@ int run(int argc, char** argv, int rank, int size) {
   }
   for (const auto& p : o.policies) {
     try {
-      (void)cadence::make_controller(p, workers);
+      if (is_collective(p)) {
+        cadence::sim::scenario tiny = prof;
+        tiny.seconds = 0.5;
+        (void)cadence::sim::simulate_collective(collective_mode(p), tiny);  // parses the mode
+      } else {
+        (void)cadence::make_controller(p, workers);
+      }
     } catch (const cadence::error& e) {
       throw usage_error(std::string("--policy: ") + e.what());
     }
@@ -446,14 +589,19 @@ int run(int argc, char** argv, int rank, int size) {
     train::policy_report r;
     worker_summary mine;
     std::vector<train::exchange_timing> timings;
+    std::uint64_t counted = 0;
+    const bool collective = is_collective(policy);
     if (rank == 0)
-      r = serve(o, policy, k, model, test, workers);
+      r = collective ? observe_collective(o, policy, model, test, workers) : serve(o, policy, k, model, test, workers);
     else
-      mine = work(o, model, shard, prof, timings);
+      mine = collective ? work_collective(o, policy, model, shard, prof, timings, counted)
+                        : work(o, model, shard, prof, timings);
+    double mine_counted = static_cast<double>(counted), total_counted = 0;
+    MPI_Reduce(&mine_counted, &total_counted, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
 
     // Rank 0 collects every worker's summary and push_pull timings.
     std::vector<worker_summary> sums(static_cast<std::size_t>(size));
-    MPI_Gather(&mine, 4, MPI_DOUBLE, sums.data(), 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Gather(&mine, summary_words, MPI_DOUBLE, sums.data(), summary_words, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     std::vector<int> counts(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
     int mine_count = static_cast<int>(2 * timings.size());
     MPI_Gather(&mine_count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
@@ -475,6 +623,13 @@ int run(int argc, char** argv, int rank, int size) {
       for (int i = 0; i + 1 < counts[q]; i += 2) per_worker[p].push_back({t[i], t[i + 1]});
       iterations += sums[q].iterations;
       overruns += sums[q].overruns;
+      if (collective)  // the most local steps between merges: a local model's lag
+        r.max_staleness = std::max<std::int64_t>(r.max_staleness, static_cast<std::int64_t>(sums[q].max_local_steps));
+    }
+    if (collective) {
+      r.iterations = static_cast<std::uint64_t>(total_counted);
+      r.iterations_per_second = total_counted / o.seconds;
+      r.p99_staleness = r.max_staleness;
     }
     r.transfer_seconds = train::transfer_seconds(per_worker);
     r.wait_fraction = train::wait_fraction(per_worker, r.transfer_seconds, o.seconds);
@@ -482,21 +637,31 @@ int run(int argc, char** argv, int rank, int size) {
 
     // The simulator on the same profile, policy and measured transfer cost.
     cadence::sim::scenario s = prof;
-    s.push_seconds = s.pull_seconds = r.transfer_seconds / 2;
-    cadence::sim::run_options ro;
-    ro.time_controller = false;
-    const auto m = cadence::sim::simulate(policy, s, ro);
-    r.simulated_iterations_per_second = m.iterations_per_second;
-    r.simulated_wait_fraction = m.wait_fraction;
+    if (collective) {
+      cadence::sim::collective_options co;
+      co.allreduce_seconds = r.transfer_seconds;
+      const auto m = cadence::sim::simulate_collective(collective_mode(policy), s, co);
+      r.simulated_iterations_per_second = m.steps_per_second;
+      r.simulated_wait_fraction = m.wait_fraction;
+    } else {
+      s.push_seconds = s.pull_seconds = r.transfer_seconds / 2;
+      cadence::sim::run_options ro;
+      ro.time_controller = false;
+      const auto m = cadence::sim::simulate(policy, s, ro);
+      r.simulated_iterations_per_second = m.iterations_per_second;
+      r.simulated_wait_fraction = m.wait_fraction;
+    }
+    char t80[32] = "-";
+    if (std::isfinite(r.time_to_80)) std::snprintf(t80, sizeof t80, "%.1f s", r.time_to_80);
     std::fprintf(stderr,
                  "cadence-train: %s: %.2f it/s (simulated %.2f, error %.1f%%), wait %.1f%% (simulated %.1f%%, error "
-                 "%.1f%%), t@80%% %s, final %.1f%%, transfer %.2f ms, compute overran the profile in %.1f%% of "
+                 "%.1f%% = %.1f points), t@80%% %s, final %.1f%%, transfer %.2f ms, compute overran the profile in %.1f%% of "
                  "iterations\n",
                  r.policy.c_str(), r.iterations_per_second, r.simulated_iterations_per_second,
                  100 * train::relative_error(r.simulated_iterations_per_second, r.iterations_per_second),
                  100 * r.wait_fraction, 100 * r.simulated_wait_fraction,
                  100 * train::relative_error(r.simulated_wait_fraction, r.wait_fraction),
-                 std::isfinite(r.time_to_80) ? (std::to_string(r.time_to_80) + " s").c_str() : "-",
+                 100 * std::fabs(r.simulated_wait_fraction - r.wait_fraction), t80,
                  100 * r.final_accuracy, 1e3 * r.transfer_seconds, 100 * r.overrun_fraction);
     reports.push_back(std::move(r));
   }
