@@ -1,22 +1,25 @@
-# cadence-train end to end under mpirun: 1 server and 2 workers, two policies of 3 s each on
+# cadence-train end to end under mpirun: 1 server and 2 workers, three policies of 3 s each
+# (two over the parameter server, one over the collective adapter's all-reduce) on
 # a small shard of Fashion-MNIST (a 784-64-10 MLP: it learns in seconds). Checks that only the
 # JSON array is on stdout, that every policy's object has the documented keys, and that the
 # model learned (final accuracy well above chance). -DMPIRUN= -DMPIFLAGS= -DTRAIN=
 separate_arguments(_flags UNIX_COMMAND "${MPIFLAGS}")
 execute_process(COMMAND ${MPIRUN} ${_flags} -np 3 ${TRAIN} --model mlp --hidden 64 --lr 0.1 --batch 64 --policy bsp
-                        --policy dssp:1:4 --profile hetero16 --seconds 3 --eval-every 0.5
+                        --policy dssp:1:4 --policy periodic:2 --profile hetero16 --seconds 3 --eval-every 0.5
                         --train-limit 3000 --test-limit 500 --seed 2 --json
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 100)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "exit ${rc}\nstdout: ${out}\nstderr: ${err}")
 endif()
 string(JSON n LENGTH "${out}")
-if(NOT n EQUAL 2)
-  message(FATAL_ERROR "expected a JSON array of 2 policies, got ${n}:\n${out}")
+if(NOT n EQUAL 3)
+  message(FATAL_ERROR "expected a JSON array of 3 policies, got ${n}:\n${out}")
 endif()
 set(_keys policy transport workers seconds iterations iterations_per_second wait_fraction
           max_staleness final_accuracy best_accuracy time_to_70 time_to_80 evicted simulated)
-foreach(i 0 1)
+set(_transports mpi-ps mpi-ps mpi-allreduce)
+foreach(i 0 1 2)
+  list(GET _transports ${i} want_transport)
   string(JSON nkeys LENGTH "${out}" ${i})
   list(LENGTH _keys want)
   if(NOT nkeys EQUAL want)
@@ -35,7 +38,7 @@ foreach(i 0 1)
   string(JSON best GET "${out}" ${i} best_accuracy)
   string(JSON sim GET "${out}" ${i} simulated iterations_per_second)
   string(JSON nev LENGTH "${out}" ${i} evicted)
-  if(NOT t STREQUAL "mpi-ps" OR NOT w EQUAL 2 OR it LESS 20 OR NOT nev EQUAL 0)
+  if(NOT t STREQUAL want_transport OR NOT w EQUAL 2 OR it LESS 20 OR NOT nev EQUAL 0)
     message(FATAL_ERROR "object ${i}: transport ${t}, workers ${w}, iterations ${it}, evicted ${nev}:\n${out}")
   endif()
   # Chance is 10% (and where the initial weights start); 3 s of training gets past 60%.
