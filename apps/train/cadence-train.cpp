@@ -716,7 +716,11 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fprintf(stderr, "cadence-train: error: %s\n", e.what());
     rc = 2;
   } catch (const std::exception& e) {
+    // A failure of one rank mid-run (a lost server, a transfer past its deadline): the others
+    // may wait for it in a collective, so end the whole job rather than hang.
     std::fprintf(stderr, "cadence-train (rank %d): error: %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
     rc = 1;
   }
   MPI_Finalize();
