@@ -5,9 +5,12 @@
 //   cadence-bench-transport --backend inproc [--ranks N] [--json]
 //   mpirun -np 2 cadence-bench-transport --backend mpi [--json] [--no-bounce] [--no-verify]
 //                                         [--no-ring]
+//   cadence-bench-transport --backend gloo [--ranks N] [--json]   (ranks as threads, TCP on
+//                                                                  127.0.0.1, a temp file store)
 //   cadence-bench-transport --backend nccl [--ranks N] [--json]   (one thread per GPU)
 //
-// Raw: MPI_Allreduce for mpi; for nccl, ncclAllReduce on a communicator of its own
+// Raw: MPI_Allreduce for mpi; gloo::allreduce (gloo/allreduce.h, its ring) on the
+// communicator's own gloo context for gloo; for nccl, ncclAllReduce on a communicator of its own
 // (ncclCommInitAll) over the same device buffers, then a stream synchronize; for inproc a plain
 // shared-memory all-reduce among the same threads (each rank adds its buffer into a shared
 // accumulator under a lock, then copies the sum out), the same data movement without matching,
@@ -26,6 +29,15 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#endif
+#if defined(CADENCE_BENCH_WITH_GLOO)
+#include <cadence/transport/gloo/communicator.hpp>
+
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+
+#include <filesystem>
+#include <unistd.h>
 #endif
 
 #include <algorithm>
@@ -256,6 +268,54 @@ std::vector<row> run_inproc(const config& cfg) {
   return rows;
 }
 
+// ---- gloo: ranks as threads, each with its own gloo context over TCP on 127.0.0.1 ----
+
+#if defined(CADENCE_BENCH_WITH_GLOO)
+std::vector<row> run_gloo(const config& cfg) {
+  std::string store = (std::filesystem::temp_directory_path() / "cadence-bench-gloo-XXXXXX").string();
+  if (::mkdtemp(store.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  summing_barrier sync(cfg.ranks);
+  std::vector<row> rows;
+  std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < cfg.ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        gloo_options options;
+        options.store_path = store;
+        gloo_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
+        rank_ops ops;
+        ops.rank = r;
+        ops.size = cfg.ranks;
+        ops.raw = [&](float* b, std::size_t n) {
+          ::gloo::AllreduceOptions opts(comm.context());
+          opts.setOutput(b, n);
+          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(
+              &::gloo::sum<float>));
+          opts.setTag(1);
+          opts.setTimeout(std::chrono::seconds(60));
+          ::gloo::allreduce(opts);
+        };
+        ops.ours = [&](float* b, std::size_t n) {
+          comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+        };
+        ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
+        auto mine = run_rank(ops, cfg);
+        if (r == 0) rows = std::move(mine);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::error_code ec;
+  std::filesystem::remove_all(store, ec);
+  for (const auto& e : errors)
+    if (!e.empty()) throw std::runtime_error(e);
+  return rows;
+}
+#endif
+
 // ---- mpi: one rank per process ----
 
 #if defined(CADENCE_BENCH_WITH_MPI)
@@ -374,10 +434,10 @@ std::vector<row> run_nccl(const config& cfg) {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "cadence-bench-transport: %s\n"
-               "usage: cadence-bench-transport --backend inproc|mpi|nccl [--ranks N] [--json]\n"
+               "usage: cadence-bench-transport --backend inproc|mpi|gloo|nccl [--ranks N] [--json]\n"
                "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring]\n"
-               "  --ranks N      threads for inproc (default 2) or nccl (one per GPU, default 1);\n"
-               "                 under MPI, mpirun -np sets it\n"
+               "  --ranks N      threads for inproc and gloo (default 2) or nccl (one per GPU,\n"
+               "                 default 1); under MPI, mpirun -np sets it\n"
                "  --max-bytes B  largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)\n"
                "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
                "  --no-bounce    mpi: mpi_options::bounce_buffers = false\n"
@@ -432,6 +492,14 @@ int main(int argc, char** argv) {
       return 0;
 #else
       usage("this build has no NCCL (cadence::nccl was not found at configure time)");
+#endif
+    }
+    if (cfg.backend == "gloo") {
+#if defined(CADENCE_BENCH_WITH_GLOO)
+      print(run_gloo(cfg), cfg);
+      return 0;
+#else
+      usage("this build has no gloo (cadence::gloo was not found at configure time)");
 #endif
     }
     if (cfg.backend == "mpi") {

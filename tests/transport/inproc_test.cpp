@@ -150,6 +150,24 @@ TEST_CASE("messages a rank sent before it was killed are still delivered" * doct
                        transport_error);
 }
 
+TEST_CASE("a lost peer fails only the point-to-point calls that need it (isolates_lost_peer)" *
+          doctest::timeout(30)) {
+  inproc_world world(3);
+  world.kill(2);
+  auto c0 = world.join(0);
+  auto c1 = world.join(1);
+  CHECK(c0.capabilities().isolates_lost_peer);
+  int v = 7;
+  CHECK_THROWS_WITH_AS(c0.send(&v, sizeof v, 2, 0, 5s), doctest::Contains("lost rank 2"), transport_error);
+  CHECK_THROWS_WITH_AS(c0.recv(&v, sizeof v, 2, 0, 5s), doctest::Contains("lost rank 2"), transport_error);
+  CHECK_FALSE(c0.failed());
+  c1.send(&v, sizeof v, 0, 1, 5s);  // the others stay reachable
+  int got = 0;
+  CHECK(c0.recv(&got, sizeof got, any_source, 1, 5s) == 1);
+  CHECK(got == 7);
+  CHECK_FALSE(c0.failed());
+}
+
 TEST_CASE("a rank stalled by fault injection takes no part until resumed" * doctest::timeout(60)) {
   SUBCASE("the others time out naming it") {
     inproc_world world(3);

@@ -89,12 +89,15 @@ struct capability_flags {
   /// A peer that crashes surfaces as a transport_error naming it before the deadline (a closed
   /// connection, a dead thread). Without it, only the deadline catches a crashed peer.
   bool detects_lost_peer = false;
-  /// The surviving ranks keep running after a peer crashes. Open MPI 4.1 kills the whole job.
-  /// Where set, losing a peer fails the point-to-point calls that need it (sends to it,
-  /// receives from it, an any_source receive whose every candidate is lost) without failing
-  /// the communicator: a parameter server drops a crashed worker and serves the others on.
-  /// A collective that loses a peer still fails the communicator (rule b).
+  /// The surviving ranks keep running after a peer crashes (their communicator may have
+  /// failed; they can build a new one among themselves). Open MPI 4.1 kills the whole job.
   bool survives_lost_peer = false;
+  /// Losing a peer fails only the point-to-point calls that need it (sends to it, receives
+  /// from it, an any_source receive whose every candidate is lost), not the communicator:
+  /// failed() stays false and traffic with the other ranks goes on, so a parameter server
+  /// drops a crashed worker and serves the others. A collective that loses a peer still fails
+  /// the communicator (rule b). The in-process backend does this; gloo and MPI do not (yet).
+  bool isolates_lost_peer = false;
   /// Buffers are device pointers (NCCL); host-side helpers refuse such communicators.
   bool device_buffers = false;
 };
@@ -169,7 +172,7 @@ private:
 //  b. The first failure marks the communicator failed; every later call throws the original
 //     error at once. Nothing retries silently. After abort() (with no failure before it) every
 //     call throws transport_error naming itself.
-//     One exception, where capabilities().survives_lost_peer: a point-to-point call that
+//     One exception, where capabilities().isolates_lost_peer: a point-to-point call that
 //     fails only because its peer is lost throws without marking the communicator failed
 //     (failed() stays false, calls with the other ranks go on), so one crashed process does
 //     not take a parameter server down with it.

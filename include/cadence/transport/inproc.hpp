@@ -127,6 +127,7 @@ public:
     f.any_source = true;
     f.detects_lost_peer = true;   // a killed thread is seen at once
     f.survives_lost_peer = true;  // nothing outside the world is affected
+    f.isolates_lost_peer = true;  // a lost peer fails only the sends and receives that need it
     f.device_buffers = false;
     return f;
   }
@@ -213,7 +214,7 @@ public:
     detail::check_tag(c, tag);
     detail::check_deadline(c, d);
     enter(lock, c, d);
-    if (!state_->at(dst).lost.empty())  // survives_lost_peer: the others stay reachable
+    if (!state_->at(dst).lost.empty())  // isolates_lost_peer: the others stay reachable
       throw detail::lost_peer_error(c, {dst}, state_->at(dst).lost);
     auto msg = std::make_shared<detail::inproc_message>();
     msg->src = rank_;
@@ -421,7 +422,7 @@ private:
   // With `poll`, a deadline that passes before the call is ready returns false instead of
   // failing (try_recv); without it the return value is always true.
   // With `p2p` (send, recv), losing the peer(s) it waited for throws without failing the
-  // communicator: the other ranks stay reachable (capabilities().survives_lost_peer).
+  // communicator: the other ranks stay reachable (capabilities().isolates_lost_peer).
   template <class Ready>
   bool wait(std::unique_lock<std::mutex>& lock, const detail::call_info& c, const deadline& d,
             Ready ready) {

@@ -35,11 +35,6 @@ std::vector<double> initial() {
   return w;
 }
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 int world_size() {
   int n = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &n);

@@ -1,0 +1,112 @@
+# cadence::gloo — the gloo communicator (include/cadence/transport/gloo/) and gloo itself.
+# Optional by design: without gloo (or with CADENCE_ENABLE_GLOO=OFF) there is no target and
+# nothing fails. gloo's rendezvous API changed upstream in 2023 (connectFullMesh takes the store
+# as a std::shared_ptr instead of a reference); the form the installed gloo has is detected here
+# and passed to the header as CADENCE_GLOO_RENDEZVOUS_SHARED_STORE.
+option(CADENCE_ENABLE_GLOO "Provide cadence::gloo when gloo is found" ON)
+if(NOT CADENCE_ENABLE_GLOO)
+  message(STATUS "cadence: cadence::gloo disabled (CADENCE_ENABLE_GLOO=OFF)")
+  return()
+endif()
+
+# Debian's libgloo-dev ships /usr/share/cmake/Gloo/GlooConfig.cmake with an imported target
+# `gloo`; a config that is missing or broken falls back to the header and the library.
+find_package(Gloo CONFIG QUIET)
+set(_cadence_gloo_link "")
+if(Gloo_FOUND AND TARGET gloo)
+  set(_cadence_gloo_link gloo)
+  set(_cadence_gloo_from_config ON)
+else()
+  find_path(CADENCE_GLOO_INCLUDE_DIR gloo/context.h)
+  find_library(CADENCE_GLOO_LIBRARY gloo)
+  if(CADENCE_GLOO_INCLUDE_DIR AND CADENCE_GLOO_LIBRARY)
+    set(_cadence_gloo_link ${CADENCE_GLOO_LIBRARY})
+    set(_cadence_gloo_from_config OFF)
+  endif()
+endif()
+if(NOT _cadence_gloo_link)
+  message(STATUS "cadence: gloo not found; cadence::gloo not provided (install libgloo-dev)")
+  return()
+endif()
+
+# Which rendezvous API compiles against the installed gloo.
+include(CheckCXXSourceCompiles)
+include(CMakePushCheckState)
+cmake_push_check_state(RESET)
+if(_cadence_gloo_from_config)
+  set(CMAKE_REQUIRED_LIBRARIES gloo Threads::Threads)
+else()
+  set(CMAKE_REQUIRED_INCLUDES ${CADENCE_GLOO_INCLUDE_DIR})
+  set(CMAKE_REQUIRED_LIBRARIES ${CADENCE_GLOO_LIBRARY} Threads::Threads)
+endif()
+set(CMAKE_REQUIRED_QUIET ON)
+set(_cadence_gloo_check_head [=[
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <memory>
+int main() {
+  gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  std::shared_ptr<gloo::transport::Device> dev = gloo::transport::tcp::CreateDevice(attr);
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(0, 1);
+]=])
+set(_cadence_gloo_check_tail [=[
+  std::unique_ptr<gloo::transport::UnboundBuffer> ub = ctx->createUnboundBuffer(nullptr, 0);
+  ub->abortWaitRecv();
+  ctx->closeConnections();
+  return 0;
+}
+]=])
+check_cxx_source_compiles("${_cadence_gloo_check_head}
+  gloo::rendezvous::FileStore store(\"/tmp\");
+  ctx->connectFullMesh(store, dev);
+${_cadence_gloo_check_tail}" CADENCE_GLOO_HAS_STORE_REFERENCE)
+if(NOT CADENCE_GLOO_HAS_STORE_REFERENCE)
+  check_cxx_source_compiles("${_cadence_gloo_check_head}
+  auto store = std::make_shared<gloo::rendezvous::FileStore>(\"/tmp\");
+  ctx->connectFullMesh(store, dev);
+${_cadence_gloo_check_tail}" CADENCE_GLOO_HAS_STORE_SHARED_PTR)
+endif()
+cmake_pop_check_state()
+if(CADENCE_GLOO_HAS_STORE_REFERENCE)
+  set(_cadence_gloo_shared_store 0)
+  set(_cadence_gloo_api "connectFullMesh(Store&, ...)")
+elseif(CADENCE_GLOO_HAS_STORE_SHARED_PTR)
+  set(_cadence_gloo_shared_store 1)
+  set(_cadence_gloo_api "connectFullMesh(std::shared_ptr<Store>, ...)")
+else()
+  message(STATUS "cadence: gloo found (${_cadence_gloo_link}) but neither rendezvous API "
+                 "(connectFullMesh with a Store& or a std::shared_ptr<Store>, with unbound buffers) "
+                 "compiles against it; cadence::gloo not provided (see CMakeFiles/CMakeError.log)")
+  return()
+endif()
+if(_cadence_gloo_from_config)
+  message(STATUS "cadence: cadence::gloo with gloo ${Gloo_VERSION} (${_cadence_gloo_api})")
+else()
+  message(STATUS "cadence: cadence::gloo with ${CADENCE_GLOO_LIBRARY} (no usable GlooConfig.cmake; "
+                 "${_cadence_gloo_api}; not exported with the package)")
+endif()
+
+add_library(cadence_gloo INTERFACE)
+add_library(cadence::gloo ALIAS cadence_gloo)
+set_target_properties(cadence_gloo PROPERTIES EXPORT_NAME gloo)
+target_link_libraries(cadence_gloo INTERFACE cadence::cadence)
+if(_cadence_gloo_from_config)
+  target_link_libraries(cadence_gloo INTERFACE gloo)
+else()
+  # Not from a package config: the consumer's build sees the paths found here.
+  target_include_directories(cadence_gloo SYSTEM INTERFACE $<BUILD_INTERFACE:${CADENCE_GLOO_INCLUDE_DIR}>)
+  target_link_libraries(cadence_gloo INTERFACE $<BUILD_INTERFACE:${CADENCE_GLOO_LIBRARY}>)
+endif()
+target_compile_definitions(cadence_gloo INTERFACE
+  CADENCE_GLOO_RENDEZVOUS_SHARED_STORE=${_cadence_gloo_shared_store})
+target_sources(cadence_gloo INTERFACE
+  FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include
+  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/communicator.hpp)
+set(CADENCE_GLOO_FROM_CONFIG ${_cadence_gloo_from_config})
+
+if(CADENCE_BUILD_TESTS)
+  set_target_properties(cadence_gloo PROPERTIES VERIFY_INTERFACE_HEADER_SETS ON)
+endif()

@@ -1,0 +1,359 @@
+// The gloo backend: the conformance suite with ranks as threads (each its own gloo context over
+// a temporary file store), plus what is gloo's own: rendezvous failures, abort from a watchdog,
+// and ranks as real processes, one of them killed with SIGKILL mid-call.
+#include <cadence/transport/gloo/communicator.hpp>
+
+#include "../conformance.hpp"
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace cadence;
+using namespace cadence::transport;
+using namespace std::chrono_literals;
+using cadence_conformance::expect_throw;
+using steady = std::chrono::steady_clock;
+
+CADENCE_REQUIRE_COMMUNICATOR(gloo_communicator);
+
+namespace {
+
+// A fresh folder under the system's temporary folder, removed with everything in it.
+struct temp_store {
+  std::string path;
+  temp_store() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "cadence-gloo-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = tmpl;
+  }
+  ~temp_store() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  temp_store(const temp_store&) = delete;
+  temp_store& operator=(const temp_store&) = delete;
+};
+
+gloo_options options_for(const std::string& store, const std::string& prefix = "cadence") {
+  gloo_options o;
+  o.store_path = store;
+  o.prefix = prefix;
+  return o;
+}
+
+// Ranks as threads of this process, each with its own communicator (gloo context and TCP
+// device) over one temporary file store.
+template <int N>
+struct gloo_threads_harness {
+  template <class Body>
+  static void run(Body body) {
+    temp_store store;
+    std::mutex m;
+    std::vector<std::string> errors;
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < N; ++r) {
+      ranks.emplace_back([&, r] {
+        try {
+          gloo_communicator c(r, N, options_for(store.path), 30s);
+          body(c);
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(m);
+          errors.push_back("rank " + std::to_string(r) + " threw: " + e.what());
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (const auto& e : errors) FAIL_CHECK(e);
+  }
+};
+using gloo_harness = gloo_threads_harness<3>;
+using gloo_pair_harness = gloo_threads_harness<2>;
+
+}  // namespace
+
+TYPE_TO_STRING(gloo_harness);
+CADENCE_TRANSPORT_CONFORMANCE(gloo_harness);
+
+TEST_CASE("two gloo ranks pass the all-reduce and point to point cases too" * doctest::timeout(120)) {
+  using cadence_conformance::check_allreduce;
+  gloo_pair_harness::run([](auto& c) {
+    check_allreduce<float>(c, 1000, reduce_op::sum);
+    check_allreduce<float>(c, 262147, reduce_op::max);  // the ring
+    check_allreduce<std::int64_t>(c, 16, reduce_op::min);
+    std::int32_t v = c.rank() == 0 ? 42 : -1;
+    c.broadcast(&v, sizeof v, 0, 30s);
+    CHECK(v == 42);
+  });
+}
+
+TEST_CASE("ring-sized all-reduces whose counts differ fail with transport_error on every rank, "
+          "without overrunning a buffer" * doctest::timeout(120)) {
+  // The ring checks the notices while its first chunks move; only the scratch receives may be
+  // posted by then. Under AddressSanitizer an overrun would stop the test.
+  gloo_harness::run([](auto& c) {
+    const std::size_t count = c.rank() == 0 ? (std::size_t{1} << 20) : (std::size_t{3} << 17);
+    std::vector<float> buf(count, 1.0f);
+    expect_throw<transport_error>(
+        c.rank(), [&] { c.allreduce(buf.data(), count, dtype::f32, reduce_op::sum, 30s); },
+        {"allreduce #1 on rank " + std::to_string(c.rank()), "differ"});
+    CHECK(c.failed());
+  });
+  // A broadcast against an all-reduce: the root's chunks never exceed a ring receive.
+  gloo_harness::run([](auto& c) {
+    std::vector<float> buf(std::size_t{1} << 20, 1.0f);
+    try {
+      if (c.rank() == 0)
+        c.broadcast(buf.data(), buf.size() * sizeof(float), 0, 30s);
+      else
+        c.allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, 30s);
+      CHECK_MESSAGE(c.rank() == 0, "rank " << c.rank() << ": a mismatched collective succeeded");
+    } catch (const transport_error& e) {
+      CHECK_MESSAGE(std::string(e.what()).find("rank 0") != std::string::npos, e.what());
+    }
+  });
+}
+
+TEST_CASE("the gloo capabilities: any_source, and a crashed peer is detected and survived" *
+          doctest::timeout(60)) {
+  gloo_pair_harness::run([](auto& c) {
+    CHECK(c.capabilities().any_source);
+    CHECK(c.capabilities().detects_lost_peer);
+    CHECK(c.capabilities().survives_lost_peer);
+    CHECK_FALSE(c.capabilities().device_buffers);
+    CHECK(c.size() == 2);
+  });
+}
+
+TEST_CASE("a rank that never arrives at the rendezvous fails construction within the "
+          "deadline, naming it" * doctest::timeout(60)) {
+  temp_store store;
+  const auto t0 = steady::now();
+  expect_throw<transport_error>(0, [&] { gloo_communicator c(0, 3, options_for(store.path), 500ms); },
+                                {"construction on rank 0 of 3", "deadline passed", "ranks 1, 2",
+                                 store.path});
+  const double waited = std::chrono::duration<double>(steady::now() - t0).count();
+  CHECK(waited >= 0.499);
+  CHECK(waited < 5.0);
+}
+
+TEST_CASE("a store folder that does not exist, is no folder or is not writable is refused "
+          "before waiting, naming it" * doctest::timeout(60)) {
+  temp_store store;
+  const std::string missing = store.path + "/no/such/folder";
+  const auto t0 = steady::now();
+  expect_throw<invalid_parameter_error>(0, [&] { gloo_communicator c(0, 2, options_for(missing), 30s); },
+                                        {"construction on rank 0 of 2", missing, "does not exist"});
+  const std::string file = store.path + "/a-file";
+  std::fclose(std::fopen(file.c_str(), "w"));
+  expect_throw<invalid_parameter_error>(0, [&] { gloo_communicator c(0, 2, options_for(file), 30s); },
+                                        {file, "not a folder"});
+  expect_throw<invalid_parameter_error>(
+      0, [&] { gloo_communicator c(0, 2, options_for(store.path, "a/b"), 30s); }, {"prefix"});
+  if (::geteuid() != 0) {  // root may write anywhere: this check means nothing there
+    const std::string locked = store.path + "/locked";
+    std::filesystem::create_directory(locked);
+    std::filesystem::permissions(locked, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    expect_throw<invalid_parameter_error>(0, [&] { gloo_communicator c(0, 2, options_for(locked), 30s); },
+                                          {locked, "not writable"});
+    std::filesystem::permissions(locked, std::filesystem::perms::owner_all);
+  }
+  CHECK(std::chrono::duration<double>(steady::now() - t0).count() < 5.0);
+}
+
+TEST_CASE("abort() from a watchdog thread ends a blocked call; later calls throw at once" *
+          doctest::timeout(60)) {
+  gloo_pair_harness::run([](gloo_communicator& c) {
+    if (c.rank() == 0) {
+      std::thread watchdog([&] {
+        std::this_thread::sleep_for(100ms);
+        c.abort();
+      });
+      float x = 0;
+      const auto t0 = steady::now();
+      const std::string first = expect_throw<transport_error>(
+          0, [&] { c.recv(&x, sizeof x, 1, 77, 30s); }, {"recv #1 on rank 0", "aborted", "rank 1"});
+      watchdog.join();
+      CHECK(std::chrono::duration<double>(steady::now() - t0).count() < 10.0);
+      CHECK(c.failed());
+      // The first failure sticks: the same error, at once.
+      const std::string again = expect_throw<transport_error>(
+          0, [&] { c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 30s); }, {});
+      CHECK(again == first);
+    }
+    // Rank 1 sends nothing and leaves; rank 0 is aborted long before it would see that.
+    std::this_thread::sleep_for(300ms);
+  });
+}
+
+TEST_CASE("several communicators share one store folder under different prefixes" *
+          doctest::timeout(60)) {
+  temp_store store;
+  std::vector<std::thread> ranks;
+  std::vector<std::int64_t> sums(4, -1);
+  for (int r = 0; r < 4; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        // Two worlds of two ranks: {0, 1} under "a", {2, 3} under "b".
+        gloo_communicator c(r % 2, 2, options_for(store.path, r < 2 ? "a" : "b"), 30s);
+        std::int64_t v = r;
+        c.allreduce(&v, 1, dtype::i64, reduce_op::sum, 30s);
+        sums[static_cast<std::size_t>(r)] = v;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  CHECK(sums == std::vector<std::int64_t>{1, 1, 5, 5});
+}
+
+// ---- ranks as processes ----
+
+namespace {
+
+// One rank of a scenario, in a child process. Exit 0: as expected; 1: a check failed (the
+// reason on stderr); the victim never exits by itself: it kills itself with SIGKILL.
+int run_rank(const std::string& scenario, int rank, int size, const std::string& store) {
+  const int victim = size - 1;
+  try {
+    gloo_communicator c(rank, size, options_for(store, "world"), 20s);
+    std::vector<float> buf(std::size_t{1} << 18, 1.0f);  // 1 MiB: the ring
+    if (scenario == "collective")
+      for (int k = 0; k < 3; ++k) c.allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, 20s);
+    if (rank == victim) {
+      std::this_thread::sleep_for(300ms);  // the others are blocked waiting for it by now
+      ::kill(::getpid(), SIGKILL);
+    }
+    // "collective": every survivor is in the all-reduce; "recv": rank 0 waits in recv for the
+    // victim while the others go straight on.
+    if (scenario == "collective" || rank == 0) {
+      const auto t0 = steady::now();
+      std::string what;
+      try {
+        if (scenario == "collective") {
+          c.allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, 20s);
+        } else {
+          float x = 0;
+          c.recv(&x, sizeof x, victim, 5, 20s);
+        }
+        std::fprintf(stderr, "rank %d: the call returned although rank %d was killed\n", rank, victim);
+        return 1;
+      } catch (const transport_error& e) {
+        what = e.what();
+      }
+      const double waited = std::chrono::duration<double>(steady::now() - t0).count();
+      const std::string needle = "lost rank " + std::to_string(victim);
+      if (what.find(needle) == std::string::npos || waited > 10.0 || !c.failed()) {
+        std::fprintf(stderr, "rank %d: expected \"%s\" well within the deadline, got \"%s\" after %.3f s\n",
+                     rank, needle.c_str(), what.c_str(), waited);
+        return 1;
+      }
+      std::fprintf(stderr, "rank %d (expected): %s (after %.3f s)\n", rank, what.c_str(), waited);
+    }
+    // The survivors go on: a new communicator among themselves under a fresh prefix.
+    gloo_communicator after(rank, size - 1, options_for(store, "survivors"), 20s);
+    std::int64_t v = 1;
+    after.allreduce(&v, 1, dtype::i64, reduce_op::sum, 20s);
+    if (v != size - 1) {
+      std::fprintf(stderr, "rank %d: survivors' all-reduce gave %lld\n", rank, static_cast<long long>(v));
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    return 1;
+  }
+}
+
+struct child {
+  pid_t pid = -1;
+  int status = 0;
+  bool done = false;
+};
+
+// Starts `size` processes of this executable on one scenario and waits for all of them
+// (killing leftovers at `limit`). Returns their wait statuses.
+std::vector<child> run_processes(const std::string& scenario, int size, std::chrono::seconds limit) {
+  temp_store store;
+  std::vector<child> kids(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const std::string rank = std::to_string(r), n = std::to_string(size);
+      ::execl("/proc/self/exe", "cadence-gloo-rank", "--gloo-rank", scenario.c_str(), rank.c_str(),
+              n.c_str(), store.path.c_str(), static_cast<char*>(nullptr));
+      std::_Exit(127);
+    }
+    kids[static_cast<std::size_t>(r)].pid = pid;
+  }
+  const auto until = steady::now() + limit;
+  for (;;) {
+    bool all = true;
+    for (auto& k : kids) {
+      if (k.done) continue;
+      if (::waitpid(k.pid, &k.status, WNOHANG) == k.pid)
+        k.done = true;
+      else
+        all = false;
+    }
+    if (all) break;
+    if (steady::now() >= until) {
+      for (auto& k : kids) {
+        if (k.done) continue;
+        ::kill(k.pid, SIGKILL);
+        ::waitpid(k.pid, &k.status, 0);
+        k.done = true;
+        FAIL_CHECK("a rank of scenario " << scenario << " was still running after " << limit.count()
+                                         << " s and was killed");
+      }
+      break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return kids;
+}
+
+void check_processes(const std::vector<child>& kids) {
+  const int victim = static_cast<int>(kids.size()) - 1;
+  for (int r = 0; r < static_cast<int>(kids.size()); ++r) {
+    const int st = kids[static_cast<std::size_t>(r)].status;
+    if (r == victim) {
+      CHECK_MESSAGE((WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL), "the victim did not die of SIGKILL");
+    } else {
+      CHECK_MESSAGE((WIFEXITED(st) && WEXITSTATUS(st) == 0),
+                    "survivor rank " << r << " failed (its stderr says why)");
+    }
+  }
+}
+
+}  // namespace
+
+int cadence_gloo_rank_main(int argc, char** argv) {
+  if (argc != 6) return 2;
+  return run_rank(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), argv[5]);
+}
+
+TEST_CASE("a rank killed with SIGKILL mid all-reduce: the others throw transport_error naming "
+          "it at once, and go on without it" * doctest::timeout(120)) {
+  check_processes(run_processes("collective", 3, 60s));
+}
+
+TEST_CASE("a rank killed with SIGKILL while another waits in recv for it: the recv throws "
+          "naming it at once" * doctest::timeout(120)) {
+  check_processes(run_processes("recv", 3, 60s));
+}
