@@ -63,7 +63,8 @@ struct ps_options {
   std::chrono::nanoseconds server_idle_timeout = std::chrono::seconds(300);
   /// Bound on one transfer (a send of a slice); a peer slower than this fails the call.
   std::chrono::nanoseconds transfer_timeout = std::chrono::seconds(60);
-  /// Servers keep the order in which they applied pushes (ps_log_entry), for replay.
+  /// Servers keep the order in which they applied pushes (ps_log_entry), for replay; server 0
+  /// also keeps the staleness of every release (ps_stats::start_staleness).
   bool keep_log = false;
   /// The adapter's traffic uses tags [tag_base, tag_base + 3] on the communicator.
   int tag_base = transport::max_tag - 3;
@@ -92,6 +93,10 @@ struct ps_stats {
   std::vector<clock_value> max_start_staleness;
   std::vector<ps_eviction> evictions;
   std::vector<ps_log_entry> log;  ///< with keep_log
+  /// With keep_log, server 0: the controller's staleness of each worker it released, in
+  /// release order (one entry per push_pull answered; the first pull() is not a release), so
+  /// that callers can report percentiles, not only max_start_staleness.
+  std::vector<clock_value> start_staleness;
   std::int64_t parked = 0;        ///< pushes whose reply was deferred (server 0)
 };
 
@@ -565,7 +570,9 @@ private:
       const auto wi = static_cast<std::size_t>(w);
       parked_[wi] = 0;
       if (state_[wi] != worker_state::active) continue;
-      stats_.max_start_staleness[wi] = std::max(stats_.max_start_staleness[wi], controller_.staleness(w));
+      const clock_value gap = controller_.staleness(w);
+      stats_.max_start_staleness[wi] = std::max(stats_.max_start_staleness[wi], gap);
+      if (options_.keep_log) stats_.start_staleness.push_back(gap);
       if (options_.servers > 1) {
         std::vector<std::int64_t> need(applied_);
         for (std::size_t v = 0; v < need.size(); ++v)

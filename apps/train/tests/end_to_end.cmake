@@ -1,0 +1,57 @@
+# cadence-train end to end under mpirun: 1 server and 2 workers, three policies of 3 s each
+# (two over the parameter server, one over the collective adapter's all-reduce) on
+# a small shard of Fashion-MNIST (a 784-64-10 MLP: it learns in seconds). Checks that only the
+# JSON array is on stdout, that every policy's object has the documented keys, and that the
+# model learned (final accuracy well above chance). -DMPIRUN= -DMPIFLAGS= -DTRAIN=
+separate_arguments(_flags UNIX_COMMAND "${MPIFLAGS}")
+execute_process(COMMAND ${MPIRUN} ${_flags} -np 3 ${TRAIN} --model mlp --hidden 64 --lr 0.1 --batch 64 --policy bsp
+                        --policy dssp:1:4 --policy periodic:2 --profile hetero16 --seconds 3 --eval-every 0.5
+                        --train-limit 3000 --test-limit 500 --seed 2 --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 100)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "exit ${rc}\nstdout: ${out}\nstderr: ${err}")
+endif()
+string(JSON n LENGTH "${out}")
+if(NOT n EQUAL 3)
+  message(FATAL_ERROR "expected a JSON array of 3 policies, got ${n}:\n${out}")
+endif()
+set(_keys policy transport workers seconds iterations iterations_per_second wait_fraction
+          max_staleness final_accuracy best_accuracy time_to_70 time_to_80 evicted simulated)
+set(_transports mpi-ps mpi-ps mpi-allreduce)
+foreach(i 0 1 2)
+  list(GET _transports ${i} want_transport)
+  string(JSON nkeys LENGTH "${out}" ${i})
+  list(LENGTH _keys want)
+  if(NOT nkeys EQUAL want)
+    message(FATAL_ERROR "object ${i} has ${nkeys} keys, expected ${want}:\n${out}")
+  endif()
+  foreach(k IN LISTS _keys)
+    string(JSON v ERROR_VARIABLE e GET "${out}" ${i} ${k})
+    if(e)
+      message(FATAL_ERROR "object ${i}: no key '${k}': ${e}\n${out}")
+    endif()
+  endforeach()
+  string(JSON t GET "${out}" ${i} transport)
+  string(JSON w GET "${out}" ${i} workers)
+  string(JSON it GET "${out}" ${i} iterations)
+  string(JSON acc GET "${out}" ${i} final_accuracy)
+  string(JSON best GET "${out}" ${i} best_accuracy)
+  string(JSON sim GET "${out}" ${i} simulated iterations_per_second)
+  string(JSON nev LENGTH "${out}" ${i} evicted)
+  if(NOT t STREQUAL want_transport OR NOT w EQUAL 2 OR it LESS 20 OR NOT nev EQUAL 0)
+    message(FATAL_ERROR "object ${i}: transport ${t}, workers ${w}, iterations ${it}, evicted ${nev}:\n${out}")
+  endif()
+  # Chance is 10% (and where the initial weights start); 3 s of training gets past 60%.
+  if(acc LESS 0.5 OR best LESS 0.5 OR sim LESS 1)
+    message(FATAL_ERROR "object ${i}: final accuracy ${acc}, best ${best}, simulated it/s ${sim}: it did not learn\n${out}")
+  endif()
+endforeach()
+string(JSON p0 GET "${out}" 0 policy)
+string(JSON s0 GET "${out}" 0 max_staleness)
+if(NOT p0 STREQUAL "bsp" OR NOT s0 EQUAL 0)
+  message(FATAL_ERROR "bsp: policy ${p0}, max_staleness ${s0} (BSP starts every iteration at gap 0)")
+endif()
+if(NOT err MATCHES "cadence-train: bsp: .* it/s .simulated .*error")
+  message(FATAL_ERROR "no per-policy simulated-vs-measured line on stderr:\n${err}")
+endif()
+message(STATUS "${out}")

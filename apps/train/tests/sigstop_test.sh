@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A worker stopped with SIGSTOP mid-run is evicted (--evict-after) and listed in "evicted";
+# the run still ends and reports. The test stops worker 1 (rank 2) about 1 s into a 6 s ASP
+# run, waits until the server reports the eviction, then lets it go on (SIGCONT): its next
+# push is refused, it leaves, and the job ends. The stopped process is always resumed
+# (trap), so mpirun can exit whatever happens. Usage: sigstop_test.sh MPIRUN "FLAGS" TRAIN
+set -u
+mpirun=$1; flags=$2; train=$3
+dir=$(mktemp -d)
+victim=""
+cleanup() { [ -n "$victim" ] && kill -CONT "$victim" 2>/dev/null; rm -rf "$dir"; }
+trap cleanup EXIT
+# shellcheck disable=SC2086
+"$mpirun" $flags -np 3 "$train" --model softmax --policy asp --profile homogeneous --seconds 6 \
+  --evict-after 1 --train-limit 2000 --test-limit 200 --json >"$dir/out" 2>"$dir/err" &
+job=$!
+fail() { echo "FAIL: $*"; echo "--- stdout"; cat "$dir/out"; echo "--- stderr"; cat "$dir/err"; exit 1; }
+for _ in $(seq 1 300); do  # up to 30 s for the data load
+  grep -q "rank pids:" "$dir/err" && break
+  kill -0 "$job" 2>/dev/null || fail "the job ended before it started training"
+  sleep 0.1
+done
+pids=$(sed -n 's/.*rank pids: \([0-9 ]*\) (rank 0.*/\1/p' "$dir/err")
+victim=$(echo "$pids" | awk '{print $3}')
+[ -n "$victim" ] || fail "no pid line"
+sleep 1.5
+kill -STOP "$victim" || fail "cannot stop $victim"
+for _ in $(seq 1 200); do  # the eviction: 1 s of silence, then the server's line
+  grep -q "worker 1 evicted" "$dir/err" && break
+  sleep 0.1
+done
+grep -q "worker 1 evicted" "$dir/err" || fail "worker 1 was not evicted"
+kill -CONT "$victim"
+victim=""
+for _ in $(seq 1 600); do
+  kill -0 "$job" 2>/dev/null || break
+  sleep 0.1
+done
+if kill -0 "$job" 2>/dev/null; then kill "$job"; fail "the job did not end"; fi
+wait "$job" || fail "mpirun exit status $?"
+grep -q '"evicted": \[1\]' "$dir/out" || fail "worker 1 not listed in evicted"
+grep -q '"policy": "asp"' "$dir/out" || fail "no report"
+echo "PASS: worker 1 stopped, evicted and listed; the run reported"
+cat "$dir/out"
