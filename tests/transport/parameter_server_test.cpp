@@ -291,9 +291,10 @@ TEST_CASE("a killed worker is evicted and the survivors finish" * doctest::timeo
 
 TEST_CASE("a worker killed while it waits for its reply is dropped when the reply finds it gone" *
           doctest::timeout(60)) {
-  // BSP, worker 0 much faster than the others: it spends nearly all its time parked at the
-  // barrier, where it is excused from liveness. Killed there, it is found gone by the reply
-  // that releases it (not by silence: evict_after is long), and the survivors go on.
+  // BSP. Workers 1 and 2 take 1.2 s over their 3rd iteration, so worker 0 is parked at that
+  // barrier (excused from liveness) from about 20 ms until 1.2 s; it is killed at 400 ms,
+  // there. The reply that releases it finds it gone (not silence: evict_after is long), and
+  // the survivors go on.
   for (int servers : {1, 2}) {
     CAPTURE(servers);
     scenario sc;
@@ -301,10 +302,13 @@ TEST_CASE("a worker killed while it waits for its reply is dropped when the repl
     sc.servers = servers;
     sc.workers = 3;
     sc.iterations = 10;
-    sc.ms_per_iteration = {0, 30, 30};
+    sc.ms_per_iteration = {0, 5, 5};
     sc.options.evict_after = 30s;
+    sc.before_push = [](inproc_world&, worker_id w, std::int64_t k) {
+      if (w != 0 && k == 3) std::this_thread::sleep_for(1200ms);
+    };
     sc.fault = [servers](inproc_world& world) {
-      std::this_thread::sleep_for(100ms);
+      std::this_thread::sleep_for(400ms);
       world.kill(servers);  // worker 0's rank
     };
     const auto t0 = std::chrono::steady_clock::now();
