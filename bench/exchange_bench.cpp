@@ -22,6 +22,8 @@
 #include <mpi.h>
 #endif
 
+#include "support/measure.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -68,10 +70,7 @@ struct rank_ops {
   std::function<double(double)> average;
 };
 
-int iterations_for(std::size_t bytes) {
-  const std::size_t budget = std::size_t{128} << 20;
-  return static_cast<int>(std::clamp<std::size_t>(budget / std::max<std::size_t>(bytes, 1), 5, 500));
-}
+int iterations_for(std::size_t bytes) { return cadence_bench::iterations_for(bytes, std::size_t{128} << 20, 500); }
 
 std::vector<row> run_rank(const std::string& op, rank_ops& ops, const config& cfg) {
   std::vector<row> rows;
@@ -106,18 +105,13 @@ std::vector<row> run_rank(const std::string& op, rank_ops& ops, const config& cf
       const double ours = ops.average(std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters);
       pairs.emplace_back(raw, ours);
     }
-    std::sort(pairs.begin(), pairs.end(),
-              [](const auto& a, const auto& b) { return a.second / a.first < b.second / b.first; });
-    const auto& mid = pairs[pairs.size() / 2];
+    const auto mid = cadence_bench::median_pair(pairs);
     rows.push_back({op, bytes, ops.size, mid.first, mid.second});
   }
   return rows;
 }
 
-double busbw(const row& r, double us) {
-  const double algbw = static_cast<double>(r.bytes) / (us * 1e-6) / 1e9;
-  return algbw * 2.0 * (r.ranks - 1) / r.ranks;
-}
+double busbw(const row& r, double us) { return cadence_bench::allreduce_busbw(r.bytes, r.ranks, us); }
 
 void print(const std::vector<row>& rows, const config& cfg) {
   if (cfg.json) {
@@ -190,37 +184,9 @@ std::vector<row> run_adapters(C& comm, rank_ops ops, const config& cfg) {
   return rows;
 }
 
-class summing_barrier {
-public:
-  explicit summing_barrier(int n) : n_(n) {}
-  double arrive_and_sum(double v) {
-    std::unique_lock<std::mutex> lock(m_);
-    const std::size_t gen = generation_;
-    sum_ += v;
-    if (++arrived_ == n_) {
-      result_ = sum_;
-      sum_ = 0;
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return generation_ != gen; });
-    }
-    return result_;
-  }
-
-private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  const int n_;
-  int arrived_ = 0;
-  std::size_t generation_ = 0;
-  double sum_ = 0, result_ = 0;
-};
-
 std::vector<row> run_inproc(const config& cfg) {
   inproc_world world(cfg.ranks);
-  summing_barrier sync(cfg.ranks);
+  cadence_bench::summing_barrier sync(cfg.ranks);
   std::vector<row> rows;
   std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
   std::vector<std::thread> threads;

@@ -17,6 +17,8 @@
 
 #include <mpi.h>
 
+#include "support/measure.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -54,10 +56,7 @@ struct row {
   double ours_us;
 };
 
-int iterations_for(std::size_t bytes) {
-  const std::size_t budget = std::size_t{128} << 20;
-  return static_cast<int>(std::clamp<std::size_t>(budget / std::max<std::size_t>(bytes, 1), 5, 2000));
-}
+int iterations_for(std::size_t bytes) { return cadence_bench::iterations_for(bytes, std::size_t{128} << 20, 2000); }
 
 constexpr int raw_tag = 11;
 
@@ -135,9 +134,8 @@ std::vector<row> measure(mpi_communicator& comm, MPI_Comm raw, const config& cfg
       const double o = average_over_workers(raw, rank, workers, ours());
       pairs.emplace_back(r, o);
     }
-    std::sort(pairs.begin(), pairs.end(),
-              [](const auto& a, const auto& b) { return a.second / a.first < b.second / b.first; });
-    rows.push_back({bytes, pairs[pairs.size() / 2].first, pairs[pairs.size() / 2].second});
+    const auto mid = cadence_bench::median_pair(pairs);
+    rows.push_back({bytes, mid.first, mid.second});
   }
   return rows;
 }

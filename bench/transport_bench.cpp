@@ -40,6 +40,8 @@
 #include <unistd.h>
 #endif
 
+#include "support/measure.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -91,12 +93,7 @@ struct rank_ops {
   std::function<void(float*, const float*, std::size_t)> unstage;
 };
 
-// Back-to-back operations per timed block: enough that tiny messages are not timer noise and
-// large ones do not take all day.
-int iterations_for(std::size_t bytes) {
-  const std::size_t budget = std::size_t{256} << 20;
-  return static_cast<int>(std::clamp<std::size_t>(budget / std::max<std::size_t>(bytes, 1), 5, 1000));
-}
+int iterations_for(std::size_t bytes) { return cadence_bench::iterations_for(bytes, std::size_t{256} << 20, 1000); }
 
 double time_block(rank_ops& ops, const std::function<void(float*, std::size_t)>& op, float* buf,
                   std::size_t count, int iters) {
@@ -141,19 +138,13 @@ std::vector<row> run_rank(rank_ops& ops, const config& cfg) {
       pairs.emplace_back(raw, ours);
     }
     // The pair with the median ratio: one noisy block does not decide the result.
-    std::sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& b) {
-      return a.second / a.first < b.second / b.first;
-    });
-    const auto& mid = pairs[pairs.size() / 2];
+    const auto mid = cadence_bench::median_pair(pairs);
     rows.push_back({bytes, ops.size, mid.first, mid.second});
   }
   return rows;
 }
 
-double busbw(const row& r, double us) {
-  const double algbw = static_cast<double>(r.bytes) / (us * 1e-6) / 1e9;  // GB/s
-  return algbw * 2.0 * (r.ranks - 1) / r.ranks;
-}
+double busbw(const row& r, double us) { return cadence_bench::allreduce_busbw(r.bytes, r.ranks, us); }
 
 void print(const std::vector<row>& rows, const config& cfg) {
   if (cfg.json) {
@@ -178,35 +169,6 @@ void print(const std::vector<row>& rows, const config& cfg) {
 }
 
 // ---- inproc: ranks as threads ----
-
-// A reusable barrier that also sums one double per rank (C++17 has no std::barrier).
-class summing_barrier {
-public:
-  explicit summing_barrier(int n) : n_(n) {}
-  double arrive_and_sum(double v) {
-    std::unique_lock<std::mutex> lock(m_);
-    const std::size_t gen = generation_;
-    sum_ += v;
-    if (++arrived_ == n_) {
-      result_ = sum_;
-      sum_ = 0;
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return generation_ != gen; });
-    }
-    return result_;
-  }
-
-private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  const int n_;
-  int arrived_ = 0;
-  std::size_t generation_ = 0;
-  double sum_ = 0, result_ = 0;
-};
 
 // The raw in-process all-reduce: accumulate under a lock, wait for all, copy out, wait again
 // (so nobody starts the next accumulation while another still reads the sum).
@@ -233,12 +195,12 @@ private:
   const int n_;
   int contributed_ = 0;
   std::vector<float> acc_;
-  summing_barrier barrier_;
+  cadence_bench::summing_barrier barrier_;
 };
 
 std::vector<row> run_inproc(const config& cfg) {
   inproc_world world(cfg.ranks);
-  summing_barrier sync(cfg.ranks);
+  cadence_bench::summing_barrier sync(cfg.ranks);
   plain_shared_allreduce raw(cfg.ranks);
   std::vector<row> rows;
   std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
@@ -274,7 +236,7 @@ std::vector<row> run_inproc(const config& cfg) {
 std::vector<row> run_gloo(const config& cfg) {
   std::string store = (std::filesystem::temp_directory_path() / "cadence-bench-gloo-XXXXXX").string();
   if (::mkdtemp(store.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  summing_barrier sync(cfg.ranks);
+  cadence_bench::summing_barrier sync(cfg.ranks);
   std::vector<row> rows;
   std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
   std::vector<std::thread> threads;
@@ -381,7 +343,7 @@ std::vector<row> run_nccl(const config& cfg) {
     throw std::runtime_error("ncclCommInitAll failed");
   const std::size_t max_count = cfg.max_bytes / sizeof(float);
   inproc_world boot(cfg.ranks);
-  summing_barrier sync(cfg.ranks);
+  cadence_bench::summing_barrier sync(cfg.ranks);
   std::vector<row> rows;
   std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
   std::vector<std::thread> threads;

@@ -1,0 +1,65 @@
+// What the command-line benchmarks (cadence-bench-transport, -exchange, -ps) share: the
+// nccl-tests arithmetic, the median of interleaved raw/ours pairs, and a barrier for ranks that
+// are threads. Not part of the library.
+#pragma once
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace cadence_bench {
+
+/// Bus bandwidth of an all-reduce of `bytes` over `ranks` taking `us` microseconds, in GB/s, as
+/// nccl-tests computes it: algbw = bytes / t, busbw = algbw * 2(n-1)/n.
+inline double allreduce_busbw(std::size_t bytes, int ranks, double us) {
+  const double algbw = static_cast<double>(bytes) / (us * 1e-6) / 1e9;
+  return algbw * 2.0 * (ranks - 1) / ranks;
+}
+
+/// Back-to-back operations per timed block: enough that tiny messages are not timer noise and
+/// large ones do not take all day.
+inline int iterations_for(std::size_t bytes, std::size_t budget_bytes, int most) {
+  return static_cast<int>(std::clamp<std::size_t>(budget_bytes / std::max<std::size_t>(bytes, 1), 5,
+                                                  static_cast<std::size_t>(most)));
+}
+
+/// Of (raw, ours) time pairs, the one with the median ratio: one noisy block does not decide.
+inline std::pair<double, double> median_pair(std::vector<std::pair<double, double>> pairs) {
+  std::sort(pairs.begin(), pairs.end(),
+            [](const auto& a, const auto& b) { return a.second / a.first < b.second / b.first; });
+  return pairs[pairs.size() / 2];
+}
+
+/// A reusable barrier that also sums one double per rank (C++17 has no std::barrier).
+class summing_barrier {
+public:
+  explicit summing_barrier(int n) : n_(n) {}
+  double arrive_and_sum(double v) {
+    std::unique_lock<std::mutex> lock(m_);
+    const std::size_t gen = generation_;
+    sum_ += v;
+    if (++arrived_ == n_) {
+      result_ = sum_;
+      sum_ = 0;
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return generation_ != gen; });
+    }
+    return result_;
+  }
+
+private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  const int n_;
+  int arrived_ = 0;
+  std::size_t generation_ = 0;
+  double sum_ = 0, result_ = 0;
+};
+
+}  // namespace cadence_bench
