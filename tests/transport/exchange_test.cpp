@@ -6,6 +6,7 @@
 #include <cadence/transport/inproc.hpp>
 
 #include "exchange_suite.hpp"
+#include "inproc_ranks.hpp"
 
 #include <doctest/doctest.h>
 
@@ -23,32 +24,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-template <class Body>
-void run_world(inproc_world& world, Body body) {
-  std::mutex m;
-  std::vector<std::string> escaped;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world.size(); ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        inproc_communicator c = world.join(r);
-        body(c);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(m);
-        escaped.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : escaped) FAIL_CHECK(e);
-}
-
 template <int N>
 struct inproc_exchange_harness {
   template <class Body>
   static void run(Body body) {
     inproc_world world(N);
-    run_world(world, body);
+    cadence_test::run_inproc_ranks(world, body);
   }
 };
 using inproc_4 = inproc_exchange_harness<4>;
@@ -70,7 +51,7 @@ TEST_CASE("a rank stalled by fault injection makes the others' sync throw transp
   std::mutex m;
   std::vector<std::string> errors(4);
   std::vector<double> waited(4, 0.0);
-  run_world(world, [&](inproc_communicator& c) {
+  cadence_test::run_inproc_ranks(world, [&](inproc_communicator& c) {
     elastic_averager_options o;
     o.timeout = 1s;
     elastic_averager<inproc_communicator> avg(c, "elastic:6:median:3", o);
@@ -109,7 +90,7 @@ TEST_CASE("a rank stalled by fault injection makes the others' sync throw transp
 
 TEST_CASE("the elastic averager on one rank runs R local steps between merges" * doctest::timeout(30)) {
   inproc_world world(1);
-  run_world(world, [](inproc_communicator& c) {
+  cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
     elastic_averager<inproc_communicator> avg(c, "elastic:5");
     std::vector<float> x(3, 1.5f);
     int syncs = 0;
@@ -126,7 +107,7 @@ TEST_CASE("the elastic averager on one rank runs R local steps between merges" *
 
 TEST_CASE("the bucketed all-reducer fuses small tensors and leaves big ones alone" * doctest::timeout(30)) {
   inproc_world world(2);
-  run_world(world, [](inproc_communicator& c) {
+  cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
     bucketed_allreducer_options o;
     o.bucket_bytes = 100;
     bucketed_allreducer<inproc_communicator> red(c, o);
@@ -168,7 +149,7 @@ TEST_CASE("the elastic planner gives a 3x faster rank 3 steps per step of the sl
 TEST_CASE("a sync without tensors still plans, and several tensors of both dtypes merge at once" *
           doctest::timeout(30)) {
   inproc_world world(2);
-  run_world(world, [](inproc_communicator& c) {
+  cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
     elastic_averager<inproc_communicator> avg(c, "elastic:3");
     periodic_averager<inproc_communicator> per(c, 1);
     std::vector<float> a(3, static_cast<float>(c.rank()));
@@ -191,7 +172,7 @@ TEST_CASE("a sync without tensors still plans, and several tensors of both dtype
 TEST_CASE("summed deltas refuse, before communicating, tensors that changed since the last barrier" *
           doctest::timeout(30)) {
   inproc_world world(2);
-  run_world(world, [](inproc_communicator& c) {
+  cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
     elastic_averager_options o;
     o.merge = merge_rule::summed_deltas;
     elastic_averager<inproc_communicator> avg(c, "elastic:1", o);

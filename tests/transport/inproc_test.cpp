@@ -1,6 +1,7 @@
 #include <cadence/transport/inproc.hpp>
 
 #include "conformance.hpp"
+#include "inproc_ranks.hpp"
 
 #include <doctest/doctest.h>
 
@@ -22,33 +23,11 @@ using steady = std::chrono::steady_clock;
 
 namespace {
 
-// Runs body(world, comm) on one thread per rank of `world`; an exception escaping a rank fails
-// the test, naming the rank.
-template <class Body>
-void run_ranks(inproc_world& world, Body body) {
-  std::mutex m;
-  std::vector<std::string> escaped;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world.size(); ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        inproc_communicator c = world.join(r);
-        body(c);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(m);
-        escaped.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : escaped) FAIL_CHECK(e);
-}
-
 struct inproc_harness {
   template <class Body>
   static void run(Body body) {
     inproc_world world(4);
-    run_ranks(world, body);
+    cadence_test::run_inproc_ranks(world, body);
   }
 };
 
@@ -115,7 +94,7 @@ TEST_CASE("a killed rank is reported as lost before the deadline, and its own ca
     std::this_thread::sleep_for(50ms);  // let both survivors block in their calls
     world.kill(2);
   });
-  run_ranks(world, [&](inproc_communicator& c) {
+  cadence_test::run_inproc_ranks(world, [&](inproc_communicator& c) {
     float x = 1;
     if (c.rank() == 2) {
       // The crashed process: its call never completes normally.
@@ -172,7 +151,7 @@ TEST_CASE("a rank stalled by fault injection takes no part until resumed" * doct
   SUBCASE("the others time out naming it") {
     inproc_world world(3);
     world.stall(1);
-    run_ranks(world, [&](inproc_communicator& c) {
+    cadence_test::run_inproc_ranks(world, [&](inproc_communicator& c) {
       std::int32_t x = c.rank();
       if (c.rank() == 1) {
         expect_throw<transport_error>(1, [&] { c.allreduce(&x, 1, dtype::i32, reduce_op::sum, 1500ms); },
@@ -192,7 +171,7 @@ TEST_CASE("a rank stalled by fault injection takes no part until resumed" * doct
       std::this_thread::sleep_for(100ms);
       world.resume(2);
     });
-    run_ranks(world, [&](inproc_communicator& c) {
+    cadence_test::run_inproc_ranks(world, [&](inproc_communicator& c) {
       std::int32_t x = c.rank() + 1;
       ++arrived;
       c.allreduce(&x, 1, dtype::i32, reduce_op::sum, 30s);
@@ -208,7 +187,7 @@ TEST_CASE("a delayed link delivers later but in order, and a shorter deadline na
     inproc_world world(3);
     world.delay_link(0, 2, 300ms);
     const auto start = steady::now();  // before any send, so every delayed message is >= 300 ms later
-    run_ranks(world, [&](inproc_communicator& c) {
+    cadence_test::run_inproc_ranks(world, [&](inproc_communicator& c) {
       if (c.rank() == 0) {
         for (int k = 0; k < 3; ++k) c.send(&k, sizeof k, 2, 0, 5s);
       } else if (c.rank() == 1) {
@@ -230,7 +209,7 @@ TEST_CASE("a delayed link delivers later but in order, and a shorter deadline na
   SUBCASE("an all-reduce whose deadline is shorter than the delay names the delayed sender") {
     inproc_world world(2);
     world.delay_link(1, 0, 2s);
-    run_ranks(world, [&](inproc_communicator& c) {
+    cadence_test::run_inproc_ranks(world, [&](inproc_communicator& c) {
       float x = 1;
       if (c.rank() == 1) {
         c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 5s);  // rank 0's data is not delayed
@@ -249,7 +228,7 @@ TEST_CASE("sends above the eager limit wait for their recv, so a send-send excha
   options.eager_limit = 16;
   inproc_world world(2, options);
   std::atomic<int> done{0};
-  run_ranks(world, [&](inproc_communicator& c) {
+  cadence_test::run_inproc_ranks(world, [&](inproc_communicator& c) {
     const int peer = 1 - c.rank();
     std::vector<char> out(64, 'x'), in(64);
     // Under the limit: buffered, so both may send first.
@@ -309,7 +288,7 @@ TEST_CASE("many rounds of mixed traffic from every rank stay consistent" * docte
   // A seeded mix of collectives and ring messages of varying sizes: the ordering and
   // matching must hold over many rounds, not just one call (and TSan sees the interleavings).
   inproc_world world(4);
-  run_ranks(world, [&](inproc_communicator& c) {
+  cadence_test::run_inproc_ranks(world, [&](inproc_communicator& c) {
     const int n = c.size(), r = c.rank();
     std::uint32_t seed = 12345;  // identical on every rank: every rank picks the same sizes
     for (int round = 0; round < 200; ++round) {

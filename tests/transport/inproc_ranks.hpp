@@ -1,0 +1,38 @@
+// Test support: runs a body on one thread per rank of an in-process world, so a suite can
+// exercise ranks as threads; an exception escaping a rank fails the test, naming the rank.
+#pragma once
+
+#include <cadence/transport/inproc.hpp>
+
+#include <doctest/doctest.h>
+
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cadence_test {
+
+/// body(comm) on one thread per rank of `world`, each with the rank's communicator.
+template <class Body>
+void run_inproc_ranks(cadence::transport::inproc_world& world, Body body) {
+  std::mutex m;
+  std::vector<std::string> escaped;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world.size(); ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        cadence::transport::inproc_communicator c = world.join(r);
+        body(c);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(m);
+        escaped.push_back("rank " + std::to_string(r) + " threw: " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : escaped) FAIL_CHECK(e);
+}
+
+}  // namespace cadence_test
