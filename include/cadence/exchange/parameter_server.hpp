@@ -400,7 +400,6 @@ private:
     applied_.assign(w, 0);
     stats_.pushes.assign(w, 0);
     stats_.max_start_staleness.assign(w, 0);
-    parked_.assign(w, 0);
   }
 
 public:
@@ -553,7 +552,6 @@ private:
       if (d.proceed) {
         released.insert(released.begin(), w);
       } else {
-        parked_[wi] = 1;
         ++stats_.parked;
         if (liveness_) liveness_->excuse(w);
       }
@@ -568,7 +566,6 @@ private:
   void release_all(const std::vector<worker_id>& released) {
     for (worker_id w : released) {
       const auto wi = static_cast<std::size_t>(w);
-      parked_[wi] = 0;
       if (state_[wi] != worker_state::active) continue;
       const clock_value gap = controller_.staleness(w);
       stats_.max_start_staleness[wi] = std::max(stats_.max_start_staleness[wi], gap);
@@ -744,7 +741,6 @@ private:
   T* scratch_ = nullptr;
   std::vector<worker_state> state_;
   std::vector<std::int64_t> applied_;  // per worker: pushes applied to this slice
-  std::vector<char> parked_;
   std::vector<pending_release> pending_;
   std::optional<liveness_tracker<clock::time_point>> liveness_;
   clock::time_point start_{};

@@ -49,11 +49,11 @@ public:
   }
   bool due() const noexcept { return local_steps_ >= period_; }
 
+  /// A barrier without tensors.
+  void sync() { sync(span<const tensor_ref>()); }
   /// Averages the tensors across ranks (the same tensors, in the same order, on every rank).
   /// Throws invalid_parameter_error before communicating when sync() is not due or a tensor is
   /// bad; transport_error when a peer fails or stalls.
-  /// A barrier without tensors.
-  void sync() { sync(span<const tensor_ref>()); }
   void sync(std::initializer_list<tensor_ref> tensors) {
     sync(span<const tensor_ref>(tensors.begin(), tensors.size()));
   }
