@@ -1,0 +1,107 @@
+// Shared declarations of the cadence._core translation units: one bind_* function per area,
+// and the helpers that turn Python arguments into checked C++ ones.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/core/types.hpp>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace cadence::python {
+
+namespace nb = nanobind;
+
+/// An argument that is not an array of the required element type (a list where a NumPy
+/// array is needed, int32 where int64 or float64 is needed, a GPU tensor): cadence.ArrayTypeError,
+/// a TypeError. Wrong shapes and layouts are invalid_parameter_error (a ValueError).
+class array_type_error : public error {
+public:
+  using error::error;
+};
+
+void bind_errors(nb::module_& m);
+void bind_controllers(nb::module_& m);
+void bind_predict(nb::module_& m);
+void bind_zipline(nb::module_& m);
+void bind_sim(nb::module_& m);
+void bind_planner(nb::module_& m);
+
+/// A worker id from Python: any int, checked here so that -1 or 2**40 fails with the id in the
+/// message (a worker_error, as the controllers throw for an unknown id) instead of nanobind's
+/// generic "incompatible function arguments".
+inline worker_id to_worker(std::int64_t p, const char* who) {
+  if (p < 0 || p > static_cast<std::int64_t>(std::numeric_limits<worker_id>::max()))
+    throw worker_error(std::string("cadence.") + who + ": worker id " + std::to_string(p) +
+                       " is out of range (ids are 0 .. workers-1)");
+  return static_cast<worker_id>(p);
+}
+
+/// Element types the bindings accept for timestamps.
+enum class elem { i64, f64 };
+
+/// A C-contiguous CPU array seen without copying: its data, its shape (rows x cols; cols = 1
+/// for a 1-D array) and element type. `keep` holds the array while the view is used.
+struct array_ref {
+  nb::ndarray<nb::ro> keep;
+  const void* data = nullptr;
+  std::size_t rows = 0, cols = 1, ndim = 1;
+  elem type = elem::f64;
+};
+
+/// str(obj.dtype), or "an unknown dtype".
+inline std::string dtype_name(nb::handle obj) {
+  if (!nb::hasattr(obj, "dtype")) return "an unknown dtype";
+  nb::object s = nb::steal(PyObject_Str(nb::object(obj.attr("dtype")).ptr()));
+  if (!s.is_valid()) {
+    PyErr_Clear();
+    return "an unknown dtype";
+  }
+  return nb::borrow<nb::str>(s).c_str();
+}
+
+/// Sees `obj` as an int64 or float64 array of 1 or 2 dimensions (`ndims`: 1, 2, or 0 for
+/// either), C-contiguous, on the CPU, without copying; otherwise throws array_type_error or
+/// invalid_parameter_error whose message starts with `what` ("cadence.zipline: row 3").
+inline array_ref as_array(nb::handle obj, int ndims, const std::string& what) {
+  array_ref out;
+  if (!nb::try_cast(obj, out.keep, false))
+    throw array_type_error(what + ": expected a NumPy array of int64 or float64, got " +
+                           std::string(nb::type_name(obj.type()).c_str()));
+  const auto& a = out.keep;
+  if (a.device_type() != nb::device::cpu::value)
+    throw array_type_error(what + ": the array is not in CPU memory (copy it to the CPU first)");
+  if (a.dtype() == nb::dtype<std::int64_t>())
+    out.type = elem::i64;
+  else if (a.dtype() == nb::dtype<double>())
+    out.type = elem::f64;
+  else
+    throw array_type_error(what + ": dtype must be int64 or float64, got " +
+                           dtype_name(obj) +
+                           " (convert with .astype(numpy.int64) or .astype(numpy.float64))");
+  const std::size_t nd = a.ndim();
+  if ((ndims != 0 && nd != static_cast<std::size_t>(ndims)) || nd < 1 || nd > 2)
+    throw invalid_parameter_error(what + ": expected a " +
+                                  (ndims == 0 ? std::string("1-D or 2-D") : std::to_string(ndims) + "-D") +
+                                  " array, got " + std::to_string(nd) + "-D");
+  out.ndim = nd;
+  out.rows = a.shape(0);
+  out.cols = nd == 2 ? a.shape(1) : 1;
+  bool contiguous;
+  if (nd == 1)
+    contiguous = out.rows <= 1 || a.stride(0) == 1;
+  else
+    contiguous = (out.cols <= 1 || a.stride(1) == 1) &&
+                 (out.rows <= 1 || a.stride(0) == static_cast<std::int64_t>(out.cols));
+  if (!contiguous)
+    throw invalid_parameter_error(what + ": the array is not C-contiguous (a strided view or a "
+                                  "transpose); pass numpy.ascontiguousarray(...) of it");
+  out.data = a.data();
+  return out;
+}
+
+}  // namespace cadence::python
