@@ -69,9 +69,12 @@ inline std::string dtype_name(nb::handle obj) {
 /// invalid_parameter_error whose message starts with `what` ("cadence.zipline: row 3").
 inline array_ref as_array(nb::handle obj, int ndims, const std::string& what) {
   array_ref out;
-  if (!nb::try_cast(obj, out.keep, false))
+  if (!nb::try_cast(obj, out.keep, false)) {
+    if (nb::hasattr(obj, "dtype") && nb::hasattr(obj, "shape"))  // an array of another kind
+      throw array_type_error(what + ": dtype must be int64 or float64, got " + dtype_name(obj));
     throw array_type_error(what + ": expected a NumPy array of int64 or float64, got " +
                            std::string(nb::type_name(obj.type()).c_str()));
+  }
   const auto& a = out.keep;
   if (a.device_type() != nb::device::cpu::value)
     throw array_type_error(what + ": the array is not in CPU memory (copy it to the CPU first)");

@@ -102,7 +102,7 @@ void bind_planner(nb::module_& m) {
             return self.plan(span<const std::int64_t>(static_cast<const std::int64_t*>(a.data), total),
                              barrier, salt);
           },
-          nb::arg("records"), nb::arg("barrier"), nb::arg("salt") = 0,
+          nb::arg("records").none(), nb::arg("barrier"), nb::arg("salt") = 0,
           nb::sig("def plan(self, records: numpy.ndarray, barrier: int, salt: int = 0) -> ElasticRound"),
           "The plan for barrier `barrier` + 1 from the ranks' records: an int64 array of shape "
           "(ranks, record_words) or (ranks * record_words,), C-contiguous (what an all-gather of "

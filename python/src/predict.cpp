@@ -61,7 +61,7 @@ void bind_predict(nb::module_& m) {
             if (h.type == elem::i64) return predict_into(p.i64, h, static_cast<std::size_t>(r));
             return predict_into(p.f64, h, static_cast<std::size_t>(r));
           },
-          nb::arg("history"), nb::arg("r"),
+          nb::arg("history").none(), nb::arg("r"),
           nb::sig("def predict(self, history: numpy.ndarray, r: int) -> numpy.ndarray"),
           "The next `r` push times after `history` (a 1-D int64 or float64 NumPy array of a "
           "worker's latest push times, oldest first, non-decreasing), as a new array of the same "

@@ -67,5 +67,5 @@ NB_MODULE(_thrust, m) {
           py::raise("Error", e.what());
         }
       },
-      nb::arg("rows"), "ZipLine with zipline_thrust; returns (spread, barrier, choice).");
+      nb::arg("rows").none(), "ZipLine with zipline_thrust; returns (spread, barrier, choice).");
 }

@@ -70,7 +70,7 @@ void bind_zipline(nb::module_& m) {
         const py_rows r = read_rows(rows, "zipline");
         return r.type == elem::i64 ? solve<std::int64_t>(r, v) : solve<double>(r, v);
       },
-      nb::arg("rows"), nb::arg("variant") = "fast",
+      nb::arg("rows").none(), nb::arg("variant") = "fast",
       "ZipLine with a CPU variant; returns (spread, barrier, choice). Use cadence.zipline.");
   m.def(
       "_rows_layout",
@@ -79,7 +79,7 @@ void bind_zipline(nb::module_& m) {
         const auto address = reinterpret_cast<std::uintptr_t>(r.arrays.empty() ? nullptr : r.arrays[0].data);
         return nb::make_tuple(std::string(r.layout()), address);
       },
-      nb::arg("rows"),
+      nb::arg("rows").none(),
       "How zipline() would read `rows`: ('matrix' | 'ragged' | 'gathered', address of the first "
       "row's data). 'matrix' and 'ragged' read the caller's memory in place (no copy).");
   m.def("_cpu_variants", [] {
@@ -96,7 +96,7 @@ void bind_zipline(nb::module_& m) {
         return r.type == elem::i64 ? native_zipline_seconds<std::int64_t>(r, v, k)
                                    : native_zipline_seconds<double>(r, v, k);
       },
-      nb::arg("rows"), nb::arg("variant"), nb::arg("repeat"),
+      nb::arg("rows").none(), nb::arg("variant"), nb::arg("repeat"),
       "Best wall time in seconds of `repeat` zipline_solve calls from C++ on `rows` (reused "
       "workspace; benchmark baseline).");
   m.def(
