@@ -38,7 +38,7 @@ inline py_rows read_rows(nb::handle rows, const char* who) {
     bool adjacent = true, uniform = true;
     std::size_t p = 0;
     for (nb::handle item : rows) {
-      out.arrays.push_back(as_array(item, 1, name + ": row " + std::to_string(p)));
+      out.arrays.push_back(as_array(item, 1, name.c_str(), static_cast<long>(p)));
       const array_ref& a = out.arrays.back();
       if (p == 0) {
         out.type = a.type;
@@ -62,7 +62,7 @@ inline py_rows read_rows(nb::handle rows, const char* who) {
   }
   if (nb::hasattr(rows, "__array_interface__") || nb::hasattr(rows, "__dlpack__") ||
       nb::hasattr(rows, "__array__")) {
-    out.arrays.push_back(as_array(rows, 2, name + ": rows"));
+    out.arrays.push_back(as_array(rows, 2, (name + ": rows").c_str()));
     out.type = out.arrays[0].type;
     out.matrix = true;
     return out;
