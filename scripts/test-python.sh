@@ -9,6 +9,8 @@
 #                       build-python-test/ here; reused, so a rerun rebuilds only what changed)
 #   CADENCE_BUILD_DIR   a C++ build whose bin/cadence-zipline and bin/cadence-sim the tests
 #                       also compare against (default: the newest build*/bin in the repository)
+#   CADENCE_PYTHON_THRUST  ON/OFF: build cadence._thrust (default: the package's default, ON
+#                       when the CCCL headers are found; OFF saves about 30 s of compiling)
 #   JOBS                parallel compile jobs (default 2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +37,9 @@ venv_python=$dir/venv/bin/python
 start=$(date +%s)
 if ! "$venv_python" -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "nanobind>=2.2" >"$log" 2>&1 ||
    ! CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$venv_python" -m pip install -q --disable-pip-version-check \
-       --no-build-isolation --config-settings=build-dir="$dir/cmake" "$root" >>"$log" 2>&1; then
+       --no-build-isolation --config-settings=build-dir="$dir/cmake" \
+       ${CADENCE_PYTHON_THRUST:+--config-settings=cmake.define.CADENCE_PYTHON_THRUST=$CADENCE_PYTHON_THRUST} \
+       "$root" >>"$log" 2>&1; then
   tail -n 60 "$log"
   echo "python: pip install . FAILED (log: $log)"
   failed=1

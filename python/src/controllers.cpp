@@ -119,8 +119,8 @@ void bind_controllers(nb::module_& m) {
       "A synchronization controller: decides, after each push of a worker, whether the worker "
       "proceeds and whom the push releases. Workers have dense ids 0..workers-1; "
       "add_worker() issues the next. Build one with cadence.make_controller(config, workers) or "
-      "a policy class (BSP, ASP, SSP, DSSP, ElasticBSP). Not thread-safe: call it from one "
-      "thread (or under a lock), as a parameter server does.");
+      "a policy class (BSP, ASP, SSP, DSSP, ElasticBSP). Every call holds the GIL, so Python "
+      "threads sharing a controller are serialized.");
   ctl.def(
          "push",
          [](py_controller& self, std::int64_t worker, double time) {

@@ -98,7 +98,9 @@ void bind_planner(nb::module_& m) {
                   "cadence.ElasticPlanner.plan: records has shape (" + std::to_string(a.rows) + ", " +
                   std::to_string(a.cols) + "), expected (" + std::to_string(self.ranks()) + ", " +
                   std::to_string(self.record_words()) + ") = (ranks, record_words)");
-            nb::gil_scoped_release unlocked;
+            // The GIL stays held: plan() updates the planner (its workspace, its fallback
+            // count), so two threads must not run it on one planner at once. It is fast: one
+            // prediction per rank and one ZipLine search over ranks x R points.
             return self.plan(span<const std::int64_t>(static_cast<const std::int64_t*>(a.data), total),
                              barrier, salt);
           },
