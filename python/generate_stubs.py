@@ -15,7 +15,7 @@ sys.path = [p for p in sys.path if pathlib.Path(p or ".").resolve() != pathlib.P
 import cadence._core as core  # noqa: E402
 
 out = pathlib.Path(__file__).resolve().parent / "cadence" / "_core.pyi"
-subprocess.run([sys.executable, "-m", "nanobind.stubgen", "-m", "cadence._core", "-o", str(out), "-q"],
+subprocess.run([sys.executable, "-m", "nanobind.stubgen", "-m", "cadence._core", "-o", str(out), "-q", "--include-private"],
                check=True)
 text = out.read_text()
 errors = []

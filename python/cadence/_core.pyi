@@ -327,6 +327,44 @@ class Predictor:
 
     def __repr__(self) -> str: ...
 
+def _zipline(rows: object | None, variant: str = 'fast') -> tuple:
+    """
+    ZipLine with a CPU variant; returns (spread, barrier, choice). Use cadence.zipline.
+    """
+
+def _rows_layout(rows: object | None) -> tuple:
+    """
+    How zipline() would read `rows`: ('matrix' | 'ragged' | 'gathered', address of the first row's data). 'matrix' and 'ragged' read the caller's memory in place (no copy).
+    """
+
+def _cpu_variants() -> list[str]:
+    """The ZipLine variant names of the CPU (built into cadence._core)."""
+
+def _native_zipline_seconds(rows: object | None, variant: str, repeat: int) -> float:
+    """
+    Best wall time in seconds of `repeat` zipline_solve calls from C++ on `rows` (reused workspace; benchmark baseline).
+    """
+
+def _native_push_ns(config: str, workers: int, rounds: int) -> float:
+    """
+    Nanoseconds per any_controller::push from C++, round-robin over `workers` workers for `rounds` rounds (benchmark baseline).
+    """
+
+def _simulate(policy: str, scenario: str, workers: int, seed: int, seconds: float | None, iterations: int | None, push_cost: float | None, pull_cost: float | None) -> tuple:
+    """
+    Runs one policy on a scenario; returns (cadence-sim JSON text, start-staleness histogram, updates-behind histogram). Use cadence.simulate.
+    """
+
+def _simulate_collective(mode: str, scenario: str, workers: int, seed: int, seconds: float | None, iterations: int | None, push_cost: float | None, pull_cost: float | None, allreduce_cost: float | None) -> str:
+    """
+    Runs one collective mode on a scenario; returns cadence-sim --collective JSON text. Use cadence.simulate_collective.
+    """
+
+def _scenarios() -> list:
+    """
+    The named scenarios, as dicts (name, default_workers, seconds, description).
+    """
+
 class ElasticRound:
     """
     The plan every rank follows until the next barrier (identical on every rank).
