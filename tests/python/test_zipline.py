@@ -206,3 +206,15 @@ def test_concurrent_searches_agree():
     for t in threads:
         t.join(timeout=60)
     assert all(o == [want] * 5 for o in out)
+
+
+def test_torch_cpu_tensors_are_read_in_place_too():
+    torch = pytest.importorskip("torch")
+    t = torch.cumsum(torch.randint(1, 50, (8, 5), dtype=torch.int64), dim=1)
+    assert _core._rows_layout(t) == ("matrix", t.data_ptr())
+    assert answer(cadence.zipline(t)) == answer(cadence.zipline(t.numpy().copy()))
+    assert answer(cadence.zipline(list(t))) == answer(cadence.zipline(t))
+    with pytest.raises(cadence.ArrayTypeError, match="got torch.int32"):
+        cadence.zipline(t.to(torch.int32))
+    with pytest.raises(cadence.InvalidParameterError, match="not C-contiguous"):
+        cadence.zipline(t.t())
