@@ -1,0 +1,189 @@
+// Shared declarations of the cadence._core translation units: one bind_* function per area,
+// and the helpers that turn Python arguments into checked C++ ones.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/core/types.hpp>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+
+namespace cadence::python {
+
+namespace nb = nanobind;
+
+/// An argument that is not an array of the required element type (a list where a NumPy
+/// array is needed, int32 where int64 or float64 is needed, a GPU tensor): cadence.ArrayTypeError,
+/// a TypeError. Wrong shapes and layouts are invalid_parameter_error (a ValueError).
+class array_type_error : public error {
+public:
+  using error::error;
+};
+
+void bind_errors(nb::module_& m);
+void bind_controllers(nb::module_& m);
+void bind_predict(nb::module_& m);
+void bind_zipline(nb::module_& m);
+void bind_sim(nb::module_& m);
+void bind_planner(nb::module_& m);
+
+/// A worker id from Python: any int, checked here so that -1 or 2**40 fails with the id in the
+/// message (a worker_error, as the controllers throw for an unknown id) instead of nanobind's
+/// generic "incompatible function arguments".
+inline worker_id to_worker(std::int64_t p, const char* who) {
+  if (p < 0 || p > static_cast<std::int64_t>(std::numeric_limits<worker_id>::max()))
+    throw worker_error(std::string("cadence.") + who + ": worker id " + std::to_string(p) +
+                       " is out of range (ids are 0 .. workers-1)");
+  return static_cast<worker_id>(p);
+}
+
+/// Element types the bindings accept for timestamps.
+enum class elem { i64, f64 };
+
+/// A C-contiguous CPU array seen without copying: its data, its shape (rows x cols; cols = 1
+/// for a 1-D array) and element type. `keep` holds the array while the view is used.
+/// A Py_buffer held until this is destroyed (with the GIL held), movable.
+class held_buffer {
+public:
+  held_buffer() = default;
+  held_buffer(held_buffer&& o) noexcept : v_(o.v_), held_(o.held_) { o.held_ = false; }
+  held_buffer& operator=(held_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      v_ = o.v_;
+      held_ = o.held_;
+      o.held_ = false;
+    }
+    return *this;
+  }
+  ~held_buffer() { reset(); }
+  /// Gets obj's buffer (strides and format); false, with no Python error set, if it has none.
+  bool get(PyObject* obj) {
+    reset();
+    if (PyObject_GetBuffer(obj, &v_, PyBUF_RECORDS_RO) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    held_ = true;
+    return true;
+  }
+  void reset() noexcept {
+    if (held_) PyBuffer_Release(&v_);
+    held_ = false;
+  }
+  const Py_buffer& view() const noexcept { return v_; }
+
+private:
+  Py_buffer v_{};
+  bool held_ = false;
+};
+
+struct array_ref {
+  // The fast path's buffer, held until the view is dropped (with the GIL), so that an exporter
+  // that can resize (array.array) refuses to while the search reads it without the GIL ...
+  held_buffer buffer;
+  nb::ndarray<nb::ro> keep;  // ... or nanobind's view (DLPack, other arrays)
+  const void* data = nullptr;
+  std::size_t rows = 0, cols = 1, ndim = 1;
+  elem type = elem::f64;
+};
+
+/// str(obj.dtype), or "an unknown dtype".
+inline std::string dtype_name(nb::handle obj) {
+  if (!nb::hasattr(obj, "dtype")) return "an unknown dtype";
+  nb::object s = nb::steal(PyObject_Str(nb::object(obj.attr("dtype")).ptr()));
+  if (!s.is_valid()) {
+    PyErr_Clear();
+    return "an unknown dtype";
+  }
+  return nb::borrow<nb::str>(s).c_str();
+}
+
+/// The common case, fast: a NumPy array (or any buffer) of int64 or float64 that passes every
+/// check, read through the buffer protocol (about half the cost of an nb::ndarray import,
+/// which matters for a list of 1000 rows). Returns false, with no error set, for anything
+/// else; as_array then takes nanobind's path, which also writes the error messages.
+inline bool as_array_fast(nb::handle obj, int ndims, array_ref& out) {
+  if (!PyObject_CheckBuffer(obj.ptr()) || !out.buffer.get(obj.ptr())) return false;
+  const Py_buffer& v = out.buffer.view();
+  bool ok = v.itemsize == 8 && v.format != nullptr && v.ndim >= 1 && v.ndim <= 2 &&
+            (ndims == 0 || v.ndim == ndims);
+  if (ok) {
+    const char* f = v.format;
+    if (*f == '@' || *f == '=' || *f == '<') ++f;  // native or little-endian (x86, ARM)
+    if ((*f == 'q' || (*f == 'l' && sizeof(long) == 8)) && f[1] == '\0')
+      out.type = elem::i64;
+    else if (*f == 'd' && f[1] == '\0')
+      out.type = elem::f64;
+    else
+      ok = false;
+  }
+  if (ok) {
+    out.ndim = static_cast<std::size_t>(v.ndim);
+    out.rows = static_cast<std::size_t>(v.shape[0]);
+    out.cols = v.ndim == 2 ? static_cast<std::size_t>(v.shape[1]) : 1;
+    if (v.ndim == 1)
+      ok = out.rows <= 1 || v.strides[0] == 8;
+    else
+      ok = (out.cols <= 1 || v.strides[1] == 8) &&
+           (out.rows <= 1 || v.strides[0] == static_cast<Py_ssize_t>(8 * out.cols));
+    out.data = v.buf;
+  }
+  if (!ok) out.buffer.reset();
+  return ok;
+}
+
+/// Sees `obj` as an int64 or float64 array of 1 or 2 dimensions (`ndims`: 1, 2, or 0 for
+/// either), C-contiguous, on the CPU, without copying; otherwise throws array_type_error or
+/// invalid_parameter_error whose message starts with `who` and, if row >= 0, "row <row>"
+/// ("cadence.zipline: row 3").
+inline array_ref as_array(nb::handle obj, int ndims, const char* who, long row = -1) {
+  array_ref out;
+  if (as_array_fast(obj, ndims, out)) return out;
+  // Slow path: other array types (DLPack), and every error, whose message names `who` and
+  // the row (built only here, so the fast path allocates nothing).
+  const std::string what = std::string(who) + (row >= 0 ? ": row " + std::to_string(row) : "");
+  if (!nb::try_cast(obj, out.keep, false)) {
+    if (nb::hasattr(obj, "dtype") && nb::hasattr(obj, "shape"))  // an array of another kind
+      throw array_type_error(what + ": dtype must be int64 or float64, got " + dtype_name(obj));
+    throw array_type_error(what + ": expected a NumPy array of int64 or float64, got " +
+                           std::string(nb::type_name(obj.type()).c_str()));
+  }
+  const auto& a = out.keep;
+  if (a.device_type() != nb::device::cpu::value)
+    throw array_type_error(what + ": the array is not in CPU memory (copy it to the CPU first)");
+  if (a.dtype() == nb::dtype<std::int64_t>())
+    out.type = elem::i64;
+  else if (a.dtype() == nb::dtype<double>())
+    out.type = elem::f64;
+  else
+    throw array_type_error(what + ": dtype must be int64 or float64, got " +
+                           dtype_name(obj) +
+                           " (convert with .astype(numpy.int64) or .astype(numpy.float64))");
+  const std::size_t nd = a.ndim();
+  if ((ndims != 0 && nd != static_cast<std::size_t>(ndims)) || nd < 1 || nd > 2)
+    throw invalid_parameter_error(what + ": expected a " +
+                                  (ndims == 0 ? std::string("1-D or 2-D") : std::to_string(ndims) + "-D") +
+                                  " array, got " + std::to_string(nd) + "-D");
+  out.ndim = nd;
+  out.rows = a.shape(0);
+  out.cols = nd == 2 ? a.shape(1) : 1;
+  bool contiguous;
+  if (nd == 1)
+    contiguous = out.rows <= 1 || a.stride(0) == 1;
+  else
+    contiguous = (out.cols <= 1 || a.stride(1) == 1) &&
+                 (out.rows <= 1 || a.stride(0) == static_cast<std::int64_t>(out.cols));
+  if (!contiguous)
+    throw invalid_parameter_error(what + ": the array is not C-contiguous (a strided view or a "
+                                  "transpose); pass numpy.ascontiguousarray(...) of it");
+  out.data = a.data();
+  return out;
+}
+
+}  // namespace cadence::python
