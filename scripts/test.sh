@@ -4,6 +4,8 @@
 #                them at C++20), Thrust tests on the OMP and CPP systems,
 #                tools, apps, benchmarks and examples built, install + consumer projects, and
 #                every public header compiled on its own
+#   build-python-test/  the Python package installed into a venv by scripts/test-python.sh, and
+#                pytest over tests/python (bindings, cadence.torch, lstm_node2vec)
 #   build-clang/ the library's test suites with clang++ at C++20, the Thrust tests on the OMP
 #                system (OpenMP from libomp)
 #   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer at C++20: every test, the Thrust
@@ -98,6 +100,18 @@ if configure build release -DCMAKE_BUILD_TYPE=Release -DCADENCE_TEST_STANDARDS=1
     passed=$((passed + 1))
     echo "header self-containment check: ok"
   fi
+fi
+
+section "Python package (pip install . into a venv; pytest tests/python)"
+# The package's own script; it compares the bindings against build/bin's tools.
+CADENCE_BUILD_DIR=$PWD/build JOBS=$jobs bash scripts/test-python.sh 2>&1 | tee "$log"
+line=$(grep -E '^python tests: [0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1 || true)
+if [[ -n $line ]]; then
+  passed=$((passed + $(sed -E 's/.*: ([0-9]+) passed.*/\1/' <<<"$line")))
+  failed=$((failed + $(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")))
+else
+  failed=$((failed + 1))
+  echo "python tests: no summary line"
 fi
 
 section "clang (C++20)"
