@@ -406,10 +406,20 @@ int evaluate(const options& o, const cadence::push_history<T>& history, const st
   std::snprintf(line, sizeof line, "%-14s %5s %6s %8s %11s %11s %11s %11s %11s %11s %11s\n", "predictor", "R", "plans",
                 "points", "MAE", "p90", "max", "wait", "best wait", "excess", "predicted");
   std::cout << line;
+  // Integer milliseconds print exactly; seconds to 6 significant digits (the JSON has all).
+  auto cell = [](T v) {
+    if constexpr (std::is_integral_v<T>) {
+      return number_text(v);
+    } else {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.6g", static_cast<double>(v));
+      return std::string(buf);
+    }
+  };
   for (const auto& q : results) {
     std::snprintf(line, sizeof line, "%-14s %5zu %6zu %8zu %11.6g %11s %11s %11.6g %11.6g %11.6g %11.6g\n",
                   q.predictor.c_str(), q.lookahead, q.plans, q.points, q.mean_abs_error,
-                  number_text(q.p90_abs_error).c_str(), number_text(q.max_abs_error).c_str(), q.wait_mean(),
+                  cell(q.p90_abs_error).c_str(), cell(q.max_abs_error).c_str(), q.wait_mean(),
                   q.best_wait_mean(), q.wait_mean() - q.best_wait_mean(), q.predicted_wait_mean());
     std::cout << line;
   }
