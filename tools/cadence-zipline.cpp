@@ -429,13 +429,19 @@ int evaluate(const options& o, const cadence::push_history<T>& history, const st
 /// Whether the file is an iteration trace (its first line that is not blank or a comment is
 /// the trace header) rather than a push history.
 bool is_trace_file(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  for (std::size_t k = 0; k < 1000 && std::getline(in, line); ++k) {
-    line.resize(std::min<std::size_t>(line.size(), 256));
-    const std::string_view text = cadence::detail::trim_blanks(line);
-    if (text.empty() || text.front() == '#') continue;
-    return text.rfind("worker", 0) == 0 && text.find(':') == std::string_view::npos;
+  // Only the first 64 KiB: an endless file (/dev/zero) is left to the reader's bounds.
+  std::ifstream in(path, std::ios::binary);
+  std::string head(std::size_t{1} << 16, '\0');
+  in.read(&head[0], static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<std::size_t>(in.gcount()));
+  std::string_view rest(head);
+  while (!rest.empty()) {
+    const auto newline = rest.find('\n');
+    const std::string_view text = cadence::detail::trim_blanks(rest.substr(0, newline));
+    if (!text.empty() && text.front() != '#')
+      return text.rfind("worker", 0) == 0 && text.find(':') == std::string_view::npos;
+    if (newline == std::string_view::npos) break;
+    rest.remove_prefix(newline + 1);
   }
   return false;
 }
