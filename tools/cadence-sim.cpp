@@ -8,6 +8,7 @@
 #include <cadence/sim/report.hpp>
 #include <cadence/sim/scenarios.hpp>
 #include <cadence/sim/simulator.hpp>
+#include <cadence/sim/trace_replay.hpp>
 
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +52,16 @@ options:
   --seed N           random seed (default 1); a seed gives the same run every time
   --push-cost S      seconds for a push to reach the server (default: the scenario's)
   --pull-cost S      seconds for a worker to pull the weights (default: the scenario's)
+  --trace FILE       replay recorded per-worker iteration times instead of a scenario: a
+                     CSV iteration trace (header worker,start,compute[,push,pull]; one
+                     row per iteration; see docs/trace.md), as cadence-train --trace
+                     writes it. Each worker computes for its recorded times and pays its
+                     recorded push/pull costs (or --push-cost/--pull-cost); the policy
+                     decides the waits. The run ends when the first worker has used all
+                     its rows, or earlier at --seconds/--iterations. Not with --scenario,
+                     --workers or --collective
+  --trace-wrap       with --trace: a worker that has used all its rows starts them again;
+                     needs --seconds or --iterations
   --collective       simulate an all-reduce cluster instead (no parameter server): the
                      collective adapters' modes bsp, periodic:<k> (average every k local
                      steps) and elastic:<R>[:...] (ElasticBSP over collectives, planned by
@@ -172,10 +184,13 @@ int run(int argc, char** argv) {
   std::uint64_t iterations = 0, seed = 1;
   std::vector<std::string> policies;
   output format = output::table;
+  std::string trace_path;
+  cadence::sim::replay_options replay;
 
   cadence::tools::flag_reader args(argc, argv);
   // Each pair sets one thing (the run length, the output format): both would drop one.
   args.at_most_one_of({"--seconds", "--iterations"}).at_most_one_of({"--json", "--csv"});
+  args.at_most_once({"--trace", "--trace-wrap"});
   while (args.next()) {
     const std::string_view flag = args.flag();
     if (flag == "--help" || flag == "-h") {
@@ -207,6 +222,11 @@ int run(int argc, char** argv) {
       push_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
     } else if (flag == "--pull-cost") {
       pull_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
+    } else if (flag == "--trace") {
+      trace_path = std::string(args.value());
+    } else if (flag == "--trace-wrap") {
+      args.no_value();
+      replay.wrap = true;
     } else if (flag == "--collective") {
       args.no_value();
       collective = true;
@@ -223,7 +243,28 @@ int run(int argc, char** argv) {
     }
   }
 
-  cadence::sim::scenario s = cadence::tools::scenario_from_flags(scenario_name, workers, seed);
+  std::optional<cadence::iteration_trace> trace;
+  cadence::sim::scenario s;
+  if (args.given("--trace")) {
+    for (const char* other : {"--scenario", "--workers", "--collective", "--allreduce-cost"})
+      if (args.given(other)) throw usage_error(std::string(other) + ": not with --trace (the trace gives the workers)");
+    if (replay.wrap && seconds <= 0 && iterations == 0)
+      throw usage_error("--trace-wrap: needs --seconds or --iterations (a wrapped trace never runs out)");
+    trace = cadence::read_iteration_trace_file(trace_path);
+    s = cadence::sim::trace_scenario(*trace, "trace " + trace_path);
+    replay.push_seconds = push_cost;
+    replay.pull_seconds = pull_cost;
+    push_cost = pull_cost = -1;
+    if (!trace->has_costs) {  // the flags' costs, or none
+      if (replay.push_seconds < 0) replay.push_seconds = 0;
+      if (replay.pull_seconds < 0) replay.pull_seconds = 0;
+    }
+    if (replay.push_seconds >= 0) s.push_seconds = replay.push_seconds;
+    if (replay.pull_seconds >= 0) s.pull_seconds = replay.pull_seconds;
+  } else {
+    if (replay.wrap) throw usage_error("--trace-wrap: only with --trace");
+    s = cadence::tools::scenario_from_flags(scenario_name, workers, seed);
+  }
   if (seconds > 0) s.seconds = seconds;
   if (iterations > 0) {
     s.seconds = 0;
@@ -259,7 +300,7 @@ int run(int argc, char** argv) {
     cadence::sim::run_options opt;
     progress_bar bar(policy);
     if (tty) opt.progress = [&bar](double f) { bar(f); };
-    runs.push_back(cadence::sim::simulate(c, s, opt));
+    runs.push_back(trace ? cadence::sim::simulate_trace(c, s, *trace, replay, opt) : cadence::sim::simulate(c, s, opt));
   }
 
   if (format == output::json) {
@@ -267,9 +308,22 @@ int run(int argc, char** argv) {
   } else if (format == output::csv) {
     cadence::sim::write_csv(std::cout, runs);
   } else {
-    std::printf("scenario %s (%zu workers, seed %llu): %s\n", s.name.c_str(), s.workers.size(),
-                static_cast<unsigned long long>(s.seed), s.description.c_str());
-    if (s.seconds > 0)
+    if (trace)
+      std::printf("%s: %s%s\n", s.name.c_str(), s.description.c_str(),
+                  replay.wrap ? ", each worker's rows repeated" : ", until the first worker runs out");
+    else
+      std::printf("scenario %s (%zu workers, seed %llu): %s\n", s.name.c_str(), s.workers.size(),
+                  static_cast<unsigned long long>(s.seed), s.description.c_str());
+    if (trace) {
+      char length[64];
+      if (s.seconds > 0)
+        std::snprintf(length, sizeof length, "%g simulated s", s.seconds);
+      else
+        std::snprintf(length, sizeof length, "%llu iterations per worker", static_cast<unsigned long long>(s.iterations));
+      const bool recorded = trace->has_costs && replay.push_seconds < 0 && replay.pull_seconds < 0;
+      std::printf("run: at most %s, push %g ms, pull %g ms%s\n\n", length, 1e3 * s.push_seconds, 1e3 * s.pull_seconds,
+                  recorded ? " (the recorded ones' means; each iteration pays its own)" : "");
+    } else if (s.seconds > 0)
       std::printf("run: %g simulated s, push %g ms, pull %g ms\n\n", s.seconds, 1e3 * s.push_seconds,
                   1e3 * s.pull_seconds);
     else

@@ -1,11 +1,13 @@
 // cadence-zipline: plan an ElasticBSP barrier from a push history (or from predicted push
 // times) with any ZipLine variant, time it, and print a summary or JSON.
 #include "cli.hpp"
+#include "prediction_eval.hpp"
 #include "zipline_json.hpp"
 
 #include <cadence/core/error.hpp>
 #include <cadence/io/generator.hpp>
 #include <cadence/io/push_history.hpp>
+#include <cadence/io/trace.hpp>
 #include <cadence/predict/any_predictor.hpp>
 #include <cadence/zipline/variant.hpp>
 #ifdef CADENCE_HAS_THRUST
@@ -16,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -27,6 +30,7 @@
 namespace {
 
 constexpr const char* usage = R"(usage: cadence-zipline (--input FILE | --predicted FILE | --generate N,T) [options]
+       cadence-zipline --evaluate FILE [--predictor LIST] [--lookahead LIST] [--history H] [--json]
 
 Plans an ElasticBSP barrier: picks one predicted push per worker so that the spread
 (latest - earliest pick) is minimal; among optimal sets the smallest barrier (latest pick)
@@ -44,6 +48,30 @@ Source (exactly one):
   A file with any decimal timestamp (a '.' or an exponent) is read and searched in double
   precision; integer files stay exact. Files hold at most 10000000 workers, 200000000
   timestamps and 67108864 bytes per line.
+
+Prediction quality (instead of planning once):
+  --evaluate FILE     replay a recorded history and report, per predictor and lookahead R,
+                      the error of the predicted push times against the pushes that came
+                      (mean absolute error, p90 and max, in the file's unit) and the wait
+                      that ZipLine's barrier, planned on those predictions, really cost
+                      (latest minus earliest actual time of the pushes it chose) against
+                      the best barrier in hindsight (ZipLine on the actual times). FILE is a
+                      push history (as --input) or an iteration trace (cadence-train
+                      --trace; its push times start + compute + push, in seconds). Plans
+                      are made as ElasticBSP's cycle: first when every worker has pushed
+                      twice, then each time every worker has pushed twice after the last
+                      plan's best barrier; a plan needs R more pushes of every worker.
+                      The same plan times serve every predictor (see docs/zipline.md)
+  --predictor LIST    with --evaluate: comma-separated predictors (default
+                      last,mean:4,median:5,ewma:0.3)
+  --lookahead LIST    with --evaluate: comma-separated R values (default 1,5,15)
+  --history H         with --evaluate: each prediction sees the worker's latest H pushes
+                      (default 16, ElasticBSP's default; at least 2)
+  --json              with --evaluate: one JSON array, an object per predictor and R:
+                      {"predictor", "lookahead", "unit", "plans", "points",
+                      "mean_abs_error", "p90_abs_error", "max_abs_error", "wait_mean",
+                      "best_wait_mean", "excess_wait_mean", "predicted_wait_mean",
+                      "wait_total", "best_wait_total"}
 
 Options:
   --lookahead R       predicted pushes per worker, R >= 1 (default 15; N*R at most
@@ -68,7 +96,11 @@ using cadence::tools::usage_error;
 using ts = std::int64_t;
 
 struct options {
-  std::optional<std::string> input, predicted;
+  std::optional<std::string> input, predicted, evaluate;
+  std::string lookahead_text, predictor_text;  // as given (lists with --evaluate)
+  std::vector<std::size_t> lookaheads;         // --evaluate
+  std::vector<std::string> predictors;         // --evaluate
+  std::size_t history = 16;
   std::size_t workers = 0, pushes = 0;  // --generate N,T (0: not given)
   std::size_t lookahead = 15;
   std::string predictor = "last";
@@ -119,8 +151,8 @@ options parse_args(int argc, char** argv) {
   using cadence::tools::parse_flag_integer;
   options o;
   cadence::tools::flag_reader args(argc, argv);
-  args.at_most_one_of({"--input", "--predicted", "--generate"})
-      .at_most_once({"--lookahead", "--predictor", "--interval", "--seed", "--variant", "--repeat"});
+  args.at_most_one_of({"--input", "--predicted", "--generate", "--evaluate"})
+      .at_most_once({"--lookahead", "--predictor", "--interval", "--seed", "--variant", "--repeat", "--history"});
   while (args.next()) {
     const std::string_view flag = args.flag();
     if (flag == "--help" || flag == "-h") {
@@ -142,16 +174,14 @@ options parse_args(int argc, char** argv) {
         throw usage_error("--generate: N x T must be at most " +
                           std::to_string(cadence::push_history_max_timestamps) +
                           " timestamps, got " + std::string(n) + " x " + std::string(t));
+    } else if (flag == "--evaluate") {
+      o.evaluate = std::string(args.value());
+    } else if (flag == "--history") {
+      o.history = parse_flag_integer<std::size_t>(flag, args.value(), 2, 1000000, "H");
     } else if (flag == "--lookahead") {
-      o.lookahead = parse_flag_integer<std::size_t>(flag, args.value(), 1,
-                                                    cadence::push_history_max_timestamps, "R");
+      o.lookahead_text = std::string(args.value());
     } else if (flag == "--predictor") {
-      o.predictor = std::string(args.value());
-      try {
-        (void)cadence::make_predictor<ts>(o.predictor);
-      } catch (const cadence::error& e) {
-        throw usage_error(std::string("--predictor: ") + e.what());
-      }
+      o.predictor_text = std::string(args.value());
     } else if (flag == "--interval") {
       const auto [lo, hi] = cadence::tools::parse_flag_pair<std::int64_t>(
           flag, args.value(), 1, std::int64_t{1} << 40, "LO", "HI");
@@ -171,10 +201,48 @@ options parse_args(int argc, char** argv) {
     }
   }
   if (o.help) return o;
+  // --lookahead and --predictor take one value, or with --evaluate a comma-separated list.
+  auto split = [](const std::string& text) {
+    std::vector<std::string> parts;
+    std::size_t from = 0;
+    for (;;) {
+      const auto comma = text.find(',', from);
+      parts.push_back(text.substr(from, comma == std::string::npos ? std::string::npos : comma - from));
+      if (comma == std::string::npos) return parts;
+      from = comma + 1;
+    }
+  };
+  const bool evaluate = o.evaluate.has_value();
+  const std::string lookaheads = args.given("--lookahead") ? o.lookahead_text : evaluate ? "1,5,15" : "15";
+  const std::string predictors =
+      args.given("--predictor") ? o.predictor_text : evaluate ? "last,mean:4,median:5,ewma:0.3" : "last";
+  for (const auto& part : split(lookaheads))
+    o.lookaheads.push_back(
+        parse_flag_integer<std::size_t>("--lookahead", part, 1, cadence::push_history_max_timestamps, "R"));
+  for (const auto& part : split(predictors)) {
+    try {
+      (void)cadence::make_predictor<ts>(part);
+    } catch (const cadence::error& e) {
+      throw usage_error(std::string("--predictor: ") + e.what());
+    }
+    o.predictors.push_back(part);
+  }
+  if (!evaluate && o.lookaheads.size() > 1)
+    throw usage_error("--lookahead: a list of R values only with --evaluate, got '" + lookaheads + "'");
+  if (!evaluate && o.predictors.size() > 1)
+    throw usage_error("--predictor: a list of predictors only with --evaluate, got '" + predictors + "'");
+  o.lookahead = o.lookaheads.front();
+  o.predictor = o.predictors.front();
+  if (evaluate) {
+    for (const char* other : {"--variant", "--repeat", "--interval", "--seed"})
+      if (args.given(other)) throw usage_error(std::string(other) + ": not with --evaluate");
+    return o;
+  }
+  if (args.given("--history")) throw usage_error("--history: only with --evaluate");
   if (o.variants.empty()) o.variants = variants_to_run(o.variant);
   const bool generate = o.workers > 0;
   if (!o.input && !o.predicted && !generate)
-    throw usage_error("give exactly one of --input, --predicted, --generate (see --help)");
+    throw usage_error("give exactly one of --input, --predicted, --generate, --evaluate (see --help)");
   if (o.predicted && (args.given("--lookahead") || args.given("--predictor")))
     throw usage_error("--lookahead and --predictor apply to --input and --generate, not --predicted");
   if (!generate && (args.given("--interval") || args.given("--seed")))
@@ -288,11 +356,112 @@ int plan(const options& o, const cadence::push_history<T>& history, const std::s
   return 0;
 }
 
+/// --evaluate: every predictor at every lookahead on the same plans; a table or JSON.
+template <class T>
+int evaluate(const options& o, const cadence::push_history<T>& history, const std::string& source) {
+  constexpr const char* unit = std::is_integral_v<T> ? "ms" : "s";
+  using cadence::tools::number_text;
+  std::vector<cadence::tools::prediction_quality<T>> results;
+  for (const std::size_t r : o.lookaheads) {
+    const auto plans = cadence::tools::evaluation_plans(history, r);
+    if (plans.empty()) throw cadence::parse_error(cadence::tools::too_short_message(history, r, source));
+    for (const auto& name : o.predictors) {
+      try {
+        results.push_back(cadence::tools::evaluate_predictor(history, plans, r, cadence::make_predictor<T>(name),
+                                                             o.history));
+      } catch (const cadence::time_error& e) {
+        throw cadence::time_error(source + ": predictor " + name + ", R = " + std::to_string(r) + ": " + e.what());
+      }
+    }
+  }
+  if (o.json) {
+    std::string doc = "[";
+    for (std::size_t k = 0; k < results.size(); ++k) {
+      const auto& q = results[k];
+      doc += k ? ",\n {" : "\n {";
+      doc += "\"predictor\": ";
+      cadence::tools::detail::append_json_string(doc, q.predictor);
+      doc += ", \"lookahead\": " + std::to_string(q.lookahead) + ", \"unit\": \"" + unit +
+             "\", \"plans\": " + std::to_string(q.plans) + ", \"points\": " + std::to_string(q.points) +
+             ", \"mean_abs_error\": " + number_text(q.mean_abs_error) +
+             ", \"p90_abs_error\": " + number_text(q.p90_abs_error) +
+             ", \"max_abs_error\": " + number_text(q.max_abs_error) + ", \"wait_mean\": " + number_text(q.wait_mean()) +
+             ", \"best_wait_mean\": " + number_text(q.best_wait_mean()) +
+             ", \"excess_wait_mean\": " + number_text(q.wait_mean() - q.best_wait_mean()) +
+             ", \"predicted_wait_mean\": " + number_text(q.predicted_wait_mean()) +
+             ", \"wait_total\": " + number_text(q.wait_total) +
+             ", \"best_wait_total\": " + number_text(q.best_wait_total) + "}";
+    }
+    doc += "\n]\n";
+    std::cout << doc;
+    return 0;
+  }
+  std::size_t pushes = 0;
+  for (std::size_t p = 0; p < history.size(); ++p) pushes += history.row(p).size();
+  std::cout << "cadence-zipline --evaluate: " << source << "\n  " << history.size() << " workers, " << pushes
+            << " pushes; times in " << unit << "; each prediction sees the latest " << o.history
+            << " pushes\n  error: |predicted - actual| push time; wait: the real spread of ZipLine's barrier on "
+               "the actual times, per plan; best: the smallest in hindsight\n\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-14s %5s %6s %8s %11s %11s %11s %11s %11s %11s %11s\n", "predictor", "R", "plans",
+                "points", "MAE", "p90", "max", "wait", "best wait", "excess", "predicted");
+  std::cout << line;
+  // Integer milliseconds print exactly; seconds to 6 significant digits (the JSON has all).
+  auto cell = [](T v) {
+    if constexpr (std::is_integral_v<T>) {
+      return number_text(v);
+    } else {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.6g", static_cast<double>(v));
+      return std::string(buf);
+    }
+  };
+  for (const auto& q : results) {
+    std::snprintf(line, sizeof line, "%-14s %5zu %6zu %8zu %11.6g %11s %11s %11.6g %11.6g %11.6g %11.6g\n",
+                  q.predictor.c_str(), q.lookahead, q.plans, q.points, q.mean_abs_error,
+                  cell(q.p90_abs_error).c_str(), cell(q.max_abs_error).c_str(), q.wait_mean(),
+                  q.best_wait_mean(), q.wait_mean() - q.best_wait_mean(), q.predicted_wait_mean());
+    std::cout << line;
+  }
+  return 0;
+}
+
+/// Whether the file is an iteration trace (its first line that is not blank or a comment is
+/// the trace header) rather than a push history.
+bool is_trace_file(const std::string& path) {
+  // Only the first 64 KiB: an endless file (/dev/zero) is left to the reader's bounds.
+  std::ifstream in(path, std::ios::binary);
+  std::string head(std::size_t{1} << 16, '\0');
+  in.read(&head[0], static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<std::size_t>(in.gcount()));
+  std::string_view rest(head);
+  while (!rest.empty()) {
+    const auto newline = rest.find('\n');
+    const std::string_view text = cadence::detail::trim_blanks(rest.substr(0, newline));
+    if (!text.empty() && text.front() != '#')
+      return text.rfind("worker", 0) == 0 && text.find(':') == std::string_view::npos;
+    if (newline == std::string_view::npos) break;
+    rest.remove_prefix(newline + 1);
+  }
+  return false;
+}
+
 int run(int argc, char** argv) {
   const options o = parse_args(argc, argv);
   if (o.help) {
     std::cout << usage;
     return 0;
+  }
+  if (o.evaluate) {
+    const std::string& path = *o.evaluate;
+    if (is_trace_file(path)) {
+      const auto trace = cadence::read_iteration_trace_file(path);
+      return evaluate(o, cadence::trace_push_times(trace), "trace " + path);
+    }
+    cadence::push_history_read_options read;
+    read.min_timestamps = 2;  // every predictor needs an interval
+    return std::visit([&](const auto& history) { return evaluate(o, history, "history " + path); },
+                      cadence::read_any_push_history_file(path, read));
   }
   if (o.workers > 0) {
     cadence::generator_options g;

@@ -6,6 +6,7 @@
 #include "mlp.hpp"
 #include "model.hpp"
 #include "race.hpp"
+#include "trace.hpp"
 #include "train.hpp"
 
 #include <cadence/controllers/any_controller.hpp>
@@ -82,6 +83,9 @@ options:
   --json             one JSON array on stdout (rank 0), one object per policy
   --csv              one CSV row per policy (at most one of --json and --csv)
   --curves FILE      also write the accuracy curves (policy,seconds,accuracy) to FILE
+  --trace FILE       also write each parameter-server policy's iteration trace (per worker
+                     and iteration: start, compute, push, pull) for cadence-sim --trace;
+                     with several policies, one file each: FILE-<policy> (docs/trace.md)
   --help             this text
 
 profiles:
@@ -105,6 +109,7 @@ struct options {
   std::optional<double> evict_after;
   bool json = false, csv = false, help = false;
   std::string curves;
+  std::string trace;
 };
 
 options parse(int argc, char** argv) {
@@ -112,7 +117,7 @@ options parse(int argc, char** argv) {
   cadence::tools::flag_reader args(argc, argv);
   args.at_most_one_of({"--json", "--csv"});
   args.at_most_once({"--profile", "--seconds", "--seed", "--data", "--model", "--hidden", "--lr", "--batch",
-                     "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves"});
+                     "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace"});
   while (args.next()) {
     const std::string_view flag = args.flag();
     if (flag == "--help" || flag == "-h") {
@@ -155,6 +160,8 @@ options parse(int argc, char** argv) {
       o.csv = true;
     } else if (flag == "--curves") {
       o.curves = std::string(args.value());
+    } else if (flag == "--trace") {
+      o.trace = std::string(args.value());
     } else {
       args.unknown();
     }
@@ -632,6 +639,9 @@ int run(int argc, char** argv, int rank, int size) {
       r.p99_staleness = r.max_staleness;
     }
     r.transfer_seconds = train::transfer_seconds(per_worker);
+    if (!o.trace.empty() && !collective)
+      cadence::write_iteration_trace_file(train::trace_file_for(o.trace, policy, o.policies.size()),
+                                          train::trace_from_timings(per_worker, r.transfer_seconds));
     r.wait_fraction = train::wait_fraction(per_worker, r.transfer_seconds, o.seconds);
     r.overrun_fraction = iterations > 0 ? overruns / iterations : 0;
 

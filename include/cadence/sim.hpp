@@ -10,4 +10,5 @@
 #include <cadence/sim/scenario.hpp>
 #include <cadence/sim/scenarios.hpp>
 #include <cadence/sim/simulator.hpp>
+#include <cadence/sim/trace_replay.hpp>
 #include <cadence/sim/worker_model.hpp>

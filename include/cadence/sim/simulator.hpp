@@ -80,7 +80,46 @@ enum class phase : unsigned char { working, waiting, dead };
 /// release them, and whatever the controller throws.
 template <class Controller,
           std::enable_if_t<!std::is_convertible_v<Controller&, std::string_view>, int> = 0>
-run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = {}) {
+run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = {});
+
+/// The cost of one iteration of one worker: compute, then push (compute end to the push's
+/// arrival), then, once released, pull (go-ahead to the next compute's start).
+struct iteration_costs {
+  double compute = 0;
+  double push = 0;
+  double pull = 0;
+};
+
+/// Where the simulated workers' iteration costs come from: each worker's worker_model drawn
+/// by its iteration_sampler, with the scenario's push and pull cost (what simulate uses).
+/// A source (for simulate_with) is anything with `bool next(worker_id p, double now, iteration_costs& out)`:
+/// the costs of p's iteration that starts computing at `now`, or false when p has none left
+/// (a recorded trace that ran out), which ends the run at `now`.
+class model_source {
+public:
+  explicit model_source(const scenario& s) : s_(&s) {
+    sampler_.reserve(s.workers.size());
+    for (std::size_t p = 0; p < s.workers.size(); ++p) sampler_.emplace_back(s.workers[p], mix_seed(s.seed, p));
+  }
+  bool next(worker_id p, double now, iteration_costs& out) {
+    out.compute = sampler_[p].next(now);
+    out.push = s_->push_seconds;
+    out.pull = s_->pull_seconds;
+    return true;
+  }
+
+private:
+  const scenario* s_;
+  std::vector<iteration_sampler> sampler_;
+};
+
+/// simulate with the iteration costs taken from `source` (model_source, sim::trace_source or
+/// a caller's own) instead of the scenario's worker models; the scenario still gives the
+/// workers' count, labels and failures, the failure-detection delay and the run length. A
+/// source that runs out ends the run when that worker would start its next iteration (or at
+/// the scenario's length, if that comes first).
+template <class Controller, class Source>
+run_metrics simulate_with(Controller& c, const scenario& s, Source& source, const run_options& opt = {}) {
   CADENCE_REQUIRE_CONTROLLER(Controller);
   validate(s);
   const std::size_t n = s.workers.size();
@@ -100,10 +139,11 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
   m.per_worker.resize(n);
   for (std::size_t p = 0; p < n; ++p) m.per_worker[p].label = s.workers[p].label;
 
-  std::vector<iteration_sampler> sampler;
-  sampler.reserve(n);
-  for (std::size_t p = 0; p < n; ++p) sampler.emplace_back(s.workers[p], mix_seed(s.seed, p));
   std::vector<detail::phase> state(n, detail::phase::working);
+  // Pull cost after each worker's current push (its iteration's costs say it).
+  std::vector<double> pull_after(n, 0.0);
+  // The time at which a worker found its source exhausted: the run ends there.
+  double exhausted_at = HUGE_VAL;
   std::vector<double> wait_since(n, 0.0), computing(n, 0.0);
   // m.iterations (pushes applied so far) when each worker last pulled the weights.
   std::vector<std::uint64_t> pulled(n, 0);
@@ -119,11 +159,16 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
   // computes on is the server's state now, at its go-ahead (the pull takes pull_seconds but
   // carries the weights as they were when it was sent).
   auto start_iteration = [&](worker_id p, double t) {
-    const double d = sampler[p].next(t);
-    computing[p] = d;
+    iteration_costs k;
+    if (!source.next(p, t, k)) {
+      exhausted_at = std::min(exhausted_at, t);
+      return;
+    }
+    computing[p] = k.compute;
+    pull_after[p] = k.pull;
     pulled[p] = m.iterations;
     if (opt.on_iteration_start) opt.on_iteration_start(p, t);
-    queue.push(t + d + s.push_seconds, p, event_kind::push_arrives);
+    queue.push(t + k.compute + k.push, p, event_kind::push_arrives);
   };
   // The server lets p start an iteration at time t: record the clock gap the policies bound.
   auto let_go = [&](worker_id p, double t, double pull) {
@@ -139,7 +184,7 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
       if (state[q] != detail::phase::waiting) continue;  // died while waiting: stays idle
       m.per_worker[q].wait_seconds += t - wait_since[q];
       state[q] = detail::phase::working;
-      let_go(q, t, s.pull_seconds);
+      let_go(q, t, pull_after[q]);
     }
   };
 
@@ -187,6 +232,11 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
   bool finished = false;
 
   while (!queue.empty()) {
+    if (queue.top().time > exhausted_at) {  // a worker ran out of iterations: the run ends there
+      end = std::min(exhausted_at, horizon);
+      finished = true;
+      break;
+    }
     if (queue.top().time > horizon) {
       finished = true;
       break;
@@ -224,7 +274,7 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
         // Release the others before p goes on: `d.released` is valid until the next call.
         resume(d.released, t);
         if (d.proceed) {
-          let_go(p, t, s.pull_seconds);
+          let_go(p, t, pull_after[p]);
         } else {
           state[p] = detail::phase::waiting;
           wait_since[p] = t;
@@ -252,6 +302,10 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
       }
     }
     if (finished) break;
+  }
+  if (!finished && exhausted_at < HUGE_VAL) {  // ran out when nothing else was left to do
+    end = std::min(exhausted_at, horizon);
+    finished = true;
   }
   if (!finished) {
     // No event left before the end: only possible if every live worker waits for good.
@@ -292,6 +346,13 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
       m.iterations > 0 ? m.controller_seconds * 1e9 / static_cast<double>(m.iterations) : 0.0;
   if (opt.progress) opt.progress(1.0);
   return m;
+}
+
+template <class Controller,
+          std::enable_if_t<!std::is_convertible_v<Controller&, std::string_view>, int>>
+run_metrics simulate(Controller& c, const scenario& s, const run_options& opt) {
+  model_source source(s);
+  return simulate_with(c, s, source, opt);
 }
 
 /// Builds the policy from its config string (see make_controller) and runs scenario s.
