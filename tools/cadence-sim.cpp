@@ -49,7 +49,8 @@ options:
   --policy CONFIG    a make_controller config: bsp, asp, ssp:<s>, dssp:<s_L>:<s_U>,
                      elastic:<R>[:...]; repeat to compare several (default: bsp, asp,
                      ssp:3, dssp:3:15, elastic:15, elastic:60)
-  --seed N           random seed (default 1); a seed gives the same run every time
+  --seed N           random seed (default 1); a seed gives the same run every time (not with
+                     --trace: a replay draws no random numbers)
   --push-cost S      seconds for a push to reach the server (default: the scenario's)
   --pull-cost S      seconds for a worker to pull the weights (default: the scenario's)
   --trace FILE       replay recorded per-worker iteration times instead of a scenario: a
@@ -248,6 +249,7 @@ int run(int argc, char** argv) {
   if (args.given("--trace")) {
     for (const char* other : {"--scenario", "--workers", "--collective", "--allreduce-cost"})
       if (args.given(other)) throw usage_error(std::string(other) + ": not with --trace (the trace gives the workers)");
+    if (args.given("--seed")) throw usage_error("--seed: not with --trace (a replay draws no random numbers)");
     if (replay.wrap && seconds <= 0 && iterations == 0)
       throw usage_error("--trace-wrap: needs --seconds or --iterations (a wrapped trace never runs out)");
     trace = cadence::read_iteration_trace_file(trace_path);
