@@ -96,8 +96,12 @@ def dynamic_vectors(model: WalkAutoencoder, walks: np.ndarray, owner: np.ndarray
         cnt = torch.bincount(own, minlength=n).clamp(min=1).unsqueeze(1)
         out = out / cnt
     elif pool == "max":
-        out = torch.full((n, d), -float("inf")).scatter_reduce_(0, own.unsqueeze(1).expand(-1, d), codes, "amax")
-        out[torch.isinf(out)] = 0.0
+        order = np.argsort(owner, kind="stable")
+        own_sorted = owner[order]
+        starts = np.flatnonzero(np.r_[True, own_sorted[1:] != own_sorted[:-1]])
+        res = np.zeros((n, d), dtype=np.float32)
+        res[own_sorted[starts]] = np.maximum.reduceat(codes.numpy()[order], starts, axis=0)
+        return res
     else:
         raise ValueError(f"dynamic_vectors: pool must be 'mean' or 'max', not {pool!r}")
     return out.numpy()
