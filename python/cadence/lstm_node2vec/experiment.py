@@ -117,7 +117,7 @@ def embeddings(snapshots, t_cur: int, cfg: Config, methods=None, log=None):
         dyn, dstats = lstm_dynamic(snapshots, t_cur, cfg, seed=cfg.seed, log=log)
         dyn_seconds = time.perf_counter() - t0
         if log:
-            log(f"lstm autoencoder: {dstats['walks']} walks in {dstats['walk_seconds']:.2f}s, "
+            log(f"lstm autoencoder: {dstats['walks']} walks ({dstats['trained_walks']} with a neighbour, trained on) in {dstats['walk_seconds']:.2f}s, "
                 f"trained in {dstats['train_seconds']:.2f}s, loss {dstats['losses'][0]:.3f} -> {dstats['losses'][-1]:.3f}")
     for m in methods:
         t0 = time.perf_counter()
