@@ -61,12 +61,18 @@ class WalkAutoencoder(nn.Module):
 
 
 def train_autoencoder(model: WalkAutoencoder, walks: np.ndarray, epochs: int = 3, batch: int = 256,
-                      lr: float = 1e-2, seed: int = 0, log=None):
-    """Adam on shuffled mini-batches; returns the mean loss of each epoch."""
+                      lr: float = 1e-2, seed: int = 0, log=None, on_step=None):
+    """Adam on shuffled mini-batches; returns the mean loss of each epoch.
+
+    ``on_step(model, step, loss)``, if given, runs after every optimiser step: the seam where a
+    data-parallel trainer exchanges parameters (a parameter-server push/pull, a model
+    averager); each process then passes only its own shard of the walks (see ``shard``).
+    """
     g = torch.Generator().manual_seed(seed)
     data = torch.from_numpy(walks)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     history = []
+    step = 0
     for ep in range(epochs):
         perm = torch.randperm(data.shape[0], generator=g)
         total, count = 0.0, 0
@@ -78,10 +84,20 @@ def train_autoencoder(model: WalkAutoencoder, walks: np.ndarray, epochs: int = 3
             opt.step()
             total += float(loss) * xb.shape[0]
             count += xb.shape[0]
+            if on_step is not None:
+                on_step(model, step, float(loss))
+            step += 1
         history.append(total / count)
         if log:
             log(f"autoencoder epoch {ep}: loss {history[-1]:.4f}")
     return history
+
+
+def shard(walks: np.ndarray, rank: int, world: int) -> np.ndarray:
+    """Rank ``rank``'s share of the walks for data-parallel training: every ``world``-th walk (strided, so each shard sees every node)."""
+    if not 0 <= rank < world:
+        raise ValueError(f"shard: rank {rank} outside 0..{world - 1}")
+    return walks[rank::world]
 
 
 @torch.no_grad()

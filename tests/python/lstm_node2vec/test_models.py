@@ -51,3 +51,17 @@ def test_skipgram_starts_from_a_given_init_and_its_loss_falls():
     pairs = np.array([[0, 1], [1, 0], [2, 3], [3, 2]] * 200)
     h = train_skipgram(sg, pairs, np.full(4, 0.25), negatives=2, epochs=5, batch=64, lr=0.05)
     assert h[-1] < 0.8 * h[0]
+
+
+def test_the_step_hook_sees_every_step_and_shards_partition_the_walks():
+    from cadence.lstm_node2vec.models import shard
+    walks = np.arange(40).reshape(10, 4) % 7
+    parts = [shard(walks, r, 3) for r in range(3)]
+    assert sum(len(p) for p in parts) == 10
+    assert sorted(map(tuple, np.concatenate(parts).tolist())) == sorted(map(tuple, walks.tolist()))
+    with pytest.raises(ValueError):
+        shard(walks, 3, 3)
+    seen = []
+    m = WalkAutoencoder(7, 3, 4, negatives=2)
+    train_autoencoder(m, walks, epochs=2, batch=4, on_step=lambda model, step, loss: seen.append(step))
+    assert seen == list(range(6))  # 3 batches of 10 walks per epoch
