@@ -11,9 +11,7 @@ import time
 from .data import DataError, cut_snapshots, default_data_path, evolving_sbm, load_temporal_csv
 from .experiment import Config, run
 
-DISTRIBUTED_NOTE = ("distributed training over Cadence's policies is not built yet: cadence.torch (parameter "
-                    "server, elastic averager) was not available to this package; see docs/lstm-node2vec.md, "
-                    "'Distributed training (design)'")
+DISTRIBUTED_NOTE_MISSING = "distributed training skipped: it needs cadence.torch and the cadence bindings"
 
 
 def _parse(argv):
@@ -32,6 +30,14 @@ def _parse(argv):
                     help="comma-separated subset of lstm-node2vec,lstm-node2vec-concat,lstm-ae,node2vec,dynnode2vec")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a Config field (e.g. --set lookback=3 --set walk_mode=chained); repeatable")
+    ap.add_argument("--policies", default=None,
+                    help="distributed runs: comma-separated parameter-server policies (bsp, ssp:3, dssp:3:15, "
+                         "elastic:15, asp) and elastic-avg:R (the ElasticBSP averager); '' skips; default "
+                         "bsp,ssp:3,dssp:3:15,elastic:15,elastic-avg:15 when cadence.torch is installed")
+    ap.add_argument("--workers", type=int, default=4, help="distributed worker processes (default 4)")
+    ap.add_argument("--profile", default="hetero2", help="worker speed profile: uniform, hetero2 (default), straggler")
+    ap.add_argument("--target-auc", type=float, default=0.75,
+                    help="distributed runs report the first checkpoint's time at this link AUC (default 0.75)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return ap.parse_args(argv)
 
@@ -62,11 +68,16 @@ def format_table(result) -> str:
                      f"{m['seconds']:>9.1f}")
     lines.append("")
     if result["distributed"]:
-        lines.append(f"{'policy':<22}{'seconds':>10}{'final link AUC':>16}")
+        lines.append(f"{'policy':<22}{'seconds':>10}{'final link AUC':>16}{'s to target':>13}  curve (s, AUC)")
         for r in result["distributed"]:
-            lines.append(f"{r['policy']:<22}{r['seconds']:>10.1f}{r['final_link_auc']:>16.3f}")
+            hit = r.get("seconds_to_target")
+            curve = " ".join(f"{t:.1f}:{a:.3f}" for t, a in r["curve"])
+            lines.append(f"{r['policy']:<22}{r['seconds']:>10.1f}{r['final_link_auc']:>16.3f}"
+                         f"{'-' if hit is None else format(hit, '.1f'):>13}  {curve}")
     else:
         lines.append("distributed: " + result.get("distributed_note", "none"))
+    if result["distributed"]:
+        lines.append(result.get("distributed_note", ""))
     return "\n".join(lines)
 
 
@@ -81,14 +92,37 @@ def main(argv=None) -> int:
         else:
             events = load_temporal_csv(args.data or default_data_path())
             snaps = cut_snapshots(events, args.snapshots, split=args.split, cumulative=args.cumulative)
-    except (DataError, OSError) as e:
+    except DataError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e} (pass --data PATH, or run from the repository root where data/fb-messages/ is)",
+              file=sys.stderr)
         return 2
     methods = args.methods.split(",") if args.methods else None
     result = run(snaps, cfg, methods=methods, log=log)
     result["dataset"]["split"] = args.split
     result["distributed"] = []
-    result["distributed_note"] = DISTRIBUTED_NOTE
+    if args.policies != "":
+        from . import distributed
+        why = distributed.available()
+        if why:
+            result["distributed_note"] = f"{DISTRIBUTED_NOTE_MISSING}: {why}"
+        else:
+            from .experiment import Tasks
+            t_cur = result["dataset"]["current_snapshot"]
+            policies = args.policies.split(",") if args.policies else None
+            if args.profile not in distributed.PROFILES:
+                print(f"error: --profile {args.profile!r}: expected one of {', '.join(distributed.PROFILES)}",
+                      file=sys.stderr)
+                return 2
+            result["distributed"] = distributed.run_all(snaps, cfg, Tasks(snaps, t_cur, cfg), t_cur, policies,
+                                                        workers=args.workers, profile=args.profile,
+                                                        target_auc=args.target_auc, log=log)
+            result["distributed_note"] = (f"the LSTM autoencoder trained on {args.workers} processes (gloo), profile "
+                                          f"{args.profile}; final_link_auc is the dynamic vectors' (lstm-ae) link AUC")
+    else:
+        result["distributed_note"] = "skipped (--policies '')"
     result["seconds"] = round(time.perf_counter() - t0, 1)
     if args.json:
         print(json.dumps(result))

@@ -47,9 +47,19 @@ class Snapshots:
 
 
 def default_data_path() -> str:
-    """The fb-messages CSV shipped in the repository (data/fb-messages/ml_fb_msg.csv)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.normpath(os.path.join(here, "..", "..", "..", "data", "fb-messages", "ml_fb_msg.csv"))
+    """The fb-messages CSV shipped in the repository (data/fb-messages/ml_fb_msg.csv).
+
+    Looked for beside the source tree this module lives in (python/cadence/lstm_node2vec/), then
+    under the working directory (an installed package carries no data: run from the repository
+    root or pass a path).
+    """
+    here = os.path.dirname(os.path.realpath(__file__))
+    rel = os.path.join("data", "fb-messages", "ml_fb_msg.csv")
+    candidates = [os.path.normpath(os.path.join(here, "..", "..", "..", rel)), os.path.abspath(rel)]
+    for c in candidates:
+        if os.path.exists(c):
+            return c
+    return candidates[0]
 
 
 def load_temporal_csv(path: str, src_col: str = "u", dst_col: str = "i", ts_col: str = "ts") -> TemporalEdges:

@@ -1,0 +1,44 @@
+# The autoencoder trained on several processes under Cadence's policies finishes and is scored;
+# skipped (saying why) where cadence.torch or the bindings are not installed.
+import dataclasses
+
+import pytest
+
+from cadence.lstm_node2vec import Config, evolving_sbm
+from cadence.lstm_node2vec import distributed
+
+why = distributed.available()
+pytestmark = pytest.mark.skipif(bool(why), reason=why or "")
+
+
+def test_server_adam_matches_torch_adam():
+    import torch
+    w = torch.tensor([1.0, -2.0, 0.5])
+    p = torch.nn.Parameter(w.clone())
+    opt = torch.optim.Adam([p], lr=0.1)
+    upd = distributed.ServerAdam(3, lr=0.1)
+    mine = w.clone()
+    for k in range(5):
+        g = torch.tensor([0.3, -1.0, 2.0]) * (k + 1)
+        p.grad = g.clone()
+        opt.step()
+        upd(mine, g, 0)
+    assert torch.allclose(mine, p.detach(), atol=1e-6)
+
+
+# one parameter-server policy that waits (dssp) and the averager: each run starts 3 processes
+@pytest.mark.parametrize("policy", ["dssp:1:3", "elastic-avg:3"])
+def test_a_distributed_run_finishes_and_scores_its_checkpoints(policy):
+    from cadence.lstm_node2vec.experiment import Tasks
+    s = evolving_sbm(n=100, communities=3, snapshots=4, seed=0)
+    cfg = Config(dim=8, token_dim=4, lookback=3, temporal_walks=3, ae_epochs=2, ae_batch=64)
+    rows = distributed.run_all(s, cfg, Tasks(s, 2, cfg), 2, [policy], workers=2, profile="hetero2",
+                               target_auc=0.0)
+    (r,) = rows
+    assert r["policy"] == policy and r["seconds"] > 0
+    assert 0.0 <= r["final_link_auc"] <= 1.0 and r["curve"][-1][1] == r["final_link_auc"]
+    assert r["seconds_to_target"] is not None
+    if policy.startswith("elastic-avg"):
+        assert r["barriers"] >= 1
+    else:
+        assert r["pushes"] == [r["steps_per_worker"]] * 2
