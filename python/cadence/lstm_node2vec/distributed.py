@@ -217,7 +217,7 @@ def _spawn(world, spec, timeout):
 
 
 def run_policy(policy: str, walks: np.ndarray, score, n: int, cfg, workers: int = 4, profile="hetero2",
-               steps: int = 0, checkpoints: int = 3, timeout: float = 240.0, target_auc=None) -> dict:
+               steps: int = 0, checkpoints: int = 4, timeout: float = 240.0, target_auc=None) -> dict:
     """Train the autoencoder on ``workers`` processes under ``policy`` and score its checkpoints.
 
     policy: a parameter-server controller config ("bsp", "ssp:3", "dssp:3:15", "elastic:15",

@@ -26,8 +26,8 @@ def test_server_adam_matches_torch_adam():
     assert torch.allclose(mine, p.detach(), atol=1e-6)
 
 
-# one parameter-server policy that waits (dssp) and the averager: each run starts 3 processes
-@pytest.mark.parametrize("policy", ["dssp:1:3", "elastic-avg:3"])
+# every parameter-server policy of the default comparison, and the averager: each run starts 2 or 3 processes
+@pytest.mark.parametrize("policy", ["bsp", "ssp:1", "dssp:1:3", "elastic:3", "elastic-avg:3"])
 def test_a_distributed_run_finishes_and_scores_its_checkpoints(policy):
     from cadence.lstm_node2vec.experiment import Tasks
     s = evolving_sbm(n=100, communities=3, snapshots=4, seed=0)
