@@ -28,3 +28,16 @@ def test_memory_grows_with_edges_not_nodes_squared():
     big = CSRGraph.from_edges(100000, np.arange(999), np.arange(1, 1000))
     # 100x the nodes, same edges: only the n+1 row pointers grow
     assert big.nbytes() - small.nbytes() == (100000 - 1000) * 8
+
+
+def test_the_scaling_measurement_reports_memory_that_follows_edges():
+    from cadence.lstm_node2vec import Config
+    from cadence.lstm_node2vec.scaling import measure
+    cfg = Config(dim=8, token_dim=4, temporal_walks=2, walks_per_node=2, walk_length=6)
+    sparse = measure(400, 4.0, cfg, snapshots=3, train_walks=100, train_pairs=1000)
+    dense = measure(400, 16.0, cfg, snapshots=3, train_walks=100, train_pairs=1000)
+    assert dense["edges_all_snapshots"] > 3 * sparse["edges_all_snapshots"]
+    assert dense["graph_bytes"] > 2.5 * sparse["graph_bytes"]
+    assert dense["model_bytes"] == sparse["model_bytes"]  # parameters depend on n, not on edges
+    for k in ("temporal_walks_per_s", "node2vec_walks_per_s", "ae_train_walks_per_s", "skipgram_pairs_per_s"):
+        assert sparse[k] > 0
