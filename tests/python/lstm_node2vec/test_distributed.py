@@ -11,21 +11,6 @@ why = distributed.available()
 pytestmark = pytest.mark.skipif(bool(why), reason=why or "")
 
 
-def test_server_adam_matches_torch_adam():
-    import torch
-    w = torch.tensor([1.0, -2.0, 0.5])
-    p = torch.nn.Parameter(w.clone())
-    opt = torch.optim.Adam([p], lr=0.1)
-    upd = distributed.ServerAdam(3, lr=0.1)
-    mine = w.clone()
-    for k in range(5):
-        g = torch.tensor([0.3, -1.0, 2.0]) * (k + 1)
-        p.grad = g.clone()
-        opt.step()
-        upd(mine, g, 0)
-    assert torch.allclose(mine, p.detach(), atol=1e-6)
-
-
 def test_a_distributed_run_finishes_under_every_policy_and_scores_its_checkpoints():
     # one set of 3 processes (a server and 2 workers) runs every policy of the comparison in turn
     from cadence.lstm_node2vec.experiment import Tasks

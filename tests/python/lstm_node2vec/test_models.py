@@ -65,3 +65,18 @@ def test_the_step_hook_sees_every_step_and_shards_partition_the_walks():
     m = WalkAutoencoder(7, 3, 4, negatives=2)
     train_autoencoder(m, walks, epochs=2, batch=4, on_step=lambda model, step, loss: seen.append(step))
     assert seen == list(range(6))  # 3 batches of 10 walks per epoch
+
+
+def test_server_adam_matches_torch_adam():
+    w = torch.tensor([1.0, -2.0, 0.5])
+    p = torch.nn.Parameter(w.clone())
+    opt = torch.optim.Adam([p], lr=0.1)
+    from cadence.lstm_node2vec.distributed import ServerAdam
+    upd = ServerAdam(3, lr=0.1)
+    mine = w.clone()
+    for k in range(5):
+        g = torch.tensor([0.3, -1.0, 2.0]) * (k + 1)
+        p.grad = g.clone()
+        opt.step()
+        upd(mine, g, 0)
+    assert torch.allclose(mine, p.detach(), atol=1e-6)
