@@ -1,7 +1,5 @@
 # The autoencoder trained on several processes under Cadence's policies finishes and is scored;
 # skipped (saying why) where cadence.torch or the bindings are not installed.
-import dataclasses
-
 import pytest
 
 from cadence.lstm_node2vec import Config, evolving_sbm
