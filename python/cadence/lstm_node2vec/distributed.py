@@ -1,0 +1,324 @@
+"""The LSTM autoencoder trained data-parallel on several processes under Cadence's policies (cadence.torch), scored by link AUC against wall-clock time."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import tempfile
+import time
+import traceback
+
+import numpy as np
+import torch
+
+from .models import WalkAutoencoder, dynamic_vectors, shard
+
+#: Speed profiles (step-time multipliers per worker), after the simulator's scenarios: each
+#: worker's real step is stretched to ``multiplier x`` its measured compute time.
+PROFILES = {
+    "uniform": [1.0, 1.0, 1.0, 1.0],
+    "hetero2": [1.0, 1.0, 2.0, 2.0],     # two fast, two slow at 2:1 (the papers' mixed GPUs)
+    "straggler": [1.0, 1.0, 1.0, 3.0],   # one 3x straggler
+}
+#: The default comparison: the parameter server under four policies, and the ElasticBSP averager.
+DEFAULT_POLICIES = ["bsp", "ssp:3", "dssp:3:15", "elastic:15", "elastic-avg:15"]
+
+
+def available() -> str:
+    """Empty when cadence.torch and the bindings import; otherwise why not."""
+    try:
+        import cadence  # noqa: F401
+        import cadence.torch  # noqa: F401
+        if not hasattr(cadence, "make_controller"):
+            return "the cadence bindings (cadence.make_controller) are not installed"
+    except ImportError as e:
+        return f"cadence.torch is not importable: {e}"
+    return ""
+
+
+class ServerAdam:
+    """Adam applied on the parameter server to each pushed gradient (update(weights, gradient, worker))."""
+
+    def __init__(self, size: int, lr: float = 1e-2, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.lr, self.b1, self.b2, self.eps = lr, betas[0], betas[1], eps
+        self.m = torch.zeros(size)
+        self.v = torch.zeros(size)
+        self.t = 0
+
+    def __call__(self, weights: torch.Tensor, gradient: torch.Tensor, worker: int) -> None:
+        self.t += 1
+        self.m.mul_(self.b1).add_(gradient, alpha=1 - self.b1)
+        self.v.mul_(self.b2).addcmul_(gradient, gradient, value=1 - self.b2)
+        mh = self.m / (1 - self.b1 ** self.t)
+        vh = self.v / (1 - self.b2 ** self.t)
+        weights.addcdiv_(mh, vh.sqrt().add_(self.eps), value=-self.lr)
+
+
+def _flat(model) -> np.ndarray:
+    # NumPy, not a tensor: torch's queue would pass a tensor by a file descriptor the exiting
+    # child closes before the parent reads it
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+
+
+def _load(model, flat: np.ndarray) -> None:
+    flat = torch.from_numpy(flat)
+    off = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            k = p.numel()
+            p.copy_(flat[off:off + k].view_as(p))
+            off += k
+
+
+def _batches(walks: np.ndarray, batch: int, seed: int):
+    g = np.random.default_rng(seed)
+    while True:
+        perm = g.permutation(len(walks))
+        for i in range(0, len(walks), batch):
+            yield torch.from_numpy(walks[perm[i:i + batch]])
+
+
+def _rank_main(rank, world, init_file, spec, counters, results):
+    """One process of the run: rank 0 serves the parameter-server policies, ranks 1..W work.
+
+    The processes start once and run every policy in turn (process start costs more than a
+    short run on a loaded machine): each parameter-server policy on its own tags, the averager
+    on the group of ranks 1..W while rank 0 waits at the next barrier.
+    """
+    import torch.distributed as dist
+
+    out = None
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=spec["timeout"]))
+        workers_group = dist.new_group(list(range(1, world)))  # every rank must create it
+        rows = []
+        for i, policy in enumerate(spec["policies"]):
+            dist.barrier()
+            torch.manual_seed(spec["seed"])
+            model = WalkAutoencoder(spec["n"], spec["token_dim"], spec["dim"], spec["negatives"])
+            if policy.startswith("elastic-avg"):
+                rows.append(None if rank == 0 else
+                            _averager_rank(rank, model, spec, policy.replace("elastic-avg", "elastic"),
+                                           counters[i], workers_group))
+            else:
+                rows.append(_ps_rank(rank, model, spec, policy, counters[i], DEFAULT_TAG_BASE + 16 * i))
+        out = ("ok", rows)
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        out = ("error", traceback.format_exc())
+    results.put((rank, out))
+    results.close()
+    results.join_thread()
+    os._exit(0)  # skip process-group teardown: a failed peer could block it
+
+
+DEFAULT_TAG_BASE = 0x1D000
+
+
+def _stretch(t0: float, mult: float) -> float:
+    """Sleeps so that the step since ``t0`` takes ``mult`` times its compute time; returns the step's duration."""
+    spent = time.perf_counter() - t0
+    if mult > 1.0:
+        time.sleep(spent * (mult - 1.0))
+    return time.perf_counter() - t0
+
+
+def _claim(counter) -> int:
+    """Takes one step of the shared budget; returns the global step number (1-based)."""
+    with counter.get_lock():
+        counter.value += 1
+        return counter.value
+
+
+def _ps_rank(rank, model, spec, policy, counter, tag_base):
+    import cadence.torch as ct
+
+    params = list(model.parameters())
+    if rank == 0:
+        server = ct.ParameterServer(policy, params, update=ServerAdam(sum(p.numel() for p in params), spec["lr"]),
+                                    evict_after=None, tag_base=tag_base)
+        stats = server.run()
+        # the run's result: the server's weights once every push is applied
+        return {"role": "server", "pushes": list(stats.pushes), "max_staleness": list(stats.max_start_staleness),
+                "weights": server.weights.numpy().copy()}
+    w = rank - 1
+    worker = ct.PSWorker(params, reply_timeout=spec["timeout"], tag_base=tag_base)
+    worker.pull_into(params)  # the start: a worker's clock runs from its first pull
+    walks = shard(spec["walks"], w, spec["workers"])
+    it = _batches(walks, spec["batch"], spec["seed"] + rank)
+    mult = spec["profile"][w % len(spec["profile"])]
+    checkpoints = []
+    budget = spec["steps"]
+    every = max(1, budget // spec["checkpoints"])
+    next_ck = every
+    start = time.perf_counter()
+    steps = 0
+    # equal total work: the workers share one budget of steps, so a fast worker that a relaxed
+    # policy does not hold back does more of them
+    while _claim(counter) <= budget:
+        t0 = time.perf_counter()
+        for p in params:
+            p.grad = None
+        model.loss(next(it)).backward()
+        _stretch(t0, mult)
+        worker.step(params)
+        steps += 1
+        if w == 0 and counter.value >= next_ck:
+            checkpoints.append((time.perf_counter() - start, _flat(model)))
+            next_ck = counter.value + every
+    seconds = time.perf_counter() - start
+    worker.finish()
+    return {"role": "worker", "seconds": seconds, "checkpoints": checkpoints, "steps": steps}
+
+
+def _averager_rank(rank, model, spec, config, counter, group):
+    import cadence.torch as ct
+    import torch.distributed as dist
+
+    params = list(model.parameters())
+    for p in params:  # every rank starts from worker 0's parameters
+        dist.broadcast(p.data, 1, group=group)
+    avg = ct.ElasticModelAverager(config, process_group=group, timeout=spec["timeout"])
+    opt = torch.optim.Adam(params, lr=spec["lr"])
+    w = rank - 1
+    walks = shard(spec["walks"], w, spec["workers"])
+    it = _batches(walks, spec["batch"], spec["seed"] + rank)
+    mult = spec["profile"][w % len(spec["profile"])]
+    checkpoints = []
+    budget = spec["steps"]
+    every = max(1, budget // spec["checkpoints"])
+    next_ck = every
+    dist.barrier(group=group)
+    start = time.perf_counter()
+    k = 0
+    while True:
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        model.loss(next(it)).backward()
+        opt.step()
+        k += 1
+        done = _claim(counter) >= budget  # past the budget a rank still runs to the next barrier
+        if avg.step_done(_stretch(t0, mult)):
+            stop = avg.sync(params, stop=done)
+            if w == 0 and (counter.value >= next_ck or stop):
+                checkpoints.append((time.perf_counter() - start, _flat(model)))
+                next_ck = counter.value + every
+            if stop:
+                break
+    return {"role": "worker", "seconds": time.perf_counter() - start, "checkpoints": checkpoints,
+            "steps": k, "barriers": avg.barriers}
+
+
+def _spawn(world, spec, timeout):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    counters = [ctx.Value("q", 0) for _ in spec["policies"]]
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [ctx.Process(target=_rank_main, args=(r, world, init_file, spec, counters, results), daemon=True)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        got = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(got) < world:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    r, out = results.get(timeout=min(left, 1.0))
+                    got[r] = out
+                except queue.Empty:
+                    if all(not p.is_alive() for p in procs) and results.empty():
+                        break
+        finally:
+            for p in procs:
+                p.join(timeout=2.0)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=2.0)
+    missing = [r for r in range(world) if r not in got]
+    if missing:
+        raise RuntimeError(f"lstm_node2vec.distributed: policies {spec['policies']}: ranks {missing} did not "
+                           f"report within {timeout:g} s")
+    errors = [f"rank {r}:\n{out[1]}" for r, out in sorted(got.items()) if out[0] != "ok"]
+    if errors:
+        raise RuntimeError(f"lstm_node2vec.distributed: policies {spec['policies']} failed:\n" + "\n".join(errors))
+    return {r: out[1] for r, out in got.items()}
+
+
+def run_policies(policies, walks: np.ndarray, score, n: int, cfg, workers: int = 4, profile="hetero2",
+                 steps: int = 0, checkpoints: int = 4, timeout: float = 240.0, target_auc=None) -> list:
+    """Train the autoencoder on ``workers`` processes under each policy in turn and score the checkpoints.
+
+    A policy is a parameter-server controller config ("bsp", "ssp:3", "dssp:3:15",
+    "elastic:15", "asp"; one extra process serves) or "elastic-avg:<R>" (the ElasticBSP model
+    averager over the workers). ``score(model) -> link AUC``. ``steps``: the budget of optimiser
+    steps all workers share (default: the single-process run's, ``cfg.ae_epochs`` passes over the
+    walks), so every policy does the same total work and a fast worker that a relaxed policy
+    does not hold back takes more of it; under the averager a rank past the budget still runs
+    to the next barrier. ``timeout`` bounds every wait (and the whole run, times the policies).
+    """
+    policies = list(policies)
+    mults = PROFILES[profile] if isinstance(profile, str) else list(profile)
+    if steps <= 0:
+        steps = max(1, int(np.ceil(cfg.ae_epochs * len(walks) / cfg.ae_batch)))
+    spec = {"policies": policies, "workers": workers, "n": n, "dim": cfg.dim, "token_dim": cfg.token_dim,
+            "negatives": cfg.ae_negatives, "lr": cfg.ae_lr, "batch": cfg.ae_batch, "steps": steps,
+            "seed": cfg.seed, "walks": walks, "profile": mults, "checkpoints": checkpoints, "timeout": timeout}
+    out = _spawn(workers + 1, spec, timeout * len(policies) + 30.0)
+    model = WalkAutoencoder(n, cfg.token_dim, cfg.dim, cfg.ae_negatives)
+    rows = []
+    for i, policy in enumerate(policies):
+        worker_rows = [out[r][i] for r in range(1, workers + 1)]
+        seconds = max(o["seconds"] for o in worker_rows)
+        points = list(worker_rows[0]["checkpoints"])
+        server = out[0][i]
+        if server is not None:
+            points.append((seconds, server["weights"]))  # the server's final weights
+        curve = []
+        for t, flat in points:
+            _load(model, flat)
+            curve.append([round(t, 2), round(float(score(model)), 4)])
+        row = {"policy": policy, "seconds": round(seconds, 2), "final_link_auc": curve[-1][1] if curve else None,
+               "curve": curve, "step_budget": steps, "steps": [o["steps"] for o in worker_rows],
+               "profile": profile if isinstance(profile, str) else mults}
+        if target_auc is not None:
+            hit = [t for t, a in curve if a >= target_auc]
+            row["seconds_to_target"] = hit[0] if hit else None
+        if server is not None:
+            row["pushes"] = server["pushes"]
+            row["max_staleness"] = server["max_staleness"]
+        else:
+            row["barriers"] = worker_rows[0]["barriers"]
+        rows.append(row)
+    return rows
+
+
+def run_all(snapshots, cfg, tasks, t_cur: int, policies=None, workers: int = 4, profile="hetero2",
+            target_auc=None, log=None) -> list:
+    """Every policy on the same temporal walks; scores are lstm-ae link AUC on the shared tasks."""
+    from .experiment import evaluate
+    from .walks import temporal_walks
+
+    walks, owner = temporal_walks(snapshots, t_cur, cfg.lookback, cfg.temporal_walks, seed=cfg.seed,
+                                  mode=cfg.walk_mode, absent=cfg.absent)
+    train = walks[(walks != snapshots.n).any(axis=1)] if cfg.ae_train_on == "active" else walks
+
+    def score(model):
+        vec = dynamic_vectors(model, walks, owner, snapshots.n, pool=cfg.pool)
+        return evaluate(vec, tasks, cfg)["link_auc"]
+
+    t0 = time.perf_counter()
+    rows = run_policies(policies or DEFAULT_POLICIES, train, score, snapshots.n, cfg, workers=workers,
+                        profile=profile, target_auc=target_auc)
+    if log:
+        for r in rows:
+            log(f"distributed {r['policy']}: {r['seconds']:.1f}s training, link AUC {r['final_link_auc']:.3f}")
+        log(f"distributed: {time.perf_counter() - t0:.1f}s with process start and scoring")
+    return rows

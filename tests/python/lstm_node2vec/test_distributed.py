@@ -1,0 +1,31 @@
+# The autoencoder trained on several processes under Cadence's policies finishes and is scored;
+# skipped (saying why) where cadence.torch or the bindings are not installed.
+import pytest
+
+from cadence.lstm_node2vec import Config, evolving_sbm
+from cadence.lstm_node2vec import distributed
+
+why = distributed.available()
+pytestmark = pytest.mark.skipif(bool(why), reason=why or "")
+
+
+def test_a_distributed_run_finishes_under_every_policy_and_scores_its_checkpoints():
+    # one set of 3 processes (a server and 2 workers) runs every policy of the comparison in turn
+    from cadence.lstm_node2vec.experiment import Tasks
+    s = evolving_sbm(n=100, communities=3, snapshots=4, seed=0)
+    cfg = Config(dim=8, token_dim=4, lookback=3, temporal_walks=3, ae_epochs=2, ae_batch=64)
+    policies = ["bsp", "ssp:1", "dssp:1:3", "elastic:3", "elastic-avg:3"]
+    rows = distributed.run_all(s, cfg, Tasks(s, 2, cfg), 2, policies, workers=2, profile="hetero2",
+                               target_auc=0.0)
+    assert [r["policy"] for r in rows] == policies
+    for r in rows:
+        assert r["seconds"] > 0
+        assert 0.0 <= r["final_link_auc"] <= 1.0 and r["curve"][-1][1] == r["final_link_auc"]
+        assert r["seconds_to_target"] is not None
+        if r["policy"].startswith("elastic-avg"):
+            assert r["barriers"] >= 1 and sum(r["steps"]) >= r["step_budget"]
+        else:
+            # the workers share the budget exactly; every step is one push
+            assert r["pushes"] == r["steps"] and sum(r["steps"]) == r["step_budget"]
+    # bsp never lets a worker start ahead of the slowest
+    assert rows[0]["max_staleness"] == [0, 0]
