@@ -3,7 +3,10 @@
 # for parity, then prints the GPU ZipLine table (n = 1e3 .. 1e6 workers, R = 100). Then the NCCL
 # backend on the real GPU: its tests (a 1-rank communicator over the in-process bootstrap, every
 # dtype and op checked exactly; an init whose second rank never joins aborts within its
-# deadline) and one all-reduce bandwidth table against raw ncclAllReduce.
+# deadline) and one all-reduce bandwidth table against raw ncclAllReduce; then the collective
+# adapters' NCCL form (bucketed all-reduce, periodic and elastic averaging on device buffers and
+# a stream of the caller's: ncclAvg, PreMulSum, async copies and cudaMalloc through the real
+# table; two-rank merges when the machine has two GPUs).
 # Usage: bench/gpu/run.sh [build-dir] [-- extra args for cadence-bench-thrust-gpu]
 # Env: CUDA_ARCH (default 90), JOBS (default: number of cores).
 set -euo pipefail
@@ -46,7 +49,8 @@ if [[ -d "$build/CMakeFiles" ]] && grep -qE '^CADENCE_NCCL_LIBRARY:[A-Z]+=/' "$b
   echo "== NCCL backend tests (real NCCL, one GPU) =="
   # -s shows the MESSAGE lines (the init abort's time against its deadline). Without a GPU the
   # test passes on the clean-error path; here that would test nothing, so it fails the script.
-  nccl_log=$("$build/bin/cadence_transport_nccl_tests_cxx17" --no-version -s 2>&1) || {
+  nccl_log=$("$build/bin/cadence_transport_nccl_tests_cxx17" --no-version -s \
+               --source-file='*/nccl/communicator_test.cpp' 2>&1) || {
     echo "$nccl_log"
     exit 1
   }
@@ -57,6 +61,19 @@ if [[ -d "$build/CMakeFiles" ]] && grep -qE '^CADENCE_NCCL_LIBRARY:[A-Z]+=/' "$b
   fi
   echo "== NCCL all-reduce: ours against raw ncclAllReduce, 1 GPU (busbw is 0 on one rank: read us) =="
   "$build/bin/cadence-bench-transport" --backend nccl --ranks 1
+  echo "== Collective adapters over NCCL (device buffers, the caller's stream, real GPU) =="
+  # The same executable: tests/transport/nccl/exchange_gpu_test.cpp. A case that finds no GPU
+  # (or fewer than two for the two-rank merges) says so in a MESSAGE; "no GPU" fails the script.
+  adapters_log=$("$build/bin/cadence_transport_nccl_tests_cxx17" --no-version -s \
+                   --source-file='*/nccl/exchange_gpu_test.cpp' 2>&1) || {
+    echo "$adapters_log"
+    exit 1
+  }
+  grep -E 'MESSAGE|skipped|test cases|assertions|Status' <<<"$adapters_log"
+  if grep -q 'no GPU' <<<"$adapters_log"; then
+    echo "the adapters' NCCL tests found no GPU: nothing was tested on the device" >&2
+    exit 1
+  fi
 else
   echo "NCCL not found at configure time: NCCL backend skipped" >&2
 fi

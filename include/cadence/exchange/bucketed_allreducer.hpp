@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cadence/core/error.hpp>
+#include <cadence/exchange/detail/device.hpp>
 #include <cadence/exchange/detail/tensor.hpp>
 #include <cadence/transport/communicator.hpp>
 
@@ -23,6 +24,9 @@ struct bucketed_allreducer_options {
   std::size_t bucket_bytes = std::size_t{25} << 20;
   /// Deadline of one average() call, all of its all-reduces together.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  /// Device communicators (NCCL) only: the cudaStream_t every copy and all-reduce is enqueued
+  /// on; null: the communicator's stream. A host communicator refuses a non-null stream.
+  void* stream = nullptr;
 };
 
 /// Averages a fixed set of gradient tensors across all ranks every step (BSP data parallelism).
@@ -37,14 +41,21 @@ struct bucketed_allreducer_options {
 /// order. Every rank issues the same all-reduces in the same order, so a rank that registered
 /// different tensors fails the call on the backends that see the mismatch (transport_error);
 /// a stalled rank makes the others throw transport_error naming it within the timeout.
+///
+/// Over a communicator with device buffers (nccl_communicator) the tensors are device pointers:
+/// fusion copies are cudaMemcpyAsync on the stream, the fusion buffer and the view buckets are
+/// device memory (allocated through the communicator), and the average is NCCL's own (ncclAvg:
+/// each input times 1/n, then summed; exact when n is a power of two and the sums are), so no
+/// host pass touches the data. average() returns when the results are in the tensors.
 template <class C>
 class bucketed_allreducer {
   CADENCE_REQUIRE_COMMUNICATOR(C);
 
 public:
   explicit bucketed_allreducer(C& comm, bucketed_allreducer_options options = {})
-      : comm_(&comm), options_(options) {
-    detail::require_host(comm, "bucketed_allreducer");
+      : comm_(&comm), options_(options),
+        device_(detail::uses_device(comm, "bucketed_allreducer", options.stream)),
+        stream_(detail::device_stream(comm, options.stream)) {
     if (options.bucket_bytes == 0)
       throw invalid_parameter_error(
           detail::where("bucketed_allreducer", comm.rank(), comm.size()) +
@@ -65,7 +76,7 @@ public:
 
   /// Registers a tensor that lives inside a bucket (DDP's gradient_as_bucket_view): returns
   /// storage for `count` elements of T (float or double), zero-filled, valid as long as the
-  /// allreducer; write the gradient there and average() reduces it in place, with no copy in
+  /// allreducer (device memory over a device communicator); write the gradient there and average() reduces it in place, with no copy in
   /// or out of a fusion buffer. Consecutive views of one dtype share a bucket until it is full;
   /// view buckets are reduced after the buckets of add()ed tensors.
   template <class T>
@@ -79,11 +90,19 @@ public:
       view_bucket b;
       b.type = type;
       b.capacity = std::max(bytes, options_.bucket_bytes);
-      b.storage.reset(new double[(b.capacity + sizeof(double) - 1) / sizeof(double)]());
+      if (device_) {
+        b.device = detail::device_block<C>(*comm_, b.capacity);
+        if constexpr (detail::has_device_ops_v<C>) {
+          comm_->zero_async(b.device.get(), b.capacity, stream_);
+          comm_->synchronize(stream_, transport::deadline(options_.timeout));
+        }
+      } else {
+        b.storage.reset(new double[(b.capacity + sizeof(double) - 1) / sizeof(double)]());
+      }
       views_.push_back(std::move(b));
     }
     view_bucket& b = views_.back();
-    T* p = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(b.storage.get()) + b.used);
+    T* p = reinterpret_cast<T*>(b.base() + b.used);
     b.used += bytes;
     return p;
   }
@@ -92,6 +111,10 @@ public:
   void average() {
     plan();
     const transport::deadline d = transport::deadline(options_.timeout);
+    if (device_) {
+      if constexpr (detail::has_device_ops_v<C>) average_on_device(d);
+      return;
+    }
     const double n = static_cast<double>(comm_->size());
     for (const bucket& b : buckets_) {
       if (b.last - b.first == 1) {  // alone: in place
@@ -125,8 +148,8 @@ public:
     for (const view_bucket& b : views_) {
       if (b.used == 0) continue;
       const tensor_ref t = b.type == transport::dtype::f32
-                               ? tensor_ref(reinterpret_cast<float*>(b.storage.get()), b.used / sizeof(float))
-                               : tensor_ref(b.storage.get(), b.used / sizeof(double));
+                               ? tensor_ref(reinterpret_cast<float*>(b.base()), b.used / sizeof(float))
+                               : tensor_ref(reinterpret_cast<double*>(b.base()), b.used / sizeof(double));
       comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
       detail::divide(t, n);
     }
@@ -141,6 +164,8 @@ public:
   }
   std::size_t tensors() const noexcept { return tensors_.size(); }
   const bucketed_allreducer_options& options() const noexcept { return options_; }
+  /// Whether the tensors are device buffers (the communicator's capabilities say so).
+  bool on_device() const noexcept { return device_; }
 
 private:
   struct bucket {
@@ -150,8 +175,48 @@ private:
   struct view_bucket {
     transport::dtype type = transport::dtype::f32;
     std::size_t capacity = 0, used = 0;  // bytes
-    std::unique_ptr<double[]> storage;   // doubles, so either dtype is aligned
+    std::unique_ptr<double[]> storage;   // host: doubles, so either dtype is aligned
+    detail::device_block<C> device;      // device communicators
+    unsigned char* base() const noexcept {
+      return storage ? reinterpret_cast<unsigned char*>(storage.get())
+                     : static_cast<unsigned char*>(device.get());
+    }
   };
+
+  // The device form of average(): the same buckets, fusion copies and ncclAvg on the stream,
+  // one wait at the end for the copies out.
+  void average_on_device(const transport::deadline& d) {
+    if constexpr (detail::has_device_ops_v<C>) {
+      bool copied = false;
+      for (const bucket& b : buckets_) {
+        if (b.last - b.first == 1) {
+          const tensor_ref& t = tensors_[b.first];
+          comm_->allreduce_average(t.data, t.count, t.type, stream_, d);
+          continue;
+        }
+        auto* fused = static_cast<unsigned char*>(fusion_device_.get());
+        std::size_t at = 0;
+        for (std::size_t i = b.first; i < b.last; ++i) {
+          const tensor_ref& t = tensors_[i];
+          comm_->copy_async(fused + at, t.data, t.bytes(), stream_);
+          at += t.bytes();
+        }
+        comm_->allreduce_average(fused, at / transport::dtype_size(b.type), b.type, stream_, d);
+        at = 0;
+        for (std::size_t i = b.first; i < b.last; ++i) {
+          const tensor_ref& t = tensors_[i];
+          comm_->copy_async(t.data, fused + at, t.bytes(), stream_);
+          at += t.bytes();
+        }
+        copied = true;
+      }
+      for (const view_bucket& b : views_) {
+        if (b.used == 0) continue;
+        comm_->allreduce_average(b.base(), b.used / transport::dtype_size(b.type), b.type, stream_, d);
+      }
+      if (copied) comm_->synchronize(stream_, d);
+    }
+  }
 
   // Consecutive tensors of one dtype fill a bucket until the next would overflow it; empty
   // tensors join whatever bucket is open (they move nothing) and never form one of their own.
@@ -185,6 +250,11 @@ private:
         if (tensors_[k].count != 0) ++nonempty, only = k;
       if (nonempty == 1) b = bucket{only, only + 1, b.type};
     }
+    if (device_) {
+      if (fusion_device_.bytes() < largest) fusion_device_ = detail::device_block<C>(*comm_, largest);
+      planned_ = true;
+      return;
+    }
     // The fusion buffer as doubles, so either dtype is aligned in it.
     fusion_storage_.assign((largest + sizeof(double) - 1) / sizeof(double), 0.0);
     fusion_ = span<unsigned char>(reinterpret_cast<unsigned char*>(fusion_storage_.data()),
@@ -194,11 +264,14 @@ private:
 
   C* comm_;
   bucketed_allreducer_options options_;
+  bool device_ = false;
+  void* stream_ = nullptr;
   std::vector<tensor_ref> tensors_;
   std::vector<bucket> buckets_;
   std::vector<view_bucket> views_;
   std::vector<double> fusion_storage_;
   span<unsigned char> fusion_;
+  detail::device_block<C> fusion_device_;  // device communicators: the fusion buffer
   bool planned_ = false;
 };
 

@@ -5,6 +5,7 @@
 
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/core/error.hpp>
+#include <cadence/exchange/detail/device.hpp>
 #include <cadence/exchange/detail/tensor.hpp>
 #include <cadence/predict/any_predictor.hpp>
 #include <cadence/transport/collectives.hpp>
@@ -57,6 +58,9 @@ struct elastic_averager_options {
   std::size_t warmup_steps = 0;
   /// Deadline of one sync(), all of its collectives together.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  /// Device tensors (a bulk communicator with device buffers, NCCL) only: the cudaStream_t the
+  /// merges are enqueued on; null: the bulk communicator's stream.
+  void* stream = nullptr;
 };
 
 /// The plan every rank follows until the next barrier, identical on every rank.
@@ -250,9 +254,20 @@ private:
 /// When to pick it: ranks of unequal or varying speed where BSP's per-step barrier makes the
 /// fast ones wait, and the model tolerates local SGD between merges. With steady, equal ranks,
 /// periodic_averager (or BSP) is as good and simpler.
-template <class C>
+///
+/// NCCL form: elastic_averager<Control, nccl_communicator>(control, nccl, config, options). The
+/// timing records and the hash check (small, host memory) travel on `control` (MPI, gloo or
+/// inproc, the same ranks), the tensors are device pointers merged over the NCCL communicator
+/// on options.stream: average with ncclAvg, step_weighted with ncclRedOpCreatePreMulSum (each
+/// rank's scalar is s_r / sum of s), summed_deltas with a sum and a second, scaled all-reduce
+/// that subtracts (n - 1) times the anchor kept in device memory (NCCL has no elementwise
+/// kernel; it costs one more all-reduce of the tensors). sync() returns when the merged values
+/// are in the tensors. A stalled rank is named by the control communicator's all-gather, which
+/// comes first in every sync().
+template <class C, class Bulk = C>
 class elastic_averager {
   CADENCE_REQUIRE_COMMUNICATOR(C);
+  CADENCE_REQUIRE_COMMUNICATOR(Bulk);
 
 public:
   /// Most durations one step may take: about 12.7 days. Keeps every sum of a history in range.
@@ -262,9 +277,26 @@ public:
   /// Throws parse_error or invalid_parameter_error naming the string.
   explicit elastic_averager(C& comm, std::string_view config = "elastic:15",
                             elastic_averager_options options = {})
-      : comm_(&comm), options_(options), config_(config),
-        planner_(make_planner(comm, config, options)) {
-    detail::require_host(comm, "elastic_averager");
+      : elastic_averager(comm, bulk_of(comm), config, options) {}
+
+  /// Records and hash check on `control` (host memory), tensors on `bulk` (device buffers when
+  /// its capabilities say so); both of the same ranks. Throws invalid_parameter_error when
+  /// control takes device buffers or the ranks differ.
+  elastic_averager(C& control, Bulk& bulk, std::string_view config = "elastic:15",
+                   elastic_averager_options options = {})
+      : comm_(&control), bulk_(&bulk), options_(options), config_(config),
+        planner_(make_planner(control, config, options)) {
+    if (control.capabilities().device_buffers)
+      throw invalid_parameter_error(here() + "the control communicator takes device buffers; the "
+                                    "timing records and the plan hash live in host memory (pass "
+                                    "MPI, gloo or inproc as control and NCCL as the bulk "
+                                    "communicator)");
+    if (control.rank() != bulk.rank() || control.size() != bulk.size())
+      throw invalid_parameter_error(here() + "the bulk communicator is rank " +
+                                    std::to_string(bulk.rank()) + " of " + std::to_string(bulk.size()) +
+                                    " (the control and bulk communicators must have the same ranks)");
+    device_ = detail::uses_device(bulk, "elastic_averager", options.stream);
+    stream_ = detail::device_stream(bulk, options.stream);
     detail::check_timeout("elastic_averager", options.timeout);
     ring_.assign(options.history, 0);
     records_.assign(planner_.ranks() * planner_.record_words(), 0);
@@ -325,14 +357,14 @@ public:
                                     std::to_string(planned()) + " local steps done");
     for (std::size_t i = 0; i < tensors.size(); ++i)
       detail::check_tensor("elastic_averager", comm_->rank(), comm_->size(), tensors[i], i);
-    if (options_.merge == merge_rule::summed_deltas && !anchor_.empty()) {
+    if (options_.merge == merge_rule::summed_deltas && anchored_) {
       // The deltas are against the last merged tensors: the same tensors must come back.
-      if (anchor_.size() != tensors.size())
+      if (anchor_bytes_.size() != tensors.size())
         throw invalid_parameter_error(here() + "summed_deltas: sync() got " +
                                       std::to_string(tensors.size()) + " tensors, the last had " +
-                                      std::to_string(anchor_.size()));
+                                      std::to_string(anchor_bytes_.size()));
       for (std::size_t i = 0; i < tensors.size(); ++i)
-        if (anchor_[i].size() != tensors[i].bytes())
+        if (anchor_bytes_[i] != tensors[i].bytes())
           throw invalid_parameter_error(here() + "summed_deltas: tensor " + std::to_string(i) +
                                         " changed size since the last sync()");
     }
@@ -388,8 +420,22 @@ public:
   std::size_t warmup_steps() const noexcept { return planner_.warmup_steps(); }
   /// "elastic:<R>:<predictor>:<variant>", canonical.
   std::string config() const { return planner_.config(); }
+  /// Whether the tensors are device buffers (the bulk communicator's capabilities say so).
+  bool on_device() const noexcept { return device_; }
 
 private:
+  // The one-communicator form: Bulk is C, and the communicator is both.
+  static Bulk& bulk_of(C& comm) {
+    if constexpr (std::is_same_v<C, Bulk>) {
+      return comm;
+    } else {
+      static_assert(std::is_same_v<C, Bulk>,
+                    "cadence::exchange::elastic_averager<C, Bulk>: with two communicator types, "
+                    "pass both (control, bulk)");
+      return *static_cast<Bulk*>(nullptr);
+    }
+  }
+
   std::string here() const {
     return detail::where("elastic_averager", comm_->rank(), comm_->size());
   }
@@ -412,26 +458,30 @@ private:
     const int n = comm_->size();
     const std::size_t w = record_words();
     merge_rule rule = options_.merge;
-    if (rule == merge_rule::summed_deltas && anchor_.empty()) rule = merge_rule::average;
+    if (rule == merge_rule::summed_deltas && !anchored_) rule = merge_rule::average;
     std::int64_t total_steps = 0;
     for (int r = 0; r < n; ++r) total_steps += records_[static_cast<std::size_t>(r) * w];
     const std::int64_t my_steps = records_[static_cast<std::size_t>(comm_->rank()) * w];
+    if (device_) {
+      if constexpr (detail::has_device_ops_v<Bulk>) merge_on_device(tensors, rule, my_steps, total_steps, d);
+      return;
+    }
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       const tensor_ref& t = tensors[i];
       switch (rule) {
         case merge_rule::average:
-          comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
+          bulk_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
           detail::divide(t, static_cast<double>(n));
           break;
         case merge_rule::step_weighted:
           detail::scale(t, static_cast<double>(my_steps));
-          comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
+          bulk_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
           detail::divide(t, static_cast<double>(total_steps));
           break;
         case merge_rule::summed_deltas:
           // Sum the deltas x_r - a, then add a back: exact where the deltas are.
           add_anchor(t, anchor_[i], -1.0);
-          comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
+          bulk_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
           add_anchor(t, anchor_[i], 1.0);
           break;
       }
@@ -442,6 +492,59 @@ private:
         anchor_[i].resize(tensors[i].bytes());
         if (tensors[i].count != 0)
           std::memcpy(anchor_[i].data(), tensors[i].data, tensors[i].bytes());
+      }
+      remember_anchor_sizes(tensors);
+    }
+  }
+
+  void remember_anchor_sizes(span<const tensor_ref> tensors) {
+    anchor_bytes_.resize(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) anchor_bytes_[i] = tensors[i].bytes();
+    anchored_ = true;
+  }
+
+  // The merge on device tensors, on the stream: NCCL's average and pre-multiplied sums, the
+  // summed-deltas anchor in device memory; one wait at the end for the anchor copies.
+  void merge_on_device(span<const tensor_ref> tensors, merge_rule rule, std::int64_t my_steps,
+                       std::int64_t total_steps, const transport::deadline& d) {
+    if constexpr (detail::has_device_ops_v<Bulk>) {
+      const int n = bulk_->size();
+      const int me = bulk_->rank();
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const tensor_ref& t = tensors[i];
+        switch (rule) {
+          case merge_rule::average:
+            bulk_->allreduce_average(t.data, t.count, t.type, stream_, d);
+            break;
+          case merge_rule::step_weighted:
+            bulk_->allreduce_scaled(t.data, t.data, t.count, t.type,
+                                    static_cast<double>(my_steps) / static_cast<double>(total_steps),
+                                    stream_, d);
+            break;
+          case merge_rule::summed_deltas: {
+            // a + sum (x_r - a) = sum x_r - (n - 1) a: the sum, then one rank adds -(n - 1) a
+            // and rank 0 passes the sum on (the others contribute 0 x a).
+            bulk_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, stream_, d);
+            if (n > 1) {
+              const void* a = device_anchor_[i].get();
+              const void* send = me == 0 ? t.data : a;
+              const double scale = me == 0 ? 1.0 : me == 1 ? -static_cast<double>(n - 1) : 0.0;
+              bulk_->allreduce_scaled(t.count == 0 ? t.data : send, t.data, t.count, t.type, scale,
+                                      stream_, d);
+            }
+            break;
+          }
+        }
+      }
+      if (options_.merge == merge_rule::summed_deltas) {
+        if (!anchored_) {
+          device_anchor_.clear();
+          for (const tensor_ref& t : tensors) device_anchor_.emplace_back(*bulk_, t.bytes());
+        }
+        for (std::size_t i = 0; i < tensors.size(); ++i)
+          bulk_->copy_async(device_anchor_[i].get(), tensors[i].data, tensors[i].bytes(), stream_);
+        remember_anchor_sizes(tensors);
+        bulk_->synchronize(stream_, d);
       }
     }
   }
@@ -462,15 +565,21 @@ private:
     }
   }
 
-  C* comm_;
+  C* comm_;      // control: records and the hash check (host memory)
+  Bulk* bulk_;   // the tensors' merges (comm_ itself in the one-communicator form)
   elastic_averager_options options_;
   std::string config_;
   elastic_planner planner_;
+  bool device_ = false;
+  void* stream_ = nullptr;
   std::vector<std::int64_t> ring_;  // this rank's latest step durations
   std::uint64_t recorded_ = 0, total_steps_ = 0;
   std::int64_t local_steps_ = 0, max_local_steps_ = 0;
   elastic_round round_;
   std::vector<std::vector<unsigned char>> anchor_;  // summed_deltas: the last merged model
+  std::vector<detail::device_block<Bulk>> device_anchor_;  // the same, in device memory
+  std::vector<std::size_t> anchor_bytes_;                  // their sizes, for the checks
+  bool anchored_ = false;
   std::vector<std::int64_t> records_;               // every rank's record, as exchanged
 };
 

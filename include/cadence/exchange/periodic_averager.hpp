@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cadence/core/error.hpp>
+#include <cadence/exchange/detail/device.hpp>
 #include <cadence/exchange/detail/tensor.hpp>
 #include <cadence/transport/communicator.hpp>
 
@@ -20,17 +21,24 @@ namespace cadence::exchange {
 /// PeriodicModelAverager (post-local SGD, without its warm-up of BSP steps: run a
 /// bucketed_allreducer for those). The fast ranks wait for the slowest at every barrier; pick
 /// elastic_averager when ranks differ in speed.
+///
+/// Over a communicator with device buffers (nccl_communicator) the tensors are device pointers
+/// and each is averaged in place by NCCL (ncclAvg) on the stream given to the constructor, or
+/// the communicator's.
 template <class C>
 class periodic_averager {
   CADENCE_REQUIRE_COMMUNICATOR(C);
 
 public:
   /// `period` k >= 1 local steps between barriers (1: BSP model averaging); `timeout` bounds
-  /// one sync().
+  /// one sync(). `stream`: device communicators only, the cudaStream_t to enqueue on (null: the
+  /// communicator's).
   periodic_averager(C& comm, std::size_t period,
-                    std::chrono::milliseconds timeout = std::chrono::seconds(60))
-      : comm_(&comm), period_(period), timeout_(timeout) {
-    detail::require_host(comm, "periodic_averager");
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                    void* stream = nullptr)
+      : comm_(&comm), period_(period), timeout_(timeout),
+        device_(detail::uses_device(comm, "periodic_averager", stream)),
+        stream_(detail::device_stream(comm, stream)) {
     if (period < 1)
       throw invalid_parameter_error(detail::where("periodic_averager", comm.rank(), comm.size()) +
                                     "period k must be >= 1, got 0");
@@ -73,6 +81,11 @@ public:
       detail::check_tensor("periodic_averager", comm_->rank(), comm_->size(), tensors[i], i);
     const transport::deadline d = transport::deadline(timeout_);
     for (const tensor_ref& t : tensors) {
+      if (device_) {
+        if constexpr (detail::has_device_ops_v<C>)
+          comm_->allreduce_average(t.data, t.count, t.type, stream_, d);
+        continue;
+      }
       comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
       detail::divide(t, static_cast<double>(comm_->size()));
     }
@@ -88,6 +101,8 @@ private:
   C* comm_;
   std::size_t period_;
   std::chrono::milliseconds timeout_;
+  bool device_ = false;
+  void* stream_ = nullptr;
   std::size_t local_steps_ = 0;
   std::uint64_t barriers_ = 0;
 };

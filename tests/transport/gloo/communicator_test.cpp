@@ -4,6 +4,7 @@
 #include <cadence/transport/gloo/communicator.hpp>
 
 #include "../conformance.hpp"
+#include "gloo_ranks.hpp"
 
 #include <doctest/doctest.h>
 
@@ -31,60 +32,10 @@ using steady = std::chrono::steady_clock;
 
 CADENCE_REQUIRE_COMMUNICATOR(gloo_communicator);
 
-namespace {
-
-// A fresh folder under the system's temporary folder, removed with everything in it.
-struct temp_store {
-  std::string path;
-  temp_store() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "cadence-gloo-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~temp_store() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  temp_store(const temp_store&) = delete;
-  temp_store& operator=(const temp_store&) = delete;
-};
-
-gloo_options options_for(const std::string& store, const std::string& prefix = "cadence") {
-  gloo_options o;
-  o.store_path = store;
-  o.prefix = prefix;
-  return o;
-}
-
-// Ranks as threads of this process, each with its own communicator (gloo context and TCP
-// device) over one temporary file store.
-template <int N>
-struct gloo_threads_harness {
-  template <class Body>
-  static void run(Body body) {
-    temp_store store;
-    std::mutex m;
-    std::vector<std::string> errors;
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < N; ++r) {
-      ranks.emplace_back([&, r] {
-        try {
-          gloo_communicator c(r, N, options_for(store.path), 30s);
-          body(c);
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(m);
-          errors.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-        }
-      });
-    }
-    for (auto& t : ranks) t.join();
-    for (const auto& e : errors) FAIL_CHECK(e);
-  }
-};
-using gloo_harness = gloo_threads_harness<3>;
-using gloo_pair_harness = gloo_threads_harness<2>;
-
-}  // namespace
+using cadence_gloo_test::gloo_harness;
+using cadence_gloo_test::gloo_pair_harness;
+using cadence_gloo_test::options_for;
+using cadence_gloo_test::temp_store;
 
 TYPE_TO_STRING(gloo_harness);
 CADENCE_TRANSPORT_CONFORMANCE(gloo_harness);

@@ -2,7 +2,10 @@
 // process, "device" buffers are host buffers, and an operation runs when every rank it needs has
 // enqueued it (the last one to arrive does the work), so events complete as a GPU's would. Faults
 // can be injected: no device, an init that never completes, an asynchronous error, an operation
-// that never completes. It records every ncclCommAbort with the thread that called it.
+// that never completes. It records every ncclCommAbort with the thread that called it, the stream
+// of every operation and copy, and the device memory still allocated. Copies and memsets run at
+// once, so one queued behind an unfinished operation on its stream fails (code 999) instead of
+// running out of order.
 #pragma once
 
 #include <cadence/transport/communicator.hpp>
@@ -13,6 +16,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -42,7 +46,18 @@ using flag = std::shared_ptr<std::atomic<bool>>;
 
 struct stream {
   std::vector<flag> pending;
+  std::uint64_t uses = 0;  // operations, copies and memsets enqueued on it (its owner's thread)
 };
+
+// Device blocks allocated and not yet freed, over every world (the tests run one at a time).
+inline std::atomic<long> live_device_blocks{0};
+
+// Whether every operation enqueued on `s` has completed (a copy may run at once).
+inline bool stream_idle(void* s) {
+  auto* st = static_cast<stream*>(s);
+  ++st->uses;
+  return std::all_of(st->pending.begin(), st->pending.end(), [](const flag& f) { return f->load(); });
+}
 struct event {
   std::vector<flag> waits;
 };
@@ -58,6 +73,8 @@ struct op {
   reduce_op r;
   int peer;  // root (broadcast) or peer (send, recv)
   flag done;
+  bool premul = false;  // all_reduce_op: ncclAvg or a PreMulSum, `scale` times this rank's input
+  double scale = 1.0;
 };
 
 struct world;
@@ -71,9 +88,9 @@ struct group {  // one NCCL communicator: every rank's comm from one unique id
 };
 
 struct comm {
-  world* w;
-  group* g;
-  int rank;
+  world* w = nullptr;
+  group* g = nullptr;
+  int rank = 0;
   bool init_stuck = false;
   bool aborted = false;
   bool finalized = false;
@@ -81,6 +98,8 @@ struct comm {
   int async_error = 0;
   std::uint64_t ops = 0;
   std::uint64_t collectives = 0;
+  std::map<int, double> premul_ops;  // live ncclRedOpCreatePreMulSum operators and their scalars
+  int next_op = 5;                   // after ncclAvg, as NCCL numbers them
 };
 
 struct abort_record {
@@ -129,6 +148,12 @@ struct world {
   std::vector<int> set_devices;
   int finalized = 0;
   int destroyed = 0;
+  int premul_created = 0, premul_destroyed = 0;
+
+  int live_premul_ops() {
+    std::lock_guard<std::mutex> lock(m);
+    return premul_created - premul_destroyed;
+  }
 
   std::vector<abort_record> abort_log() {
     std::lock_guard<std::mutex> lock(m);
@@ -168,8 +193,11 @@ struct world {
         g->nranks = nranks;
       }
       if (g->nranks != nranks || rank < 0 || rank >= nranks) return 4;  // ncclInvalidArgument
-      w->comms.push_back(std::make_unique<comm>(comm{w, g.get(), rank}));
+      w->comms.push_back(std::make_unique<comm>());
       comm* c = w->comms.back().get();
+      c->w = w;
+      c->g = g.get();
+      c->rank = rank;
       const auto& stuck = w->fault.init_never_completes;
       c->init_stuck = std::find(stuck.begin(), stuck.end(), rank) != stuck.end();
       if (!c->init_stuck) ++g->joined;
@@ -222,6 +250,40 @@ struct world {
     a.recv = [](void* buf, std::size_t bytes, int peer, void* handle, void* s) -> int {
       return enqueue(handle, s, op{kind::recv, nullptr, buf, bytes, dtype::u8, reduce_op::sum, peer, nullptr});
     };
+    a.all_reduce_op = [](const void* in, void* out, std::size_t count, dtype t, int raw, void* handle,
+                         void* s) -> int {
+      auto* c = static_cast<comm*>(handle);
+      op o{kind::allreduce, in, out, count, t, reduce_op::sum, 0, nullptr, true, 1.0};
+      {
+        std::lock_guard<std::mutex> lock(c->w->m);
+        if (raw == nccl_codes::op_avg) {
+          o.scale = 1.0 / c->g->nranks;  // as NCCL: PreMulSum by 1/nranks for floating types
+        } else {
+          const auto it = c->premul_ops.find(raw);
+          if (it == c->premul_ops.end()) return 4;  // ncclInvalidArgument
+          o.scale = it->second;
+        }
+      }
+      if (t != dtype::f32 && t != dtype::f64) return 4;
+      return enqueue(handle, s, o);
+    };
+    a.red_op_create_premul_sum = [](int* out, double scalar, dtype t, void* handle) -> int {
+      auto* c = static_cast<comm*>(handle);
+      std::lock_guard<std::mutex> lock(c->w->m);
+      if (c->aborted || c->destroyed) return 5;
+      if (t != dtype::f32 && t != dtype::f64) return 4;
+      *out = c->next_op++;
+      c->premul_ops[*out] = scalar;
+      ++c->w->premul_created;
+      return 0;
+    };
+    a.red_op_destroy = [](int o, void* handle) -> int {
+      auto* c = static_cast<comm*>(handle);
+      std::lock_guard<std::mutex> lock(c->w->m);
+      if (c->premul_ops.erase(o) == 0) return 4;
+      ++c->w->premul_destroyed;
+      return 0;
+    };
     a.get_error_string = [](int rc) -> const char* {
       switch (rc) {
         case 0: return "no error";
@@ -270,7 +332,30 @@ struct world {
       return 0;
     };
     a.cuda_error_string = [](int rc) -> const char* {
+      if (rc == 999) return "fake: a copy queued behind an unfinished operation on its stream";
+      if (rc == 2) return "out of memory";
       return rc == 100 ? "no CUDA-capable device is detected" : "unknown CUDA error";
+    };
+    a.memcpy_async = [](void* dst, const void* src, std::size_t bytes, void* s) -> int {
+      if (!stream_idle(s)) return 999;
+      std::memmove(dst, src, bytes);
+      return 0;
+    };
+    a.memset_async = [](void* p, int value, std::size_t bytes, void* s) -> int {
+      if (!stream_idle(s)) return 999;
+      std::memset(p, value, bytes);
+      return 0;
+    };
+    a.device_malloc = [](void** p, std::size_t bytes) -> int {
+      *p = std::malloc(bytes);
+      if (*p == nullptr) return 2;  // cudaErrorMemoryAllocation
+      ++live_device_blocks;
+      return 0;
+    };
+    a.device_free = [](void* p) -> int {
+      if (p != nullptr) --live_device_blocks;
+      std::free(p);
+      return 0;
     };
     return a;
   }
@@ -282,6 +367,7 @@ struct world {
     if (c->aborted || c->destroyed) return 5;  // ncclInvalidUsage
     o.done = std::make_shared<std::atomic<bool>>(false);
     static_cast<stream*>(s)->pending.push_back(o.done);
+    ++static_cast<stream*>(s)->uses;
     ++c->ops;
     if (w->fault.async_error_rank == c->rank && c->ops >= w->fault.async_error_at_op) {
       c->async_error = w->fault.async_error_code;
@@ -321,6 +407,11 @@ struct world {
       std::vector<unsigned char> data(static_cast<const unsigned char*>(root.in),
                                       static_cast<const unsigned char*>(root.in) + root.count);
       for (auto& o : slot) std::memcpy(o->out, data.data(), std::min(o->count, data.size()));
+    } else if (first.premul) {
+      if (first.t == dtype::f32)
+        premul_sum<float>(slot);
+      else
+        premul_sum<double>(slot);
     } else {
       const std::size_t bytes = first.count * dtype_size(first.t);
       std::vector<unsigned char> acc(static_cast<const unsigned char*>(first.in),
@@ -329,6 +420,20 @@ struct world {
       for (auto& o : slot) std::memcpy(o->out, acc.data(), bytes);
     }
     for (auto& o : slot) o->done->store(true);
+  }
+
+  // NCCL's PreMulSum (and ncclAvg on floating types): each rank's input times its own scalar in
+  // the element type, summed in rank order.
+  template <class T>
+  static void premul_sum(std::vector<std::optional<op>>& slot) {
+    const std::size_t count = slot[0]->count;
+    std::vector<T> acc(count, T(0));
+    for (std::size_t r = 0; r < slot.size(); ++r) {
+      const auto scale = static_cast<T>(slot[r]->scale);
+      const auto* in = static_cast<const T*>(slot[r]->in);
+      for (std::size_t i = 0; i < count; ++i) acc[i] = r == 0 ? scale * in[i] : acc[i] + scale * in[i];
+    }
+    for (auto& o : slot) std::memcpy(o->out, acc.data(), count * sizeof(T));
   }
 
   static void reduce(void* acc, const void* in, std::size_t count, dtype t, reduce_op r) {

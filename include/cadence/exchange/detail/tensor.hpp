@@ -1,5 +1,5 @@
 // What the collective adapters share: a caller's tensor as (pointer, count, dtype), the
-// options every adapter takes, and the host-only and deadline checks.
+// tensor and deadline checks, and the host-side averaging.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -15,8 +15,9 @@
 
 namespace cadence::exchange {
 
-/// A caller-owned host tensor of f32 or f64 elements. Adapters never own or resize it; they
-/// read and write `count` elements at `data` during the call that takes it.
+/// A caller-owned tensor of f32 or f64 elements: host memory, or device memory over a
+/// communicator with device buffers (NCCL). Adapters never own or resize it; they read and
+/// write `count` elements at `data` during the call that takes it.
 struct tensor_ref {
   void* data = nullptr;
   std::size_t count = 0;
@@ -39,14 +40,6 @@ namespace detail {
 inline std::string where(const char* adapter, int rank, int size) {
   return std::string("cadence::exchange::") + adapter + " on rank " + std::to_string(rank) +
          " of " + std::to_string(size) + ": ";
-}
-
-template <class C>
-void require_host(const C& c, const char* adapter) {
-  if (c.capabilities().device_buffers)
-    throw invalid_parameter_error(where(adapter, c.rank(), c.size()) +
-                                  "this communicator takes device buffers; the adapter works "
-                                  "on host memory");
 }
 
 inline void check_tensor(const char* adapter, int rank, int size, const tensor_ref& t,

@@ -109,6 +109,27 @@ inline nccl_api real_nccl_api() {
   a.get_error_string = [](int rc) -> const char* {
     return ncclGetErrorString(static_cast<ncclResult_t>(rc));
   };
+  a.all_reduce_op = [](const void* send, void* recv, std::size_t count, dtype t, int op,
+                       void* comm, void* stream) -> int {
+    return static_cast<int>(ncclAllReduce(send, recv, count, detail::nccl_type(t),
+                                          static_cast<ncclRedOp_t>(op), detail::nccl_comm(comm),
+                                          detail::cuda_stream(stream)));
+  };
+  a.red_op_create_premul_sum = [](int* op, double scalar, dtype t, void* comm) -> int {
+    // The scalar has the element type; ncclScalarHostImmediate reads it during this call.
+    const float f = static_cast<float>(scalar);
+    const double d = scalar;
+    void* value = t == dtype::f32 ? static_cast<void*>(const_cast<float*>(&f))
+                                  : static_cast<void*>(const_cast<double*>(&d));
+    ncclRedOp_t out{};
+    const ncclResult_t rc = ncclRedOpCreatePreMulSum(&out, value, detail::nccl_type(t),
+                                                     ncclScalarHostImmediate, detail::nccl_comm(comm));
+    *op = static_cast<int>(out);
+    return static_cast<int>(rc);
+  };
+  a.red_op_destroy = [](int op, void* comm) -> int {
+    return static_cast<int>(ncclRedOpDestroy(static_cast<ncclRedOp_t>(op), detail::nccl_comm(comm)));
+  };
   a.get_device_count = [](void*, int* n) -> int { return static_cast<int>(cudaGetDeviceCount(n)); };
   a.set_device = [](int device) -> int { return static_cast<int>(cudaSetDevice(device)); };
   a.stream_create = [](void** stream) -> int {
@@ -139,6 +160,15 @@ inline nccl_api real_nccl_api() {
   a.cuda_error_string = [](int rc) -> const char* {
     return cudaGetErrorString(static_cast<cudaError_t>(rc));
   };
+  a.memcpy_async = [](void* dst, const void* src, std::size_t bytes, void* stream) -> int {
+    return static_cast<int>(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, detail::cuda_stream(stream)));
+  };
+  a.memset_async = [](void* p, int value, std::size_t bytes, void* stream) -> int {
+    return static_cast<int>(cudaMemsetAsync(p, value, bytes, detail::cuda_stream(stream)));
+  };
+  a.device_malloc = [](void** p, std::size_t bytes) -> int { return static_cast<int>(cudaMalloc(p, bytes)); };
+  a.device_free = [](void* p) -> int { return static_cast<int>(cudaFree(p)); };
   return a;
 }
 
@@ -148,5 +178,6 @@ static_assert(nccl_codes::in_progress == ncclInProgress,
               "cadence: nccl_codes::in_progress must mirror ncclInProgress");
 static_assert(nccl_codes::cuda_not_ready == cudaErrorNotReady,
               "cadence: nccl_codes::cuda_not_ready must mirror cudaErrorNotReady");
+static_assert(nccl_codes::op_avg == ncclAvg, "cadence: nccl_codes::op_avg must mirror ncclAvg");
 
 }  // namespace cadence::transport

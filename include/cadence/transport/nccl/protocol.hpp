@@ -33,6 +33,7 @@ namespace nccl_codes {
 inline constexpr int success = 0;        // ncclSuccess, cudaSuccess
 inline constexpr int in_progress = 7;    // ncclInProgress: a non-blocking call still running
 inline constexpr int cuda_not_ready = 600;  // cudaErrorNotReady: an event not yet reached
+inline constexpr int op_avg = 4;         // ncclAvg, for all_reduce_op
 }  // namespace nccl_codes
 
 /// Every NCCL and CUDA runtime call the backend makes, as plain function pointers. Handles are
@@ -61,6 +62,16 @@ struct nccl_api {
   int (*send)(const void* buf, std::size_t bytes, int peer, void* comm, void* stream) = nullptr;
   int (*recv)(void* buf, std::size_t bytes, int peer, void* comm, void* stream) = nullptr;
   const char* (*get_error_string)(int result) = nullptr;
+  // ---- NCCL, for the collective adapters' device path (cadence/exchange/). Optional: a table
+  // without them builds a communicator whose device helpers throw invalid_parameter_error. ----
+  /// ncclAllReduce with a raw ncclRedOp_t: nccl_codes::op_avg or one red_op_create_premul_sum
+  /// made.
+  int (*all_reduce_op)(const void* send, void* recv, std::size_t count, dtype t, int op,
+                       void* comm, void* stream) = nullptr;
+  /// ncclRedOpCreatePreMulSum with a host scalar (ncclScalarHostImmediate) of the element type
+  /// (f32 or f64): every rank's input is multiplied by its own scalar before the sum.
+  int (*red_op_create_premul_sum)(int* op, double scalar, dtype t, void* comm) = nullptr;
+  int (*red_op_destroy)(int op, void* comm) = nullptr;
   // ---- CUDA runtime ----
   int (*get_device_count)(void* context, int* count) = nullptr;
   int (*set_device)(int device) = nullptr;
@@ -71,6 +82,11 @@ struct nccl_api {
   int (*event_query)(void* event) = nullptr;  // success, cuda_not_ready or an error
   int (*event_destroy)(void* event) = nullptr;
   const char* (*cuda_error_string)(int error) = nullptr;
+  // ---- CUDA runtime, for the collective adapters' device path. Optional, as above. ----
+  int (*memcpy_async)(void* dst, const void* src, std::size_t bytes, void* stream) = nullptr;
+  int (*memset_async)(void* p, int value, std::size_t bytes, void* stream) = nullptr;
+  int (*device_malloc)(void** p, std::size_t bytes) = nullptr;  // on the current device
+  int (*device_free)(void* p) = nullptr;
 };
 
 struct nccl_options {
@@ -225,6 +241,112 @@ public:
     check_nccl(c, api_.recv(buf, bytes, src, comm_, stream));
     complete(c, d, stream, {src}, "no matching send arrived");
     return src;
+  }
+
+  // ---- Device helpers for the collective adapters (cadence/exchange/) ----
+  // Not part of the communicator concept: what bucket fusion and merging need on the device
+  // (NCCL has no elementwise kernels of its own, and this header includes no CUDA), reached
+  // through the same table, so the fake tests them, and under the same failure contract. Only
+  // the owning thread; `stream` is a cudaStream_t of this communicator's device (stream()).
+
+  /// In place: each element becomes the mean over ranks (ncclAvg). For f32 and f64 NCCL
+  /// multiplies every input by 1/size() and sums, so the mean is exact when size() is a power
+  /// of two and the sum is exact (allreduce_avg of collectives.hpp divides instead).
+  void allreduce_average(void* buf, std::size_t count, dtype t, void* stream, deadline d) {
+    const detail::call_info c = begin("allreduce_average");
+    enter(c);
+    const std::size_t bytes = detail::checked_bytes(c, count, t);
+    detail::check_buffer(c, buf, bytes);
+    require(c, api_.all_reduce_op != nullptr, "all_reduce_op");
+    detail::check_deadline(c, d);
+    if (bytes == 0) return;
+    check_nccl(c, api_.all_reduce_op(buf, buf, count, t, nccl_codes::op_avg, comm_, stream));
+    complete(c, d, stream, others_or_self(), "NCCL cannot say which of them is missing");
+  }
+
+  /// recv = the sum over ranks r of scale_r * send_r, where scale_r is the `scale` rank r
+  /// passed (ncclRedOpCreatePreMulSum with a host scalar, converted to the element type). `send`
+  /// may be `recv` (in place), and may be another buffer on each rank: a rank that passes 0
+  /// contributes nothing. f32 and f64.
+  void allreduce_scaled(const void* send, void* recv, std::size_t count, dtype t, double scale,
+                        void* stream, deadline d) {
+    const detail::call_info c = begin("allreduce_scaled");
+    enter(c);
+    const std::size_t bytes = detail::checked_bytes(c, count, t);
+    detail::check_buffer(c, send, bytes);
+    detail::check_buffer(c, recv, bytes);
+    if (t != dtype::f32 && t != dtype::f64)
+      detail::bad_argument(c, std::string("dtype ") + dtype_name(t) + " is not f32 or f64");
+    require(c, api_.all_reduce_op && api_.red_op_create_premul_sum && api_.red_op_destroy,
+            "all_reduce_op, red_op_create_premul_sum or red_op_destroy");
+    detail::check_deadline(c, d);
+    if (bytes == 0) return;
+    int op = 0;
+    const int rc = api_.red_op_create_premul_sum(&op, scale, t, comm_);
+    if (rc != nccl_codes::success)
+      fail(transport_error(detail::describe(c) + ": ncclRedOpCreatePreMulSum failed: " + nccl_error(rc)));
+    try {
+      check_nccl(c, api_.all_reduce_op(send, recv, count, t, op, comm_, stream));
+      complete(c, d, stream, others_or_self(), "NCCL cannot say which of them is missing");
+    } catch (...) {
+      if (comm_ != nullptr) api_.red_op_destroy(op, comm_);
+      throw;
+    }
+    api_.red_op_destroy(op, comm_);
+  }
+
+  /// Enqueues a copy of `bytes` from `src` to `dst` (device memory) on `stream`
+  /// (cudaMemcpyAsync) and returns; a later call on the same stream sees it done.
+  void copy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
+    const detail::call_info c = begin("copy_async");
+    enter(c);
+    detail::check_buffer(c, dst, bytes);
+    detail::check_buffer(c, src, bytes);
+    require(c, api_.memcpy_async != nullptr, "memcpy_async");
+    if (bytes == 0) return;
+    const int rc = api_.memcpy_async(dst, src, bytes, stream);
+    if (rc != nccl_codes::success)
+      fail(transport_error(detail::describe(c) + ": cudaMemcpyAsync failed: " + cuda_error(rc)));
+  }
+
+  /// Enqueues zeroing `bytes` at `p` (device memory) on `stream` (cudaMemsetAsync).
+  void zero_async(void* p, std::size_t bytes, void* stream) {
+    const detail::call_info c = begin("zero_async");
+    enter(c);
+    detail::check_buffer(c, p, bytes);
+    require(c, api_.memset_async != nullptr, "memset_async");
+    if (bytes == 0) return;
+    const int rc = api_.memset_async(p, 0, bytes, stream);
+    if (rc != nccl_codes::success)
+      fail(transport_error(detail::describe(c) + ": cudaMemsetAsync failed: " + cuda_error(rc)));
+  }
+
+  /// Returns once everything enqueued on `stream` so far has completed on the device (an event
+  /// behind it, polled as a call's), or throws transport_error at the deadline.
+  void synchronize(void* stream, deadline d) {
+    const detail::call_info c = begin("synchronize");
+    enter(c);
+    detail::check_deadline(c, d);
+    complete(c, d, stream, {rank_}, "this rank's device did not finish the stream's work");
+  }
+
+  /// `bytes` of device memory on this communicator's device (cudaMalloc), for device_free.
+  /// Throws transport_error when the allocation fails (the communicator stays usable).
+  void* device_alloc(std::size_t bytes) {
+    const detail::call_info c = begin("device_alloc");
+    enter(c);
+    require(c, api_.device_malloc && api_.device_free, "device_malloc or device_free");
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    const int rc = api_.device_malloc(&p, bytes);
+    if (rc != nccl_codes::success || p == nullptr)
+      throw transport_error(detail::describe(c) + ": cudaMalloc of " + std::to_string(bytes) +
+                            " bytes failed: " + cuda_error(rc));
+    return p;
+  }
+  /// Frees what device_alloc returned (null: nothing); never throws.
+  void device_free(void* p) noexcept {
+    if (p != nullptr && api_.device_free != nullptr) api_.device_free(p);
   }
 
   /// Any thread; never enters NCCL. The owning thread's call in progress (or its next call)
@@ -421,6 +543,13 @@ private:
   void check_nccl(const detail::call_info& c, int rc) {
     if (rc != nccl_codes::success && rc != nccl_codes::in_progress)
       fail(transport_error(detail::describe(c) + ": NCCL failed to enqueue it: " + nccl_error(rc)));
+  }
+
+  // A device helper whose table entries are missing: the caller built the table by hand.
+  void require(const detail::call_info& c, bool present, const char* entries) const {
+    if (!present)
+      detail::bad_argument(c, std::string("the nccl_api table has no ") + entries +
+                                  " (the collective adapters' device path needs it)");
   }
 
   // Polls until the operation just enqueued on `stream` has completed on the device.
