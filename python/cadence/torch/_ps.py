@@ -60,14 +60,15 @@ def flatten_grads(params) -> torch.Tensor:
 def unflatten_into(params, flat: torch.Tensor) -> None:
     """Copies a flat tensor back into the parameters, in order."""
     offset = 0
+    params = flatten_params(params)
+    if sum(t.numel() for t in params) != flat.numel():
+        raise InvalidParameterError(f"cadence.torch.unflatten_into: {flat.numel()} values for "
+                                    f"parameters of {sum(t.numel() for t in params)} elements")
     with torch.no_grad():
-        for t in flatten_params(params):
+        for t in params:
             n = t.numel()
             t.copy_(flat[offset:offset + n].view_as(t))
             offset += n
-    if offset != flat.numel():
-        raise InvalidParameterError(f"cadence.torch.unflatten_into: {flat.numel()} values for "
-                                    f"parameters of {offset} elements")
 
 
 class SGD:
@@ -513,9 +514,10 @@ class PSWorker:
     # ---- model helpers --------------------------------------------------------------------
     def pull_into(self, params) -> None:
         """pull() written into the parameters."""
-        unflatten_into(params, self.pull())
+        unflatten_into(flatten_params(params), self.pull())
 
     def step(self, params) -> None:
         """Pushes the parameters' gradients and writes the weights the server answers with
         into them (one push_pull)."""
+        params = flatten_params(params)  # a generator (model.parameters()) is read twice
         unflatten_into(params, self.push_pull(flatten_grads(params)))
