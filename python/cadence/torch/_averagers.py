@@ -58,6 +58,11 @@ class _Averager(ModelAverager):
         self.world_size = size
         self.timeout = check_seconds(self._component, "timeout", timeout)
         self._seq = 0  # sync() calls, the sequence number errors name
+        # The small int64 tensors (records, hash, stop flag) live where the backend reads:
+        # NCCL takes only CUDA tensors, gloo CPU ones.
+        self._device = torch.device("cpu")
+        if str(dist.get_backend(group)).lower() == "nccl":
+            self._device = torch.device("cuda", torch.cuda.current_device())
         self._stragglers = Stragglers(self._component, group, rank, size, next(_instances))
 
     def _here(self) -> str:
@@ -262,16 +267,17 @@ class ElasticModelAverager(_Averager):
 
         # 1. Every rank's record: [local steps, durations recorded, the latest durations...].
         w = self._words
-        mine = torch.zeros(w, dtype=torch.int64)
+        mine = torch.zeros(w, dtype=torch.int64)  # filled on the CPU, moved once
         have = min(self._recorded, self._history)
         mine[0] = self.local_steps
         mine[1] = have
         for i in range(have):
             mine[2 + i] = self._ring[(self._recorded - have + i) % self._history]
-        gathered = [torch.zeros(w, dtype=torch.int64) for _ in range(self.world_size)]
-        self._wait(dist.all_gather(gathered, mine, group=self.process_group, async_op=True),
-                   "all_gather of the timing records", deadline)
-        records = torch.cat(gathered).numpy()
+        gathered = [torch.zeros(w, dtype=torch.int64, device=self._device)
+                     for _ in range(self.world_size)]
+        self._wait(dist.all_gather(gathered, mine.to(self._device), group=self.process_group,
+                                   async_op=True), "all_gather of the timing records", deadline)
+        records = torch.cat(gathered).cpu().numpy()
 
         # 2. The merge.
         self._merge(tensors, records, deadline)
@@ -280,9 +286,10 @@ class ElasticModelAverager(_Averager):
         nxt = self._planner.plan(np.ascontiguousarray(records, dtype=np.int64),
                                  self._barrier + 1, self._salt)
         h = int(nxt.hash) >> 2
-        check = torch.tensor([h, -h, 1 if stop else 0], dtype=torch.int64)
+        check = torch.tensor([h, -h, 1 if stop else 0], dtype=torch.int64, device=self._device)
         self._wait(dist.all_reduce(check, op=dist.ReduceOp.MAX, group=self.process_group,
                                    async_op=True), "all_reduce of the plan hash", deadline)
+        check = check.cpu()
         if int(check[0]) != -int(check[1]):
             raise TransportError(
                 f"{self._here()}the ranks computed different plans for barrier "
@@ -403,7 +410,7 @@ class PeriodicModelAverager(_Averager):
             _scatter_back(ts, flat)
         any_stop = False
         if stop is not None:
-            flag = torch.tensor([1 if stop else 0], dtype=torch.int64)
+            flag = torch.tensor([1 if stop else 0], dtype=torch.int64, device=self._device)
             self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group,
                                        async_op=True), "all_reduce of the stop flag", deadline)
             any_stop = bool(flag[0])
