@@ -94,7 +94,7 @@ def worker_main(rank, n, init_file, policy, args, results):
     if policy.startswith("elastic-avg:") or policy.startswith("periodic:"):
         shard = slice(rank, None, n)
         x, y = xtr[shard], ytr[shard]
-        budget = args.epochs * (len(x) // args.batch)  # local steps this rank came to run
+        budget = args.epochs * (len(x) // args.batch)  # steps per rank in the epochs
         opt = torch.optim.SGD(model.parameters(), lr=args.lr)
         if policy.startswith("elastic-avg:"):
             avg = ct.ElasticModelAverager("elastic:" + policy.split(":", 1)[1], timeout=args.timeout)
@@ -110,9 +110,11 @@ def worker_main(rank, n, init_file, policy, args, results):
                 time.sleep(straggle)
             steps += 1
             if avg.step_done(time.perf_counter() - s):
-                # Ranks run different step counts under ElasticBSP: they stop together, at a
-                # barrier, as soon as one of them has run its budget.
-                if avg.sync(model.parameters(), stop=steps >= budget):
+                avg.sync(model.parameters())
+                # Ranks run different step counts under ElasticBSP: they stop together, at the
+                # barrier where all ranks' steps together reach the job's budget (global_steps
+                # is the same on every rank), so every policy processes as many minibatches.
+                if avg.global_steps >= n * budget:
                     break
         report.update(steps=steps, barriers=avg.barriers)
     else:

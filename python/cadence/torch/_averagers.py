@@ -154,6 +154,7 @@ class ElasticModelAverager(_Averager):
         self.local_steps = 0
         self.total_steps = 0
         self.max_local_steps = 0
+        self.global_steps = 0  # every rank's steps up to the last barrier, summed (same everywhere)
         self._anchor: Optional[List[torch.Tensor]] = None  # summed_deltas: per bucket
         self._anchor_sig: Optional[list] = None
         self._round = self._planner.bsp_round(0, self._salt)
@@ -298,6 +299,7 @@ class ElasticModelAverager(_Averager):
                 f"merge rule (this rank: {self._config_arg}, merge {self.merge})")
         steps = records[0::w]
         self.max_local_steps = max(self.max_local_steps, int(steps.max()))
+        self.global_steps += int(steps.sum())
         self._round = nxt
         self._barrier += 1
         self.local_steps = 0
@@ -361,6 +363,7 @@ class PeriodicModelAverager(_Averager):
         self.local_steps = 0
         self.total_steps = 0
         self.barriers = 0
+        self.global_steps = 0  # every rank's steps up to the last barrier, summed
         self._step_marked = False
 
     @property
@@ -414,6 +417,7 @@ class PeriodicModelAverager(_Averager):
             self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group,
                                        async_op=True), "all_reduce of the stop flag", deadline)
             any_stop = bool(flag[0])
+        self.global_steps += self.local_steps * self.world_size  # every rank ran as many
         self.local_steps = 0
         self.barriers += 1
         return any_stop

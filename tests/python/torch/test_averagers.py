@@ -53,6 +53,7 @@ def _scenarios(rank, n):
             if stop:
                 break
     out["elastic"] = dict(rounds=rounds, merged_ok=merged_ok, steps_between=steps_between,
+                          global_steps=avg.global_steps,
                           max_local_steps=avg.max_local_steps, config=avg.config)
 
     # 2. step_weighted: the weights are the local steps each rank ran since the last barrier.
@@ -194,6 +195,9 @@ def test_elastic_warmup_then_planned_steps(results):
         e = r["elastic"]
         assert 1 <= e["max_local_steps"] <= R
         assert all(1 <= k <= R for k in e["steps_between"])
+    # global_steps: the same on every rank, the sum of every rank's steps
+    assert len({r["elastic"]["global_steps"] for r in results}) == 1
+    assert results[0]["elastic"]["global_steps"] == sum(sum(r["elastic"]["steps_between"]) for r in results)
     # every rank ran exactly what the previous plan told it
     for rank, r in enumerate(results):
         e = r["elastic"]

@@ -129,7 +129,27 @@ def _scenarios(rank, n):
         out["stall"] = dict(errors=errors, iteration=wk.iteration)
     dist.barrier()
 
-    # 5. Last: worker 1 (rank 2) is killed at its 4th iteration. Its connection closes; the
+    # 5. ElasticBSP's monitoring phase, when nobody waits: worker 2 falls silent at its 2nd
+    #    iteration and is still evicted (the server wakes at the liveness deadline).
+    if rank == 0:
+        s = ct.ParameterServer("elastic:4", _initial(), lr=LR, keep_log=True, evict_after=0.5)
+        out["monitor"] = dict(stats=s.run())
+    else:
+        wk = ct.PSWorker(SIZE, reply_timeout=20)
+        wk.pull()
+        err = None
+        for k in range(1, (2 if w == 2 else 30) + 1):
+            time.sleep(1.4 if (w == 2 and k == 2) else 0.05)
+            try:
+                wk.push_pull(_grad(w, k))
+            except cadence.WorkerError as e:
+                err = str(e)
+                break
+        wk.finish()
+        out["monitor"] = err
+    dist.barrier()
+
+    # 6. Last: worker 1 (rank 2) is killed at its 4th iteration. Its connection closes; the
     #    server drops it long before evict_after and BSP goes on without it.
     if rank == 0:
         s = ct.ParameterServer("bsp", _initial(), lr=LR, keep_log=True, evict_after=15)
@@ -235,6 +255,15 @@ def test_stalled_worker_is_evicted_and_told(results):
     assert len(errors) == 2
     assert "evicted" in errors[0] and "silent for" in errors[0]
     assert errors[1] == errors[0]
+
+
+def test_silent_worker_is_evicted_in_elastic_monitoring_phase(results):
+    st = results[0]["monitor"]["stats"]
+    assert [e.worker for e in st.evictions] == [2]
+    assert st.evictions[0].reason.startswith("silent")
+    assert st.pushes[:2] == [30, 30]
+    assert "evicted" in results[3]["monitor"]
+    assert results[1]["monitor"] is None
 
 
 def test_killed_worker_is_dropped_and_the_run_ends(results):
