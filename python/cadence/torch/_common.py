@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import math
 import time
-from typing import Iterable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist

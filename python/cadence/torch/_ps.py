@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import queue
 import threading
 import time
