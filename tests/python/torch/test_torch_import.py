@@ -2,6 +2,10 @@
 import subprocess
 import sys
 
+import pytest
+
+pytest.importorskip("cadence", reason="the cadence bindings are not installed (pip install .)")
+
 CODE = """
 import sys
 sys.modules["torch"] = None  # as if torch were not installed

@@ -8,9 +8,15 @@ import signal
 import time
 
 import pytest
-import torch
 
-import _spawn
+# Skip, saying why, where torch, its gloo backend or the bindings are missing (no conftest.py
+# here: tests/python/conftest.py is imported as "conftest" by the binding tests).
+torch = pytest.importorskip("torch", reason="cadence.torch tests need PyTorch (Debian: python3-torch)")
+if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+    pytest.skip("this PyTorch build has no torch.distributed gloo backend", allow_module_level=True)
+pytest.importorskip("cadence", reason="the cadence bindings are not installed (pip install .)")
+
+import _torch_spawn as _spawn  # noqa: E402
 
 N = 4            # 1 server + 3 workers
 SIZE = 10
