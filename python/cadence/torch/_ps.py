@@ -434,18 +434,28 @@ class PSWorker:
         dst = self._roles.server_global
         deadline = Deadline(self.transfer_timeout)
         try:
-            for tag, t in tensors:
-                dist.isend(t, dst, group=self._roles.group, tag=tag).wait(timeout=deadline.remaining())
+            # Post every send first, then wait: the header and the payload travel back to back
+            # instead of one rendezvous after the other.
+            works = [dist.isend(t, dst, group=self._roles.group, tag=tag) for tag, t in tensors]
+            for work in works:
+                work.wait(timeout=deadline.remaining())
         except RuntimeError as e:
             raise TransportError(f"{self._who()}: {op} after {self.iteration} iterations: sending to "
                                  f"server rank {self._roles.server} failed: {e}") from e
 
-    def _collect(self, op: str, out: Optional[torch.Tensor]) -> torch.Tensor:
-        src = self._roles.server_global
+    def _post_reply(self):
+        """The receive of the server's reply header, posted before the request goes out so the
+        server's answer never waits for it (the header has a fixed size; the payload's
+        receive is posted once the header says what follows)."""
         h = torch.zeros(HEADER_WORDS, dtype=torch.int64)
+        return h, dist.irecv(h, src=self._roles.server_global, group=self._roles.group,
+                             tag=self._t_reply)
+
+    def _collect(self, op: str, out: Optional[torch.Tensor], posted) -> torch.Tensor:
+        src = self._roles.server_global
+        h, work = posted
         try:
-            dist.irecv(h, src=src, group=self._roles.group, tag=self._t_reply).wait(
-                timeout=Deadline(self.reply_timeout).remaining())
+            work.wait(timeout=Deadline(self.reply_timeout).remaining())
         except RuntimeError as e:
             raise TransportError(f"{self._who()}: {op} iteration {self.iteration}: no reply from "
                                  f"server rank {self._roles.server} within {self.reply_timeout:g} s "
@@ -479,8 +489,9 @@ class PSWorker:
         """The current weights at once (no policy applies): the starting point. The server
         checks the model size here."""
         self._check_usable("pull")
+        posted = self._post_reply()
         self._send("pull", [(self._t_control, _header(PULL, self.worker_id, self.iteration, self.size))])
-        return self._collect("pull", out)
+        return self._collect("pull", out, posted)
 
     def push_pull(self, gradient: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Sends ``gradient`` (model-size elements, any shape), then blocks until the policy lets
@@ -496,10 +507,11 @@ class PSWorker:
             raise InvalidParameterError(f"{self._who()}: gradient dtype {g.dtype}, model dtype {self.dtype}")
         g = g.contiguous()
         k = self.iteration + 1
+        posted = self._post_reply()
         self._send("push_pull", [(self._t_control, _header(PUSH, self.worker_id, k, self.size)),
                                  (self._t_data, g)])
         self.iteration = k
-        return self._collect("push_pull", out)
+        return self._collect("push_pull", out, posted)
 
     def finish(self) -> None:
         """Leaves: the server stops counting this worker (releasing whoever waited for it).
