@@ -51,7 +51,7 @@ class _Averager(ModelAverager):
 
     _component = "averager"
 
-    def __init__(self, process_group, timeout):
+    def __init__(self, process_group, timeout, name_stragglers=True):
         group, rank, size = group_info(self._component, process_group)
         super().__init__(group)
         self.rank = rank
@@ -63,7 +63,8 @@ class _Averager(ModelAverager):
         self._device = torch.device("cpu")
         if str(dist.get_backend(group)).lower() == "nccl":
             self._device = torch.device("cuda", torch.cuda.current_device())
-        self._stragglers = Stragglers(self._component, group, rank, size, next(_instances))
+        self._stragglers = Stragglers(self._component, group, rank, size, next(_instances),
+                                      enabled=bool(name_stragglers))
 
     def _here(self) -> str:
         return where(self._component, self.rank, self.world_size)
@@ -102,7 +103,9 @@ class ElasticModelAverager(_Averager):
     barrier comes from a plan that every rank computes from identical inputs: each rank reports
     its own step durations, ``sync()`` all-gathers a fixed-size int64 record of them, and every
     rank runs ``cadence.ElasticPlanner`` (the C++ predictor and ZipLine, integers throughout) on
-    the same records; an all-reduce of the plan hash turns divergence into ``TransportError``.
+    the same records; the plan hash, sent with the next records, turns divergence into
+    ``TransportError`` before the next merge.
+    ``TransportError`` before the next merge.
     BSP (one step per barrier) until the predictor has enough history.
 
     Hand-written loop::
@@ -128,13 +131,16 @@ class ElasticModelAverager(_Averager):
         warmup_steps: BSP steps before the first plan (0: what the predictor needs).
         process_group: the group to average over (default: the world).
         timeout: seconds one ``sync()`` may take, all its collectives together.
+        name_stragglers: count arrivals in the process group's store (one ``add`` per sync) so
+            that a failed sync names the ranks that did not arrive; False saves that round trip.
     """
 
     _component = "ElasticModelAverager"
 
     def __init__(self, config: str = "elastic:15", *, merge: str = "average", history: int = 16,
-                 warmup_steps: int = 0, process_group=None, timeout: float = 60.0):
-        super().__init__(process_group, timeout)
+                 warmup_steps: int = 0, process_group=None, timeout: float = 60.0,
+                 name_stragglers: bool = True):
+        super().__init__(process_group, timeout, name_stragglers)
         if merge not in MERGE_RULES:
             raise InvalidParameterError(f"{self._here()}merge must be one of "
                                         f"{', '.join(MERGE_RULES)}; got {merge!r}")
@@ -245,7 +251,7 @@ class ElasticModelAverager(_Averager):
         same tensors, in the same order), computes the next plan and checks that every rank
         computed the same. Returns True when any rank passed ``stop=True``: ranks run different
         numbers of steps under ElasticBSP, so a loop ends on this agreement (it rides on the
-        hash all-reduce, at no extra cost), not on a step count. Raises InvalidParameterError before communicating when the plan does
+        record all-gather, at no extra cost), not on a step count. Raises InvalidParameterError before communicating when the plan does
         not call for a barrier yet or a tensor is bad; TransportError when a peer fails or stalls
         past the timeout (naming the ranks that did not arrive) or the plans differ. After a
         TransportError the process group is not usable: the job ends (fail-stop)."""
@@ -266,44 +272,49 @@ class ElasticModelAverager(_Averager):
         deadline = Deadline(self.timeout)
         self._stragglers.arrive(self._seq)
 
-        # 1. Every rank's record: [local steps, durations recorded, the latest durations...].
+        # 1. Every rank's row: the planner's record [local steps, durations recorded, the
+        #    latest durations...], then the hash of the plan it followed and its stop flag.
+        #    The hash check rides on this all-gather instead of an all-reduce of its own: the
+        #    plan made at barrier b is checked at barrier b + 1, before anything is merged (the
+        #    collectives of a sync are the same whatever the plan, so a divergent plan cannot
+        #    mismatch them; it only moves where the ranks sync).
         w = self._words
-        mine = torch.zeros(w, dtype=torch.int64)  # filled on the CPU, moved once
+        mine = torch.zeros(w + 2, dtype=torch.int64)  # filled on the CPU, moved once
         have = min(self._recorded, self._history)
         mine[0] = self.local_steps
         mine[1] = have
         for i in range(have):
             mine[2 + i] = self._ring[(self._recorded - have + i) % self._history]
-        gathered = [torch.zeros(w, dtype=torch.int64, device=self._device)
-                     for _ in range(self.world_size)]
+        mine[w] = int(self._round.hash) >> 2
+        mine[w + 1] = 1 if stop else 0
+        gathered = [torch.zeros(w + 2, dtype=torch.int64, device=self._device)
+                    for _ in range(self.world_size)]
         self._wait(dist.all_gather(gathered, mine.to(self._device), group=self.process_group,
                                    async_op=True), "all_gather of the timing records", deadline)
-        records = torch.cat(gathered).cpu().numpy()
+        rows = torch.stack(gathered).cpu().numpy()
+        hashes = rows[:, w]
+        if (hashes != hashes[0]).any():
+            h = int(mine[w])
+            raise TransportError(
+                f"{self._here()}the ranks computed different plans for barrier "
+                f"{self._barrier + 1} (plan hashes by rank: {', '.join(str(int(x)) for x in hashes)}; "
+                f"this rank {h}): every rank must use the same config string, history, warm-up "
+                f"and merge rule (this rank: {self._config_arg}, merge {self.merge})")
+        any_stop = bool(rows[:, w + 1].any())
+        records = np.ascontiguousarray(rows[:, :w], dtype=np.int64).reshape(-1)
 
         # 2. The merge.
         self._merge(tensors, records, deadline)
 
-        # 3. The next plan from the records alone, then the check that every rank made the same.
-        nxt = self._planner.plan(np.ascontiguousarray(records, dtype=np.int64),
-                                 self._barrier + 1, self._salt)
-        h = int(nxt.hash) >> 2
-        check = torch.tensor([h, -h, 1 if stop else 0], dtype=torch.int64, device=self._device)
-        self._wait(dist.all_reduce(check, op=dist.ReduceOp.MAX, group=self.process_group,
-                                   async_op=True), "all_reduce of the plan hash", deadline)
-        check = check.cpu()
-        if int(check[0]) != -int(check[1]):
-            raise TransportError(
-                f"{self._here()}the ranks computed different plans for barrier "
-                f"{self._barrier + 2} (plan hash max {int(check[0])}, min {-int(check[1])}, this "
-                f"rank {h}): every rank must use the same config string, history, warm-up and "
-                f"merge rule (this rank: {self._config_arg}, merge {self.merge})")
+        # 3. The next plan, from the records alone (checked at the next sync).
+        nxt = self._planner.plan(records, self._barrier + 1, self._salt)
         steps = records[0::w]
         self.max_local_steps = max(self.max_local_steps, int(steps.max()))
         self.global_steps += int(steps.sum())
         self._round = nxt
         self._barrier += 1
         self.local_steps = 0
-        return bool(check[2])
+        return any_stop
 
     def _merge(self, tensors, records, deadline) -> None:
         n = self.world_size
@@ -351,8 +362,8 @@ class PeriodicModelAverager(_Averager):
     _component = "PeriodicModelAverager"
 
     def __init__(self, period: int, *, warmup_steps: int = 0, process_group=None,
-                 timeout: float = 60.0):
-        super().__init__(process_group, timeout)
+                 timeout: float = 60.0, name_stragglers: bool = True):
+        super().__init__(process_group, timeout, name_stragglers)
         if not isinstance(period, int) or period < 1:
             raise InvalidParameterError(f"{self._here()}period k must be an integer >= 1, got {period!r}")
         if not isinstance(warmup_steps, int) or warmup_steps < 0:

@@ -90,51 +90,46 @@ class Deadline:
 
 
 class Stragglers:
-    """Names the ranks that did not reach a collective: each rank sets a key in the process
-    group's store before the collective; after a failure the ranks whose key is missing are the
-    ones the others waited for. Costs one store write per collective call (and one delete)."""
+    """Names the ranks that did not reach a collective: each rank counts its arrivals in a key of
+    the process group's store (one `add` per call, one key per rank, nothing to delete); after a
+    failure at call `seq`, the ranks whose count is below `seq` are the ones the others waited
+    for. `enabled=False` skips the store entirely (the names are then unknown)."""
 
-    def __init__(self, component: str, group, rank: int, size: int, instance: int):
+    def __init__(self, component: str, group, rank: int, size: int, instance: int,
+                 enabled: bool = True):
         self._store = None
-        try:
-            self._store = dist.distributed_c10d._get_default_store()
-        except Exception:  # pragma: no cover - a group without a store: the names are unknown
-            self._store = None
+        if enabled:
+            try:
+                self._store = dist.distributed_c10d._get_default_store()
+            except Exception:  # pragma: no cover - a group without a store: the names are unknown
+                self._store = None
         self._prefix = f"cadence.torch/{component}/{instance}/"
         self._group = group
         self._rank = rank
         self._size = size
-        self._last: Optional[str] = None
+
+    def _key(self, r: int) -> str:
+        return f"{self._prefix}{global_rank(self._group, r)}"
 
     def arrive(self, seq: int) -> None:
-        if self._store is None:
-            return
-        key = f"{self._prefix}{seq}/{global_rank(self._group, self._rank)}"
-        self._store.add(key, 1)  # add, not set: add(key, 0) asks without waiting (every store has it)
-        if self._last is not None:
-            try:
-                self._store.delete_key(self._last)
-            except Exception:  # some stores cannot delete; the key then stays (a few bytes)
-                pass
-        self._last = key
+        """This rank reached call `seq` (1, 2, ... in order)."""
+        if self._store is not None:
+            self._store.add(self._key(self._rank), 1)
 
     def missing(self, seq: int) -> Optional[List[int]]:
         """Ranks (in the group) that did not arrive at `seq`; None when the store cannot say."""
         if self._store is None:
             return None
-        out = []
         try:
-            for r in range(self._size):
-                if self._store.add(f"{self._prefix}{seq}/{global_rank(self._group, r)}", 0) == 0:
-                    out.append(r)
+            # add(key, 0) reads a counter without waiting (every store has it; 0 if unset)
+            return [r for r in range(self._size) if self._store.add(self._key(r), 0) < seq]
         except Exception:
             return None
-        return out
 
 
 def describe_missing(missing: Optional[Sequence[int]]) -> str:
     if missing is None:
-        return "the ranks that did not arrive are unknown (the store did not answer)"
+        return "the ranks that did not arrive are unknown (no store, or it did not answer)"
     if not missing:
         return "every rank arrived (a peer failed inside the operation)"
     return "rank(s) " + ", ".join(str(r) for r in missing) + " did not arrive"
