@@ -105,7 +105,6 @@ class ElasticModelAverager(_Averager):
     rank runs ``cadence.ElasticPlanner`` (the C++ predictor and ZipLine, integers throughout) on
     the same records; the plan hash, sent with the next records, turns divergence into
     ``TransportError`` before the next merge.
-    ``TransportError`` before the next merge.
     BSP (one step per barrier) until the predictor has enough history.
 
     Hand-written loop::
