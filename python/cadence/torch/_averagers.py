@@ -278,14 +278,15 @@ class ElasticModelAverager(_Averager):
         #    collectives of a sync are the same whatever the plan, so a divergent plan cannot
         #    mismatch them; it only moves where the ranks sync).
         w = self._words
-        mine = torch.zeros(w + 2, dtype=torch.int64)  # filled on the CPU, moved once
         have = min(self._recorded, self._history)
-        mine[0] = self.local_steps
-        mine[1] = have
+        row = [0] * (w + 2)  # built as a list: one tensor from it, moved once
+        row[0] = self.local_steps
+        row[1] = have
         for i in range(have):
-            mine[2 + i] = self._ring[(self._recorded - have + i) % self._history]
-        mine[w] = int(self._round.hash) >> 2
-        mine[w + 1] = 1 if stop else 0
+            row[2 + i] = self._ring[(self._recorded - have + i) % self._history]
+        row[w] = int(self._round.hash) >> 2
+        row[w + 1] = 1 if stop else 0
+        mine = torch.tensor(row, dtype=torch.int64)
         gathered = [torch.zeros(w + 2, dtype=torch.int64, device=self._device)
                     for _ in range(self.world_size)]
         self._wait(dist.all_gather(gathered, mine.to(self._device), group=self.process_group,
@@ -293,7 +294,7 @@ class ElasticModelAverager(_Averager):
         rows = torch.stack(gathered).cpu().numpy()
         hashes = rows[:, w]
         if (hashes != hashes[0]).any():
-            h = int(mine[w])
+            h = row[w]
             raise TransportError(
                 f"{self._here()}the ranks computed different plans for barrier "
                 f"{self._barrier + 1} (plan hashes by rank: {', '.join(str(int(x)) for x in hashes)}; "
