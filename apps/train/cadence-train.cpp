@@ -741,7 +741,8 @@ int checked_run(Job& job, const options& o, const std::optional<std::string>& pa
     return 0;
   }
   if (job.size() < 2)
-    throw usage_error(std::string("needs at least 2 ranks (1 server + at least 1 worker), got ") +
+    throw usage_error(std::string("needs at least 2 ") + (std::string(job.name()) == "mpi" ? "MPI " : "") +
+                      "ranks (1 server + at least 1 worker), got " +
                       std::to_string(job.size()) + "; run it as: " +
                       (std::string(job.name()) == "gloo" ? "launch-gloo.sh -n 5 cadence-train --transport gloo ..."
                                                          : "mpirun -np 5 cadence-train ..."));
@@ -794,7 +795,7 @@ int main_gloo(options o, std::optional<std::string> parse_error) {
       parse_error = "--rank " + std::to_string(*o.rank) + " is out of range for --size " + std::to_string(*o.size) +
                     " (ranks 0.." + std::to_string(*o.size - 1) + ")";
   }
-  if (parse_error && !o.rank) {  // no rank to tell who should speak: every process says it
+  if (parse_error && (!o.rank || !o.size || *o.rank >= *o.size)) {  // no rank 0 to speak: each says it
     std::fprintf(stderr, "cadence-train: error: %s\n", parse_error->c_str());
     return 2;
   }
@@ -809,14 +810,14 @@ int main_gloo(options o, std::optional<std::string> parse_error) {
 #endif
 }
 
-// Which transport, before anything starts: MPI_Init must not run for gloo processes.
+// Which transport, before anything starts: MPI_Init must not run in gloo processes.
 bool wants_gloo(int argc, char** argv) {
   bool gloo = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
-    if (a == "--transport" && i + 1 < argc) gloo = std::string_view(argv[i + 1]) == "gloo";
-    if (a == "--transport=gloo") gloo = true;
-    if (a.rfind("--transport=", 0) == 0 && a != "--transport=gloo") gloo = false;
+    // Anything but mpi takes the gloo path, which reports a bad value without starting MPI.
+    if (a == "--transport" && i + 1 < argc) gloo = std::string_view(argv[i + 1]) != "mpi";
+    if (a.rfind("--transport=", 0) == 0) gloo = a != "--transport=mpi";
   }
   return gloo;
 }
