@@ -17,7 +17,7 @@ usage() {
 n=""; limit=""; keep=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    -n|--np) [ $# -ge 2 ] || usage; n=$2; shift 2 ;;
+    -n|-np|--np) [ $# -ge 2 ] || usage; n=$2; shift 2 ;;
     --timeout) [ $# -ge 2 ] || usage; limit=$2; shift 2 ;;
     --keep-store) keep=1; shift ;;
     --) shift; break ;;
