@@ -219,6 +219,10 @@ private:
 /// communicator among themselves under a fresh prefix (survives_lost_peer). A receive from
 /// any_source waits on no particular connection: it sees a crash only through its deadline.
 ///
+/// try_recv (the concept's optional receive) is offered: at its deadline it returns
+/// std::nullopt and the receive stays posted in gloo, to serve the next receive of that source
+/// and tag (docs/transports.md, "try_recv"), so a parameter server runs over gloo.
+///
 /// A failure that leaves an operation on a caller's buffer posted (inside the ring, a large
 /// message) closes the connections at once, so gloo never touches that buffer after the call
 /// returned; the peers then see this rank as lost. Other failures leave the connections open
