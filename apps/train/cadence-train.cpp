@@ -48,8 +48,9 @@ void print_help() {
 R"(usage: mpirun -np N cadence-train [options]
        launch-gloo.sh -n N cadence-train --transport gloo [options]
 
-Trains a real model on Fashion-MNIST across N MPI processes: rank 0 is the parameter server,
-ranks 1..N-1 are workers that compute real gradients on their shard of the training set.
+Trains a real model on Fashion-MNIST across N processes (MPI ranks, or gloo processes that
+launch-gloo.sh starts): rank 0 is the parameter server, ranks 1..N-1 are workers that
+compute real gradients on their shard of the training set.
 Each policy runs in turn, on fresh server and workers. Each worker's iterations are stretched
 to its speed profile (sleeping until the profile's iteration time has passed), so a 2-core
 machine can host a heterogeneous cluster. Afterwards rank 0 replays the same profile, policy
