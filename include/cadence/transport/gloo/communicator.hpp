@@ -532,6 +532,7 @@ private:
     std::vector<int> from;  // the senders it was posted for, ascending
     int tag = 0;
     int sender = -1;        // once it has completed
+    bool reusable = true;   // false once gloo has stored an error on the buffer
     detail::gloo_owned buf;
   };
 
@@ -564,10 +565,10 @@ private:
                            std::to_string(bytes) + " bytes"));
     if (bytes <= options_.eager_bytes) {
       if (bytes != 0) std::memcpy(buf, head->buf.bytes.get() + sizeof frame, bytes);
-      spare_heads_.push_back(std::move(head->buf));
+      if (head->reusable) spare_heads_.push_back(std::move(head->buf));
       return sender;
     }
-    spare_heads_.push_back(std::move(head->buf));
+    if (head->reusable) spare_heads_.push_back(std::move(head->buf));
     // The header has arrived, so the data follows it at once; a try_recv whose deadline has
     // passed by now still takes it (within body_wait) rather than leave half a message.
     const deadline body = d.passed() ? deadline(options_.body_wait) : d;
@@ -691,7 +692,7 @@ private:
       try {
         ub.waitRecv(nullptr, std::chrono::hours(1));  // returns at once: clears the flag
       } catch (const std::exception&) {
-        // The connection closed meanwhile: the message is here; the next wait will say so.
+        h.reusable = false;  // the connection closed meanwhile; the message is here all the same
       }
     }
     if (!reason.empty()) {
