@@ -13,12 +13,12 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <functional>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -62,6 +62,7 @@ void run_gloo_ranks(const std::function<void(gloo_communicator&)>& body) {
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(m);
         escaped.push_back("rank " + std::to_string(r) + " threw: " + e.what());
+        std::fprintf(stderr, "%s\n", escaped.back().c_str());  // now: the others may wait for it
       }
     });
   }
@@ -93,6 +94,7 @@ TEST_CASE("parameter server over gloo: every policy, guarantee, exactly once, re
       ps_options o;
       o.keep_log = true;
       o.reply_timeout = 60s;
+      o.evict_after = 20s;  // a worker that failed is evicted instead of awaited forever
       if (comm.rank() == 0) {
         parameter_server<gloo_communicator, any_controller, double> server(
             comm, model, w0.data(), make_controller(pc.config, static_cast<std::size_t>(workers)),
@@ -104,14 +106,13 @@ TEST_CASE("parameter server over gloo: every policy, guarantee, exactly once, re
       } else {
         ps_worker<gloo_communicator, double> worker(comm, model, o);
         std::vector<double> weights(model), g(model);
-        worker.pull(weights.data());
-        if (weights != w0) throw std::runtime_error("the first pull did not return the initial weights");
+        worker.pull(weights.data());  // the current weights (another worker may have pushed)
         for (std::int64_t k = 1; k <= iterations; ++k) {
           std::this_thread::sleep_for(std::chrono::milliseconds(1 + 2 * (comm.rank() % 3)));
           gradient(worker.id(), k, g);
           worker.push_pull(g.data(), weights.data());
         }
-        if (worker.iteration() != iterations) throw std::runtime_error("wrong iteration count");
+        CHECK(worker.iteration() == iterations);
         worker.finish();
       }
     });
