@@ -168,7 +168,9 @@ public:
     armed_ = ub;
     when_ = when;
     fired_ = false;
-    cv_.notify_one();
+    // The thread re-checks when it wakes at the time it sleeps until, so it needs waking only
+    // for an earlier time: a server re-arming for a later deadline costs no context switch.
+    if (when < sleeping_until_) cv_.notify_one();
   }
   /// Whether it fired since arm(). Afterwards it touches the buffer no more.
   bool disarm() {
@@ -182,12 +184,14 @@ private:
     std::unique_lock<std::mutex> lock(m_);
     while (!stop_) {
       if (armed_ == nullptr) {
+        sleeping_until_ = std::chrono::steady_clock::time_point::max();
         cv_.wait(lock);
       } else if (std::chrono::steady_clock::now() >= when_) {
         armed_->abortWaitRecv();
         armed_ = nullptr;
         fired_ = true;
       } else {
+        sleeping_until_ = when_;
         cv_.wait_until(lock, when_);
       }
     }
@@ -198,6 +202,7 @@ private:
   bool stop_ = false;
   ::gloo::transport::UnboundBuffer* armed_ = nullptr;
   std::chrono::steady_clock::time_point when_{};
+  std::chrono::steady_clock::time_point sleeping_until_ = std::chrono::steady_clock::time_point::min();
   bool fired_ = false;
 };
 
