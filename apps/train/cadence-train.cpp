@@ -1,8 +1,10 @@
-// cadence-train: trains a real model on Fashion-MNIST across MPI processes (rank 0 serves, the
-// others compute real gradients on their shards) under each policy in turn, with per-worker speed
-// profiles, and holds the simulator's prediction of the same run against what it measured.
+// cadence-train: trains a real model on Fashion-MNIST across processes, MPI (mpirun) or gloo
+// (launch-gloo.sh) (rank 0 serves, the others compute real gradients on their shards) under each
+// policy in turn, with per-worker speed profiles, and holds the simulator's prediction of the
+// same run against what it measured.
 #include "cli.hpp"
 #include "idx.hpp"
+#include "job.hpp"
 #include "mlp.hpp"
 #include "model.hpp"
 #include "race.hpp"
@@ -17,9 +19,7 @@
 #include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/sim/collective.hpp>
 #include <cadence/sim/simulator.hpp>
-#include <cadence/transport/mpi/communicator.hpp>
 
-#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,15 +47,18 @@ constexpr const char* default_data = "/usr/share/datasets/fashion-mnist";
 void print_help() {
   std::cout <<
 R"(usage: mpirun -np N cadence-train [options]
+       launch-gloo.sh -n N cadence-train --transport gloo [options]
 
-Trains a real model on Fashion-MNIST across N MPI processes: rank 0 is the parameter server,
-ranks 1..N-1 are workers that compute real gradients on their shard of the training set.
+Trains a real model on Fashion-MNIST across N processes (MPI ranks, or gloo processes that
+launch-gloo.sh starts): rank 0 is the parameter server, ranks 1..N-1 are workers that
+compute real gradients on their shard of the training set.
 Each policy runs in turn, on fresh server and workers. Each worker's iterations are stretched
 to its speed profile (sleeping until the profile's iteration time has passed), so a 2-core
 machine can host a heterogeneous cluster. Afterwards rank 0 replays the same profile, policy
 and measured push/pull cost in cadence's simulator and prints both.
 
   mpirun --allow-run-as-root --oversubscribe -np 5 cadence-train --json
+  apps/train/launch-gloo.sh -n 5 cadence-train --transport gloo --json
 
 options:
   --policy CONFIG    a make_controller config (bsp, asp, ssp:<s>, dssp:<s_L>:<s_U>,
@@ -86,6 +89,13 @@ options:
   --trace FILE       also write each parameter-server policy's iteration trace (per worker
                      and iteration: start, compute, push, pull) for cadence-sim --trace;
                      with several policies, one file each: FILE-<policy> (docs/trace.md)
+  --transport T      mpi (default; the ranks mpirun started) or gloo (processes that meet
+                     through a rendezvous folder over TCP; launch-gloo.sh starts them and
+                     sets the three values below)
+  --rank R           gloo: this process's rank (default: $CADENCE_TRAIN_RANK)
+  --size N           gloo: the number of processes (default: $CADENCE_TRAIN_SIZE)
+  --store DIR        gloo: the rendezvous folder, empty and shared by all the processes of
+                     one run (default: $CADENCE_TRAIN_STORE)
   --help             this text
 
 profiles:
@@ -110,6 +120,9 @@ struct options {
   bool json = false, csv = false, help = false;
   std::string curves;
   std::string trace;
+  std::string transport = "mpi";
+  std::optional<int> rank, size;  // gloo
+  std::string store;              // gloo
 };
 
 options parse(int argc, char** argv) {
@@ -117,7 +130,8 @@ options parse(int argc, char** argv) {
   cadence::tools::flag_reader args(argc, argv);
   args.at_most_one_of({"--json", "--csv"});
   args.at_most_once({"--profile", "--seconds", "--seed", "--data", "--model", "--hidden", "--lr", "--batch",
-                     "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace"});
+                     "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace",
+                     "--transport", "--rank", "--size", "--store"});
   while (args.next()) {
     const std::string_view flag = args.flag();
     if (flag == "--help" || flag == "-h") {
@@ -162,6 +176,16 @@ options parse(int argc, char** argv) {
       o.curves = std::string(args.value());
     } else if (flag == "--trace") {
       o.trace = std::string(args.value());
+    } else if (flag == "--transport") {
+      o.transport = std::string(args.value());
+      if (o.transport != "mpi" && o.transport != "gloo")
+        throw usage_error("--transport: expected mpi or gloo, got '" + o.transport + "'");
+    } else if (flag == "--rank") {
+      o.rank = cadence::tools::parse_flag_integer<int>(flag, args.value(), 0, 1 << 20);
+    } else if (flag == "--size") {
+      o.size = cadence::tools::parse_flag_integer<int>(flag, args.value(), 1, 1 << 20);
+    } else if (flag == "--store") {
+      o.store = std::string(args.value());
     } else {
       args.unknown();
     }
@@ -285,7 +309,6 @@ struct sgd_with_snapshots {
 };
 
 using ps_options = cadence::exchange::ps_options;
-using comm_type = cadence::transport::mpi_communicator;
 
 ps_options make_ps_options(const options& o) {
   ps_options po;
@@ -298,20 +321,17 @@ ps_options make_ps_options(const options& o) {
   return po;
 }
 
-cadence::transport::mpi_options make_mpi_options() {
-  cadence::transport::mpi_options mo;
-  // Five ranks share two cores: a waiting rank must give its core to the computing ones
-  // soon (the default spins 200 ms, which would steal the profile's compute time).
-  mo.spin_for = std::chrono::microseconds(2000);
-  mo.poll_sleep = std::chrono::microseconds(50);
-  return mo;
-}
+// Tag of the bookkeeping between policies on the job's world communicator.
+constexpr int tag_collect = 7;
 
 // Runs one policy on rank 0 (the server); returns its report (the simulated part filled in
 // later).
-train::policy_report serve(const options& o, const std::string& policy, std::size_t index, any_model& model,
+template <class Job>
+train::policy_report serve(Job& job, const options& o, const std::string& policy, std::size_t index, any_model& model,
                            const train::dataset& test, std::size_t workers) {
-  comm_type comm(MPI_COMM_WORLD, make_mpi_options(), cadence::transport::deadline(std::chrono::seconds(120)));
+  using comm_type = typename Job::comm_type;
+  const auto connection = job.connect_all(index);
+  comm_type& comm = *connection;
   const std::size_t params = model.parameter_count();
   std::vector<float> w0(params);
   model.initialize(w0, o.seed);
@@ -326,7 +346,7 @@ train::policy_report serve(const options& o, const std::string& policy, std::siz
   cadence::exchange::parameter_server<comm_type, cadence::any_controller, float, sgd_with_snapshots> server(
       comm, params, w0.data(), cadence::make_controller(policy, workers), sgd_with_snapshots{&side}, po);
   side.stats = &server.stats();
-  MPI_Barrier(MPI_COMM_WORLD);
+  cadence::transport::barrier(comm, train::connect_timeout);
   side.start = clock_type::now();
   server.run();
   const double ran = since(side.start);
@@ -336,6 +356,7 @@ train::policy_report serve(const options& o, const std::string& policy, std::siz
 
   train::policy_report r;
   r.policy = server.controller().config();
+  r.transport = std::string(job.name()) + "-ps";
   r.workers = workers;
   r.seconds = o.seconds;
   r.iterations = side.in_time;
@@ -359,9 +380,12 @@ train::policy_report serve(const options& o, const std::string& policy, std::siz
 }
 
 // Runs one policy on a worker rank: returns its push_pull timings and summary.
-worker_summary work(const options& o, any_model& model, const train::dataset& shard, const cadence::sim::scenario& prof,
-                    std::vector<train::exchange_timing>& timings) {
-  comm_type comm(MPI_COMM_WORLD, make_mpi_options(), cadence::transport::deadline(std::chrono::seconds(120)));
+template <class Job>
+worker_summary work(Job& job, std::size_t index, const options& o, any_model& model, const train::dataset& shard,
+                    const cadence::sim::scenario& prof, std::vector<train::exchange_timing>& timings) {
+  using comm_type = typename Job::comm_type;
+  const auto connection = job.connect_all(index);
+  comm_type& comm = *connection;
   const ps_options po = make_ps_options(o);
   cadence::exchange::ps_worker<comm_type> worker(comm, model.parameter_count(), po);
   const auto id = static_cast<std::size_t>(worker.id());
@@ -370,7 +394,7 @@ worker_summary work(const options& o, any_model& model, const train::dataset& sh
   std::vector<float> w(model.parameter_count()), g(model.parameter_count());
   worker_summary sum;
   timings.clear();
-  MPI_Barrier(MPI_COMM_WORLD);
+  cadence::transport::barrier(comm, train::connect_timeout);
   try {
     worker.pull(w.data());
     const auto start = clock_type::now();
@@ -402,14 +426,15 @@ worker_summary work(const options& o, any_model& model, const train::dataset& sh
 // adapter over an all-reduce among the workers only. Every merge also all-reduces a stop vote,
 // so all ranks leave after the same merge (the first one after any rank passed the run's end).
 // Worker 0 keeps the merged weights at each --eval-every and sends them to rank 0.
-worker_summary work_collective(const options& o, const std::string& policy, any_model& model,
-                               const train::dataset& shard, const cadence::sim::scenario& prof,
+template <class Job>
+worker_summary work_collective(Job& job, std::size_t index, const options& o, const std::string& policy,
+                               any_model& model, const train::dataset& shard, const cadence::sim::scenario& prof,
                                std::vector<train::exchange_timing>& timings, std::uint64_t& counted) {
-  MPI_Comm sub = MPI_COMM_NULL;
-  MPI_Comm_split(MPI_COMM_WORLD, 1, 0, &sub);
+  using comm_type = typename Job::comm_type;
+  auto connection = job.connect_workers(index);
   worker_summary sum;
   {
-    comm_type comm(sub, make_mpi_options(), cadence::transport::deadline(std::chrono::seconds(120)));
+    comm_type& comm = *connection;
     const auto id = static_cast<std::size_t>(comm.rank());
     const std::size_t params = model.parameter_count();
     const float lr = static_cast<float>(o.lr * static_cast<double>(comm.size()));
@@ -439,7 +464,7 @@ worker_summary work_collective(const options& o, const std::string& policy, any_
     timings.clear();
     counted = 0;
     std::int64_t local = 0;
-    MPI_Barrier(MPI_COMM_WORLD);
+    cadence::transport::barrier(job.world(), train::connect_timeout);
     const auto start = clock_type::now();
     for (;;) {
       const auto t0 = clock_type::now();
@@ -475,36 +500,46 @@ worker_summary work_collective(const options& o, const std::string& policy, any_
     if (id == 0) {
       snapshot_until(o.seconds);
       // The curve and the final model go to rank 0, which has the test set.
-      const int n = static_cast<int>(snap_times.size());
-      MPI_Send(&n, 1, MPI_INT, 0, 7, MPI_COMM_WORLD);
-      MPI_Send(snap_times.data(), n, MPI_DOUBLE, 0, 7, MPI_COMM_WORLD);
-      MPI_Send(snaps.data(), static_cast<int>(snaps.size()), MPI_FLOAT, 0, 7, MPI_COMM_WORLD);
-      MPI_Send(merged.data(), static_cast<int>(params), MPI_FLOAT, 0, 7, MPI_COMM_WORLD);
+      auto& world = job.world();
+      const cadence::transport::deadline d(train::connect_timeout);
+      const std::uint64_t n = snap_times.size();
+      world.send(&n, sizeof n, 0, tag_collect, d);
+      if (n != 0) {
+        world.send(snap_times.data(), n * sizeof(double), 0, tag_collect, d);
+        world.send(snaps.data(), snaps.size() * sizeof(float), 0, tag_collect, d);
+      }
+      world.send(merged.data(), params * sizeof(float), 0, tag_collect, d);
     }
   }
-  MPI_Comm_free(&sub);
+  job.disconnect_workers(connection);
   sum.timings = static_cast<double>(timings.size());
   return sum;
 }
 
 // Collective modes, on rank 0: no server; it receives worker 0's snapshots and measures them.
-train::policy_report observe_collective(const options& o, const std::string& policy, any_model& model,
-                                        const train::dataset& test, std::size_t workers) {
-  MPI_Comm none = MPI_COMM_NULL;
-  MPI_Comm_split(MPI_COMM_WORLD, MPI_UNDEFINED, 0, &none);
-  MPI_Barrier(MPI_COMM_WORLD);
+template <class Job>
+train::policy_report observe_collective(Job& job, std::size_t index, const options& o, const std::string& policy,
+                                        any_model& model, const train::dataset& test, std::size_t workers) {
+  auto none = job.connect_workers(index);  // collective under MPI; rank 0 takes no part
+  auto& world = job.world();
+  cadence::transport::barrier(world, train::connect_timeout);
   if (isatty(2) == 0) std::fprintf(stderr, "cadence-train: %s: running over all-reduce among the workers\n", policy.c_str());
   const std::size_t params = model.parameter_count();
-  int n = 0;
-  MPI_Recv(&n, 1, MPI_INT, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  // Worker 0 (rank 1) sends when the run ends: wait as long as the run, and then some.
+  const cadence::transport::deadline d(std::chrono::duration<double>(o.seconds) + train::connect_timeout);
+  std::uint64_t n = 0;
+  world.recv(&n, sizeof n, 1, tag_collect, d);
   std::vector<double> times(static_cast<std::size_t>(n));
   std::vector<float> snaps(static_cast<std::size_t>(n) * params), final_w(params);
-  MPI_Recv(times.data(), n, MPI_DOUBLE, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-  MPI_Recv(snaps.data(), static_cast<int>(snaps.size()), MPI_FLOAT, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-  MPI_Recv(final_w.data(), static_cast<int>(params), MPI_FLOAT, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  if (n != 0) {
+    world.recv(times.data(), times.size() * sizeof(double), 1, tag_collect, d);
+    world.recv(snaps.data(), snaps.size() * sizeof(float), 1, tag_collect, d);
+  }
+  world.recv(final_w.data(), params * sizeof(float), 1, tag_collect, d);
+  job.disconnect_workers(none);
   train::policy_report r;
   r.policy = policy;
-  r.transport = "mpi-allreduce";
+  r.transport = std::string(job.name()) + "-allreduce";
   r.workers = workers;
   r.seconds = o.seconds;
   for (std::size_t k = 0; k < times.size(); ++k) {
@@ -518,15 +553,9 @@ train::policy_report observe_collective(const options& o, const std::string& pol
   return r;
 }
 
-int run(int argc, char** argv, int rank, int size) {
-  const options o = parse(argc, argv);
-  if (o.help) {
-    if (rank == 0) print_help();
-    return 0;
-  }
-  if (size < 2)
-    throw usage_error("needs at least 2 MPI ranks (1 server + at least 1 worker), got " + std::to_string(size) +
-                      "; run it as: mpirun -np 5 cadence-train ...");
+template <class Job>
+int run(Job& job, const options& o) {
+  const int rank = job.rank(), size = job.size();
   const auto workers = static_cast<std::size_t>(size - 1);
   cadence::sim::scenario prof;
   try {
@@ -560,12 +589,12 @@ int run(int argc, char** argv, int rank, int size) {
   any_model model(o, data.train.features(), 10);
 
   // Who is who, with the pids (to stop a worker by hand: see docs/train.md).
-  std::vector<int> pids(static_cast<std::size_t>(size));
-  int pid = static_cast<int>(getpid());
-  MPI_Gather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const auto pids = train::gather_to_root(job.world(), {static_cast<double>(getpid())}, tag_collect,
+                                          train::connect_timeout);
   if (rank == 0) {
     std::string list;
-    for (int r = 0; r < size; ++r) list += (r ? " " : "") + std::to_string(pids[static_cast<std::size_t>(r)]);
+    for (int r = 0; r < size; ++r)
+      list += (r ? " " : "") + std::to_string(static_cast<long long>(pids[static_cast<std::size_t>(r)].at(0)));
     std::fprintf(stderr,
                  "cadence-train: %s on Fashion-MNIST (%zu training images in %zu shards, batch %zu, lr %g); profile "
                  "%s, %g s per policy, seed %llu\ncadence-train: rank pids: %s (rank 0 serves; rank r is worker r-1)\n",
@@ -599,35 +628,40 @@ int run(int argc, char** argv, int rank, int size) {
     std::uint64_t counted = 0;
     const bool collective = is_collective(policy);
     if (rank == 0)
-      r = collective ? observe_collective(o, policy, model, test, workers) : serve(o, policy, k, model, test, workers);
+      r = collective ? observe_collective(job, k, o, policy, model, test, workers)
+                     : serve(job, o, policy, k, model, test, workers);
     else
-      mine = collective ? work_collective(o, policy, model, shard, prof, timings, counted)
-                        : work(o, model, shard, prof, timings);
-    double mine_counted = static_cast<double>(counted), total_counted = 0;
-    MPI_Reduce(&mine_counted, &total_counted, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+      mine = collective ? work_collective(job, k, o, policy, model, shard, prof, timings, counted)
+                        : work(job, k, o, model, shard, prof, timings);
 
-    // Rank 0 collects every worker's summary and push_pull timings.
-    std::vector<worker_summary> sums(static_cast<std::size_t>(size));
-    MPI_Gather(&mine, summary_words, MPI_DOUBLE, sums.data(), summary_words, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    std::vector<int> counts(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
-    int mine_count = static_cast<int>(2 * timings.size());
-    MPI_Gather(&mine_count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
-    int total = 0;
-    for (int q = 0; q < size; ++q) {
-      displs[static_cast<std::size_t>(q)] = total;
-      total += counts[static_cast<std::size_t>(q)];
+    // Rank 0 collects every worker's count, summary and push_pull timings, as one record:
+    // [counted, summary (summary_words), then (start, seconds) per push_pull].
+    std::vector<double> record{static_cast<double>(counted), mine.iterations, mine.overruns, mine.evicted,
+                               mine.timings, mine.max_local_steps};
+    for (const auto& t : timings) {
+      record.push_back(t.start);
+      record.push_back(t.seconds);
     }
-    std::vector<double> all(static_cast<std::size_t>(std::max(total, 1)));
-    MPI_Gatherv(timings.data(), mine_count, MPI_DOUBLE, all.data(), counts.data(), displs.data(), MPI_DOUBLE, 0,
-                MPI_COMM_WORLD);
+    const auto records = train::gather_to_root(job.world(), record, tag_collect, train::connect_timeout);
     if (rank != 0) continue;
+    constexpr std::size_t head = 1 + summary_words;
+    double total_counted = 0;
+    std::vector<worker_summary> sums(static_cast<std::size_t>(size));
+    for (int q = 0; q < size; ++q) {
+      const auto& rec = records[static_cast<std::size_t>(q)];
+      if (rec.size() < head || (rec.size() - head) % 2 != 0)
+        throw cadence::error("rank " + std::to_string(q) + " sent a malformed summary of " + std::to_string(rec.size()) +
+                             " values");
+      total_counted += rec[0];
+      sums[static_cast<std::size_t>(q)] = {rec[1], rec[2], rec[3], rec[4], rec[5]};
+    }
 
     std::vector<std::vector<train::exchange_timing>> per_worker(workers);
     double iterations = 0, overruns = 0;
     for (std::size_t p = 0; p < workers; ++p) {
       const auto q = static_cast<std::size_t>(p + 1);
-      const auto* t = all.data() + displs[q];
-      for (int i = 0; i + 1 < counts[q]; i += 2) per_worker[p].push_back({t[i], t[i + 1]});
+      const auto& rec = records[q];
+      for (std::size_t i = head; i + 1 < rec.size(); i += 2) per_worker[p].push_back({rec[i], rec[i + 1]});
       iterations += sums[q].iterations;
       overruns += sums[q].overruns;
       if (collective)  // the most local steps between merges: a local model's lag
@@ -709,30 +743,120 @@ int run(int argc, char** argv, int rank, int size) {
   return 0;
 }
 
+// Checks what needs the job (its size), then runs.
+template <class Job>
+int checked_run(Job& job, const options& o, const std::optional<std::string>& parse_error) {
+  if (parse_error) throw usage_error(*parse_error);
+  if (o.help) {
+    if (job.rank() == 0) print_help();
+    return 0;
+  }
+  if (job.size() < 2)
+    throw usage_error(std::string("needs at least 2 ") + (std::string(job.name()) == "mpi" ? "MPI " : "") +
+                      "ranks (1 server + at least 1 worker), got " +
+                      std::to_string(job.size()) + "; run it as: " +
+                      (std::string(job.name()) == "gloo" ? "launch-gloo.sh -n 5 cadence-train --transport gloo ..."
+                                                         : "mpirun -np 5 cadence-train ..."));
+  return run(job, o);
+}
+
+// Every rank parses the same command line and reads the same files, so a usage error is the
+// same everywhere: each rank stops before any communication, rank 0 alone says why. A failure
+// of one rank mid-run (a lost server, a transfer past its deadline) ends the whole job, since
+// the others may wait for it.
+template <class Job>
+int guarded_run(Job& job, const options& o, const std::optional<std::string>& parse_error) {
+  try {
+    return checked_run(job, o, parse_error);
+  } catch (const usage_error& e) {
+    if (job.rank() == 0) std::fprintf(stderr, "cadence-train: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cadence-train (rank %d): error: %s\n", job.rank(), e.what());
+    std::fflush(stderr);
+    std::fflush(stdout);
+    job.abort_all();
+  }
+}
+
+// --transport gloo: rank, size and folder from the flags or the environment.
+int main_gloo(options o, std::optional<std::string> parse_error) {
+  auto from_env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v == nullptr ? std::string() : std::string(v);
+  };
+  auto env_int = [&](const char* name, const char* flag, int min) -> std::optional<int> {
+    const std::string v = from_env(name);
+    if (v.empty()) return std::nullopt;
+    try {
+      return cadence::tools::parse_flag_integer<int>(std::string(flag) + " (from $" + name + ")", v, min, 1 << 20);
+    } catch (const usage_error& e) {
+      if (!parse_error) parse_error = e.what();
+      return std::nullopt;
+    }
+  };
+  if (!o.rank) o.rank = env_int("CADENCE_TRAIN_RANK", "--rank", 0);
+  if (!o.size) o.size = env_int("CADENCE_TRAIN_SIZE", "--size", 1);
+  if (o.store.empty()) o.store = from_env("CADENCE_TRAIN_STORE");
+  if (!parse_error && !o.help) {
+    if (!o.rank || !o.size || o.store.empty())
+      parse_error = "--transport gloo needs --rank, --size and --store (or $CADENCE_TRAIN_RANK, $CADENCE_TRAIN_SIZE, "
+                    "$CADENCE_TRAIN_STORE); launch-gloo.sh sets them";
+    else if (*o.rank >= *o.size)
+      parse_error = "--rank " + std::to_string(*o.rank) + " is out of range for --size " + std::to_string(*o.size) +
+                    " (ranks 0.." + std::to_string(*o.size - 1) + ")";
+  }
+  if (parse_error && (!o.rank || !o.size || *o.rank >= *o.size)) {  // no rank 0 to speak: each says it
+    std::fprintf(stderr, "cadence-train: error: %s\n", parse_error->c_str());
+    return 2;
+  }
+#if CADENCE_TRAIN_HAS_GLOO
+  train::gloo_job job(o.rank.value_or(0), o.size.value_or(1), o.store);
+  return guarded_run(job, o, parse_error);
+#else
+  (void)o;
+  std::fprintf(stderr, "cadence-train: error: --transport gloo: this build has no gloo (install libgloo-dev and "
+                       "rebuild)\n");
+  return 2;
+#endif
+}
+
+// Which transport, before anything starts: MPI_Init must not run in gloo processes.
+bool wants_gloo(int argc, char** argv) {
+  bool gloo = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    // Anything but mpi takes the gloo path, which reports a bad value without starting MPI.
+    if (a == "--transport" && i + 1 < argc) gloo = std::string_view(argv[i + 1]) != "mpi";
+    if (a.rfind("--transport=", 0) == 0) gloo = a != "--transport=mpi";
+  }
+  return gloo;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool gloo = wants_gloo(argc, argv);
+  options o;
+  std::optional<std::string> parse_error;
+  try {
+    o = parse(argc, argv);
+  } catch (const usage_error& e) {
+    parse_error = e.what();
+  }
+  if (gloo) return main_gloo(std::move(o), std::move(parse_error));
+#if CADENCE_TRAIN_HAS_MPI
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
   int rc = 0;
-  // Every rank parses the same command line and reads the same files, so a usage error is
-  // the same everywhere: each rank stops before any communication, rank 0 alone says why.
-  try {
-    rc = run(argc, argv, rank, size);
-  } catch (const usage_error& e) {
-    if (rank == 0) std::fprintf(stderr, "cadence-train: error: %s\n", e.what());
-    rc = 2;
-  } catch (const std::exception& e) {
-    // A failure of one rank mid-run (a lost server, a transfer past its deadline): the others
-    // may wait for it in a collective, so end the whole job rather than hang.
-    std::fprintf(stderr, "cadence-train (rank %d): error: %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    rc = 1;
-  }
+  {
+    train::mpi_job job;
+    rc = guarded_run(job, o, parse_error);
+  }  // its communicators go before MPI_Finalize
   MPI_Finalize();
   return rc;
+#else
+  std::fprintf(stderr, "cadence-train: error: this build has no MPI; use --transport gloo\n");
+  return 2;
+#endif
 }

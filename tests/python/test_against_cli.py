@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cadence
-from conftest import DATA, find_tool, read_history
+from binding_support import DATA, find_tool, read_history
 
 
 def rows_for(args):

@@ -4,15 +4,17 @@
 # run, waits until the server reports the eviction, then lets it go on (SIGCONT): its next
 # push is refused, it leaves, and the job ends. The stopped process is always resumed
 # (trap), so mpirun can exit whatever happens. Usage: sigstop_test.sh MPIRUN "FLAGS" TRAIN
+# [ARGS...]; over gloo: sigstop_test.sh launch-gloo.sh "" TRAIN --transport gloo.
 set -u
 mpirun=$1; flags=$2; train=$3
+shift 3
 dir=$(mktemp -d)
 victim=""
 cleanup() { [ -n "$victim" ] && kill -CONT "$victim" 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 # shellcheck disable=SC2086
 "$mpirun" $flags -np 3 "$train" --model softmax --policy asp --profile homogeneous --seconds 6 \
-  --evict-after 1 --train-limit 2000 --test-limit 200 --json >"$dir/out" 2>"$dir/err" &
+  --evict-after 1 --train-limit 2000 --test-limit 200 --json "$@" >"$dir/out" 2>"$dir/err" &
 job=$!
 fail() { echo "FAIL: $*"; echo "--- stdout"; cat "$dir/out"; echo "--- stderr"; cat "$dir/err"; exit 1; }
 for _ in $(seq 1 300); do  # up to 30 s for the data load
@@ -37,7 +39,7 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 if kill -0 "$job" 2>/dev/null; then kill "$job"; fail "the job did not end"; fi
-wait "$job" || fail "mpirun exit status $?"
+wait "$job" || fail "$(basename "$mpirun") exit status $?"
 grep -q '"evicted": \[1\]' "$dir/out" || fail "worker 1 not listed in evicted"
 grep -q '"policy": "asp"' "$dir/out" || fail "no report"
 echo "PASS: worker 1 stopped, evicted and listed; the run reported"

@@ -243,7 +243,7 @@ struct has_try_recv_impl<
           std::optional<int>>> {};
 }  // namespace detail
 
-/// Whether C offers try_recv (the in-process and MPI backends do).
+/// Whether C offers try_recv (the in-process, MPI and gloo backends do).
 template <class C>
 inline constexpr bool has_try_recv_v = detail::has_try_recv_impl<C>::value;
 

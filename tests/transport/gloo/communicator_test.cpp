@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -171,6 +173,107 @@ TEST_CASE("several communicators share one store folder under different prefixes
   }
   for (auto& t : ranks) t.join();
   CHECK(sums == std::vector<std::int64_t>{1, 1, 5, 5});
+}
+
+static_assert(has_try_recv_v<gloo_communicator>, "the gloo backend offers try_recv");
+
+TEST_CASE("gloo try_recv: a receive left posted at the deadline serves the next call, in order, "
+          "and the connections stay up" * doctest::timeout(60)) {
+  // gloo's own wait timeout would close every connection; try_recv must never let it fire.
+  // Rank 0 times out repeatedly on tag 5 (rank 1's and any_source's receives stay posted and
+  // are taken over, never posted twice), then rank 1 sends three messages: they arrive in
+  // order through the leftover receives, and collectives still work afterwards.
+  gloo_harness::run([](auto& c) {
+    const int r = c.rank();
+    if (r == 0) {
+      int got = 0;
+      for (int k = 0; k < 5; ++k) CHECK_FALSE(c.try_recv(&got, sizeof got, 1, 5, 20ms).has_value());
+      for (int k = 0; k < 3; ++k) CHECK_FALSE(c.try_recv(&got, sizeof got, any_source, 5, 20ms).has_value());
+      CHECK_FALSE(c.failed());
+    }
+    barrier(c, 30s);
+    if (r == 1)
+      for (int v = 1; v <= 3; ++v) c.send(&v, sizeof v, 0, 5, 30s);
+    if (r == 2) {
+      const int v = 7;
+      c.send(&v, sizeof v, 0, 6, 30s);  // another tag: not taken by tag 5's receives
+    }
+    if (r == 0) {
+      int got = 0;
+      CHECK(c.try_recv(&got, sizeof got, any_source, 5, 30s) == std::optional<int>(1));
+      CHECK(got == 1);
+      CHECK(c.recv(&got, sizeof got, 1, 5, 30s) == 1);  // a specific receive: the next in order
+      CHECK(got == 2);
+      CHECK(c.try_recv(&got, sizeof got, 1, 5, 30s) == std::optional<int>(1));
+      CHECK(got == 3);
+      CHECK(c.try_recv(&got, sizeof got, 2, 6, 30s) == std::optional<int>(2));
+      CHECK(got == 7);
+      CHECK_FALSE(c.try_recv(&got, sizeof got, any_source, 5, 20ms).has_value());
+    }
+    std::int64_t sum = r;
+    c.allreduce(&sum, 1, dtype::i64, reduce_op::sum, 30s);
+    CHECK(sum == 3);
+  });
+}
+
+TEST_CASE("gloo try_recv: a message taken for another sender waits for its own receive" *
+          doctest::timeout(60)) {
+  // Rank 0's any_source receive is posted first; rank 2's message completes it while rank 0
+  // asks for rank 1 only. Rank 2's message must be kept for the next receive that matches.
+  gloo_harness::run([](auto& c) {
+    const int r = c.rank();
+    if (r == 0) {
+      int got = 0;
+      CHECK_FALSE(c.try_recv(&got, sizeof got, any_source, 3, 20ms).has_value());
+    }
+    barrier(c, 30s);
+    if (r == 2) {
+      const int v = 20;
+      c.send(&v, sizeof v, 0, 3, 30s);
+    }
+    barrier(c, 30s);  // rank 2's message has left before rank 1's
+    if (r == 1) {
+      const int v = 10;
+      c.send(&v, sizeof v, 0, 3, 30s);
+    }
+    if (r == 0) {
+      int got = 0;
+      CHECK(c.recv(&got, sizeof got, 1, 3, 30s) == 1);
+      CHECK(got == 10);
+      CHECK(c.try_recv(&got, sizeof got, any_source, 3, 30s) == std::optional<int>(2));
+      CHECK(got == 20);
+    }
+    barrier(c, 30s);
+  });
+}
+
+TEST_CASE("gloo try_recv: a large message, and abort() wakes a waiting try_recv" * doctest::timeout(60)) {
+  gloo_pair_harness::run([](auto& c) {
+    std::vector<float> big(std::size_t{1} << 18);  // 1 MiB: header, then the data
+    if (c.rank() == 0) {
+      CHECK_FALSE(c.try_recv(big.data(), big.size() * sizeof(float), 1, 4, 20ms).has_value());
+      barrier(c, 30s);
+      CHECK(c.try_recv(big.data(), big.size() * sizeof(float), 1, 4, 30s) == std::optional<int>(1));
+      CHECK(big[12345] == 2.5f);
+    } else {
+      barrier(c, 30s);
+      std::fill(big.begin(), big.end(), 2.5f);
+      c.send(big.data(), big.size() * sizeof(float), 0, 4, 30s);
+    }
+    barrier(c, 30s);
+    if (c.rank() == 0) {
+      std::thread watchdog([&] {
+        std::this_thread::sleep_for(200ms);
+        c.abort();
+      });
+      int got = 0;
+      const auto t0 = steady::now();
+      expect_throw<transport_error>(0, [&] { (void)c.try_recv(&got, sizeof got, 1, 9, 20s); },
+                                    {"try_recv", "abort"});
+      CHECK(std::chrono::duration<double>(steady::now() - t0).count() < 5.0);
+      watchdog.join();
+    }
+  });
 }
 
 // ---- ranks as processes ----

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -72,6 +73,9 @@ struct gloo_options {
   std::size_t max_eager_in_flight = 64;
   /// Construction polls the folder for the other ranks' arrival at this interval.
   std::chrono::milliseconds store_poll{5};
+  /// How long a try_recv whose deadline passed while a large message's header arrived waits
+  /// for the message's data (sent right behind the header), rather than leave half of it.
+  std::chrono::milliseconds body_wait{10000};
   /// How long the destructor of a communicator that has not failed waits for its small sends
   /// to be received (a send returns before that) before it closes the connections.
   std::chrono::milliseconds shutdown_wait{5000};
@@ -141,6 +145,67 @@ struct gloo_owned {
   std::unique_ptr<::gloo::transport::UnboundBuffer> ub;
 };
 
+// Wakes one gloo receive wait at a time at a given time (abortWaitRecv), so that try_recv
+// never relies on gloo's wait timeout, which closes every connection of the context. Its
+// thread starts with the first arm() and stops with the object.
+class gloo_timer {
+public:
+  gloo_timer() = default;
+  gloo_timer(const gloo_timer&) = delete;
+  gloo_timer& operator=(const gloo_timer&) = delete;
+  ~gloo_timer() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void arm(::gloo::transport::UnboundBuffer* ub, std::chrono::steady_clock::time_point when) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    armed_ = ub;
+    when_ = when;
+    fired_ = false;
+    // The thread re-checks when it wakes at the time it sleeps until, so it needs waking only
+    // for an earlier time: a server re-arming for a later deadline costs no context switch.
+    if (when < sleeping_until_) cv_.notify_one();
+  }
+  /// Whether it fired since arm(). Afterwards it touches the buffer no more.
+  bool disarm() {
+    std::lock_guard<std::mutex> lock(m_);
+    armed_ = nullptr;
+    return fired_;
+  }
+
+private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(m_);
+    while (!stop_) {
+      if (armed_ == nullptr) {
+        sleeping_until_ = std::chrono::steady_clock::time_point::max();
+        cv_.wait(lock);
+      } else if (std::chrono::steady_clock::now() >= when_) {
+        armed_->abortWaitRecv();
+        armed_ = nullptr;
+        fired_ = true;
+      } else {
+        sleeping_until_ = when_;
+        cv_.wait_until(lock, when_);
+      }
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::thread thread_;
+  bool stop_ = false;
+  ::gloo::transport::UnboundBuffer* armed_ = nullptr;
+  std::chrono::steady_clock::time_point when_{};
+  std::chrono::steady_clock::time_point sleeping_until_ = std::chrono::steady_clock::time_point::min();
+  bool fired_ = false;
+};
+
 }  // namespace detail
 
 /// Models transport::communicator over gloo's TCP transport.
@@ -158,6 +223,10 @@ struct gloo_owned {
 /// (capabilities().detects_lost_peer). The survivors keep running and may form a new
 /// communicator among themselves under a fresh prefix (survives_lost_peer). A receive from
 /// any_source waits on no particular connection: it sees a crash only through its deadline.
+///
+/// try_recv (the concept's optional receive) is offered: at its deadline it returns
+/// std::nullopt and the receive stays posted in gloo, to serve the next receive of that source
+/// and tag (docs/transports.md, "try_recv"), so a parameter server runs over gloo.
 ///
 /// A failure that leaves an operation on a caller's buffer posted (inside the ring, a large
 /// message) closes the connections at once, so gloo never touches that buffer after the call
@@ -417,43 +486,20 @@ public:
   }
 
   int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
-    const detail::call_info c = begin("recv");
-    enter(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, src, "source", /*allow_any=*/true);
-    detail::check_tag(c, tag);
-    detail::check_deadline(c, d);
-    if (src == rank_)
-      detail::bad_argument(c, "a recv from itself (rank " + std::to_string(rank_) +
-                                  ") is not supported by the gloo backend");
-    const std::vector<int> from = src == any_source ? others() : std::vector<int>{src};
-    if (from.empty())
-      detail::bad_argument(c, "any_source on a communicator of one rank would wait forever");
-    auto& head = p2p_in_;
-    const std::uint64_t head_slot = detail::gloo_slot_p2p_head | static_cast<std::uint64_t>(tag);
-    if (src == any_source)
-      post(c, [&] { head.ub->recv(from, head_slot, 0, head.size); }, from);
-    else
-      post(c, [&] { head.ub->recv(src, head_slot, 0, head.size); }, src);
-    int sender = src;
-    wait(c, d, *head.ub, true, from, &sender, "no matching message arrived");
-    detail::gloo_frame frame;
-    std::memcpy(&frame, head.bytes.get(), sizeof frame);
-    if (frame.bytes != bytes)
-      fail(transport_error(detail::describe(c) + ": rank " + std::to_string(sender) + " sent " +
-                           std::to_string(frame.bytes) + " bytes with tag " + std::to_string(tag) +
-                           " but rank " + std::to_string(rank_) + " received into " +
-                           std::to_string(bytes) + " bytes"));
-    if (bytes <= options_.eager_bytes) {
-      if (bytes != 0) std::memcpy(buf, head.bytes.get() + sizeof frame, bytes);
-      return sender;
-    }
-    exposed_ = true;
-    auto ub = context_->createUnboundBuffer(buf, bytes);
-    post(c, [&] { ub->recv(sender, detail::gloo_slot_p2p_body | static_cast<std::uint64_t>(tag), 0, bytes); }, sender);
-    wait(c, d, *ub, true, {sender}, nullptr, "the message's data did not arrive");
-    exposed_ = false;
-    return sender;
+    return *receive("recv", buf, bytes, src, tag, d, /*poll=*/false);
+  }
+
+  /// recv() that treats a deadline with no matching message as "nothing yet": returns
+  /// std::nullopt and the communicator stays usable (see try_recv in communicator.hpp); a
+  /// deadline already passed polls once. gloo cannot cancel a receive, and its own wait
+  /// timeout closes every connection of the context (Debian's snapshot and upstream both call
+  /// Context::signalException on it), so a try_recv never lets gloo time out: a timer thread
+  /// of the communicator wakes the wait with abortWaitRecv at the deadline, and the receive
+  /// stays posted. The next receive whose (source, tag) it matches waits on that same
+  /// receive instead of posting a second one, and a message it takes for another caller's
+  /// source is kept until a receive asks for it, so nothing is lost or reordered.
+  std::optional<int> try_recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
+    return receive("try_recv", buf, bytes, src, tag, d, /*poll=*/true);
   }
 
   /// Any thread. A call blocked on the owning thread wakes and throws; the next call throws.
@@ -478,6 +524,194 @@ private:
     std::unique_ptr<::gloo::transport::UnboundBuffer> ub;
     int dst = -1;
   };
+
+  // ---- point to point receives ----
+  // A message starts with a header (gloo_frame and, up to eager_bytes, the data) on slot
+  // p2p_head | tag. Header receives are posted into buffers of our own, one per receive, and
+  // may outlive the call that posted them: a try_recv that reaches its deadline leaves its
+  // receive posted (gloo cannot cancel one). For each tag the posted receives cover disjoint
+  // sets of senders, so a message can match only one of them, and gloo delivers each (sender,
+  // slot) in order; a message taken for a sender the caller did not ask for waits in early_
+  // for the receive that asks for it, which looks there first. Order per (source, tag) holds.
+  struct p2p_head {
+    std::vector<int> from;  // the senders it was posted for, ascending
+    int tag = 0;
+    int sender = -1;        // once it has completed
+    bool reusable = true;   // false once gloo has stored an error on the buffer
+    detail::gloo_owned buf;
+  };
+
+  std::optional<int> receive(const char* op, void* buf, std::size_t bytes, int src, int tag,
+                             const deadline& d, bool poll) {
+    const detail::call_info c = begin(op);
+    enter(c);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_peer(c, src, "source", /*allow_any=*/true);
+    detail::check_tag(c, tag);
+    if (!poll) detail::check_deadline(c, d);  // try_recv: a passed deadline polls once
+    if (src == rank_)
+      detail::bad_argument(c, std::string("a ") + op + " from itself (rank " + std::to_string(rank_) +
+                                  ") is not supported by the gloo backend");
+    if (src == any_source && size_ == 1)
+      detail::bad_argument(c, "any_source on a communicator of one rank would wait forever");
+    std::unique_ptr<p2p_head> head = take_head(c, src, tag, d);
+    if (!head) {
+      if (!poll) fail(detail::deadline_error(c, src == any_source ? others() : std::vector<int>{src},
+                                             "no matching message arrived"));
+      return std::nullopt;
+    }
+    const int sender = head->sender;
+    detail::gloo_frame frame;
+    std::memcpy(&frame, head->buf.bytes.get(), sizeof frame);
+    if (frame.bytes != bytes)
+      fail(transport_error(detail::describe(c) + ": rank " + std::to_string(sender) + " sent " +
+                           std::to_string(frame.bytes) + " bytes with tag " + std::to_string(tag) +
+                           " but rank " + std::to_string(rank_) + " received into " +
+                           std::to_string(bytes) + " bytes"));
+    if (bytes <= options_.eager_bytes) {
+      if (bytes != 0) std::memcpy(buf, head->buf.bytes.get() + sizeof frame, bytes);
+      if (head->reusable) spare_heads_.push_back(std::move(head->buf));
+      return sender;
+    }
+    if (head->reusable) spare_heads_.push_back(std::move(head->buf));
+    // The header has arrived, so the data follows it at once; a try_recv whose deadline has
+    // passed by now still takes it (within body_wait) rather than leave half a message.
+    const deadline body = d.passed() ? deadline(options_.body_wait) : d;
+    exposed_ = true;
+    auto ub = context_->createUnboundBuffer(buf, bytes);
+    post(c, [&] { ub->recv(sender, detail::gloo_slot_p2p_body | static_cast<std::uint64_t>(tag), 0, bytes); }, sender);
+    wait(c, body, *ub, true, {sender}, nullptr, "the message's data did not arrive");
+    exposed_ = false;
+    return sender;
+  }
+
+  // The next header for (src, tag): one taken earlier, or from the posted receives covering the
+  // senders asked for (posting one for those not yet covered). Null when d passes first; the
+  // receives stay posted for the next call.
+  std::unique_ptr<p2p_head> take_head(const detail::call_info& c, int src, int tag, const deadline& d) {
+    auto wanted = [&](int r) { return src == any_source ? r != rank_ : r == src; };
+    for (auto it = early_.begin(); it != early_.end(); ++it) {
+      if ((*it)->tag != tag || !wanted((*it)->sender)) continue;
+      std::unique_ptr<p2p_head> h = std::move(*it);
+      early_.erase(it);
+      return h;
+    }
+    for (;;) {
+      std::vector<int> uncovered;
+      for (int p = 0; p < size_; ++p) {
+        if (!wanted(p)) continue;
+        bool covered = false;
+        for (const auto& h : posted_)
+          if (h->tag == tag && std::binary_search(h->from.begin(), h->from.end(), p)) covered = true;
+        if (!covered) uncovered.push_back(p);
+      }
+      if (!uncovered.empty()) post_head(c, std::move(uncovered), tag);
+      std::vector<p2p_head*> candidates;
+      for (const auto& h : posted_)
+        if (h->tag == tag && std::any_of(h->from.begin(), h->from.end(), wanted)) candidates.push_back(h.get());
+      p2p_head* done = wait_heads(c, candidates, d);
+      if (done == nullptr) return nullptr;
+      auto it = std::find_if(posted_.begin(), posted_.end(), [&](const auto& h) { return h.get() == done; });
+      std::unique_ptr<p2p_head> h = std::move(*it);
+      posted_.erase(it);
+      if (wanted(h->sender)) return h;
+      early_.push_back(std::move(h));  // another sender's: for a later receive
+    }
+  }
+
+  void post_head(const detail::call_info& c, std::vector<int> from, int tag) {
+    auto h = std::make_unique<p2p_head>();
+    h->from = std::move(from);
+    h->tag = tag;
+    if (!spare_heads_.empty()) {
+      h->buf = std::move(spare_heads_.back());
+      spare_heads_.pop_back();
+    } else {
+      h->buf.size = sizeof(detail::gloo_frame) + options_.eager_bytes;
+      h->buf.bytes.reset(new unsigned char[h->buf.size]);
+      h->buf.ub = context_->createUnboundBuffer(h->buf.bytes.get(), h->buf.size);
+    }
+    const std::uint64_t slot = detail::gloo_slot_p2p_head | static_cast<std::uint64_t>(tag);
+    auto& ub = *h->buf.ub;
+    const std::size_t n = h->buf.size;
+    if (h->from.size() == 1)  // one sender: gloo then sees its connection close
+      post(c, [&] { ub.recv(h->from.front(), slot, 0, n); }, h->from);
+    else
+      post(c, [&] { ub.recv(h->from, slot, 0, n); }, h->from);
+    posted_.push_back(std::move(h));
+  }
+
+  // Waits until one of `candidates` completes (returned, its sender set) or d passes (null,
+  // after one last poll of each). gloo waits on one buffer at a time: with several candidates
+  // (a caller mixing specific and any_source receives on one tag) it takes turns in slices.
+  p2p_head* wait_heads(const detail::call_info& c, const std::vector<p2p_head*>& candidates, const deadline& d) {
+    constexpr auto slice = std::chrono::milliseconds(2);
+    constexpr auto last_poll = std::chrono::milliseconds(1);
+    for (;;) {
+      const bool final_round = d.passed();
+      for (p2p_head* h : candidates) {
+        const auto now = deadline::clock::now();
+        auto until = final_round ? now + last_poll : d.time_point();
+        if (!final_round && candidates.size() > 1) until = std::min(until, now + slice);
+        if (wait_head(c, *h, until)) return h;
+      }
+      if (final_round) return nullptr;
+    }
+  }
+
+  // One header receive until `until`: true when it completed. The timer thread wakes the wait
+  // with abortWaitRecv at `until`; gloo's own timeout, far beyond, is never meant to fire (it
+  // would close every connection). abortWaitRecv leaves a flag that only a wait consumes, so
+  // when the timer fires just after the receive completed, the flag is cleared at once (a
+  // wait with the flag set returns at once) and cannot wake a later wait early.
+  bool wait_head(const detail::call_info& c, p2p_head& h, deadline::clock::time_point until) {
+    auto& ub = *h.buf.ub;
+    if (aborted_.load(std::memory_order_acquire))
+      fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort())"));
+    {
+      std::lock_guard<std::mutex> lock(waiting_mutex_);
+      waiting_ = &ub;
+      waiting_recv_ = true;
+    }
+    struct unregister {
+      gloo_communicator* self;
+      ~unregister() {
+        std::lock_guard<std::mutex> lock(self->waiting_mutex_);
+        self->waiting_ = nullptr;
+      }
+    };
+    bool done = false, fired = false;
+    std::string reason;
+    {
+      unregister guard{this};
+      timer_.arm(&ub, until);
+      try {
+        const auto margin = std::chrono::minutes(10);
+        done = ub.waitRecv(&h.sender, remaining_ms(deadline::at(until)) + margin);
+      } catch (const std::exception& e) {
+        reason = detail::gloo_reason(e);
+      }
+      fired = timer_.disarm();
+    }
+    if (done && fired) {
+      try {
+        ub.waitRecv(nullptr, std::chrono::hours(1));  // returns at once: clears the flag
+      } catch (const std::exception&) {
+        h.reusable = false;  // the connection closed meanwhile; the message is here all the same
+      }
+    }
+    if (!reason.empty()) {
+      if (aborted_.load(std::memory_order_acquire))
+        fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort()) " +
+                             "while waiting for " + detail::rank_list(h.from)));
+      fail(detail::lost_peer_error(c, h.from, "its connection closed: " + reason));
+    }
+    if (done) return true;
+    if (aborted_.load(std::memory_order_acquire))
+      fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort()) " +
+                           "while waiting for " + detail::rank_list(h.from)));
+    return false;  // the timer's: still posted
+  }
 
   // Collective messages carry up to this many bytes of data after their notice; never fewer
   // than one 8-byte element per rank, so an all-reduce too small for the ring always fits.
@@ -515,9 +749,6 @@ private:
     out_.size = capacity;
     out_.bytes.reset(new unsigned char[capacity]);
     out_.ub = context_->createUnboundBuffer(out_.bytes.get(), capacity);
-    p2p_in_.size = sizeof(detail::gloo_frame) + options_.eager_bytes;
-    p2p_in_.bytes.reset(new unsigned char[p2p_in_.size]);
-    p2p_in_.ub = context_->createUnboundBuffer(p2p_in_.bytes.get(), p2p_in_.size);
     // Every peer's next collective message has a receive posted before it is sent, so it
     // moves in one write instead of gloo's send-ready / recv-ready handshake.
     for (int p = 0; p < size_; ++p)
@@ -870,13 +1101,16 @@ private:
   detail::gloo_owned out_;              // our collective message, sent to every peer
   std::size_t out_pending_ = 0;
   std::vector<int> out_to_;
-  detail::gloo_owned p2p_in_;   // a point to point header (and small payload)
+  std::vector<std::unique_ptr<p2p_head>> posted_;  // header receives posted, not completed
+  std::deque<std::unique_ptr<p2p_head>> early_;    // headers taken for a later receive
+  std::vector<detail::gloo_owned> spare_heads_;    // header buffers free for reuse
   detail::gloo_owned bye_;      // the destructor's goodbye
   detail::gloo_owned scratch_[2];  // the ring's incoming segments, alternating by step
   detail::gloo_owned first_out_;   // the ring's first outgoing chunk, sent before the check
   std::unique_ptr<unsigned char[]> acc_;
   std::size_t acc_size_ = 0;
   std::deque<eager_send> eager_;
+  detail::gloo_timer timer_;  // last: its thread stops before any buffer it may touch goes
 };
 
 }  // namespace cadence::transport

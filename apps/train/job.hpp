@@ -1,0 +1,163 @@
+// cadence-train's transports: how the processes of a run connect and talk (MPI under mpirun,
+// or gloo processes started by launch-gloo.sh with a file-store rendezvous), behind one face,
+// so the server, the workers and the collective modes are written once over the communicator
+// concept.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/transport/collectives.hpp>
+#include <cadence/transport/communicator.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if CADENCE_TRAIN_HAS_MPI
+#include <cadence/transport/mpi/communicator.hpp>
+#include <mpi.h>
+#endif
+#if CADENCE_TRAIN_HAS_GLOO
+#include <cadence/transport/gloo/communicator.hpp>
+#endif
+
+namespace cadence::train {
+
+/// How long connecting and the bookkeeping exchanges between policies may take.
+inline constexpr std::chrono::seconds connect_timeout{120};
+
+/// Rank 0 gets every rank's `mine` (index = rank; its own included); the others get nothing.
+/// Point to point over any communicator, so the same code runs over MPI and gloo.
+template <class C>
+std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>& mine, int tag,
+                                                transport::deadline d) {
+  std::vector<std::vector<double>> out;
+  if (c.rank() != 0) {
+    const std::uint64_t n = mine.size();
+    c.send(&n, sizeof n, 0, tag, d);
+    if (n != 0) c.send(mine.data(), n * sizeof(double), 0, tag, d);
+    return out;
+  }
+  out.resize(static_cast<std::size_t>(c.size()));
+  out[0] = mine;
+  for (int r = 1; r < c.size(); ++r) {
+    std::uint64_t n = 0;
+    c.recv(&n, sizeof n, r, tag, d);
+    auto& v = out[static_cast<std::size_t>(r)];
+    v.resize(static_cast<std::size_t>(n));
+    if (n != 0) c.recv(v.data(), n * sizeof(double), r, tag, d);
+  }
+  return out;
+}
+
+#if CADENCE_TRAIN_HAS_MPI
+/// The processes mpirun started. MPI must be initialized (MPI_THREAD_FUNNELED) for as long as
+/// the object lives.
+class mpi_job {
+public:
+  using comm_type = transport::mpi_communicator;
+
+  mpi_job() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  mpi_job(const mpi_job&) = delete;
+  mpi_job& operator=(const mpi_job&) = delete;
+  ~mpi_job() {
+    world_.reset();
+    if (sub_ != MPI_COMM_NULL) MPI_Comm_free(&sub_);
+  }
+
+  const char* name() const noexcept { return "mpi"; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+  /// Over every rank, for the bookkeeping between policies (made on first use).
+  comm_type& world() {
+    if (!world_) world_ = std::make_unique<comm_type>(MPI_COMM_WORLD, options(), connect_timeout);
+    return *world_;
+  }
+  /// A fresh communicator over every rank for policy number `k` (collective).
+  std::unique_ptr<comm_type> connect_all(std::size_t /*k*/) {
+    return std::make_unique<comm_type>(MPI_COMM_WORLD, options(), connect_timeout);
+  }
+  /// A fresh communicator over the workers (ranks 1..n-1, as ranks 0..n-2) for policy `k`;
+  /// collective over every rank, null on rank 0. Give it back with disconnect_workers.
+  std::unique_ptr<comm_type> connect_workers(std::size_t /*k*/) {
+    MPI_Comm_split(MPI_COMM_WORLD, rank_ == 0 ? MPI_UNDEFINED : 1, 0, &sub_);
+    if (rank_ == 0) return nullptr;
+    return std::make_unique<comm_type>(sub_, options(), connect_timeout);
+  }
+  void disconnect_workers(std::unique_ptr<comm_type>& c) {
+    c.reset();
+    if (sub_ != MPI_COMM_NULL) MPI_Comm_free(&sub_);
+  }
+  /// Ends every process of the job (a rank failed mid-run; the others may wait for it).
+  [[noreturn]] void abort_all() {
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();
+  }
+
+private:
+  static transport::mpi_options options() {
+    transport::mpi_options mo;
+    // Five ranks share two cores: a waiting rank must give its core to the computing ones
+    // soon (the default spins 200 ms, which would steal the profile's compute time).
+    mo.spin_for = std::chrono::microseconds(2000);
+    mo.poll_sleep = std::chrono::microseconds(50);
+    return mo;
+  }
+  int rank_ = 0, size_ = 1;
+  MPI_Comm sub_ = MPI_COMM_NULL;
+  std::unique_ptr<comm_type> world_;
+};
+#endif
+
+#if CADENCE_TRAIN_HAS_GLOO
+/// Processes that found each other through a rendezvous folder (gloo's file store), each told
+/// its rank and the job's size (launch-gloo.sh does this). Each communicator rendezvouses
+/// under a prefix of its own in the folder: "world", "policy-<k>", "policy-<k>-workers".
+class gloo_job {
+public:
+  using comm_type = transport::gloo_communicator;
+
+  gloo_job(int rank, int size, std::string store) : rank_(rank), size_(size), store_(std::move(store)) {}
+
+  const char* name() const noexcept { return "gloo"; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+  comm_type& world() {
+    if (!world_) world_ = std::make_unique<comm_type>(rank_, size_, options("world"), connect_timeout);
+    return *world_;
+  }
+  std::unique_ptr<comm_type> connect_all(std::size_t k) {
+    return std::make_unique<comm_type>(rank_, size_, options("policy-" + std::to_string(k)), connect_timeout);
+  }
+  std::unique_ptr<comm_type> connect_workers(std::size_t k) {
+    if (rank_ == 0) return nullptr;
+    return std::make_unique<comm_type>(rank_ - 1, size_ - 1, options("policy-" + std::to_string(k) + "-workers"),
+                                       connect_timeout);
+  }
+  void disconnect_workers(std::unique_ptr<comm_type>& c) { c.reset(); }
+  /// gloo has no job to end: this process exits, its peers see it lost (or their deadline),
+  /// and the launcher ends the rest.
+  [[noreturn]] void abort_all() { std::_Exit(1); }
+
+private:
+  transport::gloo_options options(std::string prefix) const {
+    transport::gloo_options o;
+    o.store_path = store_;
+    o.prefix = std::move(prefix);
+    return o;
+  }
+  int rank_ = 0, size_ = 1;
+  std::string store_;
+  std::unique_ptr<comm_type> world_;
+};
+#endif
+
+}  // namespace cadence::train

@@ -1,0 +1,40 @@
+"""Helpers of the binding tests: the checked-in C++ answers' folder, the push-history file reader
+(the format cadence-zipline reads), and where a build's command-line tools are. A module of its
+own (not conftest.py): the lstm_node2vec tests have a conftest too, and `from conftest import`
+would find whichever was imported first."""
+
+import os
+import pathlib
+
+import numpy as np
+
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def read_history(path):
+    """Rows of a push-history file ('id:t1,t2,...,' per line), ordered by id as the tools order
+    them; int64 unless any timestamp has a '.' or an exponent (then float64), as the tools."""
+    text = pathlib.Path(path).read_text()
+    decimal = any(c in text for c in ".eE")
+    rows = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        wid, _, times = line.partition(":")
+        values = [v for v in times.split(",") if v]
+        rows[int(wid)] = np.array([float(v) if decimal else int(v) for v in values],
+                                  dtype=np.float64 if decimal else np.int64)
+    return [rows[k] for k in sorted(rows)]
+
+
+def find_tool(name):
+    """A built C++ tool: $CADENCE_BUILD_DIR/bin/<name>, else the newest build*/bin/<name> in the
+    repository; None when there is no build."""
+    env = os.environ.get("CADENCE_BUILD_DIR")
+    candidates = [pathlib.Path(env) / "bin" / name] if env else []
+    candidates += sorted(ROOT.glob(f"build*/bin/{name}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    return None
