@@ -1,6 +1,6 @@
 // Test support for the gloo backend: a temporary file store and a harness that runs ranks as
 // threads of the test process, each with its own gloo communicator (shared by the conformance
-// and the exchange suites).
+// suite, the exchange suite and the parameter-server tests).
 #pragma once
 
 #include <cadence/transport/gloo/communicator.hpp>
@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <mutex>
@@ -64,6 +65,7 @@ struct gloo_threads_harness {
         } catch (const std::exception& e) {
           std::lock_guard<std::mutex> lock(m);
           errors.push_back("rank " + std::to_string(r) + " threw: " + e.what());
+          std::fprintf(stderr, "%s\n", errors.back().c_str());  // now: the others may wait for it
         }
       });
     }

@@ -8,19 +8,15 @@
 #include <cadence/exchange/parameter_server.hpp>
 #include <cadence/transport/gloo/communicator.hpp>
 
-#include <doctest/doctest.h>
+#include "gloo_ranks.hpp"
 
-#include <stdlib.h>
+#include <doctest/doctest.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
-#include <exception>
-#include <filesystem>
-#include <functional>
 #include <mutex>
 #include <string>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -45,31 +41,10 @@ std::vector<double> initial() {
   return w;
 }
 
-// body(comm) on one thread per rank, each with a fresh gloo communicator in a fresh folder.
-void run_gloo_ranks(const std::function<void(gloo_communicator&)>& body) {
-  std::string dir = (std::filesystem::temp_directory_path() / "cadence-gloo-ps-XXXXXX").string();
-  REQUIRE(::mkdtemp(dir.data()) != nullptr);
-  std::mutex m;
-  std::vector<std::string> escaped;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        gloo_options o;
-        o.store_path = dir;
-        gloo_communicator c(r, ranks, o, 30s);
-        body(c);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(m);
-        escaped.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-        std::fprintf(stderr, "%s\n", escaped.back().c_str());  // now: the others may wait for it
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  for (const auto& e : escaped) FAIL_CHECK(e);
+// body(comm) on one thread per rank, each with a fresh gloo communicator over a fresh store.
+template <class Body>
+void run_gloo_ranks(Body body) {
+  cadence_gloo_test::gloo_threads_harness<ranks>::run(body);
 }
 
 }  // namespace
