@@ -323,6 +323,13 @@ ps_options make_ps_options(const options& o) {
 
 // Tag of the bookkeeping between policies on the job's world communicator.
 constexpr int tag_collect = 7;
+// Rank 0's word to each worker after a policy's bookkeeping: go on (1) or stop (0).
+constexpr int tag_verdict = 8;
+// How long rank 0 waits, after a policy, for the record of a worker the server evicted. One
+// that was only stopped sends it once resumed; one that sent nothing by then is gone (killed):
+// it is left out of everything after, and the remaining policies are skipped, since each
+// policy's communicator is made over every rank.
+constexpr std::chrono::seconds gone_grace{3};
 
 // Runs one policy on rank 0 (the server); returns its report (the simulated part filled in
 // later).
@@ -642,9 +649,22 @@ int run(Job& job, const options& o) {
       record.push_back(t.start);
       record.push_back(t.seconds);
     }
-    const auto records = train::gather_to_root(job.world(), record, tag_collect, train::connect_timeout);
-    if (rank != 0) continue;
+    std::vector<int> may_be_gone, gone;
+    for (const int e : r.evicted) may_be_gone.push_back(e + 1);  // rank 0 only: its report
+    auto records = train::gather_to_root(job.world(), record, tag_collect, train::connect_timeout, may_be_gone,
+                                         gone_grace, gone);
+    if (rank != 0) {
+      double go = 0;
+      job.world().recv(&go, sizeof go, 0, tag_verdict, train::connect_timeout);
+      if (go == 0) break;
+      continue;
+    }
+    const double go = gone.empty() ? 1 : 0;
+    for (int q = 1; q < size; ++q)
+      if (std::find(gone.begin(), gone.end(), q) == gone.end())
+        job.world().send(&go, sizeof go, q, tag_verdict, train::connect_timeout);
     constexpr std::size_t head = 1 + summary_words;
+    for (const int q : gone) records[static_cast<std::size_t>(q)].assign(head, 0.0);  // no iterations known
     double total_counted = 0;
     std::vector<worker_summary> sums(static_cast<std::size_t>(size));
     for (int q = 0; q < size; ++q) {
@@ -708,6 +728,17 @@ int run(Job& job, const options& o) {
                  100 * std::fabs(r.simulated_wait_fraction - r.wait_fraction), t80,
                  100 * r.final_accuracy, 1e3 * r.transfer_seconds, 100 * r.overrun_fraction);
     reports.push_back(std::move(r));
+    if (!gone.empty()) {
+      std::string who, skipped;
+      for (const int q : gone) who += (who.empty() ? "" : ", ") + std::to_string(q - 1) + " (rank " + std::to_string(q) + ")";
+      for (std::size_t j = k + 1; j < o.policies.size(); ++j) skipped += (skipped.empty() ? "" : ", ") + o.policies[j];
+      std::fprintf(stderr,
+                   "cadence-train: %s: evicted worker %s sent nothing within %lld s of the policy's end: gone (killed?); "
+                   "%s\n",
+                   policy.c_str(), who.c_str(), static_cast<long long>(gone_grace.count()),
+                   skipped.empty() ? "the run reports" : ("the remaining policies are skipped: " + skipped).c_str());
+      break;
+    }
   }
   if (rank != 0) return 0;
 

@@ -8,6 +8,7 @@
 #include <cadence/transport/collectives.hpp>
 #include <cadence/transport/communicator.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +47,37 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
   for (int r = 1; r < c.size(); ++r) {
     std::uint64_t n = 0;
     c.recv(&n, sizeof n, r, tag, d);
+    auto& v = out[static_cast<std::size_t>(r)];
+    v.resize(static_cast<std::size_t>(n));
+    if (n != 0) c.recv(v.data(), n * sizeof(double), r, tag, d);
+  }
+  return out;
+}
+
+/// gather_to_root for after a policy in which the server evicted some workers: rank 0 waits
+/// at most `grace` (in all) for the first word of each rank in `may_be_gone` (an evicted worker that
+/// was only stopped sends once resumed; a killed one never does) and lists in `gone` those
+/// that sent nothing, leaving their entry empty. The others as gather_to_root. Uses try_recv,
+/// so a rank that is gone leaves the communicator usable.
+template <class C>
+std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>& mine, int tag,
+                                                transport::deadline d, const std::vector<int>& may_be_gone,
+                                                std::chrono::nanoseconds grace, std::vector<int>& gone) {
+  gone.clear();
+  if (c.rank() != 0 || may_be_gone.empty()) return gather_to_root(c, mine, tag, d);
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(c.size()));
+  out[0] = mine;
+  const transport::deadline silent_by(grace);  // one wait for all of them, not one each
+  for (int r = 1; r < c.size(); ++r) {
+    std::uint64_t n = 0;
+    if (std::find(may_be_gone.begin(), may_be_gone.end(), r) != may_be_gone.end()) {
+      if (!c.try_recv(&n, sizeof n, r, tag, silent_by)) {
+        gone.push_back(r);
+        continue;
+      }
+    } else {
+      c.recv(&n, sizeof n, r, tag, d);
+    }
     auto& v = out[static_cast<std::size_t>(r)];
     v.resize(static_cast<std::size_t>(n));
     if (n != 0) c.recv(v.data(), n * sizeof(double), r, tag, d);
