@@ -54,11 +54,14 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
   return out;
 }
 
-/// gather_to_root for after a policy in which the server evicted some workers: rank 0 waits
-/// at most `grace` (in all) for the first word of each rank in `may_be_gone` (an evicted worker that
-/// was only stopped sends once resumed; a killed one never does) and lists in `gone` those
-/// that sent nothing, leaving their entry empty. The others as gather_to_root. Uses try_recv,
-/// so a rank that is gone leaves the communicator usable.
+/// gather_to_root for after a policy in which the server evicted some workers: rank 0 first
+/// receives from every other rank, then waits at most `grace` (in all) for the first word of
+/// each rank in `may_be_gone` (an evicted worker that was only stopped sends once resumed; a
+/// killed one never does) and lists in `gone` those that sent nothing, leaving their entry
+/// empty. A rank that is gone shows as silence (MPI: try_recv's deadline, the communicator
+/// stays usable) or as a lost peer (gloo: the connection closed, which fails the
+/// communicator; the suspects not probed yet are then counted gone too, and the caller must
+/// not use `c` again). The others as gather_to_root.
 template <class C>
 std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>& mine, int tag,
                                                 transport::deadline d, const std::vector<int>& may_be_gone,
@@ -67,20 +70,37 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
   if (c.rank() != 0 || may_be_gone.empty()) return gather_to_root(c, mine, tag, d);
   std::vector<std::vector<double>> out(static_cast<std::size_t>(c.size()));
   out[0] = mine;
+  auto rest = [&](int r, std::uint64_t n) {
+    auto& v = out[static_cast<std::size_t>(r)];
+    v.resize(static_cast<std::size_t>(n));
+    if (n != 0) c.recv(v.data(), n * sizeof(double), r, tag, d);
+  };
+  auto suspect = [&](int r) { return std::find(may_be_gone.begin(), may_be_gone.end(), r) != may_be_gone.end(); };
+  for (int r = 1; r < c.size(); ++r) {
+    if (suspect(r)) continue;
+    std::uint64_t n = 0;
+    c.recv(&n, sizeof n, r, tag, d);
+    rest(r, n);
+  }
   const transport::deadline silent_by(grace);  // one wait for all of them, not one each
   for (int r = 1; r < c.size(); ++r) {
+    if (!suspect(r)) continue;
+    if (c.failed()) {  // a suspect probed before was lost and took the communicator with it
+      gone.push_back(r);
+      continue;
+    }
     std::uint64_t n = 0;
-    if (std::find(may_be_gone.begin(), may_be_gone.end(), r) != may_be_gone.end()) {
+    try {
       if (!c.try_recv(&n, sizeof n, r, tag, silent_by)) {
         gone.push_back(r);
         continue;
       }
-    } else {
-      c.recv(&n, sizeof n, r, tag, d);
+    } catch (const transport_error&) {
+      if (!c.failed()) throw;
+      gone.push_back(r);  // lost (its connection closed)
+      continue;
     }
-    auto& v = out[static_cast<std::size_t>(r)];
-    v.resize(static_cast<std::size_t>(n));
-    if (n != 0) c.recv(v.data(), n * sizeof(double), r, tag, d);
+    rest(r, n);
   }
   return out;
 }
@@ -99,6 +119,7 @@ public:
   mpi_job(const mpi_job&) = delete;
   mpi_job& operator=(const mpi_job&) = delete;
   ~mpi_job() {
+    control_.reset();
     world_.reset();
     if (sub_ != MPI_COMM_NULL) MPI_Comm_free(&sub_);
   }
@@ -111,6 +132,13 @@ public:
   comm_type& world() {
     if (!world_) world_ = std::make_unique<comm_type>(MPI_COMM_WORLD, options(), connect_timeout);
     return *world_;
+  }
+  /// Over every rank, for rank 0's word to the workers after each policy (go on or stop);
+  /// apart from world(), which a lost rank may fail. Made on first use (collective): call it
+  /// on every rank before the first policy.
+  comm_type& control() {
+    if (!control_) control_ = std::make_unique<comm_type>(MPI_COMM_WORLD, options(), connect_timeout);
+    return *control_;
   }
   /// A fresh communicator over every rank for policy number `k` (collective).
   std::unique_ptr<comm_type> connect_all(std::size_t /*k*/) {
@@ -144,14 +172,15 @@ private:
   }
   int rank_ = 0, size_ = 1;
   MPI_Comm sub_ = MPI_COMM_NULL;
-  std::unique_ptr<comm_type> world_;
+  std::unique_ptr<comm_type> world_, control_;
 };
 #endif
 
 #if CADENCE_TRAIN_HAS_GLOO
 /// Processes that found each other through a rendezvous folder (gloo's file store), each told
 /// its rank and the job's size (launch-gloo.sh does this). Each communicator rendezvouses
-/// under a prefix of its own in the folder: "world", "policy-<k>", "policy-<k>-workers".
+/// under a prefix of its own in the folder: "world", "control", "policy-<k>",
+/// "policy-<k>-workers".
 class gloo_job {
 public:
   using comm_type = transport::gloo_communicator;
@@ -165,6 +194,10 @@ public:
   comm_type& world() {
     if (!world_) world_ = std::make_unique<comm_type>(rank_, size_, options("world"), connect_timeout);
     return *world_;
+  }
+  comm_type& control() {
+    if (!control_) control_ = std::make_unique<comm_type>(rank_, size_, options("control"), connect_timeout);
+    return *control_;
   }
   std::unique_ptr<comm_type> connect_all(std::size_t k) {
     return std::make_unique<comm_type>(rank_, size_, options("policy-" + std::to_string(k)), connect_timeout);
@@ -188,7 +221,7 @@ private:
   }
   int rank_ = 0, size_ = 1;
   std::string store_;
-  std::unique_ptr<comm_type> world_;
+  std::unique_ptr<comm_type> world_, control_;
 };
 #endif
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # A worker killed with SIGKILL mid-run is evicted (--evict-after) and listed in "evicted"; the
-# run still ends and reports. Needs mpirun --enable-recovery (Open MPI then keeps the job
-# going when a process dies; without it mpirun aborts every rank). The test kills worker 1
-# (rank 2) about 1.5 s into a 4 s ASP run with a second policy queued: the server evicts it
-# for silence, rank 0 waits briefly for its record after the policy, names it gone, skips the
-# second policy, and reports the first. Usage: sigkill_test.sh MPIRUN "FLAGS" TRAIN [ARGS...]
-# (FLAGS must include --enable-recovery).
+# run still ends and reports. Under MPI it needs mpirun --enable-recovery (Open MPI then keeps
+# the job going when a process dies; without it mpirun aborts every rank); over gloo,
+# launch-gloo.sh --survive-workers (without it the launcher stops everyone). The test kills
+# worker 1 (rank 2) about 1.5 s into a 4 s ASP run with a second policy queued: the server
+# evicts it for silence, rank 0 finds it gone after the policy (no record within 3 s, or its
+# connection closed), skips the second policy, and reports the first. Usage:
+#   sigkill_test.sh MPIRUN "FLAGS --enable-recovery" TRAIN [ARGS...]
+#   sigkill_test.sh launch-gloo.sh --survive-workers TRAIN --transport gloo
 set -u
 mpirun=$1; flags=$2; train=$3
 shift 3
