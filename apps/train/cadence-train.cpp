@@ -663,7 +663,10 @@ int run(Job& job, const options& o) {
     if (rank != 0) {
       double go = 0;
       job.control().recv(&go, sizeof go, 0, tag_verdict, train::connect_timeout);
-      if (go == 0) break;
+      if (go == 0) {  // a worker is gone: the remaining policies are skipped
+        job.note_gone();
+        break;
+      }
       continue;
     }
     const double go = gone.empty() ? 1 : 0;
@@ -736,6 +739,7 @@ int run(Job& job, const options& o) {
                  100 * r.final_accuracy, 1e3 * r.transfer_seconds, 100 * r.overrun_fraction);
     reports.push_back(std::move(r));
     if (!gone.empty()) {
+      job.note_gone();
       std::string who, skipped;
       for (const int q : gone) who += (who.empty() ? "" : ", ") + std::to_string(q - 1) + " (rank " + std::to_string(q) + ")";
       for (std::size_t j = k + 1; j < o.policies.size(); ++j) skipped += (skipped.empty() ? "" : ", ") + o.policies[j];
@@ -887,10 +891,16 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rc = 0;
+  bool gone = false;
   {
     train::mpi_job job;
     rc = guarded_run(job, o, parse_error);
+    gone = job.gone();
   }  // its communicators go before MPI_Finalize
+  if (gone) {  // a killed rank: MPI_Finalize could wait for it (mpi_job::note_gone)
+    std::fflush(nullptr);
+    std::_Exit(rc);
+  }
   MPI_Finalize();
   return rc;
 #else
