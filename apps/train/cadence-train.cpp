@@ -82,7 +82,8 @@ options:
   --train-limit N    train on the first N training images (default: all 60000)
   --test-limit N     evaluate the curve on the first N test images (default 1000); the
                      final accuracy always uses the whole test set
-  --evict-after S    the server evicts a worker silent for S seconds (default: never)
+  --evict-after S    the server evicts a worker silent for S seconds (default: the run's
+                     seconds + 60, so a killed worker cannot hold the run forever)
   --json             one JSON array on stdout (rank 0), one object per policy
   --csv              one CSV row per policy (at most one of --json and --csv)
   --curves FILE      also write the accuracy curves (policy,seconds,accuracy) to FILE
@@ -314,7 +315,11 @@ ps_options make_ps_options(const options& o) {
   ps_options po;
   po.servers = 1;
   po.keep_log = true;
-  if (o.evict_after) po.evict_after = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(*o.evict_after));
+  // By default a worker silent for longer than the run plus a minute is evicted: no healthy
+  // worker is, and a killed one (mpirun --enable-recovery, launch-gloo.sh --survive-workers)
+  // would otherwise keep the server waiting for its finish() forever.
+  po.evict_after = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(o.evict_after ? *o.evict_after : o.seconds + 60));
   // A parked worker waits at most for the slowest iteration (or the eviction); a run-length
   // bound keeps a wedged run from waiting the default 300 s.
   po.reply_timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(o.seconds + 60));
@@ -323,6 +328,14 @@ ps_options make_ps_options(const options& o) {
 
 // Tag of the bookkeeping between policies on the job's world communicator.
 constexpr int tag_collect = 7;
+// Rank 0's word to each worker after a policy's bookkeeping: go on (1) or stop (0).
+constexpr int tag_verdict = 8;
+// How long rank 0 waits, after a policy, for the record of a worker the server evicted. One
+// that was only stopped sends it once resumed; one that sent nothing by then (MPI under
+// mpirun --enable-recovery), or whose connection closed (gloo under launch-gloo.sh
+// --survive-workers), is gone (killed): it is left out of everything after, and the remaining
+// policies are skipped, since each policy's communicator is made over every rank.
+constexpr std::chrono::seconds gone_grace{3};
 
 // Runs one policy on rank 0 (the server); returns its report (the simulated part filled in
 // later).
@@ -591,6 +604,7 @@ int run(Job& job, const options& o) {
   // Who is who, with the pids (to stop a worker by hand: see docs/train.md).
   const auto pids = train::gather_to_root(job.world(), {static_cast<double>(getpid())}, tag_collect,
                                           train::connect_timeout);
+  (void)job.control();  // made now, while every rank is there
   if (rank == 0) {
     std::string list;
     for (int r = 0; r < size; ++r)
@@ -642,9 +656,25 @@ int run(Job& job, const options& o) {
       record.push_back(t.start);
       record.push_back(t.seconds);
     }
-    const auto records = train::gather_to_root(job.world(), record, tag_collect, train::connect_timeout);
-    if (rank != 0) continue;
+    std::vector<int> may_be_gone, gone;
+    for (const int e : r.evicted) may_be_gone.push_back(e + 1);  // rank 0 only: its report
+    auto records = train::gather_to_root(job.world(), record, tag_collect, train::connect_timeout, may_be_gone,
+                                         gone_grace, gone);
+    if (rank != 0) {
+      double go = 0;
+      job.control().recv(&go, sizeof go, 0, tag_verdict, train::connect_timeout);
+      if (go == 0) {  // a worker is gone: the remaining policies are skipped
+        job.note_gone();
+        break;
+      }
+      continue;
+    }
+    const double go = gone.empty() ? 1 : 0;
+    for (int q = 1; q < size; ++q)
+      if (std::find(gone.begin(), gone.end(), q) == gone.end())
+        job.control().send(&go, sizeof go, q, tag_verdict, train::connect_timeout);
     constexpr std::size_t head = 1 + summary_words;
+    for (const int q : gone) records[static_cast<std::size_t>(q)].assign(head, 0.0);  // no iterations known
     double total_counted = 0;
     std::vector<worker_summary> sums(static_cast<std::size_t>(size));
     for (int q = 0; q < size; ++q) {
@@ -708,6 +738,18 @@ int run(Job& job, const options& o) {
                  100 * std::fabs(r.simulated_wait_fraction - r.wait_fraction), t80,
                  100 * r.final_accuracy, 1e3 * r.transfer_seconds, 100 * r.overrun_fraction);
     reports.push_back(std::move(r));
+    if (!gone.empty()) {
+      job.note_gone();
+      std::string who, skipped;
+      for (const int q : gone) who += (who.empty() ? "" : ", ") + std::to_string(q - 1) + " (rank " + std::to_string(q) + ")";
+      for (std::size_t j = k + 1; j < o.policies.size(); ++j) skipped += (skipped.empty() ? "" : ", ") + o.policies[j];
+      std::fprintf(stderr,
+                   "cadence-train: %s: evicted worker %s sent nothing after the policy (silent for %lld s, or its "
+                   "connection closed): gone (killed?); %s\n",
+                   policy.c_str(), who.c_str(), static_cast<long long>(gone_grace.count()),
+                   skipped.empty() ? "the run reports" : ("the remaining policies are skipped: " + skipped).c_str());
+      break;
+    }
   }
   if (rank != 0) return 0;
 
@@ -849,10 +891,16 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rc = 0;
+  bool gone = false;
   {
     train::mpi_job job;
     rc = guarded_run(job, o, parse_error);
+    gone = job.gone();
   }  // its communicators go before MPI_Finalize
+  if (gone) {  // a killed rank: MPI_Finalize could wait for it (mpi_job::note_gone)
+    std::fflush(nullptr);
+    std::_Exit(rc);
+  }
   MPI_Finalize();
   return rc;
 #else

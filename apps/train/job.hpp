@@ -8,6 +8,7 @@
 #include <cadence/transport/collectives.hpp>
 #include <cadence/transport/communicator.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -53,6 +54,57 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
   return out;
 }
 
+/// gather_to_root for after a policy in which the server evicted some workers: rank 0 first
+/// receives from every other rank, then waits at most `grace` (in all) for the first word of
+/// each rank in `may_be_gone` (an evicted worker that was only stopped sends once resumed; a
+/// killed one never does) and lists in `gone` those that sent nothing, leaving their entry
+/// empty. A rank that is gone shows as silence (MPI: try_recv's deadline, the communicator
+/// stays usable) or as a lost peer (gloo: the connection closed, which fails the
+/// communicator; the suspects not probed yet are then counted gone too, and the caller must
+/// not use `c` again). The others as gather_to_root.
+template <class C>
+std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>& mine, int tag,
+                                                transport::deadline d, const std::vector<int>& may_be_gone,
+                                                std::chrono::nanoseconds grace, std::vector<int>& gone) {
+  gone.clear();
+  if (c.rank() != 0 || may_be_gone.empty()) return gather_to_root(c, mine, tag, d);
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(c.size()));
+  out[0] = mine;
+  auto rest = [&](int r, std::uint64_t n) {
+    auto& v = out[static_cast<std::size_t>(r)];
+    v.resize(static_cast<std::size_t>(n));
+    if (n != 0) c.recv(v.data(), n * sizeof(double), r, tag, d);
+  };
+  auto suspect = [&](int r) { return std::find(may_be_gone.begin(), may_be_gone.end(), r) != may_be_gone.end(); };
+  for (int r = 1; r < c.size(); ++r) {
+    if (suspect(r)) continue;
+    std::uint64_t n = 0;
+    c.recv(&n, sizeof n, r, tag, d);
+    rest(r, n);
+  }
+  const transport::deadline silent_by(grace);  // one wait for all of them, not one each
+  for (int r = 1; r < c.size(); ++r) {
+    if (!suspect(r)) continue;
+    if (c.failed()) {  // a suspect probed before was lost and took the communicator with it
+      gone.push_back(r);
+      continue;
+    }
+    std::uint64_t n = 0;
+    try {
+      if (!c.try_recv(&n, sizeof n, r, tag, silent_by)) {
+        gone.push_back(r);
+        continue;
+      }
+    } catch (const transport_error&) {
+      if (!c.failed()) throw;
+      gone.push_back(r);  // lost (its connection closed)
+      continue;
+    }
+    rest(r, n);
+  }
+  return out;
+}
+
 #if CADENCE_TRAIN_HAS_MPI
 /// The processes mpirun started. MPI must be initialized (MPI_THREAD_FUNNELED) for as long as
 /// the object lives.
@@ -67,6 +119,7 @@ public:
   mpi_job(const mpi_job&) = delete;
   mpi_job& operator=(const mpi_job&) = delete;
   ~mpi_job() {
+    control_.reset();
     world_.reset();
     if (sub_ != MPI_COMM_NULL) MPI_Comm_free(&sub_);
   }
@@ -79,6 +132,13 @@ public:
   comm_type& world() {
     if (!world_) world_ = std::make_unique<comm_type>(MPI_COMM_WORLD, options(), connect_timeout);
     return *world_;
+  }
+  /// Over every rank, for rank 0's word to the workers after each policy (go on or stop);
+  /// apart from world(), which a lost rank may fail. Made on first use (collective): call it
+  /// on every rank before the first policy.
+  comm_type& control() {
+    if (!control_) control_ = std::make_unique<comm_type>(MPI_COMM_WORLD, options(), connect_timeout);
+    return *control_;
   }
   /// A fresh communicator over every rank for policy number `k` (collective).
   std::unique_ptr<comm_type> connect_all(std::size_t /*k*/) {
@@ -100,6 +160,11 @@ public:
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::abort();
   }
+  /// A rank of the job is gone (killed; mpirun --enable-recovery kept the others running).
+  /// MPI_Finalize then must not be called: it waits for every rank, the dead one too, and
+  /// under Open MPI 4.1 it hung in about 1 run in 8 (ompi_mpi_finalize, in its PMIx fence).
+  void note_gone() noexcept { gone_ = true; }
+  bool gone() const noexcept { return gone_; }
 
 private:
   static transport::mpi_options options() {
@@ -111,15 +176,17 @@ private:
     return mo;
   }
   int rank_ = 0, size_ = 1;
+  bool gone_ = false;
   MPI_Comm sub_ = MPI_COMM_NULL;
-  std::unique_ptr<comm_type> world_;
+  std::unique_ptr<comm_type> world_, control_;
 };
 #endif
 
 #if CADENCE_TRAIN_HAS_GLOO
 /// Processes that found each other through a rendezvous folder (gloo's file store), each told
 /// its rank and the job's size (launch-gloo.sh does this). Each communicator rendezvouses
-/// under a prefix of its own in the folder: "world", "policy-<k>", "policy-<k>-workers".
+/// under a prefix of its own in the folder: "world", "control", "policy-<k>",
+/// "policy-<k>-workers".
 class gloo_job {
 public:
   using comm_type = transport::gloo_communicator;
@@ -134,6 +201,10 @@ public:
     if (!world_) world_ = std::make_unique<comm_type>(rank_, size_, options("world"), connect_timeout);
     return *world_;
   }
+  comm_type& control() {
+    if (!control_) control_ = std::make_unique<comm_type>(rank_, size_, options("control"), connect_timeout);
+    return *control_;
+  }
   std::unique_ptr<comm_type> connect_all(std::size_t k) {
     return std::make_unique<comm_type>(rank_, size_, options("policy-" + std::to_string(k)), connect_timeout);
   }
@@ -146,6 +217,9 @@ public:
   /// gloo has no job to end: this process exits, its peers see it lost (or their deadline),
   /// and the launcher ends the rest.
   [[noreturn]] void abort_all() { std::_Exit(1); }
+  /// A rank of the job is gone (nothing to do over gloo: each communicator's destructor
+  /// skips a lost peer).
+  void note_gone() noexcept {}
 
 private:
   transport::gloo_options options(std::string prefix) const {
@@ -156,7 +230,7 @@ private:
   }
   int rank_ = 0, size_ = 1;
   std::string store_;
-  std::unique_ptr<comm_type> world_;
+  std::unique_ptr<comm_type> world_, control_;
 };
 #endif
 

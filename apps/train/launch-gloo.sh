@@ -3,23 +3,28 @@
 # (gloo's file store) in a temporary directory, CADENCE_TRAIN_RANK/SIZE/STORE set for each
 # process, the same arguments to all. Rank 0's stdout is this script's stdout (for
 # cadence-train --json: the one JSON array); every rank's stderr is passed through. When one
-# process fails, the others are stopped; the exit status is the first failure's (or 0).
+# process fails, the others are stopped; the exit status is the first failure's (or 0). With
+# --survive-workers, a process other than rank 0 that fails or is killed is only reported and
+# the others go on (cadence-train --evict-after then evicts it); rank 0's failure still stops
+# everyone, and the exit status is rank 0's.
 #
 #   apps/train/launch-gloo.sh -n 5 build/bin/cadence-train --transport gloo --policy bsp --json
 #
 # Options (before the program): -n N (processes, at least 1), --timeout S (stop everything
-# after S seconds, exit 124; default: none), --keep-store (leave the folder, for debugging).
+# after S seconds, exit 124; default: none), --keep-store (leave the folder, for debugging),
+# --survive-workers (see above).
 set -u
 usage() {
-  echo "usage: launch-gloo.sh -n N [--timeout S] [--keep-store] PROGRAM [ARGS...]" >&2
+  echo "usage: launch-gloo.sh -n N [--timeout S] [--keep-store] [--survive-workers] PROGRAM [ARGS...]" >&2
   exit 2
 }
-n=""; limit=""; keep=0
+n=""; limit=""; keep=0; survive=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -n|-np|--np) [ $# -ge 2 ] || usage; n=$2; shift 2 ;;
     --timeout) [ $# -ge 2 ] || usage; limit=$2; shift 2 ;;
     --keep-store) keep=1; shift ;;
+    --survive-workers) survive=1; shift ;;
     --) shift; break ;;
     -*) echo "launch-gloo.sh: unknown option '$1'" >&2; usage ;;
     *) break ;;
@@ -66,7 +71,19 @@ while [ "$left" -gt 0 ]; do
     if ! kill -0 "$p" 2>/dev/null; then
       wait "$p"; rc=$?
       done_[$r]=1; left=$((left - 1))
-      if [ "$rc" != 0 ] && [ "$status" = 0 ]; then
+      if [ "$survive" = 1 ] && [ "$r" != 0 ]; then
+        if [ "$rc" != 0 ]; then
+          how="status $rc"
+          [ "$rc" -gt 128 ] && how="$how (signal $((rc - 128)))"
+          echo "launch-gloo.sh: rank $r exited with $how; the others go on (--survive-workers)" >&2
+        fi
+      elif [ "$survive" = 1 ]; then
+        status=$rc
+        if [ "$rc" != 0 ]; then
+          echo "launch-gloo.sh: rank 0 exited with status $rc; stopping the others" >&2
+          for q in "${pids[@]}"; do kill -TERM "$q" 2>/dev/null; done
+        fi
+      elif [ "$rc" != 0 ] && [ "$status" = 0 ]; then
         status=$rc
         echo "launch-gloo.sh: rank $r exited with status $rc; stopping the others" >&2
         for q in "${pids[@]}"; do kill -TERM "$q" 2>/dev/null; done

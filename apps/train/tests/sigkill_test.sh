@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A worker killed with SIGKILL mid-run is evicted (--evict-after) and listed in "evicted"; the
+# run still ends and reports. Under MPI it needs mpirun --enable-recovery (Open MPI then keeps
+# the job going when a process dies; without it mpirun aborts every rank); over gloo,
+# launch-gloo.sh --survive-workers (without it the launcher stops everyone). The test kills
+# worker 1 (rank 2) about 1.5 s into a 4 s ASP run with a second policy queued: the server
+# evicts it for silence, rank 0 finds it gone after the policy (no record within 3 s, or its
+# connection closed), skips the second policy, and reports the first. Usage:
+#   sigkill_test.sh MPIRUN "FLAGS --enable-recovery" TRAIN [ARGS...]
+#   sigkill_test.sh launch-gloo.sh --survive-workers TRAIN --transport gloo
+set -u
+mpirun=$1; flags=$2; train=$3
+shift 3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+# shellcheck disable=SC2086
+"$mpirun" $flags -np 3 "$train" --model softmax --policy asp --policy bsp --profile homogeneous --seconds 4 \
+  --evict-after 1 --train-limit 2000 --test-limit 200 --json "$@" >"$dir/out" 2>"$dir/err" &
+job=$!
+fail() { echo "FAIL: $*"; echo "--- stdout"; cat "$dir/out"; echo "--- stderr"; cat "$dir/err"; exit 1; }
+for _ in $(seq 1 300); do  # up to 30 s for the data load
+  grep -q "rank pids:" "$dir/err" && break
+  kill -0 "$job" 2>/dev/null || fail "the job ended before it started training"
+  sleep 0.1
+done
+pids=$(sed -n 's/.*rank pids: \([0-9 ]*\) (rank 0.*/\1/p' "$dir/err")
+victim=$(echo "$pids" | awk '{print $3}')
+[ -n "$victim" ] || fail "no pid line"
+sleep 1.5
+kill -KILL "$victim" || fail "cannot kill $victim"
+for _ in $(seq 1 300); do  # the 4 s policy, then at most 3 s for the lost worker's record
+  kill -0 "$job" 2>/dev/null || break
+  sleep 0.1
+done
+if kill -0 "$job" 2>/dev/null; then kill "$job"; fail "the job did not end within 30 s of the kill"; fi
+wait "$job" || fail "$(basename "$mpirun") exit status $?"
+grep -q "worker 1 evicted" "$dir/err" || fail "worker 1 was not evicted"
+grep -q "gone (killed?); the remaining policies are skipped: bsp" "$dir/err" || fail "no line naming the lost worker"
+grep -q '"evicted": \[1\]' "$dir/out" || fail "worker 1 not listed in evicted"
+grep -q '"policy": "asp"' "$dir/out" || fail "no report"
+grep -q '"policy": "bsp"' "$dir/out" && fail "the skipped policy was reported"
+echo "PASS: worker 1 killed, evicted and listed; the run reported"
+cat "$dir/out"
+grep "cadence-train" "$dir/err"
