@@ -1,5 +1,5 @@
-// Test support for the MPI backend: the harness the shared suites (exchange_suite.hpp,
-// ps_suite.hpp) take under mpirun, where each process is one rank.
+// Test support for the MPI backend: the harness the shared suites (conformance.hpp,
+// exchange_suite.hpp, ps_suite.hpp) take under mpirun, where each process is one rank.
 #pragma once
 
 #include <cadence/transport/mpi/communicator.hpp>
@@ -14,18 +14,20 @@
 
 namespace cadence_mpi_test {
 
+inline cadence::transport::mpi_options default_mpi_options() { return {}; }
+
 /// run(body) calls body(comm) on this process's rank, over a fresh communicator on
-/// MPI_COMM_WORLD, then waits for every rank: no rank starts the next case (or leaves) while
-/// another may still talk to it in this one. An exception escaping the body fails the test,
-/// naming the rank.
-struct mpi_process_harness {
+/// MPI_COMM_WORLD made with Options(), then waits for every rank: no rank starts the next case
+/// (or leaves) while another may still talk to it in this one. An exception escaping the body
+/// fails the test, naming the rank.
+template <cadence::transport::mpi_options (*Options)() = &default_mpi_options>
+struct mpi_harness_for {
   template <class Body>
   static void run(Body body) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     try {
-      cadence::transport::mpi_communicator c(MPI_COMM_WORLD, cadence::transport::mpi_options{},
-                                             std::chrono::seconds(30));
+      cadence::transport::mpi_communicator c(MPI_COMM_WORLD, Options(), std::chrono::seconds(30));
       body(c);
     } catch (const std::exception& e) {
       const std::string what = "rank " + std::to_string(rank) + " threw: " + e.what();
@@ -34,5 +36,6 @@ struct mpi_process_harness {
     MPI_Barrier(MPI_COMM_WORLD);
   }
 };
+using mpi_process_harness = mpi_harness_for<>;
 
 }  // namespace cadence_mpi_test
