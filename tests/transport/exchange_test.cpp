@@ -24,16 +24,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-template <int N>
-struct inproc_exchange_harness {
-  template <class Body>
-  static void run(Body body) {
-    inproc_world world(N);
-    cadence_test::run_inproc_ranks(world, body);
-  }
-};
-using inproc_4 = inproc_exchange_harness<4>;
-using inproc_3 = inproc_exchange_harness<3>;
+using inproc_4 = cadence_test::inproc_harness<4>;
+using inproc_3 = cadence_test::inproc_harness<3>;
 
 }  // namespace
 

@@ -1,5 +1,6 @@
 // Test support: runs a body on one thread per rank of an in-process world, so a suite can
-// exercise ranks as threads; an exception escaping a rank fails the test, naming the rank.
+// exercise ranks as threads; an exception escaping a rank fails the test, naming the rank. Also
+// the harness the shared suites (exchange_suite.hpp, ps_suite.hpp) take: a fresh world per run.
 #pragma once
 
 #include <cadence/transport/inproc.hpp>
@@ -34,5 +35,15 @@ void run_inproc_ranks(cadence::transport::inproc_world& world, Body body) {
   for (auto& t : threads) t.join();
   for (const auto& e : escaped) FAIL_CHECK(e);
 }
+
+/// A suite's harness: run(body) calls body(comm) on every rank of a fresh world of N ranks.
+template <int N>
+struct inproc_harness {
+  template <class Body>
+  static void run(Body body) {
+    cadence::transport::inproc_world world(N);
+    run_inproc_ranks(world, body);
+  }
+};
 
 }  // namespace cadence_test

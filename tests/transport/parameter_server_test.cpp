@@ -1,9 +1,13 @@
-// The parameter server over in-process ranks: every policy's guarantee measured at the server,
-// every push applied exactly once, final weights equal to a replay of the servers' logs;
-// eviction of a silent or killed worker; bad input.
+// The parameter server over in-process ranks: the shared suite (ps_suite.hpp: every policy's
+// guarantee, exactly-once application, replay of the log; a stalled worker evicted and refused
+// when it comes back), then what needs this backend: 2 servers, more worker counts, eviction of a
+// silent or killed worker under several policies, a dead server, bad input.
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/exchange/parameter_server.hpp>
 #include <cadence/transport/inproc.hpp>
+
+#include "inproc_ranks.hpp"
+#include "ps_suite.hpp"
 
 #include <doctest/doctest.h>
 
@@ -23,21 +27,17 @@ using namespace cadence::exchange;
 using namespace cadence::transport;
 using namespace std::chrono_literals;
 
+using inproc_4 = cadence_test::inproc_harness<4>;
+TYPE_TO_STRING(inproc_4);
+CADENCE_PS_SUITE(inproc_4);
+
 namespace {
 
 constexpr std::size_t model = 1000;
 
-// Worker w's gradient at its k-th push: deterministic, so a replay can recompute it.
-void gradient(worker_id w, std::int64_t k, std::vector<float>& g) {
-  for (std::size_t i = 0; i < g.size(); ++i)
-    g[i] = static_cast<float>(static_cast<int>((w * 31 + static_cast<std::size_t>(k) * 7 + i) % 13) - 6) * 0.25f;
-}
+using cadence_ps_suite::gradient;
 
-std::vector<float> initial() {
-  std::vector<float> w(model);
-  for (std::size_t i = 0; i < model; ++i) w[i] = static_cast<float>(i % 17) * 0.5f;
-  return w;
-}
+std::vector<float> initial() { return cadence_ps_suite::initial<float>(model); }
 
 struct run_result {
   std::vector<ps_stats> servers;          // per server
@@ -56,8 +56,8 @@ struct scenario {
   std::int64_t iterations = 12;
   std::vector<int> ms_per_iteration{1, 2, 3};
   ps_options options{};
-  // Optional per-worker behaviour: return false to stall (silent, 800 ms, then gone without
-  // finish) before iteration k.
+  // Optional per-worker behaviour: return false to stall before iteration k: silent until every
+  // other worker is done (at most 800 ms), then gone without finish.
   std::function<bool(worker_id, std::int64_t)> keep_going;
   std::function<void(inproc_world&, worker_id, std::int64_t)> before_push;
   // Runs on a thread of its own beside the ranks (fault injection on a timer).
@@ -76,6 +76,7 @@ run_result run(const scenario& sc) {
   out.iterations.assign(static_cast<std::size_t>(sc.workers), 0);
   out.worker_errors.assign(static_cast<std::size_t>(sc.workers), "");
   std::mutex m;
+  std::atomic<int> workers_done{0};  // finished or failed
   const std::vector<float> w0 = initial();
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
@@ -106,8 +107,11 @@ run_result run(const scenario& sc) {
         for (std::int64_t k = 1; k <= sc.iterations; ++k) {
           if (sc.keep_going && !sc.keep_going(w, k)) {
             // Stalled, not crashed: silent while its rank stays up (a destroyed communicator
-            // would make it a lost peer instead).
-            std::this_thread::sleep_for(800ms);
+            // would make it a lost peer instead). The others can finish only once it was
+            // evicted (every policy here bounds how far they may run ahead), so it may go then.
+            const auto until = std::chrono::steady_clock::now() + 800ms;
+            while (workers_done.load() < sc.workers - 1 && std::chrono::steady_clock::now() < until)
+              std::this_thread::sleep_for(5ms);
             return;
           }
           std::this_thread::sleep_for(std::chrono::milliseconds(sc.ms_per_iteration[w]));
@@ -118,9 +122,11 @@ run_result run(const scenario& sc) {
           out.iterations[w] = k;
         }
         worker.finish();
+        ++workers_done;
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(m);
         out.worker_errors[w] = e.what();
+        ++workers_done;
       }
     });
   }
@@ -133,15 +139,9 @@ run_result run(const scenario& sc) {
 void check_replay(const run_result& r, int servers) {
   const std::vector<float> w0 = initial();
   for (int s = 0; s < servers; ++s) {
-    const ps_slice sl = ps_slice_of(model, servers, s);
-    std::vector<float> w(w0.begin() + static_cast<std::ptrdiff_t>(sl.offset),
-                         w0.begin() + static_cast<std::ptrdiff_t>(sl.offset + sl.count));
-    std::vector<float> g(model);
-    for (const ps_log_entry& e : r.servers[static_cast<std::size_t>(s)].log) {
-      gradient(e.worker, e.iteration, g);
-      sgd<float>{0.125f}(w.data(), g.data() + sl.offset, sl.count, e.worker);
-    }
-    CHECK_MESSAGE(w == r.slices[static_cast<std::size_t>(s)], "server " << s << ": replay differs");
+    const auto i = static_cast<std::size_t>(s);
+    const std::vector<float> w = cadence_ps_suite::replay(w0, ps_slice_of(model, servers, s), r.servers[i].log, 0.125f);
+    CHECK_MESSAGE(w == r.slices[i], "server " << s << ": replay differs");
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cadence/transport/mpi/communicator.hpp>
 
 #include "../conformance.hpp"
+#include "mpi_ranks.hpp"
 
 #include <doctest/doctest.h>
 
@@ -20,30 +21,14 @@ using cadence_conformance::expect_throw;
 
 namespace {
 
-template <mpi_options (*Options)()>
-struct mpi_harness_for {
-  template <class Body>
-  static void run(Body body) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    try {
-      mpi_communicator c(MPI_COMM_WORLD, Options(), 30s);
-      body(c);
-    } catch (const std::exception& e) {
-      const std::string what = "rank " + std::to_string(rank) + " threw: " + e.what();
-      FAIL_CHECK(what);
-    }
-  }
-};
-
 mpi_options bounced() { return {}; }
 mpi_options unbounced() {
   mpi_options o;
   o.bounce_buffers = false;
   return o;
 }
-using mpi_harness = mpi_harness_for<&bounced>;
-using mpi_unbounced_harness = mpi_harness_for<&unbounced>;
+using mpi_harness = cadence_mpi_test::mpi_harness_for<&bounced>;
+using mpi_unbounced_harness = cadence_mpi_test::mpi_harness_for<&unbounced>;
 
 }  // namespace
 

@@ -1,0 +1,41 @@
+// Test support for the MPI backend: the harness the shared suites (conformance.hpp,
+// exchange_suite.hpp, ps_suite.hpp) take under mpirun, where each process is one rank.
+#pragma once
+
+#include <cadence/transport/mpi/communicator.hpp>
+
+#include <doctest/doctest.h>
+
+#include <mpi.h>
+
+#include <chrono>
+#include <exception>
+#include <string>
+
+namespace cadence_mpi_test {
+
+inline cadence::transport::mpi_options default_mpi_options() { return {}; }
+
+/// run(body) calls body(comm) on this process's rank, over a fresh communicator on
+/// MPI_COMM_WORLD made with Options(), then waits for every rank: no rank starts the next case
+/// (or leaves) while another may still talk to it in this one. An exception escaping the body
+/// fails the test, naming the rank.
+template <cadence::transport::mpi_options (*Options)() = &default_mpi_options>
+struct mpi_harness_for {
+  template <class Body>
+  static void run(Body body) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    try {
+      cadence::transport::mpi_communicator c(MPI_COMM_WORLD, Options(), std::chrono::seconds(30));
+      body(c);
+    } catch (const std::exception& e) {
+      const std::string what = "rank " + std::to_string(rank) + " threw: " + e.what();
+      FAIL_CHECK(what);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+};
+using mpi_process_harness = mpi_harness_for<>;
+
+}  // namespace cadence_mpi_test
