@@ -116,12 +116,13 @@ fi
 
 section "clang (C++20)"
 if command -v clang++ >/dev/null 2>&1; then
-  # The library and its test suites; the tools, apps and examples are the g++ and sanitizer
-  # builds' (they hold no compiler-specific code, and CI has 30 minutes on 2 cores).
+  # The library and its test suites; the tools, apps, examples and the install/consumer
+  # projects are the g++ and sanitizer builds' (they hold no compiler-specific code, and CI has
+  # 30 minutes on 2 cores).
   if CXX=clang++ configure build-clang clang -DCMAKE_BUILD_TYPE=Release \
        -DCADENCE_TEST_STANDARDS=20 -DCADENCE_SECONDARY_TEST_STANDARDS=20 \
        -DCADENCE_THRUST_TEST_SYSTEMS=OMP -DCADENCE_BUILD_BENCHMARKS=OFF \
-       -DCADENCE_BUILD_TOOLS=OFF -DCADENCE_BUILD_EXAMPLES=OFF &&
+       -DCADENCE_BUILD_TOOLS=OFF -DCADENCE_BUILD_EXAMPLES=OFF -DCADENCE_INSTALL=OFF &&
      build build-clang clang; then
     run_ctest build-clang
   fi
@@ -154,7 +155,7 @@ if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   if configure build-cuda cuda -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
        -DCADENCE_THRUST_DEVICE_SYSTEM=CUDA -DCMAKE_CUDA_ARCHITECTURES=90 \
        -DCADENCE_BUILD_EXAMPLES=OFF &&
-     build build-cuda "CUDA compile check" -j1 \
+     build build-cuda "CUDA compile check" \
        --target cadence_thrust_tests_cuda cadence-bench-thrust-gpu cadence-zipline; then
     passed=$((passed + 1))
     echo "CUDA compile check: ok (no GPU here: compiled and linked, not run)"
