@@ -13,19 +13,10 @@ mpirun=$1; flags=$2; train=$3
 shift 3
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-# shellcheck disable=SC2086
-"$mpirun" $flags -np 3 "$train" --model softmax --policy asp --policy bsp --profile homogeneous --seconds 4 \
-  --evict-after 1 --train-limit 2000 --test-limit 200 --json "$@" >"$dir/out" 2>"$dir/err" &
-job=$!
-fail() { echo "FAIL: $*"; echo "--- stdout"; cat "$dir/out"; echo "--- stderr"; cat "$dir/err"; exit 1; }
-for _ in $(seq 1 300); do  # up to 30 s for the data load
-  grep -q "rank pids:" "$dir/err" && break
-  kill -0 "$job" 2>/dev/null || fail "the job ended before it started training"
-  sleep 0.1
-done
-pids=$(sed -n 's/.*rank pids: \([0-9 ]*\) (rank 0.*/\1/p' "$dir/err")
-victim=$(echo "$pids" | awk '{print $3}')
-[ -n "$victim" ] || fail "no pid line"
+# shellcheck source=worker_signal.sh
+source "$(dirname "$0")/worker_signal.sh"
+start_job --model softmax --policy asp --policy bsp --profile homogeneous --seconds 4 \
+  --evict-after 1 --train-limit 2000 --test-limit 200 --json "$@"
 sleep 1.5
 kill -KILL "$victim" || fail "cannot kill $victim"
 for _ in $(seq 1 300); do  # the 4 s policy, then at most 3 s for the lost worker's record

@@ -12,19 +12,10 @@ dir=$(mktemp -d)
 victim=""
 cleanup() { [ -n "$victim" ] && kill -CONT "$victim" 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
-# shellcheck disable=SC2086
-"$mpirun" $flags -np 3 "$train" --model softmax --policy asp --profile homogeneous --seconds 6 \
-  --evict-after 1 --train-limit 2000 --test-limit 200 --json "$@" >"$dir/out" 2>"$dir/err" &
-job=$!
-fail() { echo "FAIL: $*"; echo "--- stdout"; cat "$dir/out"; echo "--- stderr"; cat "$dir/err"; exit 1; }
-for _ in $(seq 1 300); do  # up to 30 s for the data load
-  grep -q "rank pids:" "$dir/err" && break
-  kill -0 "$job" 2>/dev/null || fail "the job ended before it started training"
-  sleep 0.1
-done
-pids=$(sed -n 's/.*rank pids: \([0-9 ]*\) (rank 0.*/\1/p' "$dir/err")
-victim=$(echo "$pids" | awk '{print $3}')
-[ -n "$victim" ] || fail "no pid line"
+# shellcheck source=worker_signal.sh
+source "$(dirname "$0")/worker_signal.sh"
+start_job --model softmax --policy asp --profile homogeneous --seconds 6 \
+  --evict-after 1 --train-limit 2000 --test-limit 200 --json "$@"
 sleep 1.5
 kill -STOP "$victim" || fail "cannot stop $victim"
 for _ in $(seq 1 200); do  # the eviction: 1 s of silence, then the server's line
