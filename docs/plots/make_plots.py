@@ -213,11 +213,71 @@ def write_results(a, data, sweeps, has_elastic):
         f.write(text)
 
 
-TEMPLATE = """# Results: what each policy costs on a simulated cluster
+TEMPLATE = """# Results
 
-Every number and plot on this page comes from `build/bin/cadence-sim` (seed {{SEED}}), which
+This page has three parts: [the demo](#the-demo-scriptsdemosh), the default simulator run that
+`scripts/demo.sh` prints; [performance](#performance), the cost of the library's parts as the
+benchmark programs measure it; and [what each policy costs on a simulated
+cluster](#what-each-policy-costs-on-a-simulated-cluster), every scenario with plots. What the
+policies do to learning is on other pages: the simulated training race
+([race.md](race.md#results)), real processes ([train.md](train.md#results)) and LSTM-node2vec
+([lstm-node2vec.md](lstm-node2vec.md#results)); the collective adapters are measured and
+simulated in [collective.md](collective.md).
+
+## The demo: `scripts/demo.sh`
+
+`bash scripts/demo.sh` builds `build/bin/cadence-sim` and runs it without arguments: the
+default policies on the default scenario, `hetero16`. It prints (one run, seed 1; everything
+but the last column is identical on every machine):
+
+```
+scenario hetero16 (16 workers, seed 1): half 1080 Ti (0.10 s), half 1060 (0.17 s), 5% log-normal jitter (the default)
+run: 300 simulated s, push 5 ms, pull 5 ms
+
+policy                iter/s  wait% wait/iter stale p99/max behind mean/p99/max barriers      superstep ctrl ns
+bsp                     83.1  24.7%   47.44ms           0/0           7.5/15/15        -              -      39
+asp                    117.2   0.0%    0.00ms     1047/1067          15.0/23/27        -              -      38
+ssp:3                   88.9  19.5%   35.07ms           3/3          11.3/20/27        -              -      40
+dssp:3:15               88.9  19.4%   35.01ms         13/15          12.1/22/27        -              -      56
+elastic:15:last:fast   112.2   4.5%    6.36ms     1034/1053          13.2/26/30      515    3-18 (3+15)     101
+elastic:60:last:fast   110.2   6.0%    8.78ms     1011/1038          13.6/25/30      351    3-59 (3+56)     188
+```
+
+`iter/s` is cluster iterations per simulated second, `wait%` the share of worker time spent
+idle, `stale p99/max` the clock gap `c_p - c_min` when a worker starts an iteration (what the
+policies bound: 0 under BSP, at most `s` under SSP, at most `s_U` under DSSP; it grows without
+bound under ASP and ElasticBSP, by design), `behind mean/p99/max` how many other updates the
+server applied between a worker's pull of the weights and the arrival of its push (the
+staleness of the weights its gradient was computed on, for every policy), `barriers`
+ElasticBSP's completed barriers ("-" for policies without barriers of their own),
+`superstep` the fewest and most iterations a worker made between two ElasticBSP barriers and,
+in parentheses, the most of them made while monitoring and after the barrier was planned (at
+most `R`), `ctrl ns` the wall-clock cost of one controller decision. `cadence-sim --help` and
+[tools.md](tools.md#cadence-sim) explain every column and its JSON key. Arguments pass
+through, e.g. `bash scripts/demo.sh --scenario stragglers64 --json`.
+
+## Performance
+
+Measured on the 2-core development machine (g++ 12, Release), one run each; the commands
+reproduce them. Details and full tables in the linked pages.
+
+| what | result | reproduce |
+|---|---|---|
+| controller decision, n = 4096 workers | 13-17 ns per push (BSP, SSP, DSSP), O(1) fit up to 65536 | `build/bin/cadence-bench-controllers` ([details](controllers.md#cost-per-push)) |
+| ZipLine, n = 1000, R = 150 | `zipline_fast` 0.71 ms, 35x faster than the paper's ZipLine (24.5 ms) and 23x faster than ZipLineOptBS, in one run; about 1.1 ms for timestamps that are not on a power-of-two grid | `build/bin/cadence-bench-zipline --cadence_ratio_only` ([details](zipline.md#measured)) |
+| simulator | 5-8 million push events per second (BSP/ASP/SSP/DSSP) | `build/bin/cadence-bench-sim` |
+| all-reduce through Cadence vs the raw call, 2 ranks | MPI: about 1 µs added per call up to 512 B; 0.5-1.8x the raw time from 256 KiB (ring); in-process: 0.5-1.1x a plain shared-memory reduction; gloo: 0.1-0.7x `gloo::allreduce`'s time up to 32 KiB, 0.74-1.04x from 2 MiB | `mpirun --allow-run-as-root --oversubscribe -np 2 build/bin/cadence-bench-transport --backend mpi --json` ([details](transports.md#benchmark)) |
+| parameter-server push+pull round trip vs a raw MPI ping-pong, 2 ranks | +0.9 µs at 4 KiB; from 4 MiB, 86-94% of the raw bandwidth with `--no-bounce` and 65% with the default bounce buffers | `mpirun --allow-run-as-root --oversubscribe -np 2 build/bin/cadence-bench-ps --backend mpi --json` ([details](parameter_server.md#benchmark)) |
+| Thrust ZipLine on OpenMP (2 threads) vs `zipline_fast` | slower on 2 cores (0.1-0.5x); for GPU builds and batches | `build/bin/cadence-bench-thrust-zipline` ([details](thrust.md#measured-openmp-thrust-form-vs-zipline_fast-this-machine-one-run)) |
+
+The GPU benchmark (`bench/gpu/run.sh`: builds for `sm_90`, checks parity with the CPU and
+prints times for n up to 10^6 workers, R = 100) is ready but has not run on a GPU yet.
+
+## What each policy costs on a simulated cluster
+
+Every number and plot in this part comes from `build/bin/cadence-sim` (seed {{SEED}}), which
 drives the real controllers on a simulated parameter server (see
-[the simulator](#what-is-simulated-and-measured)). This page is generated; regenerate it with:
+[the simulator](#what-is-simulated-and-measured)). This part is generated; regenerate it with:
 
 ```sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
@@ -227,11 +287,12 @@ cmake --build build -j2 --target cadence-sim
 
 The script runs `cadence-sim --scenario <name> --json` for every scenario with the default
 policies (bsp, asp, ssp:3, dssp:3:15, elastic:15, elastic:60), then SSP and ElasticBSP
-sweeps, and rewrites this file and `docs/img/*.png` (`--sim PATH` picks another build's
-binary). One table by hand: `build/bin/cadence-sim --scenario stragglers64` (add `--json` for
-every column). Everything except the controller's wall-clock ns/push is identical on every
-run and machine; ns/push is measured on a shared 2-core machine and jumps when other jobs run.
-The prose below describes the seed-1 results as committed.
+sweeps, and rewrites this file (the demo and performance parts above are in its template)
+and `docs/img/*.png` (`--sim PATH` picks another build's binary). One table by hand:
+`build/bin/cadence-sim --scenario stragglers64` (add `--json` for every column). Everything
+except the controller's wall-clock ns/push is identical on every run and machine; ns/push is
+measured on a shared 2-core machine and jumps when other jobs run. The prose below describes
+the seed-1 results as committed.
 {{ELASTIC_NOTE}}
 ## Throughput and waiting
 
