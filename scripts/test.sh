@@ -144,9 +144,9 @@ if configure build-tsan tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-
      -DCADENCE_SANITIZE=thread -DCADENCE_TEST_STANDARDS=20 \
      -DCADENCE_SECONDARY_TEST_STANDARDS=20 -DCADENCE_ENABLE_THRUST=OFF \
      -DCADENCE_BUILD_BENCHMARKS=OFF -DCADENCE_BUILD_EXAMPLES=OFF -DCADENCE_BUILD_TOOLS=OFF &&
-   build build-tsan tsan --target cadence_tests_cxx20 cadence_transport_tests_cxx20 \
+   build build-tsan tsan --target cadence_tests_cxx20 cadence_transport_tests_cxx20 cadence_exchange_tests_cxx20 \
      cadence_transport_nccl_fake_tests_cxx20; then
-  run_ctest build-tsan -R 'blocking|liveness|transport_'
+  run_ctest build-tsan -R 'blocking|liveness|transport_|exchange_'
 fi
 
 section "CUDA compile check (nvcc, sm_90)"

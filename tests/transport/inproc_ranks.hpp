@@ -1,6 +1,6 @@
 // Test support: runs a body on one thread per rank of an in-process world, so a suite can
 // exercise ranks as threads; an exception escaping a rank fails the test, naming the rank. Also
-// the harness the shared suites (exchange_suite.hpp, ps_suite.hpp) take: a fresh world per run.
+// the harness the shared suites (exchange/collective_suite.hpp, exchange/ps_suite.hpp) take: a fresh world per run.
 #pragma once
 
 #include <cadence/transport/inproc.hpp>

@@ -1,7 +1,7 @@
 #include <cadence/transport/inproc.hpp>
 
-#include "conformance.hpp"
-#include "inproc_ranks.hpp"
+#include "transport/conformance.hpp"
+#include "transport/inproc_ranks.hpp"
 
 #include <doctest/doctest.h>
 

@@ -3,7 +3,7 @@
 // and ranks as real processes, one of them killed with SIGKILL mid-call.
 #include <cadence/transport/gloo/communicator.hpp>
 
-#include "../conformance.hpp"
+#include "transport/conformance.hpp"
 #include "gloo_ranks.hpp"
 
 #include <doctest/doctest.h>

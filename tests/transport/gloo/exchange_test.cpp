@@ -2,10 +2,10 @@
 // as threads, each its own gloo context over one temporary file store (as the conformance tests).
 #include <cadence/transport/gloo/communicator.hpp>
 
-#include "../exchange_suite.hpp"
+#include "exchange/collective_suite.hpp"
 #include "gloo_ranks.hpp"
 
 using cadence_gloo_test::gloo_harness;
 
 TYPE_TO_STRING(gloo_harness);
-CADENCE_EXCHANGE_SUITE(gloo_harness);
+CADENCE_COLLECTIVE_SUITE(gloo_harness);

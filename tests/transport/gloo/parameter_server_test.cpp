@@ -5,7 +5,7 @@
 // worker.
 #include <cadence/transport/gloo/communicator.hpp>
 
-#include "../ps_suite.hpp"
+#include "exchange/ps_suite.hpp"
 #include "gloo_ranks.hpp"
 
 using gloo_4 = cadence_gloo_test::gloo_threads_harness<4>;

@@ -2,7 +2,7 @@
 // specific to MPI (construction, ownership, bounce buffers).
 #include <cadence/transport/mpi/communicator.hpp>
 
-#include "../conformance.hpp"
+#include "transport/conformance.hpp"
 #include "mpi_ranks.hpp"
 
 #include <doctest/doctest.h>

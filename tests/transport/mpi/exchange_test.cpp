@@ -2,10 +2,10 @@
 // mpirun, one rank per process.
 #include <cadence/transport/mpi/communicator.hpp>
 
-#include "../exchange_suite.hpp"
+#include "exchange/collective_suite.hpp"
 #include "mpi_ranks.hpp"
 
 using cadence_mpi_test::mpi_process_harness;
 
 TYPE_TO_STRING(mpi_process_harness);
-CADENCE_EXCHANGE_SUITE(mpi_process_harness);
+CADENCE_COLLECTIVE_SUITE(mpi_process_harness);

@@ -1,5 +1,5 @@
 // Test support for the MPI backend: the harness the shared suites (conformance.hpp,
-// exchange_suite.hpp, ps_suite.hpp) take under mpirun, where each process is one rank.
+// exchange/collective_suite.hpp, exchange/ps_suite.hpp) take under mpirun, where each process is one rank.
 #pragma once
 
 #include <cadence/transport/mpi/communicator.hpp>

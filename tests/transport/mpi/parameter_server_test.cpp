@@ -2,7 +2,7 @@
 // shared suite (tests/transport/ps_suite.hpp), one rank per process.
 #include <cadence/transport/mpi/communicator.hpp>
 
-#include "../ps_suite.hpp"
+#include "exchange/ps_suite.hpp"
 #include "mpi_ranks.hpp"
 
 using cadence_mpi_test::mpi_process_harness;

@@ -9,7 +9,7 @@
 #include <cadence/transport/inproc.hpp>
 #include <cadence/transport/nccl/protocol.hpp>
 
-#include "../conformance.hpp"
+#include "transport/conformance.hpp"
 #include "fake_nccl.hpp"
 
 #include <doctest/doctest.h>

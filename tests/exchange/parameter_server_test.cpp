@@ -6,8 +6,8 @@
 #include <cadence/exchange/parameter_server.hpp>
 #include <cadence/transport/inproc.hpp>
 
-#include "inproc_ranks.hpp"
-#include "ps_suite.hpp"
+#include "transport/inproc_ranks.hpp"
+#include "exchange/ps_suite.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,14 +1,15 @@
 // The collective adapters' tests (cadence/exchange/: bucketed_allreducer, elastic_averager,
-// periodic_averager), written once over the communicator concept and instantiated per backend
-// with CADENCE_EXCHANGE_SUITE(H), H a harness as in conformance.hpp: H::run(body) calls
-// body(comm) once per rank, ranks in parallel, a world of at least 2 ranks. Adding a backend
-// is one line: CADENCE_EXCHANGE_SUITE(its_harness).
+// periodic_averager), written once over the communicator concept and instantiated per backend,
+// H a harness as in transport/conformance.hpp: H::run(body) calls body(comm) once per rank,
+// ranks in parallel, a world of at least 2 ranks. One macro per adapter, so the in-process
+// instances live in tests/exchange/<adapter>_test.cpp beside the adapter's own cases; a backend
+// takes all three with CADENCE_COLLECTIVE_SUITE(its_harness).
 //
 // Bodies use CHECK, never REQUIRE, so every rank issues the same collectives whatever its
 // checks find; step durations are passed, not slept, so the runs are quick and deterministic.
 #pragma once
 
-#include "conformance.hpp"
+#include "transport/conformance.hpp"
 
 #include <cadence/exchange/bucketed_allreducer.hpp>
 #include <cadence/exchange/elastic_averager.hpp>
@@ -260,8 +261,8 @@ CADENCE_EXCHANGE_TEST("periodic averaging merges every k local steps", exchange_
   });
 }
 
-CADENCE_EXCHANGE_TEST("bad input is refused before any communication, naming the rank",
-                      exchange_bad_input) {
+CADENCE_EXCHANGE_TEST("elastic averager: bad input is refused before any communication, naming the rank",
+                      exchange_elastic_bad_input) {
   using namespace cadence_exchange_suite;
   using cadence_conformance::expect_throw;
   H::run([](auto& c) {
@@ -297,9 +298,32 @@ CADENCE_EXCHANGE_TEST("bad input is refused before any communication, naming the
                                           {"null pointer", rank});
     CHECK(avg.barriers() == 0);  // nothing happened
 
+    CHECK_FALSE(c.failed());
+  });
+}
+
+CADENCE_EXCHANGE_TEST("periodic averager: bad input is refused before any communication",
+                      exchange_periodic_bad_input) {
+  using namespace cadence_exchange_suite;
+  using cadence_conformance::expect_throw;
+  H::run([](auto& c) {
+    using C = std::decay_t<decltype(c)>;
+    const int me = c.rank();
+    std::vector<double> x(3, 1.0);
     expect_throw<invalid_parameter_error>(me, [&] { periodic_averager<C> p(c, 0); }, {"period"});
     periodic_averager<C> p(c, 2);
     expect_throw<invalid_parameter_error>(me, [&] { p.sync(x); }, {"before it is due"});
+    CHECK_FALSE(c.failed());
+  });
+}
+
+CADENCE_EXCHANGE_TEST("bucketed all-reducer: bad input is refused before any communication",
+                      exchange_bucketed_bad_input) {
+  using namespace cadence_exchange_suite;
+  using cadence_conformance::expect_throw;
+  H::run([](auto& c) {
+    using C = std::decay_t<decltype(c)>;
+    const int me = c.rank();
     bucketed_allreducer_options b;
     b.bucket_bytes = 0;
     expect_throw<invalid_parameter_error>(me, [&] { bucketed_allreducer<C> r(c, b); }, {"bucket_bytes"});
@@ -354,11 +378,22 @@ CADENCE_EXCHANGE_TEST("a rank that stops syncing makes the others throw transpor
   });
 }
 
-#define CADENCE_EXCHANGE_SUITE(H)                                      \
+#define CADENCE_BUCKETED_ALLREDUCER_SUITE(H)                         \
   TEST_CASE_TEMPLATE_INVOKE(exchange_bucketed_equals_unbucketed, H);   \
   TEST_CASE_TEMPLATE_INVOKE(exchange_bucket_views, H);                 \
-  TEST_CASE_TEMPLATE_INVOKE(exchange_elastic_200_barriers, H);         \
-  TEST_CASE_TEMPLATE_INVOKE(exchange_periodic, H);                     \
-  TEST_CASE_TEMPLATE_INVOKE(exchange_bad_input, H);                    \
-  TEST_CASE_TEMPLATE_INVOKE(exchange_divergent_plans, H);              \
+  TEST_CASE_TEMPLATE_INVOKE(exchange_bucketed_bad_input, H)
+
+#define CADENCE_PERIODIC_AVERAGER_SUITE(H)                  \
+  TEST_CASE_TEMPLATE_INVOKE(exchange_periodic, H);          \
+  TEST_CASE_TEMPLATE_INVOKE(exchange_periodic_bad_input, H)
+
+#define CADENCE_ELASTIC_AVERAGER_SUITE(H)                               \
+  TEST_CASE_TEMPLATE_INVOKE(exchange_elastic_200_barriers, H);          \
+  TEST_CASE_TEMPLATE_INVOKE(exchange_elastic_bad_input, H);             \
+  TEST_CASE_TEMPLATE_INVOKE(exchange_divergent_plans, H);               \
   TEST_CASE_TEMPLATE_INVOKE(exchange_stalled_rank, H)
+
+#define CADENCE_COLLECTIVE_SUITE(H)      \
+  CADENCE_BUCKETED_ALLREDUCER_SUITE(H); \
+  CADENCE_PERIODIC_AVERAGER_SUITE(H);   \
+  CADENCE_ELASTIC_AVERAGER_SUITE(H)

@@ -1,6 +1,6 @@
 // The parameter server's tests common to every backend that offers try_recv, written once over
 // the communicator concept and instantiated per backend with CADENCE_PS_SUITE(H), H a harness as
-// in exchange_suite.hpp: H::run(body) calls body(comm) once per rank, ranks in parallel (threads,
+// in collective_suite.hpp: H::run(body) calls body(comm) once per rank, ranks in parallel (threads,
 // or the process itself under mpirun), a world of at least 3 ranks (4 in-tree: server rank 0,
 // workers 1-3). Adding a backend is one line: CADENCE_PS_SUITE(its_harness). Also the helpers
 // every backend's own parameter-server cases share: deterministic gradients, initial weights,
