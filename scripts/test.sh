@@ -1,30 +1,39 @@
 #!/usr/bin/env bash
 # Builds and runs every test configuration Cadence promises:
-#   build/       Release, every test suite at C++17 (the clang and sanitizer builds compile
-#                them at C++20), Thrust tests on the OMP and CPP systems,
+#   build/       Release, every test suite at C++17 (the sanitizer builds compile them at
+#                C++20), Thrust tests on the OMP and CPP systems,
 #                tools, apps, benchmarks and examples built, install + consumer projects, and
 #                every public header compiled on its own
 #   build-python-test/  the Python package installed into a venv by scripts/test-python.sh, and
 #                pytest over tests/python (bindings, cadence.torch, lstm_node2vec)
-#   build-clang/ the library's test suites with clang++ at C++20, the Thrust tests on the OMP
-#                system (OpenMP from libomp)
-#   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer at C++20: every test, the Thrust
-#                tests on the OMP system, the examples and the tools' command-line tests
+#   build-asan/  clang++ with AddressSanitizer + UndefinedBehaviorSanitizer at C++20: every
+#                test, the Thrust tests on the OMP system (libomp), the examples and the
+#                tools' command-line tests
 #   build-tsan/  ThreadSanitizer, the concurrent tests (blocking runtime, liveness, the
-#                in-process transport, the NCCL protocol over its fake)
+#                in-process transport and exchange adapters, the NCCL protocol over its fake)
 #   build-cuda/  the Thrust sources and GPU benchmark compiled with nvcc for sm_90 (compile
 #                and link only; skipped with a message when no CUDA compiler is installed)
-# A configuration whose build fails counts as one failure and the others still run. Always
-# ends with one line "tests: N passed, M failed".
+# A configuration whose build fails counts as one failure and the others still run. Each section
+# header says how long the run has taken so far. Always ends with one line
+# "tests: N passed, M failed".
+#
+#   scripts/test.sh --quick   the Release build and its tests only (the edit-test loop)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 jobs=${JOBS:-2}
+quick=0
+case ${1:-} in
+  --quick) quick=1 ;;
+  "") ;;
+  *) echo "usage: scripts/test.sh [--quick]" >&2; exit 2 ;;
+esac
+started=$(date +%s)
 passed=0
 failed=0
 log=$(mktemp)
 finish() {
   rm -f "$log"
-  printf '\ntests: %d passed, %d failed\n' "$passed" "$failed"
+  printf '\ntests: %d passed, %d failed (%d s)\n' "$passed" "$failed" "$(($(date +%s) - started))"
 }
 trap finish EXIT
 
@@ -34,7 +43,7 @@ if ! scripts/install-deps.sh test; then
   exit 1
 fi
 
-section() { printf '\n==== %s ====\n' "$*"; }
+section() { printf '\n==== %s (at %d s) ====\n' "$*" "$(($(date +%s) - started))"; }
 
 # Ninja when installed (install-deps.sh test installs it): it schedules the two cores better
 # than make's recursive builds. Build directories made with another generator are remade.
@@ -59,8 +68,17 @@ build() {
 configure() {
   local dir=$1 what=$2
   shift 2
+  # A build directory made with another generator or compiler is remade (CMake refuses both).
   if [[ -f $dir/CMakeCache.txt ]] &&
      ! grep -q "^CMAKE_GENERATOR:INTERNAL=${generator[1]:-Unix Makefiles}\$" "$dir/CMakeCache.txt"; then
+    rm -rf "$dir"
+  fi
+  local arg want=c++ have
+  for arg in "$@"; do
+    [[ $arg == -DCMAKE_CXX_COMPILER=* ]] && want=${arg#-DCMAKE_CXX_COMPILER=}
+  done
+  have=$(sed -n 's|^CMAKE_CXX_COMPILER:[A-Z]*=\(.*/\)\{0,1\}||p' "$dir/CMakeCache.txt" 2>/dev/null)
+  if [[ -n $have && $have != "$want" ]]; then
     rm -rf "$dir"
   fi
   if cmake -S . -B "$dir" "${generator[@]}" "$@"; then
@@ -102,6 +120,11 @@ if configure build release -DCMAKE_BUILD_TYPE=Release -DCADENCE_TEST_STANDARDS=1
   fi
 fi
 
+if ((quick)); then
+  ((failed == 0))
+  exit
+fi
+
 section "Python package (pip install . into a venv; pytest tests/python)"
 # The package's own script; it compares the bindings against build/bin's tools.
 CADENCE_BUILD_DIR=$PWD/build JOBS=$jobs bash scripts/test-python.sh 2>&1 | tee "$log"
@@ -114,24 +137,18 @@ else
   echo "python tests: no summary line"
 fi
 
-section "clang (C++20)"
+section "clang, AddressSanitizer + UndefinedBehaviorSanitizer (C++20)"
+# clang++ when installed (install-deps.sh test installs it and its sanitizer runtime), so one
+# build checks the second compiler and the sanitizers: every test at C++20, the Thrust tests on
+# the OMP system (libomp), the examples and the tools' command lines. The g++ Release build
+# above covers the other compiler at C++17.
+asan_cxx=()
 if command -v clang++ >/dev/null 2>&1; then
-  # The library and its test suites; the tools, apps, examples and the install/consumer
-  # projects are the g++ and sanitizer builds' (they hold no compiler-specific code, and CI has
-  # 30 minutes on 2 cores).
-  if CXX=clang++ configure build-clang clang -DCMAKE_BUILD_TYPE=Release \
-       -DCADENCE_TEST_STANDARDS=20 -DCADENCE_SECONDARY_TEST_STANDARDS=20 \
-       -DCADENCE_THRUST_TEST_SYSTEMS=OMP -DCADENCE_BUILD_BENCHMARKS=OFF \
-       -DCADENCE_BUILD_TOOLS=OFF -DCADENCE_BUILD_EXAMPLES=OFF -DCADENCE_INSTALL=OFF &&
-     build build-clang clang; then
-    run_ctest build-clang
-  fi
+  asan_cxx=(-DCMAKE_CXX_COMPILER=clang++)
 else
-  echo "clang++ not installed: clang build skipped"
+  echo "clang++ not installed: the sanitizer build uses the default compiler"
 fi
-
-section "AddressSanitizer + UndefinedBehaviorSanitizer"
-if configure build-asan asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+if configure build-asan asan "${asan_cxx[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
      -DCADENCE_SANITIZE=address,undefined -DCADENCE_TEST_STANDARDS=20 \
      -DCADENCE_SECONDARY_TEST_STANDARDS=20 -DCADENCE_THRUST_TEST_SYSTEMS=OMP \
      -DCADENCE_BUILD_BENCHMARKS=OFF &&
@@ -141,7 +158,7 @@ fi
 
 section "ThreadSanitizer (concurrent parts)"
 if configure build-tsan tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
-     -DCADENCE_SANITIZE=thread -DCADENCE_TEST_STANDARDS=20 \
+     -DCADENCE_SANITIZE=thread -DCADENCE_TEST_STANDARDS=20 -DCADENCE_CORE_TEST_DIRS=runtime \
      -DCADENCE_SECONDARY_TEST_STANDARDS=20 -DCADENCE_ENABLE_THRUST=OFF \
      -DCADENCE_BUILD_BENCHMARKS=OFF -DCADENCE_BUILD_EXAMPLES=OFF -DCADENCE_BUILD_TOOLS=OFF &&
    build build-tsan tsan --target cadence_tests_cxx20 cadence_transport_tests_cxx20 cadence_exchange_tests_cxx20 \

@@ -6,13 +6,13 @@
 #include <cadence/exchange/parameter_server.hpp>
 #include <cadence/transport/inproc.hpp>
 
-#include "transport/inproc_ranks.hpp"
 #include "exchange/ps_suite.hpp"
+#include "support/events.hpp"
+#include "transport/inproc_ranks.hpp"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -56,20 +56,31 @@ struct scenario {
   std::int64_t iterations = 12;
   std::vector<int> ms_per_iteration{1, 2, 3};
   ps_options options{};
-  // Optional per-worker behaviour: return false to stall (silent, 800 ms, then gone without
-  // finish) before iteration k.
+  // Optional per-worker behaviour: return false to stall before iteration k (silent until the
+  // server has evicted it, then gone without finish).
   std::function<bool(worker_id, std::int64_t)> keep_going;
   std::function<void(inproc_world&, worker_id, std::int64_t)> before_push;
-  // Runs on a thread of its own beside the ranks (fault injection on a timer).
-  std::function<void(inproc_world&)> fault;
+  // Optional: return true to finish (healthy) before iteration k instead of pushing it.
+  std::function<bool(worker_id, std::int64_t)> finish_before;
+  // Runs before the ranks start (on_step fault injection).
+  std::function<void(inproc_world&)> setup;
 };
 
-run_result run(const scenario& sc) {
+// What the servers saw, as events a rank can wait for: "evicted.<w>", "refused.<w>",
+// "finished.<w>" (ps_options::observer).
+std::string event_name(const ps_event& e) {
+  const char* what = e.what == ps_event::kind::evicted ? "evicted" : e.what == ps_event::kind::refused ? "refused" : "finished";
+  return std::string(what) + "." + std::to_string(e.worker);
+}
+
+run_result run(const scenario& sc, const cadence_test::events& ev = cadence_test::events()) {
   const int n = sc.servers + sc.workers;
   inproc_world world(n);
   ps_options o = sc.options;
   o.servers = sc.servers;
   o.keep_log = true;
+  o.observer = [&ev](const ps_event& e) { ev.post(event_name(e)); };
+  if (sc.setup) sc.setup(world);
   run_result out;
   out.servers.resize(static_cast<std::size_t>(sc.servers));
   out.slices.resize(static_cast<std::size_t>(sc.servers));
@@ -106,10 +117,11 @@ run_result run(const scenario& sc) {
         for (std::int64_t k = 1; k <= sc.iterations; ++k) {
           if (sc.keep_going && !sc.keep_going(w, k)) {
             // Stalled, not crashed: silent while its rank stays up (a destroyed communicator
-            // would make it a lost peer instead).
-            std::this_thread::sleep_for(800ms);
+            // would make it a lost peer instead) until server 0 has evicted it.
+            CHECK(ev.wait("evicted." + std::to_string(w)));
             return;
           }
+          if (sc.finish_before && sc.finish_before(w, k)) break;
           std::this_thread::sleep_for(std::chrono::milliseconds(sc.ms_per_iteration[w]));
           if (sc.before_push) sc.before_push(world, w, k);
           gradient(w, k, g);
@@ -124,7 +136,6 @@ run_result run(const scenario& sc) {
       }
     });
   }
-  if (sc.fault) threads.emplace_back([&] { sc.fault(world); });
   for (auto& t : threads) t.join();
   return out;
 }
@@ -286,12 +297,13 @@ TEST_CASE("a killed worker is evicted and the survivors finish" * doctest::timeo
 
 TEST_CASE("a worker killed while it waits for its reply is dropped when the reply finds it gone" *
           doctest::timeout(60)) {
-  // BSP. Workers 1 and 2 take 1.2 s over their 3rd iteration, so worker 0 is parked at that
-  // barrier (excused from liveness) from about 20 ms until 1.2 s; it is killed at 400 ms,
-  // there. The reply that releases it finds it gone (not silence: evict_after is long), and
-  // the survivors go on.
+  // BSP. Worker 0 is killed as it starts waiting for the reply to its 3rd push (its push is
+  // already sent, so the server parks it at the barrier); workers 1 and 2 push their 3rd only
+  // after that, so the reply that releases worker 0 finds it gone (not silence: evict_after is
+  // long), and the survivors go on.
   for (int servers : {1, 2}) {
     CAPTURE(servers);
+    const cadence_test::events ev;
     scenario sc;
     sc.policy = "bsp";
     sc.servers = servers;
@@ -299,20 +311,27 @@ TEST_CASE("a worker killed while it waits for its reply is dropped when the repl
     sc.iterations = 10;
     sc.ms_per_iteration = {0, 5, 5};
     sc.options.evict_after = 30s;
-    sc.before_push = [](inproc_world&, worker_id w, std::int64_t k) {
-      if (w != 0 && k == 3) std::this_thread::sleep_for(1200ms);
+    sc.setup = [servers, &ev](inproc_world& world) {
+      inproc_step at;
+      at.op = "recv";
+      at.tag = ps_options{}.tag_base + 2;  // the reply tag
+      at.skip = 3 * servers;               // the replies to pull() and two push_pulls
+      world.on_step(servers, at, [servers, &ev](inproc_world& w) {  // worker 0's rank
+        w.kill(servers);
+        ev.post("worker 0 killed");
+      });
     };
-    sc.fault = [servers](inproc_world& world) {
-      std::this_thread::sleep_for(400ms);
-      world.kill(servers);  // worker 0's rank
+    sc.before_push = [&ev](inproc_world&, worker_id w, std::int64_t k) {
+      if (w != 0 && k == 3) CHECK(ev.wait("worker 0 killed"));
     };
     const auto t0 = std::chrono::steady_clock::now();
-    const run_result r = run(sc);
-    CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+    const run_result r = run(sc, ev);
+    CHECK(std::chrono::steady_clock::now() - t0 < 30s);
     INFO(r.server_error);
     REQUIRE(r.server_error.empty());
     REQUIRE(r.servers[0].evictions.size() == 1);
     CHECK(r.servers[0].evictions[0].worker == 0);
+    CHECK(r.servers[0].evictions[0].pushes == 3);
     CHECK(r.servers[0].evictions[0].reason.find("lost") != std::string::npos);
     CHECK(r.worker_errors[0].find("this rank is gone") != std::string::npos);
     CHECK(r.iterations[1] == 10);
@@ -330,9 +349,8 @@ TEST_CASE("a dead server is fail-stop: the workers throw naming it, nobody hangs
   sc.iterations = 200;
   sc.ms_per_iteration = {2, 3};
   sc.options.reply_timeout = 2s;
-  sc.fault = [](inproc_world& world) {
-    std::this_thread::sleep_for(50ms);
-    world.kill(1);  // server rank 1
+  sc.before_push = [](inproc_world& world, worker_id w, std::int64_t k) {
+    if (w == 0 && k == 5) world.kill(1);  // server rank 1, mid-run
   };
   const auto t0 = std::chrono::steady_clock::now();
   const run_result r = run(sc);
@@ -358,14 +376,18 @@ TEST_CASE("an evicted worker that comes back gets a clear error" * doctest::time
   scenario sc;
   sc.policy = "asp";
   sc.workers = 2;
-  sc.iterations = 15;
+  sc.iterations = 100000;  // worker 0's bound: only catches a refusal that never comes
   sc.options.evict_after = 200ms;
-  sc.ms_per_iteration = {40, 1};  // worker 0 keeps the server up until worker 1 is back
-  std::atomic<bool> slept{false};
-  sc.before_push = [&](inproc_world&, worker_id w, std::int64_t k) {
-    if (w == 1 && k == 3 && !slept.exchange(true)) std::this_thread::sleep_for(400ms);
+  sc.ms_per_iteration = {1, 1};
+  // Worker 1 falls silent before its 3rd push until the server has evicted it; worker 0 keeps
+  // training (never silent itself) and so keeps the server up until worker 1's late push has
+  // been refused.
+  const cadence_test::events ev;
+  sc.before_push = [&ev](inproc_world&, worker_id w, std::int64_t k) {
+    if (w == 1 && k == 3) CHECK(ev.wait("evicted.1"));
   };
-  const run_result r = run(sc);
+  sc.finish_before = [&ev](worker_id w, std::int64_t k) { return w == 0 && k > 3 && ev.posted("refused.1"); };
+  const run_result r = run(sc, ev);
   INFO(r.server_error);
   REQUIRE(r.server_error.empty());
   INFO(r.worker_errors[1]);
@@ -373,7 +395,9 @@ TEST_CASE("an evicted worker that comes back gets a clear error" * doctest::time
   CHECK(r.worker_errors[1].find("worker 1") != std::string::npos);
   CHECK(r.iterations[1] == 2);
   CHECK(r.servers[0].pushes[1] == 2);  // the late push was refused, not applied
-  CHECK(r.iterations[0] == 15);
+  CHECK(r.iterations[0] >= 3);
+  CHECK(r.iterations[0] < sc.iterations);
+  CHECK(r.servers[0].pushes[0] == r.iterations[0]);
   check_replay(r, 1);
 }
 

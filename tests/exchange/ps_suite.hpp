@@ -14,6 +14,8 @@
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/exchange/parameter_server.hpp>
 
+#include "support/events.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -126,20 +128,22 @@ void every_policy() {
   }
 }
 
-// BSP, evict_after 500 ms: the last worker falls silent for 1.2 s before its 3rd push. Server 0
-// evicts it at the liveness deadline, which releases the others from the barrier; they finish
-// their 16 iterations (100 ms each) after it comes back, so its late push reaches a running
-// server and is refused, not applied.
+// BSP, evict_after 500 ms: the last worker falls silent before its 3rd push and stays silent
+// until the others are past that barrier, which only its eviction lets them pass. Then it
+// pushes: the running server refuses it (nothing applied). The others keep training (so none
+// of them falls silent) until that refusal, then finish. Every step waits for the state it
+// needs (support/events.hpp); 500 ms of silence is the only clock in it.
 template <class H>
 void stalled_worker() {
   H::run([](auto& c) {
     using C = std::decay_t<decltype(c)>;
     const int n = c.size();
     if (n < 3) return;  // needs a worker that keeps the server up
+    const cadence_test::events& ev = cadence_test::current_events();
     const auto workers = static_cast<std::size_t>(n - 1);
     const int stalled_rank = n - 1;
     const auto stalled = static_cast<worker_id>(stalled_rank - 1);
-    const std::int64_t iterations = 16;
+    const std::int64_t most = 100000;  // iterations: only catches a refusal that never comes
     ps_options o;
     o.keep_log = true;
     o.evict_after = 500ms;
@@ -150,7 +154,7 @@ void stalled_worker() {
                                                          sgd<double>{lr}, o);
       const auto t0 = std::chrono::steady_clock::now();
       server.run();
-      CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+      CHECK(std::chrono::steady_clock::now() - t0 < 60s);
       const ps_stats& st = server.stats();
       CHECK(st.evictions.size() == 1);
       if (st.evictions.size() == 1) {
@@ -161,7 +165,16 @@ void stalled_worker() {
       CHECK(st.pushes.size() == workers);
       for (std::size_t w = 0; w < workers && w < st.pushes.size(); ++w) {
         CAPTURE(w);
-        CHECK(st.pushes[w] == (w == stalled ? 2 : iterations));  // the late push refused, not applied
+        if (w == stalled) {
+          CHECK(st.pushes[w] == 2);  // the late push refused, not applied
+        } else {
+          CHECK(st.pushes[w] >= 3);  // past the barrier the eviction opened
+        }
+        // Exactly once, in order: worker w's entries in the log are 1, 2, ..., pushes[w].
+        std::int64_t next = 1;
+        for (const ps_log_entry& e : st.log)
+          if (e.worker == w) CHECK(e.iteration == next++);
+        CHECK(next - 1 == st.pushes[w]);
       }
       CHECK(replay(w0, ps_slice_of(model, 1, 0), st.log, lr) ==
             std::vector<double>(server.weights().begin(), server.weights().end()));
@@ -170,21 +183,25 @@ void stalled_worker() {
     ps_worker<C, double> worker(c, model, o);
     std::vector<double> weights(model), g(model);
     worker.pull(weights.data());
-    for (std::int64_t k = 1; k <= iterations; ++k) {
+    std::int64_t k = 1;
+    for (; k <= most; ++k) {
       if (c.rank() == stalled_rank && k == 3) {
-        // Silent past evict_after while the others run on; back before they finish.
-        std::this_thread::sleep_for(1200ms);
+        // Silent until every other worker has passed barrier 3 (60 s only catches a hang).
+        for (int r = 1; r < stalled_rank; ++r) CHECK(ev.wait("past barrier 3." + std::to_string(r)));
         gradient(worker.id(), k, g);
         const std::string refusal = "worker " + std::to_string(stalled) + " was evicted";
         CHECK_THROWS_WITH_AS(worker.push_pull(g.data(), weights.data()), doctest::Contains(refusal.c_str()),
                              worker_error);
+        ev.post("refused");
         return;
       }
-      std::this_thread::sleep_for(100ms);
+      if (k > 3 && ev.posted("refused")) break;  // the server ran when it came back
       gradient(worker.id(), k, g);
       worker.push_pull(g.data(), weights.data());
+      if (k == 3) ev.post_rank("past barrier 3", c.rank());
     }
-    CHECK(worker.iteration() == iterations);
+    CHECK(k <= most);
+    CHECK(worker.iteration() == k - 1);
     worker.finish();
   });
 }

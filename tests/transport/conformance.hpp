@@ -6,7 +6,9 @@
 // which calls body(comm) once per rank, ranks in parallel, each with a fresh communicator of
 // the same world (size at least 2), and turns an exception escaping a rank into a test failure
 // naming the rank. In one process (inproc) run() starts the threads; under mpirun each process
-// is one rank and run() wraps a fresh duplicate of MPI_COMM_WORLD.
+// is one rank and run() wraps a fresh duplicate of MPI_COMM_WORLD. It also makes fresh
+// cadence_test::current_events() (support/events.hpp) for the run, through which a rank that
+// must outlive a peer's deadline waits for that peer to say so, instead of sleeping.
 //
 // Every rank issues the same sequence of collectives whatever its checks find (CHECK, never
 // REQUIRE, inside bodies), so a failed check on one rank cannot leave the others waiting; and
@@ -16,6 +18,8 @@
 #include <cadence/core/error.hpp>
 #include <cadence/transport/collectives.hpp>
 #include <cadence/transport/communicator.hpp>
+
+#include "support/events.hpp"
 
 #include <doctest/doctest.h>
 
@@ -257,9 +261,11 @@ CADENCE_CONFORMANCE_TEST("a stalled rank makes the others throw transport_error 
   using namespace cadence_conformance;
   H::run([](auto& c) {
     const int stalled = c.size() - 1;
+    const cadence_test::events& ev = cadence_test::current_events();
     if (c.rank() == stalled) {
-      // Stops taking part: long enough for every other rank's 1 s deadline to pass first.
-      std::this_thread::sleep_for(2500ms);
+      // Stops taking part until every other rank's 1 s deadline has passed (a departed rank
+      // would be reported as lost instead); 60 s only catches a hang.
+      CHECK(ev.wait_ranks("threw", c.size(), stalled));
       return;
     }
     float x = 1;
@@ -269,6 +275,7 @@ CADENCE_CONFORMANCE_TEST("a stalled rank makes the others throw transport_error 
         {"allreduce #1 on rank " + std::to_string(c.rank()),
          "rank " + std::to_string(stalled)});
     const double waited = seconds_since(t0);
+    ev.post_rank("threw", c.rank());
     CHECK_MESSAGE(waited >= 0.99, "rank " << c.rank() << " gave up early, after " << waited << " s");
     CHECK_MESSAGE(waited < 10.0, "rank " << c.rank() << " overran its 1 s deadline: " << waited << " s");
     CHECK(c.failed());
@@ -289,15 +296,18 @@ CADENCE_CONFORMANCE_TEST("a recv that nobody answers throws after its deadline, 
                          "awaited rank", conformance_recv_deadline) {
   using namespace cadence_conformance;
   H::run([](auto& c) {
+    const cadence_test::events& ev = cadence_test::current_events();
     if (c.rank() != 0) {
-      // Stay alive past rank 0's deadline: a departed peer would be reported as lost instead.
-      std::this_thread::sleep_for(1s);
+      // Stay alive until rank 0's deadline has passed: a departed peer would be reported as
+      // lost instead.
+      CHECK(ev.wait("rank 0 timed out"));
       return;
     }
     char b[8];
     const auto t0 = steady::now();
     expect_throw<transport_error>(0, [&] { c.recv(b, sizeof b, 1, 7, 300ms); },
                                   {"recv #1 on rank 0", "deadline passed", "rank 1"});
+    ev.post("rank 0 timed out");
     CHECK(seconds_since(t0) >= 0.299);
     CHECK(c.failed());
   });
@@ -340,9 +350,11 @@ CADENCE_CONFORMANCE_TEST("a large send that nobody receives throws after its dea
                          "the receiver", conformance_send_deadline) {
   using namespace cadence_conformance;
   H::run([](auto& c) {
+    const cadence_test::events& ev = cadence_test::current_events();
     if (c.rank() != 0) {
-      // Stay alive past rank 0's deadline: a departed peer would be reported as lost instead.
-      std::this_thread::sleep_for(1s);
+      // Stay alive until rank 0's deadline has passed: a departed peer would be reported as
+      // lost instead.
+      CHECK(ev.wait("rank 0 timed out"));
       return;
     }
     // 4 MiB: above every backend's eager limit, so the send needs the receiver.
@@ -350,6 +362,7 @@ CADENCE_CONFORMANCE_TEST("a large send that nobody receives throws after its dea
     const auto t0 = steady::now();
     expect_throw<transport_error>(0, [&] { c.send(big.data(), big.size(), 1, 8, 300ms); },
                                   {"send #1 on rank 0", "deadline passed", "rank 1"});
+    ev.post("rank 0 timed out");
     CHECK(seconds_since(t0) >= 0.299);
     CHECK(c.failed());
   });

@@ -5,6 +5,8 @@
 
 #include <cadence/transport/inproc.hpp>
 
+#include "support/events.hpp"
+
 #include <doctest/doctest.h>
 
 #include <exception>
@@ -36,12 +38,15 @@ void run_inproc_ranks(cadence::transport::inproc_world& world, Body body) {
   for (const auto& e : escaped) FAIL_CHECK(e);
 }
 
-/// A suite's harness: run(body) calls body(comm) on every rank of a fresh world of N ranks.
+/// A suite's harness: run(body) calls body(comm) on every rank of a fresh world of N ranks, with
+/// fresh current_events() for the ranks to signal each other.
 template <int N>
 struct inproc_harness {
   template <class Body>
   static void run(Body body) {
     cadence::transport::inproc_world world(N);
+    const events ev;
+    const scoped_events scope(ev);
     run_inproc_ranks(world, body);
   }
 };

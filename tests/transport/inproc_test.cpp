@@ -27,6 +27,8 @@ struct inproc_harness {
   template <class Body>
   static void run(Body body) {
     inproc_world world(4);
+    const cadence_test::events ev;
+    const cadence_test::scoped_events scope(ev);
     cadence_test::run_inproc_ranks(world, body);
   }
 };
@@ -185,13 +187,15 @@ TEST_CASE("a delayed link delivers later but in order, and a shorter deadline na
           doctest::timeout(60)) {
   SUBCASE("FIFO per source survives the delay; any_source takes an undelayed sender first") {
     inproc_world world(3);
-    world.delay_link(0, 2, 300ms);
-    const auto start = steady::now();  // before any send, so every delayed message is >= 300 ms later
+    world.delay_link(0, 2, 1s);
+    const auto start = steady::now();  // before any send, so every delayed message is >= 1 s later
+    const cadence_test::events ev;
     cadence_test::run_inproc_ranks(world, [&](inproc_communicator& c) {
       if (c.rank() == 0) {
         for (int k = 0; k < 3; ++k) c.send(&k, sizeof k, 2, 0, 5s);
+        ev.post("rank 0 sent");
       } else if (c.rank() == 1) {
-        std::this_thread::sleep_for(50ms);  // sends after rank 0, arrives before it
+        CHECK(ev.wait("rank 0 sent"));  // sends after rank 0, arrives before it
         const int k = 100;
         c.send(&k, sizeof k, 2, 0, 5s);
       } else {
@@ -202,7 +206,7 @@ TEST_CASE("a delayed link delivers later but in order, and a shorter deadline na
           CHECK(c.recv(&k, sizeof k, 0, 0, 5s) == 0);
           CHECK(k == expected);
         }
-        CHECK(seconds_since(start) >= 0.299);
+        CHECK(seconds_since(start) >= 0.999);
       }
     });
   }
@@ -242,6 +246,65 @@ TEST_CASE("sends above the eager limit wait for their recv, so a send-send excha
     ++done;
     while (done.load() < 2) std::this_thread::sleep_for(1ms);
   });
+}
+
+TEST_CASE("on_step injects a fault at a chosen call: after skip matches, on the rank's own "
+          "thread, before the call takes part" * doctest::timeout(30)) {
+  inproc_world world(3);
+  std::thread::id fired_on;
+  int fired = 0;
+  inproc_step at;
+  at.op = "recv";
+  at.tag = 5;
+  at.skip = 1;  // the first recv with tag 5 goes by; the second one kills its own rank
+  world.on_step(1, at, [&](inproc_world& w) {
+    fired_on = std::this_thread::get_id();
+    ++fired;
+    w.kill(1);
+  });
+  inproc_step stall_at;
+  stall_at.op = "send";
+  stall_at.peer = 1;  // rank 2's first send to rank 1 stalls rank 2 until resumed
+  world.on_step(2, stall_at, [](inproc_world& w) { w.stall(2); });
+  CHECK_THROWS_AS(world.on_step(3, at, [](inproc_world&) {}), invalid_parameter_error);
+  CHECK_THROWS_AS(world.on_step(0, at, {}), invalid_parameter_error);
+  std::thread::id rank1_thread;
+  std::string rank1_error, rank2_error;
+  std::thread t1([&] {
+    auto c = world.join(1);
+    rank1_thread = std::this_thread::get_id();
+    int v = 0;
+    c.recv(&v, sizeof v, 0, 6, 10s);  // another tag: no match
+    c.recv(&v, sizeof v, 0, 5, 10s);  // skipped
+    CHECK(v == 1);
+    try {
+      c.recv(&v, sizeof v, 0, 5, 10s);  // killed here, before it takes the message
+    } catch (const transport_error& e) {
+      rank1_error = e.what();
+    }
+  });
+  std::thread t2([&] {
+    auto c = world.join(2);
+    int v = 9;
+    try {
+      c.send(&v, sizeof v, 1, 5, 300ms);  // stalled past its deadline
+    } catch (const transport_error& e) {
+      rank2_error = e.what();
+    }
+  });
+  auto c0 = world.join(0);
+  const int a = 0, b = 1, z = 2;
+  c0.send(&a, sizeof a, 1, 6, 10s);
+  c0.send(&b, sizeof b, 1, 5, 10s);
+  c0.send(&z, sizeof z, 1, 5, 10s);
+  t1.join();
+  t2.join();
+  CHECK(fired == 1);
+  CHECK(fired_on == rank1_thread);
+  CHECK(rank1_error.find("recv #3 on rank 1") != std::string::npos);
+  CHECK(rank1_error.find("this rank is gone (killed by fault injection)") != std::string::npos);
+  CHECK(rank2_error.find("send #1 on rank 2") != std::string::npos);
+  CHECK(rank2_error.find("stalled by fault injection") != std::string::npos);
 }
 
 TEST_CASE("abort() from another thread wakes a blocked call, which throws" * doctest::timeout(60)) {

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -49,6 +50,19 @@ struct sgd {
   }
 };
 
+/// What happened to a worker, as a server saw it: passed to ps_options::observer as it happens,
+/// so a trainer can log evictions live and a test can wait for the state it needs.
+struct ps_event {
+  enum class kind : unsigned char {
+    finished,  ///< the worker called finish()
+    evicted,   ///< dropped: silent past evict_after, or lost (reason says which)
+    refused,   ///< a request was refused (evicted, finished, or a bad message; reason says)
+  };
+  kind what = kind::finished;
+  worker_id worker = 0;
+  std::string reason;  ///< empty for finished
+};
+
 struct ps_options {
   /// Ranks [0, servers) serve; the rest are workers (worker id = rank - servers).
   int servers = 1;
@@ -68,6 +82,9 @@ struct ps_options {
   bool keep_log = false;
   /// The adapter's traffic uses tags [tag_base, tag_base + 3] on the communicator.
   int tag_base = transport::max_tag - 3;
+  /// Called on the server's thread for each ps_event, after the server acted on it. Keep it
+  /// short and non-throwing: an exception from it ends run().
+  std::function<void(const ps_event&)> observer;
 };
 
 /// One applied push, in the order a server applied it.
@@ -505,6 +522,7 @@ private:
           auto released = controller_.remove_worker(w);
           release_all(std::vector<worker_id>(released.begin(), released.end()));
         }
+        notify(ps_event::kind::finished, w, {});
         break;
       default:
         throw transport_error(who() + ": unexpected message kind " + std::to_string(h.kind) + " from rank " + std::to_string(src));
@@ -677,6 +695,11 @@ private:
 
   void refuse_text(worker_id w, const std::string& text) {
     with_worker(w, [&] { send_refusal(w, text); });
+    notify(ps_event::kind::refused, w, text);
+  }
+
+  void notify(ps_event::kind what, worker_id w, std::string reason) const {
+    if (options_.observer) options_.observer(ps_event{what, w, std::move(reason)});
   }
 
   void send_refusal(worker_id w, const std::string& text) {
@@ -715,6 +738,7 @@ private:
     stats_.evictions.push_back({w, applied_[wi], silent, reason});
     if (!coordinator()) {
       serve_pending();
+      notify(ps_event::kind::evicted, w, reason);
       return;
     }
     detail::ps_header h;
@@ -725,6 +749,7 @@ private:
       to_server(s, [&] { comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout); });
     auto released = controller_.remove_worker(w);
     release_all(std::vector<worker_id>(released.begin(), released.end()));
+    notify(ps_event::kind::evicted, w, reason);
   }
 
   Comm& comm_;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,9 +34,28 @@ struct inproc_options {
   std::size_t eager_limit = 64 * 1024;
 };
 
+class inproc_world;
+
+/// A protocol step of one rank, where inproc_world::on_step injects a fault: the rank's next
+/// call of `op` ("send", "recv", "try_recv", "allreduce", "broadcast"; empty: any call) with
+/// this peer (send: destination, recv: source as passed, broadcast: root; unset: any) and tag
+/// (unset: any), after `skip` such calls have gone by.
+struct inproc_step {
+  std::string op;
+  std::optional<int> peer;
+  std::optional<int> tag;
+  int skip = 0;
+};
+
 namespace detail {
 
 using inproc_clock = deadline::clock;
+
+struct inproc_trap {
+  int rank = 0;
+  inproc_step at;
+  std::function<void(inproc_world&)> action;
+};
 
 struct inproc_message {
   int src = 0;
@@ -84,6 +104,7 @@ struct inproc_state {
   std::map<std::uint64_t, inproc_slot> slots;
   std::vector<unsigned char> spare;  // a finished slot's storage, for the next one
   std::vector<inproc_clock::duration> delay;  // [src * size + dst]
+  std::vector<inproc_trap> traps;             // on_step faults not fired yet
 
   inproc_rank& at(int r) { return ranks[static_cast<std::size_t>(r)]; }
   inproc_clock::duration link_delay(int src, int dst) const {
@@ -93,8 +114,6 @@ struct inproc_state {
 };
 
 }  // namespace detail
-
-class inproc_world;
 
 /// One rank's view of an inproc_world: models transport::communicator. Owned and called by the
 /// thread that plays the rank; abort() and failed() may be called from any thread (abort()
@@ -143,6 +162,7 @@ public:
       detail::bad_argument(c, std::string("dtype ") + dtype_name(t) +
                                   " has no host reduction (it is for device backends such as NCCL)");
     detail::check_deadline(c, d);
+    fire(lock, c, -1, -1);
     enter(lock, c, d);
     const std::uint64_t k = collectives_++;
     detail::inproc_slot& s = arrive(c, k, detail::signature("allreduce", count, t, op), [&](auto& data, bool first) {
@@ -179,6 +199,7 @@ public:
     detail::check_buffer(c, buf, bytes);
     detail::check_peer(c, root, "root");
     detail::check_deadline(c, d);
+    fire(lock, c, root, -1);
     enter(lock, c, d);
     const std::uint64_t k = collectives_++;
     detail::inproc_slot& s = arrive(c, k, detail::signature("broadcast", bytes, root), [&](auto& data, bool) {
@@ -213,6 +234,7 @@ public:
     detail::check_peer(c, dst, "destination");
     detail::check_tag(c, tag);
     detail::check_deadline(c, d);
+    fire(lock, c, dst, tag);
     enter(lock, c, d);
     if (!state_->at(dst).lost.empty())  // isolates_lost_peer: the others stay reachable
       throw detail::lost_peer_error(c, {dst}, state_->at(dst).lost);
@@ -296,6 +318,7 @@ private:
     detail::check_peer(c, src, "source", /*allow_any=*/true);
     detail::check_tag(c, tag);
     if (!poll) detail::check_deadline(c, d);  // try_recv: a passed deadline polls once
+    fire(lock, c, src, tag);
     enter(lock, c, d);
     auto& mailbox = state_->at(rank_).mailbox;
     std::shared_ptr<detail::inproc_message> got;
@@ -343,6 +366,10 @@ private:
     return got->src;
   }
 
+
+  // The first on_step trap of this rank that matches the call: counted down by skip, then
+  // removed and run with the world unlocked (its action locks to kill, stall or delay).
+  void fire(std::unique_lock<std::mutex>& lock, const detail::call_info& c, int peer, int tag);
 
   // After a failure every call rethrows the original error; after abort() (with no failure
   // before it) every call says it was aborted, naming itself.
@@ -516,6 +543,22 @@ public:
     state_->changed.notify_all();
   }
 
+  /// Fault injection at a protocol step: `action(world)` runs once, on rank r's thread, when r
+  /// enters the call `at` names, before that call takes part. It may kill, stall or delay any
+  /// rank (r itself too: r's call then throws, or waits, as for a fault injected from outside)
+  /// and tell the test where the run is, so a test injects "while the server sends worker 2's
+  /// reply" or "while worker 0 waits for its reply" without guessing at times. Traps fire in
+  /// the order they were set.
+  void on_step(int rank, inproc_step at, std::function<void(inproc_world&)> action) {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    check_rank("on_step", rank);
+    if (at.skip < 0)
+      throw invalid_parameter_error("cadence::transport::inproc_world::on_step: negative skip");
+    if (!action)
+      throw invalid_parameter_error("cadence::transport::inproc_world::on_step: empty action");
+    state_->traps.push_back({rank, std::move(at), std::move(action)});
+  }
+
   /// Everything rank src sends to rank dst, messages and collective contributions, arrives
   /// `delay` later (zero restores the link). Applies to what is sent from now on.
   void delay_link(int src, int dst, std::chrono::nanoseconds delay) {
@@ -530,6 +573,9 @@ public:
   }
 
 private:
+  friend class inproc_communicator;
+  explicit inproc_world(std::shared_ptr<detail::inproc_state> state) : state_(std::move(state)) {}
+
   void check_rank(const char* what, int rank) const {
     if (rank < 0 || rank >= state_->size)
       throw invalid_parameter_error(std::string("cadence::transport::inproc_world::") + what +
@@ -545,5 +591,27 @@ private:
 
   std::shared_ptr<detail::inproc_state> state_;
 };
+
+inline void inproc_communicator::fire(std::unique_lock<std::mutex>& lock, const detail::call_info& c,
+                                      int peer, int tag) {
+  auto& traps = state_->traps;
+  for (auto it = traps.begin(); it != traps.end(); ++it) {
+    const inproc_step& at = it->at;
+    if (it->rank != rank_ || (!at.op.empty() && at.op != c.op) || (at.peer && *at.peer != peer) ||
+        (at.tag && *at.tag != tag))
+      continue;
+    if (it->at.skip > 0) {
+      --it->at.skip;
+      return;
+    }
+    auto action = std::move(it->action);
+    traps.erase(it);
+    lock.unlock();
+    inproc_world world(state_);
+    action(world);
+    lock.lock();
+    return;
+  }
+}
 
 }  // namespace cadence::transport

@@ -154,6 +154,10 @@ class ParameterServer:
             closes).
         transfer_timeout: seconds one reply may take to leave.
         keep_log: keep the push order and every release's staleness in ``stats``.
+        observer: ``observer(kind, worker, reason)``, called on the serving thread after the
+            server acted, for each ``"finished"``, ``"evicted"`` (reason: silence or a lost
+            connection) and ``"refused"`` (a request from an evicted or finished worker, or a
+            bad one; reason: the refusal's text). Keep it short; an exception ends ``run()``.
 
     ``run()`` serves until every worker finished or was evicted and returns the stats.
     Receives never time out inside gloo (a timed-out gloo receive closes the connection for
@@ -164,7 +168,8 @@ class ParameterServer:
     def __init__(self, policy, initial, *, update: Optional[Callable] = None, lr: float = 0.01,
                  group=None, server_rank: int = 0, evict_after: Optional[float] = None,
                  transfer_timeout: float = 60.0, keep_log: bool = False,
-                 tag_base: int = DEFAULT_TAG_BASE):
+                 tag_base: int = DEFAULT_TAG_BASE,
+                 observer: Optional[Callable[[str, int, str], None]] = None):
         self._roles = _Roles("ParameterServer", group, server_rank)
         r = self._roles
         if r.rank != r.server:
@@ -194,6 +199,9 @@ class ParameterServer:
         self.evict_after = check_seconds("ParameterServer", "evict_after", evict_after, allow_none=True)
         self.transfer_timeout = check_seconds("ParameterServer", "transfer_timeout", transfer_timeout)
         self.keep_log = bool(keep_log)
+        if observer is not None and not callable(observer):
+            raise InvalidParameterError("cadence.torch.ParameterServer: observer must be callable")
+        self._observer = observer
         self._t_control, self._t_data, self._t_reply, self._t_reply_data = _tags(tag_base)
         self.stats = PSStats(pushes=[0] * n, max_start_staleness=[0] * n)
         self._state = ["active"] * n
@@ -321,6 +329,7 @@ class ParameterServer:
             self._state[w] = "finished"
             self._heard[w] = None
             self._release_all(list(self.controller.remove_worker(w)))
+            self._notify("finished", w, "")
         else:
             raise TransportError(f"{self._who()}: unexpected message kind {kind} from worker {w}")
 
@@ -366,15 +375,23 @@ class ParameterServer:
 
     def _refuse(self, w: int) -> None:
         if w in self._notified:
-            return  # it has its eviction notice already (and stops at the first refusal)
+            # It has its eviction notice already (and stops at the first refusal).
+            self._notify("refused", w, f"worker {w} was evicted (its notice was sent at eviction)")
+            return
         self._refuse_text(w, f"worker {w} was evicted (silent for longer than evict_after)"
                           if self._state[w] == "evicted" else f"worker {w} already called finish()")
 
-    def _refuse_text(self, w: int, text: str, reap: bool = True) -> None:
+    def _refuse_text(self, w: int, text: str, reap: bool = True, notify: bool = True) -> None:
         data = torch.tensor(list(text.encode()), dtype=torch.uint8)
         status = EVICTED if self._state[w] == "evicted" else ERROR
         self._isend(w, [(self._t_reply, _header(REPLY, w, self._applied[w], data.numel(), status)),
                         (self._t_reply_data, data)], reap=reap)
+        if notify:
+            self._notify("refused", w, text)
+
+    def _notify(self, kind: str, w: int, reason: str) -> None:
+        if self._observer is not None:
+            self._observer(kind, w, reason)
 
     def _drop(self, w: int, reason: str, silent: float = 0.0) -> None:
         """Removes worker w for good: from the controller (releasing whoever waited only for
@@ -386,9 +403,10 @@ class ParameterServer:
         self.stats.evictions.append(Eviction(w, self._applied[w], silent, reason))
         if not reason.startswith("lost"):
             # Not waited for: a stalled worker takes it with its next reply.
-            self._refuse_text(w, f"worker {w} was evicted ({reason})", reap=False)
+            self._refuse_text(w, f"worker {w} was evicted ({reason})", reap=False, notify=False)
             self._notified.add(w)
         self._release_all(list(self.controller.remove_worker(w)))
+        self._notify("evicted", w, reason)
 
 
 class PSWorker:

@@ -1,7 +1,8 @@
 # Runs a function on n processes joined by a gloo process group (file:// rendezvous in a fresh
 # temporary directory, so no port can collide), with every wait bounded: returns each rank's
 # result or its formatted exception; a rank still running at the deadline is killed and the
-# test fails naming it.
+# test fails naming it. post()/wait() are named events between the ranks of a run (empty files
+# in that directory), so a fault test waits for the state it needs instead of sleeping.
 import datetime
 import os
 import queue
@@ -12,9 +13,31 @@ import traceback
 import torch.multiprocessing as mp
 
 
+_EVENTS = "CADENCE_TEST_EVENTS"
+
+
+def post(name):
+    """Posts event `name` for every rank of this run (idempotent)."""
+    open(os.path.join(os.environ[_EVENTS], name), "w").close()
+
+
+def posted(name):
+    return os.path.exists(os.path.join(os.environ[_EVENTS], name))
+
+
+def wait(name, timeout=60.0):
+    """Waits until `name` is posted; raises after `timeout` s, which only catches a hang."""
+    until = time.monotonic() + timeout
+    while not posted(name):
+        if time.monotonic() > until:
+            raise AssertionError(f"event {name!r} was not posted within {timeout} s")
+        time.sleep(0.002)
+
+
 def _entry(fn, rank, n, init_file, pg_timeout, results, args):
     import torch.distributed as dist
 
+    os.environ[_EVENTS] = os.path.dirname(init_file)
     out = None
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=n,

@@ -147,9 +147,12 @@ TEST_CASE("abort() from a watchdog thread ends a blocked call; later calls throw
       const std::string again = expect_throw<transport_error>(
           0, [&] { c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 30s); }, {});
       CHECK(again == first);
+      cadence_test::current_events().post("rank 0 done");
+      return;
     }
-    // Rank 1 sends nothing and leaves; rank 0 is aborted long before it would see that.
-    std::this_thread::sleep_for(300ms);
+    // Rank 1 sends nothing, and leaves only after rank 0's checks: a departed rank 1 would be
+    // reported as lost instead.
+    CHECK(cadence_test::current_events().wait("rank 0 done"));
   });
 }
 

@@ -5,6 +5,8 @@
 
 #include <cadence/transport/gloo/communicator.hpp>
 
+#include "support/events.hpp"
+
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
@@ -53,6 +55,8 @@ struct gloo_threads_harness {
   template <class Body>
   static void run(Body body) {
     temp_store store;
+    const cadence_test::events ev;
+    const cadence_test::scoped_events scope(ev);
     std::mutex m;
     std::vector<std::string> errors;
     std::vector<std::thread> ranks;

@@ -4,13 +4,17 @@
 
 #include <cadence/transport/mpi/communicator.hpp>
 
+#include "support/events.hpp"
+
 #include <doctest/doctest.h>
 
 #include <mpi.h>
 
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace cadence_mpi_test {
 
@@ -19,13 +23,20 @@ inline cadence::transport::mpi_options default_mpi_options() { return {}; }
 /// run(body) calls body(comm) on this process's rank, over a fresh communicator on
 /// MPI_COMM_WORLD made with Options(), then waits for every rank: no rank starts the next case
 /// (or leaves) while another may still talk to it in this one. An exception escaping the body
-/// fails the test, naming the rank.
+/// fails the test, naming the rank. current_events() is a folder rank 0 made for this run.
 template <cadence::transport::mpi_options (*Options)() = &default_mpi_options>
 struct mpi_harness_for {
   template <class Body>
   static void run(Body body) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::unique_ptr<cadence_test::events> ev;
+    if (rank == 0) ev = std::make_unique<cadence_test::events>();
+    std::vector<char> dir(4096, '\0');
+    if (rank == 0) ev->dir().copy(dir.data(), dir.size() - 1);
+    MPI_Bcast(dir.data(), static_cast<int>(dir.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (rank != 0) ev = std::make_unique<cadence_test::events>(std::string(dir.data()));
+    const cadence_test::scoped_events scope(*ev);
     try {
       cadence::transport::mpi_communicator c(MPI_COMM_WORLD, Options(), std::chrono::seconds(30));
       body(c);

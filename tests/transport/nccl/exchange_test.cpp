@@ -308,8 +308,11 @@ TEST_CASE("NCCL form: ranks with different configs fail the hash check on the co
 TEST_CASE("NCCL form: a stalled rank makes the others throw transport_error naming it within "
           "the deadline" * doctest::timeout(60)) {
   constexpr int n = 4, stalled = 2;
+  // The stalled rank stays until every other rank's deadline has passed (a departed rank would
+  // be reported as lost instead).
+  const cadence_test::events ev;
   SUBCASE("elastic: the control all-gather names it") {
-    run_ranks(n, [](inproc_communicator& control, nccl_communicator& c, const nccl_api&) {
+    run_ranks(n, [&ev](inproc_communicator& control, nccl_communicator& c, const nccl_api&) {
       elastic_averager_options o;
       o.timeout = 1s;
       o.merge = merge_rule::step_weighted;
@@ -319,7 +322,7 @@ TEST_CASE("NCCL form: a stalled rank makes the others throw transport_error nami
       while (avg.barriers() < 5)
         if (avg.step_done(step_us(c.rank(), ++step))) avg.sync(x);
       if (c.rank() == stalled) {
-        std::this_thread::sleep_for(2500ms);
+        CHECK(ev.wait_ranks("elastic threw", n, stalled));
         return;
       }
       while (!avg.step_done(step_us(c.rank(), ++step))) {
@@ -328,12 +331,13 @@ TEST_CASE("NCCL form: a stalled rank makes the others throw transport_error nami
       expect_throw<transport_error>(c.rank(), [&] { avg.sync(x); },
                                     {"rank " + std::to_string(stalled), "on rank " + std::to_string(c.rank())});
       const double waited = cadence_conformance::seconds_since(t0);
+      ev.post_rank("elastic threw", c.rank());
       CHECK(waited >= 0.99);
       CHECK(waited < 10.0);
     });
   }
   SUBCASE("bucketed: the NCCL all-reduce times out, naming the ranks it waited for") {
-    run_ranks(n, [](inproc_communicator&, nccl_communicator& c, const nccl_api&) {
+    run_ranks(n, [&ev](inproc_communicator&, nccl_communicator& c, const nccl_api&) {
       bucketed_allreducer_options o;
       o.timeout = 1s;
       bucketed_allreducer<nccl_communicator> red(c, o);
@@ -342,13 +346,14 @@ TEST_CASE("NCCL form: a stalled rank makes the others throw transport_error nami
       red.add(b);
       red.average();
       if (c.rank() == stalled) {
-        std::this_thread::sleep_for(2500ms);
+        CHECK(ev.wait_ranks("bucketed threw", n, stalled));
         return;
       }
       const auto t0 = std::chrono::steady_clock::now();
       expect_throw<transport_error>(c.rank(), [&] { red.average(); },
                                     {"allreduce_average", "deadline passed", std::to_string(stalled)});
       const double waited = cadence_conformance::seconds_since(t0);
+      ev.post_rank("bucketed threw", c.rank());
       CHECK(waited >= 0.99);
       CHECK(waited < 10.0);
       CHECK(c.failed());

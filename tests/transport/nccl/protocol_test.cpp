@@ -81,6 +81,8 @@ private:
 struct nccl_fake_harness {
   template <class Body>
   static void run(Body body) {
+    const cadence_test::events ev;
+    const cadence_test::scoped_events scope(ev);
     fake::world w;
     const nccl_api api = w.api();
     run_ranks(4, [&](int r, inproc_communicator& b) {
@@ -211,14 +213,18 @@ TEST_CASE("a rank that never joins the bootstrap fails construction on its deadl
           doctest::timeout(30)) {
   fake::world w;
   const nccl_api api = w.api();
+  const cadence_test::events ev;
   run_ranks(2, [&](int r, inproc_communicator& b) {
     if (r == 1) {
-      std::this_thread::sleep_for(800ms);  // alive past rank 0's deadline, never constructing
+      // Alive until rank 0's deadline has passed (a departed rank would be reported as lost),
+      // never constructing.
+      CHECK(ev.wait("rank 0 timed out"));
       return;
     }
     expect_throw<transport_error>(0, [&] { nccl_communicator c(api, b, 0, {}, 300ms); },
                                   {"construction on rank 0 of 2", "bootstrap communicator failed",
                                    "unique id", "rank 1"});
+    ev.post("rank 0 timed out");
   });
   CHECK(w.group_count() == 0);  // NCCL was never initialised
 }
@@ -287,15 +293,17 @@ TEST_CASE("a rank that never calls leaves the others' collective to the deadline
           "among the others" * doctest::timeout(30)) {
   fake::world w;
   const nccl_api api = w.api();
+  const cadence_test::events ev;
   run_ranks(3, [&](int r, inproc_communicator& b) {
     nccl_communicator c(api, b, r, {}, 10s);
-    if (r == 2) {
-      std::this_thread::sleep_for(1500ms);  // past the others' deadline
+    if (r == 2) {  // until the others' deadlines have passed
+      CHECK(ev.wait_ranks("threw", 3, 2));
       return;
     }
     std::uint8_t x = 1;
     expect_throw<transport_error>(r, [&] { c.broadcast(&x, 1, 2, 300ms); },
                                   {"broadcast #1 on rank " + std::to_string(r), "rank 2"});
+    ev.post_rank("threw", r);
   });
 }
 
