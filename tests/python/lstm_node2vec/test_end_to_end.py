@@ -35,11 +35,12 @@ def test_the_protocol_reports_every_method_over_seeds_and_finds_the_planted_comm
         assert ("anomaly_auc_clf" in row) == (m not in ("cn", "aa", "pa"))
     # communities make the next snapshot's links predictable (best method measured 0.80..0.83 on seeds 0..3)
     assert max(row["link_auc"] for row in rows.values()) > 0.7
-    # 3 planted communities: chance macro-F1 is about 1/3; node2vec-based vectors find them
-    # (measured 0.96..1.0 for lstm-node2vec, node2vec and dynnode2vec on seeds 0, 1), degrees do not
+    # 3 planted communities: a random guess has macro-F1 about 1/3; node2vec-based vectors find them,
+    # degrees do not. Means over seeds 0, 1 measured on SBM graphs 4..7: lstm-node2vec 0.71..0.94,
+    # node2vec 0.82..0.98, activity 0.28..0.44 (60 test nodes, so single seeds vary by 0.1)
     for m in ("lstm-node2vec", "node2vec"):
-        assert rows[m]["node_f1"] > 0.8, m
-    assert rows["activity"]["node_f1"] < 0.6
+        assert rows[m]["node_f1"] > 0.6, m
+    assert rows["activity"]["node_f1"] < 0.55
     diffs = {d["method"]: d for d in r["differences"]}
     assert set(diffs) == set(ALL_METHODS) - {"lstm-node2vec"}
     assert set(diffs["node2vec"]["link_auc"]) == {"diff", "half", "outside_noise"}
