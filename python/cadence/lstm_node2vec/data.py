@@ -1,4 +1,4 @@
-"""Temporal edge lists: the fb-messages loader, snapshot cutting, and a seeded evolving SBM generator."""
+"""Temporal edge lists: the CSV and SocioPatterns loaders, the shipped data sets, snapshot cutting, and a seeded evolving SBM generator."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ class TemporalEdges:
     n: int
     node_ids: np.ndarray  # original id of node k
     name: str = ""
+    labels: np.ndarray = None  # class of node k (int, -1 = none), when the data has one
+    label_names: list = field(default_factory=list)  # name of class c
 
 
 @dataclass
@@ -39,27 +41,95 @@ class Snapshots:
     present: list
     n: int
     name: str = ""
-    labels: list = field(default_factory=list)  # planted communities per snapshot (generator only)
+    labels: list = field(default_factory=list)  # node classes per snapshot (-1 = none); empty when unlabelled
     bounds: list = field(default_factory=list)  # (first ts, last ts) per snapshot
 
     def __len__(self):
         return len(self.graphs)
 
 
-def default_data_path() -> str:
-    """The fb-messages CSV shipped in the repository (data/fb-messages/ml_fb_msg.csv).
+#: The data sets shipped in the repository: name -> (path under the repository root, format).
+DATASETS = {
+    "fb-messages": (os.path.join("data", "fb-messages", "ml_fb_msg.csv"), "csv"),
+    "highschool-2012": (os.path.join("data", "highschool-2012", "thiers_2012.csv"), "sociopatterns"),
+}
+
+
+def default_data_path(name: str = "fb-messages") -> str:
+    """The path of a shipped data set (default fb-messages: data/fb-messages/ml_fb_msg.csv).
 
     Looked for beside the source tree this module lives in (python/cadence/lstm_node2vec/), then
     under the working directory (an installed package carries no data: run from the repository
     root or pass a path).
     """
+    if name not in DATASETS:
+        raise ValueError(f"unknown data set {name!r}: expected one of {', '.join(DATASETS)}")
     here = os.path.dirname(os.path.realpath(__file__))
-    rel = os.path.join("data", "fb-messages", "ml_fb_msg.csv")
+    rel = DATASETS[name][0]
     candidates = [os.path.normpath(os.path.join(here, "..", "..", "..", rel)), os.path.abspath(rel)]
     for c in candidates:
         if os.path.exists(c):
             return c
     return candidates[0]
+
+
+def load_dataset(name: str) -> TemporalEdges:
+    """A shipped data set by name, read with its format's loader."""
+    path = default_data_path(name)
+    return load_sociopatterns(path) if DATASETS[name][1] == "sociopatterns" else load_temporal_csv(path)
+
+
+def _finish(path, src, dst, ts, labels=None) -> TemporalEdges:
+    """Sort by time (stable), remap ids to 0..n-1 in increasing order of the original id."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    ts = np.asarray(ts, dtype=np.int64)
+    order = np.argsort(ts, kind="stable")
+    node_ids, inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
+    m = src.size
+    ev = TemporalEdges(inv[:m][order], inv[m:][order], ts[order], int(node_ids.size), node_ids,
+                       name=os.path.basename(os.path.dirname(path)) or os.path.basename(path))
+    if labels is not None:
+        names = sorted(set(labels.values()))
+        code = {c: k for k, c in enumerate(names)}
+        ev.labels = np.array([code[labels[int(i)]] for i in node_ids], dtype=np.int64)
+        ev.label_names = names
+    return ev
+
+
+def load_sociopatterns(path: str) -> TemporalEdges:
+    """Read SocioPatterns' contact-list format: lines ``t i j Ci Cj`` (tab or space separated, no header).
+
+    A contact between ids i and j active during [t - 20 s, t]; Ci and Cj are their classes (or
+    roles), which become the node labels. Each line is one event. Any malformed line raises
+    DataError with ``path:line:``; so does a node given two different classes.
+    """
+    src, dst, ts = [], [], []
+    labels = {}
+    with open(path) as f:
+        for line_no, line in enumerate(f, start=1):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) != 5:
+                raise DataError(f"{path}:{line_no}: expected 5 fields 't i j Ci Cj', got {len(fields)}")
+            vals = []
+            for name, text in zip(("t", "i", "j"), fields[:3]):
+                try:
+                    vals.append(int(text))
+                except ValueError:
+                    raise DataError(f"{path}:{line_no}: field '{name}' is not an integer: {text!r}") from None
+            if vals[1] < 0 or vals[2] < 0:
+                raise DataError(f"{path}:{line_no}: negative node id")
+            for node, cls in ((vals[1], fields[3]), (vals[2], fields[4])):
+                if labels.setdefault(node, cls) != cls:
+                    raise DataError(f"{path}:{line_no}: node {node} has class {cls!r} here but {labels[node]!r} before")
+            ts.append(vals[0])
+            src.append(vals[1])
+            dst.append(vals[2])
+    if not src:
+        raise DataError(f"{path}:1: no contact lines")
+    return _finish(path, src, dst, ts, labels)
 
 
 def load_temporal_csv(path: str, src_col: str = "u", dst_col: str = "i", ts_col: str = "ts") -> TemporalEdges:
@@ -102,14 +172,7 @@ def load_temporal_csv(path: str, src_col: str = "u", dst_col: str = "i", ts_col:
             ts.append(vals[2])
     if not src:
         raise DataError(f"{path}:2: no data rows")
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
-    ts = np.asarray(ts, dtype=np.int64)
-    order = np.argsort(ts, kind="stable")
-    node_ids, inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
-    m = src.size
-    return TemporalEdges(inv[:m][order], inv[m:][order], ts[order], int(node_ids.size), node_ids,
-                         name=os.path.basename(os.path.dirname(path)) or os.path.basename(path))
+    return _finish(path, src, dst, ts)
 
 
 def cut_snapshots(events: TemporalEdges, k: int, split: str = "count", cumulative: bool = False) -> Snapshots:
@@ -141,7 +204,8 @@ def cut_snapshots(events: TemporalEdges, k: int, split: str = "count", cumulativ
         p[d] = True
         present.append(p)
         bounds.append((int(events.ts[lo]) if hi > lo else None, int(events.ts[hi - 1]) if hi > lo else None))
-    return Snapshots(graphs, present, events.n, name=events.name, bounds=bounds)
+    labels = [events.labels] * k if events.labels is not None else []
+    return Snapshots(graphs, present, events.n, name=events.name, bounds=bounds, labels=labels)
 
 
 def evolving_sbm(n: int = 200, communities: int = 4, snapshots: int = 6, avg_degree: float = 8.0,

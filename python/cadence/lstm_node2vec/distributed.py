@@ -1,4 +1,4 @@
-"""The LSTM autoencoder trained data-parallel on several processes under Cadence's policies (cadence.torch), scored by link AUC against wall-clock time."""
+"""The LSTM autoencoder trained data-parallel on several processes under Cadence's policies (cadence.torch), scored by reconstruction loss and link AUC against wall-clock time."""
 
 from __future__ import annotations
 
@@ -253,7 +253,8 @@ def _spawn(world, spec, timeout):
 
 
 def run_policies(policies, walks: np.ndarray, score, n: int, cfg, workers: int = 4, profile="hetero2",
-                 steps: int = 0, checkpoints: int = 4, timeout: float = 240.0, target_auc=None) -> list:
+                 steps: int = 0, checkpoints: int = 8, timeout: float = 240.0, target_auc=None, loss=None,
+                 target_loss=None) -> list:
     """Train the autoencoder on ``workers`` processes under each policy in turn and score the checkpoints.
 
     A policy is a parameter-server controller config ("bsp", "ssp:3", "dssp:3:15",
@@ -263,6 +264,8 @@ def run_policies(policies, walks: np.ndarray, score, n: int, cfg, workers: int =
     walks), so every policy does the same total work and a fast worker that a relaxed policy
     does not hold back takes more of it; under the averager a rank past the budget still runs
     to the next barrier. ``timeout`` bounds every wait (and the whole run, times the policies).
+    ``loss(model) -> reconstruction loss``, if given, is evaluated at every checkpoint too
+    (``loss_curve``, ``final_loss``), and ``target_loss`` gives ``seconds_to_target_loss``.
     """
     policies = list(policies)
     mults = PROFILES[profile] if isinstance(profile, str) else list(profile)
@@ -281,16 +284,24 @@ def run_policies(policies, walks: np.ndarray, score, n: int, cfg, workers: int =
         server = out[0][i]
         if server is not None:
             points.append((seconds, server["weights"]))  # the server's final weights
-        curve = []
+        curve, loss_curve = [], []
         for t, flat in points:
             _load(model, flat)
             curve.append([round(t, 2), round(float(score(model)), 4)])
+            if loss is not None:
+                loss_curve.append([round(t, 2), round(float(loss(model)), 4)])
         row = {"policy": policy, "seconds": round(seconds, 2), "final_link_auc": curve[-1][1] if curve else None,
                "curve": curve, "step_budget": steps, "steps": [o["steps"] for o in worker_rows],
                "profile": profile if isinstance(profile, str) else mults}
         if target_auc is not None:
             hit = [t for t, a in curve if a >= target_auc]
             row["seconds_to_target"] = hit[0] if hit else None
+        if loss is not None:
+            row["loss_curve"] = loss_curve
+            row["final_loss"] = loss_curve[-1][1] if loss_curve else None
+            if target_loss is not None:
+                hit = [t for t, x in loss_curve if x <= target_loss]
+                row["seconds_to_target_loss"] = hit[0] if hit else None
         if server is not None:
             row["pushes"] = server["pushes"]
             row["max_staleness"] = server["max_staleness"]
@@ -300,25 +311,62 @@ def run_policies(policies, walks: np.ndarray, score, n: int, cfg, workers: int =
     return rows
 
 
+@torch.no_grad()
+def reconstruction_loss(model: WalkAutoencoder, walks: np.ndarray, batch: int = 500) -> float:
+    """Mean full-softmax cross-entropy of the model's reconstruction of ``walks`` (no sampling, so deterministic)."""
+    total = 0.0
+    for i in range(0, len(walks), batch):
+        xb = torch.from_numpy(walks[i:i + batch])
+        logits = model(xb)
+        total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, model.n + 1), xb.reshape(-1),
+                                                         reduction="sum"))
+    return total / walks.size
+
+
 def run_all(snapshots, cfg, tasks, t_cur: int, policies=None, workers: int = 4, profile="hetero2",
-            target_auc=None, log=None) -> list:
-    """Every policy on the same temporal walks; scores are lstm-ae link AUC on the shared tasks."""
+            target_auc=None, target_fraction: float = 0.9, eval_walks: int = 2000, log=None) -> list:
+    """Every policy on the same temporal walks, scored by reconstruction loss and lstm-ae link AUC over time.
+
+    The target loss is L_sp + (1 - target_fraction) (L_0 - L_sp) on a fixed evaluation set of
+    ``eval_walks`` training walks: ``target_fraction`` of the loss reduction that single-process
+    training (same initial model, seed and budget) achieves. Every row carries it, with L_0
+    (``initial_loss``) and L_sp (``single_process_loss``).
+    """
     from .experiment import evaluate
+    from .models import train_autoencoder
     from .walks import temporal_walks
 
     walks, owner = temporal_walks(snapshots, t_cur, cfg.lookback, cfg.temporal_walks, seed=cfg.seed,
                                   mode=cfg.walk_mode, absent=cfg.absent)
     train = walks[(walks != snapshots.n).any(axis=1)] if cfg.ae_train_on == "active" else walks
+    rng = np.random.default_rng([cfg.seed, 7])
+    held = train[np.sort(rng.choice(len(train), min(eval_walks, len(train)), replace=False))]
 
     def score(model):
         vec = dynamic_vectors(model, walks, owner, snapshots.n, pool=cfg.pool)
         return evaluate(vec, tasks, cfg)["link_auc"]
 
+    def loss(model):
+        return reconstruction_loss(model, held)
+
     t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)  # the initial model every policy starts from (as in _rank_main)
+    ref = WalkAutoencoder(snapshots.n, cfg.token_dim, cfg.dim, cfg.ae_negatives)
+    initial = loss(ref)
+    train_autoencoder(ref, train, cfg.ae_epochs, cfg.ae_batch, cfg.ae_lr, seed=cfg.seed)
+    single = loss(ref)
+    target = single + (1.0 - target_fraction) * (initial - single)
+    if log:
+        log(f"distributed: reconstruction loss initial {initial:.3f}, single process {single:.3f}, target {target:.3f} "
+            f"({time.perf_counter() - t0:.1f}s)")
     rows = run_policies(policies or DEFAULT_POLICIES, train, score, snapshots.n, cfg, workers=workers,
-                        profile=profile, target_auc=target_auc)
+                        profile=profile, target_auc=target_auc, loss=loss, target_loss=target)
+    for r in rows:
+        r.update({"initial_loss": round(initial, 4), "single_process_loss": round(single, 4),
+                  "target_loss": round(target, 4), "target_fraction": target_fraction})
     if log:
         for r in rows:
-            log(f"distributed {r['policy']}: {r['seconds']:.1f}s training, link AUC {r['final_link_auc']:.3f}")
+            log(f"distributed {r['policy']}: {r['seconds']:.1f}s training, loss {r['final_loss']:.3f}, "
+                f"link AUC {r['final_link_auc']:.3f}")
         log(f"distributed: {time.perf_counter() - t0:.1f}s with process start and scoring")
     return rows

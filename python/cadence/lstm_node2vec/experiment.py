@@ -1,16 +1,30 @@
-"""The LSTM-node2vec pipeline, its baselines and the evaluation protocols (link prediction, anomaly detection)."""
+"""The LSTM-node2vec pipeline, its baselines, and the protocol's runs over seeds (docs/lstm-node2vec.md, "Evaluation protocol")."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, asdict, replace
 
 import numpy as np
 import torch
 
-from .metrics import LogisticRegression, average_precision, roc_auc
+from .graph import CSRGraph
+from .heuristics import HEURISTICS, activity_vectors
+from .metrics import LogisticRegression, OneVsRest, average_precision, macro_f1, roc_auc
 from .models import SkipGram, WalkAutoencoder, dynamic_vectors, train_autoencoder, train_skipgram
+from .protocol import LINK_COLUMNS, Tasks
+from .stats import mean_ci, paired_difference
 from .walks import node2vec_walks, skipgram_pairs, temporal_walks
+
+#: Methods that produce node vectors, in table order.
+EMBEDDING_METHODS = ["lstm-node2vec", "lstm-node2vec-concat", "lstm-ae", "node2vec", "node2vec-union", "dynnode2vec",
+                     "activity"]
+#: Every method: the embeddings, then the pair heuristics on the current snapshot.
+ALL_METHODS = EMBEDDING_METHODS + list(HEURISTICS)
+#: The method the differences are taken against (the paper's).
+REFERENCE = "lstm-node2vec"
+#: Metrics in table order (node_f1 only where the data has labels; the heuristics have no classifier score).
+METRICS = list(LINK_COLUMNS.values()) + ["link_ap", "anomaly_auc", "anomaly_auc_clf", "node_f1"]
 
 
 @dataclass
@@ -42,10 +56,9 @@ class Config:
     n2v_lr: float = 0.025
     combine: str = "init"         # "init": node2vec starts from the dynamic vectors; "concat": [dynamic, node2vec]
     dyn_walks: str = "changed"    # dynnode2vec baseline: walks from "changed" nodes only, or "all"
-    # evaluation
-    max_pairs: int = 20000        # cap on positive edges used per task
-    anomaly_ratio: float = 0.1    # injected anomalous edges per real edge of the target snapshot
-    anomaly_score: str = "classifier"  # "classifier": -(link classifier score); "cosine": -cosine (unsupervised)
+    # evaluation (docs/lstm-node2vec.md, "Evaluation protocol")
+    max_pairs: int = 20000        # cap on positive edges (of the target snapshot) per task
+    anomaly_ratio: float = 0.1    # anomalous edges injected into the embedded snapshot, per real edge of it
     l2: float = 1.0               # logistic regression penalty
     seed: int = 0
 
@@ -106,13 +119,32 @@ def _changed_nodes(g_old, g_new) -> np.ndarray:
     return np.unique(diff // g_new.n)
 
 
-def embeddings(snapshots, t_cur: int, cfg: Config, methods=None, log=None):
-    """Embeddings at ``t_cur`` for each method; returns {method: (vectors, seconds)}."""
-    methods = methods or ["lstm-node2vec", "lstm-node2vec-concat", "lstm-ae", "node2vec", "dynnode2vec"]
+def embeddings(snapshots, t_cur: int, cfg: Config, methods=None, log=None, state=None):
+    """Node vectors at ``t_cur`` for each embedding method; returns {method: (vectors, seconds)}.
+
+    A method's seconds include the work it shares with others (the autoencoder for the lstm
+    methods, the static node2vec model for lstm-node2vec-concat), which runs once.
+
+    ``state``, a dict, carries what two calls that differ only in snapshot ``t_cur`` can share
+    (dynnode2vec's model of snapshot t_cur - 1): the clean and the anomaly-injected runs of one
+    seed. Methods that are not embeddings (the pair heuristics) are ignored here.
+    """
+    methods = [m for m in (methods or EMBEDDING_METHODS) if m not in HEURISTICS]
+    for m in methods:
+        if m not in EMBEDDING_METHODS:
+            raise ValueError(f"unknown method {m!r}: expected one of {', '.join(ALL_METHODS)}")
+    state = {} if state is None else state
     out = {}
     g = snapshots.graphs[t_cur]
-    need_dyn = any(m.startswith("lstm") for m in methods)
-    if need_dyn:
+    static = []  # node2vec on snapshot t_cur from a random start: the node2vec row and the concat half are one model
+
+    def static_vectors():
+        if not static:
+            t1 = time.perf_counter()
+            model, _ = node2vec_embed(g, cfg, seed=cfg.seed + 1)
+            static.append((model.inp.weight.detach().numpy().copy(), time.perf_counter() - t1))
+        return static[0]
+    if any(m.startswith("lstm") for m in methods):
         t0 = time.perf_counter()
         dyn, dstats = lstm_dynamic(snapshots, t_cur, cfg, seed=cfg.seed, log=log)
         dyn_seconds = time.perf_counter() - t0
@@ -121,57 +153,47 @@ def embeddings(snapshots, t_cur: int, cfg: Config, methods=None, log=None):
                 f"trained in {dstats['train_seconds']:.2f}s, loss {dstats['losses'][0]:.3f} -> {dstats['losses'][-1]:.3f}")
     for m in methods:
         t0 = time.perf_counter()
+        shared = 0.0
         if m == "lstm-ae":
             out[m] = (dyn, dyn_seconds)
             continue
-        if m == "lstm-node2vec":
-            combine = cfg.combine
-        elif m == "lstm-node2vec-concat":
-            combine = "concat"
-        elif m in ("node2vec", "dynnode2vec"):
-            combine = None
-        else:
-            raise ValueError(f"unknown method {m!r}")
-        if combine == "init":
-            model, _ = node2vec_embed(g, cfg, init=dyn, seed=cfg.seed + 1)
-            vec = model.inp.weight.detach().numpy().copy()
-        elif combine == "concat":
-            model, _ = node2vec_embed(g, cfg, seed=cfg.seed + 1)
-            vec = np.hstack([dyn, model.inp.weight.detach().numpy()])
+        if m in ("lstm-node2vec", "lstm-node2vec-concat"):
+            combine = "concat" if m == "lstm-node2vec-concat" else cfg.combine
+            if combine == "init":
+                model, _ = node2vec_embed(g, cfg, init=dyn, seed=cfg.seed + 1)
+                vec = model.inp.weight.detach().numpy().copy()
+            elif combine == "concat":
+                static_vec, static_seconds = static_vectors()
+                vec = np.hstack([dyn, static_vec])
+                t0, shared = time.perf_counter(), static_seconds
+            else:
+                raise ValueError(f"combine must be 'init' or 'concat', not {cfg.combine!r}")
+            shared += dyn_seconds
         elif m == "node2vec":
-            model, _ = node2vec_embed(g, cfg, seed=cfg.seed + 1)
+            vec, shared = static_vectors()
+            t0 = time.perf_counter()
+        elif m == "node2vec-union":  # the LSTM's window, flattened into one graph
+            lo = max(0, t_cur - cfg.lookback + 1)
+            model, _ = node2vec_embed(CSRGraph.union(snapshots.graphs[lo:t_cur + 1]), cfg, seed=cfg.seed + 1)
             vec = model.inp.weight.detach().numpy().copy()
+        elif m == "activity":
+            vec = activity_vectors(snapshots, t_cur, cfg.lookback)
         else:  # dynnode2vec-style: train on t_cur - 1, warm-start on t_cur
             if t_cur == 0:
                 raise ValueError("dynnode2vec needs a previous snapshot")
-            prev, _ = node2vec_embed(snapshots.graphs[t_cur - 1], cfg, seed=cfg.seed + 2)
+            key = ("dynnode2vec-prev", t_cur, cfg.seed)
+            if key not in state:  # its time counts in the call that trains it
+                state[key], _ = node2vec_embed(snapshots.graphs[t_cur - 1], cfg, seed=cfg.seed + 2)
+            prev = state[key]
             starts = _changed_nodes(snapshots.graphs[t_cur - 1], g) if cfg.dyn_walks == "changed" else None
             model, _ = node2vec_embed(g, cfg, init=prev.inp.weight.detach().numpy(),
                                       init_ctx=prev.ctx.weight.detach(), start_nodes=starts, seed=cfg.seed + 1)
             vec = model.inp.weight.detach().numpy().copy()
-        secs = time.perf_counter() - t0 + (dyn_seconds if combine else 0.0)
+        secs = time.perf_counter() - t0 + shared
         out[m] = (vec, secs)
         if log:
             log(f"{m}: {secs:.1f}s")
     return out
-
-
-def _sample_non_edges(graphs, n: int, count: int, rng) -> np.ndarray:
-    """``count`` distinct-endpoint pairs that are edges in none of ``graphs``."""
-    got = []
-    need = count
-    for _ in range(100):
-        if need <= 0:
-            break
-        u = rng.integers(0, n, size=2 * need + 16)
-        v = rng.integers(0, n, size=u.size)
-        ok = u != v
-        for g in graphs:
-            ok &= ~g.has_edge(u, v)
-        pairs = np.stack([u[ok], v[ok]], axis=1)[:need]
-        got.append(pairs)
-        need -= len(pairs)
-    return np.concatenate(got) if got else np.zeros((0, 2), dtype=np.int64)
 
 
 def hadamard(vec: np.ndarray, pairs: np.ndarray) -> np.ndarray:
@@ -183,44 +205,53 @@ def cosine(vec: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)
 
 
-class Tasks:
-    """The evaluation sets for predicting snapshot ``t_cur + 1`` from embeddings at ``t_cur``, drawn once so every method sees the same pairs."""
-
-    def __init__(self, snapshots, t_cur: int, cfg: Config):
-        rng = np.random.default_rng(cfg.seed + 1000)
-        target = snapshots.graphs[t_cur + 1]
-        pos = target.edge_list()
-        if len(pos) > cfg.max_pairs:
-            pos = pos[rng.choice(len(pos), cfg.max_pairs, replace=False)]
-        if len(pos) < 4:
-            raise ValueError(f"snapshot {t_cur + 1} has {len(pos)} edges: too few to evaluate link prediction")
-        neg = _sample_non_edges([target], snapshots.n, len(pos), rng)
-        pairs = np.concatenate([pos, neg])
-        y = np.concatenate([np.ones(len(pos)), np.zeros(len(neg))])
-        perm = rng.permutation(len(y))
-        half = len(y) // 2
-        self.train_pairs, self.train_y = pairs[perm[:half]], y[perm[:half]]
-        self.test_pairs, self.test_y = pairs[perm[half:]], y[perm[half:]]
-        # anomaly detection: real edges of the target snapshot vs injected edges that exist neither
-        # in the target nor in the current snapshot
-        k = max(1, int(round(cfg.anomaly_ratio * len(pos))))
-        anom = _sample_non_edges([target, snapshots.graphs[t_cur]], snapshots.n, k, rng)
-        self.anomaly_pairs = np.concatenate([pos, anom])
-        self.anomaly_y = np.concatenate([np.zeros(len(pos)), np.ones(len(anom))])
+def _link_scores(tasks: Tasks, cfg: Config, score) -> dict:
+    """The link columns' AUCs (and the uniform column's AP) for ``score(train_pairs, train_y, test_pairs)``."""
+    out = {}
+    for name, key in LINK_COLUMNS.items():
+        col = tasks.link[name]
+        if col.test_y.sum() == 0 or (col.test_y == 0).sum() == 0:
+            out[key] = None  # a column without positives or negatives (tiny graphs)
+            continue
+        s = score(col.train_pairs, col.train_y, col.test_pairs)
+        out[key] = roc_auc(col.test_y, s)
+        if name == "uniform":
+            out["link_ap"] = average_precision(col.test_y, s)
+    return out
 
 
-def evaluate(vec: np.ndarray, tasks: Tasks, cfg: Config) -> dict:
-    """link_auc, link_ap (logistic regression on Hadamard features) and anomaly_auc."""
-    clf = LogisticRegression(l2=cfg.l2).fit(hadamard(vec, tasks.train_pairs), tasks.train_y)
-    s = clf.decision_function(hadamard(vec, tasks.test_pairs))
-    if cfg.anomaly_score == "cosine":
-        a = -cosine(vec, tasks.anomaly_pairs)
-    elif cfg.anomaly_score == "classifier":
-        a = -clf.decision_function(hadamard(vec, tasks.anomaly_pairs))
-    else:
-        raise ValueError(f"anomaly_score must be 'cosine' or 'classifier', not {cfg.anomaly_score!r}")
-    return {"link_auc": roc_auc(tasks.test_y, s), "link_ap": average_precision(tasks.test_y, s),
-            "anomaly_auc": roc_auc(tasks.anomaly_y, a)}
+def evaluate(vec: np.ndarray, tasks: Tasks, cfg: Config, injected_vec=None) -> dict:
+    """The protocol's scores for one embedding method and seed.
+
+    ``vec``: node vectors of the clean sequence (link prediction, node classification);
+    ``injected_vec``: of the anomaly-injected sequence (anomaly scores; omitted when None).
+    """
+    def linear(tr, ytr, te):
+        clf = LogisticRegression(l2=cfg.l2).fit(hadamard(vec, tr), ytr)
+        return clf.decision_function(hadamard(vec, te))
+
+    out = _link_scores(tasks, cfg, linear)
+    if injected_vec is not None:
+        held, yh = tasks.anomaly_heldout
+        out["anomaly_auc"] = roc_auc(yh, -cosine(injected_vec, held))
+        tr, ytr = tasks.anomaly_clf
+        clf = LogisticRegression(l2=cfg.l2).fit(hadamard(injected_vec, tr), ytr)
+        out["anomaly_auc_clf"] = roc_auc(yh, clf.decision_function(hadamard(injected_vec, held)))
+    if tasks.node_labels is not None and len(tasks.node_test):
+        lab = tasks.node_labels
+        clf = OneVsRest(l2=cfg.l2).fit(vec[tasks.node_train], lab[tasks.node_train])
+        out["node_f1"] = macro_f1(lab[tasks.node_test], clf.predict(vec[tasks.node_test]))
+    return out
+
+
+def evaluate_heuristic(name: str, snapshots, tasks: Tasks) -> dict:
+    """A pair heuristic scored directly (no classifier): on snapshot t for links, on the injected snapshot t for anomalies."""
+    fn = HEURISTICS[name]
+    g = snapshots.graphs[tasks.t_cur]
+    out = _link_scores(tasks, None, lambda tr, ytr, te: fn(g, te))
+    held, yh = tasks.anomaly_heldout
+    out["anomaly_auc"] = roc_auc(yh, -fn(tasks.injected.graphs[tasks.t_cur], held))
+    return out
 
 
 def community_auc(vec: np.ndarray, labels: np.ndarray, pairs: int = 5000, seed: int = 0) -> float:
@@ -233,21 +264,105 @@ def community_auc(vec: np.ndarray, labels: np.ndarray, pairs: int = 5000, seed: 
     return roc_auc(labels[p[:, 0]] == labels[p[:, 1]], cosine(vec, p))
 
 
-def run(snapshots, cfg: Config, methods=None, t_cur=None, log=None) -> dict:
-    """Embed at ``t_cur`` (default: second-to-last snapshot), evaluate on the next one."""
+def run_seed(snapshots, cfg: Config, methods=None, t_cur=None, log=None) -> dict:
+    """One seed (``cfg.seed``) of the protocol: {"scores": {method: {metric: value, "seconds": s}}, "sizes": ...}.
+
+    Draws the evaluation sets, embeds the clean sequence and the anomaly-injected one with every
+    embedding method, and scores them and the heuristics.
+    """
     t_cur = len(snapshots) - 2 if t_cur is None else t_cur
     if t_cur < 1:
         raise ValueError("run: needs at least 3 snapshots (history, current, target)")
+    methods = list(methods or ALL_METHODS)
+    for m in methods:
+        if m not in ALL_METHODS:
+            raise ValueError(f"unknown method {m!r}: expected one of {', '.join(ALL_METHODS)}")
     tasks = Tasks(snapshots, t_cur, cfg)
-    embs = embeddings(snapshots, t_cur, cfg, methods, log=log)
+    state = {}
+    clean = embeddings(snapshots, t_cur, cfg, methods, log=log, state=state)
+    injected = embeddings(tasks.injected, t_cur, cfg, methods, log=log, state=state)
+    scores = {}
+    for m in methods:
+        t0 = time.perf_counter()
+        if m in HEURISTICS:
+            r = evaluate_heuristic(m, snapshots, tasks)
+            r["seconds"] = time.perf_counter() - t0
+        else:
+            r = evaluate(clean[m][0], tasks, cfg, injected_vec=injected[m][0])
+            r["seconds"] = clean[m][1] + injected[m][1]
+        scores[m] = r
+    return {"scores": scores, "sizes": tasks.sizes(), "active_nodes": int(len(tasks.active))}
+
+
+def _run_seed_job(args):
+    snapshots, cfg, methods, t_cur = args
+    torch.set_num_threads(1)
+    return run_seed(snapshots, cfg, methods, t_cur)
+
+
+def summarise(per_seed: list, seeds: list, methods: list) -> tuple:
+    """Method rows (mean, 95% interval and per-seed values of every metric) and the paired differences against REFERENCE."""
     rows = []
-    for m, (vec, secs) in embs.items():
-        r = {"method": m}
-        r.update(evaluate(vec, tasks, cfg))
-        r["seconds"] = round(secs, 2)
-        rows.append(r)
+    for m in methods:
+        row = {"method": m, "seeds": list(seeds)}
+        values = {}
+        for key in METRICS:
+            vals = [r["scores"][m].get(key) for r in per_seed]
+            if any(v is None for v in vals):
+                continue
+            mean, half = mean_ci(vals)
+            row[key] = round(mean, 4)
+            row[key + "_ci"] = [round(mean - half, 4), round(mean + half, 4)] if half == half else None
+            values[key] = [round(float(v), 4) for v in vals]
+        row["per_seed"] = values
+        row["seconds"] = round(float(np.mean([r["scores"][m]["seconds"] for r in per_seed])), 2)
+        rows.append(row)
+    diffs = []
+    if REFERENCE in methods and len(seeds) > 1:
+        ref = next(r for r in rows if r["method"] == REFERENCE)["per_seed"]
+        for row in rows:
+            if row["method"] == REFERENCE:
+                continue
+            d = {"method": row["method"]}
+            for key in METRICS:
+                if key in ref and key in row["per_seed"]:
+                    p = paired_difference(ref[key], row["per_seed"][key])
+                    d[key] = {"diff": round(p["diff"], 4), "half": round(p["half"], 4),
+                              "outside_noise": p["outside_noise"]}
+            diffs.append(d)
+    return rows, diffs
+
+
+def run(snapshots, cfg: Config, methods=None, t_cur=None, log=None, seeds: int = 5, jobs: int = 1) -> dict:
+    """The protocol over ``seeds`` seeds (cfg.seed, cfg.seed + 1, ...): embed at ``t_cur`` (default K-2), evaluate on t_cur + 1.
+
+    ``jobs`` > 1 runs seeds in that many processes (each single-threaded); the results are the
+    same as with one, since every seed is deterministic on its own.
+    """
+    t_cur = len(snapshots) - 2 if t_cur is None else t_cur
+    methods = list(methods or ALL_METHODS)
+    seed_list = [cfg.seed + i for i in range(seeds)]
+    cfgs = [replace(cfg, seed=s) for s in seed_list]
+    if jobs > 1 and len(cfgs) > 1:
+        import multiprocessing as mp
+        with mp.get_context("spawn").Pool(min(jobs, len(cfgs))) as pool:
+            per_seed = []
+            for s, r in zip(seed_list, pool.imap(_run_seed_job, [(snapshots, c, methods, t_cur) for c in cfgs])):
+                per_seed.append(r)
+                if log:
+                    log(f"seed {s} done")
+    else:
+        per_seed = []
+        for c in cfgs:
+            per_seed.append(run_seed(snapshots, c, methods, t_cur, log=log))
+            if log:
+                log(f"seed {c.seed} done")
+    rows, diffs = summarise(per_seed, seed_list, methods)
     g = snapshots.graphs[t_cur]
     return {"dataset": {"name": snapshots.name, "nodes": snapshots.n, "snapshots": len(snapshots),
                         "current_snapshot": t_cur, "current_edges": g.num_edges,
-                        "target_edges": snapshots.graphs[t_cur + 1].num_edges},
-            "config": asdict(cfg), "methods": rows}
+                        "target_edges": snapshots.graphs[t_cur + 1].num_edges,
+                        "active_nodes": per_seed[0]["active_nodes"], "labelled": bool(snapshots.labels),
+                        "eval_sizes": per_seed[0]["sizes"]},
+            "config": asdict(cfg), "seeds": seed_list, "reference": REFERENCE, "methods": rows,
+            "differences": diffs}

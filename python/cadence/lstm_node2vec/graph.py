@@ -41,6 +41,24 @@ class CSRGraph:
         g._keys = keys
         return g
 
+    @classmethod
+    def from_keys(cls, n: int, keys: np.ndarray) -> "CSRGraph":
+        """From sorted, unique, symmetric ``row * n + col`` keys (what ``keys`` returns)."""
+        keys = np.asarray(keys, dtype=np.int64)
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(keys // n, minlength=n), out=indptr[1:])
+        g = cls(n, indptr, keys % n)
+        g._keys = keys
+        return g
+
+    @classmethod
+    def union(cls, graphs) -> "CSRGraph":
+        """The graph whose edges are those of any of ``graphs`` (same node set), merged."""
+        graphs = list(graphs)
+        if not graphs:
+            raise ValueError("CSRGraph.union: no graphs")
+        return cls.from_keys(graphs[0].n, np.unique(np.concatenate([g.keys for g in graphs])))
+
     @property
     def keys(self) -> np.ndarray:
         if self._keys is None:

@@ -88,3 +88,36 @@ class LogisticRegression:
 
     def predict_proba(self, x):
         return 1.0 / (1.0 + np.exp(-self.decision_function(x)))
+
+
+class OneVsRest:
+    """Multi-class logistic regression: one binary ``LogisticRegression`` per class, the class with the largest decision value wins."""
+
+    def __init__(self, l2: float = 1.0):
+        self.l2 = l2
+
+    def fit(self, x, y):
+        y = np.asarray(y)
+        self.classes_ = np.unique(y)
+        self.models_ = [LogisticRegression(l2=self.l2).fit(x, (y == c).astype(np.float64)) for c in self.classes_]
+        return self
+
+    def decision_function(self, x):
+        return np.stack([m.decision_function(x) for m in self.models_], axis=1)
+
+    def predict(self, x):
+        return self.classes_[np.argmax(self.decision_function(x), axis=1)]
+
+
+def macro_f1(y_true, y_pred) -> float:
+    """Unweighted mean of per-class F1 = 2TP / (2TP + FP + FN) over the classes in ``y_true`` or ``y_pred`` (scikit-learn's macro average)."""
+    y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
+    if y_true.size == 0:
+        raise ValueError("macro_f1: no labels")
+    f1 = []
+    for c in np.union1d(y_true, y_pred):
+        tp = np.sum((y_pred == c) & (y_true == c))
+        fp = np.sum((y_pred == c) & (y_true != c))
+        fn = np.sum((y_pred != c) & (y_true == c))
+        f1.append(2.0 * tp / (2.0 * tp + fp + fn))
+    return float(np.mean(f1))

@@ -1,8 +1,12 @@
-# The temporal CSV loader (errors name file:line), snapshot cutting and the evolving SBM generator.
+# The temporal CSV and SocioPatterns loaders (errors name file:line), the shipped data sets, snapshot cutting
+# and the evolving SBM generator.
 import numpy as np
 import pytest
 
-from cadence.lstm_node2vec import DataError, cut_snapshots, default_data_path, evolving_sbm, load_temporal_csv
+import os
+
+from cadence.lstm_node2vec import (DataError, cut_snapshots, default_data_path, evolving_sbm, load_dataset,
+                                   load_sociopatterns, load_temporal_csv)
 
 
 def write(tmp_path, text, name="edges.csv"):
@@ -59,9 +63,40 @@ def test_count_split_gives_equal_event_counts_and_duration_split_equal_intervals
         cut_snapshots(ev, 2, split="weekly")
 
 
+def test_the_sociopatterns_loader_reads_classes_as_labels(tmp_path):
+    path = write(tmp_path, "100\t7\t3\tB\tA\n80\t3\t9\tA\tB\n100 9 7 B B\n", name="contacts.dat")
+    ev = load_sociopatterns(path)
+    assert ev.n == 3 and list(ev.node_ids) == [3, 7, 9] and list(ev.ts) == [80, 100, 100]
+    assert ev.label_names == ["A", "B"] and list(ev.labels) == [0, 1, 1]
+    snaps = cut_snapshots(ev, 2)
+    assert len(snaps.labels) == 2 and list(snaps.labels[1]) == [0, 1, 1]
+
+
+@pytest.mark.parametrize("body, line, what", [
+    ("1\t2\t3\tA\tB\n1\t2\tA\tB\n", 2, "expected 5 fields"),
+    ("1\t2\tx\tA\tB\n", 1, "field 'j' is not an integer"),
+    ("1\t2\t3\tA\tB\n2\t3\t4\tC\tB\n", 2, "node 3 has class 'C' here but 'B' before"),
+    ("\n", 1, "no contact lines"),
+])
+def test_a_malformed_contact_list_raises_an_error_naming_file_and_line(tmp_path, body, line, what):
+    path = write(tmp_path, body, name="contacts.dat")
+    with pytest.raises(DataError) as e:
+        load_sociopatterns(path)
+    assert str(e.value).startswith(f"{path}:{line}:") and what in str(e.value)
+
+
+@pytest.mark.skipif(not os.path.exists(default_data_path("highschool-2012")),
+                    reason="data/highschool-2012 is absent (it may be left out where its CC BY-NC-SA licence does not fit)")
+def test_the_shipped_highschool_data_loads_with_its_five_classes():
+    ev = load_dataset("highschool-2012")
+    assert ev.n == 180 and ev.src.size == 45047
+    assert ev.label_names == ["MP*1", "MP*2", "PC", "PC*", "PSI*"]
+    assert np.bincount(ev.labels).tolist() == [31, 35, 38, 35, 41]
+
+
 def test_the_shipped_fb_messages_data_loads():
-    ev = load_temporal_csv(default_data_path())
-    assert ev.n == 1899 and ev.src.size == 61734
+    ev = load_dataset("fb-messages")
+    assert ev.n == 1899 and ev.src.size == 61734 and ev.labels is None
     assert np.all(np.diff(ev.ts) >= 0)
 
 

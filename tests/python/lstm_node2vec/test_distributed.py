@@ -16,12 +16,17 @@ def test_a_distributed_run_finishes_under_every_policy_and_scores_its_checkpoint
     cfg = Config(dim=8, token_dim=4, lookback=3, temporal_walks=3, ae_epochs=2, ae_batch=64)
     policies = ["bsp", "ssp:1", "dssp:1:3", "elastic:3", "elastic-avg:3"]
     rows = distributed.run_all(s, cfg, Tasks(s, 2, cfg), 2, policies, workers=2, profile="hetero2",
-                               target_auc=0.0)
+                               target_auc=0.0, eval_walks=200)
     assert [r["policy"] for r in rows] == policies
     for r in rows:
         assert r["seconds"] > 0
         assert 0.0 <= r["final_link_auc"] <= 1.0 and r["curve"][-1][1] == r["final_link_auc"]
         assert r["seconds_to_target"] is not None
+        # the loss is scored at every checkpoint; the target is 90% of the single-process loss reduction
+        assert len(r["loss_curve"]) == len(r["curve"]) and r["final_loss"] == r["loss_curve"][-1][1]
+        assert r["single_process_loss"] < r["target_loss"] < r["initial_loss"]
+        hit = [t for t, x in r["loss_curve"] if x <= r["target_loss"]]
+        assert r["seconds_to_target_loss"] == (hit[0] if hit else None)
         if r["policy"].startswith("elastic-avg"):
             assert r["barriers"] >= 1 and sum(r["steps"]) >= r["step_budget"]
         else:

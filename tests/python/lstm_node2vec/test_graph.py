@@ -1,5 +1,6 @@
 # CSR snapshot graphs: symmetric, deduplicated, no self-loops, membership without a dense matrix.
 import numpy as np
+import pytest
 
 from cadence.lstm_node2vec import CSRGraph
 
@@ -41,3 +42,30 @@ def test_the_scaling_measurement_reports_memory_that_follows_edges():
     assert dense["model_bytes"] == sparse["model_bytes"]  # parameters depend on n, not on edges
     for k in ("temporal_walks_per_s", "node2vec_walks_per_s", "ae_train_walks_per_s", "skipgram_pairs_per_s"):
         assert sparse[k] > 0
+
+
+def test_link_heuristics_match_brute_force_neighbour_sets():
+    from cadence.lstm_node2vec import adamic_adar, common_neighbours, preferential_attachment
+    rng = np.random.default_rng(3)
+    src, dst = rng.integers(0, 30, 120), rng.integers(0, 30, 120)
+    g = CSRGraph.from_edges(30, src, dst)
+    nb = {v: set(g.neighbors(v).tolist()) for v in range(30)}
+    pairs = rng.integers(0, 30, (300, 2))
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]  # the protocol never scores a node with itself
+    cn = common_neighbours(g, pairs)
+    aa = adamic_adar(g, pairs)
+    pa = preferential_attachment(g, pairs)
+    for k, (u, v) in enumerate(pairs.tolist()):
+        common = nb[u] & nb[v]
+        assert cn[k] == len(common)
+        assert aa[k] == pytest.approx(sum(1 / np.log(len(nb[w])) for w in common))
+        assert pa[k] == len(nb[u]) * len(nb[v])
+
+
+def test_activity_vectors_are_log_degrees_over_the_window():
+    from cadence.lstm_node2vec import activity_vectors, evolving_sbm
+    s = evolving_sbm(n=50, snapshots=3, avg_degree=3, seed=0)
+    a = activity_vectors(s, 2, 4)  # the first column is before snapshot 0
+    assert a.shape == (50, 4) and np.all(a[:, 0] == 0)
+    for j, t in enumerate((0, 1, 2), start=1):
+        assert np.allclose(a[:, j], np.log1p(s.graphs[t].degree()))
