@@ -307,6 +307,56 @@ TEST_CASE("on_step injects a fault at a chosen call: after skip matches, on the 
   CHECK(rank2_error.find("stalled by fault injection") != std::string::npos);
 }
 
+static_assert(has_async_v<inproc_communicator>);
+static_assert(is_work_v<inproc_work>);
+static_assert(!is_work_v<int>);
+
+TEST_CASE("async operations of a stalled rank enter in issue order once it is resumed; a cancelled "
+          "receive takes nothing" * doctest::timeout(30)) {
+  inproc_world world(2);
+  auto c0 = world.join(0);
+  auto c1 = world.join(1);
+  world.stall(1);
+  std::int32_t a = -1, b = -1, x = 5;
+  auto first = c1.irecv(&a, sizeof a, 0, 3);
+  auto second = c1.irecv(&b, sizeof b, 0, 3);
+  auto sum = c1.iallreduce(&x, 1, dtype::i32, reduce_op::sum);
+  const std::int32_t one = 1, two = 2;
+  c0.send(&one, sizeof one, 1, 3, 5s);
+  c0.send(&two, sizeof two, 1, 3, 5s);
+  CHECK_FALSE(second.test());  // stalled: takes no part yet
+  std::int32_t y = 7;
+  auto other = c0.iallreduce(&y, 1, dtype::i32, reduce_op::sum);
+  CHECK_FALSE(other.test());
+  world.resume(1);
+  second.wait(5s);  // waited first, but posted second: it gets the second message
+  first.wait(5s);
+  CHECK(a == 1);
+  CHECK(b == 2);
+  sum.wait(5s);
+  other.wait(5s);
+  CHECK(x == 12);
+  CHECK(y == 12);
+  // A cancelled receive takes nothing: the message goes to the next receive.
+  std::int32_t lost = -1, kept = -1;
+  {
+    auto w = c1.irecv(&lost, sizeof lost, 0, 4);
+    CHECK(w.cancel());
+    CHECK(w.test());  // complete, cancelled
+  }
+  const std::int32_t three = 3;
+  c0.send(&three, sizeof three, 1, 4, 5s);
+  c1.recv(&kept, sizeof kept, 0, 4, 5s);
+  CHECK(lost == -1);
+  CHECK(kept == 3);
+  // A lost peer fails the receive alone; the handle keeps saying so.
+  world.kill(0);
+  auto gone = c1.irecv(&kept, sizeof kept, 0, 5);
+  CHECK_THROWS_WITH_AS(gone.test(), doctest::Contains("lost rank 0"), transport_error);
+  CHECK_THROWS_AS(gone.wait(5s), transport_error);
+  CHECK_FALSE(c1.failed());
+}
+
 TEST_CASE("abort() from another thread wakes a blocked call, which throws" * doctest::timeout(60)) {
   inproc_world world(2);
   auto c0 = world.join(0);

@@ -164,7 +164,8 @@ private:
 //     knowing its state (a call blocked on the owning thread then throws), and callers must be
 //     able to ask whether it is still usable.
 //  6. cc.capabilities() -> capability_flags, so adapters choose protocols at run time.
-// try_recv (below) is an optional extension. Every blocking call (2-4) takes the deadline as its last argument, and all backends obey one
+// try_recv and the asynchronous operations (below) are optional extensions. Every blocking
+// call (2-4) takes the deadline as its last argument, and all backends obey one
 // failure contract (docs/transports.md):
 //  a. A call that misses its deadline or sees a peer vanish throws transport_error naming the
 //     operation, its sequence number on this communicator, this rank and the peer(s) waited
@@ -246,6 +247,74 @@ struct has_try_recv_impl<
 /// Whether C offers try_recv (the in-process, MPI and gloo backends do).
 template <class C>
 inline constexpr bool has_try_recv_v = detail::has_try_recv_impl<C>::value;
+
+// ---- asynchronous operations (an optional extension) ----
+//
+// c.iallreduce(buf, n, t, op), c.ibroadcast(buf, n, root), c.isend(cbuf, n, dst, tag) and
+// c.irecv(buf, n, src, tag) start what the blocking call does and return a work handle at once,
+// so a caller overlaps communication with computation (a bucket all-reduced while backward
+// still runs) or serves other peers while one transfer is outstanding (a parameter server
+// replying to a worker that has stopped). The blocking calls are the async form waited at once.
+// Arguments are checked at the call (invalid_parameter_error, as for the blocking form). For a
+// work handle W and `W& w`:
+//  1. w.test() -> bool: makes progress without blocking; true once the operation completed.
+//     Once it failed, test() throws what the blocking call would have thrown, with the same
+//     effect on the communicator. test() never fails on time: it has no deadline.
+//  2. w.wait(deadline d): returns once the operation completed; throws as the blocking call
+//     does, and when d passes throws the deadline's transport_error naming the operation and the
+//     peers still awaited, failing the communicator (rule b; a point-to-point operation whose
+//     only fault is a lost peer fails alone where isolates_lost_peer).
+//  3. w.source() -> int: the sender of a completed irecv (any_source); the peer otherwise.
+//  4. w.cancel() noexcept -> bool: withdraws the operation if the backend can. True: nothing
+//     will touch the buffer any more (the handle is complete, cancelled). False: the operation
+//     may still complete from or into the buffer later (MPI cannot withdraw a send or a posted
+//     collective), so the buffer must stay valid until the communicator is destroyed. Destroying
+//     an incomplete handle cancels it.
+//  5. Handles are movable, not copyable; a default-constructed or moved-from handle is complete.
+//     Only the communicator's owning thread uses them.
+// Order is issue order: the k-th collective started on every rank meets the k-th, receives match
+// messages in the order they were posted (FIFO per source and tag), whatever the order of the
+// tests and waits. Buffers stay the caller's: valid, and for sends and collectives unchanged,
+// until the handle completes (or see 4).
+namespace detail {
+template <class W, class = void>
+struct is_work_impl : std::false_type {};
+template <class W>
+struct is_work_impl<W, std::void_t<decltype(std::declval<W&>().test()),
+                                   decltype(std::declval<W&>().wait(std::declval<deadline>())),
+                                   decltype(std::declval<const W&>().source()),
+                                   decltype(std::declval<W&>().cancel())>>
+    : std::bool_constant<std::is_convertible_v<decltype(std::declval<W&>().test()), bool> &&
+                         std::is_convertible_v<decltype(std::declval<const W&>().source()), int> &&
+                         noexcept(std::declval<W&>().cancel()) && std::is_move_constructible_v<W> &&
+                         !std::is_copy_constructible_v<W>> {};
+
+template <class C, class = void>
+struct has_async_impl : std::false_type {};
+template <class C>
+struct has_async_impl<
+    C, std::void_t<decltype(std::declval<C&>().iallreduce(std::declval<void*>(), std::size_t{}, dtype{},
+                                                          reduce_op{})),
+                   decltype(std::declval<C&>().ibroadcast(std::declval<void*>(), std::size_t{}, int{})),
+                   decltype(std::declval<C&>().isend(std::declval<const void*>(), std::size_t{}, int{}, int{})),
+                   decltype(std::declval<C&>().irecv(std::declval<void*>(), std::size_t{}, int{}, int{}))>>
+    : std::bool_constant<
+          is_work_impl<decltype(std::declval<C&>().iallreduce(std::declval<void*>(), std::size_t{}, dtype{},
+                                                              reduce_op{}))>::value &&
+          is_work_impl<decltype(std::declval<C&>().ibroadcast(std::declval<void*>(), std::size_t{}, int{}))>::value &&
+          is_work_impl<decltype(std::declval<C&>().isend(std::declval<const void*>(), std::size_t{}, int{},
+                                                         int{}))>::value &&
+          is_work_impl<decltype(std::declval<C&>().irecv(std::declval<void*>(), std::size_t{}, int{},
+                                                         int{}))>::value> {};
+}  // namespace detail
+
+/// Whether W models a work handle (requirements 1-5 above, as far as types can say).
+template <class W>
+inline constexpr bool is_work_v = detail::is_work_impl<W>::value;
+
+/// Whether C offers the asynchronous operations (iallreduce, ibroadcast, isend, irecv).
+template <class C>
+inline constexpr bool has_async_v = detail::has_async_impl<C>::value;
 
 }  // namespace cadence::transport
 

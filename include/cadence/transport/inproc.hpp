@@ -1,6 +1,7 @@
 // The in-process backend: n ranks as threads of one process sharing a world, with the network
-// backends' matching and failure semantics plus fault injection (stall, kill, delay a link), so
-// adapters are tested deterministically, without a cluster, and under ThreadSanitizer.
+// backends' matching and failure semantics plus fault injection (stall, kill, delay a link, a
+// fault at a chosen protocol step), so adapters are tested deterministically, without a
+// cluster, and under ThreadSanitizer.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -37,15 +38,18 @@ struct inproc_options {
 class inproc_world;
 
 /// A protocol step of one rank, where inproc_world::on_step injects a fault: the rank's next
-/// call of `op` ("send", "recv", "try_recv", "allreduce", "broadcast"; empty: any call) with
-/// this peer (send: destination, recv: source as passed, broadcast: root; unset: any) and tag
-/// (unset: any), after `skip` such calls have gone by.
+/// call of `op` ("send", "recv", "try_recv", "allreduce", "broadcast"; empty: any call; the
+/// asynchronous forms count as their blocking names) with this peer (send: destination, recv:
+/// source as passed, broadcast: root; unset: any) and tag (unset: any), after `skip` such calls
+/// have gone by.
 struct inproc_step {
   std::string op;
   std::optional<int> peer;
   std::optional<int> tag;
   int skip = 0;
 };
+
+// ---- shared state ----
 
 namespace detail {
 
@@ -68,6 +72,18 @@ struct inproc_message {
   std::string size_mismatch;         // set by the receiver; the rendezvous sender throws it too
 };
 
+// A receive posted and not matched yet. Receives of one rank match messages in the order they
+// were posted (what MPI guarantees), whichever handle is tested first.
+struct inproc_recv {
+  void* buf = nullptr;
+  std::size_t bytes = 0;
+  int src = 0;
+  int tag = 0;
+  bool matched = false;
+  int from = -1;
+  std::string size_mismatch;
+};
+
 // One collective, found by its index: the n-th collective of every rank meets in slot n.
 struct inproc_slot {
   std::string signature;  // the first arriver's arguments; everyone else must match them
@@ -79,6 +95,8 @@ struct inproc_slot {
   std::string mismatch;  // nonempty once two ranks' arguments disagreed
 };
 
+struct inproc_op;
+
 struct inproc_rank {
   bool joined = false;
   bool stalled = false;
@@ -86,6 +104,8 @@ struct inproc_rank {
   std::optional<transport_error> failure;  // the first failure of its communicator
   bool aborted = false;
   std::deque<std::shared_ptr<inproc_message>> mailbox;  // messages to this rank, in send order
+  std::deque<std::shared_ptr<inproc_recv>> posted;      // its receives not matched yet, in order
+  std::deque<std::shared_ptr<inproc_op>> unentered;     // ops started while it was stalled
 };
 
 // Everything the ranks share, under one mutex: the ranks are few and the copies are memcpy,
@@ -113,12 +133,389 @@ struct inproc_state {
   }
 };
 
+// ---- one operation ----
+
+// One started operation of one rank, blocking or not. It enters (takes part: a message
+// queued, a receive posted, a contribution made) at its start, or, while its rank is
+// stalled, at the first progress after resume(); progress() then finishes it when it can.
+struct inproc_op {
+  enum class kind : unsigned char { send, recv, allreduce, broadcast };
+  kind what = kind::send;
+  call_info c{};
+  std::shared_ptr<inproc_state> state;
+  int rank = 0;
+  bool entered = false;
+  bool done = false;
+  bool cancelled = false;
+  std::optional<transport_error> error;  // a point-to-point op that lost its peer (alone)
+  // send
+  const void* cbuf = nullptr;
+  int peer = -1;  // send: destination; recv: source as passed; broadcast: root
+  int tag = 0;
+  std::shared_ptr<inproc_message> msg;
+  // recv
+  std::shared_ptr<inproc_recv> posted;
+  // collectives
+  void* buf = nullptr;
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+  dtype type = dtype::u8;
+  reduce_op op = reduce_op::sum;
+  std::uint64_t k = 0;
+  std::string signature;
+
+  inproc_rank& self() const { return state->at(rank); }
+
+  // After a failure every call rethrows the original error; after abort() (with no failure
+  // before it) every call says it was aborted, naming itself.
+  void throw_if_failed() const {
+    const auto& me = self();
+    if (me.failure) throw *me.failure;
+    if (me.aborted) throw transport_error(describe(c) + ": the communicator was aborted (abort())");
+  }
+
+  // The first failure sticks: later calls rethrow it (contract b).
+  [[noreturn]] void fail(transport_error e) const {
+    auto& me = self();
+    if (!me.failure) me.failure = std::move(e);
+    state->changed.notify_all();
+    throw *me.failure;
+  }
+
+  // Takes part. Called with the lock held, in start order (enter_pending keeps it).
+  void enter() {
+    entered = true;
+    switch (what) {
+      case kind::send: {
+        if (!state->at(peer).lost.empty()) return;  // progress reports it
+        msg = std::make_shared<inproc_message>();
+        msg->src = rank;
+        msg->tag = tag;
+        msg->bytes = bytes;
+        msg->visible_at = inproc_clock::now() + state->link_delay(rank, peer);
+        if (bytes <= state->options.eager_limit) {
+          const auto* p = static_cast<const unsigned char*>(cbuf);
+          msg->eager.assign(p, p + bytes);
+          done = true;  // buffered: complete at once, as MPI's eager sends
+        } else {
+          msg->rendezvous = cbuf;
+        }
+        state->at(peer).mailbox.push_back(msg);
+        break;
+      }
+      case kind::recv:
+        posted = std::make_shared<inproc_recv>();
+        posted->buf = buf;
+        posted->bytes = bytes;
+        posted->src = peer;
+        posted->tag = tag;
+        self().posted.push_back(posted);
+        break;
+      case kind::allreduce:
+      case kind::broadcast: arrive(); break;
+    }
+    state->changed.notify_all();
+  }
+
+  // A collective's contribution to slot k; arguments that differ from the first arriver's fail
+  // it for everyone in it.
+  void arrive() {
+    inproc_slot& s = state->slots[k];
+    const bool first = s.first_rank < 0;
+    if (first) {
+      s.data = std::move(state->spare);
+      s.data.clear();
+      s.signature = signature;
+      s.first_rank = rank;
+      s.arrived.assign(static_cast<std::size_t>(state->size), 0);
+      s.arrived_at.resize(static_cast<std::size_t>(state->size));
+    } else if (s.mismatch.empty() && signature != s.signature) {
+      s.mismatch = "arguments differ across ranks in collective #" + std::to_string(k + 1) +
+                   ": rank " + std::to_string(s.first_rank) + " called " + s.signature +
+                   ", rank " + std::to_string(rank) + " called " + signature;
+    }
+    if (s.mismatch.empty()) {
+      if (what == kind::allreduce) {
+        if (first)
+          s.data.assign(static_cast<const unsigned char*>(buf), static_cast<const unsigned char*>(buf) + bytes);
+        else if (bytes != 0)
+          reduce_into(s.data.data(), buf, count, type, op);
+      } else if (rank == peer) {
+        s.data.assign(static_cast<const unsigned char*>(buf), static_cast<const unsigned char*>(buf) + bytes);
+      }
+    }
+    s.arrived[static_cast<std::size_t>(rank)] = 1;
+    s.arrived_at[static_cast<std::size_t>(rank)] = inproc_clock::now();
+  }
+
+  void depart() {
+    auto it = state->slots.find(k);
+    if (it == state->slots.end() || ++it->second.departures != state->size) return;
+    // The next collective reuses the storage: a fresh 64 MiB accumulator per call costs its
+    // page faults every time.
+    if (it->second.data.capacity() > state->spare.capacity()) state->spare = std::move(it->second.data);
+    state->slots.erase(it);
+  }
+
+  // Enters, in start order, the ops this rank started while stalled, once it is not.
+  void enter_pending() {
+    auto& me = self();
+    while (!me.stalled && !me.unentered.empty()) {
+      auto next = std::move(me.unentered.front());
+      me.unentered.pop_front();
+      if (!next->cancelled) next->enter();
+    }
+  }
+
+  // Matches this rank's posted receives, in post order, against its mailbox: the oldest
+  // visible matching message wins; a message still on a delayed link blocks later ones from the
+  // same source but not other sources' (any_source).
+  void match_posted(inproc_clock::time_point now) {
+    auto& me = self();
+    for (auto pit = me.posted.begin(); pit != me.posted.end();) {
+      inproc_recv& r = **pit;
+      std::vector<int> in_flight;
+      bool took = false;
+      for (auto it = me.mailbox.begin(); it != me.mailbox.end(); ++it) {
+        inproc_message& m = **it;
+        if (m.tag != r.tag || (r.src != any_source && m.src != r.src)) continue;
+        if (std::find(in_flight.begin(), in_flight.end(), m.src) != in_flight.end()) continue;
+        if (m.visible_at > now) {
+          in_flight.push_back(m.src);
+          continue;
+        }
+        m.taken = true;
+        r.matched = true;
+        r.from = m.src;
+        if (m.bytes != r.bytes) {
+          m.size_mismatch = r.size_mismatch =
+              "rank " + std::to_string(m.src) + " sent " + std::to_string(m.bytes) +
+              " bytes with tag " + std::to_string(r.tag) + " but rank " + std::to_string(rank) +
+              " received into " + std::to_string(r.bytes) + " bytes";
+        } else if (r.bytes != 0) {
+          std::memcpy(r.buf, m.rendezvous != nullptr ? m.rendezvous : m.eager.data(), r.bytes);
+        }
+        me.mailbox.erase(it);
+        took = true;
+        break;
+      }
+      if (took) {
+        state->changed.notify_all();  // a rendezvous sender waits for `taken`
+        pit = me.posted.erase(pit);
+      } else {
+        ++pit;
+      }
+    }
+  }
+
+  // One step: true when done. Otherwise fills whom it waits for, which of them are lost, and
+  // the earliest time something could change without a notification (a delayed link). Throws
+  // what the op fails with (the communicator failed where the contract says so).
+  bool progress(inproc_clock::time_point now, inproc_clock::time_point& wake, std::vector<int>& waiting,
+                std::vector<int>& lost, std::string& note) {
+    throw_if_failed();
+    auto& me = self();
+    if (!me.lost.empty()) fail(transport_error(describe(c) + ": this rank is gone (" + me.lost + ")"));
+    enter_pending();
+    if (!entered) {
+      note = "stalled";
+      return false;
+    }
+    switch (what) {
+      case kind::send: {
+        if (!msg) {  // its destination was lost before it entered
+          lost.push_back(peer);
+          return false;
+        }
+        if (!msg->size_mismatch.empty()) fail(transport_error(describe(c) + ": " + msg->size_mismatch));
+        if (done || msg->taken) return done = true;
+        waiting.push_back(peer);
+        if (!state->at(peer).lost.empty()) lost.push_back(peer);
+        note = "a message over the eager limit waits for the matching recv";
+        return false;
+      }
+      case kind::recv: {
+        match_posted(now);
+        if (posted->matched) {
+          if (!posted->size_mismatch.empty())
+            fail(transport_error(describe(c) + ": " + posted->size_mismatch));
+          return done = true;
+        }
+        // Nothing yet: whom we wait for, whether they can still send, what is in flight.
+        bool in_flight = false;
+        for (const auto& m : me.mailbox)
+          if (m->tag == tag && (peer == any_source || m->src == peer) && m->visible_at > now) {
+            in_flight = true;
+            wake = std::min(wake, m->visible_at);
+          }
+        for (int p = 0; p < state->size; ++p) {
+          if ((peer != any_source && p != peer) || (peer == any_source && p == rank)) continue;
+          waiting.push_back(p);
+        }
+        if (waiting.empty()) waiting.push_back(rank);  // any_source on a world of one
+        bool all_lost = !in_flight;
+        for (int p : waiting) all_lost = all_lost && !state->at(p).lost.empty();
+        if (all_lost) lost = waiting;
+        if (in_flight) note = "a matching message is on a link delayed by fault injection";
+        return false;
+      }
+      case kind::allreduce:
+      case kind::broadcast: {
+        inproc_slot& s = state->slots[k];
+        if (!s.mismatch.empty()) fail(transport_error(describe(c) + ": " + s.mismatch));
+        // Done when every contribution it needs (a broadcast: the root's only, as MPI_Bcast's
+        // receivers; the root waits for nobody) is in and has crossed its link.
+        for (int p = 0; p < state->size; ++p) {
+          if (p == rank || (what == kind::broadcast && (rank == peer || p != peer))) continue;
+          if (!s.arrived[static_cast<std::size_t>(p)]) {
+            waiting.push_back(p);
+            if (!state->at(p).lost.empty()) lost.push_back(p);
+          } else if (const auto t = s.arrived_at[static_cast<std::size_t>(p)] + state->link_delay(p, rank);
+                     t > now) {
+            waiting.push_back(p);
+            wake = std::min(wake, t);
+            note = what == kind::allreduce ? "their contributions are on a link delayed by fault injection"
+                                           : "its payload is on a link delayed by fault injection";
+          }
+        }
+        if (!waiting.empty()) return false;
+        if (bytes != 0 && (what == kind::allreduce || rank != peer)) std::memcpy(buf, s.data.data(), bytes);
+        depart();
+        return done = true;
+      }
+    }
+    return false;
+  }
+
+  // What a wait that cannot complete throws: a lost peer (alone, for point to point: the
+  // other ranks stay reachable), else nothing.
+  void throw_lost(const std::vector<int>& lost) {
+    if (lost.empty()) return;
+    // One reason when they share it, else each rank's own.
+    std::string how = state->at(lost.front()).lost;
+    for (int p : lost) {
+      if (state->at(p).lost == state->at(lost.front()).lost) continue;
+      how.clear();
+      for (int q : lost) how += (how.empty() ? "rank " : "; rank ") + std::to_string(q) + ": " + state->at(q).lost;
+      break;
+    }
+    if (what == kind::send || what == kind::recv) {
+      withdraw();
+      error = lost_peer_error(c, lost, how);  // isolates_lost_peer: the communicator goes on
+      throw *error;
+    }
+    fail(lost_peer_error(c, lost, how));
+  }
+
+  // The one wait loop: until done, a lost peer, or the deadline. With `poll` (try_recv) a
+  // deadline that passes first returns false and withdraws the receive.
+  bool wait(std::unique_lock<std::mutex>& lock, const deadline& d, bool poll) {
+    for (;;) {
+      const auto now = inproc_clock::now();
+      auto wake = d.time_point();
+      std::vector<int> waiting, lost;
+      std::string note;
+      if (done || progress(now, wake, waiting, lost, note)) return true;
+      throw_lost(lost);
+      if (d.passed(now)) {
+        if (poll) {
+          withdraw();
+          return false;
+        }
+        if (!entered)
+          fail(transport_error(describe(c) + ": this rank is stalled by fault injection "
+                                             "(inproc_world::stall) and its deadline passed " +
+                               seconds_since(c.started) + " after the call"));
+        fail(deadline_error(c, waiting, note));
+      }
+      state->changed.wait_until(lock, wake);
+    }
+  }
+
+  // Nothing of this op stays where another rank could act on it. Always possible in one
+  // process: a queued rendezvous message leaves the mailbox, a posted receive leaves the list;
+  // a contribution already made stays (the others may complete without this rank's result).
+  void withdraw() {
+    if (done || cancelled) return;
+    cancelled = true;
+    auto& me = self();
+    if (!entered) return;  // still in `unentered`: enter_pending skips it
+    if (what == kind::send && msg && !msg->taken) {
+      auto& box = state->at(peer).mailbox;
+      box.erase(std::remove(box.begin(), box.end(), msg), box.end());
+    }
+    if (what == kind::recv && posted && !posted->matched)
+      me.posted.erase(std::remove(me.posted.begin(), me.posted.end(), posted), me.posted.end());
+  }
+};
+
 }  // namespace detail
 
-/// One rank's view of an inproc_world: models transport::communicator. Owned and called by the
-/// thread that plays the rank; abort() and failed() may be called from any thread (abort()
-/// wakes the owner's blocking call, which then throws). Movable; a moved-from communicator may
-/// only be destroyed or assigned. Destroying it tells the peers this rank is gone.
+// ---- the work handle ----
+
+/// A started in-process operation (iallreduce, ibroadcast, isend, irecv): models the work
+/// handle of communicator.hpp. cancel() always succeeds here: nothing touches the buffer after
+/// it, though a collective's contribution, once made, still counts for the other ranks.
+class inproc_work {
+public:
+  inproc_work() = default;
+  inproc_work(inproc_work&&) noexcept = default;
+  inproc_work& operator=(inproc_work&& other) noexcept {
+    if (this != &other) {
+      cancel();
+      op_ = std::move(other.op_);
+    }
+    return *this;
+  }
+  inproc_work(const inproc_work&) = delete;
+  inproc_work& operator=(const inproc_work&) = delete;
+  ~inproc_work() { cancel(); }
+
+  bool test() {
+    if (op_ && op_->error) throw *op_->error;
+    if (!op_ || op_->done || op_->cancelled) return true;
+    std::unique_lock<std::mutex> lock(op_->state->mutex);
+    auto wake = detail::inproc_clock::time_point::max();
+    std::vector<int> waiting, lost;
+    std::string note;
+    if (op_->progress(detail::inproc_clock::now(), wake, waiting, lost, note)) return true;
+    op_->throw_lost(lost);
+    return false;
+  }
+
+  void wait(deadline d = {}) {
+    if (op_ && op_->error) throw *op_->error;
+    if (!op_ || op_->done || op_->cancelled) return;
+    std::unique_lock<std::mutex> lock(op_->state->mutex);
+    op_->wait(lock, d, /*poll=*/false);
+  }
+
+  int source() const noexcept {
+    if (!op_) return -1;
+    return op_->what == detail::inproc_op::kind::recv && op_->posted ? op_->posted->from : op_->peer;
+  }
+
+  bool cancel() noexcept {
+    if (!op_ || op_->done || op_->cancelled) return true;
+    std::lock_guard<std::mutex> lock(op_->state->mutex);
+    op_->withdraw();
+    op_->state->changed.notify_all();
+    return true;
+  }
+
+private:
+  friend class inproc_communicator;
+  explicit inproc_work(std::shared_ptr<detail::inproc_op> op) : op_(std::move(op)) {}
+  std::shared_ptr<detail::inproc_op> op_;
+};
+
+// ---- the communicator ----
+
+/// One rank's view of an inproc_world: models transport::communicator, with try_recv and the
+/// asynchronous operations. Owned and called by the thread that plays the rank; abort() and
+/// failed() may be called from any thread (abort() wakes the owner's blocking call, which then
+/// throws). Movable; a moved-from communicator may only be destroyed or assigned. Destroying it
+/// tells the peers this rank is gone.
 class inproc_communicator {
 public:
   inproc_communicator(inproc_communicator&& other) noexcept
@@ -152,136 +549,41 @@ public:
   }
 
   void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
-    const detail::call_info c = begin("allreduce");
-    std::unique_lock<std::mutex> lock(state_->mutex);
-    throw_if_failed(c);
-    const std::size_t bytes = detail::checked_bytes(c, count, t);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_op(c, op);
-    if (!detail::host_reducible(t))
-      detail::bad_argument(c, std::string("dtype ") + dtype_name(t) +
-                                  " has no host reduction (it is for device backends such as NCCL)");
-    detail::check_deadline(c, d);
-    fire(lock, c, -1, -1);
-    enter(lock, c, d);
-    const std::uint64_t k = collectives_++;
-    detail::inproc_slot& s = arrive(c, k, detail::signature("allreduce", count, t, op), [&](auto& data, bool first) {
-      if (first)
-        data.assign(static_cast<const unsigned char*>(buf), static_cast<const unsigned char*>(buf) + bytes);
-      else if (bytes != 0)
-        detail::reduce_into(data.data(), buf, count, t, op);
-    });
-    // Done when every rank's contribution is in and has crossed its (possibly delayed) link.
-    wait(lock, c, d, [&](auto now, auto& wake, auto& waiting, auto& lost, std::string& note) {
-      if (!s.mismatch.empty()) fail(c, transport_error(detail::describe(c) + ": " + s.mismatch));
-      for (int p = 0; p < size(); ++p) {
-        if (p == rank_) continue;
-        if (!s.arrived[static_cast<std::size_t>(p)]) {
-          waiting.push_back(p);
-          if (!state_->at(p).lost.empty()) lost.push_back(p);
-        } else if (const auto at = s.arrived_at[static_cast<std::size_t>(p)] + state_->link_delay(p, rank_);
-                   at > now) {
-          waiting.push_back(p);
-          wake = std::min(wake, at);
-          note = "their contributions are on a link delayed by fault injection";
-        }
-      }
-      return waiting.empty();
-    });
-    if (bytes != 0) std::memcpy(buf, s.data.data(), bytes);
-    depart(k, s);
+    wait_now(start_allreduce("allreduce", buf, count, t, op, &d), d);
   }
-
   void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
-    const detail::call_info c = begin("broadcast");
-    std::unique_lock<std::mutex> lock(state_->mutex);
-    throw_if_failed(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, root, "root");
-    detail::check_deadline(c, d);
-    fire(lock, c, root, -1);
-    enter(lock, c, d);
-    const std::uint64_t k = collectives_++;
-    detail::inproc_slot& s = arrive(c, k, detail::signature("broadcast", bytes, root), [&](auto& data, bool) {
-      if (rank_ == root)
-        data.assign(static_cast<const unsigned char*>(buf), static_cast<const unsigned char*>(buf) + bytes);
-    });
-    if (rank_ != root) {
-      // Like MPI_Bcast, the root does not wait for the others; they wait for the root only.
-      wait(lock, c, d, [&](auto now, auto& wake, auto& waiting, auto& lost, std::string& note) {
-        if (!s.mismatch.empty()) fail(c, transport_error(detail::describe(c) + ": " + s.mismatch));
-        const auto r = static_cast<std::size_t>(root);
-        if (!s.arrived[r]) {
-          waiting.push_back(root);
-          if (!state_->at(root).lost.empty()) lost.push_back(root);
-        } else if (const auto at = s.arrived_at[r] + state_->link_delay(root, rank_); at > now) {
-          waiting.push_back(root);
-          wake = std::min(wake, at);
-          note = "its payload is on a link delayed by fault injection";
-        }
-        return waiting.empty();
-      });
-      if (bytes != 0) std::memcpy(buf, s.data.data(), bytes);
-    }
-    depart(k, s);
+    wait_now(start_broadcast("broadcast", buf, bytes, root, &d), d);
   }
-
   void send(const void* buf, std::size_t bytes, int dst, int tag, deadline d = {}) {
-    const detail::call_info c = begin("send");
-    std::unique_lock<std::mutex> lock(state_->mutex);
-    throw_if_failed(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, dst, "destination");
-    detail::check_tag(c, tag);
-    detail::check_deadline(c, d);
-    fire(lock, c, dst, tag);
-    enter(lock, c, d);
-    if (!state_->at(dst).lost.empty())  // isolates_lost_peer: the others stay reachable
-      throw detail::lost_peer_error(c, {dst}, state_->at(dst).lost);
-    auto msg = std::make_shared<detail::inproc_message>();
-    msg->src = rank_;
-    msg->tag = tag;
-    msg->bytes = bytes;
-    msg->visible_at = detail::inproc_clock::now() + state_->link_delay(rank_, dst);
-    const bool eager = bytes <= state_->options.eager_limit;
-    if (eager) {
-      const auto* p = static_cast<const unsigned char*>(buf);
-      msg->eager.assign(p, p + bytes);
-    } else {
-      msg->rendezvous = buf;
-    }
-    auto& mailbox = state_->at(dst).mailbox;
-    mailbox.push_back(msg);
-    state_->changed.notify_all();
-    if (eager) return;
-    // Rendezvous: the receiver copies straight from `buf`, so whatever ends this wait, the
-    // message must not stay in the mailbox pointing at a buffer the caller may free.
-    struct withdraw {
-      std::deque<std::shared_ptr<detail::inproc_message>>& mailbox;
-      const std::shared_ptr<detail::inproc_message>& msg;
-      ~withdraw() {
-        if (!msg->taken) mailbox.erase(std::find(mailbox.begin(), mailbox.end(), msg));
-      }
-    } guard{mailbox, msg};
-    wait(lock, c, d, /*poll=*/false, /*p2p=*/true, [&](auto, auto&, auto& waiting, auto& lost, std::string& note) {
-      if (msg->taken) return true;
-      waiting.push_back(dst);
-      if (!state_->at(dst).lost.empty()) lost.push_back(dst);
-      note = "a message over the eager limit waits for the matching recv";
-      return false;
-    });
-    if (!msg->size_mismatch.empty())
-      fail(c, transport_error(detail::describe(c) + ": " + msg->size_mismatch));
+    wait_now(start_send("send", buf, bytes, dst, tag, &d), d);
   }
-
   int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
-    return *receive("recv", buf, bytes, src, tag, d, /*poll=*/false);
+    auto op = start_recv("recv", buf, bytes, src, tag, &d);
+    wait_now(op, d);
+    return op->posted->from;
   }
 
   /// recv() that treats a deadline with no matching message as "nothing yet": returns
   /// std::nullopt and the communicator stays usable (see try_recv in communicator.hpp).
   std::optional<int> try_recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
-    return receive("try_recv", buf, bytes, src, tag, d, /*poll=*/true);
+    auto op = start_recv("try_recv", buf, bytes, src, tag, nullptr);  // a passed deadline polls once
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    if (!op->wait(lock, d, /*poll=*/true)) return std::nullopt;
+    return op->posted->from;
+  }
+
+  /// The asynchronous forms (communicator.hpp): they start the call and return at once.
+  inproc_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
+    return inproc_work(start_allreduce("allreduce", buf, count, t, op, nullptr));
+  }
+  inproc_work ibroadcast(void* buf, std::size_t bytes, int root) {
+    return inproc_work(start_broadcast("broadcast", buf, bytes, root, nullptr));
+  }
+  inproc_work isend(const void* buf, std::size_t bytes, int dst, int tag) {
+    return inproc_work(start_send("send", buf, bytes, dst, tag, nullptr));
+  }
+  inproc_work irecv(void* buf, std::size_t bytes, int src, int tag) {
+    return inproc_work(start_recv("recv", buf, bytes, src, tag, nullptr));
   }
 
   /// Marks the communicator failed (idempotent; any thread). A blocking call in progress on the
@@ -302,192 +604,114 @@ public:
 
 private:
   friend class inproc_world;
+  using op_ptr = std::shared_ptr<detail::inproc_op>;
+
   inproc_communicator(std::shared_ptr<detail::inproc_state> state, int rank)
       : state_(std::move(state)), rank_(rank) {}
 
-  detail::call_info begin(const char* op) {
-    return {"inproc", op, ++calls_, rank_, state_->size, detail::inproc_clock::now()};
+  op_ptr make_op(detail::inproc_op::kind what, const char* name) {
+    auto op = std::make_shared<detail::inproc_op>();
+    op->what = what;
+    op->c = {"inproc", name, ++calls_, rank_, state_->size, detail::inproc_clock::now()};
+    op->state = state_;
+    op->rank = rank_;
+    return op;
   }
 
-  std::optional<int> receive(const char* op, void* buf, std::size_t bytes, int src, int tag,
-                             const deadline& d, bool poll) {
-    const detail::call_info c = begin(op);
+  op_ptr start_allreduce(const char* name, void* buf, std::size_t count, dtype t, reduce_op r,
+                         const deadline* d) {
+    auto op = make_op(detail::inproc_op::kind::allreduce, name);
     std::unique_lock<std::mutex> lock(state_->mutex);
-    throw_if_failed(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, src, "source", /*allow_any=*/true);
-    detail::check_tag(c, tag);
-    if (!poll) detail::check_deadline(c, d);  // try_recv: a passed deadline polls once
-    fire(lock, c, src, tag);
-    enter(lock, c, d);
-    auto& mailbox = state_->at(rank_).mailbox;
-    std::shared_ptr<detail::inproc_message> got;
-    const bool arrived = wait(lock, c, d, poll, /*p2p=*/true, [&](auto now, auto& wake, auto& waiting, auto& lost, std::string& note) {
-      // The oldest matching message wins. A message still on a delayed link blocks later ones
-      // from the same source (FIFO per source and tag) but not other sources' (any_source).
-      std::vector<int> in_flight;
-      for (auto it = mailbox.begin(); it != mailbox.end(); ++it) {
-        const auto& m = **it;
-        if (m.tag != tag || (src != any_source && m.src != src)) continue;
-        if (std::find(in_flight.begin(), in_flight.end(), m.src) != in_flight.end()) continue;
-        if (m.visible_at > now) {
-          in_flight.push_back(m.src);
-          wake = std::min(wake, m.visible_at);
-          continue;
-        }
-        got = *it;
-        mailbox.erase(it);
-        return true;
-      }
-      // Nothing yet: whom we wait for, and whether they can still send.
-      for (int p = 0; p < size(); ++p) {
-        if ((src != any_source && p != src) || (src == any_source && p == rank_)) continue;
-        waiting.push_back(p);
-      }
-      if (waiting.empty()) waiting.push_back(rank_);  // any_source on a world of one
-      bool all_lost = in_flight.empty();
-      for (int p : waiting) all_lost = all_lost && !state_->at(p).lost.empty();
-      if (all_lost) lost = waiting;
-      if (!in_flight.empty()) note = "a matching message is on a link delayed by fault injection";
-      return false;
-    });
-    if (!arrived) return std::nullopt;
-    got->taken = true;
-    state_->changed.notify_all();  // a rendezvous sender waits for `taken`
-    if (got->bytes != bytes) {
-      got->size_mismatch = "rank " + std::to_string(got->src) + " sent " +
-                           std::to_string(got->bytes) + " bytes with tag " + std::to_string(tag) +
-                           " but rank " + std::to_string(rank_) + " received into " +
-                           std::to_string(bytes) + " bytes";
-      fail(c, transport_error(detail::describe(c) + ": " + got->size_mismatch));
-    }
-    if (bytes != 0)
-      std::memcpy(buf, got->rendezvous != nullptr ? got->rendezvous : got->eager.data(), bytes);
-    return got->src;
+    op->throw_if_failed();
+    const std::size_t bytes = detail::checked_bytes(op->c, count, t);
+    detail::check_buffer(op->c, buf, bytes);
+    detail::check_op(op->c, r);
+    if (!detail::host_reducible(t))
+      detail::bad_argument(op->c, std::string("dtype ") + dtype_name(t) +
+                                      " has no host reduction (it is for device backends such as NCCL)");
+    if (d) detail::check_deadline(op->c, *d);
+    op->buf = buf;
+    op->bytes = bytes;
+    op->count = count;
+    op->type = t;
+    op->op = r;
+    op->signature = detail::signature("allreduce", count, t, r);
+    start(lock, op, -1, -1);
+    return op;
   }
 
+  op_ptr start_broadcast(const char* name, void* buf, std::size_t bytes, int root, const deadline* d) {
+    auto op = make_op(detail::inproc_op::kind::broadcast, name);
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    op->throw_if_failed();
+    detail::check_buffer(op->c, buf, bytes);
+    detail::check_peer(op->c, root, "root");
+    if (d) detail::check_deadline(op->c, *d);
+    op->buf = buf;
+    op->bytes = bytes;
+    op->peer = root;
+    op->signature = detail::signature("broadcast", bytes, root);
+    start(lock, op, root, -1);
+    return op;
+  }
+
+  op_ptr start_send(const char* name, const void* buf, std::size_t bytes, int dst, int tag, const deadline* d) {
+    auto op = make_op(detail::inproc_op::kind::send, name);
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    op->throw_if_failed();
+    detail::check_buffer(op->c, buf, bytes);
+    detail::check_peer(op->c, dst, "destination");
+    detail::check_tag(op->c, tag);
+    if (d) detail::check_deadline(op->c, *d);
+    op->cbuf = buf;
+    op->bytes = bytes;
+    op->peer = dst;
+    op->tag = tag;
+    start(lock, op, dst, tag);
+    return op;
+  }
+
+  op_ptr start_recv(const char* name, void* buf, std::size_t bytes, int src, int tag, const deadline* d) {
+    auto op = make_op(detail::inproc_op::kind::recv, name);
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    op->throw_if_failed();
+    detail::check_buffer(op->c, buf, bytes);
+    detail::check_peer(op->c, src, "source", /*allow_any=*/true);
+    detail::check_tag(op->c, tag);
+    if (d) detail::check_deadline(op->c, *d);
+    op->buf = buf;
+    op->bytes = bytes;
+    op->peer = src;
+    op->tag = tag;
+    start(lock, op, src, tag);
+    return op;
+  }
+
+  // Fires this rank's matching on_step trap, then takes part at once, or queues the op behind
+  // the others this rank started while stalled. Collectives take their index now: issue order.
+  void start(std::unique_lock<std::mutex>& lock, const op_ptr& op, int peer, int tag) {
+    fire(lock, op->c, peer, tag);
+    op->throw_if_failed();
+    auto& self = state_->at(rank_);
+    if (!self.lost.empty())
+      op->fail(transport_error(detail::describe(op->c) + ": this rank is gone (" + self.lost + ")"));
+    if (op->what == detail::inproc_op::kind::allreduce || op->what == detail::inproc_op::kind::broadcast)
+      op->k = collectives_++;
+    op->enter_pending();
+    if (self.stalled || !self.unentered.empty())
+      self.unentered.push_back(op);
+    else
+      op->enter();
+  }
+
+  void wait_now(const op_ptr& op, const deadline& d) {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    op->wait(lock, d, /*poll=*/false);
+  }
 
   // The first on_step trap of this rank that matches the call: counted down by skip, then
   // removed and run with the world unlocked (its action locks to kill, stall or delay).
   void fire(std::unique_lock<std::mutex>& lock, const detail::call_info& c, int peer, int tag);
-
-  // After a failure every call rethrows the original error; after abort() (with no failure
-  // before it) every call says it was aborted, naming itself.
-  void throw_if_failed(const detail::call_info& c) const {
-    const auto& self = state_->at(rank_);
-    if (self.failure) throw *self.failure;
-    if (self.aborted)
-      throw transport_error(detail::describe(c) + ": the communicator was aborted (abort())");
-  }
-
-  // The first failure sticks: later calls rethrow it (contract b).
-  [[noreturn]] void fail(const detail::call_info&, transport_error e) {
-    auto& self = state_->at(rank_);
-    if (!self.failure) self.failure = std::move(e);
-    throw *self.failure;
-  }
-
-  // Own-rank faults before a call takes part: killed ranks fail, stalled ranks wait (without
-  // taking part) until resumed, killed, aborted or out of time.
-  void enter(std::unique_lock<std::mutex>& lock, const detail::call_info& c, const deadline& d) {
-    for (;;) {
-      auto& self = state_->at(rank_);
-      throw_if_failed(c);
-      if (!self.lost.empty())
-        fail(c, transport_error(detail::describe(c) + ": this rank is gone (" + self.lost + ")"));
-      if (!self.stalled) return;
-      if (d.passed())
-        fail(c, transport_error(detail::describe(c) + ": this rank is stalled by fault injection "
-                                                     "(inproc_world::stall) and its deadline passed " +
-                                detail::seconds_since(c.started) + " after the call"));
-      state_->changed.wait_until(lock, d.time_point());
-    }
-  }
-
-  // Takes part in collective k, creating its slot if this rank is first; `contribute(data,
-  // first)` adds this rank's data. Arguments that differ from the first arriver's fail the
-  // collective for everyone in it.
-  template <class Contribute>
-  detail::inproc_slot& arrive(const detail::call_info& c, std::uint64_t k, std::string signature,
-                              Contribute contribute) {
-    detail::inproc_slot& s = state_->slots[k];
-    const bool first = s.first_rank < 0;
-    if (first) {
-      s.data = std::move(state_->spare);
-      s.data.clear();
-      s.signature = std::move(signature);
-      s.first_rank = rank_;
-      s.arrived.assign(static_cast<std::size_t>(size()), 0);
-      s.arrived_at.resize(static_cast<std::size_t>(size()));
-    } else if (s.mismatch.empty() && signature != s.signature) {
-      s.mismatch = "arguments differ across ranks in collective #" + std::to_string(k + 1) +
-                   ": rank " + std::to_string(s.first_rank) + " called " + s.signature +
-                   ", rank " + std::to_string(rank_) + " called " + signature;
-    }
-    if (!s.mismatch.empty()) {
-      state_->changed.notify_all();
-      fail(c, transport_error(detail::describe(c) + ": " + s.mismatch));
-    }
-    contribute(s.data, first);
-    s.arrived[static_cast<std::size_t>(rank_)] = 1;
-    s.arrived_at[static_cast<std::size_t>(rank_)] = detail::inproc_clock::now();
-    state_->changed.notify_all();
-    return s;
-  }
-
-  void depart(std::uint64_t k, detail::inproc_slot& s) {
-    if (++s.departures != size()) return;
-    // The next collective reuses the storage: a fresh 64 MiB accumulator per call costs its
-    // page faults every time.
-    if (s.data.capacity() > state_->spare.capacity()) state_->spare = std::move(s.data);
-    state_->slots.erase(k);
-  }
-
-  // The one wait loop of every call: `ready(now, wake, waiting, lost, note)` returns true when
-  // the call can complete; otherwise it fills whom the call waits for, which of them are lost,
-  // and the earliest time something could change without a notification (a delayed link).
-  // With `poll`, a deadline that passes before the call is ready returns false instead of
-  // failing (try_recv); without it the return value is always true.
-  // With `p2p` (send, recv), losing the peer(s) it waited for throws without failing the
-  // communicator: the other ranks stay reachable (capabilities().isolates_lost_peer).
-  template <class Ready>
-  bool wait(std::unique_lock<std::mutex>& lock, const detail::call_info& c, const deadline& d,
-            Ready ready) {
-    return wait(lock, c, d, false, false, ready);
-  }
-  template <class Ready>
-  bool wait(std::unique_lock<std::mutex>& lock, const detail::call_info& c, const deadline& d,
-            bool poll, bool p2p, Ready ready) {
-    for (;;) {
-      auto& self = state_->at(rank_);
-      throw_if_failed(c);  // aborted from another thread
-      if (!self.lost.empty())
-        fail(c, transport_error(detail::describe(c) + ": this rank is gone (" + self.lost + ")"));
-      const auto now = detail::inproc_clock::now();
-      auto wake = d.time_point();
-      std::vector<int> waiting, lost;
-      std::string note;
-      if (ready(now, wake, waiting, lost, note)) return true;
-      if (!lost.empty()) {
-        // One reason when they share it, else each rank's own.
-        std::string how = state_->at(lost.front()).lost;
-        for (int p : lost) {
-          if (state_->at(p).lost == state_->at(lost.front()).lost) continue;
-          how.clear();
-          for (int q : lost)
-            how += (how.empty() ? "rank " : "; rank ") + std::to_string(q) + ": " + state_->at(q).lost;
-          break;
-        }
-        if (p2p) throw detail::lost_peer_error(c, lost, how);
-        fail(c, detail::lost_peer_error(c, lost, how));
-      }
-      if (d.passed(now)) {
-        if (poll) return false;
-        fail(c, detail::deadline_error(c, waiting, note));
-      }
-      state_->changed.wait_until(lock, wake);
-    }
-  }
 
   void leave() noexcept {
     if (!state_) return;
@@ -502,6 +726,8 @@ private:
   std::uint64_t calls_ = 0;        // every call, for error messages
   std::uint64_t collectives_ = 0;  // collectives only: the slot every rank's n-th one meets in
 };
+
+// ---- the world ----
 
 /// n ranks in one process. Each thread takes its rank's communicator with join(r); the world
 /// and its communicators share state, so either may outlive the other. Fault injection works
