@@ -1,10 +1,11 @@
 # cadence-train end to end under mpirun: 1 server and 2 workers, three policies of 3 s each
 # (two over the parameter server, one over the collective adapter's all-reduce) on
 # a small shard of Fashion-MNIST (a 784-64-10 MLP: it learns in seconds). Checks that only the
-# JSON array is on stdout, that every policy's object has the documented keys, and that the
-# model learned (final accuracy well above chance). With --trace it writes one iteration trace
-# per parameter-server policy, which cadence-sim --trace replays. -DMPIRUN= -DMPIFLAGS= -DTRAIN=
-# -DSIM= -DTRACE=
+# JSON array is on stdout, that every policy's object has exactly the documented keys
+# (json_keys.cmake), and that the model learned (final accuracy well above chance). With --trace
+# it writes one iteration trace per parameter-server policy, which cadence-sim --trace replays.
+# -DMPIRUN= -DMPIFLAGS= -DTRAIN= -DSIM= -DTRACE=
+include(${CMAKE_CURRENT_LIST_DIR}/json_keys.cmake)
 separate_arguments(_flags UNIX_COMMAND "${MPIFLAGS}")
 string(REGEX REPLACE "\\.csv$" "" _trace_base "${TRACE}")
 file(REMOVE "${_trace_base}-bsp.csv" "${_trace_base}-dssp_1_4.csv" "${_trace_base}-periodic_2.csv")
@@ -15,26 +16,10 @@ execute_process(COMMAND ${MPIRUN} ${_flags} -np 3 ${TRAIN} --model mlp --hidden 
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "exit ${rc}\nstdout: ${out}\nstderr: ${err}")
 endif()
-string(JSON n LENGTH "${out}")
-if(NOT n EQUAL 3)
-  message(FATAL_ERROR "expected a JSON array of 3 policies, got ${n}:\n${out}")
-endif()
-set(_keys policy transport workers seconds iterations iterations_per_second wait_fraction
-          max_staleness final_accuracy best_accuracy time_to_70 time_to_80 evicted simulated)
+check_train_json("${out}" 3 "${err}")
 set(_transports mpi-ps mpi-ps mpi-allreduce)
 foreach(i 0 1 2)
   list(GET _transports ${i} want_transport)
-  string(JSON nkeys LENGTH "${out}" ${i})
-  list(LENGTH _keys want)
-  if(NOT nkeys EQUAL want)
-    message(FATAL_ERROR "object ${i} has ${nkeys} keys, expected ${want}:\n${out}")
-  endif()
-  foreach(k IN LISTS _keys)
-    string(JSON v ERROR_VARIABLE e GET "${out}" ${i} ${k})
-    if(e)
-      message(FATAL_ERROR "object ${i}: no key '${k}': ${e}\n${out}")
-    endif()
-  endforeach()
   string(JSON t GET "${out}" ${i} transport)
   string(JSON w GET "${out}" ${i} workers)
   string(JSON it GET "${out}" ${i} iterations)
