@@ -20,20 +20,21 @@
 #include <cadence/transport/mpi/communicator.hpp>
 
 #include <mpi.h>
+
+#include "support/mpi.hpp"
 #endif
 
+#include "support/flags.hpp"
 #include "support/measure.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -41,14 +42,13 @@ namespace {
 using namespace cadence::transport;
 using namespace cadence::exchange;
 using steady = std::chrono::steady_clock;
+using cadence::tools::usage_error;
 
-struct config {
-  std::string backend;
-  int ranks = 2;
-  bool json = false;
-  std::size_t min_bytes = 1024;
-  std::size_t max_bytes = std::size_t{16} << 20;
-  int reps = 5;
+struct config : cadence_bench::common_config {
+  config() {
+    min_bytes = 1024;
+    max_bytes = std::size_t{16} << 20;
+  }
   bool raw_backend = false;  // mpi: raw is MPI_Allreduce instead of the communicator's allreduce
 };
 
@@ -188,129 +188,78 @@ std::vector<row> run_inproc(const config& cfg) {
   inproc_world world(cfg.ranks);
   cadence_bench::summing_barrier sync(cfg.ranks);
   std::vector<row> rows;
-  std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < cfg.ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = world.join(r);
-        rank_ops ops;
-        ops.rank = r;
-        ops.size = cfg.ranks;
-        ops.raw = [&](float* b, std::size_t n) {
-          comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
-        };
-        ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
-        auto mine = run_adapters(comm, ops, cfg);
-        if (r == 0) rows = std::move(mine);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors)
-    if (!e.empty()) throw std::runtime_error(e);
+  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+    auto comm = world.join(r);
+    rank_ops ops;
+    ops.rank = r;
+    ops.size = cfg.ranks;
+    ops.raw = [&](float* b, std::size_t n) {
+      comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+    };
+    ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
+    auto mine = run_adapters(comm, ops, cfg);
+    if (r == 0) rows = std::move(mine);
+  });
   return rows;
 }
 
 #if defined(CADENCE_BENCH_WITH_MPI)
 int run_mpi(const config& cfg) {
-  int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0, size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  try {
-    MPI_Comm raw_comm;
-    MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
-    {
-      mpi_communicator comm(MPI_COMM_WORLD, mpi_options{});
-      rank_ops ops;
-      ops.rank = rank;
-      ops.size = size;
-      ops.raw = [&](float* b, std::size_t n) {
-        if (cfg.raw_backend)
-          MPI_Allreduce(MPI_IN_PLACE, b, static_cast<int>(n), MPI_FLOAT, MPI_SUM, raw_comm);
-        else
-          comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
-      };
-      ops.average = [&](double v) {
-        double sum = 0;
-        MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, raw_comm);
-        return sum / size;
-      };
-      const auto rows = run_adapters(comm, ops, cfg);
-      if (rank == 0) print(rows, cfg);
-    }
-    MPI_Comm_free(&raw_comm);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "cadence-bench-exchange (rank %d): %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  MPI_Finalize();
-  return 0;
+  return cadence_bench::run_mpi_rank("cadence-bench-exchange", [&](int rank, int size, MPI_Comm raw) {
+    mpi_communicator comm(MPI_COMM_WORLD, mpi_options{});
+    rank_ops ops;
+    ops.rank = rank;
+    ops.size = size;
+    ops.raw = [&](float* b, std::size_t n) {
+      if (cfg.raw_backend)
+        MPI_Allreduce(MPI_IN_PLACE, b, static_cast<int>(n), MPI_FLOAT, MPI_SUM, raw);
+      else
+        comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+    };
+    ops.average = [&](double v) { return cadence_bench::mpi_average(raw, v); };
+    const auto rows = run_adapters(comm, ops, cfg);
+    if (rank == 0) print(rows, cfg);
+    return 0;
+  });
 }
 #endif
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "cadence-bench-exchange: %s\n"
-               "usage: cadence-bench-exchange --backend inproc|mpi [--ranks N] [--json]\n"
-               "         [--min-bytes B] [--max-bytes B] [--reps R]\n"
-               "  --ranks N      threads for inproc (default 2); under MPI, mpirun -np sets it\n"
-               "  --min-bytes B  smallest buffer (default 1 KiB; sizes go x4 up to --max-bytes)\n"
-               "  --max-bytes B  largest buffer (default 16 MiB)\n"
-               "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
-               "  --raw-mpi      mpi: raw is MPI_Allreduce, not the communicator's allreduce\n",
-               why.c_str());
-  std::exit(2);
-}
+constexpr const char* usage_text =
+    "usage: cadence-bench-exchange --backend inproc|mpi [--ranks N] [--json]\n"
+    "         [--min-bytes B] [--max-bytes B] [--reps R]\n"
+    "  --ranks N      threads for inproc (default 2); under MPI, mpirun -np sets it\n"
+    "  --min-bytes B  smallest buffer (default 1 KiB; sizes go x4 up to --max-bytes)\n"
+    "  --max-bytes B  largest buffer (default 16 MiB)\n"
+    "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
+    "  --raw-mpi      mpi: raw is MPI_Allreduce, not the communicator's allreduce\n"
+    "  --help         this text\n";
 
-long parse_number(const std::string& flag, const char* text) {
-  char* end = nullptr;
-  const long v = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || v < 1) usage(flag + " needs a positive integer, not '" + text + "'");
-  return v;
+int run(int argc, char** argv) {
+  config cfg;
+  const bool help = !cadence_bench::read_flags(
+      argc, argv, cfg, {"--backend", "--ranks", "--json", "--min-bytes", "--max-bytes", "--reps"},
+      {{"--raw-mpi", &cfg.raw_backend, true}}, usage_text);
+  if (help) return 0;
+  if (cfg.max_bytes < cfg.min_bytes || cfg.min_bytes < 64 || cfg.max_bytes % 64 != 0 ||
+      cfg.min_bytes % 64 != 0)
+    throw usage_error("--min-bytes and --max-bytes must be multiples of 64, min <= max, got " +
+                      std::to_string(cfg.min_bytes) + " and " + std::to_string(cfg.max_bytes));
+  if (cfg.backend == "inproc") {
+    print(run_inproc(cfg), cfg);
+    return 0;
+  }
+  if (cfg.backend == "mpi") {
+#if defined(CADENCE_BENCH_WITH_MPI)
+    return run_mpi(cfg);
+#else
+    throw cadence_bench::backend_not_built("MPI", "cadence::mpi");
+#endif
+  }
+  throw cadence_bench::backend_error(cfg.backend, "inproc or mpi");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  config cfg;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--backend") cfg.backend = value();
-    else if (a == "--ranks") cfg.ranks = static_cast<int>(parse_number(a, value()));
-    else if (a == "--json") cfg.json = true;
-    else if (a == "--min-bytes") cfg.min_bytes = static_cast<std::size_t>(parse_number(a, value()));
-    else if (a == "--max-bytes") cfg.max_bytes = static_cast<std::size_t>(parse_number(a, value()));
-    else if (a == "--reps") cfg.reps = static_cast<int>(parse_number(a, value()));
-    else if (a == "--raw-mpi") cfg.raw_backend = true;
-    else usage("unknown argument '" + a + "'");
-  }
-  if (cfg.max_bytes < cfg.min_bytes || cfg.min_bytes < 64 || cfg.max_bytes % 64 != 0 ||
-      cfg.min_bytes % 64 != 0)
-    usage("--min-bytes and --max-bytes must be multiples of 64, min <= max");
-  try {
-    if (cfg.backend == "inproc") {
-      print(run_inproc(cfg), cfg);
-      return 0;
-    }
-    if (cfg.backend == "mpi") {
-#if defined(CADENCE_BENCH_WITH_MPI)
-      return run_mpi(cfg);
-#else
-      usage("this build has no MPI (cadence::mpi was not found at configure time)");
-#endif
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "cadence-bench-exchange: %s\n", e.what());
-    return 1;
-  }
-  usage(cfg.backend.empty() ? "--backend is required" : "unknown backend '" + cfg.backend + "'");
+  return cadence::tools::guarded_main("cadence-bench-exchange", run, argc, argv);
 }

@@ -17,14 +17,16 @@
 
 #include <mpi.h>
 
+#include "support/flags.hpp"
 #include "support/measure.hpp"
+#include "support/mpi.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -34,16 +36,16 @@ using namespace cadence;
 using namespace cadence::exchange;
 using namespace cadence::transport;
 using steady = std::chrono::steady_clock;
+using cadence::tools::usage_error;
 
-struct config {
-  std::string backend;
-  bool json = false;
+struct config : cadence_bench::common_config {
+  config() {
+    min_bytes = 4 << 10;  // not a flag
+    max_bytes = 16 << 20;
+  }
   bool bounce = true;
   bool sgd = false;
   bool throughput = false;
-  std::size_t min_bytes = 4 << 10;
-  std::size_t max_bytes = 16 << 20;
-  int reps = 5;
 };
 
 struct no_update {
@@ -169,82 +171,49 @@ void print(const std::vector<row>& rows, const config& cfg, int workers) {
                 r.raw_us / r.ours_us, r.ours_us - r.raw_us);
 }
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "cadence-bench-ps: %s\n"
-               "usage: mpirun -np 2 cadence-bench-ps --backend mpi [--json] [--reps R]\n"
-               "         [--max-bytes B] [--no-bounce] [--sgd]\n"
-               "       mpirun -np W+1 cadence-bench-ps --backend mpi --throughput\n"
-               "  --throughput   every worker pushes at once (sizes 64 KiB, 1 MiB, 4 MiB)\n"
-               "  --no-bounce    mpi_options::bounce_buffers = false\n"
-               "  --sgd          apply SGD on the server (default: a no-op update rule)\n",
-               why.c_str());
-  std::exit(2);
+constexpr const char* usage_text =
+    "usage: mpirun -np 2 cadence-bench-ps --backend mpi [--json] [--reps R]\n"
+    "         [--max-bytes B] [--no-bounce] [--sgd]\n"
+    "       mpirun -np W+1 cadence-bench-ps --backend mpi --throughput\n"
+    "  --throughput   every worker pushes at once (sizes 64 KiB, 1 MiB, 4 MiB)\n"
+    "  --no-bounce    mpi_options::bounce_buffers = false\n"
+    "  --sgd          apply SGD on the server (default: a no-op update rule)\n"
+    "  --help         this text\n";
+
+int run(int argc, char** argv) {
+  config cfg;
+  const bool help = !cadence_bench::read_flags(
+      argc, argv, cfg, {"--backend", "--json", "--reps", "--max-bytes"},
+      {{"--no-bounce", &cfg.bounce, false}, {"--sgd", &cfg.sgd, true},
+       {"--throughput", &cfg.throughput, true}},
+      usage_text);
+  if (help) return 0;
+  if (cfg.backend != "mpi") throw cadence_bench::backend_error(cfg.backend, "mpi");
+  if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
+    throw usage_error("--max-bytes: must be a multiple of 4, at least 4096, got " +
+                      std::to_string(cfg.max_bytes));
+  return cadence_bench::run_mpi_rank("cadence-bench-ps", [&](int rank, int size, MPI_Comm raw) {
+    if (size < 2) {
+      if (rank == 0) std::fprintf(stderr, "cadence-bench-ps: run under mpirun -np 2 or more\n");
+      return 2;
+    }
+    mpi_options options;
+    options.bounce_buffers = cfg.bounce;
+    mpi_communicator comm(MPI_COMM_WORLD, options);
+    const int workers = cfg.throughput ? size - 1 : 1;
+    std::vector<std::size_t> sizes;
+    if (cfg.throughput) {
+      sizes = {std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{4} << 20};
+    } else {
+      for (std::size_t b = cfg.min_bytes; b < cfg.max_bytes; b *= 4) sizes.push_back(b);
+      sizes.push_back(cfg.max_bytes);
+    }
+    const auto rows = measure(comm, raw, cfg, workers, sizes);
+    if (rank == 0) print(rows, cfg, workers);
+    return 0;
+  });
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  config cfg;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    auto number = [&](const char* text) {
-      char* end = nullptr;
-      const long v = std::strtol(text, &end, 10);
-      if (end == text || *end != '\0' || v < 1) usage(a + " needs a positive integer, not '" + text + "'");
-      return v;
-    };
-    if (a == "--backend") cfg.backend = value();
-    else if (a == "--json") cfg.json = true;
-    else if (a == "--no-bounce") cfg.bounce = false;
-    else if (a == "--sgd") cfg.sgd = true;
-    else if (a == "--throughput") cfg.throughput = true;
-    else if (a == "--reps") cfg.reps = static_cast<int>(number(value()));
-    else if (a == "--max-bytes") cfg.max_bytes = static_cast<std::size_t>(number(value()));
-    else usage("unknown argument '" + a + "'");
-  }
-  if (cfg.backend != "mpi")
-    usage(cfg.backend.empty() ? "--backend is required" : "unknown backend '" + cfg.backend + "' (mpi)");
-  if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
-    usage("--max-bytes must be a multiple of 4, at least 4096");
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0, size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int rc = 0;
-  if (size < 2) {
-    if (rank == 0) std::fprintf(stderr, "cadence-bench-ps: run under mpirun -np 2 or more\n");
-    rc = 2;
-  } else {
-    try {
-      MPI_Comm raw;
-      MPI_Comm_dup(MPI_COMM_WORLD, &raw);
-      {
-        mpi_options options;
-        options.bounce_buffers = cfg.bounce;
-        mpi_communicator comm(MPI_COMM_WORLD, options);
-        const int workers = cfg.throughput ? size - 1 : 1;
-        std::vector<std::size_t> sizes;
-        if (cfg.throughput) {
-          sizes = {std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{4} << 20};
-        } else {
-          for (std::size_t b = cfg.min_bytes; b < cfg.max_bytes; b *= 4) sizes.push_back(b);
-          sizes.push_back(cfg.max_bytes);
-        }
-        const auto rows = measure(comm, raw, cfg, workers, sizes);
-        if (rank == 0) print(rows, cfg, workers);
-      }
-      MPI_Comm_free(&raw);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "cadence-bench-ps (rank %d): %s\n", rank, e.what());
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-  }
-  MPI_Finalize();
-  return rc;
-}
+int main(int argc, char** argv) { return cadence::tools::guarded_main("cadence-bench-ps", run, argc, argv); }

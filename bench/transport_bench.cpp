@@ -23,6 +23,8 @@
 #include <cadence/transport/mpi/communicator.hpp>
 
 #include <mpi.h>
+
+#include "support/mpi.hpp"
 #endif
 #if defined(CADENCE_BENCH_WITH_NCCL)
 #include <cadence/transport/nccl/communicator.hpp>
@@ -40,33 +42,32 @@
 #include <unistd.h>
 #endif
 
+#include "support/flags.hpp"
 #include "support/measure.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
+#include <string_view>
 #include <vector>
 
 namespace {
 
 using namespace cadence::transport;
 using steady = std::chrono::steady_clock;
+using cadence::tools::usage_error;
 
-struct config {
-  std::string backend;
-  int ranks = 2;  // inproc only; under MPI the job's size
-  bool json = false;
-  std::size_t min_bytes = 8;
-  std::size_t max_bytes = std::size_t{64} << 20;
-  int reps = 5;  // raw/ours pairs per size; the median pair is reported
+struct config : cadence_bench::common_config {
+  config() {
+    min_bytes = 8;  // not a flag
+    max_bytes = std::size_t{64} << 20;
+  }
   bool bounce = true;
   bool verify = true;
   bool ring = true;
@@ -168,7 +169,23 @@ void print(const std::vector<row>& rows, const config& cfg) {
                 busbw(r, r.raw_us), busbw(r, r.ours_us), r.ours_us / r.raw_us);
 }
 
-// ---- inproc: ranks as threads ----
+// ---- ranks as threads (inproc, gloo, nccl) ----
+
+// A thread rank's operations but `raw`: ours is comm's all-reduce, and the average goes over
+// the threads' barrier.
+template <class Comm>
+rank_ops thread_rank_ops(int rank, const config& cfg, Comm& comm, cadence_bench::summing_barrier& sync) {
+  rank_ops ops;
+  ops.rank = rank;
+  ops.size = cfg.ranks;
+  ops.ours = [&comm](float* b, std::size_t n) {
+    comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+  };
+  ops.average = [&sync, n = cfg.ranks](double v) { return sync.arrive_and_sum(v) / n; };
+  return ops;
+}
+
+// ---- inproc ----
 
 // The raw in-process all-reduce: accumulate under a lock, wait for all, copy out, wait again
 // (so nobody starts the next accumulation while another still reads the sum).
@@ -203,30 +220,13 @@ std::vector<row> run_inproc(const config& cfg) {
   cadence_bench::summing_barrier sync(cfg.ranks);
   plain_shared_allreduce raw(cfg.ranks);
   std::vector<row> rows;
-  std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < cfg.ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = world.join(r);
-        rank_ops ops;
-        ops.rank = r;
-        ops.size = cfg.ranks;
-        ops.raw = [&](float* b, std::size_t n) { raw.run(b, n); };
-        ops.ours = [&](float* b, std::size_t n) {
-          comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
-        };
-        ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
-        auto mine = run_rank(ops, cfg);
-        if (r == 0) rows = std::move(mine);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors)
-    if (!e.empty()) throw std::runtime_error(e);
+  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+    auto comm = world.join(r);
+    rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
+    ops.raw = [&](float* b, std::size_t n) { raw.run(b, n); };
+    auto mine = run_rank(ops, cfg);
+    if (r == 0) rows = std::move(mine);
+  });
   return rows;
 }
 
@@ -236,44 +236,32 @@ std::vector<row> run_inproc(const config& cfg) {
 std::vector<row> run_gloo(const config& cfg) {
   std::string store = (std::filesystem::temp_directory_path() / "cadence-bench-gloo-XXXXXX").string();
   if (::mkdtemp(store.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  struct remove_on_exit {  // the store goes whether the ranks succeed or not
+    const std::string& path;
+    ~remove_on_exit() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } remove_store{store};
   cadence_bench::summing_barrier sync(cfg.ranks);
   std::vector<row> rows;
-  std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < cfg.ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        gloo_options options;
-        options.store_path = store;
-        gloo_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
-        rank_ops ops;
-        ops.rank = r;
-        ops.size = cfg.ranks;
-        ops.raw = [&](float* b, std::size_t n) {
-          ::gloo::AllreduceOptions opts(comm.context());
-          opts.setOutput(b, n);
-          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(
-              &::gloo::sum<float>));
-          opts.setTag(1);
-          opts.setTimeout(std::chrono::seconds(60));
-          ::gloo::allreduce(opts);
-        };
-        ops.ours = [&](float* b, std::size_t n) {
-          comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
-        };
-        ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
-        auto mine = run_rank(ops, cfg);
-        if (r == 0) rows = std::move(mine);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::error_code ec;
-  std::filesystem::remove_all(store, ec);
-  for (const auto& e : errors)
-    if (!e.empty()) throw std::runtime_error(e);
+  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+    gloo_options options;
+    options.store_path = store;
+    gloo_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
+    rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
+    ops.raw = [&](float* b, std::size_t n) {
+      ::gloo::AllreduceOptions opts(comm.context());
+      opts.setOutput(b, n);
+      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(
+          &::gloo::sum<float>));
+      opts.setTag(1);
+      opts.setTimeout(std::chrono::seconds(60));
+      ::gloo::allreduce(opts);
+    };
+    auto mine = run_rank(ops, cfg);
+    if (r == 0) rows = std::move(mine);
+  });
   return rows;
 }
 #endif
@@ -281,45 +269,27 @@ std::vector<row> run_gloo(const config& cfg) {
 // ---- mpi: one rank per process ----
 
 #if defined(CADENCE_BENCH_WITH_MPI)
-int run_mpi(config cfg) {
-  int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0, size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  try {
-    MPI_Comm raw_comm;
-    MPI_Comm_dup(MPI_COMM_WORLD, &raw_comm);
-    {
-      mpi_options options;
-      options.bounce_buffers = cfg.bounce;
-      options.verify_before_posting = cfg.verify;
-      if (!cfg.ring) options.ring_min_bytes = static_cast<std::size_t>(-1);
-      mpi_communicator comm(MPI_COMM_WORLD, options);
-      rank_ops ops;
-      ops.rank = rank;
-      ops.size = size;
-      ops.raw = [&](float* b, std::size_t n) {
-        MPI_Allreduce(MPI_IN_PLACE, b, static_cast<int>(n), MPI_FLOAT, MPI_SUM, raw_comm);
-      };
-      ops.ours = [&](float* b, std::size_t n) {
-        comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
-      };
-      ops.average = [&](double v) {
-        double sum = 0;
-        MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, raw_comm);
-        return sum / size;
-      };
-      const auto rows = run_rank(ops, cfg);
-      if (rank == 0) print(rows, cfg);
-    }
-    MPI_Comm_free(&raw_comm);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "cadence-bench-transport (rank %d): %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);  // the other ranks would wait for this one
-  }
-  MPI_Finalize();
-  return 0;
+int run_mpi(const config& cfg) {
+  return cadence_bench::run_mpi_rank("cadence-bench-transport", [&](int rank, int size, MPI_Comm raw) {
+    mpi_options options;
+    options.bounce_buffers = cfg.bounce;
+    options.verify_before_posting = cfg.verify;
+    if (!cfg.ring) options.ring_min_bytes = static_cast<std::size_t>(-1);
+    mpi_communicator comm(MPI_COMM_WORLD, options);
+    rank_ops ops;
+    ops.rank = rank;
+    ops.size = size;
+    ops.raw = [&](float* b, std::size_t n) {
+      MPI_Allreduce(MPI_IN_PLACE, b, static_cast<int>(n), MPI_FLOAT, MPI_SUM, raw);
+    };
+    ops.ours = [&](float* b, std::size_t n) {
+      comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+    };
+    ops.average = [&](double v) { return cadence_bench::mpi_average(raw, v); };
+    const auto rows = run_rank(ops, cfg);
+    if (rank == 0) print(rows, cfg);
+    return 0;
+  });
 }
 #endif
 
@@ -341,139 +311,104 @@ std::vector<row> run_nccl(const config& cfg) {
   for (int r = 0; r < cfg.ranks; ++r) devs[static_cast<std::size_t>(r)] = r;
   if (ncclCommInitAll(raw_comms.data(), cfg.ranks, devs.data()) != ncclSuccess)
     throw std::runtime_error("ncclCommInitAll failed");
+  struct destroy_on_exit {  // after every rank's thread has ended, whether they succeeded or not
+    std::vector<ncclComm_t>& comms;
+    ~destroy_on_exit() {
+      for (auto c : comms) ncclCommDestroy(c);
+    }
+  } destroy_raw{raw_comms};
   const std::size_t max_count = cfg.max_bytes / sizeof(float);
   inproc_world boot(cfg.ranks);
   cadence_bench::summing_barrier sync(cfg.ranks);
   std::vector<row> rows;
-  std::vector<std::string> errors(static_cast<std::size_t>(cfg.ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < cfg.ranks; ++r) {
-    threads.emplace_back([&, r] {
-      float* dev = nullptr;
-      try {
-        auto b = boot.join(r);
-        nccl_communicator comm(real_nccl_api(), b, r, {}, std::chrono::seconds(60));
-        if (cudaMalloc(&dev, std::max<std::size_t>(max_count, 1) * sizeof(float)) != cudaSuccess)
-          throw std::runtime_error("cudaMalloc failed");
-        auto stream = static_cast<cudaStream_t>(comm.stream());
-        ncclComm_t raw = raw_comms[static_cast<std::size_t>(r)];
-        rank_ops ops;
-        ops.rank = r;
-        ops.size = cfg.ranks;
-        // Both on the communicator's stream, each ending when its work is done on the GPU.
-        ops.raw = [&](float* p, std::size_t n) {
-          if (ncclAllReduce(p, p, n, ncclFloat32, ncclSum, raw, stream) != ncclSuccess ||
-              cudaStreamSynchronize(stream) != cudaSuccess)
-            throw std::runtime_error("raw ncclAllReduce failed");
-        };
-        ops.ours = [&](float* p, std::size_t n) {
-          comm.allreduce(p, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
-        };
-        ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
-        ops.stage = [&](const float* host, std::size_t n) {
-          cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice);
-          return dev;
-        };
-        ops.unstage = [&](float* host, const float* p, std::size_t n) {
-          cudaMemcpy(host, p, n * sizeof(float), cudaMemcpyDeviceToHost);
-        };
-        auto mine = run_rank(ops, cfg);
-        if (r == 0) rows = std::move(mine);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-      if (dev != nullptr) cudaFree(dev);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto c : raw_comms) ncclCommDestroy(c);
-  for (const auto& e : errors)
-    if (!e.empty()) throw std::runtime_error(e);
+  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+    float* dev = nullptr;
+    // Declared before the communicator: dev is freed after it, whichever way the rank ends.
+    std::unique_ptr<float, cudaError_t (*)(void*)> free_dev(nullptr, &cudaFree);
+    auto b = boot.join(r);
+    nccl_communicator comm(real_nccl_api(), b, r, {}, std::chrono::seconds(60));
+    if (cudaMalloc(&dev, std::max<std::size_t>(max_count, 1) * sizeof(float)) != cudaSuccess)
+      throw std::runtime_error("cudaMalloc failed");
+    free_dev.reset(dev);
+    auto stream = static_cast<cudaStream_t>(comm.stream());
+    ncclComm_t raw = raw_comms[static_cast<std::size_t>(r)];
+    rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
+    // Both on the communicator's stream, each ending when its work is done on the GPU.
+    ops.raw = [&](float* p, std::size_t n) {
+      if (ncclAllReduce(p, p, n, ncclFloat32, ncclSum, raw, stream) != ncclSuccess ||
+          cudaStreamSynchronize(stream) != cudaSuccess)
+        throw std::runtime_error("raw ncclAllReduce failed");
+    };
+    ops.stage = [&](const float* host, std::size_t n) {
+      cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice);
+      return dev;
+    };
+    ops.unstage = [&](float* host, const float* p, std::size_t n) {
+      cudaMemcpy(host, p, n * sizeof(float), cudaMemcpyDeviceToHost);
+    };
+    auto mine = run_rank(ops, cfg);
+    if (r == 0) rows = std::move(mine);
+  });
   return rows;
 }
 #endif
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "cadence-bench-transport: %s\n"
-               "usage: cadence-bench-transport --backend inproc|mpi|gloo|nccl [--ranks N] [--json]\n"
-               "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring]\n"
-               "  --ranks N      threads for inproc and gloo (default 2) or nccl (one per GPU,\n"
-               "                 default 1); under MPI, mpirun -np sets it\n"
-               "  --max-bytes B  largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)\n"
-               "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
-               "  --no-bounce    mpi: mpi_options::bounce_buffers = false\n"
-               "  --no-verify    mpi: mpi_options::verify_before_posting = false\n"
-               "  --no-ring      mpi: every all-reduce as one MPI_Iallreduce (no ring)\n",
-               why.c_str());
-  std::exit(2);
-}
+constexpr const char* usage_text =
+    "usage: cadence-bench-transport --backend inproc|mpi|gloo|nccl [--ranks N] [--json]\n"
+    "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring]\n"
+    "  --ranks N      threads for inproc and gloo (default 2) or nccl (one per GPU,\n"
+    "                 default 1); under MPI, mpirun -np sets it\n"
+    "  --max-bytes B  largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)\n"
+    "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
+    "  --no-bounce    mpi: mpi_options::bounce_buffers = false\n"
+    "  --no-verify    mpi: mpi_options::verify_before_posting = false\n"
+    "  --no-ring      mpi: every all-reduce as one MPI_Iallreduce (no ring)\n"
+    "  --help         this text\n";
 
-long parse_number(const std::string& flag, const char* text) {
-  char* end = nullptr;
-  const long v = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || v < 1) usage(flag + " needs a positive integer, not '" + text + "'");
-  return v;
+int run(int argc, char** argv) {
+  config cfg;
+  const bool help = !cadence_bench::read_flags(
+      argc, argv, cfg, {"--backend", "--ranks", "--json", "--max-bytes", "--reps"},
+      {{"--no-bounce", &cfg.bounce, false}, {"--no-verify", &cfg.verify, false},
+       {"--no-ring", &cfg.ring, false}},
+      usage_text);
+  if (help) return 0;
+  if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
+    throw usage_error("--max-bytes: must be a multiple of 4, at least 8, got " +
+                      std::to_string(cfg.max_bytes));
+  if (cfg.backend == "inproc") {
+    print(run_inproc(cfg), cfg);
+    return 0;
+  }
+  if (cfg.backend == "nccl") {
+#if defined(CADENCE_BENCH_WITH_NCCL)
+    if (!cfg.ranks_given) cfg.ranks = 1;
+    print(run_nccl(cfg), cfg);
+    return 0;
+#else
+    throw cadence_bench::backend_not_built("NCCL", "cadence::nccl");
+#endif
+  }
+  if (cfg.backend == "gloo") {
+#if defined(CADENCE_BENCH_WITH_GLOO)
+    print(run_gloo(cfg), cfg);
+    return 0;
+#else
+    throw cadence_bench::backend_not_built("gloo", "cadence::gloo");
+#endif
+  }
+  if (cfg.backend == "mpi") {
+#if defined(CADENCE_BENCH_WITH_MPI)
+    return run_mpi(cfg);
+#else
+    throw cadence_bench::backend_not_built("MPI", "cadence::mpi");
+#endif
+  }
+  throw cadence_bench::backend_error(cfg.backend, "inproc, mpi, gloo or nccl");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  config cfg;
-  bool ranks_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--backend") cfg.backend = value();
-    else if (a == "--ranks") {
-      cfg.ranks = static_cast<int>(parse_number(a, value()));
-      ranks_given = true;
-    }
-    else if (a == "--json") cfg.json = true;
-    else if (a == "--max-bytes") cfg.max_bytes = static_cast<std::size_t>(parse_number(a, value()));
-    else if (a == "--reps") cfg.reps = static_cast<int>(parse_number(a, value()));
-    else if (a == "--no-bounce") cfg.bounce = false;
-    else if (a == "--no-verify") cfg.verify = false;
-    else if (a == "--no-ring") cfg.ring = false;
-    else usage("unknown argument '" + a + "'");
-  }
-  if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
-    usage("--max-bytes must be a multiple of 4, at least 8");
-  try {
-    if (cfg.backend == "inproc") {
-      print(run_inproc(cfg), cfg);
-      return 0;
-    }
-    if (cfg.backend == "nccl") {
-#if defined(CADENCE_BENCH_WITH_NCCL)
-      if (!ranks_given) cfg.ranks = 1;
-      print(run_nccl(cfg), cfg);
-      return 0;
-#else
-      usage("this build has no NCCL (cadence::nccl was not found at configure time)");
-#endif
-    }
-    if (cfg.backend == "gloo") {
-#if defined(CADENCE_BENCH_WITH_GLOO)
-      print(run_gloo(cfg), cfg);
-      return 0;
-#else
-      usage("this build has no gloo (cadence::gloo was not found at configure time)");
-#endif
-    }
-    if (cfg.backend == "mpi") {
-#if defined(CADENCE_BENCH_WITH_MPI)
-      return run_mpi(cfg);
-#else
-      usage("this build has no MPI (cadence::mpi was not found at configure time)");
-#endif
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "cadence-bench-transport: %s\n", e.what());
-    return 1;
-  }
-  usage(cfg.backend.empty() ? "--backend is required" : "unknown backend '" + cfg.backend + "'");
+  return cadence::tools::guarded_main("cadence-bench-transport", run, argc, argv);
 }

@@ -20,6 +20,60 @@ struct evaluation {
   double loss = 0;
 };
 
+namespace detail {
+
+/// Dot product of a[0..n) and b[0..n) in 8 interleaved partial sums added in a fixed order, so
+/// the compiler may vectorize it without changing a bit of the result.
+inline float dot8(const float* a, const float* b, std::size_t n) noexcept {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::size_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (std::size_t k = 0; k < 8; ++k) acc[k] += a[j + k] * b[j + k];
+  for (std::size_t k = 0; j < n; ++j, ++k) acc[k] += a[j] * b[j];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/// Turns logits[0..classes) into softmax probabilities in place and returns -log p(label), in
+/// log-sum-exp form: finite even when p underflows to 0.
+inline double softmax_cross_entropy(float* logits, std::size_t classes, std::uint8_t label) noexcept {
+  float top = -HUGE_VALF;
+  for (std::size_t c = 0; c < classes; ++c)
+    if (logits[c] > top) top = logits[c];
+  const double label_logit = static_cast<double>(logits[label]) - static_cast<double>(top);
+  double sum = 0;
+  for (std::size_t c = 0; c < classes; ++c) {
+    logits[c] = std::exp(logits[c] - top);
+    sum += logits[c];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (std::size_t c = 0; c < classes; ++c) logits[c] *= inv;
+  return std::log(sum) - label_logit;
+}
+
+/// Accuracy and mean loss on the first `limit` examples of d (0: all) for a model whose
+/// forward(image, label) returns -log p(label) and leaves the class probabilities in
+/// probabilities[0..classes): the evaluation of both apps' models (softmax_regression, mlp).
+template <class Forward>
+evaluation evaluate_examples(const dataset& d, std::size_t limit, const float* probabilities,
+                             std::size_t classes, Forward forward) {
+  const std::size_t n = limit == 0 || limit > d.size() ? d.size() : limit;
+  evaluation e;
+  if (n == 0) return e;
+  std::size_t correct = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    e.loss += forward(d.image(i), d.labels[i]);
+    std::size_t best = 0;
+    for (std::size_t c = 1; c < classes; ++c)
+      if (probabilities[c] > probabilities[best]) best = c;
+    correct += best == d.labels[i];
+  }
+  e.accuracy = static_cast<double>(correct) / static_cast<double>(n);
+  e.loss /= static_cast<double>(n);
+  return e;
+}
+
+}  // namespace detail
+
 /// Softmax regression with `features` inputs and `classes` outputs. Parameters live in one
 /// flat vector owned by the caller: weights row-major [class][feature], then one bias per
 /// class. Deterministic: no threads, every sum in a fixed order (8 interleaved partial sums
@@ -85,20 +139,8 @@ public:
   /// Accuracy and mean loss at weights w on the first `limit` examples of d (0: all).
   evaluation evaluate(span<const float> w, const dataset& d, std::size_t limit = 0) {
     check(w, d, "evaluate");
-    const std::size_t n = limit == 0 || limit > d.size() ? d.size() : limit;
-    evaluation e;
-    if (n == 0) return e;
-    std::size_t correct = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      e.loss += forward(w, d.image(i), d.labels[i]);
-      std::size_t best = 0;
-      for (std::size_t c = 1; c < classes_; ++c)
-        if (logits_[c] > logits_[best]) best = c;
-      correct += best == d.labels[i];
-    }
-    e.accuracy = static_cast<double>(correct) / static_cast<double>(n);
-    e.loss /= static_cast<double>(n);
-    return e;
+    return detail::evaluate_examples(d, limit, logits_.data(), classes_,
+                                     [&](const float* x, std::uint8_t y) { return forward(w, x, y); });
   }
 
 private:
@@ -114,33 +156,12 @@ private:
                                     std::to_string(classes_));
   }
 
-  static float dot(const float* a, const float* b, std::size_t n) noexcept {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    std::size_t j = 0;
-    for (; j + 8 <= n; j += 8)
-      for (std::size_t k = 0; k < 8; ++k) acc[k] += a[j + k] * b[j + k];
-    for (std::size_t k = 0; j < n; ++j, ++k) acc[k] += a[j] * b[j];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  }
-
   /// Leaves the softmax probabilities of x in logits_ and returns -log p(label).
   double forward(span<const float> w, const float* x, std::uint8_t label) noexcept {
     const float* bias = w.data() + classes_ * features_;
-    float top = -HUGE_VALF;
-    for (std::size_t c = 0; c < classes_; ++c) {
-      logits_[c] = dot(w.data() + c * features_, x, features_) + bias[c];
-      if (logits_[c] > top) top = logits_[c];
-    }
-    const double label_logit = static_cast<double>(logits_[label]) - static_cast<double>(top);
-    double sum = 0;
-    for (std::size_t c = 0; c < classes_; ++c) {
-      logits_[c] = std::exp(logits_[c] - top);
-      sum += logits_[c];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (std::size_t c = 0; c < classes_; ++c) logits_[c] *= inv;
-    // -log p(label) in log-sum-exp form: finite even when p underflows to 0.
-    return std::log(sum) - label_logit;
+    for (std::size_t c = 0; c < classes_; ++c)
+      logits_[c] = detail::dot8(w.data() + c * features_, x, features_) + bias[c];
+    return detail::softmax_cross_entropy(logits_.data(), classes_, label);
   }
 
   std::size_t features_;

@@ -44,6 +44,8 @@ namespace train = cadence::train;
 constexpr const char* default_policies[] = {"bsp", "asp", "ssp:3", "dssp:3:15", "elastic:15"};
 constexpr const char* default_data = "/usr/share/datasets/fashion-mnist";
 
+// ---- the command line: --help, the options, parse ----
+
 void print_help() {
   std::cout <<
 R"(usage: mpirun -np N cadence-train [options]
@@ -199,6 +201,8 @@ options parse(int argc, char** argv) {
   return o;
 }
 
+// ---- the model, the policies and the bookkeeping of an exchange ----
+
 // The two models behind one face.
 class any_model {
 public:
@@ -336,6 +340,8 @@ constexpr int tag_verdict = 8;
 // --survive-workers), is gone (killed): it is left out of everything after, and the remaining
 // policies are skipped, since each policy's communicator is made over every rank.
 constexpr std::chrono::seconds gone_grace{3};
+
+// ---- one policy on one rank: the server, a worker, and their collective-mode forms ----
 
 // Runs one policy on rank 0 (the server); returns its report (the simulated part filled in
 // later).
@@ -566,10 +572,11 @@ train::policy_report observe_collective(Job& job, std::size_t index, const optio
   return r;
 }
 
-template <class Job>
-int run(Job& job, const options& o) {
-  const int rank = job.rank(), size = job.size();
-  const auto workers = static_cast<std::size_t>(size - 1);
+// ---- run, phase by phase: before the first policy (every rank) ----
+
+// The speed profile for `workers`, after checking it and every policy, so that a bad flag
+// stops every rank before any communication.
+cadence::sim::scenario checked_profile(const options& o, std::size_t workers) {
   cadence::sim::scenario prof;
   try {
     prof = train::make_profile(o.profile, workers, o.seconds, o.seed);
@@ -589,170 +596,225 @@ int run(Job& job, const options& o) {
       throw usage_error(std::string("--policy: ") + e.what());
     }
   }
+  return prof;
+}
+
+// Fashion-MNIST from --data; sets n_train to the training images used (--train-limit), at
+// least one per worker.
+train::train_test_data load_data(const options& o, std::size_t workers, std::size_t& n_train) {
   train::train_test_data data;
   try {
     data = train::load_fashion_mnist(o.data);
   } catch (const cadence::error& e) {
     throw usage_error(std::string("--data: ") + e.what());
   }
-  const std::size_t n_train = o.train_limit == 0 ? data.train.size() : std::min(o.train_limit, data.train.size());
+  n_train = o.train_limit == 0 ? data.train.size() : std::min(o.train_limit, data.train.size());
   if (n_train < workers)
     throw usage_error("--train-limit: " + std::to_string(n_train) + " images for " + std::to_string(workers) +
                       " workers; every worker needs at least one");
-  any_model model(o, data.train.features(), 10);
+  return data;
+}
 
-  // Who is who, with the pids (to stop a worker by hand: see docs/train.md).
+// Every rank's pid to rank 0, which says who is who (to stop a worker by hand: see
+// docs/train.md) and what the run is; makes the job's control communicator meanwhile.
+template <class Job>
+void introduce_ranks(Job& job, const options& o, const any_model& model, std::size_t n_train, std::size_t workers) {
+  const int size = job.size();
   const auto pids = train::gather_to_root(job.world(), {static_cast<double>(getpid())}, tag_collect,
                                           train::connect_timeout);
   (void)job.control();  // made now, while every rank is there
-  if (rank == 0) {
-    std::string list;
-    for (int r = 0; r < size; ++r)
-      list += (r ? " " : "") + std::to_string(static_cast<long long>(pids[static_cast<std::size_t>(r)].at(0)));
-    std::fprintf(stderr,
-                 "cadence-train: %s on Fashion-MNIST (%zu training images in %zu shards, batch %zu, lr %g); profile "
-                 "%s, %g s per policy, seed %llu\ncadence-train: rank pids: %s (rank 0 serves; rank r is worker r-1)\n",
-                 model.describe().c_str(), n_train, workers, o.batch, o.lr, o.profile.c_str(), o.seconds,
-                 static_cast<unsigned long long>(o.seed), list.c_str());
-  }
+  if (job.rank() != 0) return;
+  std::string list;
+  for (int r = 0; r < size; ++r)
+    list += (r ? " " : "") + std::to_string(static_cast<long long>(pids[static_cast<std::size_t>(r)].at(0)));
+  std::fprintf(stderr,
+               "cadence-train: %s on Fashion-MNIST (%zu training images in %zu shards, batch %zu, lr %g); profile "
+               "%s, %g s per policy, seed %llu\ncadence-train: rank pids: %s (rank 0 serves; rank r is worker r-1)\n",
+               model.describe().c_str(), n_train, workers, o.batch, o.lr, o.profile.c_str(), o.seconds,
+               static_cast<unsigned long long>(o.seed), list.c_str());
+}
 
-  // Each rank keeps only what it needs: the server the test set, a worker its shard.
+// What one rank keeps of the data: the server the test set, a worker its shard of the first
+// n_train training images.
+struct rank_data {
   train::dataset test, shard;
+};
+
+rank_data keep_own_part(int rank, train::train_test_data data, std::size_t n_train, std::size_t workers) {
+  rank_data mine;
   if (rank == 0) {
-    test = std::move(data.test);
+    mine.test = std::move(data.test);
+    return mine;
+  }
+  train::dataset& shard = mine.shard;
+  const std::size_t p = static_cast<std::size_t>(rank - 1);
+  const std::size_t first = p * n_train / workers, last = (p + 1) * n_train / workers;
+  shard.rows = data.train.rows;
+  shard.cols = data.train.cols;
+  shard.classes = data.train.classes;
+  shard.labels.assign(data.train.labels.begin() + static_cast<std::ptrdiff_t>(first),
+                      data.train.labels.begin() + static_cast<std::ptrdiff_t>(last));
+  shard.images.assign(data.train.images.begin() + static_cast<std::ptrdiff_t>(first * shard.features()),
+                      data.train.images.begin() + static_cast<std::ptrdiff_t>(last * shard.features()));
+  return mine;
+}
+
+// ---- run, phase by phase: each policy ----
+
+// What one rank measured under one policy: rank 0 the report, a worker its summary, its
+// push_pull timings and (collective modes) the iterations it counted within the run.
+struct policy_part {
+  train::policy_report report;
+  worker_summary summary;
+  std::vector<train::exchange_timing> timings;
+  std::uint64_t counted = 0;
+};
+
+template <class Job>
+policy_part run_policy(Job& job, std::size_t k, const options& o, any_model& model, const rank_data& data,
+                       const cadence::sim::scenario& prof, std::size_t workers) {
+  const std::string& policy = o.policies[k];
+  const bool collective = is_collective(policy);
+  policy_part part;
+  if (job.rank() == 0)
+    part.report = collective ? observe_collective(job, k, o, policy, model, data.test, workers)
+                             : serve(job, o, policy, k, model, data.test, workers);
+  else
+    part.summary = collective ? work_collective(job, k, o, policy, model, data.shard, prof, part.timings, part.counted)
+                              : work(job, k, o, model, data.shard, prof, part.timings);
+  return part;
+}
+
+// Rank 0 collects every worker's count, summary and push_pull timings, as one record:
+// [counted, summary (summary_words), then (start, seconds) per push_pull]. On rank 0 the
+// records by rank, with `gone` set to the evicted workers' ranks that sent nothing in time.
+template <class Job>
+std::vector<std::vector<double>> gather_records(Job& job, const policy_part& part, std::vector<int>& gone) {
+  const worker_summary& mine = part.summary;
+  std::vector<double> record{static_cast<double>(part.counted), mine.iterations, mine.overruns, mine.evicted,
+                             mine.timings, mine.max_local_steps};
+  for (const auto& t : part.timings) {
+    record.push_back(t.start);
+    record.push_back(t.seconds);
+  }
+  std::vector<int> may_be_gone;
+  for (const int e : part.report.evicted) may_be_gone.push_back(e + 1);  // rank 0 only: its report
+  return train::gather_to_root(job.world(), record, tag_collect, train::connect_timeout, may_be_gone, gone_grace,
+                               gone);
+}
+
+// Rank 0 tells every worker still there whether to go on (no worker is gone); each worker
+// learns it. Returns the verdict on every rank.
+template <class Job>
+bool share_verdict(Job& job, const std::vector<int>& gone) {
+  double go = 0;
+  if (job.rank() != 0) {
+    job.control().recv(&go, sizeof go, 0, tag_verdict, train::connect_timeout);
+    return go != 0;
+  }
+  go = gone.empty() ? 1 : 0;
+  for (int q = 1; q < job.size(); ++q)
+    if (std::find(gone.begin(), gone.end(), q) == gone.end())
+      job.control().send(&go, sizeof go, q, tag_verdict, train::connect_timeout);
+  return go != 0;
+}
+
+// Rank 0: fills r's measured part from the workers' records (a gone worker's counts as no
+// iterations): the iterations of a collective mode, the transfer cost, the wait and overrun
+// fractions; writes the policy's iteration trace with --trace.
+void add_measurements(train::policy_report& r, std::vector<std::vector<double>>& records, const std::vector<int>& gone,
+                      const options& o, const std::string& policy, std::size_t workers) {
+  const bool collective = is_collective(policy);
+  const auto size = static_cast<int>(workers + 1);
+  constexpr std::size_t head = 1 + summary_words;
+  for (const int q : gone) records[static_cast<std::size_t>(q)].assign(head, 0.0);  // no iterations known
+  double total_counted = 0;
+  std::vector<worker_summary> sums(static_cast<std::size_t>(size));
+  for (int q = 0; q < size; ++q) {
+    const auto& rec = records[static_cast<std::size_t>(q)];
+    if (rec.size() < head || (rec.size() - head) % 2 != 0)
+      throw cadence::error("rank " + std::to_string(q) + " sent a malformed summary of " + std::to_string(rec.size()) +
+                           " values");
+    total_counted += rec[0];
+    sums[static_cast<std::size_t>(q)] = {rec[1], rec[2], rec[3], rec[4], rec[5]};
+  }
+
+  std::vector<std::vector<train::exchange_timing>> per_worker(workers);
+  double iterations = 0, overruns = 0;
+  for (std::size_t p = 0; p < workers; ++p) {
+    const auto q = static_cast<std::size_t>(p + 1);
+    const auto& rec = records[q];
+    for (std::size_t i = head; i + 1 < rec.size(); i += 2) per_worker[p].push_back({rec[i], rec[i + 1]});
+    iterations += sums[q].iterations;
+    overruns += sums[q].overruns;
+    if (collective)  // the most local steps between merges: a local model's lag
+      r.max_staleness = std::max<std::int64_t>(r.max_staleness, static_cast<std::int64_t>(sums[q].max_local_steps));
+  }
+  if (collective) {
+    r.iterations = static_cast<std::uint64_t>(total_counted);
+    r.iterations_per_second = total_counted / o.seconds;
+    r.p99_staleness = r.max_staleness;
+  }
+  r.transfer_seconds = train::transfer_seconds(per_worker);
+  if (!o.trace.empty() && !collective)
+    cadence::write_iteration_trace_file(train::trace_file_for(o.trace, policy, o.policies.size()),
+                                        train::trace_from_timings(per_worker, r.transfer_seconds));
+  r.wait_fraction = train::wait_fraction(per_worker, r.transfer_seconds, o.seconds);
+  r.overrun_fraction = iterations > 0 ? overruns / iterations : 0;
+}
+
+// Rank 0: the simulator on the same profile, policy and measured transfer cost.
+void add_simulated(train::policy_report& r, const cadence::sim::scenario& prof, const std::string& policy) {
+  cadence::sim::scenario s = prof;
+  if (is_collective(policy)) {
+    cadence::sim::collective_options co;
+    co.allreduce_seconds = r.transfer_seconds;
+    const auto m = cadence::sim::simulate_collective(collective_mode(policy), s, co);
+    r.simulated_iterations_per_second = m.steps_per_second;
+    r.simulated_wait_fraction = m.wait_fraction;
   } else {
-    const std::size_t p = static_cast<std::size_t>(rank - 1);
-    const std::size_t first = p * n_train / workers, last = (p + 1) * n_train / workers;
-    shard.rows = data.train.rows;
-    shard.cols = data.train.cols;
-    shard.classes = data.train.classes;
-    shard.labels.assign(data.train.labels.begin() + static_cast<std::ptrdiff_t>(first),
-                        data.train.labels.begin() + static_cast<std::ptrdiff_t>(last));
-    shard.images.assign(data.train.images.begin() + static_cast<std::ptrdiff_t>(first * shard.features()),
-                        data.train.images.begin() + static_cast<std::ptrdiff_t>(last * shard.features()));
+    s.push_seconds = s.pull_seconds = r.transfer_seconds / 2;
+    cadence::sim::run_options ro;
+    ro.time_controller = false;
+    const auto m = cadence::sim::simulate(policy, s, ro);
+    r.simulated_iterations_per_second = m.iterations_per_second;
+    r.simulated_wait_fraction = m.wait_fraction;
   }
-  data = {};
+}
 
-  std::vector<train::policy_report> reports;
-  for (std::size_t k = 0; k < o.policies.size(); ++k) {
-    const std::string& policy = o.policies[k];
-    train::policy_report r;
-    worker_summary mine;
-    std::vector<train::exchange_timing> timings;
-    std::uint64_t counted = 0;
-    const bool collective = is_collective(policy);
-    if (rank == 0)
-      r = collective ? observe_collective(job, k, o, policy, model, test, workers)
-                     : serve(job, o, policy, k, model, test, workers);
-    else
-      mine = collective ? work_collective(job, k, o, policy, model, shard, prof, timings, counted)
-                        : work(job, k, o, model, shard, prof, timings);
+// Rank 0's line on stderr after each policy: measured against simulated.
+void print_policy_line(const train::policy_report& r) {
+  char t80[32] = "-";
+  if (std::isfinite(r.time_to_80)) std::snprintf(t80, sizeof t80, "%.1f s", r.time_to_80);
+  std::fprintf(stderr,
+               "cadence-train: %s: %.2f it/s (simulated %.2f, error %.1f%%), wait %.1f%% (simulated %.1f%%, error "
+               "%.1f%% = %.1f points), t@80%% %s, final %.1f%%, transfer %.2f ms, compute overran the profile in %.1f%% of "
+               "iterations\n",
+               r.policy.c_str(), r.iterations_per_second, r.simulated_iterations_per_second,
+               100 * train::relative_error(r.simulated_iterations_per_second, r.iterations_per_second),
+               100 * r.wait_fraction, 100 * r.simulated_wait_fraction,
+               100 * train::relative_error(r.simulated_wait_fraction, r.wait_fraction),
+               100 * std::fabs(r.simulated_wait_fraction - r.wait_fraction), t80,
+               100 * r.final_accuracy, 1e3 * r.transfer_seconds, 100 * r.overrun_fraction);
+}
 
-    // Rank 0 collects every worker's count, summary and push_pull timings, as one record:
-    // [counted, summary (summary_words), then (start, seconds) per push_pull].
-    std::vector<double> record{static_cast<double>(counted), mine.iterations, mine.overruns, mine.evicted,
-                               mine.timings, mine.max_local_steps};
-    for (const auto& t : timings) {
-      record.push_back(t.start);
-      record.push_back(t.seconds);
-    }
-    std::vector<int> may_be_gone, gone;
-    for (const int e : r.evicted) may_be_gone.push_back(e + 1);  // rank 0 only: its report
-    auto records = train::gather_to_root(job.world(), record, tag_collect, train::connect_timeout, may_be_gone,
-                                         gone_grace, gone);
-    if (rank != 0) {
-      double go = 0;
-      job.control().recv(&go, sizeof go, 0, tag_verdict, train::connect_timeout);
-      if (go == 0) {  // a worker is gone: the remaining policies are skipped
-        job.note_gone();
-        break;
-      }
-      continue;
-    }
-    const double go = gone.empty() ? 1 : 0;
-    for (int q = 1; q < size; ++q)
-      if (std::find(gone.begin(), gone.end(), q) == gone.end())
-        job.control().send(&go, sizeof go, q, tag_verdict, train::connect_timeout);
-    constexpr std::size_t head = 1 + summary_words;
-    for (const int q : gone) records[static_cast<std::size_t>(q)].assign(head, 0.0);  // no iterations known
-    double total_counted = 0;
-    std::vector<worker_summary> sums(static_cast<std::size_t>(size));
-    for (int q = 0; q < size; ++q) {
-      const auto& rec = records[static_cast<std::size_t>(q)];
-      if (rec.size() < head || (rec.size() - head) % 2 != 0)
-        throw cadence::error("rank " + std::to_string(q) + " sent a malformed summary of " + std::to_string(rec.size()) +
-                             " values");
-      total_counted += rec[0];
-      sums[static_cast<std::size_t>(q)] = {rec[1], rec[2], rec[3], rec[4], rec[5]};
-    }
+// Rank 0, when evicted workers sent nothing after policy k: who is gone and which policies
+// are skipped.
+void print_gone(const options& o, std::size_t k, const std::vector<int>& gone) {
+  std::string who, skipped;
+  for (const int q : gone) who += (who.empty() ? "" : ", ") + std::to_string(q - 1) + " (rank " + std::to_string(q) + ")";
+  for (std::size_t j = k + 1; j < o.policies.size(); ++j) skipped += (skipped.empty() ? "" : ", ") + o.policies[j];
+  std::fprintf(stderr,
+               "cadence-train: %s: evicted worker %s sent nothing after the policy (silent for %lld s, or its "
+               "connection closed): gone (killed?); %s\n",
+               o.policies[k].c_str(), who.c_str(), static_cast<long long>(gone_grace.count()),
+               skipped.empty() ? "the run reports" : ("the remaining policies are skipped: " + skipped).c_str());
+}
 
-    std::vector<std::vector<train::exchange_timing>> per_worker(workers);
-    double iterations = 0, overruns = 0;
-    for (std::size_t p = 0; p < workers; ++p) {
-      const auto q = static_cast<std::size_t>(p + 1);
-      const auto& rec = records[q];
-      for (std::size_t i = head; i + 1 < rec.size(); i += 2) per_worker[p].push_back({rec[i], rec[i + 1]});
-      iterations += sums[q].iterations;
-      overruns += sums[q].overruns;
-      if (collective)  // the most local steps between merges: a local model's lag
-        r.max_staleness = std::max<std::int64_t>(r.max_staleness, static_cast<std::int64_t>(sums[q].max_local_steps));
-    }
-    if (collective) {
-      r.iterations = static_cast<std::uint64_t>(total_counted);
-      r.iterations_per_second = total_counted / o.seconds;
-      r.p99_staleness = r.max_staleness;
-    }
-    r.transfer_seconds = train::transfer_seconds(per_worker);
-    if (!o.trace.empty() && !collective)
-      cadence::write_iteration_trace_file(train::trace_file_for(o.trace, policy, o.policies.size()),
-                                          train::trace_from_timings(per_worker, r.transfer_seconds));
-    r.wait_fraction = train::wait_fraction(per_worker, r.transfer_seconds, o.seconds);
-    r.overrun_fraction = iterations > 0 ? overruns / iterations : 0;
+// ---- run, phase by phase: the results (rank 0) ----
 
-    // The simulator on the same profile, policy and measured transfer cost.
-    cadence::sim::scenario s = prof;
-    if (collective) {
-      cadence::sim::collective_options co;
-      co.allreduce_seconds = r.transfer_seconds;
-      const auto m = cadence::sim::simulate_collective(collective_mode(policy), s, co);
-      r.simulated_iterations_per_second = m.steps_per_second;
-      r.simulated_wait_fraction = m.wait_fraction;
-    } else {
-      s.push_seconds = s.pull_seconds = r.transfer_seconds / 2;
-      cadence::sim::run_options ro;
-      ro.time_controller = false;
-      const auto m = cadence::sim::simulate(policy, s, ro);
-      r.simulated_iterations_per_second = m.iterations_per_second;
-      r.simulated_wait_fraction = m.wait_fraction;
-    }
-    char t80[32] = "-";
-    if (std::isfinite(r.time_to_80)) std::snprintf(t80, sizeof t80, "%.1f s", r.time_to_80);
-    std::fprintf(stderr,
-                 "cadence-train: %s: %.2f it/s (simulated %.2f, error %.1f%%), wait %.1f%% (simulated %.1f%%, error "
-                 "%.1f%% = %.1f points), t@80%% %s, final %.1f%%, transfer %.2f ms, compute overran the profile in %.1f%% of "
-                 "iterations\n",
-                 r.policy.c_str(), r.iterations_per_second, r.simulated_iterations_per_second,
-                 100 * train::relative_error(r.simulated_iterations_per_second, r.iterations_per_second),
-                 100 * r.wait_fraction, 100 * r.simulated_wait_fraction,
-                 100 * train::relative_error(r.simulated_wait_fraction, r.wait_fraction),
-                 100 * std::fabs(r.simulated_wait_fraction - r.wait_fraction), t80,
-                 100 * r.final_accuracy, 1e3 * r.transfer_seconds, 100 * r.overrun_fraction);
-    reports.push_back(std::move(r));
-    if (!gone.empty()) {
-      job.note_gone();
-      std::string who, skipped;
-      for (const int q : gone) who += (who.empty() ? "" : ", ") + std::to_string(q - 1) + " (rank " + std::to_string(q) + ")";
-      for (std::size_t j = k + 1; j < o.policies.size(); ++j) skipped += (skipped.empty() ? "" : ", ") + o.policies[j];
-      std::fprintf(stderr,
-                   "cadence-train: %s: evicted worker %s sent nothing after the policy (silent for %lld s, or its "
-                   "connection closed): gone (killed?); %s\n",
-                   policy.c_str(), who.c_str(), static_cast<long long>(gone_grace.count()),
-                   skipped.empty() ? "the run reports" : ("the remaining policies are skipped: " + skipped).c_str());
-      break;
-    }
-  }
-  if (rank != 0) return 0;
-
+// Rank 0, at the end: --curves, then the reports as JSON, CSV or a table on stdout.
+void print_reports(const options& o, const std::vector<train::policy_report>& reports) {
   if (!o.curves.empty()) {
     std::ofstream f(o.curves);
     f << train::curves_csv(reports);
@@ -782,6 +844,53 @@ int run(Job& job, const options& o) {
     }
   }
   std::fflush(stdout);
+}
+
+// ---- run, and main ----
+
+// A whole run on this rank: check the flags, load and split the data, then each policy in turn
+// (run it, gather the workers' records on rank 0, agree whether to go on, and on rank 0 add
+// the measured and simulated figures), and rank 0 prints the reports. A worker found gone
+// after a policy ends the run there: its communicators are made over every rank.
+template <class Job>
+int run(Job& job, const options& o) {
+  const int rank = job.rank();
+  const auto workers = static_cast<std::size_t>(job.size() - 1);
+  const cadence::sim::scenario prof = checked_profile(o, workers);
+  std::size_t n_train = 0;
+  train::train_test_data data = load_data(o, workers, n_train);
+  any_model model(o, data.train.features(), 10);
+  introduce_ranks(job, o, model, n_train, workers);
+  // Each rank keeps only what it needs; the rest is freed here.
+  const rank_data own = keep_own_part(rank, std::move(data), n_train, workers);
+
+  std::vector<train::policy_report> reports;
+  for (std::size_t k = 0; k < o.policies.size(); ++k) {
+    const std::string& policy = o.policies[k];
+    policy_part part = run_policy(job, k, o, model, own, prof, workers);
+    std::vector<int> gone;
+    auto records = gather_records(job, part, gone);
+    const bool go_on = share_verdict(job, gone);
+    if (rank != 0) {
+      if (!go_on) {  // a worker is gone: the remaining policies are skipped
+        job.note_gone();
+        break;
+      }
+      continue;
+    }
+    train::policy_report& r = part.report;
+    add_measurements(r, records, gone, o, policy, workers);
+    add_simulated(r, prof, policy);
+    print_policy_line(r);
+    reports.push_back(std::move(r));
+    if (!gone.empty()) {
+      job.note_gone();
+      print_gone(o, k, gone);
+      break;
+    }
+  }
+  if (rank != 0) return 0;
+  print_reports(o, reports);
   return 0;
 }
 

@@ -96,20 +96,8 @@ public:
   /// Accuracy and mean loss at weights w on the first `limit` examples of d (0: all).
   evaluation evaluate(span<const float> w, const dataset& d, std::size_t limit = 0) {
     check(w, d, "evaluate");
-    const std::size_t n = limit == 0 || limit > d.size() ? d.size() : limit;
-    evaluation e;
-    if (n == 0) return e;
-    std::size_t correct = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      e.loss += forward(w, d.image(i), d.labels[i]);
-      std::size_t best = 0;
-      for (std::size_t c = 1; c < classes_; ++c)
-        if (out_[c] > out_[best]) best = c;
-      correct += best == d.labels[i];
-    }
-    e.accuracy = static_cast<double>(correct) / static_cast<double>(n);
-    e.loss /= static_cast<double>(n);
-    return e;
+    return detail::evaluate_examples(d, limit, out_.data(), classes_,
+                                     [&](const float* x, std::uint8_t y) { return forward(w, x, y); });
   }
 
 private:
@@ -127,15 +115,6 @@ private:
                                     std::to_string(classes_));
   }
 
-  static float dot(const float* a, const float* b, std::size_t n) noexcept {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    std::size_t j = 0;
-    for (; j + 8 <= n; j += 8)
-      for (std::size_t k = 0; k < 8; ++k) acc[k] += a[j + k] * b[j + k];
-    for (std::size_t k = 0; j < n; ++j, ++k) acc[k] += a[j] * b[j];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  }
-
   /// Leaves pre-activations in pre_, activations in act_, softmax probabilities in out_;
   /// returns -log p(label).
   double forward(span<const float> w, const float* x, std::uint8_t label) noexcept {
@@ -144,23 +123,12 @@ private:
     const float* w2 = b1 + hidden_;
     const float* b2 = w2 + classes_ * hidden_;
     for (std::size_t h = 0; h < hidden_; ++h) {
-      pre_[h] = dot(w1 + h * features_, x, features_) + b1[h];
+      pre_[h] = detail::dot8(w1 + h * features_, x, features_) + b1[h];
       act_[h] = pre_[h] > 0.0f ? pre_[h] : 0.0f;
     }
-    float top = -HUGE_VALF;
-    for (std::size_t c = 0; c < classes_; ++c) {
-      out_[c] = dot(w2 + c * hidden_, act_.data(), hidden_) + b2[c];
-      if (out_[c] > top) top = out_[c];
-    }
-    const double label_logit = static_cast<double>(out_[label]) - static_cast<double>(top);
-    double sum = 0;
-    for (std::size_t c = 0; c < classes_; ++c) {
-      out_[c] = std::exp(out_[c] - top);
-      sum += out_[c];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (std::size_t c = 0; c < classes_; ++c) out_[c] *= inv;
-    return std::log(sum) - label_logit;
+    for (std::size_t c = 0; c < classes_; ++c)
+      out_[c] = detail::dot8(w2 + c * hidden_, act_.data(), hidden_) + b2[c];
+    return detail::softmax_cross_entropy(out_.data(), classes_, label);
   }
 
   std::size_t features_, hidden_, classes_;

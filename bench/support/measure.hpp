@@ -1,12 +1,16 @@
 // What the command-line benchmarks (cadence-bench-transport, -exchange, -ps) share: the
-// nccl-tests arithmetic, the median of interleaved raw/ours pairs, and a barrier for ranks that
-// are threads. Not part of the library.
+// nccl-tests arithmetic, the median of interleaved raw/ours pairs, and ranks as threads (a
+// runner and a barrier). Not part of the library.
 #pragma once
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
+#include <exception>
 #include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,6 +35,27 @@ inline std::pair<double, double> median_pair(std::vector<std::pair<double, doubl
   std::sort(pairs.begin(), pairs.end(),
             [](const auto& a, const auto& b) { return a.second / a.first < b.second / b.first; });
   return pairs[pairs.size() / 2];
+}
+
+/// Runs body(rank) for ranks 0..ranks-1, each on a thread of its own, and waits for all of
+/// them; then throws std::runtime_error with the message of the lowest rank that threw, if
+/// any.
+template <class Body>
+void run_ranks_as_threads(int ranks, Body body) {
+  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (!e.empty()) throw std::runtime_error(e);
 }
 
 /// A reusable barrier that also sums one double per rank (C++17 has no std::barrier).

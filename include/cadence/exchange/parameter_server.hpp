@@ -22,6 +22,8 @@
 
 namespace cadence::exchange {
 
+// ---- slices of the model and the update rule ----
+
 /// The part of a flat model of `size` elements that server `s` of `servers` owns: contiguous,
 /// the first `size % servers` servers one element longer. A pure function of its arguments, so
 /// every rank computes the same cut without talking.
@@ -49,6 +51,8 @@ struct sgd {
     for (std::size_t i = 0; i < n; ++i) w[i] -= learning_rate * g[i];
   }
 };
+
+// ---- options, and what a server reports ----
 
 /// What happened to a worker, as a server saw it: passed to ps_options::observer as it happens,
 /// so a trainer can log evictions live and a test can wait for the state it needs.
@@ -117,6 +121,8 @@ struct ps_stats {
   std::int64_t parked = 0;        ///< pushes whose reply was deferred (server 0)
 };
 
+// ---- detail: the messages (kinds, header, tags) and the argument checks ----
+
 namespace detail {
 
 enum class ps_kind : std::int64_t { push = 1, pull, finish, reply, release, evicted };
@@ -174,6 +180,8 @@ struct ps_tags {
 };
 
 }  // namespace detail
+
+// ---- ps_worker ----
 
 /// A worker's end: push a gradient, get back the weights the policy allows it to start from.
 /// `Comm` models transport::communicator with any_source (the worker takes the servers'
@@ -264,6 +272,13 @@ public:
   }
 
 private:
+  // Map of this class: one thread uses a worker. comm_ carries the headers (to every server)
+  // and the replies' headers and refusal texts (collect() takes them in arrival order); bulk_
+  // carries the gradient slices out and the weight slices back. iteration_ counts the pushes
+  // (push_pull() advances it; every header carries it); pulled_ is set by pull() (over device
+  // buffers push_pull() needs it first); finished_ by finish(); refusal_ by collect() when a
+  // server says this worker was evicted, after which check_usable() refuses every call.
+
   std::string who() const { return "cadence::exchange::ps_worker (worker " + std::to_string(id()) + ", rank " + std::to_string(comm_.rank()) + ")"; }
 
   // Sends to server s, naming it when that fails (a dead server is fail-stop for workers).
@@ -344,6 +359,8 @@ private:
   bool pulled_ = false;
   std::string refusal_;  // sticky: an evicted worker stays evicted
 };
+
+// ---- parameter_server ----
 
 /// A server's end: owns one slice of the model, applies pushes with `Update` on arrival, and
 /// answers each worker when the policy allows. Server 0 (rank 0) coordinates: it alone drives
@@ -468,6 +485,28 @@ public:
   bool coordinator() const noexcept { return comm_.rank() == 0; }
 
 private:
+  // Map of this class: run() drives everything on one thread, one message at a time.
+  //  - comm_: every header (workers' push, pull and finish; server 0's release and eviction
+  //    notices to the others; replies and refusal texts); bulk_: the payloads (a push's
+  //    gradient slice into scratch_, a reply's weight slice from weights_).
+  //  - weights_ and scratch_: this server's slice, the caller's buffers (or owned_weights_ and
+  //    owned_scratch_); on_push() receives into scratch_ and applies update_ to weights_,
+  //    send_reply() sends weights_.
+  //  - slice_, workers_: set by setup(), fixed after.
+  //  - Per worker: state_ (active until handle() sees its finish or drop() evicts it; a
+  //    worker not active is refused), applied_ (pushes applied here: on_push(); server 0
+  //    sends it to the others as what a release needs; serve_pending() compares).
+  //  - Server 0 only: controller_ (on_push() pushes, release_all() reads staleness, handle()
+  //    and drop() remove workers), liveness_ (with evict_after, made by run(): heard on pull,
+  //    push and release, excused while parked, forgotten on finish or eviction; next_wake()
+  //    and evict_silent() read it), start_ (run(); on_push() stamps pushes against it).
+  //  - Other servers only: pending_ (server 0's releases waiting for pushes not yet applied
+  //    here: on_release() adds, serve_pending() answers, drop() removes).
+  //  - stats_: pushes and log (on_push()), max_start_staleness and start_staleness
+  //    (release_all()), parked (on_push()), evictions (drop()).
+  // The functions below, in order: the message loop's helpers; messages from workers and
+  // server 0; releases; talking to servers and workers; eviction.
+
   enum class worker_state : unsigned char { active, finished, evicted };
 
   std::string who() const { return "cadence::exchange::parameter_server (server rank " + std::to_string(comm_.rank()) + ")"; }
@@ -484,6 +523,8 @@ private:
     }
     return clock::now() + options_.server_idle_timeout;  // nothing to watch: wake only to re-check
   }
+
+  // ---- messages from workers and from server 0 ----
 
   void handle(int src, const detail::ps_header& h) {
     const auto kind = static_cast<detail::ps_kind>(h.kind);
@@ -579,6 +620,8 @@ private:
     }
   }
 
+  // ---- releases ----
+
   // Server 0: w may start its next iteration. The other servers learn whom and what its
   // weights must contain (server 0's applied counts) before w hears anything.
   void release_all(const std::vector<worker_id>& released) {
@@ -649,6 +692,8 @@ private:
     }
   }
 
+  // ---- talking to servers and workers ----
+
   // Server 0 tells server s something; a server that is gone is fail-stop for everyone.
   template <class F>
   void to_server(int s, F&& f) {
@@ -714,6 +759,8 @@ private:
     comm_.send(text.data(), text.size(), rank_of(w), tags_.reply_data, options_.transfer_timeout);
   }
 
+  // ---- eviction ----
+
   // Server 0: evicts every worker silent past evict_after, releasing whoever waited for it.
   void evict_silent(clock::time_point now) {
     if (!liveness_) return;
@@ -751,6 +798,8 @@ private:
     release_all(std::vector<worker_id>(released.begin(), released.end()));
     notify(ps_event::kind::evicted, w, reason);
   }
+
+  // ---- state (the map above says who touches what) ----
 
   Comm& comm_;
   Bulk& bulk_;

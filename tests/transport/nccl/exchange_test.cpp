@@ -17,8 +17,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <exception>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,24 +49,10 @@ void run_ranks(int n, Body body, fake::faults f = {}) {
   fake::world fw(f);
   const nccl_api api = fw.api();
   const long blocks_before = fake::live_device_blocks.load();
-  inproc_world world(n);
-  std::mutex m;
-  std::vector<std::string> errors;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto control = world.join(r);
-        nccl_communicator bulk(api, control, r, {}, 30s);
-        body(control, bulk, api);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(m);
-        errors.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors) FAIL_CHECK(e);
+  const auto errors = fake::run_ranks(
+      fw, n, [&](int, inproc_communicator& control, nccl_communicator& bulk) { body(control, bulk, api); });
+  for (std::size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) FAIL_CHECK(("rank " + std::to_string(r) + " threw: " + errors[r]));
   CHECK_MESSAGE(fake::live_device_blocks.load() == blocks_before, "device memory leaked");
   CHECK(fw.live_premul_ops() == 0);
 }

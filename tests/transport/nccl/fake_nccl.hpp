@@ -5,24 +5,28 @@
 // that never completes. It records every ncclCommAbort with the thread that called it, the stream
 // of every operation and copy, and the device memory still allocated. Copies and memsets run at
 // once, so one queued behind an unfinished operation on its stream fails (code 999) instead of
-// running out of order.
+// running out of order. run_ranks (at the end) runs ranks as threads over it.
 #pragma once
 
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/reduce.hpp>
+#include <cadence/transport/inproc.hpp>
 #include <cadence/transport/nccl/protocol.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -451,5 +455,38 @@ struct world {
     }
   }
 };
+
+// ---- ranks as threads over the fake ----
+
+// Runs n ranks as threads: rank r joins an in-process world (its control communicator) and
+// bootstraps an nccl_communicator over fw (bulk) on it, then runs body(r, control, bulk).
+// Returns what each rank's escaping exception said, indexed by rank (empty: it returned).
+template <class Body>
+std::vector<std::string> run_ranks(world& fw, int n, Body body) {
+  const nccl_api api = fw.api();
+  inproc_world control_world(n);
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto control = control_world.join(r);
+        nccl_communicator bulk(api, control, r, {}, std::chrono::seconds(30));
+        body(r, control, bulk);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// The same over a fake with no faults.
+template <class Body>
+std::vector<std::string> run_ranks(int n, Body body) {
+  world fw;
+  return run_ranks(fw, n, body);
+}
 
 }  // namespace cadence_fake_nccl

@@ -12,7 +12,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -29,32 +28,6 @@ namespace {
 void gradient(worker_id w, std::int64_t k, std::vector<float>& g) {
   for (std::size_t i = 0; i < g.size(); ++i)
     g[i] = static_cast<float>(static_cast<int>((w * 31 + static_cast<std::size_t>(k) * 7 + i) % 13) - 6) * 0.25f;
-}
-
-// Every rank: control = its in-process communicator, bulk = an NCCL communicator bootstrapped
-// over it. body(rank, control, bulk); escaping exceptions are collected per rank.
-template <class Body>
-std::vector<std::string> run_ranks(int n, Body body) {
-  fake::world fw;
-  const nccl_api api = fw.api();
-  inproc_world world(n);
-  std::mutex m;
-  std::vector<std::string> errors(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto control = world.join(r);
-        nccl_communicator bulk(api, control, r, {}, 30s);
-        body(r, control, bulk);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(m);
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
 }
 
 }  // namespace
@@ -75,8 +48,8 @@ TEST_CASE("NCCL form: headers on the control communicator, bulk over NCCL send/r
     ps_options o;
     o.servers = servers;
     o.keep_log = true;
-    const auto errors = run_ranks(servers + workers, [&](int r, inproc_communicator& control,
-                                                         nccl_communicator& bulk) {
+    const auto errors = fake::run_ranks(servers + workers, [&](int r, inproc_communicator& control,
+                                                               nccl_communicator& bulk) {
       if (r < servers) {
         const ps_slice sl = ps_slice_of(model, servers, r);
         // The caller's "device" buffers: the slice's initial weights and a landing buffer.
@@ -134,7 +107,7 @@ TEST_CASE("NCCL form: a worker whose model size differs is refused at pull(), be
           "transfer" * doctest::timeout(60)) {
   ps_options o;
   std::string refused;
-  const auto errors = run_ranks(2, [&](int r, inproc_communicator& control, nccl_communicator& bulk) {
+  const auto errors = fake::run_ranks(2, [&](int r, inproc_communicator& control, nccl_communicator& bulk) {
     if (r == 0) {
       std::vector<float> weights(10, 1.0f), scratch(10);
       parameter_server<inproc_communicator, any_controller, float, sgd<float>, nccl_communicator>

@@ -45,6 +45,8 @@
 
 namespace cadence::transport {
 
+// ---- gloo_options ----
+
 struct gloo_options {
   /// The rendezvous folder (gloo::rendezvous::FileStore) every rank can reach, typically on a
   /// shared file system or, on one host, a temporary folder. It must exist and be writable.
@@ -88,6 +90,8 @@ struct gloo_options {
   /// yourself.
   bool ignore_sigpipe = true;
 };
+
+// ---- detail: what travels (notices, frames, slots), owned buffers, the wake-up timer ----
 
 namespace detail {
 
@@ -208,6 +212,8 @@ private:
 
 }  // namespace detail
 
+// ---- gloo_communicator ----
+
 /// Models transport::communicator over gloo's TCP transport.
 ///
 /// Construction is collective: every rank of `size` constructs one with the same store folder
@@ -236,6 +242,8 @@ private:
 /// Neither copyable nor movable (gloo holds pointers into it): hold it in a std::unique_ptr.
 class gloo_communicator {
 public:
+  // ---- construction and shutdown ----
+
   /// Rendezvous through options.store_path. Throws invalid_parameter_error for a store folder
   /// that does not exist or is not writable (before waiting), and transport_error naming the
   /// missing ranks when the others do not all arrive before `d`.
@@ -362,6 +370,8 @@ public:
     }
     close();
   }
+
+  // ---- the communicator concept: collectives, point to point, abort ----
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -518,6 +528,29 @@ public:
   }
 
 private:
+  // Map of this class. Its state (the members at the end), by who touches it:
+  //  - The owning thread only (one call at a time): calls_ (each call's sequence number, from
+  //    begin()), collectives_ (the collective index the notices carry), failure_ (the first
+  //    failure: fail() sets it, enter() rethrows it), exposed_ (a caller's buffer is posted,
+  //    so fail() must close the connections), closed_ (close() has run: from fail() or the
+  //    destructor), shutting_down_ (in the destructor), acc_ (reduce_in_rank_order's sums).
+  //  - Other threads too: failed_ and aborted_ (atomics: failed() reads them, abort() sets
+  //    aborted_), and, under waiting_mutex_, waiting_ / waiting_recv_: the one gloo buffer a
+  //    wait is blocked on, which abort() wakes (wait() and wait_head() register it).
+  //  - gloo's device thread, while operations are posted, reads and writes the registered
+  //    buffers: in_ (per peer, its next collective message; in_posted_ says which receives are
+  //    posted), out_ (our collective message; out_pending_ and out_to_ track its sends),
+  //    scratch_ and first_out_ (the ring), the point-to-point header receives (posted_ until
+  //    they complete, then early_ when taken for a later receive; spare_heads_ for reuse),
+  //    eager_ (small sends not yet known to be received; reap_eager() and the destructor wait
+  //    for them) and bye_ (the destructor's goodbye). They are declared after context_, so
+  //    destroyed before it, and only after close().
+  //  - timer_'s thread wakes a header receive at a try_recv's deadline (wait_head() arms it);
+  //    declared last, it stops first.
+  // The functions below, in order: point-to-point receives; sizes, setup and closing; calls,
+  // failures and waits; collectives (notices, goodbye, rank-order reduction, the ring); the
+  // small sends' bound.
+
   struct eager_send {
     std::unique_ptr<unsigned char[]> bytes;
     std::size_t size = 0;
@@ -713,6 +746,8 @@ private:
     return false;  // the timer's: still posted
   }
 
+  // ---- sizes, setup and closing ----
+
   // Collective messages carry up to this many bytes of data after their notice; never fewer
   // than one 8-byte element per rank, so an all-reduce too small for the ring always fits.
   std::size_t inline_capacity() const noexcept {
@@ -781,6 +816,8 @@ private:
     } catch (...) {
     }
   }
+
+  // ---- calls, failures and waits ----
 
   detail::call_info begin(const char* op) {
     return {"gloo", op, ++calls_, rank_, size_, deadline::clock::now()};
@@ -865,6 +902,8 @@ private:
     if (d.passed()) fail(detail::deadline_error(c, awaited, note));
     fail(detail::lost_peer_error(c, awaited, "its connection closed: " + reason));
   }
+
+  // ---- collectives: posted receives, goodbye, notices, rank-order reduction, the ring ----
 
   void post_in(const detail::call_info& c, int p) {
     auto& b = in_[static_cast<std::size_t>(p)];
@@ -1069,6 +1108,8 @@ private:
     exposed_ = false;
   }
 
+  // ---- small sends ----
+
   // Small sends not yet known to be received: beyond max_eager_in_flight the oldest is
   // waited for. gloo has no non-blocking test of completion.
   void reap_eager(const detail::call_info& c, const deadline& d) {
@@ -1078,6 +1119,8 @@ private:
       eager_.pop_front();
     }
   }
+
+  // ---- state (the map above says who touches what) ----
 
   gloo_options options_;
   int rank_ = 0;

@@ -26,6 +26,8 @@
 
 namespace cadence::transport {
 
+// ---- mpi_options ----
+
 struct mpi_options {
   /// Broadcasts and the all-reduces below ring_min_bytes (MPI collectives) run on a buffer the
   /// communicator owns, copied from and back to the caller's. MPI cannot cancel a collective:
@@ -61,6 +63,8 @@ struct mpi_options {
   std::chrono::milliseconds shutdown_wait{2000};
 };
 
+// ---- detail: the announcement of a collective, MPI's error text ----
+
 namespace detail {
 
 // What every rank announces to every other on entering a collective (on a communicator of its
@@ -95,6 +99,8 @@ inline std::string mpi_error_string(int code) {
 
 }  // namespace detail
 
+// ---- mpi_communicator ----
+
 /// Models transport::communicator over MPI. Construction is collective over `comm` (it
 /// duplicates it, so our traffic never matches the caller's); `comm` stays the caller's and
 /// must outlive this object. Only the thread that constructed it may call it (MPI needs at
@@ -112,6 +118,8 @@ inline std::string mpi_error_string(int code) {
 /// it in a std::unique_ptr to hand it around.
 class mpi_communicator {
 public:
+  // ---- construction and shutdown ----
+
   explicit mpi_communicator(MPI_Comm comm, mpi_options options = {}, deadline d = {})
       : options_(options), owner_(std::this_thread::get_id()) {
     int initialized = 0, finalized = 0;
@@ -200,6 +208,8 @@ public:
       for (auto& a : abandoned_) a.release();  // MPI may write into them: never freed
     }
   }
+
+  // ---- the communicator concept: collectives, point to point, abort ----
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -305,6 +315,30 @@ public:
   }
 
 private:
+  // Map of this class. Only the owning thread (owner_, checked by enter()) enters MPI; other
+  // threads touch only the atomics failed_ and aborted_ (failed() reads them, abort() sets
+  // aborted_, which every polling loop checks). The owning thread's state:
+  //  - Calls: calls_ (each call's sequence number, from begin()), collectives_ (the index
+  //    every announcement carries), failure_ (the first failure: fail() sets it, enter()
+  //    rethrows it).
+  //  - Two duplicates of the caller's communicator: data_ carries the operations' messages,
+  //    notices_ the announcements (tag 0) and the ring's steps (ring_tag).
+  //  - Announcements: announce() sends ours (notice_sends_ keeps each until it completes);
+  //    per peer, notice_reqs_ is the receive posted into inbox_, drain_notices() moves what
+  //    arrived into seen_ (and last_index_), await_announcements(), finish_collective() and
+  //    check_agreement() read it; the destructor waits on last_index_ before freeing the
+  //    duplicates (announcements_complete()).
+  //  - Staging buffers, grown as needed and reused: bounce_ (stage(), for allreduce and
+  //    broadcast with bounce_buffers), send_stage_ (send()), ring_scratch_ and ring_out_
+  //    (ring_allreduce() and exchange()). An operation given up while MPI may still read or
+  //    write its buffer is abandoned: abandon() and abandon_send() move that buffer into
+  //    abandoned_, which is never freed.
+  // The functions below, in order: calls, the receive and failures; MPI types, staging and
+  // pacing; announcements; waiting for a collective; the ring; point-to-point polling,
+  // cancelling and abandoning.
+
+  // ---- calls, the receive and failures ----
+
   detail::call_info begin(const char* op) {
     return {"mpi", op, ++calls_, rank_, size_, deadline::clock::now()};
   }
@@ -363,6 +397,8 @@ private:
     if (n > static_cast<std::size_t>(INT_MAX))
       detail::bad_argument(c, std::to_string(n) + " " + what + " exceed MPI's int count");
   }
+
+  // ---- MPI types, staging and pacing ----
 
   static MPI_Datatype mpi_type(const detail::call_info& c, dtype t) {
     switch (t) {
@@ -515,6 +551,8 @@ private:
     }
   }
 
+  // ---- waiting for a collective ----
+
   // Polls a posted collective to completion, its deadline, an abort or an MPI error, checking
   // the peers' announcements as they come. `awaited`: whose announcement must arrive before
   // the call may return (all peers for an all-reduce; the root for a broadcast receiver).
@@ -562,6 +600,8 @@ private:
     if (!mpi_failure.empty())
       fail(transport_error(detail::describe(c) + ": " + mpi_failure));
   }
+
+  // ---- the ring all-reduce ----
 
   // Ring all-reduce over n ranks: in reduce-scatter step s, rank r sends segment r - s to its
   // right neighbour and adds segment r - s - 1 from its left one; after n - 1 steps it owns
@@ -630,6 +670,8 @@ private:
       pause(c.started);
     }
   }
+
+  // ---- point-to-point polling; cancelling and abandoning ----
 
   // A collective cannot be cancelled in MPI; its buffer and request are kept forever.
   void abandon(MPI_Request& req) {
@@ -717,6 +759,8 @@ private:
     MPI_Request req;
     std::unique_ptr<std::array<std::int64_t, 6>> words;  // stable while the send is posted
   };
+
+  // ---- state (the map above says who touches what) ----
 
   mpi_options options_;
   std::thread::id owner_;

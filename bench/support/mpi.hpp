@@ -1,0 +1,47 @@
+// What the command-line benchmarks' MPI backends share: one process's part of the job, from
+// MPI_Init to MPI_Finalize, and the mean over ranks that lines them up. Not part of the library.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <exception>
+
+namespace cadence_bench {
+
+/// Runs body(rank, size, raw) as this process's rank of the job and returns what it returns:
+/// initializes MPI (funneled), gives body `raw`, a duplicate of MPI_COMM_WORLD for the raw side
+/// and the averages (so they never match the communicator's own messages), and finalizes. An
+/// exception aborts the whole job with "PROGRAM (rank R): message": the other ranks would
+/// wait for this one.
+template <class Body>
+int run_mpi_rank(const char* program, Body body) {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int rc = 0;
+  try {
+    MPI_Comm raw;
+    MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+    rc = body(rank, size, raw);
+    MPI_Comm_free(&raw);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s (rank %d): %s\n", program, rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return rc;
+}
+
+/// The mean of v over the ranks of comm; doubles as the barrier before a timed block.
+inline double mpi_average(MPI_Comm comm, double v) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  double sum = 0;
+  MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, comm);
+  return sum / size;
+}
+
+}  // namespace cadence_bench
