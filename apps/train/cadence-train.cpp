@@ -316,17 +316,21 @@ struct sgd_with_snapshots {
 using ps_options = cadence::exchange::ps_options;
 
 ps_options make_ps_options(const options& o) {
+  using seconds = std::chrono::duration<double>;
+  const auto ns = [](double s) { return std::chrono::duration_cast<std::chrono::nanoseconds>(seconds(s)); };
   ps_options po;
   po.servers = 1;
-  po.keep_log = true;
   // By default a worker silent for longer than the run plus a minute is evicted: no healthy
-  // worker is, and a killed one (mpirun --enable-recovery, launch-gloo.sh --survive-workers)
-  // would otherwise keep the server waiting for its finish() forever.
-  po.evict_after = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(o.evict_after ? *o.evict_after : o.seconds + 60));
-  // A parked worker waits at most for the slowest iteration (or the eviction); a run-length
-  // bound keeps a wedged run from waiting the default 300 s.
-  po.reply_timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(o.seconds + 60));
+  // worker is (a parked one sends heartbeats), and a killed or stopped one would otherwise keep
+  // the server waiting for its finish() forever.
+  const double evict = o.evict_after ? *o.evict_after : o.seconds + 60;
+  po.evict_after = ns(evict);
+  // The other timeouts follow from it: a reply that has not left within transfer_timeout drops
+  // its worker (between 5 s and a minute: a model slice on a LAN takes far less), and a worker
+  // waits for its reply no longer than its straggler's eviction plus that transfer plus 10 s.
+  const double transfer = std::clamp(evict, 5.0, 60.0);
+  po.transfer_timeout = ns(transfer);
+  po.reply_timeout = ns(evict + transfer + 10);
   return po;
 }
 
@@ -382,7 +386,7 @@ train::policy_report serve(Job& job, const options& o, const std::string& policy
   r.iterations_per_second = static_cast<double>(side.in_time) / o.seconds;
   const auto& st = server.stats();
   for (const auto v : st.max_start_staleness) r.max_staleness = std::max<std::int64_t>(r.max_staleness, v);
-  r.p99_staleness = train::percentile(st.start_staleness, 0.99);
+  r.p99_staleness = cadence::exchange::histogram_percentile(st.staleness_histogram, 99.0);
   for (const auto& e : st.evictions) r.evicted.push_back(static_cast<int>(e.worker));
   std::sort(r.evicted.begin(), r.evicted.end());
   for (std::size_t k = 0; k < side.snapshot_times.size(); ++k) {

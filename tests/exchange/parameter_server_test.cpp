@@ -313,7 +313,7 @@ TEST_CASE("a worker killed while it waits for its reply is dropped when the repl
     sc.options.evict_after = 30s;
     sc.setup = [servers, &ev](inproc_world& world) {
       inproc_step at;
-      at.op = "recv";
+      at.op = "try_recv";                  // a worker waits for its reply with try_recv
       at.tag = ps_options{}.tag_base + 2;  // the reply tag
       at.skip = 3 * servers;               // the replies to pull() and two push_pulls
       world.on_step(servers, at, [servers, &ev](inproc_world& w) {  // worker 0's rank
@@ -446,8 +446,9 @@ TEST_CASE("bad input: a rank in the wrong role, push after finish, a wrong-size 
   wrong_size.join();
   CHECK(server_error.empty());
   CHECK(role_error_text.find("rank 1 is a worker") != std::string::npos);
-  CHECK(worker_error_text.find("gradient slice of 12 elements") != std::string::npos);
-  CHECK(worker_error_text.find("owns 10") != std::string::npos);
+  // Its first push pulls first (it becomes a member there), and the pull is refused.
+  CHECK(worker_error_text.find("a model of 12 elements") != std::string::npos);
+  CHECK(worker_error_text.find("serves one of 10") != std::string::npos);
   CHECK_THROWS_AS(ps_slice_of(1, 0, 0), invalid_parameter_error);
 }
 
@@ -467,6 +468,6 @@ TEST_CASE("options are checked" ) {
   o.evict_after.reset();
   CHECK_THROWS_WITH_AS((parameter_server<inproc_communicator, any_controller>(c0, 4, w0.data(),
                                                                               make_controller("bsp", 3), {}, o)),
-                       doctest::Contains("the controller has 3 workers but the world has 1"),
+                       doctest::Contains("the controller has 3 workers but the world has 1 initial ones"),
                        invalid_parameter_error);
 }

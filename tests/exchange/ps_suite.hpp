@@ -86,6 +86,7 @@ void every_policy() {
       ps_options o;
       o.keep_log = true;
       o.reply_timeout = 60s;
+      o.transfer_timeout = 10s;
       o.evict_after = 20s;  // a worker that failed is evicted instead of awaited forever
       const std::vector<double> w0 = initial<double>(model);
       if (c.rank() == 0) {
@@ -148,6 +149,7 @@ void stalled_worker() {
     o.keep_log = true;
     o.evict_after = 500ms;
     o.reply_timeout = 30s;
+    o.transfer_timeout = 10s;
     const std::vector<double> w0 = initial<double>(model);
     if (c.rank() == 0) {
       parameter_server<C, any_controller, double> server(c, model, w0.data(), make_controller("bsp", workers),

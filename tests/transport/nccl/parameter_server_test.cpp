@@ -126,7 +126,7 @@ TEST_CASE("NCCL form: a worker whose model size differs is refused at pull(), be
   });
   CHECK(errors[0].empty());
   CHECK(errors[1].empty());
-  CHECK(refused.find("has a model of 12 elements, server rank 0 one of 10") != std::string::npos);
+  CHECK(refused.find("a model of 12 elements, but server rank 0 serves one of 10") != std::string::npos);
 }
 
 TEST_CASE("NCCL cannot be the control communicator") {
