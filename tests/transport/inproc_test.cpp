@@ -357,6 +357,36 @@ TEST_CASE("async operations of a stalled rank enter in issue order once it is re
   CHECK_FALSE(c1.failed());
 }
 
+TEST_CASE("restart gives a gone rank's slot to a new process: peers see it alive again, the old "
+          "process's calls fail, what was queued for it is discarded" * doctest::timeout(30)) {
+  inproc_world world(2);
+  auto c0 = world.join(0);
+  auto old = world.join(1);
+  CHECK_THROWS_WITH_AS(world.restart(1), doctest::Contains("is not gone"), invalid_parameter_error);
+  const std::int32_t early = 1;
+  c0.send(&early, sizeof early, 1, 0, 5s);  // never taken by the old process
+  world.kill(1);
+  std::int32_t v = 0;
+  CHECK_THROWS_WITH_AS(c0.recv(&v, sizeof v, 1, 0, 5s), doctest::Contains("lost rank 1"), transport_error);
+  auto fresh = world.restart(1);
+  CHECK_THROWS_WITH_AS(old.send(&v, sizeof v, 0, 0, 5s), doctest::Contains("a new process took its slot"),
+                       transport_error);
+  CHECK(old.failed());
+  CHECK_FALSE(fresh.failed());
+  const std::int32_t hello = 7;
+  fresh.send(&hello, sizeof hello, 0, 0, 5s);
+  CHECK(c0.recv(&v, sizeof v, 1, 0, 5s) == 1);
+  CHECK(v == 7);
+  const std::int32_t later = 2;
+  c0.send(&later, sizeof later, 1, 0, 5s);
+  CHECK(fresh.recv(&v, sizeof v, 0, 0, 5s) == 0);
+  CHECK(v == 2);  // the message for the old process was discarded
+  { auto gone = std::move(old); }  // destroying the old communicator does not touch the new one
+  CHECK_FALSE(fresh.failed());
+  fresh.send(&hello, sizeof hello, 0, 0, 5s);
+  CHECK(c0.recv(&v, sizeof v, 1, 0, 5s) == 1);
+}
+
 TEST_CASE("abort() from another thread wakes a blocked call, which throws" * doctest::timeout(60)) {
   inproc_world world(2);
   auto c0 = world.join(0);

@@ -507,10 +507,13 @@ public:
     }
     for (;;) {
       progress_transfers();
-      // Every server hears every member's finish() (or server 0's eviction notice), so each ends
-      // on its own once nobody is left. Replies still on their way are delivered first; a
-      // refusal to a worker already dropped is not waited for.
-      if (done() && in_flight() == 0) return;
+      // Every server hears every member's finish() (or server 0's eviction notice). Server 0
+      // ends once nobody is left and its replies are delivered, telling the other servers;
+      // they end when both hold (server 0 may still have notices for them until then).
+      if (done() && in_flight() == 0 && (coordinator() || shutdown_)) {
+        if (coordinator()) shutdown_servers();
+        return;
+      }
       detail::ps_header h;
       std::optional<int> src;
       try {
@@ -666,6 +669,7 @@ private:
         case detail::ps_kind::release: on_release(h); return;
         case detail::ps_kind::evicted: on_evicted_notice(h); return;
         case detail::ps_kind::joined: on_joined_notice(h); return;
+        case detail::ps_kind::shutdown: shutdown_ = true; return;
         default:
           throw transport_error(who() + ": unexpected message kind " + std::to_string(h.kind) + " from server 0");
       }
@@ -677,7 +681,7 @@ private:
     const auto r = static_cast<std::size_t>(src);
     const auto kind = static_cast<detail::ps_kind>(h.kind);
     if (!detail::known_kind(h.kind) || kind == detail::ps_kind::reply || kind == detail::ps_kind::release ||
-        kind == detail::ps_kind::evicted || kind == detail::ps_kind::joined) {
+        kind == detail::ps_kind::evicted || kind == detail::ps_kind::joined || kind == detail::ps_kind::shutdown) {
       // Nothing follows a message we do not know, so the stream stays in step: refuse it.
       refuse_rank(src, h, "unknown message kind " + std::to_string(h.kind) + " from rank " + std::to_string(src));
       return;
@@ -1035,6 +1039,19 @@ private:
     }
   }
 
+  // Server 0, at the end: the other servers may go. One that is gone already changes nothing.
+  void shutdown_servers() {
+    detail::ps_header h;
+    h.kind = static_cast<std::int64_t>(detail::ps_kind::shutdown);
+    for (int s = 1; s < options_.servers; ++s) {
+      try {
+        comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
+      } catch (const transport_error&) {
+        if (comm_.failed()) throw;
+      }
+    }
+  }
+
   // The weights to worker w, answering its request: posted, never waited for.
   void reply(worker_id w, std::int64_t request, std::int64_t iteration) {
     const auto wi = static_cast<std::size_t>(w);
@@ -1272,6 +1289,7 @@ private:
   std::vector<pending_release> pending_;
   std::optional<liveness_tracker<clock::time_point>> liveness_;
   clock::time_point start_{}, last_heard_{};
+  bool shutdown_ = false;  // servers other than 0: server 0 said it is done
   ps_stats stats_;
 };
 

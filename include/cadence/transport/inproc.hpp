@@ -70,6 +70,7 @@ struct inproc_message {
   inproc_clock::time_point visible_at;  // later than the send when the link is delayed
   bool taken = false;                // a rendezvous sender waits for this
   std::string size_mismatch;         // set by the receiver; the rendezvous sender throws it too
+  std::string discarded;             // its receiver's process was replaced before taking it
 };
 
 // A receive posted and not matched yet. Receives of one rank match messages in the order they
@@ -98,6 +99,7 @@ struct inproc_slot {
 struct inproc_op;
 
 struct inproc_rank {
+  int incarnation = 0;  // bumped by inproc_world::restart: the old process's calls fail
   bool joined = false;
   bool stalled = false;
   std::string lost;  // why the rank is gone (killed, communicator destroyed); empty: alive
@@ -144,6 +146,7 @@ struct inproc_op {
   call_info c{};
   std::shared_ptr<inproc_state> state;
   int rank = 0;
+  int incarnation = 0;
   bool entered = false;
   bool done = false;
   bool cancelled = false;
@@ -313,6 +316,8 @@ struct inproc_op {
   // what the op fails with (the communicator failed where the contract says so).
   bool progress(inproc_clock::time_point now, inproc_clock::time_point& wake, std::vector<int>& waiting,
                 std::vector<int>& lost, std::string& note) {
+    if (self().incarnation != incarnation)  // restarted: this is the old process
+      throw transport_error(describe(c) + ": this rank is gone (a new process took its slot)");
     throw_if_failed();
     auto& me = self();
     if (!me.lost.empty()) fail(transport_error(describe(c) + ": this rank is gone (" + me.lost + ")"));
@@ -329,6 +334,11 @@ struct inproc_op {
         }
         if (!msg->size_mismatch.empty()) fail(transport_error(describe(c) + ": " + msg->size_mismatch));
         if (done || msg->taken) return done = true;
+        if (!msg->discarded.empty()) {
+          error = lost_peer_error(c, {peer}, msg->discarded);  // isolates_lost_peer
+          cancelled = true;
+          throw *error;
+        }
         waiting.push_back(peer);
         if (!state->at(peer).lost.empty()) lost.push_back(peer);
         note = "a message over the eager limit waits for the matching recv";
@@ -519,13 +529,14 @@ private:
 class inproc_communicator {
 public:
   inproc_communicator(inproc_communicator&& other) noexcept
-      : state_(std::move(other.state_)), rank_(other.rank_), calls_(other.calls_),
-        collectives_(other.collectives_) {}
+      : state_(std::move(other.state_)), rank_(other.rank_), incarnation_(other.incarnation_),
+        calls_(other.calls_), collectives_(other.collectives_) {}
   inproc_communicator& operator=(inproc_communicator&& other) noexcept {
     if (this != &other) {
       leave();
       state_ = std::move(other.state_);
       rank_ = other.rank_;
+      incarnation_ = other.incarnation_;
       calls_ = other.calls_;
       collectives_ = other.collectives_;
     }
@@ -592,6 +603,7 @@ public:
   void abort() noexcept {
     if (!state_) return;
     std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->at(rank_).incarnation != incarnation_) return;
     state_->at(rank_).aborted = true;
     state_->changed.notify_all();
   }
@@ -599,7 +611,7 @@ public:
   bool failed() const {
     std::lock_guard<std::mutex> lock(state_->mutex);
     const auto& self = state_->ranks[static_cast<std::size_t>(rank_)];
-    return self.failure.has_value() || self.aborted;
+    return self.incarnation != incarnation_ || self.failure.has_value() || self.aborted;
   }
 
 private:
@@ -607,7 +619,7 @@ private:
   using op_ptr = std::shared_ptr<detail::inproc_op>;
 
   inproc_communicator(std::shared_ptr<detail::inproc_state> state, int rank)
-      : state_(std::move(state)), rank_(rank) {}
+      : state_(std::move(state)), rank_(rank), incarnation_(state_->at(rank).incarnation) {}
 
   op_ptr make_op(detail::inproc_op::kind what, const char* name) {
     auto op = std::make_shared<detail::inproc_op>();
@@ -615,6 +627,7 @@ private:
     op->c = {"inproc", name, ++calls_, rank_, state_->size, detail::inproc_clock::now()};
     op->state = state_;
     op->rank = rank_;
+    op->incarnation = incarnation_;
     return op;
   }
 
@@ -691,6 +704,8 @@ private:
   // the others this rank started while stalled. Collectives take their index now: issue order.
   void start(std::unique_lock<std::mutex>& lock, const op_ptr& op, int peer, int tag) {
     fire(lock, op->c, peer, tag);
+    if (state_->at(rank_).incarnation != incarnation_)
+      throw transport_error(detail::describe(op->c) + ": this rank is gone (a new process took its slot)");
     op->throw_if_failed();
     auto& self = state_->at(rank_);
     if (!self.lost.empty())
@@ -717,12 +732,14 @@ private:
     if (!state_) return;
     std::lock_guard<std::mutex> lock(state_->mutex);
     auto& self = state_->at(rank_);
+    if (self.incarnation != incarnation_) return;  // a new process holds the slot now
     if (self.lost.empty()) self.lost = "its communicator was destroyed";
     state_->changed.notify_all();
   }
 
   std::shared_ptr<detail::inproc_state> state_;
   int rank_;
+  int incarnation_ = 0;
   std::uint64_t calls_ = 0;        // every call, for error messages
   std::uint64_t collectives_ = 0;  // collectives only: the slot every rank's n-th one meets in
 };
@@ -752,6 +769,27 @@ public:
       throw invalid_parameter_error("cadence::transport::inproc_world: rank " +
                                     std::to_string(rank) + " has already joined");
     r.joined = true;
+    return inproc_communicator(state_, rank);
+  }
+
+  /// A new process in the slot of rank r, which must be gone (killed, or its communicator
+  /// destroyed): a fresh communicator for r, with its own sequence numbers. What was sent to the
+  /// old process and never taken is discarded; peers that saw r as lost see it alive again. A
+  /// collective cannot span the restart (the others' collective count moved on): this is for
+  /// point-to-point protocols that admit returning peers, such as the parameter server.
+  inproc_communicator restart(int rank) {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    check_rank("restart", rank);
+    auto& r = state_->at(rank);
+    if (r.lost.empty())
+      throw invalid_parameter_error("cadence::transport::inproc_world::restart: rank " + std::to_string(rank) +
+                                    " is not gone (kill it, or destroy its communicator, first)");
+    const int next = r.incarnation + 1;
+    for (auto& m : r.mailbox) m->discarded = "its process was replaced by inproc_world::restart";
+    r = detail::inproc_rank{};
+    r.incarnation = next;
+    r.joined = true;
+    state_->changed.notify_all();
     return inproc_communicator(state_, rank);
   }
 

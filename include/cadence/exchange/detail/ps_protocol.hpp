@@ -13,12 +13,13 @@
 namespace cadence::exchange::detail {
 
 // Workers send push, pull, finish and heartbeat; servers answer with reply (weights, or a
-// refusal's text); server 0 tells the other servers release, evicted and joined.
-enum class ps_kind : std::int64_t { push = 1, pull, finish, reply, release, evicted, heartbeat, joined };
+// refusal's text); server 0 tells the other servers release, evicted, joined and, when it is
+// done, shutdown (so none leaves while server 0 may still tell it something).
+enum class ps_kind : std::int64_t { push = 1, pull, finish, reply, release, evicted, heartbeat, joined, shutdown };
 enum class ps_status : std::int64_t { ok = 0, evicted, error };
 
 inline bool known_kind(std::int64_t k) {
-  return k >= static_cast<std::int64_t>(ps_kind::push) && k <= static_cast<std::int64_t>(ps_kind::joined);
+  return k >= static_cast<std::int64_t>(ps_kind::push) && k <= static_cast<std::int64_t>(ps_kind::shutdown);
 }
 
 // Every control message is this fixed-size header; a payload, when any, follows on the
