@@ -273,8 +273,6 @@ struct server_side {
   std::vector<double> snapshot_times;
   std::vector<float> snapshots;  // back to back, params each
   std::uint64_t in_time = 0;
-  const cadence::exchange::ps_stats* stats = nullptr;
-  std::size_t evictions_seen = 0;
   double next_progress = 0;
   bool tty = false;
   std::string label;
@@ -287,13 +285,16 @@ struct server_side {
       snapshots.insert(snapshots.end(), w, w + params);
     }
   }
+  // The server's observer: evictions, joins and refusals as they happen.
+  void event(const cadence::exchange::ps_event& e) {
+    using kind = cadence::exchange::ps_event::kind;
+    if (e.what == kind::finished) return;
+    const char* what = e.what == kind::evicted ? "evicted" : e.what == kind::joined ? "joined" : "refused";
+    std::fprintf(stderr, "%scadence-train: %s: worker %u %s at %.1f s: %s\n", tty ? "\n" : "", label.c_str(),
+                 static_cast<unsigned>(e.worker), what, since(start), e.reason.c_str());
+    std::fflush(stderr);
+  }
   void progress(double t) {
-    if (stats != nullptr && stats->evictions.size() > evictions_seen) {
-      for (std::size_t k = evictions_seen; k < stats->evictions.size(); ++k)
-        std::fprintf(stderr, "%scadence-train: %s: worker %u evicted at %.1f s: %s\n", tty ? "\n" : "", label.c_str(),
-                     static_cast<unsigned>(stats->evictions[k].worker), t, stats->evictions[k].reason.c_str());
-      evictions_seen = stats->evictions.size();
-    }
     if (t < next_progress) return;
     next_progress = t + (tty ? 0.5 : 10.0);
     std::fprintf(stderr, "%scadence-train: %s: %.0f/%.0f s, %llu pushes%s", tty ? "\r" : "", label.c_str(),
@@ -365,12 +366,15 @@ train::policy_report serve(Job& job, const options& o, const std::string& policy
   side.params = params;
   side.tty = isatty(2) != 0;
   side.label = policy + " [" + std::to_string(index + 1) + "/" + std::to_string(o.policies.size()) + "]";
-  const ps_options po = make_ps_options(o);
+  ps_options po = make_ps_options(o);
+  po.observer = [&side](const cadence::exchange::ps_event& e) { side.event(e); };
   cadence::exchange::parameter_server<comm_type, cadence::any_controller, float, sgd_with_snapshots> server(
       comm, params, w0.data(), cadence::make_controller(policy, workers), sgd_with_snapshots{&side}, po);
-  side.stats = &server.stats();
   cadence::transport::barrier(comm, train::connect_timeout);
   side.start = clock_type::now();
+  // Tests wait for this line before they stop or kill a worker.
+  std::fprintf(stderr, "%scadence-train: %s: running\n", side.tty ? "\n" : "", side.label.c_str());
+  std::fflush(stderr);
   server.run();
   const double ran = since(side.start);
   if (side.tty) std::fprintf(stderr, "\n");

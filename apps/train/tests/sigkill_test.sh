@@ -3,9 +3,9 @@
 # run still ends and reports. Under MPI it needs mpirun --enable-recovery (Open MPI then keeps
 # the job going when a process dies; without it mpirun aborts every rank); over gloo,
 # launch-gloo.sh --survive-workers (without it the launcher stops everyone). The test kills
-# worker 1 (rank 2) about 1.5 s into a 4 s ASP run with a second policy queued: the server
-# evicts it for silence, rank 0 finds it gone after the policy (no record within 3 s, or its
-# connection closed), skips the second policy, and reports the first. Usage:
+# worker 1 (rank 2) as soon as the first policy (a 4 s ASP run, a second policy queued) is
+# running: the server evicts it for silence, rank 0 finds it gone after the policy (no record
+# within 3 s, or its connection closed), skips the second policy, and reports the first. Usage:
 #   sigkill_test.sh MPIRUN "FLAGS --enable-recovery" TRAIN [ARGS...]
 #   sigkill_test.sh launch-gloo.sh --survive-workers TRAIN --transport gloo
 set -u
@@ -17,7 +17,6 @@ trap 'rm -rf "$dir"' EXIT
 source "$(dirname "$0")/worker_signal.sh"
 start_job --model softmax --policy asp --policy bsp --profile homogeneous --seconds 4 \
   --evict-after 1 --train-limit 2000 --test-limit 200 --json "$@"
-sleep 1.5
 kill -KILL "$victim" || fail "cannot kill $victim"
 for _ in $(seq 1 300); do  # the 4 s policy, then at most 3 s for the lost worker's record
   kill -0 "$job" 2>/dev/null || break

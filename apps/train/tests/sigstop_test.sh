@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A worker stopped with SIGSTOP mid-run is evicted (--evict-after) and listed in "evicted";
-# the run still ends and reports. The test stops worker 1 (rank 2) about 1 s into a 6 s ASP
-# run, waits until the server reports the eviction, then lets it go on (SIGCONT): its next
-# push is refused, it leaves, and the job ends. The stopped process is always resumed
+# the run still ends and reports. The test stops worker 1 (rank 2) as soon as the 6 s ASP run
+# is running, waits until the server reports the eviction, then lets it go on (SIGCONT): its
+# next push is refused, it leaves, and the job ends. The stopped process is always resumed
 # (trap), so mpirun can exit whatever happens. Usage: sigstop_test.sh MPIRUN "FLAGS" TRAIN
 # [ARGS...]; over gloo: sigstop_test.sh launch-gloo.sh "" TRAIN --transport gloo.
 set -u
@@ -16,13 +16,8 @@ trap cleanup EXIT
 source "$(dirname "$0")/worker_signal.sh"
 start_job --model softmax --policy asp --profile homogeneous --seconds 6 \
   --evict-after 1 --train-limit 2000 --test-limit 200 --json "$@"
-sleep 1.5
 kill -STOP "$victim" || fail "cannot stop $victim"
-for _ in $(seq 1 200); do  # the eviction: 1 s of silence, then the server's line
-  grep -q "worker 1 evicted" "$dir/err" && break
-  sleep 0.1
-done
-grep -q "worker 1 evicted" "$dir/err" || fail "worker 1 was not evicted"
+wait_line "worker 1 evicted"  # 1 s of silence, then the server's line
 kill -CONT "$victim"
 victim=""
 for _ in $(seq 1 600); do

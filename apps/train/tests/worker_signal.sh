@@ -5,17 +5,26 @@
 # fail MESSAGE: prints it with the job's output and exits 1.
 fail() { echo "FAIL: $*"; echo "--- stdout"; cat "$dir/out"; echo "--- stderr"; cat "$dir/err"; exit 1; }
 
+# wait_line PATTERN [SECONDS]: waits until the job's stderr has a line matching PATTERN (grep -E);
+# fails naming it after SECONDS (default 60), which only catches a hang.
+wait_line() {
+  local limit=$(( ${2:-60} * 10 ))
+  for _ in $(seq 1 "$limit"); do
+    grep -qE "$1" "$dir/err" && return 0
+    kill -0 "$job" 2>/dev/null || { grep -qE "$1" "$dir/err" && return 0; fail "the job ended before: $1"; }
+    sleep 0.1
+  done
+  fail "no line matching '$1' within ${2:-60} s"
+}
+
 # start_job ARGS...: cadence-train with ARGS on 3 ranks; sets job (its pid) and victim (worker
-# 1's pid) once training has started (up to 30 s for the data load).
+# 1's pid) once the first policy is running (the server prints "<policy> [1/N]: running").
 start_job() {
   # shellcheck disable=SC2086
   "$mpirun" $flags -np 3 "$train" "$@" >"$dir/out" 2>"$dir/err" &
   job=$!
-  for _ in $(seq 1 300); do
-    grep -q "rank pids:" "$dir/err" && break
-    kill -0 "$job" 2>/dev/null || fail "the job ended before it started training"
-    sleep 0.1
-  done
+  wait_line "rank pids:"
+  wait_line ": running$"
   local pids
   pids=$(sed -n 's/.*rank pids: \([0-9 ]*\) (rank 0.*/\1/p' "$dir/err")
   victim=$(echo "$pids" | awk '{print $3}')
