@@ -32,6 +32,11 @@ public:
     return in_range(c) ? buckets_[slot(c)].head : none;
   }
   worker_id next(worker_id p) const noexcept { return next_[p]; }
+  /// Bytes held (capacities): 16 per worker id plus the bucket ring.
+  std::size_t bytes_reserved() const noexcept {
+    return buckets_.capacity() * sizeof(bucket) + clock_.capacity() * sizeof(clock_value) +
+           (prev_.capacity() + next_.capacity()) * sizeof(worker_id);
+  }
 
   /// The smallest clock once p has advanced: it rises (by one) only when p alone held it.
   clock_value min_after_advance(worker_id p) const noexcept {
