@@ -32,7 +32,7 @@ zipline_window<T> zipline_fast_sweep(rows_view<T> rows, zipline_buffers<T>& buf,
 /// defines L, so its barriers are >= L) with d_S <= d and G_out = max over the other rows of
 /// G_p: if min d_S >= G_out, then d(B) = d_S(B) for every B, and the sweep over S returns the
 /// whole input's spread and smallest barrier exactly (T's subtraction is monotone, so this
-/// holds for rounded spreads too). Round 1 takes about n/16 + 64 rows with the largest G_p;
+/// holds for rounded spreads too). Round 1 takes about n/32 + 128 rows with the largest G_p;
 /// if min d_S falls short of G_out, round 2 takes every row with G_p > min d_S, a superset
 /// whose own minimum can only be larger, so it always passes. On timestamps whose rows step
 /// at different rates (the generator's, most real clusters), few rows have gaps near the
@@ -41,7 +41,7 @@ template <class T>
 zipline_window<T> zipline_fast_search(rows_view<T> rows, zipline_buffers<T>& buf,
                                       const zipline_trimmed<T>& trim) {
   const std::size_t n = rows.size();
-  const std::size_t want = n / 16 + 64;
+  const std::size_t want = n / 32 + 128;
   if (n < 256 || want >= n) return zipline_fast_sweep(rows, buf, trim);
   const T* const gaps = buf.gaps.data();
   std::vector<std::size_t>& first = buf.first;
