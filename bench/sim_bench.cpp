@@ -1,6 +1,7 @@
 // Simulated push events per second (items_per_second) of cadence::sim::simulate for each
-// policy on the heterogeneous scenario at n = 16 ... 1000 workers. Each benchmark iteration
-// simulates a fixed 200k pushes, so time per iteration is the per-event cost, O(log n) from
+// policy on the heterogeneous scenario at n = 16 ... 10^5 workers. Each benchmark iteration
+// simulates a fixed 200k pushes (10 per worker at 10^5 workers, 10^6 in all, so that building
+// 10^5 workers' random streams does not dominate), so time per push is the per-event cost, O(log n) from
 // the event heap plus the policy's own push; the controller's wall-clock timing is included
 // as cadence-sim runs it (the *_untimed variant shows its cost).
 #include <cadence/controllers/make_controller.hpp>
@@ -10,6 +11,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -20,7 +22,7 @@ constexpr std::int64_t events_per_run = 200000;
 cadence::sim::scenario bench_scenario(std::size_t n) {
   cadence::sim::scenario s = cadence::sim::make_scenario("hetero16", n);
   s.seconds = 0;
-  s.iterations = static_cast<std::uint64_t>(events_per_run) / n;
+  s.iterations = std::max<std::uint64_t>(static_cast<std::uint64_t>(events_per_run) / n, 10);
   return s;
 }
 
@@ -73,7 +75,7 @@ void sim_ssp3_concrete(benchmark::State& state) {
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
-  for (const std::int64_t n : {16, 128, 1000}) b->Arg(n);
+  for (const std::int64_t n : {16, 128, 1000, 100000}) b->Arg(n);
   b->Unit(benchmark::kMillisecond);
 }
 

@@ -6,6 +6,12 @@
 //   build/bin/cadence-bench-zipline                       ratio table, then all benchmarks
 //   build/bin/cadence-bench-zipline --cadence_ratio_only  ratio table only (docs/zipline.md)
 //   build/bin/cadence-bench-zipline --benchmark_filter=fast
+//   build/bin/cadence-bench-zipline --cadence_scale       scale table only (docs/results.md)
+//
+// The `floor` rows read every point once and keep a running min and max: the least any
+// exact search must do (validation alone reads every point). The scale table times it and
+// `fast` alternately on the same data, best of K each, and prints fast / floor at n = 10^3,
+// 10^5 and 10^6, R = 150 (the 10^6 input is 1.2 GB of doubles).
 //
 // zipline and opt (the paper's O(R n^2) ones) are not run at n = 10000: one call takes
 // seconds there.
@@ -68,7 +74,34 @@ void bm_variant(benchmark::State& state, zipline_variant v) {
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n * r));
 }
 
+/// One sequential pass: every point read once, a running min and max kept.
+std::pair<double, double> floor_pass(const double* v, std::size_t count) {
+  double lo = v[0], hi = v[0];
+  for (std::size_t i = 0; i < count; ++i) {
+    lo = v[i] < lo ? v[i] : lo;
+    hi = v[i] > hi ? v[i] : hi;
+  }
+  return {lo, hi};
+}
+
+void bm_floor(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto r = static_cast<std::size_t>(state.range(1));
+  const auto& data = predicted_rows(n, r);
+  for (auto _ : state) benchmark::DoNotOptimize(floor_pass(data.data(), data.size()));
+  state.SetComplexityN(static_cast<std::int64_t>(n));
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n * r));
+}
+
 void register_all() {
+  {
+    auto* b = benchmark::RegisterBenchmark("zipline/floor/R15", bm_floor);
+    for (const std::int64_t n : {10, 100, 1000, 10000}) b->Args({n, 15});
+    b->ArgNames({"n", "R"})->Unit(benchmark::kMicrosecond)->Complexity(benchmark::oN);
+    b = benchmark::RegisterBenchmark("zipline/floor/R150", bm_floor);
+    for (const std::int64_t n : {10, 100, 1000, 10000, 100000, 1000000}) b->Args({n, 150});
+    b->ArgNames({"n", "R"})->Unit(benchmark::kMicrosecond)->Complexity(benchmark::oN);
+  }
   struct spec {
     const char* name;
     zipline_variant v;
@@ -78,14 +111,14 @@ void register_all() {
   const spec specs[] = {{"zipline", zipline_variant::paper, benchmark::oNSquared, 1000},
                         {"opt", zipline_variant::paper_opt, benchmark::oNSquared, 1000},
                         {"opt_bs", zipline_variant::paper_opt_bs, benchmark::oNLogN, 10000},
-                        {"fast", zipline_variant::fast, benchmark::oNLogN, 10000}};
+                        {"fast", zipline_variant::fast, benchmark::oNLogN, 1000000}};
   for (const auto& s : specs)
     for (const std::int64_t r : {15, 150}) {
       auto* b = benchmark::RegisterBenchmark(
           ("zipline/" + std::string(s.name) + "/R" + std::to_string(r)).c_str(),
           [v = s.v](benchmark::State& st) { bm_variant(st, v); });
-      for (const std::int64_t n : {10, 100, 1000, 10000})
-        if (n <= s.max_n) b->Args({n, r});
+      for (const std::int64_t n : {10, 100, 1000, 10000, 100000, 1000000})
+        if (n <= s.max_n && (n <= 10000 || r == 150)) b->Args({n, r});
       b->ArgNames({"n", "R"})->Unit(benchmark::kMicrosecond)->Complexity(s.fit);
     }
 }
@@ -125,18 +158,56 @@ void ratio_table() {
   std::fflush(stdout);
 }
 
+/// fast against the floor pass on the same rows, alternating, best of `reps` each.
+void scale_table() {
+  std::printf("ZipLine at scale, R = 150 (double), fast vs one sequential pass, alternating, best of K\n");
+  std::printf("%9s %11s %6s %12s %12s %10s %12s\n", "n", "points", "K", "floor ms", "fast ms",
+              "fast/floor", "fast ns/pt");
+  for (const std::size_t n : {std::size_t{1000}, std::size_t{100000}, std::size_t{1000000}}) {
+    const std::size_t r = 150;
+    const auto& data = predicted_rows(n, r);
+    const auto rows = cadence::rows_view<double>::matrix(data.data(), n, r);
+    cadence::zipline_workspace<double> ws;
+    cadence::zipline_result<double> out;
+    cadence::zipline_fast(rows, ws, out);  // warm-up: the workspace grows once
+    const int reps = n <= 1000 ? 300 : n <= 100000 ? 15 : 5;
+    double floor_s = 1e300, fast_s = 1e300;
+    for (int k = 0; k < reps; ++k) {
+      auto t0 = std::chrono::steady_clock::now();
+      benchmark::DoNotOptimize(floor_pass(data.data(), data.size()));
+      auto t1 = std::chrono::steady_clock::now();
+      floor_s = std::min(floor_s, std::chrono::duration<double>(t1 - t0).count());
+      t0 = std::chrono::steady_clock::now();
+      cadence::zipline_fast(rows, ws, out);
+      t1 = std::chrono::steady_clock::now();
+      fast_s = std::min(fast_s, std::chrono::duration<double>(t1 - t0).count());
+    }
+    std::printf("%9zu %11zu %6d %12.3f %12.3f %9.2fx %12.2f\n", n, n * r, reps, floor_s * 1e3,
+                fast_s * 1e3, fast_s / floor_s, fast_s * 1e9 / static_cast<double>(n * r));
+    std::fflush(stdout);
+    benchmark::AddCustomContext("scale_fast_over_floor_n" + std::to_string(n) + "_R150",
+                                std::to_string(fast_s / floor_s));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool ratio_only = false;
+  bool ratio_only = false, scale_only = false;
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--cadence_ratio_only") == 0)
       ratio_only = true;
+    else if (std::strcmp(argv[i], "--cadence_scale") == 0)
+      scale_only = true;
     else
       argv[kept++] = argv[i];
   }
   argc = kept;
+  if (scale_only) {
+    scale_table();
+    return 0;
+  }
   ratio_table();
   if (ratio_only) return 0;
   register_all();

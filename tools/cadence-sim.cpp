@@ -100,6 +100,8 @@ columns (JSON and CSV keys in brackets; "-" or null where one does not apply):
                   superstep_monitoring_max, superstep_planned_max]
   ctrl ns         wall-clock nanoseconds inside controller.push() per push, the only
                   column that varies between runs [controller_ns_per_push]
+  (after the table) the simulator's speed: push events handled per wall-clock second
+                  and the run's wall time [events_per_second]
 
 columns with --collective:
   steps/s         local steps of all ranks per simulated second [steps_per_second]
@@ -333,6 +335,15 @@ int run(int argc, char** argv) {
                   static_cast<unsigned long long>(s.iterations), 1e3 * s.push_seconds, 1e3 * s.pull_seconds);
     std::fflush(stdout);
     cadence::sim::write_table(std::cout, runs);
+    // The simulator's own speed (wall clock, so it varies from run to run).
+    std::cout << "\nsimulator speed (wall clock):";
+    for (const auto& m : runs) {
+      char cell[128];
+      std::snprintf(cell, sizeof cell, " %s %.2f M events/s (%.1f s);", m.policy.c_str(),
+                    m.events_per_second / 1e6, m.wall_seconds);
+      std::cout << cell;
+    }
+    std::cout << "\n";
   }
   return 0;
 }

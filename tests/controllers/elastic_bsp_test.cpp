@@ -8,8 +8,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <memory>
 #include <queue>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace cadence;
@@ -304,4 +306,90 @@ TEST_CASE("a push or removal that throws, from bad input or from planning, leave
   }
   CHECK(push_throws > 20);
   CHECK(remove_throws > 5);
+}
+
+namespace {
+
+// last_interval that also logs every history it is handed, so a test can compare what the
+// flat push ring returns with each worker's real pushes.
+struct logging_predictor {
+  std::shared_ptr<std::vector<std::vector<double>>> log =
+      std::make_shared<std::vector<std::vector<double>>>();
+  void predict(span<const double> h, std::size_t r, double* out) const {
+    log->emplace_back(h.begin(), h.end());
+    last_interval{}.predict(h, r, out);
+  }
+  static constexpr std::size_t min_history() noexcept { return 2; }
+  std::string name() const { return "logging"; }
+};
+
+}  // namespace
+
+TEST_CASE("the flat push ring hands the predictor each worker's latest pushes across joins, departures and growth") {
+  for (const std::size_t history : {2u, 3u, 5u}) {
+    CAPTURE(history);
+    logging_predictor pred;
+    basic_elastic_bsp<logging_predictor> c(3, 4, pred, zipline_variant::fast, history);
+    std::mt19937_64 rng(history);
+    std::vector<std::vector<double>> pushes(3);  // every push of every worker, in order
+    std::vector<double> speed{1.0, 1.3, 0.7};
+    double t = 0;
+    std::size_t wrapped = 0, plans = 0;
+    for (int e = 0; e < 3000; ++e) {
+      const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+      if (u < 0.01 && c.active_workers() > 2) {  // a departure
+        std::vector<worker_id> active;
+        for (worker_id q = 0; q < c.worker_capacity(); ++q)
+          if (c.is_active(q)) active.push_back(q);
+        c.remove_worker(active[rng() % active.size()]);
+        continue;
+      }
+      if (u < 0.02 && c.worker_capacity() < 40) {  // a join: the flat buffers grow
+        CHECK(c.add_worker() == pushes.size());
+        pushes.emplace_back();
+        speed.push_back(0.5 + static_cast<double>(rng() % 100) / 100.0);
+        continue;
+      }
+      std::vector<worker_id> running;
+      for (worker_id q = 0; q < c.worker_capacity(); ++q)
+        if (c.is_active(q) && !c.is_waiting(q)) running.push_back(q);
+      REQUIRE_FALSE(running.empty());
+      const worker_id p = running[rng() % running.size()];
+      t += 0.01 + speed[p] * std::uniform_real_distribution<double>(0, 1)(rng);
+      pred.log->clear();
+      const bool was_monitoring = c.is_monitoring();
+      c.push(p, t);
+      pushes[p].push_back(t);
+      if (!was_monitoring || c.is_monitoring() || pred.log->empty()) continue;
+      // A plan was made: one history per participant, in ascending id order, each a suffix of
+      // that worker's pushes ending with its latest.
+      ++plans;
+      const elastic_plan plan = c.plan();
+      std::size_t k = 0;
+      for (worker_id q = 0; q < plan.remaining.size(); ++q) {
+        if (plan.remaining[q] < 0) continue;
+        REQUIRE(k < pred.log->size());
+        const std::vector<double>& h = (*pred.log)[k++];
+        REQUIRE(h.size() >= 2);
+        REQUIRE(h.size() <= history);
+        REQUIRE(h.size() <= pushes[q].size());
+        CHECK(std::equal(h.begin(), h.end(), pushes[q].end() - static_cast<std::ptrdiff_t>(h.size())));
+        if (h.size() == history) ++wrapped;
+      }
+      CHECK(k == pred.log->size());
+    }
+    CHECK(plans > 20);
+    CHECK(wrapped > 0);
+    CHECK(c.worker_capacity() > 10);
+  }
+}
+
+TEST_CASE("elastic_bsp keeps at most 64 bytes of state per worker besides its push history and planning") {
+  for (const std::size_t n : {1u, 100u, 5000u}) {
+    elastic_bsp c(n, 15);
+    const std::size_t history_bytes = 16 * sizeof(double) * n;
+    const std::size_t state = c.bytes_reserved() - c.planning_bytes_reserved() - history_bytes;
+    CHECK(state <= 64 * n + 1024);  // plus the clock ring's buckets
+    CHECK(c.planning_bytes_reserved() >= 15 * sizeof(double) * n);
+  }
 }

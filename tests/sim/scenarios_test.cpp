@@ -1,4 +1,6 @@
+#include <cadence/controllers/ssp.hpp>
 #include <cadence/sim/scenarios.hpp>
+#include <cadence/sim/simulator.hpp>
 
 #include <doctest/doctest.h>
 
@@ -84,4 +86,26 @@ TEST_CASE("a scenario that cannot run is an invalid_parameter_error naming the f
   bad = s;
   bad.workers[3].iteration_seconds = -1;
   CHECK(message(bad).find("'homogeneous': worker 3: iteration_seconds") != std::string::npos);
+}
+
+TEST_CASE("large100k is large1000's cluster at 10^5 workers, and a short run of it keeps SSP's bound") {
+  const scenario s = make_scenario("large100k");
+  REQUIRE(s.workers.size() == 100000);
+  CHECK(s.seconds == 60);
+  CHECK(s.push_seconds == 0.010);
+  const scenario small = make_scenario("large1000");
+  for (std::size_t p = 0; p < 6; ++p) {
+    CHECK(s.workers[p].iteration_seconds == small.workers[p].iteration_seconds);
+    CHECK(s.workers[p].label == small.workers[p].label);
+  }
+  // 60 simulated seconds at about 0.13 s an iteration: under cadence-sim's 10^8-push bound.
+  CHECK(static_cast<double>(s.workers.size()) * s.seconds / 0.10 < 1e8);
+  // A quarter of a simulated second at full size (every worker pushes once or twice).
+  scenario brief = s;
+  brief.seconds = 0.25;
+  ssp c(s.workers.size(), 3);
+  const run_metrics m = simulate(c, brief);
+  CHECK(m.iterations > 100000);
+  CHECK(m.max_start_staleness <= 3);
+  CHECK(m.per_worker.size() == 100000);
 }

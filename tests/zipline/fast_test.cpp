@@ -3,6 +3,7 @@
 // once its workspace has grown, and is what cadence::zipline runs.
 #include <cadence/zipline/brute_force.hpp>
 #include <cadence/zipline/fast.hpp>
+#include <cadence/zipline/paper.hpp>
 
 #include <doctest/doctest.h>
 
@@ -317,4 +318,38 @@ TEST_CASE("zipline_fast's general path sorts clustered fine buckets (non-dyadic 
     check_fast(grid_rows<std::int64_t>(rng2, 1 + rng2() % 20, 1 + rng2() % 10, 30, [](std::uint64_t k) {
       return static_cast<std::int64_t>(k) * (std::int64_t{1} << 40) - (std::int64_t{1} << 44);
     }));
+}
+
+TEST_CASE("zipline_fast's row subset gives the whole input's answer, in one round or two") {
+  // n >= 256 rows take the subset path: rows with gaps near the optimal spread decide it, the
+  // rest are certified away. Steps spread widely (most rows left out), narrowly (round 2
+  // needed), all equal (every row kept), and rows ending early (always kept).
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 24; ++trial) {
+    CAPTURE(trial);
+    const std::size_t n = 256 + rng() % 400;
+    const std::size_t r = 3 + rng() % 12;
+    const int mode = trial % 4;
+    owned_rows<std::int64_t> ints;
+    owned_rows<double> doubles;
+    for (std::size_t p = 0; p < n; ++p) {
+      const std::int64_t step = mode == 0   ? 500 + static_cast<std::int64_t>(rng() % 1000)
+                                : mode == 1 ? 990 + static_cast<std::int64_t>(rng() % 20)
+                                : mode == 2 ? 1000
+                                            : 100 + static_cast<std::int64_t>(rng() % 2000);
+      std::int64_t t = static_cast<std::int64_t>(rng() % 1500);
+      const std::size_t len = mode == 3 ? 1 + rng() % (2 * r) : r;
+      std::vector<std::int64_t> row;
+      for (std::size_t i = 0; i < len; ++i) {
+        row.push_back(t);
+        t += step + (mode == 3 ? static_cast<std::int64_t>(rng() % 300) : 0);
+      }
+      ints.add(row);
+      std::vector<double> drow;
+      for (const auto x : row) drow.push_back(static_cast<double>(x) * 0.001 + (mode == 1 ? 1e-7 * static_cast<double>(p % 3) : 0.0));
+      doubles.add(drow);
+    }
+    CHECK(cadence::zipline_fast(ints.view()) == cadence::zipline_paper_opt_bs(ints.view()));
+    CHECK(cadence::zipline_fast(doubles.view()) == cadence::zipline_paper_opt_bs(doubles.view()));
+  }
 }

@@ -180,6 +180,13 @@ public:
     check_active(p, "extra_iterations");
     return extra_[p];
   }
+  /// Bytes held: the base's, 16 per worker (allowance, push count) and 8 x history per worker
+  /// (the push ring, one flat buffer), plus the O(r_max) scratch.
+  std::size_t bytes_reserved() const noexcept {
+    const auto held = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+    return controller_base::bytes_reserved() + held(extra_) + held(pushes_) + held(ring_) +
+           held(scratch_history_) + held(fast_) + held(slow_);
+  }
   /// How many times the synchronization controller granted r* > 0.
   std::size_t grants() const noexcept { return grants_; }
   clock_value lower_bound() const noexcept { return s_lower_; }

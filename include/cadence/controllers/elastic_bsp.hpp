@@ -12,6 +12,7 @@
 #include <cadence/zipline/variant.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,10 +84,8 @@ public:
                                   max_history);
     check_worker_bounds(workers);
     w_.resize(workers);
-    for (worker& w : w_) {
-      w.participating = true;
-      w.ring.resize(history_);
-    }
+    for (worker& w : w_) w.participating = 1;
+    ring_.assign(workers * history_, 0.0);
     participants_ = workers;
     last_superstep_.assign(workers, 0);
     // Planning room for every worker, so that planning allocates only in the ZipLine workspace.
@@ -107,7 +106,7 @@ public:
     step next = step::run;
     if (w.participating) {
       if (!planned_) {
-        if (ready_ + (w.since_barrier + 1 == 2 ? 1 : 0) == participants_)
+        if (ready_ + (w.since_barrier == 1 ? 1 : 0) == participants_)
           next = solve_plan(p, t, detail::clock_table::none) ? step::plan : step::fallback;
       } else if (w.remaining == 1) {
         next = arrived_ + 1 == participants_ ? step::complete : step::wait;
@@ -119,10 +118,10 @@ public:
     record_push_time(p, t);
     released_.clear();
     table_.advance(p);
-    ++w.superstep_pushes;
+    if (w.superstep_pushes != counter_max) ++w.superstep_pushes;
     if (!w.participating) return decide(true);
     if (!planned_) {
-      record(w, t);
+      record(p, t);
       if (w.since_barrier == 2) ++ready_;
       if (next == step::plan) commit_plan(t);
       if (next == step::fallback) fallback();
@@ -181,15 +180,15 @@ public:
     const std::size_t n = std::size_t{p} + 1;
     check_worker_bounds(n);
     // Make room for everything the new worker needs, planning included; then commit.
-    worker fresh;
-    fresh.ring.resize(history_);
     detail::reserve_for(w_, n);
+    detail::reserve_for(ring_, n * history_);
     detail::reserve_for(last_superstep_, n);
     detail::reserve_for(rows_, n * lookahead_);
     detail::reserve_for(row_worker_, n);
     detail::reserve_for(result_.choice, n);
     commit_new_worker(p);  // nothing from here on can throw
-    w_.push_back(std::move(fresh));
+    w_.push_back(worker{});
+    ring_.resize(n * history_, 0.0);
     last_superstep_.push_back(0);
     rows_.resize(n * lookahead_);
     if (participants_ == 0) start_monitoring();  // the next monitoring phase starts now
@@ -216,6 +215,21 @@ public:
         if (is_active(q) && w_[q].participating) out.remaining[q] = w_[q].remaining;
     return out;
   }
+  /// Bytes held: the base's, 24 per worker (16 of state, 8 for
+  /// last_superstep_iterations()), 8 x history per worker (the push rings, one flat buffer)
+  /// and planning_bytes_reserved().
+  std::size_t bytes_reserved() const noexcept {
+    const auto held = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+    return controller_base::bytes_reserved() + held(w_) + held(ring_) + held(last_superstep_) +
+           planning_bytes_reserved();
+  }
+  /// Bytes held for planning: the predicted rows (8 x R per worker), the row map and choices
+  /// (12 per worker) and the ZipLine workspace (it grows on the first plan).
+  std::size_t planning_bytes_reserved() const noexcept {
+    const auto held = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+    return held(rows_) + held(history_buf_) + held(row_worker_) + held(result_.choice) +
+           ws_.bytes_reserved();
+  }
   /// Barriers completed so far.
   std::size_t barriers() const noexcept { return barriers_; }
   /// Supersteps that ended without a barrier (the fallback: fewer than two participants or
@@ -238,13 +252,20 @@ public:
   }
 
 private:
+  // Per worker, 16 bytes; its latest `history_` push times since the barrier live in the flat
+  // ring_ (row p at p * history_, slot ring_pos), so the controller makes no allocation per
+  // worker: three buffers hold every worker's state, whatever n.
+  static constexpr std::uint32_t counter_max = 0xFFFFFFFFu;
   struct worker {
-    bool participating = false;
-    std::size_t since_barrier = 0;   // pushes since the superstep began (monitoring count)
-    std::size_t superstep_pushes = 0;
-    clock_value remaining = 0;       // running: pushes left before the barrier
-    std::vector<timestamp> ring;     // latest `history_` push times since the barrier
+    std::uint32_t since_barrier = 0;     // monitoring pushes since the superstep began (saturates)
+    std::uint32_t superstep_pushes = 0;  // pushes in this superstep (saturates)
+    std::int32_t remaining = 0;          // running: pushes left before the barrier (<= R)
+    std::uint16_t ring_pos = 0;          // the ring slot the next push goes to (< history)
+    std::uint8_t participating = 0;
   };
+  static_assert(sizeof(worker) <= 16, "cadence::elastic_bsp: per-worker state must stay compact");
+  static_assert(max_history <= 0xFFFFu, "cadence::elastic_bsp: ring_pos must hold a history slot");
+  static_assert(max_lookahead <= 0x7FFFFFFF, "cadence::elastic_bsp: remaining must hold R");
 
   // What a push or a removal will do once it commits, decided before anything changes.
   enum class step { run, plan, fallback, wait, complete, restart };
@@ -256,9 +277,12 @@ private:
                                 "cadence::max_history_entries", max_history_entries);
   }
 
-  void record(worker& w, timestamp t) noexcept {
-    w.ring[w.since_barrier % history_] = t;
-    ++w.since_barrier;
+  void record(worker_id p, timestamp t) noexcept {
+    worker& w = w_[p];
+    ring_[std::size_t{p} * history_ + w.ring_pos] = t;
+    const std::size_t next = std::size_t{w.ring_pos} + 1;
+    w.ring_pos = static_cast<std::uint16_t>(next == history_ ? 0 : next);
+    if (w.since_barrier != counter_max) ++w.since_barrier;
   }
 
   void start_monitoring() noexcept {
@@ -269,8 +293,9 @@ private:
     for (worker_id q = 0; q < w_.size(); ++q) {
       worker& w = w_[q];
       w.since_barrier = 0;
+      w.ring_pos = 0;
       w.remaining = 0;
-      w.participating = is_active(q);
+      w.participating = is_active(q) ? 1 : 0;
       if (w.participating) ++participants_;
     }
   }
@@ -295,14 +320,20 @@ private:
     for (worker_id q = 0; q < w_.size(); ++q) {
       const worker& w = w_[q];
       if (q == leaving || !is_active(q) || !w.participating) continue;
-      // The ring in time order, oldest first, plus the push being decided.
-      const std::size_t recorded = w.since_barrier;
-      const std::size_t pushes = recorded + (q == pushed ? 1 : 0);
-      const std::size_t have = pushes < history_ ? pushes : history_;
-      for (std::size_t i = 0; i < have; ++i) {
-        const std::size_t k = pushes - have + i;
-        history_buf_[i] = k == recorded ? t : w.ring[k % history_];
+      // The latest pushes in time order, oldest first, then the push being decided: the m
+      // recorded ones end just before ring_pos.
+      const bool pending = q == pushed;
+      const std::size_t recorded = w.since_barrier < history_ ? w.since_barrier : history_;
+      const std::size_t have =
+          recorded + (pending ? 1 : 0) < history_ ? recorded + (pending ? 1 : 0) : history_;
+      const std::size_t m = have - (pending ? 1 : 0);
+      const timestamp* const ring = ring_.data() + std::size_t{q} * history_;
+      std::size_t k = (w.ring_pos + history_ - m) % history_;
+      for (std::size_t i = 0; i < m; ++i) {
+        history_buf_[i] = ring[k];
+        k = k + 1 == history_ ? 0 : k + 1;
       }
+      if (pending) history_buf_[have - 1] = t;
       try {
         predictor_.predict(span<const timestamp>(history_buf_.data(), have), r,
                            rows_.data() + row_worker_.size() * r);
@@ -330,7 +361,7 @@ private:
     plan_.spread = result_.spread;
     plan_.planned_at = now;
     for (std::size_t i = 0; i < row_worker_.size(); ++i)
-      w_[row_worker_[i]].remaining = static_cast<clock_value>(result_.choice[i]) + 1;
+      w_[row_worker_[i]].remaining = static_cast<std::int32_t>(result_.choice[i]) + 1;
   }
 
   void fallback() noexcept {
@@ -352,6 +383,7 @@ private:
   P predictor_;
   zipline_variant variant_;
   std::vector<worker> w_;
+  std::vector<timestamp> ring_;  // worker p's push ring at [p * history_, (p + 1) * history_)
   std::size_t participants_ = 0, ready_ = 0, arrived_ = 0;
   bool planned_ = false;
   elastic_plan plan_;

@@ -96,6 +96,10 @@ struct run_metrics {
   /// Wall-clock time spent inside controller.push() (not deterministic), and per push.
   double controller_seconds = 0;
   double controller_ns_per_push = 0;
+  /// Wall-clock time of the whole simulation (not deterministic) and simulated push events
+  /// handled per wall-clock second: the simulator's own speed.
+  double wall_seconds = 0;
+  double events_per_second = 0;
 
   std::vector<worker_metrics> per_worker;
 };

@@ -74,6 +74,7 @@ inline std::vector<std::pair<std::string, std::string>> fields(const run_metrics
       {"superstep_monitoring_max", superstep_integer(m.superstep_monitoring_max)},
       {"superstep_planned_max", superstep_integer(m.superstep_planned_max)},
       {"controller_ns_per_push", format_number(m.controller_ns_per_push, "%.1f")},
+      {"events_per_second", format_number(m.events_per_second, "%.0f")},
   };
 }
 

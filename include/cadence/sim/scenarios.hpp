@@ -37,6 +37,9 @@ inline std::vector<scenario_info> scenario_catalog() {
       {"large1000", 1000,
        "three GPU classes (0.10, 0.13, 0.17 s) round-robin, 10% log-normal jitter, rare 3x "
        "stragglers; 10 ms push and pull"},
+      {"large100k", 100000,
+       "large1000's cluster at 10^5 workers: three GPU classes round-robin, 10% log-normal "
+       "jitter, rare 3x stragglers; 10 ms push and pull"},
       {"drift8", 8,
        "workers start equal (0.10 s); worker p slows gradually until the last one is 2x slower "
        "at 300 s (thermal throttling)"},
@@ -110,7 +113,7 @@ inline scenario make_scenario(std::string_view name, std::size_t workers = 0, st
       m.straggle_seconds = 3.0;
       s.workers.push_back(m);
     }
-  } else if (name == "large1000") {
+  } else if (name == "large1000" || name == "large100k") {
     s = detail::base_scenario(name, info->description, 60);
     s.push_seconds = s.pull_seconds = 0.010;
     static constexpr double times[3] = {0.10, 0.13, 0.17};

@@ -226,6 +226,7 @@ run_metrics simulate_with(Controller& c, const scenario& s, Source& source, cons
 
   using wall = std::chrono::steady_clock;
   wall::duration in_controller{};
+  const wall::time_point run_start = wall::now();
   double end = timed ? horizon : 0.0;
   std::uint64_t events = 0;
   const double progress_scale = timed ? 1.0 / horizon : 1.0 / static_cast<double>(target);
@@ -344,6 +345,8 @@ run_metrics simulate_with(Controller& c, const scenario& s, Source& source, cons
   m.controller_seconds = std::chrono::duration<double>(in_controller).count();
   m.controller_ns_per_push =
       m.iterations > 0 ? m.controller_seconds * 1e9 / static_cast<double>(m.iterations) : 0.0;
+  m.wall_seconds = std::chrono::duration<double>(wall::now() - run_start).count();
+  m.events_per_second = m.wall_seconds > 0 ? static_cast<double>(m.iterations) / m.wall_seconds : 0.0;
   if (opt.progress) opt.progress(1.0);
   return m;
 }

@@ -7,6 +7,7 @@
 #include <cadence/zipline/detail/common.hpp>
 #include <cadence/zipline/detail/fast_buckets.hpp>
 #include <cadence/zipline/detail/fast_exact_keys.hpp>
+#include <cadence/zipline/detail/fast_subset.hpp>
 #include <cadence/zipline/detail/fast_trim.hpp>
 #include <cadence/zipline/result.hpp>
 #include <cadence/zipline/rows.hpp>
@@ -41,18 +42,17 @@ namespace cadence {
 /// Call it by this name to pin the algorithm (benchmarks); otherwise call cadence::zipline.
 template <class T>
 void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
-  if (!detail::zipline_rows_valid(rows)) validate(rows);  // throws the exact error
+  auto& buf = detail::zipline_workspace_access::buffers(ws);
+  buf.gaps.resize(rows.size());
+  if (!detail::zipline_rows_valid_gaps(rows, buf.gaps.data())) validate(rows);  // exact error
   detail::zipline_check_sizes(rows, "zipline_fast");
   if (rows.size() == 1) {
     // Every point is a window of spread 0; the smallest barrier is the first point.
     detail::zipline_finish(rows, T{}, rows[0][0], out);
     return;
   }
-  auto& buf = detail::zipline_workspace_access::buffers(ws);
   const detail::zipline_trimmed<T> trim = detail::zipline_fast_trim(rows, buf);
-  const auto exact = detail::zipline_fast_exact(rows, buf, trim);
-  const detail::zipline_window<T> best =
-      exact ? *exact : detail::zipline_fast_buckets(rows, buf, trim);
+  const detail::zipline_window<T> best = detail::zipline_fast_search(rows, buf, trim);
   detail::zipline_finish(rows, best.spread, best.barrier, out);
 }
 

@@ -142,6 +142,55 @@ bool zipline_rows_valid(rows_view<T> rows) noexcept {
   return zipline_span_ok(lo, hi);
 }
 
+/// zipline_rows_valid that also writes each row's largest gap between neighbours to gaps[p]
+/// (0 for a row of one point), in the same branch-free pass. The gaps are meaningful only
+/// when it returns true (integers subtract in unsigned arithmetic, exact for valid rows).
+template <class T, bool = std::is_integral_v<T>>
+struct zipline_gap_type {
+  using type = T;
+};
+template <class T>
+struct zipline_gap_type<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
+
+template <class T>
+bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps) noexcept {
+  using D = typename zipline_gap_type<T>::type;
+  const std::size_t n = rows.size();
+  if (n == 0) return false;
+  T lo = T(), hi = T();
+  for (std::size_t p = 0; p < n; ++p) {
+    const std::size_t m = rows.row_size(p);
+    if (m == 0) return false;
+    const T* const v = rows.values() + rows.row_begin(p);
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!std::isfinite(v[0]) || !std::isfinite(v[m - 1])) return false;
+    }
+    unsigned bad0 = 0, bad1 = 0;
+    D g0 = 0, g1 = 0;
+    std::size_t i = 1;
+    for (; i + 2 <= m; i += 2) {
+      bad0 |= static_cast<unsigned>(!(v[i - 1] < v[i]));
+      bad1 |= static_cast<unsigned>(!(v[i] < v[i + 1]));
+      const D d0 = static_cast<D>(static_cast<D>(v[i]) - static_cast<D>(v[i - 1]));
+      const D d1 = static_cast<D>(static_cast<D>(v[i + 1]) - static_cast<D>(v[i]));
+      g0 = d0 > g0 ? d0 : g0;
+      g1 = d1 > g1 ? d1 : g1;
+    }
+    for (; i < m; ++i) {
+      bad0 |= static_cast<unsigned>(!(v[i - 1] < v[i]));
+      const D d0 = static_cast<D>(static_cast<D>(v[i]) - static_cast<D>(v[i - 1]));
+      g0 = d0 > g0 ? d0 : g0;
+    }
+    if ((bad0 | bad1) != 0) return false;
+    gaps[p] = static_cast<T>(g0 > g1 ? g0 : g1);
+    if (p == 0 || v[0] < lo) lo = v[0];
+    if (p == 0 || v[m - 1] > hi) hi = v[m - 1];
+  }
+  return zipline_span_ok(lo, hi);
+}
+
 }  // namespace detail
 
 /// Checks the ZipLine input contract and throws zipline_input_error naming the offending row

@@ -83,6 +83,12 @@ public:
   clock_value max_staleness() const noexcept {
     return table_.empty() ? 0 : table_.max() - table_.min();
   }
+  /// Bytes of memory the controller holds (capacities of its buffers). This base part, what
+  /// SSP, BSP and ASP hold, is 21 bytes per worker id plus the clock ring; policies with a push
+  /// history or planning add theirs.
+  std::size_t bytes_reserved() const noexcept {
+    return state_.capacity() + released_.capacity() * sizeof(worker_id) + table_.bytes_reserved();
+  }
   /// The time of the latest event seen (pushes only), or -inf before the first.
   timestamp last_time() const noexcept { return last_time_; }
 

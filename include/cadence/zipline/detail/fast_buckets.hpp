@@ -153,7 +153,7 @@ zipline_window<T> zipline_fast_buckets(rows_view<T> rows, zipline_buffers<T>& bu
         --cc[data[left].row];
         ++left;
       }
-      if (covered == n) {
+      if (covered == trim.rows) {
         best = zipline_spread(data[i].t, data[left].t);
         best_b = data[i].t;
         found = true;

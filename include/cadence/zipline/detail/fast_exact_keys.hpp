@@ -132,7 +132,8 @@ void zipline_key_pass(rows_view<T> rows, const std::size_t* first, const std::si
 
 /// LSD radix sort of the records on their key bits (histograms already counted), then the
 /// sliding window (see zipline_fast) on integer keys, whose differences order exactly as the
-/// spreads in T do. Writes the best window's compact keys.
+/// spreads in T do; n is the number of rows with points (the window must cover them all).
+/// Writes the best window's compact keys.
 template <class Rec>
 void zipline_sort_sweep(Rec* rec, Rec* tmp, std::size_t total, std::size_t n,
                         const zipline_radix_plan& plan, unsigned rowbits, std::uint32_t* cnt,
@@ -218,7 +219,7 @@ std::optional<zipline_window<T>> zipline_fast_exact(rows_view<T> rows, zipline_b
   unsigned bad = 0;
   std::uint32_t guess = keys.key(trim.top, bad);
   for (std::size_t p = 0; p < n; ++p)
-    guess |= keys.key(rows.values()[rows.row_begin(p) + first[p]], bad);
+    if (first[p] != last[p]) guess |= keys.key(rows.values()[rows.row_begin(p) + first[p]], bad);
   if (bad != 0) return std::nullopt;
   auto& cntv = buf.buckets;
   auto& count = buf.counts;
@@ -242,7 +243,7 @@ std::optional<zipline_window<T>> zipline_fast_exact(rows_view<T> rows, zipline_b
       if (bad != 0 || zipline_radix_plan(orbits).tz != plan.tz)
         return false;
       count.assign(n, 0);
-      zipline_sort_sweep(rec, tmp, total, n, plan, rowbits, cnt, count.data(), best_hi, best_lo);
+      zipline_sort_sweep(rec, tmp, total, trim.rows, plan, rowbits, cnt, count.data(), best_hi, best_lo);
       return true;
     };
     bool done;

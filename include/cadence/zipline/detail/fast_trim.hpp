@@ -37,19 +37,27 @@ struct zipline_trimmed {
   std::size_t total;  ///< surviving points
   T base;             ///< the smallest surviving point
   T top;              ///< the largest surviving point
+  std::size_t rows;   ///< rows with surviving points (the sweep's cover target)
+  T cut;              ///< no optimal barrier lies beyond it
+  std::size_t front_row;  ///< a row whose first point is L = max_p first(p)
 };
 
 /// With L = max_p first(p) no window exists before L, so each row keeps only its latest
 /// point <= L onward; d(L) bounds the optimal spread, and since d(B) >= B - min_p last(p),
-/// no barrier beyond min_p last(p) + d(L) can be optimal. Two branch-free binary searches
-/// per row. Needs n >= 2 valid rows.
+/// no barrier beyond min_p last(p) + d(L) can be optimal. Two searches
+/// per row (interpolated: one or two cache lines on evenly spaced rows). Needs n >= 2 valid
+/// rows.
 template <class T>
 zipline_trimmed<T> zipline_fast_trim(rows_view<T> rows, zipline_buffers<T>& buf) {
   const std::size_t n = rows.size();
   T max_front = rows[0].front(), min_back = rows[0].back();
+  std::size_t front_row = 0;
   for (std::size_t p = 1; p < n; ++p) {
     const auto row = rows[p];
-    if (row.front() > max_front) max_front = row.front();
+    if (row.front() > max_front) {
+      max_front = row.front();
+      front_row = p;
+    }
     if (row.back() < min_back) min_back = row.back();
   }
   auto& first = buf.first;
@@ -59,7 +67,7 @@ zipline_trimmed<T> zipline_fast_trim(rows_view<T> rows, zipline_buffers<T>& buf)
   T base = max_front;
   for (std::size_t p = 0; p < n; ++p) {
     const auto row = rows[p];
-    const std::size_t f = zipline_upper_bound(row.data(), row.size(), max_front) - 1;
+    const std::size_t f = zipline_upper_bound_interpolated(row.data(), row.size(), max_front) - 1;
     first[p] = f;
     if (row[f] < base) base = row[f];
   }
@@ -69,12 +77,12 @@ zipline_trimmed<T> zipline_fast_trim(rows_view<T> rows, zipline_buffers<T>& buf)
   for (std::size_t p = 0; p < n; ++p) {
     const auto row = rows[p];
     const std::size_t e =
-        first[p] + zipline_upper_bound(row.data() + first[p], row.size() - first[p], cut);
+        first[p] + zipline_upper_bound_interpolated(row.data() + first[p], row.size() - first[p], cut);
     last[p] = e;
     total += e - first[p];
     if (row[e - 1] > top) top = row[e - 1];
   }
-  return {total, base, top};
+  return {total, base, top, n, cut, front_row};
 }
 
 }  // namespace cadence::detail
