@@ -94,17 +94,21 @@ int main(int argc, char** argv) {
       const shard data = make_shard(worker.id(), 512);
       std::vector<float> w(dim), g(dim);
       worker.pull(w.data());
-      float loss = 0;
+      const float before = minibatch_gradient(data, 0, 512, w, g);  // the whole shard
       for (int step = 0; step < 200; ++step) {
-        loss = minibatch_gradient(data, static_cast<std::size_t>(step % 16) * 32, 32, w, g);
+        minibatch_gradient(data, static_cast<std::size_t>(step % 16) * 32, 32, w, g);
         // Workers of unequal speed: worker i takes i * 0.5 ms longer per step.
         std::this_thread::sleep_for(std::chrono::microseconds(500 * worker.id()));
         worker.push_pull(g.data(), w.data());
       }
-      std::printf("worker %u: %lld steps, last minibatch loss %.5f\n", worker.id(),
-                  static_cast<long long>(worker.iteration()), loss);
+      const float after = minibatch_gradient(data, 0, 512, w, g);
+      std::printf("worker %u: %lld steps, shard loss %.4f -> %.5f\n", worker.id(),
+                  static_cast<long long>(worker.iteration()), before, after);
       worker.finish();
-      if (!(loss < 0.01f)) rc = 1;  // the trainer must have learned the model
+      // The trainer must have learned the model: the loss on its whole shard fell 100-fold. (A
+      // single minibatch's loss is noise, and a fast worker's last weights under ElasticBSP
+      // can be several barriers behind the others'.)
+      if (!(after < before / 100)) rc = 1;
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
