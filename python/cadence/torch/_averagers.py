@@ -479,6 +479,7 @@ class ElasticModelAverager(_Averager):
                     raise InvalidParameterError(f"{self._here()}summed_deltas: tensor {i} changed "
                                                 "shape, dtype or device since the last sync()")
         self._resolve_ring()
+        device = self._control_device()
         deadline = self._begin()
 
         # 1. Every rank's row: the planner's record [local steps, durations recorded, the
@@ -497,7 +498,6 @@ class ElasticModelAverager(_Averager):
         row[w] = int(self._round.hash) >> 2
         row[w + 1] = 1 if stop else 0
         row[w + 2] = sum(t.numel() for t in ps) + sum(t.numel() for t in extras)
-        device = self._control_device()
         ops = _device.ops
         mine = ops.tensor(row, torch.int64, device)
         gathered = [ops.empty(w + 3, torch.int64, device) for _ in range(self.world_size)]
@@ -637,11 +637,11 @@ class PeriodicModelAverager(_Averager):
             raise InvalidParameterError(f"{self._here()}sync() before it is due: {self.local_steps} "
                                         f"of {self.planned} local steps done")
         ps, extras = self._collect(_materialize(params))
+        device = self._control_device() if stop is not None else None
         deadline = self._begin()
         self._merge(ps, extras, "average", deadline)
         any_stop = False
         if stop is not None:
-            device = self._control_device()
             flag = _device.ops.tensor([1 if stop else 0], torch.int64, device)
             self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group,
                                        async_op=True), "all_reduce of the stop flag", deadline, device)

@@ -116,18 +116,20 @@ def _scenarios(rank, n):
     model = torch.nn.Linear(4, 1, bias=False)
     eavg = ct.ElasticModelAverager(f"elastic:{R}", timeout=20)
     opt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), eavg)
-    at_barrier = []
+    at_barrier, losses = [], []
     x = torch.full((8, 4), float(rank + 1))
     steps = 0
     while eavg.barriers < 8:
         steps += 1
         opt.zero_grad()
-        model(x).pow(2).mean().backward()
+        loss = model(x).pow(2).mean()
+        losses.append(float(loss))
+        loss.backward()
         b = eavg.barriers
         opt.step()
         if eavg.barriers != b:
             at_barrier.append((eavg.barriers, model.weight.detach().clone().reshape(-1).tolist()))
-    out["postlocal"] = dict(at_barrier=at_barrier, steps=steps, step=eavg.step,
+    out["postlocal"] = dict(at_barrier=at_barrier, steps=steps, step=eavg.step, losses=losses,
                             state_step=opt.state_dict()["step"])
 
     # 6. Bad input (no communication happens before these errors).
@@ -268,6 +270,8 @@ def test_post_local_sgd_optimizer(results):
     for r in results:
         p = r["postlocal"]
         assert p["step"] == p["steps"] == p["state_step"]
+        # it trains: the loss (w . x)^2 falls tenfold on every rank (measured: about 30x)
+        assert p["losses"][-1] < 0.1 * p["losses"][0], p["losses"]
 
 
 def test_bad_input(results):
