@@ -115,7 +115,7 @@ def _scenarios(rank, n):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1, bias=False)
     eavg = ct.ElasticModelAverager(f"elastic:{R}", timeout=20)
-    opt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), eavg)
+    opt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), eavg)  # stable on every rank
     at_barrier, losses = [], []
     x = torch.full((8, 4), float(rank + 1))
     steps = 0
@@ -270,8 +270,8 @@ def test_post_local_sgd_optimizer(results):
     for r in results:
         p = r["postlocal"]
         assert p["step"] == p["steps"] == p["state_step"]
-        # it trains: the loss (w . x)^2 falls tenfold on every rank (measured: about 30x)
-        assert p["losses"][-1] < 0.1 * p["losses"][0], p["losses"]
+        # it trains: the loss (w . x)^2 falls a hundredfold on every rank (measured: 700x to 10^6x)
+        assert p["losses"][-1] < 0.01 * p["losses"][0], p["losses"]
 
 
 def test_bad_input(results):
