@@ -55,7 +55,8 @@ class DeviceOps:
     def to_host(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Copies src into the host tensor out and returns when the data is there (a copy from
         a device waits for the kernels before it on the current stream)."""
-        out.copy_(src.reshape(-1))
+        with torch.no_grad():
+            out.copy_(src.reshape(-1))
         return out
 
     def to_device(self, src: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -393,7 +393,8 @@ class ParameterServer:
     # ---- receiving ------------------------------------------------------------------------
     def _receiver(self, slot: int) -> None:
         """The messages of the worker at `slot`, in order, onto the queue; ends after its
-        finish(), when its connection fails, or after any message once the server closed."""
+        finish() (also the goodbye of an evicted worker, or of one told the server closed) or
+        when its connection fails."""
         src = self._roles.slot_global(slot)
         grp = self._roles.group
         ops = _device.ops
@@ -411,7 +412,7 @@ class ParameterServer:
                     payload = ops.host_buffer(max(count, 0), dtype, pinned=self._staged)
                     _recv_work(payload, src, grp, self._t_data, "receive gradient").wait(timeout=_FOREVER)
                 self._queue.put(("msg", slot, h, payload))
-                if kind == FINISH or self._closed:
+                if kind == FINISH:
                     return
         except Exception as e:  # the connection failed or the process group was torn down
             self._queue.put(("lost", slot, str(e), None))
@@ -651,7 +652,8 @@ class ParameterServer:
         """Stops serving and joins the receiver threads, within ``timeout`` seconds (default
         ``transfer_timeout``): every worker still active is told that the server closed (a
         parked one at once), whatever arrives is refused the same way, and each receiver ends
-        after its worker's finish(), its next message, or its lost connection. Returns the
+        at its worker's finish() or goodbye (a worker told the server closed says goodbye at
+        once), or when its connection is lost. Returns the
         ranks whose receiver or sender thread is still blocked at the timeout: a worker alive
         but silent, or stopped with a reply it does not take (its threads end when that worker
         sends, receives or exits; they hold the buffers gloo may still read). Idempotent."""
@@ -791,6 +793,7 @@ class PSWorker:
                 elif status == CLOSED:
                     self._refusal = msg
                     self._server_closed = True
+                    self._say_goodbye()  # ends the server's receiver for this rank
                 raise WorkerError(msg)
             if count != self.size:
                 raise TransportError(f"{self._who()}: the server sent {count} weights; this worker's "
@@ -836,17 +839,17 @@ class PSWorker:
         TransportError naming the server when it is gone."""
         self._check_usable("push_pull")
         ops = _device.ops
-        g = gradient.detach().reshape(-1)
-        if g.numel() != self.size:
-            raise InvalidParameterError(f"{self._who()}: gradient of {g.numel()} elements for a "
+        if gradient.numel() != self.size:
+            raise InvalidParameterError(f"{self._who()}: gradient of {gradient.numel()} elements for a "
                                         f"model of {self.size}")
-        if g.dtype != self.dtype:
-            raise InvalidParameterError(f"{self._who()}: gradient dtype {g.dtype}, model dtype {self.dtype}")
+        if gradient.dtype != self.dtype:
+            raise InvalidParameterError(f"{self._who()}: gradient dtype {gradient.dtype}, model dtype "
+                                        f"{self.dtype}")
         device = ops.device_of(gradient)
         if ops.is_accelerator(device):
-            g = ops.to_host(g, ops.host_buffer(self.size, self.dtype, pinned=True))
+            g = ops.to_host(gradient, ops.host_buffer(self.size, self.dtype, pinned=True))
         else:
-            g = g.contiguous()
+            g = gradient.detach().reshape(-1).contiguous()
         k = self.iteration + 1
         posted = self._post_reply()
         self._send("push_pull", [(self._t_control, _header(PUSH, self.worker_id, k, self.size, 0,
@@ -881,21 +884,26 @@ class PSWorker:
     def finish(self) -> None:
         """Leaves: the server stops counting this worker (releasing whoever waited for it).
         Later calls raise WorkerError. An evicted worker's goodbye is not waited for (it ends
-        the server's receiver for this rank); after the server closed, nothing is sent."""
+        the server's receiver for this rank); after the server closed, nothing more is sent."""
         if self._finished:
             raise WorkerError(f"{self._who()}: finish() called twice")
         self._finished = True
         if self._server_closed:
-            return
-        h = _header(FINISH, self.worker_id, self.iteration)
+            return  # its goodbye went out with the refusal
         if self._evicted:
-            try:
-                self._goodbye.append((_send(h, self._roles.server_global, self._roles.group,
-                                            self._t_control, "finish"), h))
-            except RuntimeError:
-                pass  # the server is gone: nothing to say goodbye to
+            self._say_goodbye()
             return
-        self._send("finish", [(self._t_control, h)])
+        self._send("finish", [(self._t_control, _header(FINISH, self.worker_id, self.iteration))])
+
+    def _say_goodbye(self) -> None:
+        """A FINISH the server's receiver for this rank ends on, posted and not waited for (the
+        server no longer answers this worker)."""
+        h = _header(FINISH, self.worker_id, self.iteration)
+        try:
+            self._goodbye.append((_send(h, self._roles.server_global, self._roles.group,
+                                        self._t_control, "finish"), h))
+        except RuntimeError:
+            pass  # the server is gone: nothing to say goodbye to
 
     # ---- model helpers --------------------------------------------------------------------
     def pull_into(self, params) -> None:

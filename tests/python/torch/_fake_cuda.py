@@ -84,7 +84,8 @@ class FakeCuda(_device.DeviceOps):
         if src in self._device:
             assert out in self._pinned, "a device-to-host copy into pageable memory"
             self.counts["d2h"] += 1
-        out.copy_(src.reshape(-1))
+        with torch.no_grad():
+            out.copy_(src.reshape(-1))
         return out
 
     def to_device(self, src, device):
