@@ -415,7 +415,7 @@ class ElasticModelAverager(_Averager):
         except (TypeError, ValueError):
             raise InvalidParameterError(f"{self._here()}step duration must be a number of seconds, "
                                         f"got {seconds!r}") from None
-        self._mark = time.perf_counter() if self._device_hint is None else self._mark
+        self._mark = time.perf_counter()  # a self-timed step after this one starts now
         return self._record(self._microseconds(s, seconds))
 
     def _microseconds(self, s: float, shown) -> int:

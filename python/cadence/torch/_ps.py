@@ -699,6 +699,10 @@ class ParameterServer:
 
 # ---- a worker -----------------------------------------------------------------------------------
 
+#: Every worker's goodbyes in flight (sends not waited for), kept until gloo completes them.
+_GOODBYES = _Outbox(-1)
+
+
 class PSWorker:
     r"""A worker's end: push a gradient, get back the weights the policy lets it start from.
 
@@ -736,7 +740,6 @@ class PSWorker:
         self._refusal: Optional[str] = None
         self._evicted = False
         self._server_closed = False
-        self._goodbye: list = []  # an evicted worker's finish(), not waited for
 
     def _who(self) -> str:
         return f"cadence.torch.PSWorker (worker {self.worker_id}, rank {self._roles.rank})"
@@ -897,13 +900,16 @@ class PSWorker:
 
     def _say_goodbye(self) -> None:
         """A FINISH the server's receiver for this rank ends on, posted and not waited for (the
-        server no longer answers this worker)."""
+        server no longer answers this worker). The send is kept alive by a reaper thread until
+        gloo is done with it: a gloo send whose work object is destroyed before it completed
+        is dropped (or worse), which would leave the server's receiver to take the next job's
+        first message."""
         h = _header(FINISH, self.worker_id, self.iteration)
         try:
-            self._goodbye.append((_send(h, self._roles.server_global, self._roles.group,
-                                        self._t_control, "finish"), h))
+            work = _send(h, self._roles.server_global, self._roles.group, self._t_control, "finish")
         except RuntimeError:
-            pass  # the server is gone: nothing to say goodbye to
+            return  # the server is gone: nothing to say goodbye to
+        _GOODBYES.post([work], [h], time.monotonic(), self.worker_id)
 
     # ---- model helpers --------------------------------------------------------------------
     def pull_into(self, params) -> None:
