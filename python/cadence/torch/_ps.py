@@ -30,10 +30,6 @@ HEADER_WORDS = 6  # kind, worker, iteration, count, status, dtype code
 #: The adapter's four tags on the process group: control, data, reply, reply data.
 DEFAULT_TAG_BASE = 0x0CAD0
 
-#: Replies to one worker that may be in flight before the server gives up on that worker (a
-#: worker that stopped receiving); the server never waits for a send.
-MAX_OUTSTANDING = 8
-
 # Element types a model may have, by the code the header carries (0: unknown).
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -562,14 +558,13 @@ class ParameterServer:
 
     # ---- sending (never waits) --------------------------------------------------------------
     def _post(self, w: int, tensors) -> bool:
-        """Posts the sends to worker w; False (and w dropped) when its connection is gone or it
-        left MAX_OUTSTANDING replies untaken."""
+        """Posts the sends to worker w without waiting; False (and w dropped) when its
+        connection is gone. What is in flight to one worker is bounded by the protocol: one
+        reply per request (a worker sends its next request only after taking the reply), plus
+        at most one notice (its eviction, or the close). A reply it does not take within
+        transfer_timeout drops it (_check_sends)."""
         slot = self._slot_of[w]
         outbox = self._outbox[slot]
-        count, _ = outbox.in_flight()
-        if count >= MAX_OUTSTANDING and self._state[w] == "active":
-            self._drop(w, f"lost: {count} replies not received")
-            return False
         dst = self._roles.slot_global(slot)
         try:
             works = [_send(t, dst, self._roles.group, tag, "reply") for tag, t in tensors]
