@@ -77,3 +77,13 @@ if [[ -d "$build/CMakeFiles" ]] && grep -qE '^CADENCE_NCCL_LIBRARY:[A-Z]+=/' "$b
 else
   echo "NCCL not found at configure time: NCCL backend skipped" >&2
 fi
+
+# ---- cadence.torch on the GPU (python/bench/torch_gpu.sh: skips, saying why, without torch/CUDA) ----
+# The CUDA branches the CPU tests run through a fake device, checked on the hardware, and the
+# torchrun example's time to 80% on the GPU (gloo with CUDA tensors, and an NCCL group of 1).
+if command -v "${PYTHON:-python3}" >/dev/null 2>&1; then
+  echo "== cadence.torch on the GPU =="
+  bash "$src/python/bench/torch_gpu.sh" "$build"
+else
+  echo "cadence.torch GPU checks skipped: no ${PYTHON:-python3}" >&2
+fi

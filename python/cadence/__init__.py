@@ -18,7 +18,14 @@ Every exception derives from :class:`cadence.Error` and from the built-in except
 
 from __future__ import annotations
 
-from . import _core
+try:
+    from . import _core
+except ImportError as _e:  # the pure-Python tree without its compiled part
+    raise ImportError(
+        "cadence: the compiled extension cadence._core is missing or did not load "
+        f"({_e}). This happens when the source tree's python/ directory is imported (for example "
+        "with PYTHONPATH=python) instead of the installed package: run `pip install .` at the "
+        "repository root (docs/python.md), and import cadence from outside python/.") from _e
 from ._core import (
     ArrayTypeError,
     ASP,

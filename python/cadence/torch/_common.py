@@ -1,14 +1,19 @@
-# Shared pieces of cadence.torch: the exception types, process-group checks, and bounded waits on
-# torch.distributed work objects whose failures name the operation, its sequence number and rank.
+# Shared pieces of cadence.torch: the exception types, process-group facts read through public
+# torch APIs (with fallbacks for torch 1.13 and 2.x), bounded waits on torch.distributed work that
+# name the operation, its sequence number and the ranks that did not arrive.
 from __future__ import annotations
 
 import datetime
 import math
+import queue
+import threading
 import time
 from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+
+from . import _device
 
 try:  # the bindings' exception types, so one `except cadence.TransportError` catches both
     import cadence as _cadence
@@ -36,6 +41,8 @@ def where(component: str, rank: int, size: int) -> str:
     return f"cadence.torch.{component} (rank {rank} of {size}): "
 
 
+# ---- process groups (public APIs first) ---------------------------------------------------------
+
 def group_info(component: str, group) -> tuple:
     """(group, rank in group, group size); a clear error when torch.distributed is not ready."""
     if not dist.is_available():
@@ -45,17 +52,77 @@ def group_info(component: str, group) -> tuple:
         raise InvalidParameterError(f"cadence.torch.{component}: torch.distributed is not initialized: "
                                     "call torch.distributed.init_process_group() first")
     g = group if group is not None else dist.group.WORLD
-    if dist.distributed_c10d._rank_not_in_group(g):
+    rank = dist.get_rank(g)  # -1 (1.13 and 2.x) when this process is not a member
+    if rank < 0:
         raise InvalidParameterError(f"cadence.torch.{component}: this process (global rank "
                                     f"{dist.get_rank()}) is not a member of the process group")
-    return g, dist.get_rank(g), dist.get_world_size(g)
+    return g, rank, dist.get_world_size(g)
 
 
 def global_rank(group, rank: int) -> int:
-    """The global rank of `rank` in `group` (torch's p2p calls take global ranks)."""
+    """The global rank of `rank` in `group` (torch's p2p calls take global ranks):
+    dist.get_global_rank (public since torch 1.13), else the older private name."""
     if group is None or group is dist.group.WORLD:
         return rank
-    return dist.distributed_c10d._get_global_rank(group, rank)
+    fn = getattr(dist, "get_global_rank", None)
+    if fn is None:  # pragma: no cover - torch < 1.13
+        fn = dist.distributed_c10d._get_global_rank
+    return fn(group, rank)
+
+
+def default_store(group=None):
+    """The store the process group was rendezvoused with, or None. torch has no public accessor
+    (1.13 and 2.x both keep `_get_default_store`), so this reads it when present and otherwise
+    leaves the straggler names unknown; pass `store=` to give one explicitly."""
+    fn = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if fn is None:  # pragma: no cover - a torch without it
+        return None
+    try:
+        return fn()
+    except Exception:  # pragma: no cover - a group initialized without a store
+        return None
+
+
+def _seconds(t) -> Optional[float]:
+    if isinstance(t, datetime.timedelta):
+        s = t.total_seconds()
+        return s if s > 0 else None
+    return None
+
+
+def group_timeout(group) -> float:
+    """The process group's own timeout in seconds (init_process_group(timeout=) or
+    new_group(timeout=)): its backend's options (1.13: group.options; 2.x: the backend of each
+    device), else the default store's timeout (init_process_group gives the store the same),
+    else torch's documented defaults (dist.default_pg_timeout; 10 minutes for NCCL in 2.x)."""
+    g = group if group is not None else dist.group.WORLD
+    candidates = [g]
+    get_backend = getattr(g, "_get_backend", None)
+    if get_backend is not None:  # torch 2.x: one backend object per device type
+        for dev in ("cpu", "cuda"):
+            try:
+                candidates.append(get_backend(torch.device(dev)))
+            except Exception:
+                pass
+    for c in candidates:
+        try:
+            s = _seconds(c.options._timeout)
+            if s:
+                return s
+        except Exception:
+            pass
+    store = default_store(g)
+    try:
+        s = _seconds(store.timeout) if store is not None else None
+        if s:
+            return s
+    except Exception:
+        pass
+    if "nccl" in _device.ops.backend(g):
+        s = _seconds(getattr(dist, "default_pg_nccl_timeout", None))
+        if s:
+            return s
+    return _seconds(dist.default_pg_timeout) or 1800.0
 
 
 def check_seconds(component: str, name: str, value, allow_none: bool = False) -> Optional[float]:
@@ -74,70 +141,132 @@ def check_seconds(component: str, name: str, value, allow_none: bool = False) ->
     return v
 
 
-class Deadline:
-    """A point on the monotonic clock; remaining() as a timedelta for Work.wait()."""
+# ---- deadlines and waits ------------------------------------------------------------------------
 
-    def __init__(self, seconds: float):
+class Deadline:
+    """A point on the monotonic clock. `reserve` seconds at its end are kept for naming the ranks
+    that did not arrive, so the whole failure, names included, fits in `seconds`."""
+
+    def __init__(self, seconds: float, reserve: float = 0.0):
         self.seconds = seconds
-        self.at = time.monotonic() + seconds
+        self.reserve = reserve
+        self.start = time.monotonic()
+        self.at = self.start + seconds
 
     def left(self) -> float:
         return self.at - time.monotonic()
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def work_left(self) -> float:
+        """What a collective may still wait."""
+        return self.left() - self.reserve
+
     def remaining(self) -> datetime.timedelta:
         # at least 1 ms: a zero timeout means "no timeout" to some torch versions
-        return datetime.timedelta(seconds=max(self.left(), 0.001))
+        return datetime.timedelta(seconds=max(self.work_left(), 0.001))
 
+
+class WaitTimeout(RuntimeError):
+    """A host-side poll of a work object passed its deadline."""
+
+
+def wait_work(work, deadline: Deadline, poll: bool) -> None:
+    """Waits for `work` within the deadline. poll=False: `work.wait(timeout)`, which gloo
+    honours. poll=True: polls `work.is_completed()` on the host against the deadline, then
+    `work.wait()` (which raises the work's error, and on NCCL makes the current stream wait for
+    it). NCCL's `wait(timeout)` only orders streams and returns at once in most torch versions,
+    so without the poll a stalled peer would hang the host until NCCL's watchdog."""
+    if not poll:
+        work.wait(timeout=deadline.remaining())
+        return
+    pause = 20e-6
+    while not work.is_completed():
+        if deadline.work_left() <= 0:
+            raise WaitTimeout(f"not completed within the deadline (polled on the host for "
+                              f"{deadline.elapsed():.3f} s)")
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+    work.wait()
+
+
+# ---- straggler names ----------------------------------------------------------------------------
 
 class Stragglers:
     """Names the ranks that did not reach a collective: each rank counts its arrivals in a key of
-    the process group's store (one `add` per call, one key per rank, nothing to delete); after a
-    failure at call `seq`, the ranks whose count is below `seq` are the ones the others waited
-    for. `enabled=False` skips the store entirely (the names are then unknown)."""
+    a store (one `add` per call, one key per rank, nothing to delete); after a failure at call
+    `seq`, the ranks whose count is below `seq` are the ones the others waited for.
+
+    Store calls never run on the caller's thread: an arrival is posted to a helper thread (the
+    sync does not wait for it), and the query after a failure runs on a thread of its own that
+    is waited for only until the deadline, so a store whose host is stalled cannot stretch a
+    failure past its timeout. `enabled=False` or no store: the names are unknown."""
 
     def __init__(self, component: str, group, rank: int, size: int, instance: int,
-                 enabled: bool = True):
-        self._store = None
-        if enabled:
-            try:
-                self._store = dist.distributed_c10d._get_default_store()
-            except Exception:  # pragma: no cover - a group without a store: the names are unknown
-                self._store = None
+                 enabled: bool = True, store=None):
+        self._store = (store if store is not None else default_store(group)) if enabled else None
         self._prefix = f"cadence.torch/{component}/{instance}/"
-        self._group = group
+        self._keys = [f"{self._prefix}{global_rank(group, r)}" for r in range(size)]
         self._rank = rank
         self._size = size
+        self._posts: Optional[queue.Queue] = None
 
-    def _key(self, r: int) -> str:
-        return f"{self._prefix}{global_rank(self._group, r)}"
+    @property
+    def enabled(self) -> bool:
+        return self._store is not None
+
+    def _poster(self, q: "queue.Queue") -> None:
+        while True:
+            key = q.get()
+            try:
+                self._store.add(key, 1)
+            except Exception:  # the store is gone: the query after a failure will say so
+                return
 
     def arrive(self, seq: int) -> None:
         """This rank reached call `seq` (1, 2, ... in order)."""
-        if self._store is not None:
-            self._store.add(self._key(self._rank), 1)
+        if self._store is None:
+            return
+        if self._posts is None:
+            self._posts = queue.Queue()
+            threading.Thread(target=self._poster, args=(self._posts,), daemon=True,
+                             name="cadence-stragglers").start()
+        self._posts.put(self._keys[self._rank])
 
-    def missing(self, seq: int) -> Optional[List[int]]:
-        """Ranks (in the group) that did not arrive at `seq`; None when the store cannot say."""
+    def missing(self, seq: int, deadline: Optional[Deadline] = None) -> Optional[List[int]]:
+        """Ranks (in the group) that did not arrive at `seq`; None when the store cannot say
+        before the deadline (at least 0.1 s is given)."""
         if self._store is None:
             return None
-        try:
-            # add(key, 0) reads a counter without waiting (every store has it; 0 if unset)
-            return [r for r in range(self._size) if self._store.add(self._key(r), 0) < seq]
-        except Exception:
-            return None
+        out: dict = {}
+
+        def query():
+            try:
+                # add(key, 0) reads a counter without waiting (every store has it; 0 if unset)
+                out["v"] = [r for r in range(self._size) if self._store.add(self._keys[r], 0) < seq]
+            except Exception:
+                out["v"] = None
+
+        t = threading.Thread(target=query, daemon=True, name="cadence-stragglers-query")
+        t.start()
+        t.join(max(deadline.left() if deadline is not None else 5.0, 0.1))
+        return out.get("v")
 
 
 def describe_missing(missing: Optional[Sequence[int]]) -> str:
     if missing is None:
-        return "the ranks that did not arrive are unknown (no store, or it did not answer)"
+        return "the ranks that did not arrive are unknown (no store, or it did not answer in time)"
     if not missing:
         return "every rank arrived (a peer failed inside the operation)"
     return "rank(s) " + ", ".join(str(r) for r in missing) + " did not arrive"
 
 
+# ---- tensors ------------------------------------------------------------------------------------
+
 def flatten_params(params) -> List[torch.Tensor]:
-    """Parameters from model.parameters(), a list of tensors or optimizer.param_groups (dicts
-    with "params"), each tensor once, in order."""
+    """Parameters from model.parameters(), a module, a list of tensors or optimizer.param_groups
+    (dicts with "params"), each tensor once, in order."""
     out: List[torch.Tensor] = []
     seen = set()
 
@@ -151,6 +280,8 @@ def flatten_params(params) -> List[torch.Tensor]:
     if isinstance(params, torch.Tensor):
         add(params)
         return out
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
     for item in params:
         if isinstance(item, dict):
             for p in item["params"]:

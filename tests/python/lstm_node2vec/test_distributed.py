@@ -20,7 +20,13 @@ def test_a_distributed_run_finishes_under_every_policy_and_scores_its_checkpoint
     assert [r["policy"] for r in rows] == policies
     for r in rows:
         assert r["seconds"] > 0
-        assert 0.0 <= r["final_link_auc"] <= 1.0 and r["curve"][-1][1] == r["final_link_auc"]
+        # Measured band, not [0, 1]: 11 runs of this configuration (2026-12-04) scored a final
+        # link AUC of 0.456 to 0.486 under every policy (0.456 to 0.496 along the curves). At this
+        # size the autoencoder does not beat chance on links (its AUC falls as it trains), so the
+        # band is a regression check on the training and scoring path: NaN, a degenerate 0 or 1,
+        # or a shift of more than about 0.035 from what it measures lands outside it.
+        assert 0.42 <= r["final_link_auc"] <= 0.53, (r["policy"], r["final_link_auc"])
+        assert r["curve"][-1][1] == r["final_link_auc"]
         assert r["seconds_to_target"] is not None
         # the loss is scored at every checkpoint; the target is 90% of the single-process loss reduction
         assert len(r["loss_curve"]) == len(r["curve"]) and r["final_loss"] == r["loss_curve"][-1][1]

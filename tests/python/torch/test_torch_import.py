@@ -1,4 +1,6 @@
-# cadence works without torch; cadence.torch says what is missing when torch is absent.
+# cadence works without torch; cadence.torch says what is missing when torch is absent; the
+# source tree without its compiled part says to install the package.
+import pathlib
 import subprocess
 import sys
 
@@ -23,3 +25,13 @@ def test_cadence_imports_without_torch_and_cadence_torch_names_it():
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "ImportError: cadence.torch needs PyTorch" in out.stdout, out.stdout
+
+
+def test_source_tree_without_the_extension_says_to_pip_install():
+    python_dir = pathlib.Path(__file__).resolve().parents[3] / "python"
+    code = f"import sys; sys.path.insert(0, {str(python_dir)!r}); import cadence"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd="/")
+    assert out.returncode != 0
+    assert "ImportError: cadence: the compiled extension cadence._core is missing" in out.stderr, out.stderr
+    assert "pip install ." in out.stderr

@@ -23,6 +23,20 @@ SIZE = 10
 LR = 0.125
 ITERS = 12
 POLICIES = ["bsp", "ssp:2", "asp", "elastic:4"]
+REJOIN_ITERS = 5
+
+
+def _big_size():
+    """100M elements (400 MB a copy; about 3 GB in all) when the machine has the memory, else
+    just past the old 64 Mi-element cap (2^26 + 1)."""
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable"))
+        if avail > 8 * 1024 * 1024:  # kB: 8 GiB
+            return 100_000_000
+    except (OSError, StopIteration, ValueError):
+        pass
+    return (1 << 26) + 1
 
 
 def _grad(w, k):
@@ -162,7 +176,116 @@ def _scenarios(rank, n):
         out["monitor"] = dict(error=err, iteration=wk.iteration)
     dist.barrier()
 
-    # 6. Last: worker 1 (rank 2) is killed at its 4th iteration. Its connection closes; the
+    # 6. Rejoin under BSP: worker 2 falls silent until it is evicted; its next push is refused;
+    #    it rejoins (a new worker id from the controller's add_worker), starts from the weights
+    #    it is sent and pushes REJOIN_ITERS more; BSP holds for the new id from its first push.
+    #    The server runs in a `with` block, whose close() joins every receiver.
+    if rank == 0:
+        with ct.ParameterServer("bsp", _initial(), lr=LR, keep_log=True, evict_after=0.6,
+                                observer=lambda kind, worker, _: _spawn.post(f"rejoin.{kind}.{worker}")) as s:
+            stats = s.run()
+        out["rejoin"] = dict(stats=stats, weights=s.weights.tolist(), unjoined=s.close(),
+                             alive=sum(t.is_alive() for t in s._threads))
+    else:
+        wk = ct.PSWorker(SIZE, reply_timeout=20)
+        seen = {(w, 0): wk.pull().tolist()}
+        err = None
+        for k in range(1, 100000):  # the bound only catches a rejoin that never ends
+            if w == 2 and k == 3:
+                _spawn.wait("rejoin.evicted.2")
+            elif w != 2 and k > 3 and _spawn.posted("rejoin.done"):
+                break
+            key = (wk.worker_id, wk.iteration + 1)  # before the call, which counts it
+            try:
+                seen[key] = wk.push_pull(_grad(w, k)).tolist()
+            except cadence.WorkerError as e:
+                err = str(e)
+                seen[(None, "rejoin")] = wk.rejoin().tolist()
+                seen[(wk.worker_id, 0)] = seen[(None, "rejoin")]
+                for j in range(1, REJOIN_ITERS + 1):
+                    seen[(wk.worker_id, j)] = wk.push_pull(_grad(3, j)).tolist()
+                break
+        wk.finish()
+        if w == 2:
+            _spawn.post("rejoin.done")
+        out["rejoin"] = dict(error=err, seen=seen, worker_id=wk.worker_id, rejoins=wk.rejoins)
+    dist.barrier()
+
+    # 7. A server that fails while workers still train: its `with` block closes it, and the
+    #    workers still active learn "the server closed" at their next request instead of
+    #    waiting out their reply_timeout.
+    if rank == 0:
+        def fail_on_finish(kind, worker, _):
+            if kind == "finished":
+                raise RuntimeError("the observer failed")
+        t0 = time.monotonic()
+        try:
+            with ct.ParameterServer("bsp", _initial(), lr=LR, observer=fail_on_finish) as s:
+                s.run()
+            out["closed"] = None
+        except RuntimeError as e:
+            out["closed"] = dict(error=str(e), unjoined=s.close(), seconds=time.monotonic() - t0)
+    else:
+        wk = ct.PSWorker(SIZE, reply_timeout=20)
+        wk.pull()
+        err = None
+        for k in range(1, 100):
+            if w == 0 and k == 3:
+                break
+            try:
+                wk.push_pull(_grad(w, k))
+            except cadence.WorkerError as e:
+                err = str(e)
+                break
+        wk.finish()
+        out["closed"] = err
+    dist.barrier()
+
+    # 8. No cap on the model size: a model of _big_size() elements pushes and pulls (ranks 0
+    #    and 1 on a group of their own).
+    big = dist.new_group([0, 1])
+    size = _big_size()
+    if rank == 0:
+        with ct.ParameterServer("asp", torch.zeros(size), lr=1.0, group=big) as s:
+            st = s.run()
+            out["big"] = dict(size=s.weights.numel(), pushes=st.pushes,
+                              ok=bool((s.weights == -1.0).all()))
+        del s
+    elif rank == 1:
+        wk = ct.PSWorker(size, group=big, reply_timeout=60)
+        first = wk.pull()
+        pulled = (first.numel(), bool((first == 0).all()))
+        del first
+        got = wk.push_pull(torch.ones(size))
+        out["big"] = dict(pulled=pulled, got=(got.numel(), bool((got == -1.0).all())))
+        del got
+        wk.finish()
+    dist.barrier()
+
+    # 9. A CUDA model on the fake device: the server's weights and the workers' parameters
+    #    "live on cuda:0"; every transfer is staged through pinned host buffers (the fake fails
+    #    any device tensor that reaches gloo), and training gives the CPU run's weights.
+    import _fake_cuda
+    fake = _fake_cuda.install()
+    if rank == 0:
+        s = ct.ParameterServer("bsp", fake.put(_initial()), lr=LR, keep_log=True)
+        st = s.run()
+        out["cuda"] = dict(stats=st, weights=s.weights.tolist(), counts=dict(fake.counts),
+                           on_device=fake.on_device(s.weights))
+    else:
+        params = [fake.put(torch.zeros(SIZE))]
+        wk = ct.PSWorker(params, reply_timeout=20)
+        wk.pull_into(params)
+        for k in range(1, ITERS + 1):
+            time.sleep(0.002 * (w + 1))
+            params[0].grad = fake.put(_grad(w, k))
+            wk.step(params)
+        wk.finish()
+        out["cuda"] = dict(counts=dict(fake.counts), weights=params[0].tolist())
+    _fake_cuda.uninstall()
+    dist.barrier()
+
+    # 10. Last: worker 1 (rank 2) is killed at its 4th iteration. Its connection closes; the
     #    server drops it long before evict_after and BSP goes on without it.
     if rank == 0:
         s = ct.ParameterServer("bsp", _initial(), lr=LR, keep_log=True, evict_after=15)
@@ -289,3 +412,69 @@ def test_killed_worker_is_dropped_and_the_run_ends(results):
     assert st.pushes[0] == 8 and st.pushes[2] == 8 and st.pushes[1] == 3
     assert k["seconds"] < 15  # the closed connection, not evict_after, ended it
     assert results[1]["kill"] == "ok" and results[3]["kill"] == "ok"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_weights_received_match_the_servers_log(results, policy):
+    # Every reply's weights, as the worker received them, are the initial ones with the pushes
+    # the server had applied when it answered (stats.replies), bit for bit.
+    st = results[0][policy]["stats"]
+    at = {(w, k): n for w, k, n in st.replies}
+    assert len(at) == len(st.replies) == 3 * (ITERS + 1)  # one pull and ITERS releases each
+    for rank in (1, 3):
+        w = rank - 1
+        for k, weights in enumerate(results[rank][policy]["seen"]):
+            assert weights == _replay(st.log[:at[(w, k)]]), (policy, w, k)
+
+
+def test_an_evicted_worker_rejoins_under_a_new_id_and_bsp_holds(results):
+    st = results[0]["rejoin"]["stats"]
+    assert [e.worker for e in st.evictions] == [2] and st.evictions[0].reason.startswith("silent")
+    assert [(j.rank, j.old_worker, j.worker) for j in st.joins] == [(3, 2, 3)]
+    assert st.pushes[2] == 2 and st.pushes[3] == REJOIN_ITERS
+    assert max(st.max_start_staleness) == 0 and max(st.start_staleness) == 0  # BSP, new id too
+    assert [k for v, k in st.log if v == 3] == list(range(1, REJOIN_ITERS + 1))
+    assert results[0]["rejoin"]["weights"] == _replay(st.log)
+    r3 = results[3]["rejoin"]
+    assert "evicted" in r3["error"] and r3["worker_id"] == 3 and r3["rejoins"] == 1
+    # what it was sent at the rejoin, and at every release after, against the server's log
+    at = {(w, k): n for w, k, n in st.replies}
+    for (w, k), weights in r3["seen"].items():
+        if w is not None:
+            assert weights == _replay(st.log[:at[(w, k)]]), (w, k)
+    # it rejoined after workers 0 and 1 had pushed round 3 (they waited for worker 2 there)
+    assert at[(3, 0)] >= 3 + 3 + 2
+    assert results[0]["rejoin"]["unjoined"] == [] and results[0]["rejoin"]["alive"] == 0
+
+
+def test_a_closed_server_tells_the_workers_and_joins_its_threads(results):
+    c = results[0]["closed"]
+    assert c is not None and "the observer failed" in c["error"]
+    assert c["unjoined"] == []
+    assert c["seconds"] < 20  # the workers learned at once; 20 s only catches a hang
+    assert results[1]["closed"] is None  # worker 0 finished before the failure
+    for rank in (3,):  # rank 2 was killed later: its results died with it
+        assert "the server closed" in results[rank]["closed"]
+
+
+def test_no_cap_on_the_model_size(results):
+    b0, b1 = results[0]["big"], results[1]["big"]
+    assert b0["size"] > 1 << 26
+    assert b0["pushes"] == [1] and b0["ok"]
+    assert b1["pulled"] == (b0["size"], True) and b1["got"] == (b0["size"], True)
+
+
+def test_a_cuda_model_is_staged_through_pinned_host_buffers(results):
+    c = results[0]["cuda"]
+    st = c["stats"]
+    assert st.pushes == [ITERS] * 3 and c["on_device"]
+    assert c["weights"] == results[0]["bsp"]["weights"]  # as on the CPU (exact sums)
+    assert c["weights"] == _replay(st.log)
+    n_replies = 3 * (ITERS + 1)
+    assert c["counts"]["h2d"] == 3 * ITERS               # each gradient to the device
+    assert c["counts"]["d2h"] == n_replies               # each reply from it
+    assert c["counts"]["pinned"] >= 3 * ITERS + n_replies
+    for rank in (1, 3):
+        k = results[rank]["cuda"]["counts"]
+        assert k["d2h"] == ITERS and k["h2d"] == ITERS + 1
+        assert results[rank]["cuda"]["weights"] == c["weights"]  # BSP: the last release is final
