@@ -35,7 +35,7 @@ fi
 venv_python=$dir/venv/bin/python
 # 2. pip install . without build isolation, so the CMake build directory persists between runs.
 start=$(date +%s)
-if ! "$venv_python" -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "nanobind>=2.2" >"$log" 2>&1 ||
+if ! "$venv_python" -m pip install -q --disable-pip-version-check "scikit-build-core>=0.11" "nanobind>=2.2" >"$log" 2>&1 ||
    ! CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$venv_python" -m pip install -q --disable-pip-version-check \
        --no-build-isolation --config-settings=build-dir="$dir/cmake" \
        ${CADENCE_PYTHON_THRUST:+--config-settings=cmake.define.CADENCE_PYTHON_THRUST=$CADENCE_PYTHON_THRUST} \

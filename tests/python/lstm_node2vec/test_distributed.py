@@ -31,6 +31,7 @@ def test_a_distributed_run_finishes_under_every_policy_and_scores_its_checkpoint
         # the loss is scored at every checkpoint; the target is 90% of the single-process loss reduction
         assert len(r["loss_curve"]) == len(r["curve"]) and r["final_loss"] == r["loss_curve"][-1][1]
         assert r["single_process_loss"] < r["target_loss"] < r["initial_loss"]
+        assert r["final_loss"] < r["initial_loss"], (r["policy"], r["initial_loss"], r["final_loss"])  # it trained
         hit = [t for t, x in r["loss_curve"] if x <= r["target_loss"]]
         assert r["seconds_to_target_loss"] == (hit[0] if hit else None)
         if r["policy"].startswith("elastic-avg"):
