@@ -38,8 +38,8 @@ struct inproc_options {
 class inproc_world;
 
 /// A protocol step of one rank, where inproc_world::on_step injects a fault: the rank's next
-/// call of `op` ("send", "recv", "try_recv", "allreduce", "broadcast"; empty: any call; the
-/// asynchronous forms count as their blocking names) with this peer (send: destination, recv:
+/// call of `op` ("send", "recv", "try_recv", "allreduce", "allreduce_average", "broadcast";
+/// empty: any call; the asynchronous forms count as their blocking names) with this peer (send: destination, recv:
 /// source as passed, broadcast: root; unset: any) and tag (unset: any), after `skip` such calls
 /// have gone by.
 struct inproc_step {
@@ -161,6 +161,7 @@ struct inproc_op {
   std::size_t count = 0;
   dtype type = dtype::u8;
   reduce_op op = reduce_op::sum;
+  bool average = false;  // allreduce_average: the sum divided by the world's size at copy-out
   std::uint64_t k = 0;
   std::string signature;
 
@@ -379,7 +380,10 @@ struct inproc_op {
           }
         }
         if (!waiting.empty()) return false;
-        if (bytes != 0 && (what == kind::allreduce || rank != peer)) std::memcpy(buf, s.data.data(), bytes);
+        if (average)
+          divide_into(buf, s.data.data(), count, type, static_cast<double>(state->size));
+        else if (bytes != 0 && (what == kind::allreduce || rank != peer))
+          std::memcpy(buf, s.data.data(), bytes);
         depart();
         return done = true;
       }
@@ -446,6 +450,9 @@ struct inproc_op {
     }
     if (what == kind::recv && posted && !posted->matched)
       me.posted.erase(std::remove(me.posted.begin(), me.posted.end(), posted), me.posted.end());
+    // A collective's contribution stays (the others complete with it); this rank no longer
+    // reads the slot, so it departs, and the slot goes once every rank has.
+    if (what == kind::allreduce || what == kind::broadcast) depart();
   }
 };
 
@@ -551,6 +558,11 @@ public:
   void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
     wait_now(start_allreduce("allreduce", buf, count, t, op, &d), d);
   }
+  /// The mean over ranks, in place (f32, f64): the sum divided by size() as it is copied out of
+  /// the shared accumulator (communicator.hpp, "averaging all-reduce").
+  void allreduce_average(void* buf, std::size_t count, dtype t, deadline d = {}) {
+    wait_now(start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, &d, true), d);
+  }
   void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
     wait_now(start_broadcast("broadcast", buf, bytes, root, &d), d);
   }
@@ -575,6 +587,9 @@ public:
   /// The asynchronous forms (communicator.hpp): they start the call and return at once.
   inproc_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
     return inproc_work(start_allreduce("allreduce", buf, count, t, op, nullptr));
+  }
+  inproc_work iallreduce_average(void* buf, std::size_t count, dtype t) {
+    return inproc_work(start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, nullptr, true));
   }
   inproc_work ibroadcast(void* buf, std::size_t bytes, int root) {
     return inproc_work(start_broadcast("broadcast", buf, bytes, root, nullptr));
@@ -619,7 +634,7 @@ private:
   }
 
   op_ptr start_allreduce(const char* name, void* buf, std::size_t count, dtype t, reduce_op r,
-                         const deadline* d) {
+                         const deadline* d, bool average = false) {
     auto op = make_op(detail::inproc_op::kind::allreduce, name);
     std::unique_lock<std::mutex> lock(state_->mutex);
     op->throw_if_failed();
@@ -629,13 +644,17 @@ private:
     if (!detail::host_reducible(t))
       detail::bad_argument(op->c, std::string("dtype ") + dtype_name(t) +
                                       " has no host reduction (it is for device backends such as NCCL)");
+    if (average && !detail::averageable(t))
+      detail::bad_argument(op->c, std::string("dtype ") + dtype_name(t) +
+                                      " is not f32 or f64 (an integer average would have to round)");
     if (d) detail::check_deadline(op->c, *d);
     op->buf = buf;
     op->bytes = bytes;
     op->count = count;
     op->type = t;
     op->op = r;
-    op->signature = detail::signature("allreduce", count, t, r);
+    op->average = average;
+    op->signature = average ? detail::signature_average(count, t) : detail::signature("allreduce", count, t, r);
     start(lock, op, -1, -1);
     return op;
   }
