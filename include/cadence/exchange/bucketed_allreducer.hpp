@@ -348,13 +348,13 @@ private:
         comm_->copy_async(fused + at, tensors_[i].data, tensors_[i].bytes(), s);
         at += tensors_[i].bytes();
       }
-      (void)comm_->iallreduce_average(fused, b.count, b.type, s);  // the marker below covers it
+      auto reduce = comm_->iallreduce_average(fused, b.count, b.type, s);
       at = 0;
       for (std::size_t i : b.members) {
         comm_->copy_async(tensors_[i].data, fused + at, tensors_[i].bytes(), s);
         at += tensors_[i].bytes();
       }
-      b.work.emplace(comm_->record(s));
+      b.work.emplace(comm_->record(s, std::move(reduce)));  // after the copies out, named as the all-reduce
     }
   }
 

@@ -18,7 +18,7 @@ namespace cadence::exchange::detail {
 // t, stream, d), allreduce_scaled(send, recv, n, t, scale, stream, d), copy_async(dst, src,
 // bytes, stream), zero_async(p, bytes, stream), synchronize(stream, d), device_alloc(bytes),
 // device_free(p), stream(), and for the asynchronous path iallreduce_average(buf, n, t, stream)
-// and record(stream) (work handles), stream_wait(waiter, waited): see nccl_communicator
+// and record(stream[, covered]) (work handles), stream_wait(waiter, waited): see nccl_communicator
 // (cadence/transport/nccl/protocol.hpp).
 template <class C, class = void>
 struct has_device_ops : std::false_type {};
@@ -46,6 +46,10 @@ struct has_device_ops<
                    decltype(std::declval<C&>().iallreduce_average(std::declval<void*>(), std::size_t{},
                                                                   transport::dtype{}, std::declval<void*>())),
                    decltype(std::declval<C&>().record(std::declval<void*>())),
+                   decltype(std::declval<C&>().record(
+                       std::declval<void*>(),
+                       std::declval<C&>().iallreduce_average(std::declval<void*>(), std::size_t{},
+                                                             transport::dtype{}, std::declval<void*>()))),
                    decltype(std::declval<C&>().stream_wait(std::declval<void*>(), std::declval<void*>())),
                    decltype(std::declval<const C&>().stream())>> : std::true_type {};
 template <class C>
