@@ -6,7 +6,10 @@
 # deadline) and one all-reduce bandwidth table against raw ncclAllReduce; then the collective
 # adapters' NCCL form (bucketed all-reduce, periodic and elastic averaging on device buffers and
 # a stream of the caller's: ncclAvg, PreMulSum, async copies and cudaMalloc through the real
-# table; two-rank merges when the machine has two GPUs).
+# table; two-rank merges when the machine has two GPUs); then the adapters' stream ordering (a
+# slow kernel writes the gradients on the caller's stream, the adapter must wait for it:
+# bench/gpu/stream_order_check.cu, built with nvcc alone, so it runs even where CMake cannot
+# configure); then the exchange benchmark's NCCL rows.
 # Usage: bench/gpu/run.sh [build-dir] [-- extra args for cadence-bench-thrust-gpu]
 # Env: CUDA_ARCH (default 90), JOBS (default: number of cores).
 set -euo pipefail
@@ -76,4 +79,16 @@ if [[ -d "$build/CMakeFiles" ]] && grep -qE '^CADENCE_NCCL_LIBRARY:[A-Z]+=/' "$b
   fi
 else
   echo "NCCL not found at configure time: NCCL backend skipped" >&2
+fi
+
+# ---- The adapters on the caller's stream: nvcc alone (the CUDA toolkit's NCCL) ----
+echo "== NCCL adapters after the caller's stream (a slow kernel writes the gradients first) =="
+mkdir -p "$build/bin"
+nvcc -std=c++17 -O2 -arch=sm_"$arch" -I"$src/include" "$src/bench/gpu/stream_order_check.cu" \
+     -lnccl -o "$build/bin/stream_order_check"
+"$build/bin/stream_order_check"
+if [[ -x "$build/bin/cadence-bench-exchange" ]] || { [[ -d "$build/CMakeFiles" ]] &&
+     cmake --build "$build" -j "$jobs" --target cadence-bench-exchange 2>/dev/null; }; then
+  echo "== Collective adapters against N back-to-back ncclAllReduce, 1 GPU (read us) =="
+  "$build/bin/cadence-bench-exchange" --backend nccl --min-bytes 1048576 --no-overlap || true
 fi
