@@ -19,8 +19,9 @@
 //  - elastic_sync: elastic_averager::sync() of the buffer (record all-gather, merge, plan, hash
 //    check);
 //  - bsp_overlap (host backends): a fake backward over 16 tensors in reverse order, each
-//    "computing" for c microseconds while the thread polls the all-reducer (as a GPU's kernels
-//    leave the host free), bucketed into 8 buckets, each launched by its last mark_ready();
+//    "computing" for c microseconds (the thread polls the all-reducer and otherwise yields its
+//    core, as a GPU's kernels leave the host free), bucketed into 8 buckets, each launched by its
+//    last mark_ready();
 //    compute in total about one all-reduce (c = comm / 16). raw_us is compute then average() in
 //    sequence, ours_us the same with overlap; hidden = (sequential - overlapped) / comm.
 // The JSON rows have the fields of cadence-bench-transport (plus compute_us, comm_us and hidden
@@ -64,6 +65,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -148,12 +150,16 @@ void check(const rank_ops& ops, const std::string& op, std::size_t bytes, const 
                                " instead of " + std::to_string(expected));
 }
 
-// Spins for `us` microseconds, running `poll` meanwhile (a backward step whose kernels leave the
-// host thread free).
+// A backward step of `us` microseconds on an accelerator: the host thread is free meanwhile, so
+// it runs `poll` (as a trainer's hooks would between kernels) and otherwise yields its core. On
+// these CPU-only machines a spinning "compute" would take the cores the communication needs (the
+// backends' own threads, the peer ranks), which a GPU's kernels do not.
 void compute(double us, const std::function<void()>& poll) {
   const auto until = steady::now() + std::chrono::duration_cast<steady::duration>(std::chrono::duration<double, std::micro>(us));
-  while (steady::now() < until)
+  while (steady::now() < until) {
     if (poll) poll();
+    std::this_thread::yield();
+  }
 }
 
 template <class C>

@@ -877,23 +877,13 @@ private:
     }
   }
 
-  // Whether an operation other than `o` (and the collective it waits behind) may need this
-  // thread while `o` waits: then the wait goes in slices.
+  // Whether an operation other than `o` may need this thread while `o` waits: a receive (its
+  // data follows its header only once this thread posts for it). Sends finish in gloo's device
+  // thread; collectives run one at a time, and `o` waits on the one ahead of it, if any, itself;
+  // those queued behind cannot start before. Then the wait goes in slices.
   bool busy_others(const operation& o) const {
-    bool collective_seen = false;
-    for (const auto& p : ops_) {
-      if (p->finished() || p.get() == &o) continue;
-      if (p->what == operation::kind::send) continue;  // gloo's device thread finishes sends
-      if (p->what == operation::kind::allreduce || p->what == operation::kind::broadcast) {
-        if (o.what != operation::kind::send && o.what != operation::kind::recv && !collective_seen) {
-          collective_seen = true;  // the one `o` waits behind: its buffer is the one blocked on
-          continue;
-        }
-        if (collective_seen || p->active) return true;
-        continue;
-      }
-      return true;  // a receive: its data follows its header only once this thread posts for it
-    }
+    for (const auto& p : ops_)
+      if (!p->finished() && p.get() != &o && p->what == operation::kind::recv) return true;
     return false;
   }
 
