@@ -19,9 +19,9 @@
 //  - elastic_sync: elastic_averager::sync() of the buffer (record all-gather, merge, plan, hash
 //    check);
 //  - bsp_overlap (host backends): a fake backward over 16 tensors in reverse order, each
-//    "computing" for c microseconds (the thread polls the all-reducer and otherwise yields its
-//    core, as a GPU's kernels leave the host free), bucketed into 8 buckets, each launched by its
-//    last mark_ready();
+//    "computing" for c microseconds (the thread progresses the all-reducer meanwhile, waiting in
+//    the backend, poll_until(), as a GPU's kernels leave the host free), bucketed into 8
+//    buckets, each launched by its last mark_ready();
 //    compute in total about one all-reduce (c = comm / 16). raw_us is compute then average() in
 //    sequence, ours_us the same with overlap; hidden = (sequential - overlapped) / comm.
 // The JSON rows have the fields of cadence-bench-transport (plus compute_us, comm_us and hidden
@@ -151,15 +151,14 @@ void check(const rank_ops& ops, const std::string& op, std::size_t bytes, const 
 }
 
 // A backward step of `us` microseconds on an accelerator: the host thread is free meanwhile, so
-// it runs `poll` (as a trainer's hooks would between kernels) and otherwise yields its core. On
-// these CPU-only machines a spinning "compute" would take the cores the communication needs (the
-// backends' own threads, the peer ranks), which a GPU's kernels do not.
-void compute(double us, const std::function<void()>& poll) {
+// it progresses the communication in flight until the step's end (`poll_until`: waiting in the
+// backend where it can) and sleeps when there is none. On these CPU-only machines a spinning
+// "compute" would take the cores the communication needs (the backends' own threads, the peer
+// ranks), which a GPU's kernels do not.
+void compute(double us, const std::function<bool(steady::time_point)>& poll_until) {
   const auto until = steady::now() + std::chrono::duration_cast<steady::duration>(std::chrono::duration<double, std::micro>(us));
-  while (steady::now() < until) {
-    if (poll) poll();
-    std::this_thread::yield();
-  }
+  if (poll_until && !poll_until(until)) return;
+  std::this_thread::sleep_until(until);
 }
 
 template <class C>
@@ -254,7 +253,7 @@ std::vector<row> run_adapters(C& comm, rank_ops& ops, const config& cfg) {
       };
       auto overlapped = [&] {
         for (int k = 15; k >= 0; --k) {
-          compute(c, [&] { (void)red.poll(); });
+          compute(c, [&](steady::time_point until) { return red.poll_until(until); });
           red.mark_ready(static_cast<std::size_t>(k));
         }
         red.finish();

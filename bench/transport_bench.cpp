@@ -377,9 +377,9 @@ constexpr const char* usage_text =
     "                 default 1); under MPI, mpirun -np sets it\n"
     "  --max-bytes B  largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)\n"
     "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
-    "  --no-bounce    mpi: mpi_options::bounce_buffers = false\n"
-    "  --no-verify    mpi: mpi_options::verify_before_posting = false\n"
-    "  --no-ring      mpi: every all-reduce as one MPI_Iallreduce (no ring)\n"
+    "  --no-bounce    mpi: mpi_options::bounce_buffers = false (broadcasts and sends)\n"
+    "  --no-verify    mpi: mpi_options::verify_before_posting = false (broadcasts)\n"
+    "  --no-ring      mpi: every all-reduce by recursive doubling (no ring)\n"
     "  --help         this text\n";
 
 int run(int argc, char** argv) {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -178,6 +179,29 @@ public:
     } else {
       return true;
     }
+  }
+
+  /// poll() for a thread that is otherwise idle (its accelerator computes): progresses the
+  /// buckets in flight until they have all completed (true) or `until` comes (false). Where the
+  /// backend's work handles can wait with a time limit (MPI, gloo: wait_until), the thread
+  /// waits in them, so the backend's own threads get the cores; elsewhere it tests and yields.
+  bool poll_until(std::chrono::steady_clock::time_point until) {
+    if constexpr (transport::has_async_v<C>) {
+      for (std::size_t b = 0; b < next_launch_; ++b) {
+        bucket& k = buckets_[b];
+        if (k.done) continue;
+        if constexpr (detail::has_wait_until_v<work_type>) {
+          if (!k.work->wait_until(until)) return false;
+        } else {
+          while (!k.work->test()) {
+            if (std::chrono::steady_clock::now() >= until) return false;
+            std::this_thread::yield();
+          }
+        }
+        complete(k);
+      }
+    }
+    return true;
   }
 
   /// Ends the step: marks every tensor not marked yet (in reverse registration order), then

@@ -426,10 +426,12 @@ struct inproc_op {
           withdraw();
           return false;
         }
-        if (!entered)
+        if (!entered) {
+          withdraw();  // it never took part: out of the queue (which would keep the state alive)
           fail(transport_error(describe(c) + ": this rank is stalled by fault injection "
                                              "(inproc_world::stall) and its deadline passed " +
                                seconds_since(c.started) + " after the call"));
+        }
         fail(deadline_error(c, waiting, note));
       }
       state->changed.wait_until(lock, wake);
@@ -443,7 +445,14 @@ struct inproc_op {
     if (done || cancelled) return;
     cancelled = true;
     auto& me = self();
-    if (!entered) return;  // still in `unentered`: enter_pending skips it
+    if (!entered) {
+      // Still in `unentered`: taken out, since the queue holds the op and the op holds the
+      // shared state (a cycle that would outlive the world).
+      auto& q = me.unentered;
+      q.erase(std::remove_if(q.begin(), q.end(), [this](const std::shared_ptr<inproc_op>& p) { return p.get() == this; }),
+              q.end());
+      return;
+    }
     if (what == kind::send && msg && !msg->taken) {
       auto& box = state->at(peer).mailbox;
       box.erase(std::remove(box.begin(), box.end(), msg), box.end());

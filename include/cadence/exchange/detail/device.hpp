@@ -71,6 +71,16 @@ struct work_of<C, true> {
                                                       transport::reduce_op{}));
 };
 
+/// Whether a work handle can wait with a time limit that is no failure (wait_until: the MPI and
+/// gloo backends' handles, beyond the concept).
+template <class W, class = void>
+struct has_wait_until : std::false_type {};
+template <class W>
+struct has_wait_until<W, std::void_t<decltype(std::declval<W&>().wait_until(
+                             std::declval<transport::deadline::clock::time_point>()))>> : std::true_type {};
+template <class W>
+inline constexpr bool has_wait_until_v = has_wait_until<W>::value;
+
 /// Whether an adapter works on device buffers over `c`: a host communicator refuses a stream; a
 /// device communicator without the helpers is refused.
 template <class C>

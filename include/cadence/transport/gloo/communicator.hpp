@@ -321,6 +321,10 @@ public:
 
   inline bool test();
   inline void wait(deadline d = {});
+  /// Progresses, blocking in gloo's waits (the thread sleeps meanwhile), until the operation
+  /// completes or `t` comes (beyond the concept): true once it completed; false at `t`, which,
+  /// unlike wait()'s deadline, is no failure. For a caller whose thread is otherwise idle.
+  inline bool wait_until(deadline::clock::time_point t);
   inline int source() const noexcept;
   inline bool cancel() noexcept;
 
@@ -839,7 +843,8 @@ private:
   // buffer it (or the collective ahead of it) waits on; in slices when other operations in
   // flight may need this thread. With `poll` (try_recv): at the deadline a receive whose
   // header has not come is withdrawn (false); one whose data is arriving gets body_wait more.
-  bool wait_op(operation& o, const deadline& d, bool poll = false) {
+  // With `timed` (a handle's wait_until): at the deadline it returns false, no failure.
+  bool wait_op(operation& o, const deadline& d, bool poll = false, bool timed = false) {
     deadline limit = d;
     bool extended = false;
     for (;;) {
@@ -851,7 +856,9 @@ private:
       if (aborted_.load(std::memory_order_acquire))
         fail(transport_error(detail::describe(o.c) + ": the communicator was aborted (abort()) " +
                              "while waiting for " + detail::rank_list(point_of(o).peers)));
-      if (limit.passed()) {
+      const bool passed = limit.passed();  // once: the two uses below must agree
+      if (timed && passed) return false;
+      if (passed) {
         if (poll && o.what == operation::kind::recv) {
           if (o.phase == 0) {
             withdraw(o);
@@ -2074,6 +2081,15 @@ inline void gloo_work::wait(deadline d) {
   if (o.orphan) throw transport_error(detail::describe(o.c) + ": its communicator was destroyed");
   comm_->enter(o.c);
   comm_->wait_op(o, d);
+}
+
+inline bool gloo_work::wait_until(deadline::clock::time_point t) {
+  if (!op_) return true;
+  auto& o = *static_cast<gloo_communicator::operation*>(op_.get());
+  if (o.done || o.cancelled) return true;
+  if (o.orphan) throw transport_error(detail::describe(o.c) + ": its communicator was destroyed");
+  comm_->enter(o.c);
+  return comm_->wait_op(o, deadline::at(t), false, /*timed=*/true);
 }
 
 inline int gloo_work::source() const noexcept {

@@ -175,6 +175,10 @@ public:
 
   inline bool test();
   inline void wait(deadline d = {});
+  /// Progresses until the operation completes or `t` comes (beyond the concept): true once it
+  /// completed; false at `t`, which, unlike wait()'s deadline, is no failure. For a caller
+  /// whose thread is otherwise idle (its accelerator computes).
+  inline bool wait_until(deadline::clock::time_point t);
   inline int source() const noexcept;
   inline bool cancel() noexcept;
 
@@ -600,7 +604,8 @@ private:
 
   // Until `o` completes, the deadline passes or the communicator is aborted. With `poll` (a
   // receive only): at the deadline the receive is withdrawn if it can be, and false returned.
-  bool wait_op(operation& o, const deadline& d, bool poll = false) {
+  // With `timed` (a handle's wait_until): at the deadline it returns false, no failure.
+  bool wait_op(operation& o, const deadline& d, bool poll = false, bool timed = false) {
     const auto since = deadline::clock::now();
     for (;;) {
       if (o.orphan) throw transport_error(detail::describe(o.c) + ": its communicator was destroyed");
@@ -611,14 +616,19 @@ private:
       if (aborted_.load(std::memory_order_acquire))
         fail(transport_error(detail::describe(o.c) + ": the communicator was aborted (abort()) " +
                              "while waiting for " + detail::rank_list(awaited(o))));
-      if (d.passed()) {
+      const bool passed = d.passed();  // once: the two uses below must agree
+      if (timed && passed) return false;
+      if (passed) {
         if (poll && o.what == operation::kind::recv) {
           if (withdraw(o)) return false;
           continue;  // the message won the race: the next progress completes it
         }
         fail(detail::deadline_error(o.c, awaited(o), note_of(o)));
       }
-      pause(since);
+      if (timed)
+        std::this_thread::yield();  // an idle caller: the peers' processes may need the core
+      else
+        pause(since);
     }
   }
 
@@ -1428,6 +1438,15 @@ inline void mpi_work::wait(deadline d) {
   if (o.orphan) throw transport_error(detail::describe(o.c) + ": its communicator was destroyed");
   comm_->enter(o.c);
   comm_->wait_op(o, d);
+}
+
+inline bool mpi_work::wait_until(deadline::clock::time_point t) {
+  if (!op_) return true;
+  auto& o = *static_cast<mpi_communicator::operation*>(op_.get());
+  if (o.done || o.cancelled) return true;
+  if (o.orphan) throw transport_error(detail::describe(o.c) + ": its communicator was destroyed");
+  comm_->enter(o.c);
+  return comm_->wait_op(o, deadline::at(t), false, /*timed=*/true);
 }
 
 inline int mpi_work::source() const noexcept {
