@@ -532,6 +532,57 @@ CADENCE_CONFORMANCE_TEST("allreduce_average, where offered, is the sum divided b
   });
 }
 
+CADENCE_CONFORMANCE_TEST("a long mixed sequence of collectives, blocking and in flight together, "
+                         "gives the exact results on every rank", conformance_mixed_sequence) {
+  using namespace cadence_conformance;
+  // Every rank issues the same sequence (a seeded generator): small and ring-sized all-reduces,
+  // averages, broadcasts from every root, and, where offered, several in flight at once,
+  // waited in reverse. A protocol whose messages of consecutive collectives can overtake or
+  // block each other hangs or goes wrong here.
+  H::run([](auto& c) {
+    using C = std::decay_t<decltype(c)>;
+    const int n = c.size(), r = c.rank();
+    std::uint64_t state = 12345;
+    auto next = [&] {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return state >> 33;
+    };
+    std::size_t wrong = 0;
+    for (int k = 0; k < 60; ++k) {
+      const auto what = next() % 5;
+      const std::size_t count = what == 2 ? 20000 + next() % 50000 : 1 + next() % 3000;
+      if (what == 3) {
+        const int root = static_cast<int>(next() % static_cast<std::uint64_t>(n));
+        std::vector<std::int32_t> b(count, r == root ? k : -1);
+        c.broadcast(b.data(), b.size() * sizeof(std::int32_t), root, 30s);
+        for (auto v : b) wrong += v != k;
+        continue;
+      }
+      if constexpr (has_async_v<C> && has_async_average_v<C>) {
+        if (what == 4) {  // three in flight, waited in reverse
+          std::vector<float> a(count, static_cast<float>(r)), b(count + 7, static_cast<float>(2 * r)),
+              d(70000, static_cast<float>(r + k));
+          auto wa = c.iallreduce(a.data(), a.size(), dtype::f32, reduce_op::sum);
+          auto wb = c.iallreduce_average(b.data(), b.size(), dtype::f32);
+          auto wd = c.iallreduce(d.data(), d.size(), dtype::f32, reduce_op::max);
+          wd.wait(30s);
+          wb.wait(30s);
+          wa.wait(30s);
+          for (float v : a) wrong += v != static_cast<float>(n * (n - 1) / 2);
+          for (float v : b) wrong += v != static_cast<float>(n - 1);
+          for (float v : d) wrong += v != static_cast<float>(n - 1 + k);
+          continue;
+        }
+      }
+      std::vector<double> x(count, static_cast<double>(r + k));
+      c.allreduce(x.data(), x.size(), dtype::f64, reduce_op::sum, 30s);
+      for (double v : x) wrong += v != static_cast<double>(n * k + n * (n - 1) / 2);
+    }
+    CHECK_MESSAGE(wrong == 0, "rank " << r << ": " << wrong << " wrong values");
+    CHECK_FALSE(c.failed());
+  });
+}
+
 // ---- asynchronous operations (where has_async_v) ----
 
 CADENCE_CONFORMANCE_TEST("async: several collectives in flight at once complete with the blocking "
@@ -686,6 +737,7 @@ CADENCE_CONFORMANCE_TEST("async: test() has no deadline; wait(d) names the await
   TEST_CASE_TEMPLATE_INVOKE(conformance_message_size, H);            \
   TEST_CASE_TEMPLATE_INVOKE(conformance_abort, H);                   \
   TEST_CASE_TEMPLATE_INVOKE(conformance_average, H);                 \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_mixed_sequence, H);          \
   TEST_CASE_TEMPLATE_INVOKE(conformance_async_collectives, H);       \
   TEST_CASE_TEMPLATE_INVOKE(conformance_async_p2p, H);               \
   TEST_CASE_TEMPLATE_INVOKE(conformance_async_deadline, H)

@@ -414,3 +414,11 @@ TEST_CASE("a rank killed with SIGKILL while another waits in recv for it: the re
           "naming it at once" * doctest::timeout(120)) {
   check_processes(run_processes("recv", 3, 60s));
 }
+
+// The conformance suite's mixed sequence on four ranks too: recursive doubling with two rounds
+// and notices to the peers a rank does not send to first.
+namespace {
+using gloo_4 = cadence_gloo_test::gloo_threads_harness<4>;
+}
+TYPE_TO_STRING(gloo_4);
+TEST_CASE_TEMPLATE_INVOKE(conformance_mixed_sequence, gloo_4);

@@ -131,6 +131,7 @@ TEST_CASE_TEMPLATE_INVOKE(conformance_abort, nccl_fake_harness);
 // out of the asynchronous cases: async_p2p, whose receives are posted before the send that
 // lets their messages go (NCCL runs one stream's operations in order, so that would wait).
 TEST_CASE_TEMPLATE_INVOKE(conformance_average, nccl_fake_harness);
+TEST_CASE_TEMPLATE_INVOKE(conformance_mixed_sequence, nccl_fake_harness);
 TEST_CASE_TEMPLATE_INVOKE(conformance_async_collectives, nccl_fake_harness);
 TEST_CASE_TEMPLATE_INVOKE(conformance_async_deadline, nccl_fake_harness);
 

@@ -1438,20 +1438,17 @@ private:
   }
 
   // Whom it waits for: the peers whose notice never came (they never started), else its
-  // partner; the buffer: the partner's message, our message's send, or a missing notice.
+  // partner. The buffer: a missing notice first, since until it is taken (and the receive
+  // posted again) a peer's next message to us cannot leave, and that peer may be waiting for
+  // it to leave before it takes ours; then our message's send, then the partner's message.
   block_point small_point(const operation& o) {
     const std::vector<int> missing = notices_missing(o);
-    const char* never = "they never started this collective";
-    if (out_pending_ > 0) {
-      block_point bp = out_point("it did not take this collective's message");
-      if (!missing.empty()) bp.peers = missing, bp.note = never;
-      return bp;
-    }
+    if (!missing.empty())
+      return {in_[static_cast<std::size_t>(missing.front())].ub.get(), true, missing,
+              "they never started this collective"};
+    if (out_pending_ > 0) return out_point("it did not take this collective's message");
     const int p = small_partner(o);
-    if (p >= 0 && !o.collected[static_cast<std::size_t>(p)])
-      return {in_[static_cast<std::size_t>(p)].ub.get(), true, missing.empty() ? std::vector<int>{p} : missing,
-              missing.empty() ? "in the all-reduce's exchanges" : never};
-    if (!missing.empty()) return {in_[static_cast<std::size_t>(missing.front())].ub.get(), true, missing, never};
+    if (p >= 0) return {in_[static_cast<std::size_t>(p)].ub.get(), true, {p}, "in the all-reduce's exchanges"};
     if (!notices_pending_.empty())
       return {notice_out_.ub.get(), false, notices_pending_, "it did not take this collective's notice"};
     return {};
