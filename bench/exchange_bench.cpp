@@ -18,7 +18,8 @@
 //  - periodic_sync: periodic_averager::sync() of the buffer as one tensor (in place);
 //  - elastic_sync: elastic_averager::sync() of the buffer (record all-gather, merge, plan, hash
 //    check);
-//  - bsp_overlap (host backends): a fake backward over 16 tensors in reverse order, each
+//  - bsp_overlap (host backends): a fake backward over 16 tensors (bucket views, so a launch
+//    copies nothing) in reverse order, each
 //    "computing" for c microseconds (the thread progresses the all-reducer meanwhile, waiting in
 //    the backend, poll_until(), as a GPU's kernels leave the host free), bucketed into 8
 //    buckets, each launched by its last mark_ready();
@@ -152,13 +153,14 @@ void check(const rank_ops& ops, const std::string& op, std::size_t bytes, const 
 
 // A backward step of `us` microseconds on an accelerator: the host thread is free meanwhile, so
 // it progresses the communication in flight until the step's end (`poll_until`: waiting in the
-// backend where it can) and sleeps when there is none. On these CPU-only machines a spinning
-// "compute" would take the cores the communication needs (the backends' own threads, the peer
-// ranks), which a GPU's kernels do not.
+// backend where it can), then yields its core until the end (a sleep would overshoot steps of
+// tens of microseconds). On these CPU-only machines a spinning "compute" would take the cores
+// the communication needs (the backends' own threads, the peer ranks), which a GPU's kernels do
+// not.
 void compute(double us, const std::function<bool(steady::time_point)>& poll_until) {
   const auto until = steady::now() + std::chrono::duration_cast<steady::duration>(std::chrono::duration<double, std::micro>(us));
   if (poll_until && !poll_until(until)) return;
-  std::this_thread::sleep_until(until);
+  while (steady::now() < until) std::this_thread::yield();
 }
 
 template <class C>
@@ -236,13 +238,7 @@ std::vector<row> run_adapters(C& comm, rank_ops& ops, const config& cfg) {
       bucketed_allreducer_options o;
       o.bucket_bytes = std::max<std::size_t>(bytes / 8, 64);
       bucketed_allreducer<C> red(comm, o);
-      std::vector<float*> t;
-      for (std::size_t k = 0; k < 16; ++k) {
-        const std::size_t n = k == 15 ? count - 15 * piece : piece;
-        t.push_back(ops.buffer(n));
-        ops.fill(t.back(), 0.0f, n);
-        red.add(t.back(), n);
-      }
+      for (std::size_t k = 0; k < 16; ++k) (void)red.template add_view<float>(k == 15 ? count - 15 * piece : piece);
       const int iters = std::max(2, iterations_for(bytes) / 4);
       red.average();
       auto comm_only = [&] { red.average(); };
