@@ -39,6 +39,10 @@ using cadence_gloo_test::gloo_pair_harness;
 using cadence_gloo_test::options_for;
 using cadence_gloo_test::temp_store;
 
+static_assert(has_async_v<gloo_communicator>);
+static_assert(has_async_average_v<gloo_communicator>);
+static_assert(has_allreduce_average_v<gloo_communicator>);
+static_assert(is_work_v<gloo_work>);
 TYPE_TO_STRING(gloo_harness);
 CADENCE_TRANSPORT_CONFORMANCE(gloo_harness);
 

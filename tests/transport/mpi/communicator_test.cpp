@@ -46,6 +46,10 @@ using mpi_tiny_harness = cadence_mpi_test::mpi_harness_for<&tiny_messages>;
 
 }  // namespace
 
+static_assert(has_async_v<mpi_communicator>);
+static_assert(has_async_average_v<mpi_communicator>);
+static_assert(has_allreduce_average_v<mpi_communicator>);
+static_assert(is_work_v<mpi_work>);
 TYPE_TO_STRING(mpi_harness);
 CADENCE_TRANSPORT_CONFORMANCE(mpi_harness);
 TYPE_TO_STRING(mpi_tiny_harness);
