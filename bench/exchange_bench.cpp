@@ -1,20 +1,35 @@
-// cadence-bench-exchange: the collective adapters (cadence/exchange/) against a raw all-reduce
-// of the same buffers, interleaved, measured as nccl-tests does (warm-up, N back-to-back
-// operations, time averaged over ranks; algbw = bytes / t, busbw = algbw * 2(n-1)/n).
+// cadence-bench-exchange: the collective adapters (cadence/exchange/) against the backend's native
+// all-reduce of the same number of bytes, interleaved, measured as nccl-tests does (warm-up, N
+// back-to-back operations, one wait, time averaged over ranks; algbw = bytes / t, busbw = algbw *
+// 2(n-1)/n); and the bucketed all-reducer overlapping a fake backward pass.
 //
-//   cadence-bench-exchange --backend inproc [--ranks N] [--json]
+//   cadence-bench-exchange --backend inproc|gloo [--ranks N] [--json]
 //   mpirun -np 2 cadence-bench-exchange --backend mpi [--json]
+//   cadence-bench-exchange --backend nccl [--ranks N] [--json]        (one thread per GPU)
 //
-// Ops (the "op" field): "bsp_allreduce" is bucketed_allreducer::average() over the buffer
-// registered as 16 tensors (fused into 25 MiB buckets, copied in and out);
-// "bsp_allreduce_views" the same 16 tensors as bucket views (add_view: no copies); "elastic_sync" is
-// one elastic_averager::sync() of the buffer (record all-gather, merge all-reduce, plan, hash
-// check). Raw is one all-reduce (sum) of the whole buffer through the same communicator, so
-// the ratio is the adapter's own cost; --raw-mpi compares against MPI_Allreduce instead (the
-// communicator's cost against MPI is cadence-bench-transport's table). The JSON rows have the
-// fields of cadence-bench-transport. These machines are shared: read the ratios, not the times.
+// Raw is the backend's own all-reduce (sum) of one buffer of the same size: MPI_Allreduce (on a
+// duplicate of MPI_COMM_WORLD), gloo::allreduce (gloo/allreduce.h, its ring, on the
+// communicator's gloo context), ncclAllReduce N times back to back on a communicator of NCCL's own
+// and one stream synchronize, and for inproc the communicator's all-reduce (the in-process
+// backend has no other). Ours ("op"):
+//  - bsp_allreduce: bucketed_allreducer::average() of 16 tensors in separate allocations, fused
+//    into one bucket (copied in and out, divided inside the backend);
+//  - bsp_allreduce_views: the same 16 tensors as bucket views (add_view: in place, no copies);
+//  - periodic_sync: periodic_averager::sync() of the buffer as one tensor (in place);
+//  - elastic_sync: elastic_averager::sync() of the buffer (record all-gather, merge, plan, hash
+//    check);
+//  - bsp_overlap (host backends): a fake backward over 16 tensors (bucket views, so a launch
+//    copies nothing) in reverse order, each
+//    "computing" for c microseconds (the thread progresses the all-reducer meanwhile, waiting in
+//    the backend, poll_until(), as a GPU's kernels leave the host free), bucketed into 8
+//    buckets, each launched by its last mark_ready();
+//    compute in total about one all-reduce (c = comm / 16). raw_us is compute then average() in
+//    sequence, ours_us the same with overlap; hidden = (sequential - overlapped) / comm.
+// The JSON rows have the fields of cadence-bench-transport (plus compute_us, comm_us and hidden
+// for bsp_overlap). These machines are shared: read the ratios, not the times.
 #include <cadence/exchange/bucketed_allreducer.hpp>
 #include <cadence/exchange/elastic_averager.hpp>
+#include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/transport/inproc.hpp>
 #if defined(CADENCE_BENCH_WITH_MPI)
 #include <cadence/transport/mpi/communicator.hpp>
@@ -22,6 +37,21 @@
 #include <mpi.h>
 
 #include "support/mpi.hpp"
+#endif
+#if defined(CADENCE_BENCH_WITH_GLOO)
+#include <cadence/transport/gloo/communicator.hpp>
+
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+
+#include <filesystem>
+#include <unistd.h>
+#endif
+#if defined(CADENCE_BENCH_WITH_NCCL)
+#include <cadence/transport/nccl/communicator.hpp>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
 #endif
 
 #include "support/flags.hpp"
@@ -31,10 +61,12 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -49,7 +81,7 @@ struct config : cadence_bench::common_config {
     min_bytes = 1024;
     max_bytes = std::size_t{16} << 20;
   }
-  bool raw_backend = false;  // mpi: raw is MPI_Allreduce instead of the communicator's allreduce
+  bool overlap = true;
 };
 
 struct row {
@@ -57,61 +89,194 @@ struct row {
   std::size_t bytes;
   int ranks;
   double raw_us, ours_us;
+  double compute_us = 0, comm_us = 0;  // bsp_overlap
 };
 
-// What one rank runs: `raw` and `ours` act on the buffer given to prepare(); `average` returns
-// a value's mean over ranks and lines the ranks up.
+// What one rank runs. Buffers come from `buffer` (device memory for nccl) and are read and
+// written through `load`/`store` for the checks.
 struct rank_ops {
   int rank = 0, size = 1;
-  std::function<void(float*, std::size_t)> raw;
-  // (Re)binds the adapter to the buffer; returns the buffer to use instead, or nullptr.
-  std::function<float*(float*, std::size_t)> prepare;
-  std::function<void()> ours;
-  std::function<double(double)> average;
+  std::function<void(float*, std::size_t)> raw;  // one native all-reduce (sum), maybe not waited
+  std::function<void()> raw_wait;                // the one wait after a block of raws
+  std::function<double(double)> average;         // a value's mean over ranks; lines the ranks up
+  std::function<float*(std::size_t)> buffer;     // n floats, owned by the backend's runner
+  std::function<void(float*, float, std::size_t)> fill;
+  std::function<std::vector<float>(const float*, std::size_t)> load;
 };
 
 int iterations_for(std::size_t bytes) { return cadence_bench::iterations_for(bytes, std::size_t{128} << 20, 500); }
 
-std::vector<row> run_rank(const std::string& op, rank_ops& ops, const config& cfg) {
-  std::vector<row> rows;
+std::vector<std::size_t> sizes_of(const config& cfg) {
   std::vector<std::size_t> sizes;
   for (std::size_t b = cfg.min_bytes; b < cfg.max_bytes; b *= 4) sizes.push_back(b);
   sizes.push_back(cfg.max_bytes);
-  for (std::size_t bytes : sizes) {
-    const std::size_t count = bytes / sizeof(float);
-    std::vector<float> own(count);
-    float* buf = ops.prepare(own.data(), count);
-    if (buf == nullptr) buf = own.data();
-    std::fill(buf, buf + count, static_cast<float>(ops.rank) * 2);
-    ops.ours();  // correctness: the average of 2r is n - 1 exactly
-    for (std::size_t i = 0; i < count; ++i)
-      if (buf[i] != static_cast<float>(ops.size - 1))
-        throw std::runtime_error(op + ": wrong average at " + std::to_string(bytes) + " bytes");
-    std::fill(buf, buf + count, 0.0f);
-    const int iters = iterations_for(bytes);
-    for (int w = 0; w < 2; ++w) {
-      ops.raw(buf, count);
-      ops.ours();
+  return sizes;
+}
+
+// The mean of the per-iteration time of `iters` runs of f on every rank (one wait at the end).
+double time_block(rank_ops& ops, int iters, const std::function<void()>& f, const std::function<void()>& end = {}) {
+  ops.average(0);
+  const auto t0 = steady::now();
+  for (int i = 0; i < iters; ++i) f();
+  if (end) end();
+  return ops.average(std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters);
+}
+
+// One adapter op against raw, interleaved, the median pair of cfg.reps.
+row measure(const std::string& op, std::size_t bytes, rank_ops& ops, const config& cfg, float* raw_buf,
+            const std::function<void()>& ours) {
+  const std::size_t count = bytes / sizeof(float);
+  const int iters = iterations_for(bytes);
+  for (int w = 0; w < 2; ++w) {
+    ops.raw(raw_buf, count);
+    ops.raw_wait();
+    ours();
+  }
+  std::vector<std::pair<double, double>> pairs;
+  for (int rep = 0; rep < cfg.reps; ++rep) {
+    const double raw = time_block(ops, iters, [&] { ops.raw(raw_buf, count); }, ops.raw_wait);
+    const double mine = time_block(ops, iters, ours);
+    pairs.emplace_back(raw, mine);
+  }
+  const auto mid = cadence_bench::median_pair(pairs);
+  return {op, bytes, ops.size, mid.first, mid.second};
+}
+
+void check(const rank_ops& ops, const std::string& op, std::size_t bytes, const float* p, std::size_t n,
+           float expected) {
+  const std::vector<float> v = ops.load(p, n);
+  for (float x : v)
+    if (x != expected)
+      throw std::runtime_error(op + ": wrong average at " + std::to_string(bytes) + " bytes: " + std::to_string(x) +
+                               " instead of " + std::to_string(expected));
+}
+
+// A backward step of `us` microseconds on an accelerator: the host thread is free meanwhile, so
+// it progresses the communication in flight until the step's end (`poll_until`: waiting in the
+// backend where it can), then yields its core until the end (a sleep would overshoot steps of
+// tens of microseconds). On these CPU-only machines a spinning "compute" would take the cores
+// the communication needs (the backends' own threads, the peer ranks), which a GPU's kernels do
+// not.
+void compute(double us, const std::function<bool(steady::time_point)>& poll_until) {
+  const auto until = steady::now() + std::chrono::duration_cast<steady::duration>(std::chrono::duration<double, std::micro>(us));
+  if (poll_until && !poll_until(until)) return;
+  while (steady::now() < until) std::this_thread::yield();
+}
+
+template <class C>
+std::vector<row> run_adapters(C& comm, rank_ops& ops, const config& cfg) {
+  std::vector<row> rows;
+  const bool host = !comm.capabilities().device_buffers;
+  const float mean = static_cast<float>(ops.size - 1);  // of 2r over the ranks
+  for (std::size_t bytes : sizes_of(cfg)) {
+    const std::size_t count = bytes / sizeof(float), piece = count / 16;
+    float* raw_buf = ops.buffer(count);
+    ops.fill(raw_buf, 0.0f, count);
+    // bsp_allreduce: 16 separate allocations, one fused bucket.
+    {
+      bucketed_allreducer<C> red(comm);
+      std::vector<float*> t;
+      for (std::size_t k = 0; k < 16; ++k) {
+        const std::size_t n = k == 15 ? count - 15 * piece : piece;
+        t.push_back(ops.buffer(n));
+        ops.fill(t.back(), static_cast<float>(2 * ops.rank), n);
+        red.add(t.back(), n);
+      }
+      red.average();
+      check(ops, "bsp_allreduce", bytes, t.front(), piece, mean);
+      for (std::size_t k = 0; k < 16; ++k) ops.fill(t[k], 0.0f, k == 15 ? count - 15 * piece : piece);
+      rows.push_back(measure("bsp_allreduce", bytes, ops, cfg, raw_buf, [&] { red.average(); }));
     }
-    std::vector<std::pair<double, double>> pairs;
-    for (int rep = 0; rep < cfg.reps; ++rep) {
-      ops.average(0);
-      auto t0 = steady::now();
-      for (int i = 0; i < iters; ++i) ops.raw(buf, count);
-      const double raw = ops.average(std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters);
-      ops.average(0);
-      t0 = steady::now();
-      for (int i = 0; i < iters; ++i) ops.ours();
-      const double ours = ops.average(std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters);
-      pairs.emplace_back(raw, ours);
+    // bsp_allreduce_views: the same as bucket views, one bucket, in place.
+    {
+      bucketed_allreducer_options o;
+      o.bucket_bytes = std::max(o.bucket_bytes, bytes);
+      bucketed_allreducer<C> red(comm, o);
+      float* first = nullptr;
+      for (std::size_t k = 0; k < 16; ++k) {
+        float* p = red.template add_view<float>(k == 15 ? count - 15 * piece : piece);
+        if (k == 0) first = p;
+      }
+      ops.fill(first, static_cast<float>(2 * ops.rank), count);
+      red.average();
+      check(ops, "bsp_allreduce_views", bytes, first, count, mean);
+      ops.fill(first, 0.0f, count);
+      rows.push_back(measure("bsp_allreduce_views", bytes, ops, cfg, raw_buf, [&] { red.average(); }));
     }
-    const auto mid = cadence_bench::median_pair(pairs);
-    rows.push_back({op, bytes, ops.size, mid.first, mid.second});
+    // periodic_sync: one tensor, in place.
+    {
+      float* x = ops.buffer(count);
+      periodic_averager<C> avg(comm, 1);
+      ops.fill(x, static_cast<float>(2 * ops.rank), count);
+      avg.step_done();
+      avg.sync(tensor_ref(x, count));
+      check(ops, "periodic_sync", bytes, x, count, mean);
+      ops.fill(x, 0.0f, count);
+      rows.push_back(measure("periodic_sync", bytes, ops, cfg, raw_buf, [&] {
+        avg.step_done();
+        avg.sync(tensor_ref(x, count));
+      }));
+    }
+    // elastic_sync: records, merge, plan, hash check.
+    if (host) {
+      float* x = ops.buffer(count);
+      elastic_averager<C> avg(comm, "elastic:4");
+      ops.fill(x, static_cast<float>(2 * ops.rank), count);
+      while (!avg.step_done(1000)) {
+      }
+      avg.sync(tensor_ref(x, count));
+      check(ops, "elastic_sync", bytes, x, count, mean);
+      ops.fill(x, 0.0f, count);
+      rows.push_back(measure("elastic_sync", bytes, ops, cfg, raw_buf, [&] {
+        while (!avg.step_done(1000)) {
+        }
+        avg.sync(tensor_ref(x, count));
+      }));
+    }
+    // bsp_overlap: a fake backward with the all-reducer, against the same in sequence.
+    if (host && cfg.overlap) {
+      bucketed_allreducer_options o;
+      o.bucket_bytes = std::max<std::size_t>(bytes / 8, 64);
+      bucketed_allreducer<C> red(comm, o);
+      for (std::size_t k = 0; k < 16; ++k) (void)red.template add_view<float>(k == 15 ? count - 15 * piece : piece);
+      const int iters = std::max(2, iterations_for(bytes) / 4);
+      red.average();
+      auto comm_only = [&] { red.average(); };
+      double c = 0;  // per tensor
+      auto sequential = [&] {
+        for (int k = 15; k >= 0; --k) compute(c, {});
+        red.average();
+      };
+      auto overlapped = [&] {
+        for (int k = 15; k >= 0; --k) {
+          compute(c, [&](steady::time_point until) { return red.poll_until(until); });
+          red.mark_ready(static_cast<std::size_t>(k));
+        }
+        red.finish();
+      };
+      std::vector<double> comms;
+      std::vector<std::pair<double, double>> pairs;
+      for (int rep = 0; rep < cfg.reps; ++rep) {
+        const double comm_us = time_block(ops, iters, comm_only);
+        comms.push_back(comm_us);
+        std::sort(comms.begin(), comms.end());
+        c = ops.average(comms[comms.size() / 2] / 16);  // the same on every rank
+        const double seq = time_block(ops, iters, sequential);
+        const double ovl = time_block(ops, iters, overlapped);
+        pairs.emplace_back(seq, ovl);
+      }
+      const auto mid = cadence_bench::median_pair(pairs);
+      row r{"bsp_overlap", bytes, ops.size, mid.first, mid.second};
+      r.compute_us = 16 * c;
+      r.comm_us = comms[comms.size() / 2];
+      rows.push_back(r);
+    }
   }
   return rows;
 }
 
 double busbw(const row& r, double us) { return cadence_bench::allreduce_busbw(r.bytes, r.ranks, us); }
+double hidden(const row& r) { return r.comm_us > 0 ? (r.raw_us - r.ours_us) / r.comm_us : 0; }
 
 void print(const std::vector<row>& rows, const config& cfg) {
   if (cfg.json) {
@@ -119,70 +284,44 @@ void print(const std::vector<row>& rows, const config& cfg) {
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const row& r = rows[i];
       std::printf("%s\n  {\"backend\": \"%s\", \"op\": \"%s\", \"bytes\": %zu, \"ranks\": %d, "
-                  "\"raw_us\": %.3f, \"ours_us\": %.3f, \"raw_busbw\": %.4f, \"ours_busbw\": %.4f}",
-                  i ? "," : "", cfg.backend.c_str(), r.op.c_str(), r.bytes, r.ranks, r.raw_us,
-                  r.ours_us, busbw(r, r.raw_us), busbw(r, r.ours_us));
+                  "\"raw_us\": %.3f, \"ours_us\": %.3f, \"raw_busbw\": %.4f, \"ours_busbw\": %.4f",
+                  i ? "," : "", cfg.backend.c_str(), r.op.c_str(), r.bytes, r.ranks, r.raw_us, r.ours_us,
+                  busbw(r, r.raw_us), busbw(r, r.ours_us));
+      if (r.op == "bsp_overlap")
+        std::printf(", \"compute_us\": %.3f, \"comm_us\": %.3f, \"hidden\": %.4f", r.compute_us, r.comm_us, hidden(r));
+      std::printf("}");
     }
     std::printf("\n]\n");
     return;
   }
-  std::printf("collective adapters vs raw all-reduce, backend %s, %d ranks (busbw in GB/s)\n",
+  std::printf("collective adapters vs the native all-reduce, backend %s, %d ranks (busbw in GB/s)\n",
               cfg.backend.c_str(), rows.empty() ? 0 : rows.front().ranks);
-  std::printf("%-20s %10s %10s %10s %10s %10s %9s\n", "op", "bytes", "raw us", "ours us",
-              "raw busbw", "ours busbw", "ours/raw");
-  for (const row& r : rows)
-    std::printf("%-20s %10zu %10.1f %10.1f %10.3f %10.3f %8.1f%%\n", r.op.c_str(), r.bytes,
-                r.raw_us, r.ours_us, busbw(r, r.raw_us), busbw(r, r.ours_us),
-                100.0 * busbw(r, r.ours_us) / busbw(r, r.raw_us));
+  std::printf("%-20s %10s %10s %10s %10s %10s %9s\n", "op", "bytes", "raw us", "ours us", "raw busbw",
+              "ours busbw", "ours/raw");
+  for (const row& r : rows) {
+    if (r.op == "bsp_overlap") {
+      std::printf("%-20s %10zu %10.1f %10.1f  compute %.1f us, comm %.1f us: %.0f%% of the communication hidden\n",
+                  r.op.c_str(), r.bytes, r.raw_us, r.ours_us, r.compute_us, r.comm_us, 100.0 * hidden(r));
+      continue;
+    }
+    std::printf("%-20s %10zu %10.1f %10.1f %10.3f %10.3f %8.1f%%\n", r.op.c_str(), r.bytes, r.raw_us, r.ours_us,
+                busbw(r, r.raw_us), busbw(r, r.ours_us), 100.0 * busbw(r, r.ours_us) / busbw(r, r.raw_us));
+  }
 }
 
-// Both adapters on one communicator, for one rank.
-template <class C>
-std::vector<row> run_adapters(C& comm, rank_ops ops, const config& cfg) {
-  std::vector<row> rows;
-  std::unique_ptr<bucketed_allreducer<C>> bsp;
-  ops.prepare = [&](float* b, std::size_t n) -> float* {
-    bsp = std::make_unique<bucketed_allreducer<C>>(comm);
-    const std::size_t piece = n / 16;
-    for (std::size_t k = 0; k < 16; ++k) bsp->add(b + k * piece, k == 15 ? n - 15 * piece : piece);
-    return nullptr;
-  };
-  ops.ours = [&] { bsp->average(); };
-  for (auto& r : run_rank("bsp_allreduce", ops, cfg)) rows.push_back(r);
-  // The same 16 tensors as bucket views: one bucket, reduced in place (the raw all-reduce
-  // runs on the same memory).
-  ops.prepare = [&](float*, std::size_t n) -> float* {
-    bucketed_allreducer_options o;
-    o.bucket_bytes = std::max(o.bucket_bytes, n * sizeof(float));
-    bsp = std::make_unique<bucketed_allreducer<C>>(comm, o);
-    const std::size_t piece = n / 16;
-    float* first = nullptr;
-    for (std::size_t k = 0; k < 16; ++k) {
-      float* p = bsp->template add_view<float>(k == 15 ? n - 15 * piece : piece);
-      if (k == 0) first = p;
-    }
-    return first;
-  };
-  for (auto& r : run_rank("bsp_allreduce_views", ops, cfg)) rows.push_back(r);
-  bsp.reset();
-
-  std::unique_ptr<elastic_averager<C>> avg;
-  float* buf = nullptr;
-  std::size_t count = 0;
-  ops.prepare = [&](float* b, std::size_t n) -> float* {
-    avg = std::make_unique<elastic_averager<C>>(comm, "elastic:4");
-    buf = b;
-    count = n;
-    return nullptr;
-  };
-  ops.ours = [&] {
-    while (!avg->step_done(1000)) {
-    }
-    avg->sync(tensor_ref(buf, count));
-  };
-  for (auto& r : run_rank("elastic_sync", ops, cfg)) rows.push_back(r);
-  return rows;
-}
+// Host buffers, owned by the rank.
+struct host_buffers {
+  std::vector<std::unique_ptr<float[]>> blocks;
+  void attach(rank_ops& ops) {
+    ops.buffer = [this](std::size_t n) {
+      blocks.emplace_back(new float[std::max<std::size_t>(n, 1)]());
+      return blocks.back().get();
+    };
+    ops.fill = [](float* p, float v, std::size_t n) { std::fill(p, p + n, v); };
+    ops.load = [](const float* p, std::size_t n) { return std::vector<float>(p, p + n); };
+    ops.raw_wait = [] {};
+  }
+};
 
 std::vector<row> run_inproc(const config& cfg) {
   inproc_world world(cfg.ranks);
@@ -191,6 +330,8 @@ std::vector<row> run_inproc(const config& cfg) {
   cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
     auto comm = world.join(r);
     rank_ops ops;
+    host_buffers mem;
+    mem.attach(ops);
     ops.rank = r;
     ops.size = cfg.ranks;
     ops.raw = [&](float* b, std::size_t n) {
@@ -203,50 +344,177 @@ std::vector<row> run_inproc(const config& cfg) {
   return rows;
 }
 
+#if defined(CADENCE_BENCH_WITH_GLOO)
+std::vector<row> run_gloo(const config& cfg) {
+  std::string store = (std::filesystem::temp_directory_path() / "cadence-bench-gloo-XXXXXX").string();
+  if (::mkdtemp(store.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  struct remove_on_exit {
+    const std::string& path;
+    ~remove_on_exit() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } remove_store{store};
+  cadence_bench::summing_barrier sync(cfg.ranks);
+  std::vector<row> rows;
+  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+    gloo_options options;
+    options.store_path = store;
+    gloo_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
+    rank_ops ops;
+    host_buffers mem;
+    mem.attach(ops);
+    ops.rank = r;
+    ops.size = cfg.ranks;
+    ops.raw = [&](float* b, std::size_t n) {
+      ::gloo::AllreduceOptions opts(comm.context());
+      opts.setOutput(b, n);
+      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<float>));
+      opts.setTag(1);
+      opts.setTimeout(std::chrono::seconds(60));
+      ::gloo::allreduce(opts);
+    };
+    ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
+    auto mine = run_adapters(comm, ops, cfg);
+    if (r == 0) rows = std::move(mine);
+  });
+  return rows;
+}
+#endif
+
 #if defined(CADENCE_BENCH_WITH_MPI)
 int run_mpi(const config& cfg) {
   return cadence_bench::run_mpi_rank("cadence-bench-exchange", [&](int rank, int size, MPI_Comm raw) {
     mpi_communicator comm(MPI_COMM_WORLD, mpi_options{});
     rank_ops ops;
+    host_buffers mem;
+    mem.attach(ops);
     ops.rank = rank;
     ops.size = size;
+    MPI_Comm native;
+    MPI_Comm_dup(MPI_COMM_WORLD, &native);
     ops.raw = [&](float* b, std::size_t n) {
-      if (cfg.raw_backend)
-        MPI_Allreduce(MPI_IN_PLACE, b, static_cast<int>(n), MPI_FLOAT, MPI_SUM, raw);
-      else
-        comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+      MPI_Allreduce(MPI_IN_PLACE, b, static_cast<int>(n), MPI_FLOAT, MPI_SUM, native);
     };
     ops.average = [&](double v) { return cadence_bench::mpi_average(raw, v); };
     const auto rows = run_adapters(comm, ops, cfg);
+    MPI_Comm_free(&native);
     if (rank == 0) print(rows, cfg);
     return 0;
   });
 }
 #endif
 
+#if defined(CADENCE_BENCH_WITH_NCCL)
+std::vector<row> run_nccl(const config& cfg) {
+  int devices = 0;
+  const cudaError_t probe = cudaGetDeviceCount(&devices);
+  if (probe != cudaSuccess || devices < 1)
+    throw std::runtime_error(std::string("the nccl backend needs a GPU: cudaGetDeviceCount: ") +
+                             (probe != cudaSuccess ? cudaGetErrorString(probe) : "no device"));
+  if (cfg.ranks > devices)
+    throw std::runtime_error("--ranks " + std::to_string(cfg.ranks) + " needs as many GPUs; " +
+                             std::to_string(devices) + " found (NCCL takes one rank per GPU)");
+  std::vector<ncclComm_t> raw_comms(static_cast<std::size_t>(cfg.ranks));
+  std::vector<int> devs(static_cast<std::size_t>(cfg.ranks));
+  for (int r = 0; r < cfg.ranks; ++r) devs[static_cast<std::size_t>(r)] = r;
+  if (ncclCommInitAll(raw_comms.data(), cfg.ranks, devs.data()) != ncclSuccess)
+    throw std::runtime_error("ncclCommInitAll failed");
+  struct destroy_on_exit {
+    std::vector<ncclComm_t>& comms;
+    ~destroy_on_exit() {
+      for (auto c : comms) ncclCommDestroy(c);
+    }
+  } destroy_raw{raw_comms};
+  inproc_world boot(cfg.ranks);
+  cadence_bench::summing_barrier sync(cfg.ranks);
+  std::vector<row> rows;
+  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+    struct device_buffers {
+      std::vector<void*> blocks;
+      ~device_buffers() {
+        for (void* p : blocks) cudaFree(p);
+      }
+    } mem;  // freed after the communicator (declared before it)
+    auto b = boot.join(r);
+    nccl_communicator comm(real_nccl_api(), b, r, {}, std::chrono::seconds(60));
+    auto stream = static_cast<cudaStream_t>(comm.stream());
+    ncclComm_t raw = raw_comms[static_cast<std::size_t>(r)];
+    rank_ops ops;
+    ops.rank = r;
+    ops.size = cfg.ranks;
+    ops.buffer = [&](std::size_t n) {
+      void* p = nullptr;
+      if (cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(float)) != cudaSuccess)
+        throw std::runtime_error("cudaMalloc failed");
+      mem.blocks.push_back(p);
+      return static_cast<float*>(p);
+    };
+    ops.fill = [](float* p, float v, std::size_t n) {
+      std::vector<float> h(n, v);
+      cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+    };
+    ops.load = [](const float* p, std::size_t n) {
+      std::vector<float> h(n);
+      cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost);
+      return h;
+    };
+    // N back to back on the communicator's stream, one synchronize (nccl-tests' method).
+    ops.raw = [&](float* p, std::size_t n) {
+      if (ncclAllReduce(p, p, n, ncclFloat32, ncclSum, raw, stream) != ncclSuccess)
+        throw std::runtime_error("raw ncclAllReduce failed");
+    };
+    ops.raw_wait = [&] {
+      if (cudaStreamSynchronize(stream) != cudaSuccess) throw std::runtime_error("cudaStreamSynchronize failed");
+    };
+    ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
+    auto mine = run_adapters(comm, ops, cfg);
+    if (r == 0) rows = std::move(mine);
+  });
+  return rows;
+}
+#endif
+
 constexpr const char* usage_text =
-    "usage: cadence-bench-exchange --backend inproc|mpi [--ranks N] [--json]\n"
-    "         [--min-bytes B] [--max-bytes B] [--reps R]\n"
-    "  --ranks N      threads for inproc (default 2); under MPI, mpirun -np sets it\n"
+    "usage: cadence-bench-exchange --backend inproc|mpi|gloo|nccl [--ranks N] [--json]\n"
+    "         [--min-bytes B] [--max-bytes B] [--reps R] [--no-overlap]\n"
+    "  --ranks N      threads for inproc and gloo (default 2), nccl (one per GPU, default 1);\n"
+    "                 under MPI, mpirun -np sets it\n"
     "  --min-bytes B  smallest buffer (default 1 KiB; sizes go x4 up to --max-bytes)\n"
     "  --max-bytes B  largest buffer (default 16 MiB)\n"
     "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
-    "  --raw-mpi      mpi: raw is MPI_Allreduce, not the communicator's allreduce\n"
+    "  --no-overlap   skip the bsp_overlap rows\n"
     "  --help         this text\n";
 
 int run(int argc, char** argv) {
   config cfg;
   const bool help = !cadence_bench::read_flags(
       argc, argv, cfg, {"--backend", "--ranks", "--json", "--min-bytes", "--max-bytes", "--reps"},
-      {{"--raw-mpi", &cfg.raw_backend, true}}, usage_text);
+      {{"--no-overlap", &cfg.overlap, false}}, usage_text);
   if (help) return 0;
-  if (cfg.max_bytes < cfg.min_bytes || cfg.min_bytes < 64 || cfg.max_bytes % 64 != 0 ||
-      cfg.min_bytes % 64 != 0)
+  if (cfg.max_bytes < cfg.min_bytes || cfg.min_bytes < 64 || cfg.max_bytes % 64 != 0 || cfg.min_bytes % 64 != 0)
     throw usage_error("--min-bytes and --max-bytes must be multiples of 64, min <= max, got " +
                       std::to_string(cfg.min_bytes) + " and " + std::to_string(cfg.max_bytes));
   if (cfg.backend == "inproc") {
     print(run_inproc(cfg), cfg);
     return 0;
+  }
+  if (cfg.backend == "gloo") {
+#if defined(CADENCE_BENCH_WITH_GLOO)
+    print(run_gloo(cfg), cfg);
+    return 0;
+#else
+    throw cadence_bench::backend_not_built("gloo", "cadence::gloo");
+#endif
+  }
+  if (cfg.backend == "nccl") {
+#if defined(CADENCE_BENCH_WITH_NCCL)
+    if (!cfg.ranks_given) cfg.ranks = 1;
+    print(run_nccl(cfg), cfg);
+    return 0;
+#else
+    throw cadence_bench::backend_not_built("NCCL", "cadence::nccl");
+#endif
   }
   if (cfg.backend == "mpi") {
 #if defined(CADENCE_BENCH_WITH_MPI)
@@ -255,7 +523,7 @@ int run(int argc, char** argv) {
     throw cadence_bench::backend_not_built("MPI", "cadence::mpi");
 #endif
   }
-  throw cadence_bench::backend_error(cfg.backend, "inproc or mpi");
+  throw cadence_bench::backend_error(cfg.backend, "inproc, mpi, gloo or nccl");
 }
 
 }  // namespace

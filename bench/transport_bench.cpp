@@ -11,7 +11,8 @@
 //
 // Raw: MPI_Allreduce for mpi; gloo::allreduce (gloo/allreduce.h, its ring) on the
 // communicator's own gloo context for gloo; for nccl, ncclAllReduce on a communicator of its own
-// (ncclCommInitAll) over the same device buffers, then a stream synchronize; for inproc a plain
+// (ncclCommInitAll) over the same device buffers, N back to back and one stream synchronize,
+// against ours as N iallreduce and one wait on their handles; for inproc a plain
 // shared-memory all-reduce among the same threads (each rank adds its buffer into a shared
 // accumulator under a lock, then copies the sum out), the same data movement without matching,
 // deadlines or failure handling. Not a
@@ -87,6 +88,9 @@ struct rank_ops {
   int size = 1;
   std::function<void(float*, std::size_t)> raw;
   std::function<void(float*, std::size_t)> ours;
+  // The one wait after a block of back-to-back operations (nccl: a stream synchronize for raw,
+  // every work handle for ours); unset where each call waits for itself (the host backends).
+  std::function<void()> raw_wait, ours_wait;
   std::function<double(double)> average;
   // Device backends: where the operations run (a device copy of the host buffer) and the copy
   // back for the correctness check. Unset: the host buffer itself.
@@ -96,11 +100,12 @@ struct rank_ops {
 
 int iterations_for(std::size_t bytes) { return cadence_bench::iterations_for(bytes, std::size_t{256} << 20, 1000); }
 
-double time_block(rank_ops& ops, const std::function<void(float*, std::size_t)>& op, float* buf,
-                  std::size_t count, int iters) {
+double time_block(rank_ops& ops, const std::function<void(float*, std::size_t)>& op,
+                  const std::function<void()>& wait, float* buf, std::size_t count, int iters) {
   ops.average(0);  // line up
   const auto t0 = steady::now();
   for (int i = 0; i < iters; ++i) op(buf, count);
+  if (wait) wait();
   const double us = std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
   return ops.average(us);
 }
@@ -116,10 +121,11 @@ std::vector<row> run_rank(rank_ops& ops, const config& cfg) {
     std::vector<float> buf(count);
     // Correctness first: both paths must produce the exact sum.
     auto stage = [&] { return ops.stage ? ops.stage(buf.data(), count) : buf.data(); };
-    for (auto* op : {&ops.raw, &ops.ours}) {
+    for (int which = 0; which < 2; ++which) {
       std::fill(buf.begin(), buf.end(), static_cast<float>(ops.rank + 1));
       float* p = stage();
-      (*op)(p, count);
+      (which == 0 ? ops.raw : ops.ours)(p, count);
+      if (const auto& w = which == 0 ? ops.raw_wait : ops.ours_wait) w();
       if (ops.unstage) ops.unstage(buf.data(), p, count);
       const float expected = static_cast<float>(ops.size * (ops.size + 1) / 2);
       if (std::any_of(buf.begin(), buf.end(), [&](float v) { return v != expected; }))
@@ -130,12 +136,14 @@ std::vector<row> run_rank(rank_ops& ops, const config& cfg) {
     const int iters = iterations_for(bytes);
     for (int w = 0; w < 2; ++w) {  // warm-up: caches, MPI's connections and buffers
       ops.raw(p, count);
+      if (ops.raw_wait) ops.raw_wait();
       ops.ours(p, count);
+      if (ops.ours_wait) ops.ours_wait();
     }
     std::vector<std::pair<double, double>> pairs;
     for (int rep = 0; rep < cfg.reps; ++rep) {
-      const double raw = time_block(ops, ops.raw, p, count, iters);
-      const double ours = time_block(ops, ops.ours, p, count, iters);
+      const double raw = time_block(ops, ops.raw, ops.raw_wait, p, count, iters);
+      const double ours = time_block(ops, ops.ours, ops.ours_wait, p, count, iters);
       pairs.emplace_back(raw, ours);
     }
     // The pair with the median ratio: one noisy block does not decide the result.
@@ -333,11 +341,20 @@ std::vector<row> run_nccl(const config& cfg) {
     auto stream = static_cast<cudaStream_t>(comm.stream());
     ncclComm_t raw = raw_comms[static_cast<std::size_t>(r)];
     rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
-    // Both on the communicator's stream, each ending when its work is done on the GPU.
+    // Both on the communicator's stream, N back to back and one wait, as nccl-tests does: raw
+    // synchronizes the stream once, ours waits for every work handle (each an event).
     ops.raw = [&](float* p, std::size_t n) {
-      if (ncclAllReduce(p, p, n, ncclFloat32, ncclSum, raw, stream) != ncclSuccess ||
-          cudaStreamSynchronize(stream) != cudaSuccess)
+      if (ncclAllReduce(p, p, n, ncclFloat32, ncclSum, raw, stream) != ncclSuccess)
         throw std::runtime_error("raw ncclAllReduce failed");
+    };
+    ops.raw_wait = [&] {
+      if (cudaStreamSynchronize(stream) != cudaSuccess) throw std::runtime_error("cudaStreamSynchronize failed");
+    };
+    std::vector<nccl_work> handles;
+    ops.ours = [&](float* p, std::size_t n) { handles.push_back(comm.iallreduce(p, n, dtype::f32, reduce_op::sum)); };
+    ops.ours_wait = [&] {
+      for (auto& h : handles) h.wait(std::chrono::seconds(60));
+      handles.clear();
     };
     ops.stage = [&](const float* host, std::size_t n) {
       cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice);
@@ -360,9 +377,9 @@ constexpr const char* usage_text =
     "                 default 1); under MPI, mpirun -np sets it\n"
     "  --max-bytes B  largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)\n"
     "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
-    "  --no-bounce    mpi: mpi_options::bounce_buffers = false\n"
-    "  --no-verify    mpi: mpi_options::verify_before_posting = false\n"
-    "  --no-ring      mpi: every all-reduce as one MPI_Iallreduce (no ring)\n"
+    "  --no-bounce    mpi: mpi_options::bounce_buffers = false (broadcasts and sends)\n"
+    "  --no-verify    mpi: mpi_options::verify_before_posting = false (broadcasts)\n"
+    "  --no-ring      mpi: every all-reduce by recursive doubling (no ring)\n"
     "  --help         this text\n";
 
 int run(int argc, char** argv) {

@@ -69,7 +69,41 @@ if(NOT CADENCE_GLOO_HAS_STORE_REFERENCE)
   ctx->connectFullMesh(store, dev);
 ${_cadence_gloo_check_tail}" CADENCE_GLOO_HAS_STORE_SHARED_PTR)
 endif()
+# Testing an operation without waiting reads the completion counts of gloo's TCP buffers
+# (gloo/transport/tcp/unbound_buffer.h). That header includes gloo/common/memory.h, which Debian's
+# libgloo-dev does not install; our stand-in (include/cadence/transport/gloo/compat) is added to
+# the include path when the header compiles only with it.
+set(_cadence_gloo_peek_check [=[
+#include <gloo/transport/tcp/unbound_buffer.h>
+#include <mutex>
+struct peek : gloo::transport::tcp::UnboundBuffer {
+  static int get(gloo::transport::tcp::UnboundBuffer& b) {
+    std::mutex gloo::transport::tcp::UnboundBuffer::*m = &peek::m_;
+    int gloo::transport::tcp::UnboundBuffer::*n = &peek::recvCompletions_;
+    std::lock_guard<std::mutex> lock(b.*m);
+    return b.*n;
+  }
+};
+int main() { return 0; }
+]=])
+set(_cadence_gloo_compat_dir ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/compat)
+check_cxx_source_compiles("${_cadence_gloo_peek_check}" CADENCE_GLOO_TCP_PEEK)
+set(_cadence_gloo_needs_compat OFF)
+if(NOT CADENCE_GLOO_TCP_PEEK)
+  list(APPEND CMAKE_REQUIRED_INCLUDES ${_cadence_gloo_compat_dir})
+  check_cxx_source_compiles("${_cadence_gloo_peek_check}" CADENCE_GLOO_TCP_PEEK_WITH_COMPAT)
+  if(CADENCE_GLOO_TCP_PEEK_WITH_COMPAT)
+    set(_cadence_gloo_needs_compat ON)
+  endif()
+endif()
 cmake_pop_check_state()
+if(CADENCE_GLOO_TCP_PEEK OR _cadence_gloo_needs_compat)
+  set(_cadence_gloo_peek 1)
+else()
+  set(_cadence_gloo_peek 0)
+  message(STATUS "cadence: gloo's TCP unbound buffer header does not compile; cadence::gloo's "
+                 "work handles will block in test()")
+endif()
 if(CADENCE_GLOO_HAS_STORE_REFERENCE)
   set(_cadence_gloo_shared_store 0)
   set(_cadence_gloo_api "connectFullMesh(Store&, ...)")
@@ -101,10 +135,18 @@ else()
   target_link_libraries(cadence_gloo INTERFACE $<BUILD_INTERFACE:${CADENCE_GLOO_LIBRARY}>)
 endif()
 target_compile_definitions(cadence_gloo INTERFACE
-  CADENCE_GLOO_RENDEZVOUS_SHARED_STORE=${_cadence_gloo_shared_store})
+  CADENCE_GLOO_RENDEZVOUS_SHARED_STORE=${_cadence_gloo_shared_store}
+  CADENCE_GLOO_TCP_PEEK=${_cadence_gloo_peek})
 target_sources(cadence_gloo INTERFACE
   FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include
   FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/communicator.hpp)
+if(_cadence_gloo_needs_compat)
+  target_include_directories(cadence_gloo SYSTEM INTERFACE
+    $<BUILD_INTERFACE:${_cadence_gloo_compat_dir}>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/cadence/transport/gloo/compat>)
+  target_sources(cadence_gloo INTERFACE FILE_SET HEADERS FILES ${_cadence_gloo_compat_dir}/gloo/common/memory.h)
+  message(STATUS "cadence: gloo lacks gloo/common/memory.h; using cadence's stand-in for its TCP header")
+endif()
 set(CADENCE_GLOO_FROM_CONFIG ${_cadence_gloo_from_config})
 
 if(CADENCE_BUILD_TESTS)

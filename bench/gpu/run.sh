@@ -6,7 +6,10 @@
 # deadline) and one all-reduce bandwidth table against raw ncclAllReduce; then the collective
 # adapters' NCCL form (bucketed all-reduce, periodic and elastic averaging on device buffers and
 # a stream of the caller's: ncclAvg, PreMulSum, async copies and cudaMalloc through the real
-# table; two-rank merges when the machine has two GPUs).
+# table; two-rank merges when the machine has two GPUs); then the adapters' stream ordering (a
+# slow kernel writes the gradients on the caller's stream, the adapter must wait for it:
+# bench/gpu/stream_order_check.cu, built with nvcc alone, so it runs even where CMake cannot
+# configure); then the exchange benchmark's NCCL rows.
 # Usage: bench/gpu/run.sh [build-dir] [-- extra args for cadence-bench-thrust-gpu]
 # Env: CUDA_ARCH (default 90), JOBS (default: number of cores).
 set -euo pipefail
@@ -20,6 +23,20 @@ jobs=${JOBS:-$(nproc)}
 export PATH=/usr/local/cuda/bin:$PATH
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+
+# NCCL: the CUDA toolkit's, NCCL_ROOT's, or else the one PyTorch's wheels bring (nvidia-nccl-cu*),
+# which ships libnccl.so.2 without the libnccl.so a linker looks for: a folder in the build
+# directory gives it one.
+if [[ -z ${NCCL_ROOT:-} && ! -f /usr/local/cuda/include/nccl.h ]]; then
+  wheel=$("${PYTHON:-python3}" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+  if [[ -n $wheel && -f $wheel/include/nccl.h ]]; then
+    mkdir -p "$build/nccl/lib"
+    ln -sfn "$wheel/include" "$build/nccl/include"
+    ln -sf "$(ls "$wheel"/lib/libnccl.so* | head -n 1)" "$build/nccl/lib/libnccl.so"
+    export NCCL_ROOT=$build/nccl LD_LIBRARY_PATH=$wheel/lib:${LD_LIBRARY_PATH:-}
+    echo "NCCL from the Python wheel at $wheel"
+  fi
+fi
 
 configure() {
   cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCADENCE_THRUST_DEVICE_SYSTEM=CUDA \
@@ -76,6 +93,25 @@ if [[ -d "$build/CMakeFiles" ]] && grep -qE '^CADENCE_NCCL_LIBRARY:[A-Z]+=/' "$b
   fi
 else
   echo "NCCL not found at configure time: NCCL backend skipped" >&2
+fi
+
+# ---- The adapters on the caller's stream: nvcc alone (the CUDA toolkit's NCCL) ----
+echo "== NCCL adapters after the caller's stream (a slow kernel writes the gradients first) =="
+mkdir -p "$build/bin"
+nccl_flags=()
+if [[ -f $build/CMakeCache.txt ]]; then
+  nccl_inc=$(sed -n 's/^CADENCE_NCCL_INCLUDE_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")
+  nccl_lib=$(sed -n 's/^CADENCE_NCCL_LIBRARY:[A-Z]*=//p' "$build/CMakeCache.txt")
+  [[ -n $nccl_inc && $nccl_inc != *NOTFOUND ]] && nccl_flags+=(-I"$nccl_inc")
+  [[ -n $nccl_lib && $nccl_lib != *NOTFOUND ]] && nccl_flags+=(-L"$(dirname "$nccl_lib")")
+fi
+nvcc -std=c++17 -O2 -arch=sm_"$arch" -I"$src/include" "${nccl_flags[@]}" "$src/bench/gpu/stream_order_check.cu" \
+     -lnccl -o "$build/bin/stream_order_check"
+"$build/bin/stream_order_check"
+if [[ -x "$build/bin/cadence-bench-exchange" ]] || { [[ -d "$build/CMakeFiles" ]] &&
+     cmake --build "$build" -j "$jobs" --target cadence-bench-exchange 2>/dev/null; }; then
+  echo "== Collective adapters against N back-to-back ncclAllReduce, 1 GPU (read us) =="
+  "$build/bin/cadence-bench-exchange" --backend nccl --min-bytes 1048576 --no-overlap || true
 fi
 
 # ---- cadence.torch on the GPU (python/bench/torch_gpu.sh: skips, saying why, without torch/CUDA) ----

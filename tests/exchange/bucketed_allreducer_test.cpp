@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <vector>
 
 using namespace cadence;
@@ -41,4 +43,153 @@ TEST_CASE("the bucketed all-reducer fuses small tensors and leaves big ones alon
     // a+b (80 bytes) fused; big alone; d (f32) and e (f64) split by dtype.
     CHECK(red.buckets() == 4);
   });
+}
+
+namespace {
+// Polls until every launched bucket has completed; the limit only catches a hang.
+template <class R>
+bool poll_until_done(R& red) {
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (!red.poll())
+    if (std::chrono::steady_clock::now() > until) return false;
+  return true;
+}
+}  // namespace
+
+TEST_CASE("buckets go in reverse registration order, as DDP's reducer: the last tensors first" *
+          doctest::timeout(30)) {
+  inproc_world world(2);
+  cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
+    bucketed_allreducer_options o;
+    o.bucket_bytes = 64;
+    bucketed_allreducer<inproc_communicator> red(c, o);
+    std::vector<float> a(16), b(8), e, d(8);
+    red.add(a);  // 64 bytes: alone
+    red.add(b);  // 32 bytes, with d (e is empty and joins no bucket)
+    red.add(e);
+    red.add(d);
+    CHECK(red.buckets() == 2);
+    CHECK(red.bucket_of(3) == 0);
+    CHECK(red.bucket_of(1) == 0);
+    CHECK(red.bucket_of(0) == 1);
+    CHECK(red.bucket_of(2) == static_cast<std::size_t>(-1));
+  });
+}
+
+TEST_CASE("a bucket's all-reduce runs while backward goes on: it completes on every rank before "
+          "the earlier tensors are marked ready" * doctest::timeout(60)) {
+  inproc_world world(2);
+  cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
+    bucketed_allreducer_options o;
+    o.bucket_bytes = 64;  // 16 floats: one tensor per bucket
+    o.timeout = 30s;
+    bucketed_allreducer<inproc_communicator> red(c, o);
+    const int r = c.rank();
+    std::vector<float> a(16, static_cast<float>(2 * r)), b(16, static_cast<float>(4 * r)),
+        d(16, static_cast<float>(6 * r));
+    red.add(a);
+    red.add(b);
+    red.add(d);
+    REQUIRE(red.buckets() == 3);
+    CHECK(red.launched() == 0);
+    red.mark_ready(2);  // the last tensor: bucket 0 starts
+    CHECK(red.launched() == 1);
+    // Bucket 0 can only complete once every rank has launched it; a and b are still unmarked on
+    // both ranks (each waits here before marking them), so its all-reduce overlapped the rest.
+    CHECK(poll_until_done(red));
+    CHECK(d == std::vector<float>(16, 3.0f));  // the mean of 0 and 6, in before a and b are ready
+    CHECK(a == std::vector<float>(16, static_cast<float>(2 * r)));  // untouched so far
+    red.mark_ready(1);
+    CHECK(red.launched() == 2);
+    red.mark_ready(0);
+    red.finish();
+    CHECK(a == std::vector<float>(16, 1.0f));
+    CHECK(b == std::vector<float>(16, 2.0f));
+    CHECK(red.launched() == 0);  // the step is over
+  });
+}
+
+TEST_CASE("a ready bucket waits for the lower buckets, so every rank issues the all-reduces in "
+          "the same order whatever order its gradients come in" * doctest::timeout(60)) {
+  inproc_world world(3);
+  cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
+    bucketed_allreducer_options o;
+    o.bucket_bytes = 32;  // 8 doubles: one tensor per bucket
+    o.timeout = 30s;
+    bucketed_allreducer<inproc_communicator> red(c, o);
+    std::vector<std::vector<double>> t(5, std::vector<double>(4));
+    for (auto& v : t) red.add(v);
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t k = 0; k < t.size(); ++k)
+        std::fill(t[k].begin(), t[k].end(), static_cast<double>(3 * (c.rank() + static_cast<int>(k) + step)));
+      // Rank r marks in its own order; rank 0 starts with the first tensor (the last bucket).
+      std::vector<std::size_t> order = {0, 4, 2, 3, 1};
+      std::rotate(order.begin(), order.begin() + c.rank(), order.end());
+      for (std::size_t i : order) red.mark_ready(i);
+      CHECK(red.launched() == t.size());  // every bucket went once its lower ones had
+      red.finish();
+      for (std::size_t k = 0; k < t.size(); ++k)
+        CHECK(t[k] == std::vector<double>(4, static_cast<double>(3 * (1 + static_cast<int>(k) + step))));
+    }
+  });
+}
+
+TEST_CASE("launched buckets are a prefix in bucket order" * doctest::timeout(30)) {
+  inproc_world world(1);
+  auto c = world.join(0);
+  bucketed_allreducer_options o;
+  o.bucket_bytes = 16;
+  bucketed_allreducer<inproc_communicator> red(c, o);
+  std::vector<float> t0(4), t1(4), t2(4);
+  red.add(t0);
+  red.add(t1);
+  red.add(t2);
+  red.mark_ready(0);  // bucket 2: waits for buckets 0 and 1
+  CHECK(red.launched() == 0);
+  red.mark_ready(2);  // bucket 0
+  CHECK(red.launched() == 1);
+  red.mark_ready(1);  // bucket 1, then bucket 2 behind it
+  CHECK(red.launched() == 3);
+  red.finish();
+}
+
+TEST_CASE("tensors that lie back to back are reduced in place, without a fusion copy" * doctest::timeout(30)) {
+  inproc_world world(2);
+  cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
+    std::vector<float> flat(100);
+    for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<float>(2 * c.rank() + static_cast<int>(i));
+    std::vector<float> apart(10, static_cast<float>(2 * c.rank()));
+    bucketed_allreducer<inproc_communicator> red(c);
+    red.add(flat.data(), 30);
+    red.add(flat.data() + 30, 70);
+    CHECK(red.in_place_buckets() == 1);
+    red.add(apart);  // not adjacent to the others: their bucket now needs a fusion buffer
+    CHECK(red.buckets() == 1);
+    CHECK(red.in_place_buckets() == 0);
+    bucketed_allreducer<inproc_communicator> flat_only(c);
+    flat_only.add(flat.data(), 30);
+    flat_only.add(flat.data() + 30, 70);
+    flat_only.average();
+    for (std::size_t i = 0; i < flat.size(); ++i) CHECK(flat[i] == static_cast<float>(1 + static_cast<int>(i)));
+    red.average();
+    CHECK(apart == std::vector<float>(10, 1.0f));
+  });
+}
+
+TEST_CASE("marking a tensor twice, or one that does not exist, is refused; so is add() during a step" *
+          doctest::timeout(30)) {
+  inproc_world world(1);
+  auto c = world.join(0);
+  bucketed_allreducer<inproc_communicator> red(c);
+  std::vector<float> a(4), b(4);
+  red.add(a);
+  red.add(b);
+  red.mark_ready(1);
+  CHECK_THROWS_WITH_AS(red.mark_ready(1), doctest::Contains("already marked"), invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(red.mark_ready(2), doctest::Contains("mark_ready(2)"), invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(red.add(a), doctest::Contains("during a step"), invalid_parameter_error);
+  red.finish();
+  red.mark_ready(1);  // a new step
+  red.finish();
+  CHECK_FALSE(c.failed());
 }

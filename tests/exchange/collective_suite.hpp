@@ -185,6 +185,44 @@ CADENCE_EXCHANGE_TEST("bucketed all-reduce equals the unbucketed all-reduce for 
   });
 }
 
+CADENCE_EXCHANGE_TEST("gradients marked ready in a different order on every rank are averaged "
+                      "exactly, step after step", exchange_bucketed_mark_ready) {
+  using namespace cadence_exchange_suite;
+  H::run([](auto& c) {
+    using C = std::decay_t<decltype(c)>;
+    bucketed_allreducer_options o;
+    o.bucket_bytes = 96;
+    o.timeout = 30s;
+    bucketed_allreducer<C> red(c, o);
+    const std::size_t sizes[] = {5, 30, 0, 7, 24, 1, 12, 40};
+    std::vector<std::vector<float>> t;
+    for (std::size_t n : sizes) t.emplace_back(n);
+    for (auto& v : t) red.add(v);
+    const int n = c.size(), r = c.rank();
+    for (int step = 0; step < 4; ++step) {
+      for (std::size_t k = 0; k < t.size(); ++k)
+        for (std::size_t i = 0; i < t[k].size(); ++i)
+          t[k][i] = static_cast<float>(n * (r + static_cast<int>(i + k) + step));
+      // A backward pass in reverse order, shuffled a little differently on each rank, with
+      // poll() between the gradients as a trainer's hook would.
+      std::vector<std::size_t> order(t.size());
+      for (std::size_t k = 0; k < order.size(); ++k) order[k] = order.size() - 1 - k;
+      std::swap(order[static_cast<std::size_t>(r + step) % order.size()],
+                order[static_cast<std::size_t>(r + step + 3) % order.size()]);
+      for (std::size_t i : order) {
+        red.mark_ready(i);
+        (void)red.poll();
+      }
+      red.finish();
+      std::size_t wrong = 0;
+      for (std::size_t k = 0; k < t.size(); ++k)
+        for (std::size_t i = 0; i < t[k].size(); ++i)
+          wrong += t[k][i] != static_cast<float>(n * (static_cast<int>(i + k) + step) + n * (n - 1) / 2);
+      CHECK_MESSAGE(wrong == 0, "rank " << r << " step " << step << ": " << wrong << " wrong");
+    }
+  });
+}
+
 CADENCE_EXCHANGE_TEST("bucket views are averaged in place like registered tensors",
                       exchange_bucket_views) {
   using namespace cadence_exchange_suite;
@@ -244,7 +282,8 @@ CADENCE_EXCHANGE_TEST("periodic averaging merges every k local steps", exchange_
   H::run([](auto& c) {
     using C = std::decay_t<decltype(c)>;
     periodic_averager<C> avg(c, 3, 30s);
-    std::vector<float> x(10);
+    std::vector<float> x(10), z(3);
+    std::vector<double> y(7);
     std::uint64_t steps = 0, wrong = 0;
     while (avg.barriers() < 20) {
       ++steps;
@@ -252,9 +291,20 @@ CADENCE_EXCHANGE_TEST("periodic averaging merges every k local steps", exchange_
       CHECK(due == (steps % 3 == 0));
       if (!due) continue;
       for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(c.rank() * 2 + i);
-      avg.sync(x);
+      for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<double>(c.rank() * 4 + i);
+      for (std::size_t i = 0; i < z.size(); ++i) z[i] = static_cast<float>(c.rank() * 6 + i);
+      if (avg.barriers() % 2 == 0)
+        avg.sync(x);  // one tensor: in place
+      else
+        avg.sync(x, y, z);  // two f32 tensors fused, the f64 one alone: two all-reduces
       for (std::size_t i = 0; i < x.size(); ++i)
         if (x[i] != static_cast<float>(c.size() - 1 + i)) ++wrong;  // mean of 2r + i
+      if (avg.barriers() % 2 == 0) {  // the barrier just done merged all three
+        for (std::size_t i = 0; i < y.size(); ++i)
+          if (y[i] != static_cast<double>(2 * (c.size() - 1) + i)) ++wrong;
+        for (std::size_t i = 0; i < z.size(); ++i)
+          if (z[i] != static_cast<float>(3 * (c.size() - 1) + i)) ++wrong;
+      }
     }
     CHECK(wrong == 0);
     CHECK(steps == 60);
@@ -384,6 +434,7 @@ CADENCE_EXCHANGE_TEST("a rank that stops syncing makes the others throw transpor
 
 #define CADENCE_BUCKETED_ALLREDUCER_SUITE(H)                         \
   TEST_CASE_TEMPLATE_INVOKE(exchange_bucketed_equals_unbucketed, H);   \
+  TEST_CASE_TEMPLATE_INVOKE(exchange_bucketed_mark_ready, H);          \
   TEST_CASE_TEMPLATE_INVOKE(exchange_bucket_views, H);                 \
   TEST_CASE_TEMPLATE_INVOKE(exchange_bucketed_bad_input, H)
 

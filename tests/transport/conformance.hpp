@@ -474,7 +474,115 @@ CADENCE_CONFORMANCE_TEST("abort is idempotent and every later call throws transp
   });
 }
 
-/// Instantiates the whole suite for harness H (once per test executable).
+CADENCE_CONFORMANCE_TEST("allreduce_average, where offered, is the sum divided by the size, for "
+                         "every size and both float dtypes; integers are refused",
+                         conformance_average) {
+  using namespace cadence_conformance;
+  H::run([](auto& c) {
+    using C = std::decay_t<decltype(c)>;
+    if constexpr (has_allreduce_average_v<C>) {
+      const int n = c.size(), r = c.rank();
+      auto check = [&](auto tag, std::size_t count) {
+        using T = decltype(tag);
+        std::vector<T> buf(count);
+        for (std::size_t i = 0; i < count; ++i) buf[i] = value<T>(r, i);
+        c.allreduce_average(buf.data(), count, dtype_of_v<T>, 60s);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < count; ++i) {
+          T sum = 0;
+          for (int q = 0; q < n; ++q) sum += value<T>(q, i);  // integers: exact
+          T expected = 0;
+          cadence::transport::detail::divide_typed(&expected, &sum, 1, static_cast<double>(n));
+          wrong += buf[i] != expected;
+        }
+        CHECK_MESSAGE(wrong == 0, "rank " << r << ": allreduce_average " << dtype_name(dtype_of_v<T>)
+                                          << " of " << count << " elements: " << wrong << " wrong");
+      };
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1023},
+                                std::size_t{65537}, std::size_t{262147}}) {
+        check(float{}, count);
+        check(double{}, count);
+      }
+      std::int32_t i32[4] = {};
+      expect_throw<invalid_parameter_error>(r, [&] { c.allreduce_average(i32, 4, dtype::i32, 30s); },
+                                            {"allreduce_average", "rank " + std::to_string(r), "i32"});
+      CHECK_FALSE(c.failed());
+      if constexpr (has_async_average_v<C>) {
+        std::vector<double> a(5000), b(300000);
+        for (std::size_t i = 0; i < a.size(); ++i) a[i] = n * value<double>(r, i);
+        for (std::size_t i = 0; i < b.size(); ++i) b[i] = n * value<double>(r, i + 1);
+        auto wa = c.iallreduce_average(a.data(), a.size(), dtype::f64);
+        auto wb = c.iallreduce_average(b.data(), b.size(), dtype::f64);
+        wb.wait(60s);
+        wa.wait(60s);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          double sum = 0;
+          for (int q = 0; q < n; ++q) sum += value<double>(q, i);
+          wrong += a[i] != sum;
+        }
+        for (std::size_t i = 0; i < b.size(); ++i) {
+          double sum = 0;
+          for (int q = 0; q < n; ++q) sum += value<double>(q, i + 1);
+          wrong += b[i] != sum;
+        }
+        CHECK_MESSAGE(wrong == 0, "rank " << r << ": iallreduce_average: " << wrong << " wrong");
+      }
+    }
+  });
+}
+
+CADENCE_CONFORMANCE_TEST("a long mixed sequence of collectives, blocking and in flight together, "
+                         "gives the exact results on every rank", conformance_mixed_sequence) {
+  using namespace cadence_conformance;
+  // Every rank issues the same sequence (a seeded generator): small and ring-sized all-reduces,
+  // averages, broadcasts from every root, and, where offered, several in flight at once,
+  // waited in reverse. A protocol whose messages of consecutive collectives can overtake or
+  // block each other hangs or goes wrong here.
+  H::run([](auto& c) {
+    using C = std::decay_t<decltype(c)>;
+    const int n = c.size(), r = c.rank();
+    std::uint64_t state = 12345;
+    auto next = [&] {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return state >> 33;
+    };
+    std::size_t wrong = 0;
+    for (int k = 0; k < 60; ++k) {
+      const auto what = next() % 5;
+      const std::size_t count = what == 2 ? 20000 + next() % 50000 : 1 + next() % 3000;
+      if (what == 3) {
+        const int root = static_cast<int>(next() % static_cast<std::uint64_t>(n));
+        std::vector<std::int32_t> b(count, r == root ? k : -1);
+        c.broadcast(b.data(), b.size() * sizeof(std::int32_t), root, 30s);
+        for (auto v : b) wrong += v != k;
+        continue;
+      }
+      if constexpr (has_async_v<C> && has_async_average_v<C>) {
+        if (what == 4) {  // three in flight, waited in reverse
+          std::vector<float> a(count, static_cast<float>(r)), b(count + 7, static_cast<float>(2 * r)),
+              d(70000, static_cast<float>(r + k));
+          auto wa = c.iallreduce(a.data(), a.size(), dtype::f32, reduce_op::sum);
+          auto wb = c.iallreduce_average(b.data(), b.size(), dtype::f32);
+          auto wd = c.iallreduce(d.data(), d.size(), dtype::f32, reduce_op::max);
+          wd.wait(30s);
+          wb.wait(30s);
+          wa.wait(30s);
+          for (float v : a) wrong += v != static_cast<float>(n * (n - 1) / 2);
+          for (float v : b) wrong += v != static_cast<float>(n - 1);
+          for (float v : d) wrong += v != static_cast<float>(n - 1 + k);
+          continue;
+        }
+      }
+      std::vector<double> x(count, static_cast<double>(r + k));
+      c.allreduce(x.data(), x.size(), dtype::f64, reduce_op::sum, 30s);
+      for (double v : x) wrong += v != static_cast<double>(n * k + n * (n - 1) / 2);
+    }
+    CHECK_MESSAGE(wrong == 0, "rank " << r << ": " << wrong << " wrong values");
+    CHECK_FALSE(c.failed());
+  });
+}
+
 // ---- asynchronous operations (where has_async_v) ----
 
 CADENCE_CONFORMANCE_TEST("async: several collectives in flight at once complete with the blocking "
@@ -612,6 +720,7 @@ CADENCE_CONFORMANCE_TEST("async: test() has no deadline; wait(d) names the await
   });
 }
 
+/// Instantiates the whole suite for harness H (once per test executable).
 #define CADENCE_TRANSPORT_CONFORMANCE(H)                             \
   TEST_CASE_TEMPLATE_INVOKE(conformance_allreduce_dtypes, H);        \
   TEST_CASE_TEMPLATE_INVOKE(conformance_allreduce_sizes, H);         \
@@ -627,6 +736,8 @@ CADENCE_CONFORMANCE_TEST("async: test() has no deadline; wait(d) names the await
   TEST_CASE_TEMPLATE_INVOKE(conformance_mismatch, H);                \
   TEST_CASE_TEMPLATE_INVOKE(conformance_message_size, H);            \
   TEST_CASE_TEMPLATE_INVOKE(conformance_abort, H);                   \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_average, H);                 \
+  TEST_CASE_TEMPLATE_INVOKE(conformance_mixed_sequence, H);          \
   TEST_CASE_TEMPLATE_INVOKE(conformance_async_collectives, H);       \
   TEST_CASE_TEMPLATE_INVOKE(conformance_async_p2p, H);               \
   TEST_CASE_TEMPLATE_INVOKE(conformance_async_deadline, H)

@@ -1,18 +1,23 @@
 // BSP gradient all-reduce over any communicator: registered tensors fused into buckets (as
-// PyTorch DDP does), averaged every step with one all-reduce per bucket.
+// PyTorch DDP does), each bucket averaged as soon as its last gradient is ready, so communication
+// overlaps the rest of the backward pass.
 #pragma once
 
 #include <cadence/core/error.hpp>
 #include <cadence/exchange/detail/device.hpp>
 #include <cadence/exchange/detail/tensor.hpp>
 #include <cadence/transport/communicator.hpp>
+#include <cadence/transport/detail/reduce.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -22,31 +27,52 @@ struct bucketed_allreducer_options {
   /// Most bytes fused into one bucket (DDP's bucket_cap_mb, 25 MiB by default). A tensor
   /// larger than this travels alone, in place.
   std::size_t bucket_bytes = std::size_t{25} << 20;
-  /// Deadline of one average() call, all of its all-reduces together.
+  /// Deadline of one finish() (or average()): every bucket of the step must be reduced by then.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
-  /// Device communicators (NCCL) only: the cudaStream_t every copy and all-reduce is enqueued
-  /// on; null: the communicator's stream. A host communicator refuses a non-null stream.
+  /// Device communicators (NCCL) only: the caller's cudaStream_t, on which the gradients are
+  /// written (null: the legacy default stream). A bucket's copies and all-reduce run on the
+  /// communicator's own stream, made to wait (an event recorded on this stream at launch) for
+  /// the work the caller enqueued here before the bucket's last mark_ready(). A host
+  /// communicator refuses a non-null stream.
   void* stream = nullptr;
 };
 
 /// Averages a fixed set of gradient tensors across all ranks every step (BSP data parallelism).
-/// Register the tensors once with add(), in the same order and sizes on every rank; then call
-/// average() after each backward pass. Small tensors of one dtype are fused, in registration
-/// order, into buckets of at most bucket_bytes: one all-reduce per bucket instead of one per
-/// tensor, which is what makes many small layers cheap. A bucket holding a single tensor (in
-/// particular any tensor larger than a bucket) is reduced in place, without a copy.
+///
+/// Register the tensors once with add() (or add_view()), in the same order and sizes on every
+/// rank; tensor i is the i-th registered, views included. Tensors are grouped into buckets of
+/// one dtype and at most bucket_bytes in **reverse registration order**, as DDP's reducer does:
+/// backward produces the last layers' gradients first, so bucket 0 holds the last-registered
+/// tensors. During backward, call mark_ready(i) when tensor i's gradient is complete: when that
+/// completes its bucket (and every lower bucket has been launched, so every rank issues the
+/// buckets' all-reduces in the same order whatever order its gradients come in), the bucket's
+/// all-reduce starts and runs while backward goes on. finish() waits for all of them (marking
+/// any tensor not marked yet, in reverse order); then every tensor holds the mean over ranks.
+/// average() is mark-everything-then-finish, for a caller without hooks in its backward pass.
+///
+/// The overlap needs a communicator with the asynchronous operations (communicator.hpp); over
+/// one without them a bucket's all-reduce runs, blocking, inside the mark_ready() that
+/// launches it. Backends whose progress needs the caller's thread (MPI, gloo: only the owning
+/// thread enters them) progress in-flight buckets in every mark_ready(), in poll(), and in
+/// finish(); call poll() between pieces of work to keep them moving.
+///
+/// Copies: a bucket whose tensors lie back to back in memory (one tensor, a flat parameter
+/// buffer cut into tensors, views from add_view()) is reduced in place, without copies, and the
+/// division by the number of ranks happens inside the backend (allreduce_average) where it has
+/// one. Other buckets are copied into a fusion buffer of their own (each bucket may be in
+/// flight at once) and back.
 ///
 /// Results equal an unbucketed allreduce_avg of each tensor exactly whenever the sums are
 /// exact (integer-valued inputs); in general they can differ only by the backend's summation
 /// order. Every rank issues the same all-reduces in the same order, so a rank that registered
-/// different tensors fails the call on the backends that see the mismatch (transport_error);
-/// a stalled rank makes the others throw transport_error naming it within the timeout.
+/// different tensors fails the step on the backends that see the mismatch (transport_error); a
+/// stalled rank makes the others throw transport_error naming it within the timeout.
 ///
 /// Over a communicator with device buffers (nccl_communicator) the tensors are device pointers:
-/// fusion copies are cudaMemcpyAsync on the stream, the fusion buffer and the view buckets are
-/// device memory (allocated through the communicator), and the average is NCCL's own (ncclAvg:
-/// each input times 1/n, then summed; exact when n is a power of two and the sums are), so no
-/// host pass touches the data. average() returns when the results are in the tensors.
+/// fusion copies are cudaMemcpyAsync, the fusion buffers and views are device memory allocated
+/// through the communicator, and the average is NCCL's (ncclAvg). A bucket's work runs on the
+/// communicator's stream after an event on the caller's stream (options.stream): see there.
+/// finish() returns when the results are in the tensors (the host waits for the work's end).
 template <class C>
 class bucketed_allreducer {
   CADENCE_REQUIRE_COMMUNICATOR(C);
@@ -55,19 +81,22 @@ public:
   explicit bucketed_allreducer(C& comm, bucketed_allreducer_options options = {})
       : comm_(&comm), options_(options),
         device_(detail::uses_device(comm, "bucketed_allreducer", options.stream)),
-        stream_(detail::device_stream(comm, options.stream)) {
+        caller_stream_(options.stream) {
     if (options.bucket_bytes == 0)
-      throw invalid_parameter_error(
-          detail::where("bucketed_allreducer", comm.rank(), comm.size()) +
-          "bucket_bytes must be > 0");
+      throw invalid_parameter_error(here() + "bucket_bytes must be > 0");
     detail::check_timeout("bucketed_allreducer", options.timeout);
   }
 
+  bucketed_allreducer(const bucketed_allreducer&) = delete;
+  bucketed_allreducer& operator=(const bucketed_allreducer&) = delete;
+
   /// Registers a tensor (f32 or f64; a zero count is allowed and moves nothing); returns its
-  /// index. Buckets are rebuilt at the next average().
+  /// index. Buckets are planned again at the next step. Not during a step.
   std::size_t add(tensor_ref t) {
+    check_between_steps("add()");
     detail::check_tensor("bucketed_allreducer", comm_->rank(), comm_->size(), t, tensors_.size());
     tensors_.push_back(t);
+    arena_of_.push_back(npos);
     planned_ = false;
     return tensors_.size() - 1;
   }
@@ -76,91 +105,153 @@ public:
 
   /// Registers a tensor that lives inside a bucket (DDP's gradient_as_bucket_view): returns
   /// storage for `count` elements of T (float or double), zero-filled, valid as long as the
-  /// allreducer (device memory over a device communicator); write the gradient there and average() reduces it in place, with no copy in
-  /// or out of a fusion buffer. Consecutive views of one dtype share a bucket until it is full;
-  /// view buckets are reduced after the buckets of add()ed tensors.
+  /// allreducer (device memory over a device communicator). Its index is tensors() - 1 after the
+  /// call. Consecutive views of one dtype are allocated back to back, so their buckets are
+  /// reduced in place, with no copy in or out of a fusion buffer.
   template <class T>
   T* add_view(std::size_t count) {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                   "cadence::exchange::bucketed_allreducer::add_view<T>: T must be float or double");
+    check_between_steps("add_view()");
     constexpr transport::dtype type = transport::dtype_of_v<T>;
     const std::size_t bytes = count * sizeof(T);
-    if (views_.empty() || views_.back().type != type ||
-        views_.back().used + bytes > views_.back().capacity) {
-      view_bucket b;
-      b.type = type;
-      b.capacity = std::max(bytes, options_.bucket_bytes);
+    if (arenas_.empty() || arenas_.back().type != type ||
+        arenas_.back().used + bytes > arenas_.back().capacity) {
+      arena a;
+      a.type = type;
+      a.capacity = std::max(bytes, options_.bucket_bytes);
       if (device_) {
-        b.device = detail::device_block<C>(*comm_, b.capacity);
+        a.device = detail::device_block<C>(*comm_, a.capacity);
         if constexpr (detail::has_device_ops_v<C>) {
-          comm_->zero_async(b.device.get(), b.capacity, stream_);
-          comm_->synchronize(stream_, transport::deadline(options_.timeout));
+          comm_->zero_async(a.device.get(), a.capacity, comm_->stream());
+          comm_->synchronize(comm_->stream(), transport::deadline(options_.timeout));
         }
       } else {
-        b.storage.reset(new double[(b.capacity + sizeof(double) - 1) / sizeof(double)]());
+        a.storage.reset(new double[(a.capacity + sizeof(double) - 1) / sizeof(double)]());
       }
-      views_.push_back(std::move(b));
+      arenas_.push_back(std::move(a));
     }
-    view_bucket& b = views_.back();
-    T* p = reinterpret_cast<T*>(b.base() + b.used);
-    b.used += bytes;
+    arena& a = arenas_.back();
+    T* p = reinterpret_cast<T*>(a.base() + a.used);
+    a.used += bytes;
+    tensors_.push_back(tensor_ref(p, count));
+    arena_of_.push_back(arenas_.size() - 1);
+    planned_ = false;
     return p;
   }
 
-  /// Replaces every registered tensor with its average over all ranks.
-  void average() {
+  /// Tensor `index`'s gradient is complete for this step. Launches its bucket's all-reduce when
+  /// this was the bucket's last tensor (and the lower buckets are launched), and progresses the
+  /// buckets in flight. Throws invalid_parameter_error for an index out of range or a tensor
+  /// already marked this step; transport_error from the backend.
+  void mark_ready(std::size_t index) {
     plan();
-    const transport::deadline d = transport::deadline(options_.timeout);
-    if (device_) {
-      if constexpr (detail::has_device_ops_v<C>) average_on_device(d);
-      return;
-    }
-    const double n = static_cast<double>(comm_->size());
-    for (const bucket& b : buckets_) {
-      if (b.last - b.first == 1) {  // alone: in place
-        const tensor_ref& t = tensors_[b.first];
-        comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
-        detail::divide(t, n);
-        continue;
+    if (index >= tensors_.size())
+      throw invalid_parameter_error(here() + "mark_ready(" + std::to_string(index) + "): there are " +
+                                    std::to_string(tensors_.size()) + " tensors");
+    if (!in_step_) begin_step();
+    if (marked_[index])
+      throw invalid_parameter_error(here() + "mark_ready(" + std::to_string(index) +
+                                    "): tensor already marked ready in this step (call finish() "
+                                    "to end the step)");
+    marked_[index] = 1;
+    const std::size_t b = owner_[index];
+    if (b != npos && --buckets_[b].pending == 0) launch_ready();
+    else poll();
+  }
+
+  /// Progresses the buckets in flight without blocking; true when every launched bucket has
+  /// completed (its results in the tensors).
+  bool poll() {
+    if constexpr (transport::has_async_v<C>) {
+      bool all = true;
+      for (std::size_t b = 0; b < next_launch_; ++b) {
+        bucket& k = buckets_[b];
+        if (k.done) continue;
+        if (k.work && k.work->test()) {
+          complete(k);
+        } else {
+          all = false;
+          break;  // the backends progress in issue order; a later one cannot be done first
+        }
       }
-      unsigned char* fused = fusion_.data();
-      std::size_t at = 0;
-      for (std::size_t i = b.first; i < b.last; ++i) {
-        const tensor_ref& t = tensors_[i];
-        if (t.count != 0) std::memcpy(fused + at, t.data, t.bytes());
-        at += t.bytes();
-      }
-      const std::size_t count = at / transport::dtype_size(b.type);
-      comm_->allreduce(fused, count, b.type, transport::reduce_op::sum, d);
-      // Copy out and average in one pass.
-      at = 0;
-      for (std::size_t i = b.first; i < b.last; ++i) {
-        const tensor_ref& t = tensors_[i];
-        if (t.type == transport::dtype::f32)
-          detail::divide_into(static_cast<float*>(t.data), reinterpret_cast<const float*>(fused + at),
-                              t.count, n);
-        else
-          detail::divide_into(static_cast<double*>(t.data),
-                              reinterpret_cast<const double*>(fused + at), t.count, n);
-        at += t.bytes();
-      }
-    }
-    for (const view_bucket& b : views_) {
-      if (b.used == 0) continue;
-      const tensor_ref t = b.type == transport::dtype::f32
-                               ? tensor_ref(reinterpret_cast<float*>(b.base()), b.used / sizeof(float))
-                               : tensor_ref(reinterpret_cast<double*>(b.base()), b.used / sizeof(double));
-      comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
-      detail::divide(t, n);
+      return all;
+    } else {
+      return true;
     }
   }
 
-  /// All-reduces per average() call: buckets of add()ed tensors plus non-empty view buckets.
+  /// poll() for a thread that is otherwise idle (its accelerator computes): progresses the
+  /// buckets in flight until they have all completed (true) or `until` comes (false). Where the
+  /// backend's work handles can wait with a time limit (MPI, gloo: wait_until), the thread
+  /// waits in them, so the backend's own threads get the cores; elsewhere it tests and yields.
+  bool poll_until(std::chrono::steady_clock::time_point until) {
+    if constexpr (transport::has_async_v<C>) {
+      for (std::size_t b = 0; b < next_launch_; ++b) {
+        bucket& k = buckets_[b];
+        if (k.done) continue;
+        if constexpr (detail::has_wait_until_v<work_type>) {
+          if (!k.work->wait_until(until)) return false;
+        } else {
+          while (!k.work->test()) {
+            if (std::chrono::steady_clock::now() >= until) return false;
+            std::this_thread::yield();
+          }
+        }
+        complete(k);
+      }
+    }
+    return true;
+  }
+
+  /// Ends the step: marks every tensor not marked yet (in reverse registration order), then
+  /// waits, within options().timeout, until every bucket's average is in its tensors.
+  void finish() {
+    plan();
+    const transport::deadline d = transport::deadline(options_.timeout);
+    struct end_step {
+      bucketed_allreducer* self;
+      ~end_step() { self->reset_step(); }
+    } guard{this};
+    if (!in_step_) begin_step();
+    for (std::size_t i = tensors_.size(); i-- > 0;) {
+      if (marked_[i]) continue;
+      marked_[i] = 1;
+      const std::size_t b = owner_[i];
+      if (b != npos) --buckets_[b].pending;
+    }
+    launch_ready();
+    for (bucket& k : buckets_) {
+      if (k.done) continue;
+      if constexpr (transport::has_async_v<C>) {
+        if (k.work) k.work->wait(d);
+      }
+      complete(k);
+    }
+  }
+
+  /// Replaces every registered tensor with its average over all ranks: mark_ready() for every
+  /// tensor, then finish().
+  void average() { finish(); }
+
+  /// All-reduces per step: one per bucket (tensors of zero elements join none).
   std::size_t buckets() {
     plan();
-    std::size_t v = 0;
-    for (const view_bucket& b : views_) v += b.used != 0 ? 1 : 0;
-    return buckets_.size() + v;
+    return buckets_.size();
+  }
+  /// Buckets launched in the current step (0 between steps).
+  std::size_t launched() const noexcept { return in_step_ ? next_launch_ : 0; }
+  /// Buckets reduced without a fusion copy (their tensors adjacent in memory).
+  std::size_t in_place_buckets() {
+    plan();
+    std::size_t n = 0;
+    for (const bucket& b : buckets_) n += b.in_place != nullptr ? 1 : 0;
+    return n;
+  }
+  /// The bucket tensor `index` belongs to (buckets in launch order), or SIZE_MAX for an empty one.
+  std::size_t bucket_of(std::size_t index) {
+    plan();
+    return index < owner_.size() ? owner_[index] : npos;
   }
   std::size_t tensors() const noexcept { return tensors_.size(); }
   const bucketed_allreducer_options& options() const noexcept { return options_; }
@@ -168,11 +259,17 @@ public:
   bool on_device() const noexcept { return device_; }
 
 private:
-  struct bucket {
-    std::size_t first, last;  // tensors [first, last), contiguous in registration order
-    transport::dtype type;
-  };
-  struct view_bucket {
+  // Map: tensors_ (registration order) and arena_of_ (the view arena of each, npos for add());
+  // plan() derives buckets_ (launch order: bucket 0 = the last-registered tensors) and owner_
+  // (tensor -> bucket). A step: begin_step() resets marked_ and each bucket's pending count;
+  // mark_ready() and finish() count down, launch_ready() launches buckets in order from
+  // next_launch_, poll() and finish() complete them (complete(): the copy out of a fusion
+  // buffer, or the host division where the backend cannot average).
+  static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+
+  using work_type = typename detail::work_of<C>::type;
+
+  struct arena {
     transport::dtype type = transport::dtype::f32;
     std::size_t capacity = 0, used = 0;  // bytes
     std::unique_ptr<double[]> storage;   // host: doubles, so either dtype is aligned
@@ -183,95 +280,192 @@ private:
     }
   };
 
-  // The device form of average(): the same buckets, fusion copies and ncclAvg on the stream,
-  // one wait at the end for the copies out.
-  void average_on_device(const transport::deadline& d) {
-    if constexpr (detail::has_device_ops_v<C>) {
-      bool copied = false;
-      for (const bucket& b : buckets_) {
-        if (b.last - b.first == 1) {
-          const tensor_ref& t = tensors_[b.first];
-          comm_->allreduce_average(t.data, t.count, t.type, stream_, d);
-          continue;
-        }
-        auto* fused = static_cast<unsigned char*>(fusion_device_.get());
-        std::size_t at = 0;
-        for (std::size_t i = b.first; i < b.last; ++i) {
-          const tensor_ref& t = tensors_[i];
-          comm_->copy_async(fused + at, t.data, t.bytes(), stream_);
-          at += t.bytes();
-        }
-        comm_->allreduce_average(fused, at / transport::dtype_size(b.type), b.type, stream_, d);
-        at = 0;
-        for (std::size_t i = b.first; i < b.last; ++i) {
-          const tensor_ref& t = tensors_[i];
-          comm_->copy_async(t.data, fused + at, t.bytes(), stream_);
-          at += t.bytes();
-        }
-        copied = true;
+  struct bucket {
+    std::vector<std::size_t> members;  // non-empty tensors, ascending
+    transport::dtype type = transport::dtype::f32;
+    std::size_t bytes = 0, count = 0;
+    void* in_place = nullptr;           // the members' memory when adjacent (no fusion copies)
+    std::vector<double> fusion;         // host fusion buffer (doubles: aligned for either dtype)
+    detail::device_block<C> fusion_device;
+    std::size_t pending = 0;            // members not marked yet in this step
+    bool done = false;
+    bool divide = false;                // the backend summed: divide at completion
+    std::optional<work_type> work;
+    void* data() noexcept {
+      if (in_place != nullptr) return in_place;
+      return fusion_device.get() != nullptr ? fusion_device.get() : static_cast<void*>(fusion.data());
+    }
+  };
+
+  std::string here() const { return detail::where("bucketed_allreducer", comm_->rank(), comm_->size()); }
+
+  void check_between_steps(const char* what) const {
+    if (in_step_)
+      throw invalid_parameter_error(here() + what + " during a step (after mark_ready(), before "
+                                    "finish())");
+  }
+
+  void begin_step() {
+    marked_.assign(tensors_.size(), 0);
+    for (bucket& b : buckets_) {
+      b.pending = b.members.size();
+      b.done = false;
+      b.divide = false;
+      b.work.reset();
+    }
+    next_launch_ = 0;
+    in_step_ = true;
+  }
+
+  void reset_step() noexcept {
+    in_step_ = false;
+    next_launch_ = 0;
+  }
+
+  // Buckets launch in index order: a ready bucket waits for the lower ones, so every rank
+  // issues the same all-reduces in the same order.
+  void launch_ready() {
+    poll();
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(buckets_[next_launch_++]);
+  }
+
+  void launch(bucket& b) {
+    if (device_) {
+      if constexpr (detail::has_device_ops_v<C>) launch_on_device(b);
+      return;
+    }
+    if (b.in_place == nullptr) {
+      auto* fused = reinterpret_cast<unsigned char*>(b.fusion.data());
+      std::size_t at = 0;
+      for (std::size_t i : b.members) {
+        std::memcpy(fused + at, tensors_[i].data, tensors_[i].bytes());
+        at += tensors_[i].bytes();
       }
-      for (const view_bucket& b : views_) {
-        if (b.used == 0) continue;
-        comm_->allreduce_average(b.base(), b.used / transport::dtype_size(b.type), b.type, stream_, d);
-      }
-      if (copied) comm_->synchronize(stream_, d);
+    }
+    const double n = static_cast<double>(comm_->size());
+    if constexpr (transport::has_async_average_v<C>) {
+      b.work.emplace(comm_->iallreduce_average(b.data(), b.count, b.type));
+    } else if constexpr (transport::has_async_v<C>) {
+      b.work.emplace(comm_->iallreduce(b.data(), b.count, b.type, transport::reduce_op::sum));
+      b.divide = true;
+    } else if constexpr (transport::has_allreduce_average_v<C>) {
+      comm_->allreduce_average(b.data(), b.count, b.type, transport::deadline(options_.timeout));
+    } else {
+      comm_->allreduce(b.data(), b.count, b.type, transport::reduce_op::sum, transport::deadline(options_.timeout));
+      transport::detail::divide_into(b.data(), b.data(), b.count, b.type, n);
     }
   }
 
-  // Consecutive tensors of one dtype fill a bucket until the next would overflow it; empty
-  // tensors join whatever bucket is open (they move nothing) and never form one of their own.
+  // The device form: after the caller's stream (an event), on the communicator's stream: the
+  // copies in, ncclAvg, the copies out; the bucket's handle completes after the last of them.
+  void launch_on_device(bucket& b) {
+    if constexpr (detail::has_device_ops_v<C>) {
+      void* s = comm_->stream();
+      comm_->stream_wait(s, caller_stream_);
+      if (b.in_place != nullptr) {
+        b.work.emplace(comm_->iallreduce_average(b.in_place, b.count, b.type, s));
+        return;
+      }
+      auto* fused = static_cast<unsigned char*>(b.fusion_device.get());
+      std::size_t at = 0;
+      for (std::size_t i : b.members) {
+        comm_->copy_async(fused + at, tensors_[i].data, tensors_[i].bytes(), s);
+        at += tensors_[i].bytes();
+      }
+      auto reduce = comm_->iallreduce_average(fused, b.count, b.type, s);
+      at = 0;
+      for (std::size_t i : b.members) {
+        comm_->copy_async(tensors_[i].data, fused + at, tensors_[i].bytes(), s);
+        at += tensors_[i].bytes();
+      }
+      b.work.emplace(comm_->record(s, std::move(reduce)));  // after the copies out, named as the all-reduce
+    }
+  }
+
+  // A launched bucket whose all-reduce has completed: the copy out of its fusion buffer (host)
+  // and, where the backend only summed, the division.
+  void complete(bucket& b) {
+    if (b.done) return;
+    b.done = true;
+    b.work.reset();
+    if (device_) return;  // the copies out were enqueued behind the all-reduce
+    const double n = static_cast<double>(comm_->size());
+    if (b.in_place != nullptr) {
+      if (b.divide) transport::detail::divide_into(b.in_place, b.in_place, b.count, b.type, n);
+      return;
+    }
+    const auto* fused = reinterpret_cast<const unsigned char*>(b.fusion.data());
+    std::size_t at = 0;
+    for (std::size_t i : b.members) {
+      const tensor_ref& t = tensors_[i];
+      if (b.divide)
+        transport::detail::divide_into(t.data, fused + at, t.count, t.type, n);
+      else
+        std::memcpy(t.data, fused + at, t.bytes());
+      at += t.bytes();
+    }
+  }
+
+  // Buckets from the last tensor back: consecutive non-empty tensors of one dtype (and one view
+  // arena) until the next would overflow bucket_bytes; empty tensors belong to none.
   void plan() {
     if (planned_) return;
     buckets_.clear();
-    std::size_t largest = 0;
-    std::size_t i = 0;
-    while (i < tensors_.size()) {
-      if (tensors_[i].count == 0) {
-        ++i;
-        continue;
-      }
-      bucket b{i, i + 1, tensors_[i].type};
-      std::size_t bytes = tensors_[i].bytes();
-      while (b.last < tensors_.size()) {
-        const tensor_ref& t = tensors_[b.last];
-        if (t.count != 0 && (t.type != b.type || bytes + t.bytes() > options_.bucket_bytes))
+    owner_.assign(tensors_.size(), npos);
+    std::size_t i = tensors_.size();
+    while (i > 0) {
+      --i;
+      if (tensors_[i].count == 0) continue;
+      bucket b;
+      b.type = tensors_[i].type;
+      b.members.push_back(i);
+      b.bytes = tensors_[i].bytes();
+      std::size_t j = i;
+      while (j > 0) {
+        const tensor_ref& t = tensors_[j - 1];
+        if (t.count != 0 && (t.type != b.type || arena_of_[j - 1] != arena_of_[i] ||
+                             b.bytes + t.bytes() > options_.bucket_bytes))
           break;
-        bytes += t.bytes();
-        ++b.last;
+        --j;
+        if (t.count == 0) continue;
+        b.members.push_back(j);
+        b.bytes += t.bytes();
       }
-      if (b.last - b.first > 1 && bytes > largest) largest = bytes;
-      buckets_.push_back(b);
-      i = b.last;
+      std::reverse(b.members.begin(), b.members.end());
+      b.count = b.bytes / transport::dtype_size(b.type);
+      // In place when the members lie back to back in registration order.
+      bool adjacent = true;
+      for (std::size_t k = 1; k < b.members.size() && adjacent; ++k) {
+        const tensor_ref& prev = tensors_[b.members[k - 1]];
+        adjacent = static_cast<const unsigned char*>(prev.data) + prev.bytes() == tensors_[b.members[k]].data;
+      }
+      if (adjacent) {
+        b.in_place = tensors_[b.members.front()].data;
+      } else if (device_) {
+        b.fusion_device = detail::device_block<C>(*comm_, b.bytes);
+      } else {
+        b.fusion.assign((b.bytes + sizeof(double) - 1) / sizeof(double), 0.0);
+      }
+      for (std::size_t m : b.members) owner_[m] = buckets_.size();
+      buckets_.push_back(std::move(b));
+      i = j;
     }
-    // A bucket of one non-empty tensor plus empty ones is still in place: drop the empties.
-    for (bucket& b : buckets_) {
-      std::size_t nonempty = 0, only = b.first;
-      for (std::size_t k = b.first; k < b.last; ++k)
-        if (tensors_[k].count != 0) ++nonempty, only = k;
-      if (nonempty == 1) b = bucket{only, only + 1, b.type};
-    }
-    if (device_) {
-      if (fusion_device_.bytes() < largest) fusion_device_ = detail::device_block<C>(*comm_, largest);
-      planned_ = true;
-      return;
-    }
-    // The fusion buffer as doubles, so either dtype is aligned in it.
-    fusion_storage_.assign((largest + sizeof(double) - 1) / sizeof(double), 0.0);
-    fusion_ = span<unsigned char>(reinterpret_cast<unsigned char*>(fusion_storage_.data()),
-                                  fusion_storage_.size() * sizeof(double));
+    marked_.assign(tensors_.size(), 0);
     planned_ = true;
   }
 
   C* comm_;
   bucketed_allreducer_options options_;
   bool device_ = false;
-  void* stream_ = nullptr;
+  void* caller_stream_ = nullptr;
   std::vector<tensor_ref> tensors_;
+  std::vector<std::size_t> arena_of_;
+  std::vector<arena> arenas_;
   std::vector<bucket> buckets_;
-  std::vector<view_bucket> views_;
-  std::vector<double> fusion_storage_;
-  span<unsigned char> fusion_;
-  detail::device_block<C> fusion_device_;  // device communicators: the fusion buffer
+  std::vector<std::size_t> owner_;
+  std::vector<unsigned char> marked_;
+  std::size_t next_launch_ = 0;
+  bool in_step_ = false;
   bool planned_ = false;
 };
 

@@ -6,6 +6,7 @@
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/exchange/detail/device.hpp>
+#include <cadence/exchange/detail/merge.hpp>
 #include <cadence/exchange/detail/tensor.hpp>
 #include <cadence/predict/any_predictor.hpp>
 #include <cadence/transport/collectives.hpp>
@@ -58,8 +59,9 @@ struct elastic_averager_options {
   std::size_t warmup_steps = 0;
   /// Deadline of one sync(), all of its collectives together.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
-  /// Device tensors (a bulk communicator with device buffers, NCCL) only: the cudaStream_t the
-  /// merges are enqueued on; null: the bulk communicator's stream.
+  /// Device tensors (a bulk communicator with device buffers, NCCL) only: the caller's
+  /// cudaStream_t, whose earlier work the merge waits for (an event recorded on it; the merge
+  /// runs on the bulk communicator's stream); null: the legacy default stream.
   void* stream = nullptr;
 };
 
@@ -233,7 +235,8 @@ private:
 
 /// ElasticBSP over collectives (our adaptation: the paper places the barriers on a parameter
 /// server). Between barriers each rank runs local SGD steps without communicating; at a barrier
-/// every rank calls sync(), which merges the parameters with one all-reduce per tensor. How many
+/// every rank calls sync(), which merges the parameters with one all-reduce per dtype (in place
+/// where the tensors of a dtype lie back to back, else through a fusion buffer). How many
 /// local steps rank p runs before the next barrier comes from a plan that every rank computes
 /// from identical inputs: each rank reports the durations of its own steps (integer
 /// microseconds, its local clock only), sync() exchanges a fixed-size record of them, and every
@@ -258,7 +261,7 @@ private:
 /// NCCL form: elastic_averager<Control, nccl_communicator>(control, nccl, config, options). The
 /// timing records and the hash check (small, host memory) travel on `control` (MPI, gloo or
 /// inproc, the same ranks), the tensors are device pointers merged over the NCCL communicator
-/// on options.stream: average with ncclAvg, step_weighted with ncclRedOpCreatePreMulSum (each
+/// on its stream, after an event on options.stream (the caller's): average with ncclAvg, step_weighted with ncclRedOpCreatePreMulSum (each
 /// rank's scalar is s_r / sum of s), summed_deltas with a sum and a second, scaled all-reduce
 /// that subtracts (n - 1) times the anchor kept in device memory (NCCL has no elementwise
 /// kernel; it costs one more all-reduce of the tensors). sync() returns when the merged values
@@ -296,7 +299,7 @@ public:
                                     std::to_string(bulk.rank()) + " of " + std::to_string(bulk.size()) +
                                     " (the control and bulk communicators must have the same ranks)");
     device_ = detail::uses_device(bulk, "elastic_averager", options.stream);
-    stream_ = detail::device_stream(bulk, options.stream);
+    stream_ = options.stream;
     detail::check_timeout("elastic_averager", options.timeout);
     ring_.assign(options.history, 0);
     records_.assign(planner_.ranks() * planner_.record_words(), 0);
@@ -454,6 +457,8 @@ private:
     }
   }
 
+  // The merge: one fused all-reduce per dtype (two for summed deltas on a device), the rule's
+  // arithmetic folded into the copies (detail/merge.hpp).
   void merge(span<const tensor_ref> tensors, const transport::deadline& d) {
     const int n = comm_->size();
     const std::size_t w = record_words();
@@ -462,106 +467,15 @@ private:
     std::int64_t total_steps = 0;
     for (int r = 0; r < n; ++r) total_steps += records_[static_cast<std::size_t>(r) * w];
     const std::int64_t my_steps = records_[static_cast<std::size_t>(comm_->rank()) * w];
-    if (device_) {
-      if constexpr (detail::has_device_ops_v<Bulk>) merge_on_device(tensors, rule, my_steps, total_steps, d);
-      return;
-    }
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const tensor_ref& t = tensors[i];
-      switch (rule) {
-        case merge_rule::average:
-          bulk_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
-          detail::divide(t, static_cast<double>(n));
-          break;
-        case merge_rule::step_weighted:
-          detail::scale(t, static_cast<double>(my_steps));
-          bulk_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
-          detail::divide(t, static_cast<double>(total_steps));
-          break;
-        case merge_rule::summed_deltas:
-          // Sum the deltas x_r - a, then add a back: exact where the deltas are.
-          add_anchor(t, anchor_[i], -1.0);
-          bulk_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
-          add_anchor(t, anchor_[i], 1.0);
-          break;
-      }
-    }
+    const detail::merge_kind kind = rule == merge_rule::average         ? detail::merge_kind::average
+                                    : rule == merge_rule::step_weighted ? detail::merge_kind::step_weighted
+                                                                        : detail::merge_kind::summed_deltas;
+    merger_.merge(*bulk_, tensors, kind, static_cast<double>(my_steps), static_cast<double>(total_steps),
+                  options_.merge == merge_rule::summed_deltas, d, device_, stream_);
     if (options_.merge == merge_rule::summed_deltas) {
-      anchor_.resize(tensors.size());
-      for (std::size_t i = 0; i < tensors.size(); ++i) {
-        anchor_[i].resize(tensors[i].bytes());
-        if (tensors[i].count != 0)
-          std::memcpy(anchor_[i].data(), tensors[i].data, tensors[i].bytes());
-      }
-      remember_anchor_sizes(tensors);
-    }
-  }
-
-  void remember_anchor_sizes(span<const tensor_ref> tensors) {
-    anchor_bytes_.resize(tensors.size());
-    for (std::size_t i = 0; i < tensors.size(); ++i) anchor_bytes_[i] = tensors[i].bytes();
-    anchored_ = true;
-  }
-
-  // The merge on device tensors, on the stream: NCCL's average and pre-multiplied sums, the
-  // summed-deltas anchor in device memory; one wait at the end for the anchor copies.
-  void merge_on_device(span<const tensor_ref> tensors, merge_rule rule, std::int64_t my_steps,
-                       std::int64_t total_steps, const transport::deadline& d) {
-    if constexpr (detail::has_device_ops_v<Bulk>) {
-      const int n = bulk_->size();
-      const int me = bulk_->rank();
-      for (std::size_t i = 0; i < tensors.size(); ++i) {
-        const tensor_ref& t = tensors[i];
-        switch (rule) {
-          case merge_rule::average:
-            bulk_->allreduce_average(t.data, t.count, t.type, stream_, d);
-            break;
-          case merge_rule::step_weighted:
-            bulk_->allreduce_scaled(t.data, t.data, t.count, t.type,
-                                    static_cast<double>(my_steps) / static_cast<double>(total_steps),
-                                    stream_, d);
-            break;
-          case merge_rule::summed_deltas: {
-            // a + sum (x_r - a) = sum x_r - (n - 1) a: the sum, then one rank adds -(n - 1) a
-            // and rank 0 passes the sum on (the others contribute 0 x a).
-            bulk_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, stream_, d);
-            if (n > 1) {
-              const void* a = device_anchor_[i].get();
-              const void* send = me == 0 ? t.data : a;
-              const double scale = me == 0 ? 1.0 : me == 1 ? -static_cast<double>(n - 1) : 0.0;
-              bulk_->allreduce_scaled(t.count == 0 ? t.data : send, t.data, t.count, t.type, scale,
-                                      stream_, d);
-            }
-            break;
-          }
-        }
-      }
-      if (options_.merge == merge_rule::summed_deltas) {
-        if (!anchored_) {
-          device_anchor_.clear();
-          for (const tensor_ref& t : tensors) device_anchor_.emplace_back(*bulk_, t.bytes());
-        }
-        for (std::size_t i = 0; i < tensors.size(); ++i)
-          bulk_->copy_async(device_anchor_[i].get(), tensors[i].data, tensors[i].bytes(), stream_);
-        remember_anchor_sizes(tensors);
-        bulk_->synchronize(stream_, d);
-      }
-    }
-  }
-
-  // t += sign * a, elementwise.
-  static void add_anchor(const tensor_ref& t, const std::vector<unsigned char>& a, double sign) {
-    if (t.count == 0) return;
-    if (t.type == transport::dtype::f32) {
-      auto* p = static_cast<float*>(t.data);
-      std::vector<float> q(t.count);
-      std::memcpy(q.data(), a.data(), t.bytes());
-      for (std::size_t k = 0; k < t.count; ++k) p[k] = sign > 0 ? p[k] + q[k] : p[k] - q[k];
-    } else {
-      auto* p = static_cast<double*>(t.data);
-      std::vector<double> q(t.count);
-      std::memcpy(q.data(), a.data(), t.bytes());
-      for (std::size_t k = 0; k < t.count; ++k) p[k] = sign > 0 ? p[k] + q[k] : p[k] - q[k];
+      anchor_bytes_.resize(tensors.size());
+      for (std::size_t i = 0; i < tensors.size(); ++i) anchor_bytes_[i] = tensors[i].bytes();
+      anchored_ = true;
     }
   }
 
@@ -576,9 +490,8 @@ private:
   std::uint64_t recorded_ = 0, total_steps_ = 0;
   std::int64_t local_steps_ = 0, max_local_steps_ = 0;
   elastic_round round_;
-  std::vector<std::vector<unsigned char>> anchor_;  // summed_deltas: the last merged model
-  std::vector<detail::device_block<Bulk>> device_anchor_;  // the same, in device memory
-  std::vector<std::size_t> anchor_bytes_;                  // their sizes, for the checks
+  detail::merger<Bulk> merger_;             // fusion buffers and the summed-deltas anchor
+  std::vector<std::size_t> anchor_bytes_;   // the anchored tensors' sizes, for the checks
   bool anchored_ = false;
   std::vector<std::int64_t> records_;               // every rank's record, as exchanged
 };

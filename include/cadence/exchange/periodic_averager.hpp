@@ -4,6 +4,7 @@
 
 #include <cadence/core/error.hpp>
 #include <cadence/exchange/detail/device.hpp>
+#include <cadence/exchange/detail/merge.hpp>
 #include <cadence/exchange/detail/tensor.hpp>
 #include <cadence/transport/communicator.hpp>
 
@@ -17,28 +18,29 @@
 namespace cadence::exchange {
 
 /// Local SGD with a fixed period: each rank runs k local steps, then every rank calls sync(),
-/// which replaces the parameters with their average (one all-reduce per tensor). As PyTorch's
+/// which replaces the parameters with their average: one all-reduce per dtype, in place where the
+/// tensors of a dtype lie back to back (one tensor, a flat parameter buffer), else through a
+/// fusion buffer; the division happens inside the backend where it can. As PyTorch's
 /// PeriodicModelAverager (post-local SGD, without its warm-up of BSP steps: run a
 /// bucketed_allreducer for those). The fast ranks wait for the slowest at every barrier; pick
 /// elastic_averager when ranks differ in speed.
 ///
-/// Over a communicator with device buffers (nccl_communicator) the tensors are device pointers
-/// and each is averaged in place by NCCL (ncclAvg) on the stream given to the constructor, or
-/// the communicator's.
+/// Over a communicator with device buffers (nccl_communicator) the tensors are device pointers,
+/// averaged by NCCL (ncclAvg) on the communicator's stream after an event on the caller's stream
+/// (the constructor's `stream`; null: the legacy default stream).
 template <class C>
 class periodic_averager {
   CADENCE_REQUIRE_COMMUNICATOR(C);
 
 public:
   /// `period` k >= 1 local steps between barriers (1: BSP model averaging); `timeout` bounds
-  /// one sync(). `stream`: device communicators only, the cudaStream_t to enqueue on (null: the
-  /// communicator's).
+  /// one sync(). `stream`: device communicators only, the caller's cudaStream_t whose earlier
+  /// work the merge waits for (null: the legacy default stream).
   periodic_averager(C& comm, std::size_t period,
                     std::chrono::milliseconds timeout = std::chrono::seconds(60),
                     void* stream = nullptr)
       : comm_(&comm), period_(period), timeout_(timeout),
-        device_(detail::uses_device(comm, "periodic_averager", stream)),
-        stream_(detail::device_stream(comm, stream)) {
+        device_(detail::uses_device(comm, "periodic_averager", stream)), stream_(stream) {
     if (period < 1)
       throw invalid_parameter_error(detail::where("periodic_averager", comm.rank(), comm.size()) +
                                     "period k must be >= 1, got 0");
@@ -80,15 +82,7 @@ public:
     for (std::size_t i = 0; i < tensors.size(); ++i)
       detail::check_tensor("periodic_averager", comm_->rank(), comm_->size(), tensors[i], i);
     const transport::deadline d = transport::deadline(timeout_);
-    for (const tensor_ref& t : tensors) {
-      if (device_) {
-        if constexpr (detail::has_device_ops_v<C>)
-          comm_->allreduce_average(t.data, t.count, t.type, stream_, d);
-        continue;
-      }
-      comm_->allreduce(t.data, t.count, t.type, transport::reduce_op::sum, d);
-      detail::divide(t, static_cast<double>(comm_->size()));
-    }
+    merger_.merge(*comm_, tensors, detail::merge_kind::average, 1.0, 1.0, false, d, device_, stream_);
     local_steps_ = 0;
     ++barriers_;
   }
@@ -102,7 +96,8 @@ private:
   std::size_t period_;
   std::chrono::milliseconds timeout_;
   bool device_ = false;
-  void* stream_ = nullptr;
+  void* stream_ = nullptr;  // the caller's (device communicators)
+  detail::merger<C> merger_;
   std::size_t local_steps_ = 0;
   std::uint64_t barriers_ = 0;
 };

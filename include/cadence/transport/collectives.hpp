@@ -4,6 +4,7 @@
 
 #include <cadence/core/error.hpp>
 #include <cadence/transport/communicator.hpp>
+#include <cadence/transport/detail/reduce.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -71,7 +72,10 @@ void allgather(C& c, const void* send, void* recv, std::size_t bytes_per_rank, d
 }
 
 /// All-reduce then divide by size(): the gradient average of data-parallel training. Only f32
-/// and f64: an integer average would have to round, and callers disagree on how.
+/// and f64: an integer average would have to round, and callers disagree on how. Where the
+/// backend offers allreduce_average (communicator.hpp), the division happens inside it, in its
+/// last pass over the data; otherwise a sum all-reduce is followed by a pass dividing by size().
+/// Either way the result is the sum divided by size(), correctly rounded.
 template <class C>
 void allreduce_avg(C& c, void* buf, std::size_t count, dtype t, deadline d = {}) {
   CADENCE_REQUIRE_COMMUNICATOR(C);
@@ -80,17 +84,11 @@ void allreduce_avg(C& c, void* buf, std::size_t count, dtype t, deadline d = {})
     throw invalid_parameter_error("cadence::transport::allreduce_avg on rank " +
                                   std::to_string(c.rank()) + ": dtype " + dtype_name(t) +
                                   " is not f32 or f64 (an integer average would have to round)");
-  c.allreduce(buf, count, t, reduce_op::sum, d);
-  // Division, not multiplication by 1/n: correctly rounded, so exact whenever the sum is a
-  // multiple of n.
-  if (t == dtype::f32) {
-    auto* p = static_cast<float*>(buf);
-    const auto n = static_cast<float>(c.size());
-    for (std::size_t i = 0; i < count; ++i) p[i] /= n;
+  if constexpr (has_allreduce_average_v<C>) {
+    c.allreduce_average(buf, count, t, d);
   } else {
-    auto* p = static_cast<double*>(buf);
-    const auto n = static_cast<double>(c.size());
-    for (std::size_t i = 0; i < count; ++i) p[i] /= n;
+    c.allreduce(buf, count, t, reduce_op::sum, d);
+    detail::divide_into(buf, buf, count, t, static_cast<double>(c.size()));
   }
 }
 

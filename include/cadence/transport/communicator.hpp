@@ -316,6 +316,43 @@ inline constexpr bool is_work_v = detail::is_work_impl<W>::value;
 template <class C>
 inline constexpr bool has_async_v = detail::has_async_impl<C>::value;
 
+// ---- averaging all-reduce (an optional extension) ----
+//
+// c.allreduce_average(buf, n, t, d), and with the asynchronous operations
+// c.iallreduce_average(buf, n, t) -> a work handle: n elements of t (f32 or f64) replaced in place
+// by their mean over the ranks, the division done inside the backend's own last pass over the data
+// (the ring's last reduce step, the small path's copy-out), so data-parallel averaging costs no
+// pass of its own. On the host backends the result equals a sum all-reduce followed by a division
+// by size() (correctly rounded, so exact whenever the mean is representable; multiplication by
+// the reciprocal when size() is a power of two, which is the same); NCCL uses ncclAvg, which
+// multiplies each input by 1/size() before summing (exact when size() is a power of two and the
+// sums are). An integer dtype is refused with invalid_parameter_error (an integer mean would have
+// to round). It is a collective of its own: every rank must call the averaging form for the same
+// collective (a sum on one rank and an average on another is an argument mismatch).
+namespace detail {
+template <class C, class = void>
+struct has_allreduce_average_impl : std::false_type {};
+template <class C>
+struct has_allreduce_average_impl<
+    C, std::void_t<decltype(std::declval<C&>().allreduce_average(std::declval<void*>(), std::size_t{},
+                                                                 dtype{}, std::declval<deadline>()))>>
+    : std::true_type {};
+template <class C, class = void>
+struct has_async_average_impl : std::false_type {};
+template <class C>
+struct has_async_average_impl<
+    C, std::void_t<decltype(std::declval<C&>().iallreduce_average(std::declval<void*>(), std::size_t{}, dtype{}))>>
+    : std::bool_constant<is_work_impl<decltype(std::declval<C&>().iallreduce_average(
+          std::declval<void*>(), std::size_t{}, dtype{}))>::value> {};
+}  // namespace detail
+
+/// Whether C offers allreduce_average (the in-process, MPI, gloo and NCCL backends do).
+template <class C>
+inline constexpr bool has_allreduce_average_v = detail::has_allreduce_average_impl<C>::value;
+/// Whether C offers iallreduce_average, returning a work handle.
+template <class C>
+inline constexpr bool has_async_average_v = detail::has_async_average_impl<C>::value;
+
 }  // namespace cadence::transport
 
 /// Use in templates that take a communicator: names the library and the misused type.

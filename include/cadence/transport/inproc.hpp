@@ -38,8 +38,8 @@ struct inproc_options {
 class inproc_world;
 
 /// A protocol step of one rank, where inproc_world::on_step injects a fault: the rank's next
-/// call of `op` ("send", "recv", "try_recv", "allreduce", "broadcast"; empty: any call; the
-/// asynchronous forms count as their blocking names) with this peer (send: destination, recv:
+/// call of `op` ("send", "recv", "try_recv", "allreduce", "allreduce_average", "broadcast";
+/// empty: any call; the asynchronous forms count as their blocking names) with this peer (send: destination, recv:
 /// source as passed, broadcast: root; unset: any) and tag (unset: any), after `skip` such calls
 /// have gone by.
 struct inproc_step {
@@ -164,6 +164,7 @@ struct inproc_op {
   std::size_t count = 0;
   dtype type = dtype::u8;
   reduce_op op = reduce_op::sum;
+  bool average = false;  // allreduce_average: the sum divided by the world's size at copy-out
   std::uint64_t k = 0;
   std::string signature;
 
@@ -389,7 +390,10 @@ struct inproc_op {
           }
         }
         if (!waiting.empty()) return false;
-        if (bytes != 0 && (what == kind::allreduce || rank != peer)) std::memcpy(buf, s.data.data(), bytes);
+        if (average)
+          divide_into(buf, s.data.data(), count, type, static_cast<double>(state->size));
+        else if (bytes != 0 && (what == kind::allreduce || rank != peer))
+          std::memcpy(buf, s.data.data(), bytes);
         depart();
         return done = true;
       }
@@ -432,10 +436,12 @@ struct inproc_op {
           withdraw();
           return false;
         }
-        if (!entered)
+        if (!entered) {
+          withdraw();  // it never took part: out of the queue (which would keep the state alive)
           fail(transport_error(describe(c) + ": this rank is stalled by fault injection "
                                              "(inproc_world::stall) and its deadline passed " +
                                seconds_since(c.started) + " after the call"));
+        }
         fail(deadline_error(c, waiting, note));
       }
       state->changed.wait_until(lock, wake);
@@ -449,13 +455,23 @@ struct inproc_op {
     if (done || cancelled) return;
     cancelled = true;
     auto& me = self();
-    if (!entered) return;  // still in `unentered`: enter_pending skips it
+    if (!entered) {
+      // Still in `unentered`: taken out, since the queue holds the op and the op holds the
+      // shared state (a cycle that would outlive the world).
+      auto& q = me.unentered;
+      q.erase(std::remove_if(q.begin(), q.end(), [this](const std::shared_ptr<inproc_op>& p) { return p.get() == this; }),
+              q.end());
+      return;
+    }
     if (what == kind::send && msg && !msg->taken) {
       auto& box = state->at(peer).mailbox;
       box.erase(std::remove(box.begin(), box.end(), msg), box.end());
     }
     if (what == kind::recv && posted && !posted->matched)
       me.posted.erase(std::remove(me.posted.begin(), me.posted.end(), posted), me.posted.end());
+    // A collective's contribution stays (the others complete with it); this rank no longer
+    // reads the slot, so it departs, and the slot goes once every rank has.
+    if (what == kind::allreduce || what == kind::broadcast) depart();
   }
 };
 
@@ -562,6 +578,11 @@ public:
   void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
     wait_now(start_allreduce("allreduce", buf, count, t, op, &d), d);
   }
+  /// The mean over ranks, in place (f32, f64): the sum divided by size() as it is copied out of
+  /// the shared accumulator (communicator.hpp, "averaging all-reduce").
+  void allreduce_average(void* buf, std::size_t count, dtype t, deadline d = {}) {
+    wait_now(start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, &d, true), d);
+  }
   void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
     wait_now(start_broadcast("broadcast", buf, bytes, root, &d), d);
   }
@@ -586,6 +607,9 @@ public:
   /// The asynchronous forms (communicator.hpp): they start the call and return at once.
   inproc_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
     return inproc_work(start_allreduce("allreduce", buf, count, t, op, nullptr));
+  }
+  inproc_work iallreduce_average(void* buf, std::size_t count, dtype t) {
+    return inproc_work(start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, nullptr, true));
   }
   inproc_work ibroadcast(void* buf, std::size_t bytes, int root) {
     return inproc_work(start_broadcast("broadcast", buf, bytes, root, nullptr));
@@ -632,7 +656,7 @@ private:
   }
 
   op_ptr start_allreduce(const char* name, void* buf, std::size_t count, dtype t, reduce_op r,
-                         const deadline* d) {
+                         const deadline* d, bool average = false) {
     auto op = make_op(detail::inproc_op::kind::allreduce, name);
     std::unique_lock<std::mutex> lock(state_->mutex);
     op->throw_if_failed();
@@ -642,13 +666,17 @@ private:
     if (!detail::host_reducible(t))
       detail::bad_argument(op->c, std::string("dtype ") + dtype_name(t) +
                                       " has no host reduction (it is for device backends such as NCCL)");
+    if (average && !detail::averageable(t))
+      detail::bad_argument(op->c, std::string("dtype ") + dtype_name(t) +
+                                      " is not f32 or f64 (an integer average would have to round)");
     if (d) detail::check_deadline(op->c, *d);
     op->buf = buf;
     op->bytes = bytes;
     op->count = count;
     op->type = t;
     op->op = r;
-    op->signature = detail::signature("allreduce", count, t, r);
+    op->average = average;
+    op->signature = average ? detail::signature_average(count, t) : detail::signature("allreduce", count, t, r);
     start(lock, op, -1, -1);
     return op;
   }

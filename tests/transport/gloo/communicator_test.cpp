@@ -39,6 +39,10 @@ using cadence_gloo_test::gloo_pair_harness;
 using cadence_gloo_test::options_for;
 using cadence_gloo_test::temp_store;
 
+static_assert(has_async_v<gloo_communicator>);
+static_assert(has_async_average_v<gloo_communicator>);
+static_assert(has_allreduce_average_v<gloo_communicator>);
+static_assert(is_work_v<gloo_work>);
 TYPE_TO_STRING(gloo_harness);
 CADENCE_TRANSPORT_CONFORMANCE(gloo_harness);
 
@@ -414,3 +418,11 @@ TEST_CASE("a rank killed with SIGKILL while another waits in recv for it: the re
           "naming it at once" * doctest::timeout(120)) {
   check_processes(run_processes("recv", 3, 60s));
 }
+
+// The conformance suite's mixed sequence on four ranks too: recursive doubling with two rounds
+// and notices to the peers a rank does not send to first.
+namespace {
+using gloo_4 = cadence_gloo_test::gloo_threads_harness<4>;
+}
+TYPE_TO_STRING(gloo_4);
+TEST_CASE_TEMPLATE_INVOKE(conformance_mixed_sequence, gloo_4);

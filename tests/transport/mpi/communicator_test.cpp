@@ -10,7 +10,11 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <climits>
+#include <cstdint>
 #include <exception>
+#include <stdexcept>
+#include <vector>
 #include <string>
 #include <thread>
 
@@ -27,13 +31,85 @@ mpi_options unbounced() {
   o.bounce_buffers = false;
   return o;
 }
+// Every message above 1000 bytes a derived type, the ring from 4 KiB in pieces of 1000 bytes:
+// the arithmetic that keeps a 4 GiB tensor's 2 GiB segments below MPI's int count, on small
+// buffers.
+mpi_options tiny_messages() {
+  mpi_options o;
+  o.max_message_bytes = 1000;
+  o.ring_min_bytes = 4096;
+  return o;
+}
 using mpi_harness = cadence_mpi_test::mpi_harness_for<&bounced>;
 using mpi_unbounced_harness = cadence_mpi_test::mpi_harness_for<&unbounced>;
+using mpi_tiny_harness = cadence_mpi_test::mpi_harness_for<&tiny_messages>;
 
 }  // namespace
 
+static_assert(has_async_v<mpi_communicator>);
+static_assert(has_async_average_v<mpi_communicator>);
+static_assert(has_allreduce_average_v<mpi_communicator>);
+static_assert(is_work_v<mpi_work>);
 TYPE_TO_STRING(mpi_harness);
 CADENCE_TRANSPORT_CONFORMANCE(mpi_harness);
+TYPE_TO_STRING(mpi_tiny_harness);
+TEST_CASE_TEMPLATE_INVOKE(conformance_point_to_point, mpi_tiny_harness);
+TEST_CASE_TEMPLATE_INVOKE(conformance_async_collectives, mpi_tiny_harness);
+TEST_CASE_TEMPLATE_INVOKE(conformance_async_p2p, mpi_tiny_harness);
+TEST_CASE_TEMPLATE_INVOKE(conformance_average, mpi_tiny_harness);
+
+TEST_CASE("messages above max_message_bytes travel whole and ring pieces stay below it" *
+          doctest::timeout(120)) {
+  using cadence_conformance::check_allreduce;
+  mpi_tiny_harness::run([](auto& c) {
+    for (std::size_t count : {std::size_t{1023}, std::size_t{1025}, std::size_t{4099}, std::size_t{65537}})
+      check_allreduce<float>(c, count, reduce_op::sum);  // the small path, then the ring
+    check_allreduce<std::int64_t>(c, 3001, reduce_op::max);
+    check_allreduce<double>(c, 777, reduce_op::min);
+    const int n = c.size(), r = c.rank();
+    std::vector<unsigned char> out(5003), in(5003, 0);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<unsigned char>(i * 7 + static_cast<std::size_t>(r));
+    auto rw = c.irecv(in.data(), in.size(), (r + n - 1) % n, 9);
+    c.send(out.data(), out.size(), (r + 1) % n, 9, 30s);
+    rw.wait(30s);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < in.size(); ++i)
+      wrong += in[i] != static_cast<unsigned char>(i * 7 + static_cast<std::size_t>((r + n - 1) % n));
+    CHECK(wrong == 0);
+    // A message of another size than the receive is still caught, as one message.
+    if (r == 0) c.send(out.data(), 4000, 1, 10, 30s);
+    if (r == 1)
+      expect_throw<transport_error>(1, [&] { c.recv(in.data(), 5003, 0, 10, 30s); },
+                                    {"rank 0 sent 4000 bytes", "received into 5003 bytes"});
+  });
+}
+
+TEST_CASE("a message of more than 2 GiB is one MPI message of a derived type: the layout") {
+  const std::size_t gib = std::size_t{1} << 30;
+  auto l = detail::mpi_layout_of((std::size_t{5} << 30) + 3, gib);
+  CHECK(l.blocks == 5);
+  CHECK(l.block == gib);
+  CHECK(l.rest == 3);
+  CHECK_FALSE(l.plain());
+  l = detail::mpi_layout_of(gib, gib);
+  CHECK(l.plain());
+  CHECK(l.rest == gib);
+  l = detail::mpi_layout_of(std::size_t{4} << 30, std::size_t{INT_MAX});
+  CHECK(l.blocks == 2);
+  CHECK(l.blocks * l.block + l.rest == (std::size_t{4} << 30));
+  CHECK_THROWS_AS(detail::mpi_layout_of(std::size_t{1} << 32, 1), std::length_error);
+  // Recursive doubling on a world that is not a power of two: the extra ranks hand over.
+  const detail::mpi_doubling g(6);
+  CHECK(g.p == 4);
+  CHECK(g.extra == 2);
+  CHECK(g.inner(0) == -1);
+  CHECK(g.inner(1) == 0);
+  CHECK(g.inner(2) == -1);
+  CHECK(g.inner(3) == 1);
+  CHECK(g.inner(5) == 3);
+  for (int in = 0; in < g.p; ++in) CHECK(g.inner(g.outer(in)) == in);
+  CHECK(g.rounds() == 2);
+}
 
 TEST_CASE("without bounce buffers the data paths are the same" * doctest::timeout(120)) {
   // The conformance bodies that move data through MPI collectives (all-reduces below the

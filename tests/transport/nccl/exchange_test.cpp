@@ -76,7 +76,7 @@ struct tensors_of_sizes {
 }  // namespace
 
 TEST_CASE("NCCL form: bucketed all-reduce equals the unbucketed ncclAvg of each tensor, fused "
-          "by device copies on the caller's stream" * doctest::timeout(120)) {
+          "by device copies on the communicator's stream after the caller's" * doctest::timeout(120)) {
   const std::size_t sizes[] = {0, 1, 3, 17, 0, 1000, 1, 2000, 5000, 2, 0, 255, 4096, 7};
   constexpr int n = 4;
   for (std::size_t bucket : {std::size_t{64}, std::size_t{4096}, std::size_t{25} << 20}) {
@@ -84,7 +84,8 @@ TEST_CASE("NCCL form: bucketed all-reduce equals the unbucketed ncclAvg of each 
     run_ranks(n, [&](inproc_communicator&, nccl_communicator& c, const nccl_api& api) {
       void* mine = nullptr;  // the trainer's stream
       REQUIRE(api.stream_create(&mine) == 0);
-      const std::uint64_t own_before = static_cast<fake::stream*>(c.stream())->uses;
+      auto& caller = *static_cast<fake::stream*>(mine);
+      auto& own = *static_cast<fake::stream*>(c.stream());
       {
         bucketed_allreducer_options o;
         o.bucket_bytes = bucket;
@@ -109,7 +110,13 @@ TEST_CASE("NCCL form: bucketed all-reduce equals the unbucketed ncclAvg of each 
         for (std::size_t i = 0; i < t.g.size(); i += 3) red.add(t.g[i].data(), t.g[i].size());
         if (bucket == (std::size_t{25} << 20)) CHECK(red.buckets() < red.tensors());
         for (int step = 0; step < 2; ++step) {
+          const std::uint64_t caller_uses = caller.uses, caller_records = caller.records, own_uses = own.uses;
           red.average();
+          // The copies and all-reduces ran on the communicator's stream, after an event on the
+          // caller's (one per bucket), and nothing else went on the caller's.
+          CHECK(caller.uses == caller_uses);
+          CHECK(caller.records - caller_records == red.buckets());
+          CHECK(own.uses > own_uses);
           for (auto& v : ref.f) c.allreduce_average(v.data(), v.size(), dtype::f32, mine, 30s);
           for (std::size_t i = 0; i < ref.g.size(); ++i)
             if (i % 3 != 0) c.allreduce_average(ref.g[i].data(), ref.g[i].size(), dtype::f64, mine, 30s);
@@ -129,9 +136,6 @@ TEST_CASE("NCCL form: bucketed all-reduce equals the unbucketed ncclAvg of each 
           }
         }
       }
-      // Everything went on the caller's stream, nothing on the communicator's.
-      CHECK(static_cast<fake::stream*>(mine)->uses > 0);
-      CHECK(static_cast<fake::stream*>(c.stream())->uses == own_before);
       api.stream_destroy(mine);
     });
   }
@@ -375,4 +379,134 @@ TEST_CASE("NCCL form: misuse is refused with invalid_parameter_error naming the 
   red.add(a);
   red.add(b);
   expect_throw<invalid_parameter_error>(0, [&] { red.average(); }, {"memcpy_async"});
+}
+
+// ---- ordering after the caller's stream ----
+
+namespace {
+// Ranks as threads over `fw`, as run_ranks above, with the fake world at hand for its kernels.
+template <class Body>
+void run_ranks_in(fake::world& fw, int n, Body body) {
+  const long blocks_before = fake::live_device_blocks.load();
+  const auto errors = fake::run_ranks(fw, n, [&](int, inproc_communicator& control, nccl_communicator& bulk) {
+    body(control, bulk);
+  });
+  for (std::size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) FAIL_CHECK(("rank " + std::to_string(r) + " threw: " + errors[r]));
+  CHECK(fake::live_device_blocks.load() == blocks_before);
+}
+
+// Runs what is left on `s` (a caller synchronising its stream), so no "kernel" outlives the
+// buffer it writes, whatever the adapter did.
+void drain(const nccl_api& api, void* s) {
+  void* e = nullptr;
+  REQUIRE(api.event_create(&e) == 0);
+  REQUIRE(api.event_record(e, s) == 0);
+  while (api.event_query(e) != 0) std::this_thread::yield();
+  api.event_destroy(e);
+}
+}  // namespace
+
+TEST_CASE("NCCL form: the adapters wait for the caller's stream: a gradient a kernel still has to "
+          "write there is averaged as written, not as it was" * doctest::timeout(60)) {
+  // The fake runs a stream's work only when someone synchronises with it. The "kernel" below
+  // sits on the caller's stream; nothing drives that stream but the event the adapter records
+  // on it and makes its own stream wait for. Without that wait the adapter's copies and
+  // all-reduce would read the zeros: this test fails.
+  constexpr int n = 2;
+  for (bool null_stream : {false, true}) {
+    CAPTURE(null_stream);
+    fake::world fw;
+    const nccl_api api = fw.api();
+    run_ranks_in(fw, n, [&](inproc_communicator& control, nccl_communicator& c) {
+      const int r = c.rank();
+      void* mine = nullptr;  // null: the legacy default stream of this rank's device
+      if (!null_stream) REQUIRE(api.stream_create(&mine) == 0);
+      const float v = static_cast<float>(4 * (r + 1));  // the mean over two ranks is 6
+      auto kernel = [&](std::vector<float>* t) {
+        fw.launch(mine, [t, v] { std::fill(t->begin(), t->end(), v); });
+      };
+      {  // bucketed: a fused bucket (a, b) and one in place (big)
+        bucketed_allreducer_options o;
+        o.bucket_bytes = 64;
+        o.stream = mine;
+        o.timeout = 30s;
+        bucketed_allreducer<nccl_communicator> red(c, o);
+        std::vector<float> a(4), b(4), big(100);
+        red.add(a);
+        red.add(b);
+        red.add(big);
+        REQUIRE(red.buckets() == 2);
+        REQUIRE(red.in_place_buckets() == 1);
+        for (int step = 0; step < 2; ++step) {
+          std::fill(a.begin(), a.end(), 0.0f);
+          std::fill(b.begin(), b.end(), 0.0f);
+          std::fill(big.begin(), big.end(), 0.0f);
+          kernel(&big);  // backward writes the last layer's gradient first...
+          red.mark_ready(2);
+          kernel(&a);
+          kernel(&b);
+          red.mark_ready(1);
+          red.mark_ready(0);
+          red.finish();
+          CHECK(a == std::vector<float>(4, 6.0f));
+          CHECK(b == std::vector<float>(4, 6.0f));
+          CHECK(big == std::vector<float>(100, 6.0f));
+          drain(api, mine);
+        }
+      }
+      {  // periodic: two tensors fused into one all-reduce
+        periodic_averager<nccl_communicator> avg(c, 1, 30s, mine);
+        std::vector<float> x(5, 0.0f), y(7, 0.0f);
+        kernel(&x);
+        kernel(&y);
+        CHECK(avg.step_done());
+        avg.sync(x, y);
+        CHECK(x == std::vector<float>(5, 6.0f));
+        CHECK(y == std::vector<float>(7, 6.0f));
+        drain(api, mine);
+      }
+      {  // elastic: the merge after the records
+        elastic_averager_options o;
+        o.stream = mine;
+        o.timeout = 30s;
+        elastic_averager<inproc_communicator, nccl_communicator> avg(control, c, "elastic:2", o);
+        std::vector<float> x(9, 0.0f);
+        kernel(&x);
+        CHECK(avg.step_done(100));
+        avg.sync(x);
+        CHECK(x == std::vector<float>(9, 6.0f));
+        drain(api, mine);
+      }
+      if (mine != nullptr) api.stream_destroy(mine);
+    });
+  }
+}
+
+TEST_CASE("NCCL: the calls without a stream wait for nccl_options::caller_stream; those with one "
+          "run on it" * doctest::timeout(60)) {
+  fake::world fw;
+  const nccl_api api = fw.api();
+  run_ranks_in(fw, 2, [&](inproc_communicator&, nccl_communicator& c) {
+    const int r = c.rank();
+    std::vector<double> x(3, 0.0);
+    // The default caller stream is the legacy default stream (null).
+    fw.launch(nullptr, [&x, r] { std::fill(x.begin(), x.end(), static_cast<double>(r + 1)); });
+    c.allreduce(x.data(), x.size(), dtype::f64, reduce_op::sum, 30s);
+    CHECK(x == std::vector<double>(3, 3.0));
+    drain(api, nullptr);
+    auto w = c.iallreduce_average(x.data(), x.size(), dtype::f64);
+    w.wait(30s);
+    CHECK(x == std::vector<double>(3, 3.0));
+    // An explicit stream is the stream itself: the kernel before the call on it comes first.
+    void* s = nullptr;
+    REQUIRE(api.stream_create(&s) == 0);
+    const std::uint64_t own = fw.stream_info(c.stream()).uses;
+    fw.launch(s, [&x, r] { std::fill(x.begin(), x.end(), static_cast<double>(10 * (r + 1))); });
+    c.allreduce(x.data(), x.size(), dtype::f64, reduce_op::max, s, 30s);
+    CHECK(x == std::vector<double>(3, 20.0));
+    CHECK(fw.stream_info(c.stream()).uses == own);
+    CHECK(fw.stream_info(s).uses == 1);
+    api.stream_destroy(s);
+  });
 }

@@ -1,11 +1,17 @@
 // A fake NCCL and CUDA runtime behind nccl_api, in host memory: ranks are threads of one
-// process, "device" buffers are host buffers, and an operation runs when every rank it needs has
-// enqueued it (the last one to arrive does the work), so events complete as a GPU's would. Faults
-// can be injected: no device, an init that never completes, an asynchronous error, an operation
-// that never completes. It records every ncclCommAbort with the thread that called it, the stream
-// of every operation and copy, and the device memory still allocated. Copies and memsets run at
-// once, so one queued behind an unfinished operation on its stream fails (code 999) instead of
-// running out of order. run_ranks (at the end) runs ranks as threads over it.
+// process, "device" buffers are host buffers. Streams are asynchronous, as a GPU's are: what is
+// enqueued on a stream (NCCL operations, copies, memsets, event records, waits on events, and
+// "kernels" a test launches with world::launch) runs only when someone synchronises with it
+// (cudaEventQuery on an event behind it), in stream order, and a stream waiting on an event first
+// runs the stream the event was recorded on, up to it. So an adapter that does not order its
+// stream after the caller's reads a gradient before the caller's kernel has written it, and its
+// test fails. An NCCL operation runs when every rank it needs has reached it on its stream (the
+// last one to arrive does the work), so events complete as a GPU's would. The legacy default
+// stream (null) is one per device, as cudaSetDevice selects it for the calling thread. Faults can
+// be injected: no device, an init that never completes, an asynchronous error, an operation that
+// never completes. It records every ncclCommAbort with the thread that called it, what was
+// enqueued on every stream, and the device memory still allocated. run_ranks (at the end) runs
+// ranks as threads over it.
 #pragma once
 
 #include <cadence/transport/communicator.hpp>
@@ -22,6 +28,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,49 +53,68 @@ struct faults {
   std::uint64_t hang_from_op = 1;         // from its n-th operation on
 };
 
-using flag = std::shared_ptr<std::atomic<bool>>;
-
-struct stream {
-  std::vector<flag> pending;
-  std::uint64_t uses = 0;  // operations, copies and memsets enqueued on it (its owner's thread)
-};
-
 // Device blocks allocated and not yet freed, over every world (the tests run one at a time).
 inline std::atomic<long> live_device_blocks{0};
 
-// Whether every operation enqueued on `s` has completed (a copy may run at once).
-inline bool stream_idle(void* s) {
-  auto* st = static_cast<stream*>(s);
-  ++st->uses;
-  return std::all_of(st->pending.begin(), st->pending.end(), [](const flag& f) { return f->load(); });
-}
-struct event {
-  std::vector<flag> waits;
-};
+struct world;
+struct comm;
+struct stream;
 
 enum class kind { allreduce, broadcast, send, recv };
 
 struct op {
-  kind k;
-  const void* in;
-  void* out;
-  std::size_t count;  // elements (allreduce) or bytes
-  dtype t;
-  reduce_op r;
-  int peer;  // root (broadcast) or peer (send, recv)
-  flag done;
+  kind k = kind::allreduce;
+  const void* in = nullptr;
+  void* out = nullptr;
+  std::size_t count = 0;  // elements (allreduce) or bytes
+  dtype t = dtype::u8;
+  reduce_op r = reduce_op::sum;
+  int peer = 0;  // root (broadcast) or peer (send, recv)
   bool premul = false;  // all_reduce_op: ncclAvg or a PreMulSum, `scale` times this rank's input
   double scale = 1.0;
+  comm* c = nullptr;
+  std::uint64_t slot = 0;  // collectives: its index among its communicator's, from the enqueue
+  bool never = false;      // a fault: it never runs
+  bool entered = false;    // it reached the head of its stream and takes part
+  bool done = false;
+};
+using op_ptr = std::shared_ptr<op>;
+
+// One piece of work on a stream, run in order when the stream is driven.
+struct item {
+  enum class what { op, copy, memset, host, record, wait } k = what::host;
+  op_ptr o;                   // op
+  void* dst = nullptr;        // copy, memset
+  const void* src = nullptr;  // copy
+  std::size_t bytes = 0;      // copy, memset
+  int value = 0;              // memset
+  std::function<void()> fn;   // host: a test's "kernel"
+  stream* waited = nullptr;   // wait: the stream the event was recorded on
+  std::uint64_t until = 0;    // wait: how far that stream must have run
+  std::uint64_t position = 0;  // this item's place in its stream
 };
 
-struct world;
+struct stream {
+  world* w = nullptr;
+  int device = 0;
+  std::deque<item> q;
+  std::uint64_t enqueued = 0, executed = 0;  // positions: items enqueued, items run
+  std::uint64_t uses = 0;     // NCCL operations, copies and memsets enqueued on it
+  std::uint64_t records = 0;  // event records enqueued on it
+  std::uint64_t waits = 0;    // waits on events enqueued on it
+};
+
+struct event {
+  stream* on = nullptr;  // the stream of its latest record (null: never recorded)
+  std::uint64_t position = 0;
+};
 
 struct group {  // one NCCL communicator: every rank's comm from one unique id
   int nranks = 0;
   int joined = 0;
   bool poisoned = false;  // a rank aborted: nothing more runs, as after ncclCommAbort
-  std::map<std::uint64_t, std::vector<std::optional<op>>> collectives;
-  std::map<std::pair<int, int>, std::deque<op>> sends, recvs;  // keyed by (src, dst)
+  std::map<std::uint64_t, std::vector<op_ptr>> collectives;
+  std::map<std::pair<int, int>, std::deque<op_ptr>> sends, recvs;  // keyed by (src, dst)
 };
 
 struct comm {
@@ -110,6 +136,18 @@ struct abort_record {
   int rank;
   std::thread::id thread;
 };
+
+// What cudaSetDevice and the world's device count set for the calling thread: which world and
+// device the null stream (the legacy default stream) and new streams belong to.
+struct thread_state {
+  world* w = nullptr;
+  int device = 0;
+};
+inline thread_local thread_state current;
+// The world most recently made: streams and events created on a thread that has not selected a
+// device yet belong to it (the tests run one world at a time).
+inline std::atomic<world*> latest{nullptr};
+inline world* world_of_thread() { return current.w != nullptr ? current.w : latest.load(); }
 
 inline float half_to_float(std::uint16_t h) {
   const int sign = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
@@ -139,7 +177,12 @@ inline std::uint16_t float_to_bf16(float f) {  // truncating: exact for the test
 }
 
 struct world {
-  explicit world(faults f = {}) : fault(std::move(f)) {}
+  explicit world(faults f = {}) : fault(std::move(f)) { latest = this; }
+  ~world() {
+    world* self = this;
+    latest.compare_exchange_strong(self, nullptr);
+    if (current.w == this) current.w = nullptr;
+  }
   world(const world&) = delete;
   world& operator=(const world&) = delete;
 
@@ -148,8 +191,10 @@ struct world {
   std::uint64_t next_group = 0;
   std::map<std::uint64_t, std::unique_ptr<group>> groups;
   std::vector<std::unique_ptr<comm>> comms;
+  std::vector<std::unique_ptr<stream>> streams;  // every stream, null ones included, until the world goes
+  std::vector<std::unique_ptr<event>> events;
+  std::map<int, stream*> default_streams;  // per device: the legacy default stream
   std::vector<abort_record> aborts;
-  std::vector<int> set_devices;
   int finalized = 0;
   int destroyed = 0;
   int premul_created = 0, premul_destroyed = 0;
@@ -170,6 +215,105 @@ struct world {
   std::size_t group_count() {
     std::lock_guard<std::mutex> lock(m);
     return groups.size();
+  }
+
+  /// A "kernel": `fn` runs on `s` (null: this thread's device's legacy default stream) when the
+  /// stream is driven there, in order with the rest of its work. It must not call the fake.
+  void launch(void* s, std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(m);
+    item it;
+    it.k = item::what::host;
+    it.fn = std::move(fn);
+    push(stream_of(s), std::move(it));
+  }
+
+  /// What was enqueued on `s` (null: the legacy default stream of this thread's device).
+  stream& stream_info(void* s) {
+    std::lock_guard<std::mutex> lock(m);
+    return *stream_of(s);
+  }
+
+  // ---- streams (under m) ----
+
+  // A stream handle as the table passes it: null is the calling thread's device's legacy
+  // default stream.
+  stream* stream_of(void* s) {
+    if (s != nullptr) return static_cast<stream*>(s);
+    stream*& d = default_streams[current.device];
+    if (d == nullptr) {
+      streams.push_back(std::make_unique<stream>());
+      d = streams.back().get();
+      d->w = this;
+      d->device = current.device;
+    }
+    return d;
+  }
+
+  static void push(stream* st, item it) {
+    it.position = ++st->enqueued;
+    st->q.push_back(std::move(it));
+  }
+
+  // Runs `st`'s work in order as far as it can: up to an NCCL operation the other ranks have not
+  // reached yet, or a wait on an event whose stream cannot get there.
+  void drive(stream* st, int depth = 0) {
+    while (!st->q.empty()) {
+      item& it = st->q.front();
+      switch (it.k) {
+        case item::what::copy:
+          if (it.bytes != 0) std::memmove(it.dst, it.src, it.bytes);
+          break;
+        case item::what::memset:
+          if (it.bytes != 0) std::memset(it.dst, it.value, it.bytes);
+          break;
+        case item::what::host:
+          it.fn();
+          break;
+        case item::what::record:
+          break;
+        case item::what::wait:
+          if (it.waited->executed < it.until && depth < 8) drive(it.waited, depth + 1);
+          if (it.waited->executed < it.until) return;
+          break;
+        case item::what::op:
+          if (!it.o->entered) enter(it.o);
+          if (!it.o->done) return;
+          break;
+      }
+      st->executed = it.position;
+      st->q.pop_front();
+    }
+  }
+
+  // An operation reached the head of its stream: it takes part, and runs once every rank it
+  // needs has reached its own.
+  static void enter(const op_ptr& o) {
+    o->entered = true;
+    comm* c = o->c;
+    group& g = *c->g;
+    if (o->never || g.poisoned || c->aborted) return;
+    if (o->k == kind::allreduce || o->k == kind::broadcast) {
+      auto& slot = g.collectives[o->slot];
+      slot.resize(static_cast<std::size_t>(g.nranks));
+      slot[static_cast<std::size_t>(c->rank)] = o;
+      if (std::all_of(slot.begin(), slot.end(), [](const op_ptr& x) { return x != nullptr; })) {
+        run_collective(slot);
+        g.collectives.erase(o->slot);
+      }
+      return;
+    }
+    const auto key = o->k == kind::send ? std::make_pair(c->rank, o->peer) : std::make_pair(o->peer, c->rank);
+    (o->k == kind::send ? g.sends : g.recvs)[key].push_back(o);
+    auto& sq = g.sends[key];
+    auto& rq = g.recvs[key];
+    while (!sq.empty() && !rq.empty()) {
+      // NCCL matches the n-th send with the n-th recv and compares no sizes: neither does this.
+      std::memcpy(rq.front()->out, sq.front()->in, std::min(sq.front()->count, rq.front()->count));
+      sq.front()->done = true;
+      rq.front()->done = true;
+      sq.pop_front();
+      rq.pop_front();
+    }
   }
 
   nccl_api api() {
@@ -242,22 +386,31 @@ struct world {
     };
     a.all_reduce = [](const void* in, void* out, std::size_t count, dtype t, reduce_op r,
                       void* handle, void* s) -> int {
-      return enqueue(handle, s, op{kind::allreduce, in, out, count, t, r, 0, nullptr});
+      op o;
+      o.k = kind::allreduce, o.in = in, o.out = out, o.count = count, o.t = t, o.r = r;
+      return enqueue(handle, s, o);
     };
     a.broadcast = [](const void* in, void* out, std::size_t bytes, int root, void* handle,
                      void* s) -> int {
-      return enqueue(handle, s, op{kind::broadcast, in, out, bytes, dtype::u8, reduce_op::sum, root, nullptr});
+      op o;
+      o.k = kind::broadcast, o.in = in, o.out = out, o.count = bytes, o.peer = root;
+      return enqueue(handle, s, o);
     };
     a.send = [](const void* buf, std::size_t bytes, int peer, void* handle, void* s) -> int {
-      return enqueue(handle, s, op{kind::send, buf, nullptr, bytes, dtype::u8, reduce_op::sum, peer, nullptr});
+      op o;
+      o.k = kind::send, o.in = buf, o.count = bytes, o.peer = peer;
+      return enqueue(handle, s, o);
     };
     a.recv = [](void* buf, std::size_t bytes, int peer, void* handle, void* s) -> int {
-      return enqueue(handle, s, op{kind::recv, nullptr, buf, bytes, dtype::u8, reduce_op::sum, peer, nullptr});
+      op o;
+      o.k = kind::recv, o.out = buf, o.count = bytes, o.peer = peer;
+      return enqueue(handle, s, o);
     };
     a.all_reduce_op = [](const void* in, void* out, std::size_t count, dtype t, int raw, void* handle,
                          void* s) -> int {
       auto* c = static_cast<comm*>(handle);
-      op o{kind::allreduce, in, out, count, t, reduce_op::sum, 0, nullptr, true, 1.0};
+      op o;
+      o.k = kind::allreduce, o.in = in, o.out = out, o.count = count, o.t = t, o.premul = true;
       {
         std::lock_guard<std::mutex> lock(c->w->m);
         if (raw == nccl_codes::op_avg) {
@@ -302,52 +455,103 @@ struct world {
       }
     };
     a.get_device_count = [](void* context, int* n) -> int {
-      const auto* w = static_cast<world*>(context);
+      auto* w = static_cast<world*>(context);
+      current.w = w;
       *n = w->fault.device_count_error != 0 ? 0 : w->fault.devices;
       return w->fault.device_count_error;
     };
-    a.set_device = [](int) -> int { return 0; };
+    a.set_device = [](int device) -> int {
+      current.device = device;
+      return 0;
+    };
     a.stream_create = [](void** s) -> int {
-      *s = new stream;
+      world* w = world_of_thread();
+      if (w == nullptr) return 1;  // no device selected on this thread
+      std::lock_guard<std::mutex> lock(w->m);
+      w->streams.push_back(std::make_unique<stream>());
+      w->streams.back()->w = w;
+      w->streams.back()->device = current.device;
+      *s = w->streams.back().get();
       return 0;
     };
     a.stream_destroy = [](void* s) -> int {
-      delete static_cast<stream*>(s);
+      // Its work still runs (as CUDA's does); the world keeps the stream until it goes.
+      auto* st = static_cast<stream*>(s);
+      std::lock_guard<std::mutex> lock(st->w->m);
+      st->w->drive(st);
       return 0;
     };
     a.event_create = [](void** e) -> int {
-      *e = new event;
+      world* w = world_of_thread();
+      if (w == nullptr) return 1;
+      std::lock_guard<std::mutex> lock(w->m);
+      w->events.push_back(std::make_unique<event>());
+      *e = w->events.back().get();
       return 0;
     };
     a.event_record = [](void* e, void* s) -> int {
-      auto* st = static_cast<stream*>(s);
-      auto& p = st->pending;
-      p.erase(std::remove_if(p.begin(), p.end(), [](const flag& f) { return f->load(); }), p.end());
-      static_cast<event*>(e)->waits = p;
+      world* w = s != nullptr ? static_cast<stream*>(s)->w : world_of_thread();
+      std::lock_guard<std::mutex> lock(w->m);
+      stream* st = w->stream_of(s);
+      item it;
+      it.k = item::what::record;
+      push(st, std::move(it));
+      ++st->records;
+      auto* ev = static_cast<event*>(e);
+      ev->on = st;
+      ev->position = st->enqueued;
       return 0;
     };
     a.event_query = [](void* e) -> int {
-      for (const auto& f : static_cast<event*>(e)->waits)
-        if (!f->load()) return nccl_codes::cuda_not_ready;
-      return 0;
+      auto* ev = static_cast<event*>(e);
+      if (ev->on == nullptr) return 0;  // never recorded: complete, as CUDA says
+      std::lock_guard<std::mutex> lock(ev->on->w->m);
+      ev->on->w->drive(ev->on);
+      return ev->on->executed >= ev->position ? 0 : nccl_codes::cuda_not_ready;
     };
-    a.event_destroy = [](void* e) -> int {
-      delete static_cast<event*>(e);
+    a.event_destroy = [](void*) -> int { return 0; };  // the world keeps it until it goes
+    a.stream_wait_event = [](void* s, void* e) -> int {
+      auto* ev = static_cast<event*>(e);
+      if (ev->on == nullptr) return 0;  // never recorded: nothing to wait for
+      world* w = ev->on->w;
+      std::lock_guard<std::mutex> lock(w->m);
+      stream* st = w->stream_of(s);
+      item it;
+      it.k = item::what::wait;
+      it.waited = ev->on;
+      it.until = ev->position;  // the record as it is now: a later record does not move the wait
+      push(st, std::move(it));
+      ++st->waits;
       return 0;
     };
     a.cuda_error_string = [](int rc) -> const char* {
-      if (rc == 999) return "fake: a copy queued behind an unfinished operation on its stream";
       if (rc == 2) return "out of memory";
       return rc == 100 ? "no CUDA-capable device is detected" : "unknown CUDA error";
     };
     a.memcpy_async = [](void* dst, const void* src, std::size_t bytes, void* s) -> int {
-      if (!stream_idle(s)) return 999;
-      std::memmove(dst, src, bytes);
+      world* w = s != nullptr ? static_cast<stream*>(s)->w : world_of_thread();
+      std::lock_guard<std::mutex> lock(w->m);
+      stream* st = w->stream_of(s);
+      item it;
+      it.k = item::what::copy;
+      it.dst = dst;
+      it.src = src;
+      it.bytes = bytes;
+      push(st, std::move(it));
+      ++st->uses;
       return 0;
     };
     a.memset_async = [](void* p, int value, std::size_t bytes, void* s) -> int {
-      if (!stream_idle(s)) return 999;
-      std::memset(p, value, bytes);
+      world* w = s != nullptr ? static_cast<stream*>(s)->w : world_of_thread();
+      std::lock_guard<std::mutex> lock(w->m);
+      stream* st = w->stream_of(s);
+      item it;
+      it.k = item::what::memset;
+      it.dst = p;
+      it.value = value;
+      it.bytes = bytes;
+      push(st, std::move(it));
+      ++st->uses;
       return 0;
     };
     a.device_malloc = [](void** p, std::size_t bytes) -> int {
@@ -364,47 +568,32 @@ struct world {
     return a;
   }
 
+  // An NCCL operation enqueued on its stream: it takes part only once the stream is driven to
+  // it. A collective's slot is its index among its communicator's, fixed here (issue order).
   static int enqueue(void* handle, void* s, op o) {
     auto* c = static_cast<comm*>(handle);
     world* w = c->w;
     std::lock_guard<std::mutex> lock(w->m);
     if (c->aborted || c->destroyed) return 5;  // ncclInvalidUsage
-    o.done = std::make_shared<std::atomic<bool>>(false);
-    static_cast<stream*>(s)->pending.push_back(o.done);
-    ++static_cast<stream*>(s)->uses;
+    auto p = std::make_shared<op>(o);
+    p->c = c;
     ++c->ops;
     if (w->fault.async_error_rank == c->rank && c->ops >= w->fault.async_error_at_op) {
       c->async_error = w->fault.async_error_code;
-      return 0;
+      p->never = true;
     }
-    if (w->fault.hang_rank == c->rank && c->ops >= w->fault.hang_from_op) return 0;
-    group& g = *c->g;
-    if (o.k == kind::allreduce || o.k == kind::broadcast) {
-      auto& slot = g.collectives[++c->collectives];
-      slot.resize(static_cast<std::size_t>(g.nranks));
-      slot[static_cast<std::size_t>(c->rank)] = o;
-      if (!g.poisoned && std::all_of(slot.begin(), slot.end(), [](const auto& x) { return x.has_value(); })) {
-        run_collective(slot);
-        g.collectives.erase(c->collectives);
-      }
-      return 0;
-    }
-    const auto key = o.k == kind::send ? std::make_pair(c->rank, o.peer) : std::make_pair(o.peer, c->rank);
-    (o.k == kind::send ? g.sends : g.recvs)[key].push_back(o);
-    auto& sq = g.sends[key];
-    auto& rq = g.recvs[key];
-    while (!g.poisoned && !sq.empty() && !rq.empty()) {
-      // NCCL matches the n-th send with the n-th recv and compares no sizes: neither does this.
-      std::memcpy(rq.front().out, sq.front().in, std::min(sq.front().count, rq.front().count));
-      sq.front().done->store(true);
-      rq.front().done->store(true);
-      sq.pop_front();
-      rq.pop_front();
-    }
+    if (w->fault.hang_rank == c->rank && c->ops >= w->fault.hang_from_op) p->never = true;
+    if (p->k == kind::allreduce || p->k == kind::broadcast) p->slot = ++c->collectives;
+    stream* st = w->stream_of(s);
+    item it;
+    it.k = item::what::op;
+    it.o = std::move(p);
+    push(st, std::move(it));
+    ++st->uses;
     return 0;
   }
 
-  static void run_collective(std::vector<std::optional<op>>& slot) {
+  static void run_collective(std::vector<op_ptr>& slot) {
     const op& first = *slot[0];
     if (first.k == kind::broadcast) {
       const op& root = *slot[static_cast<std::size_t>(first.peer)];
@@ -423,13 +612,13 @@ struct world {
       for (std::size_t r = 1; r < slot.size(); ++r) reduce(acc.data(), slot[r]->in, first.count, first.t, first.r);
       for (auto& o : slot) std::memcpy(o->out, acc.data(), bytes);
     }
-    for (auto& o : slot) o->done->store(true);
+    for (auto& o : slot) o->done = true;
   }
 
   // NCCL's PreMulSum (and ncclAvg on floating types): each rank's input times its own scalar in
   // the element type, summed in rank order.
   template <class T>
-  static void premul_sum(std::vector<std::optional<op>>& slot) {
+  static void premul_sum(std::vector<op_ptr>& slot) {
     const std::size_t count = slot[0]->count;
     std::vector<T> acc(count, T(0));
     for (std::size_t r = 0; r < slot.size(); ++r) {

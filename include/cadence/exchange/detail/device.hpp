@@ -17,7 +17,9 @@ namespace cadence::exchange::detail {
 // C offers, besides the concept: allreduce(buf, n, t, op, stream, d), allreduce_average(buf, n,
 // t, stream, d), allreduce_scaled(send, recv, n, t, scale, stream, d), copy_async(dst, src,
 // bytes, stream), zero_async(p, bytes, stream), synchronize(stream, d), device_alloc(bytes),
-// device_free(p) and stream(): see nccl_communicator (cadence/transport/nccl/protocol.hpp).
+// device_free(p), stream(), and for the asynchronous path iallreduce_average(buf, n, t, stream)
+// and record(stream[, covered]) (work handles), stream_wait(waiter, waited): see nccl_communicator
+// (cadence/transport/nccl/protocol.hpp).
 template <class C, class = void>
 struct has_device_ops : std::false_type {};
 template <class C>
@@ -41,9 +43,43 @@ struct has_device_ops<
                                                            std::declval<transport::deadline>())),
                    decltype(std::declval<C&>().device_alloc(std::size_t{})),
                    decltype(std::declval<C&>().device_free(std::declval<void*>())),
+                   decltype(std::declval<C&>().iallreduce_average(std::declval<void*>(), std::size_t{},
+                                                                  transport::dtype{}, std::declval<void*>())),
+                   decltype(std::declval<C&>().record(std::declval<void*>())),
+                   decltype(std::declval<C&>().record(
+                       std::declval<void*>(),
+                       std::declval<C&>().iallreduce_average(std::declval<void*>(), std::size_t{},
+                                                             transport::dtype{}, std::declval<void*>()))),
+                   decltype(std::declval<C&>().stream_wait(std::declval<void*>(), std::declval<void*>())),
                    decltype(std::declval<const C&>().stream())>> : std::true_type {};
 template <class C>
 inline constexpr bool has_device_ops_v = has_device_ops<C>::value;
+
+/// The work handle of C's asynchronous operations, or a placeholder where C has none (the
+/// adapters then block in the call that starts the work).
+struct no_work {
+  bool test() { return true; }
+  void wait(transport::deadline) {}
+};
+template <class C, bool = transport::has_async_v<C>>
+struct work_of {
+  using type = no_work;
+};
+template <class C>
+struct work_of<C, true> {
+  using type = decltype(std::declval<C&>().iallreduce(std::declval<void*>(), std::size_t{}, transport::dtype{},
+                                                      transport::reduce_op{}));
+};
+
+/// Whether a work handle can wait with a time limit that is no failure (wait_until: the MPI and
+/// gloo backends' handles, beyond the concept).
+template <class W, class = void>
+struct has_wait_until : std::false_type {};
+template <class W>
+struct has_wait_until<W, std::void_t<decltype(std::declval<W&>().wait_until(
+                             std::declval<transport::deadline::clock::time_point>()))>> : std::true_type {};
+template <class W>
+inline constexpr bool has_wait_until_v = has_wait_until<W>::value;
 
 /// Whether an adapter works on device buffers over `c`: a host communicator refuses a stream; a
 /// device communicator without the helpers is refused.

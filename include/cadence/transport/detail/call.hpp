@@ -116,6 +116,9 @@ inline std::string signature(const char* op, std::size_t count, dtype t, reduce_
   return std::string(op) + "(count " + std::to_string(count) + ", " + dtype_name(t) + ", " +
          reduce_op_name(r) + ")";
 }
+inline std::string signature_average(std::size_t count, dtype t) {
+  return "allreduce_average(count " + std::to_string(count) + ", " + dtype_name(t) + ")";
+}
 inline std::string signature(const char* op, std::size_t bytes, int root) {
   return std::string(op) + "(" + std::to_string(bytes) + " bytes, root " + std::to_string(root) + ")";
 }

@@ -157,6 +157,9 @@ inline nccl_api real_nccl_api() {
   a.event_destroy = [](void* event) -> int {
     return static_cast<int>(cudaEventDestroy(detail::cuda_event(event)));
   };
+  a.stream_wait_event = [](void* stream, void* event) -> int {
+    return static_cast<int>(cudaStreamWaitEvent(detail::cuda_stream(stream), detail::cuda_event(event), 0));
+  };
   a.cuda_error_string = [](int rc) -> const char* {
     return cudaGetErrorString(static_cast<cudaError_t>(rc));
   };

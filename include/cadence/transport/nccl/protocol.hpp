@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -81,6 +82,9 @@ struct nccl_api {
   int (*event_record)(void* event, void* stream) = nullptr;
   int (*event_query)(void* event) = nullptr;  // success, cuda_not_ready or an error
   int (*event_destroy)(void* event) = nullptr;
+  /// cudaStreamWaitEvent: work enqueued on `stream` from now on waits for `event` (as recorded
+  /// when this call is made). How the communicator orders its stream after the caller's.
+  int (*stream_wait_event)(void* stream, void* event) = nullptr;
   const char* (*cuda_error_string)(int error) = nullptr;
   // ---- CUDA runtime, for the collective adapters' device path. Optional, as above. ----
   int (*memcpy_async)(void* dst, const void* src, std::size_t bytes, void* stream) = nullptr;
@@ -93,12 +97,101 @@ struct nccl_options {
   /// The stream (a cudaStream_t) the calls without an explicit stream enqueue on. Null: the
   /// communicator creates a non-blocking stream of its own on its device.
   void* stream = nullptr;
+  /// The caller's stream: the calls without an explicit stream first make `stream` wait for
+  /// everything enqueued here before the call (an event recorded here, cudaStreamWaitEvent on
+  /// `stream`), as PyTorch's ProcessGroupNCCL waits on the current stream. Null: the legacy
+  /// default stream, where kernels launched without a stream run.
+  void* caller_stream = nullptr;
+  /// How long starting an operation may wait for a non-blocking communicator to finish issuing
+  /// the previous one (ncclInProgress) when the call has no deadline of its own (the
+  /// asynchronous forms).
+  std::chrono::milliseconds issue_timeout{60000};
   /// Polling: the first waits spin (a small all-reduce completes in microseconds); a call
   /// still waiting after spin_for sleeps poll_sleep between queries.
   std::chrono::microseconds spin_for{20000};
   std::chrono::microseconds poll_sleep{50};
   /// How long the destructor waits for ncclCommFinalize before it aborts instead.
   std::chrono::milliseconds shutdown_wait{2000};
+};
+
+namespace detail {
+// The events work handles wait on, shared by the communicator and its handles: a handle gives
+// its event back even after the communicator is gone, and then learns that it is.
+struct nccl_events {
+  nccl_api api;
+  std::vector<void*> free;
+  bool alive = true;  // the communicator exists
+  ~nccl_events() {
+    for (void* e : free)
+      if (api.event_destroy != nullptr) api.event_destroy(e);
+  }
+};
+}  // namespace detail
+
+class nccl_communicator;
+
+// ---- nccl_work: the work handle ----
+
+/// A started NCCL operation (the asynchronous forms, and record()): models the work handle of
+/// communicator.hpp. An event recorded behind the operation says when it is done: test() polls
+/// it and ncclCommGetAsyncError, wait(d) until d (then the communicator is aborted and names
+/// whom the operation waited for). NCCL cannot withdraw an enqueued operation: cancel() returns
+/// false until it is done, and the buffer must stay valid until then (or until the communicator
+/// is aborted and destroyed). Only the communicator's owning thread may use it.
+class nccl_work {
+public:
+  nccl_work() = default;
+  nccl_work(nccl_work&& o) noexcept { *this = std::move(o); }
+  nccl_work& operator=(nccl_work&& o) noexcept {
+    if (this != &o) {
+      release();
+      comm_ = std::exchange(o.comm_, nullptr);
+      events_ = std::move(o.events_);
+      c_ = o.c_;
+      event_ = std::exchange(o.event_, nullptr);
+      awaited_ = std::move(o.awaited_);
+      note_ = std::move(o.note_);
+      source_ = o.source_;
+      done_ = std::exchange(o.done_, true);
+    }
+    return *this;
+  }
+  nccl_work(const nccl_work&) = delete;
+  nccl_work& operator=(const nccl_work&) = delete;
+  ~nccl_work() { release(); }
+
+  inline bool test();
+  inline void wait(deadline d = {});
+  int source() const noexcept { return source_; }
+  bool cancel() noexcept { return done_; }
+
+private:
+  friend class nccl_communicator;
+  static nccl_work completed(int source) {
+    nccl_work w;
+    w.source_ = source;
+    return w;
+  }
+  nccl_work(nccl_communicator* comm, std::shared_ptr<detail::nccl_events> events, detail::call_info c, void* event,
+            std::vector<int> awaited, std::string note, int source)
+      : comm_(comm), events_(std::move(events)), c_(c), event_(event), awaited_(std::move(awaited)),
+        note_(std::move(note)), source_(source), done_(false) {}
+  inline void check_alive() const;
+  // The event goes back to the pool (it may be recorded again: a later record overwrites it).
+  void release() noexcept {
+    if (event_ != nullptr && events_) events_->free.push_back(event_);
+    event_ = nullptr;
+    done_ = true;
+  }
+
+  nccl_communicator* comm_ = nullptr;
+  std::shared_ptr<detail::nccl_events> events_;
+  detail::call_info c_{};
+  void* event_ = nullptr;
+  std::vector<int> awaited_;
+  std::string note_;
+  int source_ = -1;
+  bool done_ = true;  // a default-constructed or moved-from handle is complete
 };
 
 /// Models transport::communicator over NCCL (target cadence::nccl for the real table).
@@ -112,11 +205,19 @@ struct nccl_options {
 /// ready; then a barrier over the bootstrap. An init that does not complete by the deadline is
 /// aborted (ncclCommAbort, on the constructing thread) and throws transport_error.
 ///
-/// Buffers are device pointers (capabilities().device_buffers), f16 and bf16 included. Each
-/// call enqueues its NCCL operation on a stream (the communicator's, or the one passed), records
-/// an event behind it and polls that event and ncclCommGetAsyncError until the operation has
-/// completed on the device, an error appears, abort() is called, or the deadline passes: the
-/// buffer is ready when the call returns. Zero-byte calls are local no-ops, as in NCCL.
+/// Buffers are device pointers (capabilities().device_buffers), f16 and bf16 included.
+///
+/// Streams, and which work comes first. The calls of the concept (allreduce, broadcast, send,
+/// recv, allreduce_average, and their asynchronous forms) run on the communicator's stream
+/// (stream()) after the caller's: each first records an event on nccl_options::caller_stream
+/// (null: the legacy default stream) and makes stream() wait for it (cudaStreamWaitEvent), so
+/// an all-reduce never reads a gradient before the kernels the caller enqueued on its stream
+/// have written it, and the caller's later kernels need not wait for the communication. The
+/// overloads with an explicit `stream` enqueue on that stream itself: the stream's own order
+/// covers it. Either way an event behind the operation says when it is done: the blocking calls
+/// poll it (and ncclCommGetAsyncError) until then, an error, abort(), or the deadline, so the
+/// buffer is ready when they return; the asynchronous forms return a work handle (nccl_work)
+/// whose test() and wait() poll it. Zero-byte calls are local no-ops, as in NCCL.
 ///
 /// Failure: the first failure (deadline, asynchronous NCCL error, abort()) calls ncclCommAbort on
 /// the owning thread, marks the communicator failed and throws transport_error; every later
@@ -142,6 +243,7 @@ public:
                     nccl_options options = {}, deadline d = {})
       : api_(api), options_(options), device_(device), owner_(std::this_thread::get_id()) {
     CADENCE_REQUIRE_COMMUNICATOR(Bootstrap);
+    events_->api = api_;
     rank_ = bootstrap.rank();
     size_ = bootstrap.size();
     const detail::call_info c{"nccl", "construction", 0, rank_, size_, deadline::clock::now()};
@@ -181,87 +283,78 @@ public:
     return f;
   }
 
+  // ---- the concept's calls: on stream(), after the caller's stream ----
+
   void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
-    allreduce(buf, count, t, op, stream_, d);
+    start_allreduce("allreduce", buf, count, t, op, false, nullptr, &d).wait(d);
   }
-  /// On `stream` (a cudaStream_t of this communicator's device) instead of the communicator's.
-  void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, void* stream, deadline d) {
-    const detail::call_info c = begin("allreduce");
-    enter(c);
-    const std::size_t bytes = detail::checked_bytes(c, count, t);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_op(c, op);
-    detail::check_deadline(c, d);
-    if (bytes == 0) return;
-    check_nccl(c, api_.all_reduce(buf, buf, count, t, op, comm_, stream));
-    complete(c, d, stream, others_or_self(), "NCCL cannot say which of them is missing");
+  void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
+    start_broadcast(buf, bytes, root, nullptr, &d).wait(d);
+  }
+  void send(const void* buf, std::size_t bytes, int dst, int tag, deadline d = {}) {
+    start_p2p("send", const_cast<void*>(buf), bytes, dst, tag, nullptr, &d).wait(d);
+  }
+  int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
+    start_p2p("recv", buf, bytes, src, tag, nullptr, &d).wait(d);
+    return src;
+  }
+  /// The mean over ranks, in place (f32, f64): ncclAvg, which multiplies every input by
+  /// 1/size() and sums (exact when size() is a power of two and the sum is exact).
+  void allreduce_average(void* buf, std::size_t count, dtype t, deadline d = {}) {
+    start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, nullptr, &d).wait(d);
   }
 
-  void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
-    broadcast(buf, bytes, root, stream_, d);
+  /// The asynchronous forms (communicator.hpp): they enqueue and return a handle at once.
+  nccl_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
+    return start_allreduce("allreduce", buf, count, t, op, false, nullptr, nullptr);
+  }
+  nccl_work iallreduce_average(void* buf, std::size_t count, dtype t) {
+    return start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, nullptr, nullptr);
+  }
+  nccl_work ibroadcast(void* buf, std::size_t bytes, int root) {
+    return start_broadcast(buf, bytes, root, nullptr, nullptr);
+  }
+  nccl_work isend(const void* buf, std::size_t bytes, int dst, int tag) {
+    return start_p2p("send", const_cast<void*>(buf), bytes, dst, tag, nullptr, nullptr);
+  }
+  nccl_work irecv(void* buf, std::size_t bytes, int src, int tag) {
+    return start_p2p("recv", buf, bytes, src, tag, nullptr, nullptr);
+  }
+
+  // ---- on an explicit stream (a cudaStream_t of this communicator's device) ----
+
+  void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, void* stream, deadline d) {
+    start_allreduce("allreduce", buf, count, t, op, false, &stream, &d).wait(d);
   }
   void broadcast(void* buf, std::size_t bytes, int root, void* stream, deadline d) {
-    const detail::call_info c = begin("broadcast");
-    enter(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, root, "root");
-    detail::check_deadline(c, d);
-    if (bytes == 0) return;
-    check_nccl(c, api_.broadcast(buf, buf, bytes, root, comm_, stream));
-    complete(c, d, stream, rank_ == root ? others_or_self() : std::vector<int>{root},
-             rank_ == root ? "NCCL cannot say which of them is missing" : "");
-  }
-
-  void send(const void* buf, std::size_t bytes, int dst, int tag, deadline d = {}) {
-    send(buf, bytes, dst, tag, stream_, d);
+    start_broadcast(buf, bytes, root, &stream, &d).wait(d);
   }
   void send(const void* buf, std::size_t bytes, int dst, int tag, void* stream, deadline d) {
-    const detail::call_info c = begin("send");
-    enter(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, dst, "destination");
-    detail::check_tag(c, tag);
-    detail::check_deadline(c, d);
-    if (bytes == 0) return;
-    check_nccl(c, api_.send(buf, bytes, dst, comm_, stream));
-    complete(c, d, stream, {dst}, "the matching recv was not posted");
-  }
-
-  int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
-    return recv(buf, bytes, src, tag, stream_, d);
+    start_p2p("send", const_cast<void*>(buf), bytes, dst, tag, &stream, &d).wait(d);
   }
   int recv(void* buf, std::size_t bytes, int src, int tag, void* stream, deadline d) {
-    const detail::call_info c = begin("recv");
-    enter(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, src, "source");  // no any_source: NCCL receives from a named peer
-    detail::check_tag(c, tag);
-    detail::check_deadline(c, d);
-    if (bytes == 0) return src;
-    check_nccl(c, api_.recv(buf, bytes, src, comm_, stream));
-    complete(c, d, stream, {src}, "no matching send arrived");
+    start_p2p("recv", buf, bytes, src, tag, &stream, &d).wait(d);
     return src;
+  }
+  nccl_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op, void* stream) {
+    return start_allreduce("allreduce", buf, count, t, op, false, &stream, nullptr);
   }
 
   // ---- Device helpers for the collective adapters (cadence/exchange/) ----
   // Not part of the communicator concept: what bucket fusion and merging need on the device
   // (NCCL has no elementwise kernels of its own, and this header includes no CUDA), reached
   // through the same table, so the fake tests them, and under the same failure contract. Only
-  // the owning thread; `stream` is a cudaStream_t of this communicator's device (stream()).
+  // the owning thread; `stream` is a cudaStream_t of this communicator's device (stream()),
+  // the work is enqueued on it.
 
   /// In place: each element becomes the mean over ranks (ncclAvg). For f32 and f64 NCCL
   /// multiplies every input by 1/size() and sums, so the mean is exact when size() is a power
   /// of two and the sum is exact (allreduce_avg of collectives.hpp divides instead).
   void allreduce_average(void* buf, std::size_t count, dtype t, void* stream, deadline d) {
-    const detail::call_info c = begin("allreduce_average");
-    enter(c);
-    const std::size_t bytes = detail::checked_bytes(c, count, t);
-    detail::check_buffer(c, buf, bytes);
-    require(c, api_.all_reduce_op != nullptr, "all_reduce_op");
-    detail::check_deadline(c, d);
-    if (bytes == 0) return;
-    check_nccl(c, api_.all_reduce_op(buf, buf, count, t, nccl_codes::op_avg, comm_, stream));
-    complete(c, d, stream, others_or_self(), "NCCL cannot say which of them is missing");
+    start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, &stream, &d).wait(d);
+  }
+  nccl_work iallreduce_average(void* buf, std::size_t count, dtype t, void* stream) {
+    return start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, &stream, nullptr);
   }
 
   /// recv = the sum over ranks r of scale_r * send_r, where scale_r is the `scale` rank r
@@ -281,18 +374,51 @@ public:
             "all_reduce_op, red_op_create_premul_sum or red_op_destroy");
     detail::check_deadline(c, d);
     if (bytes == 0) return;
+    settle(c, d);
     int op = 0;
     const int rc = api_.red_op_create_premul_sum(&op, scale, t, comm_);
     if (rc != nccl_codes::success)
       fail(transport_error(detail::describe(c) + ": ncclRedOpCreatePreMulSum failed: " + nccl_error(rc)));
     try {
       check_nccl(c, api_.all_reduce_op(send, recv, count, t, op, comm_, stream));
-      complete(c, d, stream, others_or_self(), "NCCL cannot say which of them is missing");
+      nccl_work w = behind(c, stream, others_or_self(), "NCCL cannot say which of them is missing", &d);
+      w.wait(d);
     } catch (...) {
       if (comm_ != nullptr) api_.red_op_destroy(op, comm_);
       throw;
     }
     api_.red_op_destroy(op, comm_);
+  }
+
+  /// A handle that completes once everything enqueued on `stream` so far has (an event behind
+  /// it): how an adapter waits for its copies out behind an all-reduce.
+  nccl_work record(void* stream) {
+    const detail::call_info c = begin("record");
+    enter(c);
+    return behind(c, stream, {rank_}, "this rank's device did not finish the stream's work", nullptr);
+  }
+  /// The same, standing for `covered` (an operation enqueued on `stream` before the work this
+  /// waits for, e.g. an all-reduce before its copies out): it completes after all of it and,
+  /// on failure, names what `covered` names (the call and the ranks it waited for).
+  nccl_work record(void* stream, nccl_work&& covered) {
+    const detail::call_info c = begin("record");
+    enter(c);
+    nccl_work w = behind(c, stream, {rank_}, "this rank's device did not finish the stream's work", nullptr);
+    if (covered.done_) return w;
+    w.c_ = covered.c_;
+    w.awaited_ = std::move(covered.awaited_);
+    w.note_ = std::move(covered.note_);
+    covered.release();
+    return w;
+  }
+
+  /// Work enqueued on `waiter` from now on waits for what was enqueued on `waited` before this
+  /// call (an event, cudaStreamWaitEvent); nothing when they are the same stream. Null is the
+  /// legacy default stream.
+  void stream_wait(void* waiter, void* waited) {
+    const detail::call_info c = begin("stream_wait");
+    enter(c);
+    order(c, waiter, waited);
   }
 
   /// Enqueues a copy of `bytes` from `src` to `dst` (device memory) on `stream`
@@ -327,7 +453,7 @@ public:
     const detail::call_info c = begin("synchronize");
     enter(c);
     detail::check_deadline(c, d);
-    complete(c, d, stream, {rank_}, "this rank's device did not finish the stream's work");
+    behind(c, stream, {rank_}, "this rank's device did not finish the stream's work", &d).wait(d);
   }
 
   /// `bytes` of device memory on this communicator's device (cudaMalloc), for device_free.
@@ -358,6 +484,8 @@ public:
   }
 
 private:
+  friend class nccl_work;
+
   // ---- construction ----
   template <class Bootstrap>
   void construct(const detail::call_info& c, Bootstrap& bootstrap, const deadline& d) {
@@ -467,7 +595,7 @@ private:
         api_.broadcast && api_.send && api_.recv && api_.get_error_string &&
         api_.get_device_count && api_.set_device && api_.stream_create && api_.stream_destroy &&
         api_.event_create && api_.event_record && api_.event_query && api_.event_destroy &&
-        api_.cuda_error_string;
+        api_.stream_wait_event && api_.cuda_error_string;
     if (!complete_table) detail::bad_argument(c, "the nccl_api table has a null function");
   }
 
@@ -501,6 +629,7 @@ private:
     }
     if (event_ != nullptr) api_.event_destroy(event_);
     event_ = nullptr;
+    events_->alive = false;  // handles still held give their events back to the pool, which frees them
     if (own_stream_ && stream_ != nullptr) api_.stream_destroy(stream_);
     stream_ = nullptr;
     own_stream_ = false;
@@ -539,7 +668,7 @@ private:
   }
 
   // An enqueue's result: in_progress means a non-blocking NCCL call still being issued, which
-  // complete() waits out through ncclCommGetAsyncError.
+  // settle() waits out through ncclCommGetAsyncError.
   void check_nccl(const detail::call_info& c, int rc) {
     if (rc != nccl_codes::success && rc != nccl_codes::in_progress)
       fail(transport_error(detail::describe(c) + ": NCCL failed to enqueue it: " + nccl_error(rc)));
@@ -552,43 +681,160 @@ private:
                                   " (the collective adapters' device path needs it)");
   }
 
-  // Polls until the operation just enqueued on `stream` has completed on the device.
-  void complete(const detail::call_info& c, const deadline& d, void* stream,
-                const std::vector<int>& awaited, const std::string& note) {
-    bool recorded = false;
+  // ---- starting operations, ordering, events ----
+
+  // The stream an operation runs on: the explicit one, or stream() ordered after the caller's.
+  void* stream_for(const detail::call_info& c, void** explicit_stream) {
+    if (explicit_stream != nullptr) return *explicit_stream;
+    order(c, stream_, options_.caller_stream);
+    return stream_;
+  }
+
+  nccl_work start_allreduce(const char* name, void* buf, std::size_t count, dtype t, reduce_op op, bool average,
+                            void** explicit_stream, const deadline* d) {
+    const detail::call_info c = begin(name);
+    enter(c);
+    const std::size_t bytes = detail::checked_bytes(c, count, t);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_op(c, op);
+    if (average) {
+      require(c, api_.all_reduce_op != nullptr, "all_reduce_op");
+      if (t != dtype::f32 && t != dtype::f64 && t != dtype::f16 && t != dtype::bf16)
+        detail::bad_argument(c, std::string("dtype ") + dtype_name(t) +
+                                    " is not a floating type (an integer average would have to round)");
+    }
+    if (d) detail::check_deadline(c, *d);
+    if (bytes == 0) return nccl_work::completed(rank_);
+    void* stream = stream_for(c, explicit_stream);
+    settle(c, d);
+    check_nccl(c, average ? api_.all_reduce_op(buf, buf, count, t, nccl_codes::op_avg, comm_, stream)
+                          : api_.all_reduce(buf, buf, count, t, op, comm_, stream));
+    return behind(c, stream, others_or_self(), "NCCL cannot say which of them is missing", d);
+  }
+
+  nccl_work start_broadcast(void* buf, std::size_t bytes, int root, void** explicit_stream, const deadline* d) {
+    const detail::call_info c = begin("broadcast");
+    enter(c);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_peer(c, root, "root");
+    if (d) detail::check_deadline(c, *d);
+    if (bytes == 0) return nccl_work::completed(root);
+    void* stream = stream_for(c, explicit_stream);
+    settle(c, d);
+    check_nccl(c, api_.broadcast(buf, buf, bytes, root, comm_, stream));
+    return behind(c, stream, rank_ == root ? others_or_self() : std::vector<int>{root},
+                  rank_ == root ? "NCCL cannot say which of them is missing" : "", d, root);
+  }
+
+  nccl_work start_p2p(const char* name, void* buf, std::size_t bytes, int peer, int tag, void** explicit_stream,
+                      const deadline* d) {
+    const bool is_send = name[0] == 's';
+    const detail::call_info c = begin(name);
+    enter(c);
+    detail::check_buffer(c, buf, bytes);
+    detail::check_peer(c, peer, is_send ? "destination" : "source");  // no any_source: NCCL names its peer
+    detail::check_tag(c, tag);
+    if (d) detail::check_deadline(c, *d);
+    if (bytes == 0) return nccl_work::completed(peer);
+    void* stream = stream_for(c, explicit_stream);
+    settle(c, d);
+    check_nccl(c, is_send ? api_.send(buf, bytes, peer, comm_, stream) : api_.recv(buf, bytes, peer, comm_, stream));
+    return behind(c, stream, {peer}, is_send ? "the matching recv was not posted" : "no matching send arrived", d, peer);
+  }
+
+  // A non-blocking communicator may still be issuing the last call (ncclInProgress): NCCL wants
+  // that finished before the next call or an event behind it. Polled against the call's
+  // deadline, or issue_timeout for the asynchronous forms.
+  void settle(const detail::call_info& c, const deadline* d, const std::vector<int>& awaited = {}) {
+    const deadline limit = d != nullptr ? *d : deadline(options_.issue_timeout);
     for (;;) {
       int state = nccl_codes::in_progress;
       const int q = api_.comm_get_async_error(comm_, &state);
       if (q != nccl_codes::success) state = q;
-      if (state != nccl_codes::success && state != nccl_codes::in_progress)
-        fail(transport_error(detail::describe(c) + ": NCCL reported an asynchronous error " +
-                             "while waiting for " + detail::rank_list(awaited) + ": " +
+      if (state == nccl_codes::success) return;
+      if (state != nccl_codes::in_progress)
+        fail(transport_error(detail::describe(c) + ": NCCL reported an asynchronous error while waiting for " +
+                             detail::rank_list(awaited.empty() ? others_or_self() : awaited) + ": " +
                              nccl_error(state) + " (aborted with ncclCommAbort)"));
-      // The event goes behind the operation once NCCL has finished issuing it (a non-blocking
-      // communicator may still be issuing it when the enqueue call returns in_progress).
-      if (!recorded && state == nccl_codes::success) {
-        const int rc = api_.event_record(event_, stream);
-        if (rc != nccl_codes::success)
-          fail(transport_error(detail::describe(c) + ": cudaEventRecord failed: " +
-                               cuda_error(rc)));
-        recorded = true;
-      }
-      if (recorded) {
-        const int e = api_.event_query(event_);
-        if (e == nccl_codes::success) return;
-        if (e != nccl_codes::cuda_not_ready)
-          fail(transport_error(detail::describe(c) + ": cudaEventQuery failed while waiting for " +
-                               detail::rank_list(awaited) + ": " + cuda_error(e) +
-                               " (aborted with ncclCommAbort)"));
-      }
       if (aborted_.load(std::memory_order_acquire))
-        fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort()) " +
-                             "while waiting for " + detail::rank_list(awaited)));
-      if (d.passed())
-        fail(detail::deadline_error(c, awaited,
-                                    note.empty() ? std::string("aborted with ncclCommAbort")
-                                                 : note + "; aborted with ncclCommAbort"));
+        fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort())"));
+      if (limit.passed())
+        fail(detail::deadline_error(c, others_or_self(), "NCCL did not finish issuing the previous operation; "
+                                                         "aborted with ncclCommAbort"));
       pause(c.started);
+    }
+  }
+  void settle(const detail::call_info& c, const deadline& d) { settle(c, &d); }
+
+  // `waiter` waits for `waited`'s work so far: an event recorded on `waited`, waited on by
+  // `waiter`. The event is free again at once (cudaStreamWaitEvent takes its state now).
+  void order(const detail::call_info& c, void* waiter, void* waited) {
+    if (waiter == waited) return;
+    int rc = api_.event_record(event_, waited);
+    if (rc != nccl_codes::success)
+      fail(transport_error(detail::describe(c) + ": cudaEventRecord on the caller's stream failed: " + cuda_error(rc)));
+    rc = api_.stream_wait_event(waiter, event_);
+    if (rc != nccl_codes::success)
+      fail(transport_error(detail::describe(c) + ": cudaStreamWaitEvent failed: " + cuda_error(rc)));
+  }
+
+  // A handle on an event recorded behind what is enqueued on `stream` now.
+  nccl_work behind(const detail::call_info& c, void* stream, std::vector<int> awaited, std::string note,
+                   const deadline* d, int source = -1) {
+    settle(c, d, awaited);
+    void* e = acquire_event(c);
+    const int rc = api_.event_record(e, stream);
+    if (rc != nccl_codes::success) {
+      events_->free.push_back(e);
+      fail(transport_error(detail::describe(c) + ": cudaEventRecord failed: " + cuda_error(rc)));
+    }
+    return nccl_work(this, events_, c, e, std::move(awaited), std::move(note), source);
+  }
+
+  void* acquire_event(const detail::call_info& c) {
+    if (!events_->free.empty()) {
+      void* e = events_->free.back();
+      events_->free.pop_back();
+      return e;
+    }
+    void* e = nullptr;
+    const int rc = api_.event_create(&e);
+    if (rc != nccl_codes::success)
+      fail(transport_error(detail::describe(c) + ": cudaEventCreateWithFlags failed: " + cuda_error(rc)));
+    return e;
+  }
+
+  // ---- the work handle's polling ----
+
+  // One look: true when the operation behind `w` is done; throws (and aborts NCCL) on an
+  // asynchronous error or abort().
+  bool poll(nccl_work& w) {
+    int state = nccl_codes::in_progress;
+    const int q = api_.comm_get_async_error(comm_, &state);
+    if (q != nccl_codes::success) state = q;
+    if (state != nccl_codes::success && state != nccl_codes::in_progress)
+      fail(transport_error(detail::describe(w.c_) + ": NCCL reported an asynchronous error while waiting for " +
+                           detail::rank_list(w.awaited_) + ": " + nccl_error(state) + " (aborted with ncclCommAbort)"));
+    const int e = api_.event_query(w.event_);
+    if (e == nccl_codes::success) return true;
+    if (e != nccl_codes::cuda_not_ready)
+      fail(transport_error(detail::describe(w.c_) + ": cudaEventQuery failed while waiting for " +
+                           detail::rank_list(w.awaited_) + ": " + cuda_error(e) + " (aborted with ncclCommAbort)"));
+    if (aborted_.load(std::memory_order_acquire))
+      fail(transport_error(detail::describe(w.c_) + ": the communicator was aborted (abort()) while waiting for " +
+                           detail::rank_list(w.awaited_)));
+    return false;
+  }
+
+  void wait_work(nccl_work& w, const deadline& d) {
+    const auto since = deadline::clock::now();
+    for (;;) {
+      if (poll(w)) return;
+      if (d.passed())
+        fail(detail::deadline_error(w.c_, w.awaited_,
+                                    w.note_.empty() ? std::string("aborted with ncclCommAbort")
+                                                    : w.note_ + "; aborted with ncclCommAbort"));
+      pause(since);
     }
   }
 
@@ -632,11 +878,34 @@ private:
   void* stream_ = nullptr;
   bool own_stream_ = false;
   bool bad_device_ = false;
-  void* event_ = nullptr;
+  void* event_ = nullptr;                // orders stream() after the caller's stream
+  std::shared_ptr<detail::nccl_events> events_ = std::make_shared<detail::nccl_events>();
   std::uint64_t calls_ = 0;
   std::optional<transport_error> failure_;  // owning thread only
   std::atomic<bool> failed_{false};         // mirrors failure_ for failed() on other threads
   std::atomic<bool> aborted_{false};
 };
+
+inline void nccl_work::check_alive() const {
+  if (!events_ || !events_->alive)
+    throw transport_error(detail::describe(c_) + ": its communicator was destroyed");
+}
+
+inline bool nccl_work::test() {
+  if (done_) return true;
+  check_alive();
+  comm_->enter(c_);
+  if (!comm_->poll(*this)) return false;
+  release();
+  return true;
+}
+
+inline void nccl_work::wait(deadline d) {
+  if (done_) return;
+  check_alive();
+  comm_->enter(c_);
+  comm_->wait_work(*this, d);
+  release();
+}
 
 }  // namespace cadence::transport
