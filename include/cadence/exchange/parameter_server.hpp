@@ -840,6 +840,7 @@ private:
                                std::to_string(in_[r]->header.iteration) + " was answered");
       return;
     }
+    if (weights_->external()) settle_external_payload();
     inbound in;
     in.header = h;
     in.deadline = clock::now() + options_.transfer_timeout;
@@ -1192,6 +1193,17 @@ private:
       if (!weights_->current_pinned()) return;
       std::this_thread::yield();
     }
+  }
+
+  // Over the caller's single scratch buffer one payload lands at a time: the one in flight is
+  // finished (applied, or its worker dropped at its deadline) before the next receive is posted
+  // into the same memory. Bounded: its header came first, so its sender has posted the payload.
+  void settle_external_payload() {
+    for (std::size_t r = 0; r < in_.size(); ++r)
+      while (in_[r]) {
+        finish_payload(static_cast<int>(r));
+        if (in_[r]) std::this_thread::yield();
+      }
   }
 
   std::size_t take_scratch() {
