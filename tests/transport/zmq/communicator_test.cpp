@@ -46,5 +46,9 @@ TEST_CASE("zmq capabilities: any_source, and a lost peer is detected, survived a
     CHECK(c.peer_state(1 - c.rank()) == zmq_peer_state::alive);
     CHECK(c.incarnation(0) == 1);
     CHECK(c.incarnation(1) == 1);
+    // Both stay until both have looked: a peer that left is lost ("it left").
+    const cadence_test::events& ev = cadence_test::current_events();
+    ev.post_rank("checked", c.rank());
+    CHECK(ev.wait_ranks("checked", 2, c.rank()));
   });
 }

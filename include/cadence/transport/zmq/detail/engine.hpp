@@ -21,6 +21,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -223,6 +224,11 @@ public:
 
     router_ = open(c, ZMQ_ROUTER);
     set_int(router_, ZMQ_ROUTER_HANDOVER, 1);
+    // The fate of each peer's connection to us: a closed one means everything it sent before
+    // is in our ROUTER's queue (see check_lost).
+    router_monitor_ = monitor(c, router_, "inproc://cadence-router-monitor",
+                              ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                  ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
     bind(c, router_, o_.endpoint, "its endpoint");
     endpoint_ = last_endpoint(router_);
 
@@ -303,11 +309,6 @@ public:
 
   void submit_coll(const std::shared_ptr<zmq_coll_op>& op) {
     op->index = ++collectives_;
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_ || peer_at(p).state != zmq_peer_state::lost || !op->needs(p)) continue;
-      mark_failed(lost_peer_error(op->c, {p}, peer_at(p).lost_how));
-      return;
-    }
     if (auto f = coll_failed_.find(op->index); f != coll_failed_.end()) {
       mark_failed(transport_error(describe(op->c) + ": " + f->second));
       coll_failed_.erase(f);
@@ -317,6 +318,7 @@ public:
     op->start(*this);
     op->advance(*this);
     finish_colls();
+    fail_colls_on_lost();
   }
 
   // ---- waiting, testing, cancelling ----
@@ -420,6 +422,7 @@ public:
     items_.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
     items_.push_back({router_, 0, ZMQ_POLLIN, 0});
     items_.push_back({rdv_, 0, ZMQ_POLLIN, 0});
+    items_.push_back({router_monitor_, 0, ZMQ_POLLIN, 0});
     poll_peers_.clear();
     for (int p = 0; p < size_; ++p) {
       const zmq_peer& q = peer_at(p);
@@ -432,7 +435,8 @@ public:
         poll_peers_.push_back(-1);
       }
     }
-    const int rc = zmq_poll(items_.data(), static_cast<int>(items_.size()), timeout_ms(until));
+    const int rc = zmq_poll(items_.data(), static_cast<int>(items_.size()),
+                            timeout_ms(std::min(until, check_lost(zclock::now()))));
     if (rc < 0) {
       if (errno == EINTR) return;
       mark_failed(transport_error("cadence::transport[zmq]: rank " + std::to_string(rank_) + " of " +
@@ -442,10 +446,13 @@ public:
     if (rc > 0) {
       if (items_[0].revents != 0) drain_wake();
       drain_rdv();
+      // Monitors before the ROUTER: a connection reported closed has its last messages queued.
+      for (std::size_t i = 4; i < items_.size(); ++i)
+        if (poll_peers_[i - 4] >= 0 && (items_[i].revents & ZMQ_POLLIN) != 0) drain_monitor(poll_peers_[i - 4]);
+      if (items_[3].revents != 0) drain_router_monitor();
       drain_router();
-      for (std::size_t i = 3; i < items_.size(); ++i)
-        if (poll_peers_[i - 3] >= 0 && (items_[i].revents & ZMQ_POLLIN) != 0) drain_monitor(poll_peers_[i - 3]);
     }
+    check_lost(zclock::now());
     flush_all();
     advance();
   }
@@ -559,6 +566,12 @@ private:
     std::uint64_t next_id = 0;
     std::deque<zmq_incoming> future;  // from an incarnation we have not been told of yet
     std::uint64_t future_inc = 0;
+    // Liveness of the current incarnation: its connections' fate, as the monitors report it.
+    bool connected = false;        // our DEALER's handshake with it succeeded
+    bool hello_seen = false;       // its hello came in: its connection to our ROUTER is known
+    zclock::time_point broken_at;  // our DEALER's connection to it broke (epoch: not)
+    std::string broken_how;
+    zclock::time_point inbound_closed_at;  // its connection to our ROUTER closed (epoch: not)
   };
 
   struct zmq_slot {  // rank 0's registry
@@ -651,44 +664,140 @@ private:
     void* s = open(c, ZMQ_DEALER);
     const std::string id = zmq_identity(rank_, incarnation_);
     zmq_setsockopt(s, ZMQ_ROUTING_ID, id.data(), id.size());
+    // ZeroMQ takes a message only once the connection is up (until then it waits in q.out, and
+    // a connection that breaks drops its queue): nothing lingers for a connection that is gone,
+    // and nothing is redelivered to a reconnection (a broken connection ends the incarnation).
+    set_int(s, ZMQ_IMMEDIATE, 1);
     const std::string addr = "inproc://cadence-monitor-" + std::to_string(p) + "-" + std::to_string(++monitors_);
-    const int events = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED |
-                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
     q.dealer = s;
-    if (zmq_socket_monitor(s, addr.c_str(), events) == 0) {
-      void* m = open(c, ZMQ_PAIR);
-      if (zmq_connect(m, addr.c_str()) == 0)
-        q.monitor = m;
-      else
-        close_socket(m, 0);
-    }
-    if (zmq_connect(s, q.endpoint.c_str()) != 0)
+    q.monitor = monitor(c, s, addr,
+                        ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED |
+                            ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                            ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
+    if (zmq_connect(s, q.endpoint.c_str()) != 0) {
       lose(p, "cannot connect to its endpoint " + q.endpoint + ": " + zmq_reason());
+      return;
+    }
+    // The first message on the connection, ahead of anything queued while it was absent: the
+    // peer learns which of its ROUTER's connections is ours.
+    zmq_header h = header(zmq_kind::hello, p);
+    zmq_message m(sizeof h);
+    std::memcpy(m.data(), &h, sizeof h);
+    q.out.push_front(zmq_outgoing{std::move(m), std::nullopt, q.inc});
   }
 
+  // A PAIR that receives `s`'s monitor events (a monitor whose PAIR is not connected would block
+  // ZeroMQ's I/O thread: the PAIR connects before anything can happen on `s`).
+  void* monitor(const call_info& c, void* s, const std::string& addr, int events) {
+    if (zmq_socket_monitor(s, addr.c_str(), events) != 0)
+      throw transport_error(describe(c) + ": zmq_socket_monitor: " + zmq_reason());
+    void* m = zmq_socket(ctx_, ZMQ_PAIR);
+    if (m == nullptr) {
+      zmq_socket_monitor(s, nullptr, 0);
+      throw transport_error(describe(c) + ": zmq_socket: " + zmq_reason());
+    }
+    sockets_.push_back(m);
+    set_int(m, ZMQ_LINGER, 0);
+    if (zmq_connect(m, addr.c_str()) != 0) {
+      zmq_socket_monitor(s, nullptr, 0);
+      throw transport_error(describe(c) + ": connecting the monitor of a socket: " + zmq_reason());
+    }
+    return m;
+  }
+
+  // Reads one monitor event: its kind and value (an fd for connection events); false when none.
+  static bool read_event(void* monitor, std::uint16_t& event, std::uint32_t& value) {
+    zmq_message ev;
+    if (zmq_msg_recv(ev.get(), monitor, ZMQ_DONTWAIT) < 0) return false;
+    event = 0;
+    value = 0;
+    if (ev.size() >= 6) {
+      std::memcpy(&event, ev.data(), 2);
+      std::memcpy(&value, ev.data() + 2, 4);
+    }
+    while (ev.more()) {  // the endpoint
+      zmq_message rest;
+      if (zmq_msg_recv(rest.get(), monitor, 0) < 0) break;
+      ev = std::move(rest);
+    }
+    return true;
+  }
+
+  static constexpr int handshake_failed =
+      ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+
+  // Our DEALER to p: connected, or broken (check_lost decides when that makes p lost).
   void drain_monitor(int p) {
     zmq_peer& q = peer_at(p);
-    while (q.monitor != nullptr) {
-      zmq_message ev;
-      if (zmq_msg_recv(ev.get(), q.monitor, ZMQ_DONTWAIT) < 0) return;
-      std::uint16_t event = 0;
-      if (ev.size() >= 6) std::memcpy(&event, ev.data(), 2);
-      while (ev.more()) {
-        zmq_message rest;
-        if (zmq_msg_recv(rest.get(), q.monitor, ZMQ_DONTWAIT) < 0) break;
-        ev = std::move(rest);
+    std::uint16_t event = 0;
+    std::uint32_t value = 0;
+    while (q.monitor != nullptr && read_event(q.monitor, event, value)) {
+      if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        q.connected = true;
+        continue;
       }
+      std::string how;
       if (event == ZMQ_EVENT_DISCONNECTED)
-        lose(p, "its connection closed, or it fell silent for the heartbeat timeout (" +
-                    std::to_string(o_.heartbeat_timeout.count()) + " ms)");
+        how = "its connection closed, or it fell silent for the heartbeat timeout (" +
+              std::to_string(o_.heartbeat_timeout.count()) + " ms)";
       else if (event == ZMQ_EVENT_CONNECT_RETRIED)
-        lose(p, "connecting to its endpoint " + q.endpoint + " failed");
-      else if (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                        ZMQ_EVENT_HANDSHAKE_FAILED_AUTH))
-        lose(p, "its ZeroMQ handshake failed (no answer within " + std::to_string(o_.heartbeat_timeout.count()) +
-                    " ms, or not a Cadence peer)");
+        how = "connecting to its endpoint " + q.endpoint + " failed";
+      else if ((event & handshake_failed) != 0)
+        how = "its ZeroMQ handshake failed (no answer within " + std::to_string(o_.heartbeat_timeout.count()) +
+              " ms, or not a Cadence peer)";
+      if (how.empty() || q.broken_at != zclock::time_point{}) continue;
+      q.broken_at = zclock::now();
+      q.broken_how = std::move(how);
     }
+  }
+
+  // Our ROUTER: a peer's connection to us closed. Everything it carried is in the ROUTER's queue
+  // (ZeroMQ reports the close after reading the last bytes).
+  void drain_router_monitor() {
+    std::uint16_t event = 0;
+    std::uint32_t value = 0;
+    while (router_monitor_ != nullptr && read_event(router_monitor_, event, value)) {
+      if (event != ZMQ_EVENT_DISCONNECTED && (event & handshake_failed) == 0) continue;
+      const auto it = inbound_fds_.find(static_cast<int>(value));
+      if (it == inbound_fds_.end()) continue;
+      const auto [p, inc] = it->second;
+      inbound_fds_.erase(it);
+      zmq_peer& q = peer_at(p);
+      if (q.inc == inc && q.state == zmq_peer_state::alive && q.inbound_closed_at == zclock::time_point{})
+        q.inbound_closed_at = zclock::now();
+    }
+  }
+
+  // How long after its connection to our ROUTER closed a peer is declared lost: ZeroMQ reports
+  // the close a moment before it hands over the last messages read, so the ROUTER is drained
+  // once more within this grace.
+  static constexpr std::chrono::milliseconds drain_grace{20};
+
+  /// Declares lost the peers whose connections say so: our DEALER's broke and it never sent
+  /// us anything (nothing to wait for), or its connection to us closed (after drain_grace), or
+  /// our DEALER's broke heartbeat_timeout ago (its connection to us never closed). Returns the
+  /// earliest time a pending case comes due.
+  zclock::time_point check_lost(zclock::time_point now) {
+    auto next = zclock::time_point::max();
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      zmq_peer& q = peer_at(p);
+      if (q.state != zmq_peer_state::alive) continue;
+      const bool broken = q.broken_at != zclock::time_point{};
+      const bool closed = q.inbound_closed_at != zclock::time_point{};
+      if (!broken && !closed) continue;
+      auto due = zclock::time_point::max();
+      if (closed) due = q.inbound_closed_at + drain_grace;
+      if (broken) due = std::min(due, q.hello_seen ? q.broken_at + o_.heartbeat_timeout : q.broken_at);
+      if (now >= due) {
+        lose(p, broken ? q.broken_how
+                       : "its connection closed, or it fell silent for the heartbeat timeout (" +
+                             std::to_string(o_.heartbeat_timeout.count()) + " ms)");
+        continue;
+      }
+      next = std::min(next, due);
+    }
+    return next;
   }
 
   // ---- outgoing ----
@@ -810,6 +919,10 @@ private:
       if (!zmq_parse_identity(id.data(), id.size(), in.src, in.inc) || first.size() < sizeof(zmq_header))
         continue;
       std::memcpy(&in.h, first.data(), sizeof in.h);
+      if (static_cast<zmq_kind>(in.h.kind) == zmq_kind::hello) {
+        // Which of our ROUTER's connections is this peer's (ZeroMQ's "__fd" metadata).
+        if (const char* fd = zmq_msg_gets(first.get(), "__fd")) inbound_fds_[std::atoi(fd)] = {in.src, in.inc};
+      }
       if (second) {
         in.frame = std::move(*second);
         in.at = 0;
@@ -858,6 +971,7 @@ private:
       case zmq_kind::coll_fail: on_coll_fail(in.h.id, in.src, text_of(in)); return;
       case zmq_kind::bye: lose(in.src, "it left: its communicator was destroyed"); return;
       case zmq_kind::withdraw: on_withdraw(in.src, in.h.id); return;
+      case zmq_kind::hello: peer_at(in.src).hello_seen = true; return;
     }
   }
 
@@ -1047,11 +1161,7 @@ private:
         ++it;
       }
     }
-    for (const auto& op : colls_)
-      if (!op->finished() && op->needs(p)) {
-        mark_failed(lost_peer_error(op->c, {p}, how));
-        break;
-      }
+    // Collectives that need p fail in advance(), once they have taken what p sent before.
   }
 
   // Whether every rank a receive could match is lost (and nothing of theirs is queued here:
@@ -1098,6 +1208,9 @@ private:
     q.credit = static_cast<std::int64_t>(o_.credit_bytes);
     q.owed = 0;
     q.next_id = 0;
+    q.connected = q.hello_seen = false;
+    q.broken_at = q.inbound_closed_at = zclock::time_point{};
+    q.broken_how.clear();
     if (!alive) {
       q.state = zmq_peer_state::lost;
       q.lost_how = "rank 0 reported it lost when this rank registered";
@@ -1266,8 +1379,10 @@ private:
           it = streaming_out_.erase(it);
           continue;
         }
-      } else if (op.outstanding() == 0) {
-        op.done = true;  // ZeroMQ has let go of every piece: the buffer is the caller's again
+      } else if (op.outstanding() == 0 && peer_at(op.peer).broken_at == zclock::time_point{}) {
+        // ZeroMQ has let go of every piece, written (not dropped with a broken connection: then
+        // check_lost decides): the buffer is the caller's again.
+        op.done = true;
         it = streaming_out_.erase(it);
         continue;
       }
@@ -1278,6 +1393,20 @@ private:
       if (!op->finished()) op->advance(*this);
     }
     finish_colls();
+    fail_colls_on_lost();
+  }
+
+  // A collective that still needs a lost peer (after taking everything it had sent) fails the
+  // communicator: collectives need every rank.
+  void fail_colls_on_lost() {
+    for (const auto& op : colls_) {
+      if (op->finished() || failure_) continue;
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_ || peer_at(p).state != zmq_peer_state::lost || !op->needs(p)) continue;
+        mark_failed(lost_peer_error(op->c, {p}, peer_at(p).lost_how));
+        return;
+      }
+    }
   }
 
   void finish_colls() {
@@ -1412,25 +1541,30 @@ private:
   void close_all() noexcept {
     if (closed_) return;
     closed_ = true;
-    const int linger = clamp_ms(o_.shutdown_wait);
+    const auto until = zclock::now() + o_.shutdown_wait;
+    for (int p = 0; p < size_; ++p) {
+      zmq_peer& q = peer_at(p);
+      if (p == rank_ || q.state != zmq_peer_state::alive || q.dealer == nullptr || !welcomed_) continue;
+      try {
+        zmq_header h = header(zmq_kind::bye, p);
+        zmq_message m(sizeof h);
+        std::memcpy(m.data(), &h, sizeof h);
+        q.out.push_back(zmq_outgoing{std::move(m), std::nullopt, q.inc});
+      } catch (...) {
+      }
+    }
+    finish_sending(until);
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
       zmq_peer& q = peer_at(p);
-      try {
-        if (q.state == zmq_peer_state::alive && q.dealer != nullptr && welcomed_) {
-          zmq_header h = header(zmq_kind::bye, p);
-          zmq_message m(sizeof h);
-          std::memcpy(m.data(), &h, sizeof h);
-          q.out.push_back(zmq_outgoing{std::move(m), std::nullopt, q.inc});
-          flush(p);
-        }
-      } catch (...) {
-      }
       q.out.clear();
-      close_dealer(q, q.state == zmq_peer_state::alive ? linger : 0);
+      const bool up = q.state == zmq_peer_state::alive && q.broken_at == zclock::time_point{};
+      close_dealer(q, up ? timeout_ms(until) : 0);
     }
+    if (router_monitor_ != nullptr && router_ != nullptr) zmq_socket_monitor(router_, nullptr, 0);
+    close_socket(router_monitor_, 0);
     close_socket(router_, 0);
-    close_socket(rdv_, rank_ == 0 ? linger : 0);
+    close_socket(rdv_, rank_ == 0 ? timeout_ms(until) : 0);
     for (void* s : sockets_) {
       set_int(s, ZMQ_LINGER, 0);
       zmq_close(s);
@@ -1447,6 +1581,32 @@ private:
     }
   }
 
+  // Before closing: what waits in q.out for a live peer whose connection is not up yet (ZeroMQ
+  // would drop it with the socket) goes once the connection is, within `until`; what ZeroMQ
+  // holds for a connection that is up leaves within the linger the sockets then close with.
+  void finish_sending(zclock::time_point until) noexcept {
+    for (;;) {
+      flush_all();
+      std::vector<zmq_pollitem_t> items;
+      std::vector<int> who;
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        const zmq_peer& q = peer_at(p);
+        if (q.state != zmq_peer_state::alive || q.dealer == nullptr || q.out.empty() ||
+            q.broken_at != zclock::time_point{})
+          continue;
+        items.push_back({q.dealer, 0, ZMQ_POLLOUT, 0});
+        if (q.monitor != nullptr) items.push_back({q.monitor, 0, ZMQ_POLLIN, 0});
+        who.push_back(p);
+      }
+      if (who.empty() || zclock::now() >= until) return;
+      if (zmq_poll(items.data(), static_cast<int>(items.size()), std::min(timeout_ms(until), 100)) < 0 &&
+          errno != EINTR)
+        return;
+      for (int p : who) drain_monitor(p);
+    }
+  }
+
   // ---- state (the map above says who touches what) ----
 
   const int rank_;
@@ -1455,6 +1615,8 @@ private:
   void* ctx_ = nullptr;
   int wake_fd_ = -1;
   void* router_ = nullptr;
+  void* router_monitor_ = nullptr;
+  std::map<int, std::pair<int, std::uint64_t>> inbound_fds_;  // our ROUTER's connection fd -> (rank, incarnation)
   void* rdv_ = nullptr;
   std::vector<void*> sockets_;  // every socket open, to close them all at the end
   std::string endpoint_;

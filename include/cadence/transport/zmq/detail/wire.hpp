@@ -145,6 +145,7 @@ enum class zmq_kind : std::uint8_t {
   coll_fail = 8,  // the sender saw collective `id` fail: arguments differ (text follows)
   bye = 9,        // the sender destroyed its communicator
   withdraw = 10,  // the sender cancelled announced message `id` before it was cleared
+  hello = 11,     // the first message on a new connection: tells the receiver which socket is whose
 };
 
 inline constexpr std::uint32_t zmq_notice_step = 0xFFFFFFFFu;
