@@ -418,6 +418,7 @@ public:
   void progress(zclock::time_point until) {
     if (closed_ || failure_ || aborted_.load(std::memory_order_acquire)) return;
     flush_all();
+    const auto due = check_lost(zclock::now());  // may close sockets: before the poll list
     items_.clear();
     items_.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
     items_.push_back({router_, 0, ZMQ_POLLIN, 0});
@@ -435,8 +436,7 @@ public:
         poll_peers_.push_back(-1);
       }
     }
-    const int rc = zmq_poll(items_.data(), static_cast<int>(items_.size()),
-                            timeout_ms(std::min(until, check_lost(zclock::now()))));
+    const int rc = zmq_poll(items_.data(), static_cast<int>(items_.size()), timeout_ms(std::min(until, due)));
     if (rc < 0) {
       if (errno == EINTR) return;
       mark_failed(transport_error("cadence::transport[zmq]: rank " + std::to_string(rank_) + " of " +
