@@ -272,6 +272,22 @@ public:
         progress(d.time_point());
       }
     }
+    // The connections to the peers known now come up before the first call: ZeroMQ takes a
+    // message only on a connection that is up (ZMQ_IMMEDIATE), so without this a message sent
+    // right away would wait in this communicator for a later call. A peer that does not answer
+    // is not waited for past the heartbeat timeout (it will be lost).
+    const auto connect_until = std::min(d.time_point(), zclock::now() + o_.heartbeat_timeout);
+    for (;;) {
+      if (failure_) throw *failure_;
+      bool pending = false;
+      for (int p = 0; p < size_; ++p) {
+        const zmq_peer& q = peer_at(p);
+        pending = pending || (p != rank_ && q.state == zmq_peer_state::alive && q.dealer != nullptr && !q.connected &&
+                              q.broken_at == zclock::time_point{});
+      }
+      if (!pending || zclock::now() >= connect_until) break;
+      progress(connect_until);
+    }
   }
 
   // ---- submitting operations ----
