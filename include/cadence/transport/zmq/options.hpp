@@ -51,8 +51,9 @@ struct zmq_options {
   /// when ZeroMQ has taken its copy); larger ones are announced, and move from the caller's
   /// buffer without a copy once the receiver has posted a matching receive (rendezvous).
   std::size_t eager_bytes = 64 * 1024;
-  /// Large messages, large broadcasts and the ring all-reduce move in pieces of this size, so a
-  /// receiver never holds more than one piece of a transfer beyond its own buffer.
+  /// Large messages, large broadcasts and the ring all-reduce move in pieces of this size, each a
+  /// ZeroMQ message read from the caller's buffer without a copy: the ring forwards a piece as
+  /// soon as it is reduced. Every rank must be given the same chunk_bytes and eager_bytes.
   std::size_t chunk_bytes = 512 * 1024;
   /// Per peer: the bytes of eager messages (plus 64 per message of any kind) it may have sent
   /// here that no receive has taken yet. A sender that reaches it waits until the receiver takes

@@ -62,6 +62,24 @@ private:
 
 // ---- pieces sent without a copy ----
 
+#if defined(__SANITIZE_THREAD__)
+#define CADENCE_ZMQ_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CADENCE_ZMQ_TSAN 1
+#endif
+#endif
+
+#if defined(CADENCE_ZMQ_TSAN)
+// ZeroMQ hands a piece to its I/O thread through its own queues, which ThreadSanitizer cannot
+// see (libzmq is not instrumented): it would take the callback's first touch of a zc_release
+// for a race with its allocation. Under TSan only, every handover also passes this atomic.
+inline std::atomic<std::uint64_t>& zc_tsan_handover() noexcept {
+  static std::atomic<std::uint64_t> handover{0};
+  return handover;
+}
+#endif
+
 /// Counts the pieces of one operation that ZeroMQ still holds (zmq_msg_init_data with a free
 /// callback): the caller's buffer is the operation's until it reaches zero. ZeroMQ calls the
 /// callback on its I/O thread once it has written the piece to the kernel or dropped it; the
@@ -80,6 +98,9 @@ public:
   /// A message of `bytes` at `data`, owned by ZeroMQ once sent; counts as outstanding until freed.
   zmq_message piece(const void* data, std::size_t bytes) {
     zmq_message m;
+#if defined(CADENCE_ZMQ_TSAN)
+    zc_tsan_handover().fetch_add(1, std::memory_order_release);
+#endif
     retain();
     outstanding_.fetch_add(1, std::memory_order_acq_rel);
     // ZeroMQ takes a non-const pointer but only reads what it sends.
@@ -94,6 +115,9 @@ public:
 private:
   explicit zc_release(int wake_fd) noexcept : wake_fd_(wake_fd) {}
   static void freed(void*, void* hint) noexcept {
+#if defined(CADENCE_ZMQ_TSAN)
+    (void)zc_tsan_handover().load(std::memory_order_acquire);
+#endif
     auto* self = static_cast<zc_release*>(hint);
     self->outstanding_.fetch_sub(1, std::memory_order_acq_rel);
     if (self->wake_fd_ >= 0) {
