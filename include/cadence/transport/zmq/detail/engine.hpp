@@ -435,38 +435,44 @@ public:
     if (closed_ || failure_ || aborted_.load(std::memory_order_acquire)) return;
     flush_all();
     const auto due = check_lost(zclock::now());  // may close sockets: before the poll list
+    // The sockets we read from are polled by their ZMQ_FD, as plain descriptors: cheaper than
+    // zmq_poll's ZMQ_EVENTS round on every socket before and after it sleeps. That is exact
+    // because each of them is always read until EAGAIN (which rearms its descriptor) before the
+    // next poll, and only the owning thread reads them.
     items_.clear();
     items_.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
-    items_.push_back({router_, 0, ZMQ_POLLIN, 0});
-    items_.push_back({rdv_, 0, ZMQ_POLLIN, 0});
-    items_.push_back({router_monitor_, 0, ZMQ_POLLIN, 0});
+    items_.push_back({nullptr, fd_of(router_), ZMQ_POLLIN, 0});
+    items_.push_back({nullptr, fd_of(rdv_), ZMQ_POLLIN, 0});
+    items_.push_back({nullptr, fd_of(router_monitor_), ZMQ_POLLIN, 0});
     poll_peers_.clear();
     for (int p = 0; p < size_; ++p) {
       const zmq_peer& q = peer_at(p);
       if (q.monitor != nullptr) {
-        items_.push_back({q.monitor, 0, ZMQ_POLLIN, 0});
+        items_.push_back({nullptr, fd_of(q.monitor), ZMQ_POLLIN, 0});
         poll_peers_.push_back(p);
       }
-      if (q.dealer != nullptr && !q.out.empty()) {
+      if (q.dealer != nullptr && !q.out.empty()) {  // waiting for its connection: ZeroMQ's events
         items_.push_back({q.dealer, 0, ZMQ_POLLOUT, 0});
         poll_peers_.push_back(-1);
       }
     }
-    const int rc = zmq_poll(items_.data(), static_cast<int>(items_.size()), timeout_ms(std::min(until, due)));
+    const int rc = rdv_dirty_ ? 0
+                              : zmq_poll(items_.data(), static_cast<int>(items_.size()),
+                                         timeout_ms(std::min(until, due)));
     if (rc < 0) {
       if (errno == EINTR) return;
       mark_failed(transport_error("cadence::transport[zmq]: rank " + std::to_string(rank_) + " of " +
                                   std::to_string(size_) + ": zmq_poll: " + zmq_reason()));
       return;
     }
-    if (rc > 0) {
+    if (rc > 0 || rdv_dirty_) {
       if (items_[0].revents != 0) drain_wake();
-      drain_rdv();
+      if (items_[2].revents != 0 || rdv_dirty_) drain_rdv();
       // Monitors before the ROUTER: a connection reported closed has its last messages queued.
       for (std::size_t i = 4; i < items_.size(); ++i)
-        if (poll_peers_[i - 4] >= 0 && (items_[i].revents & ZMQ_POLLIN) != 0) drain_monitor(poll_peers_[i - 4]);
+        if (poll_peers_[i - 4] >= 0 && items_[i].revents != 0) drain_monitor(poll_peers_[i - 4]);
       if (items_[3].revents != 0) drain_router_monitor();
-      drain_router();
+      if (items_[1].revents != 0) drain_router();
     }
     check_lost(zclock::now());
     flush_all();
@@ -634,6 +640,13 @@ private:
     return static_cast<int>(std::clamp<std::int64_t>(d.count(), 1, INT_MAX / 2));
   }
   static void set_int(void* s, int opt, int v) { zmq_setsockopt(s, opt, &v, sizeof v); }
+  // The descriptor that signals a socket's queue may have changed (ZMQ_FD).
+  static int fd_of(void* s) noexcept {
+    int fd = -1;
+    std::size_t len = sizeof fd;
+    zmq_getsockopt(s, ZMQ_FD, &fd, &len);
+    return fd;
+  }
 
   void bind(const call_info& c, void* s, const std::string& where, const char* what) {
     const auto host = where.find("://");
@@ -718,6 +731,10 @@ private:
       zmq_socket_monitor(s, nullptr, 0);
       throw transport_error(describe(c) + ": connecting the monitor of a socket: " + zmq_reason());
     }
+    // A new pipe starts out readable: only a read that finds it empty makes its next message
+    // signal the socket's descriptor, which progress() polls (nothing has happened on s yet).
+    zmq_message none;
+    zmq_msg_recv(none.get(), m, ZMQ_DONTWAIT);
     return m;
   }
 
@@ -1260,9 +1277,11 @@ private:
     zmq_message m(w.bytes().size());
     std::memcpy(m.data(), w.bytes().data(), w.bytes().size());
     zmq_msg_send(m.get(), rdv_, ZMQ_DONTWAIT);
+    rdv_dirty_ = true;  // a send may take the descriptor's signal of a message that came in
   }
 
   void drain_rdv() {
+    rdv_dirty_ = false;
     for (;;) {
       zmq_message first;
       if (zmq_msg_recv(first.get(), rdv_, ZMQ_DONTWAIT) < 0) return;
@@ -1639,6 +1658,7 @@ private:
   std::string rdv_endpoint_;
   std::uint64_t incarnation_ = 0;
   bool welcomed_ = false;
+  bool rdv_dirty_ = false;  // rdv_ must be read to EAGAIN before its descriptor is trusted
   std::optional<std::string> refused_;
   std::deque<zmq_incoming> early_;  // arrived before our welcome
   std::vector<zmq_peer> peers_;
