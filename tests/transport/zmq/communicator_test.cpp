@@ -339,3 +339,29 @@ TEST_CASE("cancel withdraws a posted irecv and a large isend not yet cleared; tr
     CHECK_FALSE(c.failed());
   });
 }
+
+TEST_CASE("ring-sized all-reduces whose counts differ fail on every rank without overrunning a "
+          "buffer; a broadcast against an all-reduce fails the ranks that receive" * doctest::timeout(60)) {
+  // Every chunk carries the collective's arguments and a ring's ranks send every rank a notice:
+  // under AddressSanitizer an overrun would stop the test.
+  zmq_harness::run([](zmq_communicator& c) {
+    const std::size_t count = c.rank() == 0 ? (std::size_t{1} << 20) : (std::size_t{3} << 17);
+    std::vector<float> buf(count, 1.0f);
+    expect_throw<transport_error>(
+        c.rank(), [&] { c.allreduce(buf.data(), count, dtype::f32, reduce_op::sum, 30s); },
+        {"allreduce #1 on rank " + std::to_string(c.rank()), "differ", "count 1048576", "count 393216"});
+    CHECK(c.failed());
+  });
+  zmq_harness::run([](zmq_communicator& c) {
+    std::vector<float> buf(std::size_t{1} << 20, 1.0f);
+    try {
+      if (c.rank() == 0)
+        c.broadcast(buf.data(), buf.size() * sizeof(float), 0, 30s);
+      else
+        c.allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, 30s);
+      CHECK_MESSAGE(c.rank() == 0, "rank " << c.rank() << ": a mismatched collective succeeded");
+    } catch (const transport_error& e) {
+      CHECK_MESSAGE(std::string(e.what()).find("differ") != std::string::npos, e.what());
+    }
+  });
+}
