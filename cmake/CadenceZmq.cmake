@@ -57,6 +57,8 @@ target_sources(cadence_zmq INTERFACE
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/options.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/collectives.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/engine.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/ops.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/sockets.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/wire.hpp)
 
 if(CADENCE_BUILD_TESTS)

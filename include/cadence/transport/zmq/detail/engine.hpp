@@ -6,6 +6,8 @@
 #include <cadence/core/error.hpp>
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/call.hpp>
+#include <cadence/transport/zmq/detail/ops.hpp>
+#include <cadence/transport/zmq/detail/sockets.hpp>
 #include <cadence/transport/zmq/detail/wire.hpp>
 #include <cadence/transport/zmq/options.hpp>
 
@@ -34,115 +36,6 @@
 namespace cadence::transport::detail {
 
 using zclock = deadline::clock;
-
-// ---- operations ----
-
-/// One started operation, blocking or not. The engine finishes it (done), or it fails alone
-/// (isolated: a point-to-point operation whose peer is lost), or the communicator fails.
-struct zmq_op {
-  enum class kind : std::uint8_t { send, recv, allreduce, broadcast };
-  zmq_op(kind k, const call_info& ci) : what(k), c(ci) {}
-  virtual ~zmq_op() = default;
-  zmq_op(const zmq_op&) = delete;
-  zmq_op& operator=(const zmq_op&) = delete;
-
-  kind what;
-  call_info c;
-  int peer = -1;  // send: destination; recv: source as passed; broadcast: root
-  bool done = false;
-  bool cancelled = false;
-  std::optional<transport_error> isolated;
-  std::vector<zc_ref> rels;    // pieces of the caller's buffer ZeroMQ still holds, by group
-  std::vector<int> rel_peers;  // whom those pieces go to
-  bool finished() const noexcept { return done || cancelled || isolated.has_value(); }
-  /// Pieces of the caller's buffer ZeroMQ holds: the operation is not over while any remain.
-  std::size_t outstanding() const noexcept {
-    std::size_t n = 0;
-    for (const auto& r : rels) n += r.outstanding();
-    return n;
-  }
-  /// The release count of group i (a ring's segment; 0 for everything else).
-  zc_release* rel(std::size_t i, int wake_fd) {
-    if (rels.size() <= i) rels.resize(i + 1);
-    if (!rels[i].get()) rels[i] = zc_ref(zc_release::make(wake_fd));
-    return rels[i].get();
-  }
-};
-
-struct zmq_send_op : zmq_op {
-  using zmq_op::zmq_op;
-  enum class stage : std::uint8_t { queued, announced, streaming };
-  const unsigned char* buf = nullptr;
-  std::size_t bytes = 0;
-  int tag = 0;
-  stage st = stage::queued;
-  std::uint64_t id = 0;  // a large message's id, once announced
-};
-
-struct zmq_recv_op : zmq_op {
-  using zmq_op::zmq_op;
-  unsigned char* buf = nullptr;
-  std::size_t bytes = 0;
-  int tag = 0;
-  std::uint64_t inc = 0;  // a specific source's incarnation it belongs to (0: the first to come)
-  int from = -1;
-  bool matched = false;
-  std::uint64_t id = 0;  // a large message being received
-  std::size_t got = 0;
-};
-
-/// A message that arrived on the data socket: its sender, header and the frame with its data.
-struct zmq_incoming {
-  int src = -1;
-  std::uint64_t inc = 0;
-  zmq_header h;
-  zmq_message frame;
-  std::size_t at = 0;  // where the data starts in frame
-  unsigned char* data() noexcept { return frame.data() + at; }
-  std::size_t size() const noexcept { return frame.size() - at; }
-};
-
-/// What every rank must agree on for one collective; compared on every message of it.
-struct zmq_coll_sig {
-  std::uint8_t coll = 0;  // 1 allreduce, 2 broadcast
-  std::uint8_t type = 0;
-  std::uint8_t op = 0;
-  std::int32_t root = 0;
-  std::uint64_t count = 0;  // elements (allreduce) or bytes (broadcast)
-  bool operator==(const zmq_coll_sig& o) const noexcept {
-    return coll == o.coll && type == o.type && op == o.op && root == o.root && count == o.count;
-  }
-  bool operator!=(const zmq_coll_sig& o) const noexcept { return !(*this == o); }
-  static zmq_coll_sig of(const zmq_header& h) noexcept {
-    return {h.coll, h.type, h.op, h.tag, h.bytes};
-  }
-  std::string text() const {
-    if (coll == 1)
-      return signature("allreduce", static_cast<std::size_t>(count), static_cast<dtype>(type),
-                       static_cast<reduce_op>(op));
-    if (coll == 2) return signature("broadcast", static_cast<std::size_t>(count), static_cast<int>(root));
-    return "an unknown collective";
-  }
-};
-
-class zmq_engine;
-
-/// A collective as a state machine the engine advances on every progress pass: it reads its
-/// messages from the engine's inbox for its index and sends through the engine.
-class zmq_coll_op : public zmq_op {
-public:
-  zmq_coll_op(kind k, const call_info& ci) : zmq_op(k, ci) {}
-  std::uint64_t index = 0;  // 1-based, in issue order: the k-th collective of every rank
-  zmq_coll_sig sig;
-  /// First step, when the engine takes it (after the index is set).
-  virtual void start(zmq_engine& e) = 0;
-  /// Uses what has arrived; sets done when complete. May mark the communicator failed.
-  virtual void advance(zmq_engine& e) = 0;
-  /// Whether losing `peer` now leaves it unable to complete.
-  virtual bool needs(int peer) const = 0;
-  /// Whom it still waits for, for a deadline's message.
-  virtual void awaited(const zmq_engine& e, std::vector<int>& who, std::string& note) const = 0;
-};
 
 // ---- the engine ----
 
@@ -216,33 +109,29 @@ public:
   void start(const call_info& c, const deadline& d) {
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) throw transport_error(describe(c) + ": eventfd: " + std::strerror(errno));
-    ctx_ = zmq_ctx_new();
-    if (ctx_ == nullptr) throw transport_error(describe(c) + ": zmq_ctx_new: " + zmq_reason());
-    zmq_ctx_set(ctx_, ZMQ_IO_THREADS, std::max(1, o_.io_threads));
-    // A DEALER and a monitor per peer, plus a few: ZeroMQ's default of 1023 caps the world.
-    zmq_ctx_set(ctx_, ZMQ_MAX_SOCKETS, std::max(1024, 2 * size_ + 64));
+    sockets_.create(c, o_);
 
-    router_ = open(c, ZMQ_ROUTER);
-    set_int(router_, ZMQ_ROUTER_HANDOVER, 1);
+    router_ = sockets_.open(c, ZMQ_ROUTER);
+    zmq_set_int(router_, ZMQ_ROUTER_HANDOVER, 1);
     // The fate of each peer's connection to us: a closed one means everything it sent before
     // is in our ROUTER's queue (see check_lost).
-    router_monitor_ = monitor(c, router_, "inproc://cadence-router-monitor",
+    router_monitor_ = sockets_.monitor(c, router_, "inproc://cadence-router-monitor",
                               ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                                   ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
-    bind(c, router_, o_.endpoint, "its endpoint");
-    endpoint_ = last_endpoint(router_);
+    zmq_bind_endpoint(c, router_, o_.endpoint, "its endpoint");
+    endpoint_ = zmq_last_endpoint(router_);
 
     if (rank_ == 0) {
-      rdv_ = open(c, ZMQ_ROUTER);
-      bind(c, rdv_, o_.rendezvous, "the rendezvous");
-      rdv_endpoint_ = last_endpoint(rdv_);
+      rdv_ = sockets_.open(c, ZMQ_ROUTER);
+      zmq_bind_endpoint(c, rdv_, o_.rendezvous, "the rendezvous");
+      rdv_endpoint_ = zmq_last_endpoint(rdv_);
       incarnation_ = 1;
       slots_.assign(static_cast<std::size_t>(size_), zmq_slot{});
       slots_[0].issued = 1;
       welcomed_ = true;
       if (o_.on_rendezvous_bound) o_.on_rendezvous_bound(rdv_endpoint_);
     } else {
-      rdv_ = open(c, ZMQ_DEALER);
+      rdv_ = sockets_.open(c, ZMQ_DEALER);
       rdv_endpoint_ = o_.rendezvous;
       if (zmq_connect(rdv_, o_.rendezvous.c_str()) != 0)
         bad_argument(c, "cannot connect to the rendezvous \"" + o_.rendezvous + "\": " + zmq_reason());
@@ -441,14 +330,14 @@ public:
     // next poll, and only the owning thread reads them.
     items_.clear();
     items_.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
-    items_.push_back({nullptr, fd_of(router_), ZMQ_POLLIN, 0});
-    items_.push_back({nullptr, fd_of(rdv_), ZMQ_POLLIN, 0});
-    items_.push_back({nullptr, fd_of(router_monitor_), ZMQ_POLLIN, 0});
+    items_.push_back({nullptr, zmq_fd_of(router_), ZMQ_POLLIN, 0});
+    items_.push_back({nullptr, zmq_fd_of(rdv_), ZMQ_POLLIN, 0});
+    items_.push_back({nullptr, zmq_fd_of(router_monitor_), ZMQ_POLLIN, 0});
     poll_peers_.clear();
     for (int p = 0; p < size_; ++p) {
       const zmq_peer& q = peer_at(p);
       if (q.monitor != nullptr) {
-        items_.push_back({nullptr, fd_of(q.monitor), ZMQ_POLLIN, 0});
+        items_.push_back({nullptr, zmq_fd_of(q.monitor), ZMQ_POLLIN, 0});
         poll_peers_.push_back(p);
       }
       if (q.dealer != nullptr && !q.out.empty()) {  // waiting for its connection: ZeroMQ's events
@@ -613,76 +502,10 @@ private:
 
   // ---- sockets ----
 
-  void* open(const call_info& c, int type) {
-    void* s = zmq_socket(ctx_, type);
-    if (s == nullptr) throw transport_error(describe(c) + ": zmq_socket: " + zmq_reason());
-    sockets_.push_back(s);
-    set_int(s, ZMQ_LINGER, 0);
-    // No high-water marks: credits bound what a peer may queue here, large messages move only
-    // into posted receives, and a full pipe would stop ZeroMQ reading the connection, heartbeats
-    // included, which would turn a receiver that is merely busy into a lost peer.
-    set_int(s, ZMQ_SNDHWM, 0);
-    set_int(s, ZMQ_RCVHWM, 0);
-    set_heartbeats(s);
-    return s;
-  }
-
-  void set_heartbeats(void* s) const {
-    const int ivl = clamp_ms(o_.heartbeat_interval);
-    const int timeout = clamp_ms(o_.heartbeat_timeout);
-    set_int(s, ZMQ_HEARTBEAT_IVL, ivl);
-    set_int(s, ZMQ_HEARTBEAT_TIMEOUT, timeout);
-    set_int(s, ZMQ_HEARTBEAT_TTL, std::min(timeout, 6553500));  // deciseconds on the wire
-    set_int(s, ZMQ_HANDSHAKE_IVL, timeout);
-  }
-
-  static int clamp_ms(std::chrono::milliseconds d) {
-    return static_cast<int>(std::clamp<std::int64_t>(d.count(), 1, INT_MAX / 2));
-  }
-  static void set_int(void* s, int opt, int v) { zmq_setsockopt(s, opt, &v, sizeof v); }
-  // The descriptor that signals a socket's queue may have changed (ZMQ_FD).
-  static int fd_of(void* s) noexcept {
-    int fd = -1;
-    std::size_t len = sizeof fd;
-    zmq_getsockopt(s, ZMQ_FD, &fd, &len);
-    return fd;
-  }
-
-  void bind(const call_info& c, void* s, const std::string& where, const char* what) {
-    const auto host = where.find("://");
-    if (host != std::string::npos) {
-      const std::string rest = where.substr(host + 3);
-      if (rest.rfind("*:", 0) == 0 || rest.rfind("0.0.0.0:", 0) == 0 || rest.rfind("[::]:", 0) == 0)
-        bad_argument(c, std::string(what) + " \"" + where +
-                            "\" binds every interface: name the address the peers reach this host by");
-    }
-    if (zmq_bind(s, where.c_str()) != 0) {
-      const int err = errno;
-      if (err == EINVAL || err == EPROTONOSUPPORT || err == ENODEV)
-        bad_argument(c, std::string("cannot bind ") + what + " \"" + where + "\": " + zmq_reason(err));
-      throw transport_error(describe(c) + ": cannot bind " + what + " \"" + where + "\": " + zmq_reason(err));
-    }
-  }
-
-  static std::string last_endpoint(void* s) {
-    char buf[512];
-    std::size_t len = sizeof buf;
-    if (zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, buf, &len) != 0 || len == 0) return {};
-    return std::string(buf, std::strlen(buf));
-  }
-
-  void close_socket(void*& s, int linger) noexcept {
-    if (s == nullptr) return;
-    set_int(s, ZMQ_LINGER, linger);
-    zmq_close(s);
-    sockets_.erase(std::remove(sockets_.begin(), sockets_.end(), s), sockets_.end());
-    s = nullptr;
-  }
-
   void close_dealer(zmq_peer& q, int linger) noexcept {
     if (q.monitor != nullptr && q.dealer != nullptr) zmq_socket_monitor(q.dealer, nullptr, 0);
-    close_socket(q.monitor, 0);
-    close_socket(q.dealer, linger);
+    sockets_.close(q.monitor, 0);
+    sockets_.close(q.dealer, linger);
   }
 
   // A DEALER to p's endpoint (our routing id names our rank and incarnation) and a monitor
@@ -690,16 +513,16 @@ private:
   void open_dealer(int p) {
     zmq_peer& q = peer_at(p);
     const call_info c{"zmq", "connect", 0, rank_, size_, zclock::now()};
-    void* s = open(c, ZMQ_DEALER);
+    void* s = sockets_.open(c, ZMQ_DEALER);
     const std::string id = zmq_identity(rank_, incarnation_);
     zmq_setsockopt(s, ZMQ_ROUTING_ID, id.data(), id.size());
     // ZeroMQ takes a message only once the connection is up (until then it waits in q.out, and
     // a connection that breaks drops its queue): nothing lingers for a connection that is gone,
     // and nothing is redelivered to a reconnection (a broken connection ends the incarnation).
-    set_int(s, ZMQ_IMMEDIATE, 1);
+    zmq_set_int(s, ZMQ_IMMEDIATE, 1);
     const std::string addr = "inproc://cadence-monitor-" + std::to_string(p) + "-" + std::to_string(++monitors_);
     q.dealer = s;
-    q.monitor = monitor(c, s, addr,
+    q.monitor = sockets_.monitor(c, s, addr,
                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED |
                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
@@ -715,56 +538,12 @@ private:
     q.out.push_front(zmq_outgoing{std::move(m), std::nullopt, q.inc});
   }
 
-  // A PAIR that receives `s`'s monitor events (a monitor whose PAIR is not connected would block
-  // ZeroMQ's I/O thread: the PAIR connects before anything can happen on `s`).
-  void* monitor(const call_info& c, void* s, const std::string& addr, int events) {
-    if (zmq_socket_monitor(s, addr.c_str(), events) != 0)
-      throw transport_error(describe(c) + ": zmq_socket_monitor: " + zmq_reason());
-    void* m = zmq_socket(ctx_, ZMQ_PAIR);
-    if (m == nullptr) {
-      zmq_socket_monitor(s, nullptr, 0);
-      throw transport_error(describe(c) + ": zmq_socket: " + zmq_reason());
-    }
-    sockets_.push_back(m);
-    set_int(m, ZMQ_LINGER, 0);
-    if (zmq_connect(m, addr.c_str()) != 0) {
-      zmq_socket_monitor(s, nullptr, 0);
-      throw transport_error(describe(c) + ": connecting the monitor of a socket: " + zmq_reason());
-    }
-    // A new pipe starts out readable: only a read that finds it empty makes its next message
-    // signal the socket's descriptor, which progress() polls (nothing has happened on s yet).
-    zmq_message none;
-    zmq_msg_recv(none.get(), m, ZMQ_DONTWAIT);
-    return m;
-  }
-
-  // Reads one monitor event: its kind and value (an fd for connection events); false when none.
-  static bool read_event(void* monitor, std::uint16_t& event, std::uint32_t& value) {
-    zmq_message ev;
-    if (zmq_msg_recv(ev.get(), monitor, ZMQ_DONTWAIT) < 0) return false;
-    event = 0;
-    value = 0;
-    if (ev.size() >= 6) {
-      std::memcpy(&event, ev.data(), 2);
-      std::memcpy(&value, ev.data() + 2, 4);
-    }
-    while (ev.more()) {  // the endpoint
-      zmq_message rest;
-      if (zmq_msg_recv(rest.get(), monitor, 0) < 0) break;
-      ev = std::move(rest);
-    }
-    return true;
-  }
-
-  static constexpr int handshake_failed =
-      ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
-
   // Our DEALER to p: connected, or broken (check_lost decides when that makes p lost).
   void drain_monitor(int p) {
     zmq_peer& q = peer_at(p);
     std::uint16_t event = 0;
     std::uint32_t value = 0;
-    while (q.monitor != nullptr && read_event(q.monitor, event, value)) {
+    while (q.monitor != nullptr && zmq_read_event(q.monitor, event, value)) {
       if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         q.connected = true;
         continue;
@@ -775,7 +554,7 @@ private:
               std::to_string(o_.heartbeat_timeout.count()) + " ms)";
       else if (event == ZMQ_EVENT_CONNECT_RETRIED)
         how = "connecting to its endpoint " + q.endpoint + " failed";
-      else if ((event & handshake_failed) != 0)
+      else if ((event & zmq_handshake_failed) != 0)
         how = "its ZeroMQ handshake failed (no answer within " + std::to_string(o_.heartbeat_timeout.count()) +
               " ms, or not a Cadence peer)";
       if (how.empty() || q.broken_at != zclock::time_point{}) continue;
@@ -789,8 +568,8 @@ private:
   void drain_router_monitor() {
     std::uint16_t event = 0;
     std::uint32_t value = 0;
-    while (router_monitor_ != nullptr && read_event(router_monitor_, event, value)) {
-      if (event != ZMQ_EVENT_DISCONNECTED && (event & handshake_failed) == 0) continue;
+    while (router_monitor_ != nullptr && zmq_read_event(router_monitor_, event, value)) {
+      if (event != ZMQ_EVENT_DISCONNECTED && (event & zmq_handshake_failed) == 0) continue;
       const auto it = inbound_fds_.find(static_cast<int>(value));
       if (it == inbound_fds_.end()) continue;
       const auto [p, inc] = it->second;
@@ -1597,19 +1376,10 @@ private:
       close_dealer(q, up ? timeout_ms(until) : 0);
     }
     if (router_monitor_ != nullptr && router_ != nullptr) zmq_socket_monitor(router_, nullptr, 0);
-    close_socket(router_monitor_, 0);
-    close_socket(router_, 0);
-    close_socket(rdv_, rank_ == 0 ? timeout_ms(until) : 0);
-    for (void* s : sockets_) {
-      set_int(s, ZMQ_LINGER, 0);
-      zmq_close(s);
-    }
-    sockets_.clear();
-    if (ctx_ != nullptr) {
-      while (zmq_ctx_term(ctx_) != 0 && errno == EINTR) {
-      }
-      ctx_ = nullptr;
-    }
+    sockets_.close(router_monitor_, 0);
+    sockets_.close(router_, 0);
+    sockets_.close(rdv_, rank_ == 0 ? timeout_ms(until) : 0);
+    sockets_.terminate();
     if (wake_fd_ >= 0) {
       ::close(wake_fd_);
       wake_fd_ = -1;
@@ -1647,13 +1417,12 @@ private:
   const int rank_;
   const int size_;
   const zmq_options o_;
-  void* ctx_ = nullptr;
+  zmq_sockets sockets_;  // the context and every socket (declared first: closes last)
   int wake_fd_ = -1;
   void* router_ = nullptr;
   void* router_monitor_ = nullptr;
   std::map<int, std::pair<int, std::uint64_t>> inbound_fds_;  // our ROUTER's connection fd -> (rank, incarnation)
   void* rdv_ = nullptr;
-  std::vector<void*> sockets_;  // every socket open, to close them all at the end
   std::string endpoint_;
   std::string rdv_endpoint_;
   std::uint64_t incarnation_ = 0;
