@@ -309,7 +309,8 @@ TEST_CASE("cancel withdraws a posted irecv and a large isend not yet cleared; tr
           "message" * doctest::timeout(60)) {
   cadence_zmq_test::zmq_pair_harness::run([](zmq_communicator& c) {
     const cadence_test::events& ev = cadence_test::current_events();
-    std::vector<float> big(std::size_t{1} << 18, c.rank() == 0 ? 1.5f : 0.0f);  // 1 MiB: announced
+    // 4 MiB: over a quarter of the credit window, so announced and sent only once cleared.
+    std::vector<float> big(std::size_t{1} << 20, c.rank() == 0 ? 1.5f : 0.0f);
     const std::size_t bytes = big.size() * sizeof(float);
     if (c.rank() == 0) {
       std::int32_t v = -1;

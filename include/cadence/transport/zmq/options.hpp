@@ -47,18 +47,20 @@ struct zmq_options {
   /// the TTL asked of the peer) is lost: a stopped process, a hung host, a cut link. A crashed
   /// process is lost at once (its connections close). Seconds in production; tests use less.
   std::chrono::milliseconds heartbeat_timeout{5000};
-  /// Point-to-point messages up to this size travel at once with their header (a send completes
-  /// when ZeroMQ has taken its copy); larger ones are announced, and move from the caller's
-  /// buffer without a copy once the receiver has posted a matching receive (rendezvous).
+  /// Point-to-point messages up to this size travel at once, copied, with their header (a send
+  /// completes when ZeroMQ has taken its copy). Larger ones move from the caller's buffer without
+  /// a copy: at once if they fit a quarter of credit_bytes, else announced first and sent once the
+  /// receiver has posted a matching receive (rendezvous); such a send completes when ZeroMQ has
+  /// let go of the buffer.
   std::size_t eager_bytes = 64 * 1024;
   /// Large messages, large broadcasts and the ring all-reduce move in pieces of this size, each a
   /// ZeroMQ message read from the caller's buffer without a copy: the ring forwards a piece as
   /// soon as it is reduced. Every rank must be given the same chunk_bytes and eager_bytes.
   std::size_t chunk_bytes = 512 * 1024;
-  /// Per peer: the bytes of eager messages (plus 64 per message of any kind) it may have sent
-  /// here that no receive has taken yet. A sender that reaches it waits until the receiver takes
-  /// some (credits flow back): the bound on what a receiver that stops receiving holds for one
-  /// peer. At least 4 * (eager_bytes + 64).
+  /// Per peer: the bytes of messages sent at once (plus 64 per message of any kind) it may have
+  /// sent here that no receive has taken yet. A sender that reaches it waits until the receiver
+  /// takes some (credits flow back): the bound on what a receiver that stops receiving holds for
+  /// one peer. At least 4 * (eager_bytes + 64).
   std::size_t credit_bytes = std::size_t{4} << 20;
   /// The destructor of a communicator waits at most this long for its last messages (and a
   /// goodbye to every live peer) to leave.

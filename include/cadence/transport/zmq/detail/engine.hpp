@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -682,15 +683,19 @@ private:
         continue;
       }
       if (q.state != zmq_peer_state::alive || q.dealer == nullptr) return;
-      const bool large = op->bytes > o_.eager_bytes;
-      const auto cost = static_cast<std::int64_t>(overhead + (large ? 0 : op->bytes));
+      // Up to eager_bytes: copied, sent at once. Up to a quarter of the credit window: sent at
+      // once from the caller's buffer (no copy, no round trip). Larger: announced, and sent once
+      // the receiver has posted a matching receive.
+      const bool eager = op->bytes <= o_.eager_bytes;
+      const bool stream = !eager && op->bytes <= o_.credit_bytes / 4;
+      const auto cost = static_cast<std::int64_t>(overhead + (eager || stream ? op->bytes : 0));
       if (q.credit < cost) return;
       q.credit -= cost;
       q.sends.pop_front();
-      zmq_header h = header(large ? zmq_kind::announce : zmq_kind::eager, p);
+      zmq_header h = header(eager ? zmq_kind::eager : stream ? zmq_kind::stream : zmq_kind::announce, p);
       h.tag = op->tag;
       h.bytes = op->bytes;
-      if (!large) {
+      if (eager) {
         h.length = static_cast<std::uint32_t>(op->bytes);
         zmq_message m(sizeof h + op->bytes);
         std::memcpy(m.data(), &h, sizeof h);
@@ -700,12 +705,36 @@ private:
         continue;
       }
       op->id = h.id = ++q.next_id;
-      op->st = zmq_send_op::stage::announced;
-      announced_[{p, op->id}] = op;
       zmq_message m(sizeof h);
       std::memcpy(m.data(), &h, sizeof h);
       push(p, zmq_outgoing{std::move(m), std::nullopt, q.inc});
+      if (stream) {
+        send_pieces(p, op);
+        continue;
+      }
+      op->st = zmq_send_op::stage::announced;
+      announced_[{p, op->id}] = op;
     }
+  }
+
+  // A large message's data, in pieces ZeroMQ reads from the caller's buffer; the send completes
+  // when ZeroMQ has let go of every piece (advance()).
+  void send_pieces(int p, const std::shared_ptr<zmq_send_op>& op) {
+    op->st = zmq_send_op::stage::streaming;
+    zc_release* rel = op->rel(0, wake_fd_);
+    op->rel_peers = {p};
+    const std::size_t chunk = std::max<std::size_t>(o_.chunk_bytes, 1);
+    for (std::size_t off = 0; off < op->bytes; off += chunk) {
+      const std::size_t len = std::min(chunk, op->bytes - off);
+      zmq_header h = header(zmq_kind::piece, p);
+      h.id = op->id;
+      h.offset = off;
+      h.length = static_cast<std::uint32_t>(len);
+      zmq_message head(sizeof h);
+      std::memcpy(head.data(), &h, sizeof h);
+      push(p, zmq_outgoing{std::move(head), rel->piece(op->buf + off, len), peer_at(p).inc});
+    }
+    streaming_out_.push_back(op);
   }
 
   // ---- incoming ----
@@ -771,7 +800,8 @@ private:
   void handle(zmq_incoming in) {
     switch (static_cast<zmq_kind>(in.h.kind)) {
       case zmq_kind::eager:
-      case zmq_kind::announce: on_message(std::move(in)); return;
+      case zmq_kind::announce:
+      case zmq_kind::stream: on_message(std::move(in)); return;
       case zmq_kind::clear: on_clear(in.src, in.h.id); return;
       case zmq_kind::refuse: on_refuse(in.src, in.h.id, text_of(in)); return;
       case zmq_kind::piece: on_piece(in); return;
@@ -805,31 +835,51 @@ private:
       take(op, std::move(in));
       return;
     }
+    if (static_cast<zmq_kind>(in.h.kind) == zmq_kind::stream) early_pieces_[{in.src, in.h.id}];
     unexpected_.push_back(std::move(in));
   }
 
   // A receive takes a message: its data (eager) or the go-ahead for it (announced).
+  // A receive takes a message: its data (eager), its pieces (stream: those come, or came, at
+  // once) or the go-ahead for it (announced).
   void take(const std::shared_ptr<zmq_recv_op>& op, zmq_incoming m) {
-    const bool announced = static_cast<zmq_kind>(m.h.kind) == zmq_kind::announce;
+    const auto kind = static_cast<zmq_kind>(m.h.kind);
     op->matched = true;
     op->from = m.src;
-    owe(m.src, overhead + (announced ? 0 : m.h.bytes));
+    op->id = m.h.id;
+    owe(m.src, overhead + (kind == zmq_kind::announce ? 0 : m.h.bytes));
+    std::deque<zmq_incoming> early;
+    if (kind == zmq_kind::stream) {
+      const auto it = early_pieces_.find({m.src, m.h.id});
+      if (it != early_pieces_.end()) {
+        early = std::move(it->second);
+        early_pieces_.erase(it);
+      }
+    }
     if (m.h.bytes != op->bytes) {
       const std::string what = "rank " + std::to_string(m.src) + " sent " + std::to_string(m.h.bytes) +
                                " bytes with tag " + std::to_string(op->tag) + " but rank " +
                                std::to_string(rank_) + " received into " + std::to_string(op->bytes) + " bytes";
-      if (announced) send_control(m.src, zmq_kind::refuse, m.h.id, 0, what);
+      if (kind == zmq_kind::announce) send_control(m.src, zmq_kind::refuse, m.h.id, 0, what);
       mark_failed(transport_error(describe(op->c) + ": " + what));
       return;
     }
-    if (!announced) {
+    if (kind == zmq_kind::eager) {
       if (op->bytes != 0) std::memcpy(op->buf, m.data(), op->bytes);
       op->done = true;
       return;
     }
-    op->id = m.h.id;
     streaming_in_[{m.src, op->id}] = op;
-    send_control(m.src, zmq_kind::clear, op->id, 0);
+    if (kind == zmq_kind::announce) {
+      send_control(m.src, zmq_kind::clear, op->id, 0);
+      return;
+    }
+    for (auto& piece : early) on_piece(piece);
+    const zmq_peer& q = peer_at(m.src);
+    if (!op->done && (q.state != zmq_peer_state::alive || q.inc != m.inc)) {  // the rest will not come
+      op->isolated = lost_peer_error(op->c, {m.src}, q.lost_how.empty() ? "it is gone" : q.lost_how);
+      streaming_in_.erase({m.src, op->id});
+    }
   }
 
   // The receiver has taken `n` more of p's bytes: credit them back in batches (a quarter of the
@@ -848,21 +898,7 @@ private:
     if (it == announced_.end()) return;  // withdrawn meanwhile: the receiver is told
     const std::shared_ptr<zmq_send_op> op = it->second;
     announced_.erase(it);
-    op->st = zmq_send_op::stage::streaming;
-    zc_release* rel = op->rel(0, wake_fd_);
-    op->rel_peers = {p};
-    const std::size_t chunk = std::max<std::size_t>(o_.chunk_bytes, 1);
-    for (std::size_t off = 0; off < op->bytes; off += chunk) {
-      const std::size_t len = std::min(chunk, op->bytes - off);
-      zmq_header h = header(zmq_kind::piece, p);
-      h.id = id;
-      h.offset = off;
-      h.length = static_cast<std::uint32_t>(len);
-      zmq_message head(sizeof h);
-      std::memcpy(head.data(), &h, sizeof h);
-      push(p, zmq_outgoing{std::move(head), rel->piece(op->buf + off, len), peer_at(p).inc});
-    }
-    streaming_out_.push_back(op);
+    send_pieces(p, op);
   }
 
   void on_refuse(int p, std::uint64_t id, const std::string& text) {
@@ -875,7 +911,13 @@ private:
 
   void on_piece(zmq_incoming& in) {
     const auto it = streaming_in_.find({in.src, in.h.id});
-    if (it == streaming_in_.end()) return;  // its receive was cancelled
+    if (it == streaming_in_.end()) {
+      // A streamed message no receive has taken yet keeps its pieces (within the credit window);
+      // otherwise its receive was cancelled.
+      const auto early = early_pieces_.find({in.src, in.h.id});
+      if (early != early_pieces_.end()) early->second.push_back(std::move(in));
+      return;
+    }
     zmq_recv_op& op = *it->second;
     if (in.h.offset > op.bytes || op.bytes - in.h.offset < in.size()) return;
     std::memcpy(op.buf + in.h.offset, in.data(), in.size());
@@ -1015,6 +1057,8 @@ private:
     unexpected_.erase(std::remove_if(unexpected_.begin(), unexpected_.end(),
                                      [&](const zmq_incoming& m) { return m.src == p; }),
                       unexpected_.end());
+    for (auto it = early_pieces_.begin(); it != early_pieces_.end();)
+      it = it->first.first == p ? early_pieces_.erase(it) : std::next(it);
     q.inc = inc;
     q.endpoint = endpoint;
     q.credit = static_cast<std::int64_t>(o_.credit_bytes);
@@ -1439,6 +1483,7 @@ private:
   std::deque<zmq_incoming> unexpected_;
   std::map<std::pair<int, std::uint64_t>, std::shared_ptr<zmq_send_op>> announced_;
   std::map<std::pair<int, std::uint64_t>, std::shared_ptr<zmq_recv_op>> streaming_in_;
+  std::map<std::pair<int, std::uint64_t>, std::deque<zmq_incoming>> early_pieces_;  // of unexpected streams
   std::deque<std::shared_ptr<zmq_send_op>> streaming_out_;
   std::uint64_t collectives_ = 0;
   std::deque<std::shared_ptr<zmq_coll_op>> colls_;

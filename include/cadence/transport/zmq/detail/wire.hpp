@@ -170,6 +170,7 @@ enum class zmq_kind : std::uint8_t {
   bye = 9,        // the sender destroyed its communicator
   withdraw = 10,  // the sender cancelled announced message `id` before it was cleared
   hello = 11,     // the first message on a new connection: tells the receiver which socket is whose
+  stream = 12,    // a message within a quarter of the credit window: its pieces follow at once
 };
 
 inline constexpr std::uint32_t zmq_notice_step = 0xFFFFFFFFu;
