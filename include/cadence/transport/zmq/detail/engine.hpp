@@ -69,13 +69,10 @@ public:
   const zmq_options& options() const noexcept { return o_; }
   const std::string& endpoint() const noexcept { return endpoint_; }
   const std::string& rendezvous_endpoint() const noexcept { return rdv_endpoint_; }
-  std::uint64_t incarnation() const noexcept { return incarnation_; }
   zmq_peer_state state_of(int p) const noexcept {
     return p == rank_ ? zmq_peer_state::alive : peer_at(p).state;
   }
   std::uint64_t incarnation_of(int p) const noexcept { return p == rank_ ? incarnation_ : peer_at(p).inc; }
-  int wake_fd() const noexcept { return wake_fd_; }
-  bool closed() const noexcept { return closed_; }
 
   // ---- calls, failures, abort ----
 
@@ -93,7 +90,6 @@ public:
     if (!failure_) failure_ = std::move(e);
     failed_.store(true, std::memory_order_release);
   }
-  bool has_failure() const noexcept { return failure_.has_value(); }
 
   void abort() noexcept {
     aborted_.store(true, std::memory_order_release);
@@ -433,11 +429,6 @@ public:
     for (int p = 0; p < size_; ++p)
       if (p != rank_) v.push_back(p);
     return v;
-  }
-
-  /// Why a peer cannot take part yet, for a deadline's note ("" when it is alive).
-  std::string absent_note(int p) const {
-    return peer_at(p).state == zmq_peer_state::absent ? "it has not registered at the rendezvous" : "";
   }
 
   /// Waits (on the event fd only: nothing else progresses) until ZeroMQ has let go of op's
