@@ -48,7 +48,7 @@ public:
   void start(zmq_engine& e) override {
     got_.resize(static_cast<std::size_t>(e.size()));
     missing_ = e.size() - 1;
-    for (int p : e.others()) e.coll_send_copy(p, e.coll_header(*this, p, 0, 0, bytes_), buf_, bytes_);
+    for (int p : e.others()) e.coll_send_copy(*this, p, e.coll_header(*this, p, 0, 0, bytes_), buf_, bytes_);
   }
 
   void advance(zmq_engine& e) override {
@@ -63,8 +63,8 @@ public:
       slot = std::move(m);
       --missing_;
     }
-    if (missing_ > 0 || bytes_ == 0) {
-      done = missing_ == 0;
+    if (missing_ > 0 || bytes_ == 0 || reduced_) {
+      done = missing_ == 0 && queued == 0;  // and its own contribution has left
       return;
     }
     // d_0 op d_1 op ... op d_{n-1}, the same on every rank.
@@ -83,7 +83,10 @@ public:
       std::memcpy(buf_, acc.data(), bytes_);
     }
     got_.clear();
-    done = true;
+    got_.resize(static_cast<std::size_t>(e.size()));
+    for (auto& g : got_) g.src = 0;  // every contribution is in
+    reduced_ = true;
+    done = queued == 0;
   }
 
   bool needs(int p) const override {
@@ -93,6 +96,11 @@ public:
   void awaited(const zmq_engine& e, std::vector<int>& who, std::string& note) const override {
     for (int p : e.others())
       if (got_[static_cast<std::size_t>(p)].src < 0) who.push_back(p);
+    if (who.empty()) {
+      who = e.others();
+      note = "this rank's contribution waits for a connection to come up";
+      return;
+    }
     note = zmq_never_started(e, who);
   }
 
@@ -104,6 +112,7 @@ private:
   std::size_t bytes_;
   std::vector<zmq_incoming> got_;  // per rank: its contribution (src >= 0 once it came)
   int missing_ = 0;
+  bool reduced_ = false;
 };
 
 // ---- ring all-reduce ----
@@ -129,7 +138,7 @@ public:
     chunk_ = std::max<std::size_t>(e.options().chunk_bytes / 8 * 8, 8);
     noticed_.assign(static_cast<std::size_t>(n_), false);
     noticed_[static_cast<std::size_t>(r_)] = true;
-    for (int p : e.others()) e.coll_send_copy(p, e.coll_header(*this, p, zmq_notice_step, 0, 0), nullptr, 0);
+    for (int p : e.others()) e.coll_send_copy(*this, p, e.coll_header(*this, p, zmq_notice_step, 0, 0), nullptr, 0);
     for (std::size_t k = 0; k < chunks(seg_out(0)); ++k) send_chunk(e, 0, k);
   }
 
@@ -174,13 +183,20 @@ public:
         }
       }
     }
-    if (s_ < steps() || outstanding() != 0) return;
+    if (s_ < steps() || outstanding() != 0 || queued != 0) return;
     for (bool b : noticed_)
       if (!b) return;
     done = true;
   }
 
-  bool needs(int) const override { return !done; }
+  // Only while something is still to come to this rank: pieces it sent to a rank that has since
+  // gone are dropped (and released) with that rank's socket.
+  bool needs(int) const override {
+    if (done || s_ < steps()) return !done;
+    for (bool b : noticed_)
+      if (!b) return true;
+    return false;
+  }
 
   void awaited(const zmq_engine& e, std::vector<int>& who, std::string& note) const override {
     for (int p : e.others())
@@ -254,11 +270,12 @@ public:
   }
 
   void start(zmq_engine& e) override {
-    if (e.rank() != peer) return;
+    root_ = e.rank() == peer;
+    if (!root_) return;
     const std::size_t chunk = std::max<std::size_t>(e.options().chunk_bytes, 1);
     for (int p : e.others()) {
       if (bytes_ <= e.options().eager_bytes) {
-        e.coll_send_copy(p, e.coll_header(*this, p, 0, 0, bytes_), buf_, bytes_);
+        e.coll_send_copy(*this, p, e.coll_header(*this, p, 0, 0, bytes_), buf_, bytes_);
         continue;
       }
       for (std::size_t off = 0; off < bytes_; off += chunk) {
@@ -278,7 +295,7 @@ public:
       }
     }
     if (e.rank() == peer) {
-      done = outstanding() == 0;
+      done = outstanding() == 0 && queued == 0;  // ZeroMQ has (or has sent) every message
       return;
     }
     auto& box = e.inbox(index, peer);
@@ -299,7 +316,9 @@ public:
     done = messages_ > 0 && got_ >= bytes_;
   }
 
-  bool needs(int p) const override { return !done && (p == peer || outstanding() != 0); }
+  // A receiver needs the root until its data is in; the root needs nobody (as MPI_Bcast's root:
+  // what it sent to a rank that has since gone is dropped, and released, with that rank's socket).
+  bool needs(int p) const override { return !done && p == peer && !root_; }
 
   void awaited(const zmq_engine& e, std::vector<int>& who, std::string& note) const override {
     if (e.rank() != peer) {
@@ -318,6 +337,7 @@ private:
   std::size_t bytes_;
   std::size_t got_ = 0;
   std::size_t messages_ = 0;
+  bool root_ = false;
 };
 
 }  // namespace cadence::transport::detail

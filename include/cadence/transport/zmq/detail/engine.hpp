@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -113,8 +114,7 @@ public:
     // The fate of each peer's connection to us: a closed one means everything it sent before
     // is in our ROUTER's queue (see check_lost).
     router_monitor_ = sockets_.monitor(c, router_, "inproc://cadence-router-monitor",
-                              ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                  ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
+                                       ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | zmq_handshake_failed);
     zmq_bind_endpoint(c, router_, o_.endpoint, "its endpoint");
     endpoint_ = zmq_last_endpoint(router_);
 
@@ -389,11 +389,11 @@ public:
   }
 
   /// A collective's message with a copy of `data`.
-  void coll_send_copy(int p, const zmq_header& h, const void* data, std::size_t n) {
+  void coll_send_copy(zmq_coll_op& op, int p, const zmq_header& h, const void* data, std::size_t n) {
     zmq_message m(sizeof h + n);
     std::memcpy(m.data(), &h, sizeof h);
     if (n != 0) std::memcpy(m.data() + sizeof h, data, n);
-    push(p, zmq_outgoing{std::move(m), std::nullopt, bound_inc(p)});
+    push(p, zmq_outgoing{std::move(m), std::nullopt, bound_inc(p), zmq_queued(op.shared_from_this())});
   }
   /// A collective's message whose data ZeroMQ reads from the caller's buffer, counted in the
   /// op's release group `group`.
@@ -403,7 +403,7 @@ public:
     if (std::find(op.rel_peers.begin(), op.rel_peers.end(), p) == op.rel_peers.end()) op.rel_peers.push_back(p);
     zmq_message head(sizeof h);
     std::memcpy(head.data(), &h, sizeof h);
-    push(p, zmq_outgoing{std::move(head), rel->piece(data, n), bound_inc(p)});
+    push(p, zmq_outgoing{std::move(head), rel->piece(data, n), bound_inc(p), zmq_queued(op.shared_from_this())});
   }
 
   /// Checks a collective message against the op's arguments; on a difference fails the
@@ -453,6 +453,7 @@ private:
     zmq_message head;
     std::optional<zmq_message> body;
     std::uint64_t inc = 0;  // the incarnation it is for (0: whichever comes first)
+    zmq_queued owner;       // the operation it belongs to, if any
   };
 
   struct zmq_peer {
@@ -527,7 +528,7 @@ private:
     zmq_header h = header(zmq_kind::hello, p);
     zmq_message m(sizeof h);
     std::memcpy(m.data(), &h, sizeof h);
-    q.out.push_front(zmq_outgoing{std::move(m), std::nullopt, q.inc});
+    q.out.push_front(zmq_outgoing{std::move(m), std::nullopt, q.inc, {}});
   }
 
   // Our DEALER to p: connected, or broken (check_lost decides when that makes p lost).
@@ -561,8 +562,14 @@ private:
     std::uint16_t event = 0;
     std::uint32_t value = 0;
     while (router_monitor_ != nullptr && zmq_read_event(router_monitor_, event, value)) {
+      const int fd = static_cast<int>(value);
+      if (event == ZMQ_EVENT_ACCEPTED) {
+        unknown_inbound_.insert(fd);  // whose it is, its hello will say
+        continue;
+      }
       if (event != ZMQ_EVENT_DISCONNECTED && (event & zmq_handshake_failed) == 0) continue;
-      const auto it = inbound_fds_.find(static_cast<int>(value));
+      unknown_inbound_.erase(fd);
+      const auto it = inbound_fds_.find(fd);
       if (it == inbound_fds_.end()) continue;
       const auto [p, inc] = it->second;
       inbound_fds_.erase(it);
@@ -578,9 +585,10 @@ private:
   static constexpr std::chrono::milliseconds drain_grace{20};
 
   /// Declares lost the peers whose connections say so: our DEALER's broke and it never sent
-  /// us anything (nothing to wait for), or its connection to us closed (after drain_grace), or
-  /// our DEALER's broke heartbeat_timeout ago (its connection to us never closed). Returns the
-  /// earliest time a pending case comes due.
+  /// us anything (its hello never came, and no connection to us is still unidentified: nothing
+  /// to wait for), or its connection to us closed (after drain_grace), or our DEALER's broke
+  /// heartbeat_timeout ago (its connection to us never closed). Returns the earliest time a
+  /// pending case comes due.
   zclock::time_point check_lost(zclock::time_point now) {
     auto next = zclock::time_point::max();
     for (int p = 0; p < size_; ++p) {
@@ -592,7 +600,9 @@ private:
       if (!broken && !closed) continue;
       auto due = zclock::time_point::max();
       if (closed) due = q.inbound_closed_at + drain_grace;
-      if (broken) due = std::min(due, q.hello_seen ? q.broken_at + o_.heartbeat_timeout : q.broken_at);
+      if (broken)
+        due = std::min(due, q.hello_seen || !unknown_inbound_.empty() ? q.broken_at + o_.heartbeat_timeout
+                                                                       : q.broken_at);
       if (now >= due) {
         lose(p, broken ? q.broken_how
                        : "its connection closed, or it fell silent for the heartbeat timeout (" +
@@ -660,7 +670,7 @@ private:
     zmq_message m(sizeof h + text.size());
     std::memcpy(m.data(), &h, sizeof h);
     if (!text.empty()) std::memcpy(m.data() + sizeof h, text.data(), text.size());
-    push(p, zmq_outgoing{std::move(m), std::nullopt, q.inc});
+    push(p, zmq_outgoing{std::move(m), std::nullopt, q.inc, {}});
   }
 
   // Point-to-point sends go to ZeroMQ in the order they were started, each once its peer is
@@ -691,14 +701,17 @@ private:
         zmq_message m(sizeof h + op->bytes);
         std::memcpy(m.data(), &h, sizeof h);
         if (op->bytes != 0) std::memcpy(m.data() + sizeof h, op->buf, op->bytes);
-        push(p, zmq_outgoing{std::move(m), std::nullopt, q.inc});
-        op->done = true;
+        push(p, zmq_outgoing{std::move(m), std::nullopt, q.inc, zmq_queued(op)});
+        if (op->queued == 0)
+          op->done = true;  // ZeroMQ has its copy
+        else
+          waiting_eager_.push_back(op);  // its connection is not up yet: advance() sees it leave
         continue;
       }
       op->id = h.id = ++q.next_id;
       zmq_message m(sizeof h);
       std::memcpy(m.data(), &h, sizeof h);
-      push(p, zmq_outgoing{std::move(m), std::nullopt, q.inc});
+      push(p, zmq_outgoing{std::move(m), std::nullopt, q.inc, zmq_queued(op)});
       if (stream) {
         send_pieces(p, op);
         continue;
@@ -723,7 +736,7 @@ private:
       h.length = static_cast<std::uint32_t>(len);
       zmq_message head(sizeof h);
       std::memcpy(head.data(), &h, sizeof h);
-      push(p, zmq_outgoing{std::move(head), rel->piece(op->buf + off, len), peer_at(p).inc});
+      push(p, zmq_outgoing{std::move(head), rel->piece(op->buf + off, len), peer_at(p).inc, zmq_queued(op)});
     }
     streaming_out_.push_back(op);
   }
@@ -753,7 +766,10 @@ private:
       std::memcpy(&in.h, first.data(), sizeof in.h);
       if (static_cast<zmq_kind>(in.h.kind) == zmq_kind::hello) {
         // Which of our ROUTER's connections is this peer's (ZeroMQ's "__fd" metadata).
-        if (const char* fd = zmq_msg_gets(first.get(), "__fd")) inbound_fds_[std::atoi(fd)] = {in.src, in.inc};
+        if (const char* fd = zmq_msg_gets(first.get(), "__fd")) {
+          inbound_fds_[std::atoi(fd)] = {in.src, in.inc};
+          unknown_inbound_.erase(std::atoi(fd));
+        }
       }
       if (second) {
         in.frame = std::move(*second);
@@ -973,6 +989,9 @@ private:
     if (q.state != zmq_peer_state::alive) return;
     q.state = zmq_peer_state::lost;
     q.lost_how = how;
+    for (auto& o : q.out)  // a send whose message never left: it fails with the peer
+      if (o.owner.op() && o.owner.op()->what == zmq_op::kind::send && !o.owner.op()->finished())
+        o.owner.op()->isolated = lost_peer_error(o.owner.op()->c, {p}, how);
     q.out.clear();
     close_dealer(q, 0);
     for (auto& op : q.sends)
@@ -1221,6 +1240,15 @@ private:
   void advance() {
     for (int p = 0; p < size_; ++p)
       if (p != rank_ && !peer_at(p).sends.empty()) hand_over(p);
+    for (auto it = waiting_eager_.begin(); it != waiting_eager_.end();) {
+      zmq_send_op& op = **it;
+      if (op.queued == 0 && !op.finished()) op.done = true;
+      if (op.finished()) {
+        it = waiting_eager_.erase(it);
+        continue;
+      }
+      ++it;
+    }
     for (auto it = streaming_out_.begin(); it != streaming_out_.end();) {
       zmq_send_op& op = **it;
       if (op.isolated || op.cancelled) {
@@ -1228,7 +1256,7 @@ private:
           it = streaming_out_.erase(it);
           continue;
         }
-      } else if (op.outstanding() == 0 && peer_at(op.peer).broken_at == zclock::time_point{}) {
+      } else if (op.outstanding() == 0 && op.queued == 0 && peer_at(op.peer).broken_at == zclock::time_point{}) {
         // ZeroMQ has let go of every piece, written (not dropped with a broken connection: then
         // check_lost decides): the buffer is the caller's again.
         op.done = true;
@@ -1327,6 +1355,8 @@ private:
         const zmq_peer& q = peer_at(s.peer);
         if (q.state == zmq_peer_state::absent)
           note = "it has not registered at the rendezvous";
+        else if (s.queued != 0 && !q.connected)
+          note = "the connection to it is not up yet";
         else if (s.st == zmq_send_op::stage::queued)
           note = "it has not taken this rank's earlier messages: the credit window of " +
                  std::to_string(o_.credit_bytes) + " bytes is full";
@@ -1398,7 +1428,7 @@ private:
         zmq_header h = header(zmq_kind::bye, p);
         zmq_message m(sizeof h);
         std::memcpy(m.data(), &h, sizeof h);
-        q.out.push_back(zmq_outgoing{std::move(m), std::nullopt, q.inc});
+        q.out.push_back(zmq_outgoing{std::move(m), std::nullopt, q.inc, {}});
       } catch (...) {
       }
     }
@@ -1457,6 +1487,7 @@ private:
   void* router_ = nullptr;
   void* router_monitor_ = nullptr;
   std::map<int, std::pair<int, std::uint64_t>> inbound_fds_;  // our ROUTER's connection fd -> (rank, incarnation)
+  std::set<int> unknown_inbound_;  // connections accepted whose hello has not been read yet
   void* rdv_ = nullptr;
   std::string endpoint_;
   std::string rdv_endpoint_;
@@ -1476,6 +1507,7 @@ private:
   std::map<std::pair<int, std::uint64_t>, std::shared_ptr<zmq_recv_op>> streaming_in_;
   std::map<std::pair<int, std::uint64_t>, std::deque<zmq_incoming>> early_pieces_;  // of unexpected streams
   std::deque<std::shared_ptr<zmq_send_op>> streaming_out_;
+  std::deque<std::shared_ptr<zmq_send_op>> waiting_eager_;  // eager sends whose copy waits for a connection
   std::uint64_t collectives_ = 0;
   std::deque<std::shared_ptr<zmq_coll_op>> colls_;
   std::map<std::uint64_t, std::vector<std::deque<zmq_incoming>>> coll_in_;

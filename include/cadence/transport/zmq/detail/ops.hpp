@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,7 +20,7 @@ namespace cadence::transport::detail {
 
 /// One started operation, blocking or not. The engine finishes it (done), or it fails alone
 /// (isolated: a point-to-point operation whose peer is lost), or the communicator fails.
-struct zmq_op {
+struct zmq_op : std::enable_shared_from_this<zmq_op> {
   enum class kind : std::uint8_t { send, recv, allreduce, broadcast };
   zmq_op(kind k, const call_info& ci) : what(k), c(ci) {}
   virtual ~zmq_op() = default;
@@ -34,6 +35,10 @@ struct zmq_op {
   std::optional<transport_error> isolated;
   std::vector<zc_ref> rels;    // pieces of the caller's buffer ZeroMQ still holds, by group
   std::vector<int> rel_peers;  // whom those pieces go to
+  // Its messages still in the communicator's own queues, not yet taken by ZeroMQ (a peer whose
+  // connection is not up yet): the operation is not complete while any remain, or a caller that
+  // stops calling would leave them there.
+  std::size_t queued = 0;
   bool finished() const noexcept { return done || cancelled || isolated.has_value(); }
   /// Pieces of the caller's buffer ZeroMQ holds: the operation is not over while any remain.
   std::size_t outstanding() const noexcept {
@@ -106,6 +111,35 @@ struct zmq_coll_sig {
 };
 
 class zmq_engine;
+
+/// Counts a message in its operation's `queued` while it waits in a queue of the communicator;
+/// it uncounts when the message is taken by ZeroMQ or dropped (destroyed with it).
+class zmq_queued {
+public:
+  zmq_queued() = default;
+  explicit zmq_queued(std::shared_ptr<zmq_op> op) : op_(std::move(op)) {
+    if (op_) ++op_->queued;
+  }
+  zmq_queued(zmq_queued&& o) noexcept : op_(std::move(o.op_)) {}
+  zmq_queued& operator=(zmq_queued&& o) noexcept {
+    if (this != &o) {
+      reset();
+      op_ = std::move(o.op_);
+    }
+    return *this;
+  }
+  zmq_queued(const zmq_queued&) = delete;
+  zmq_queued& operator=(const zmq_queued&) = delete;
+  ~zmq_queued() { reset(); }
+  const std::shared_ptr<zmq_op>& op() const noexcept { return op_; }
+
+private:
+  void reset() noexcept {
+    if (op_) --op_->queued;
+    op_.reset();
+  }
+  std::shared_ptr<zmq_op> op_;
+};
 
 /// A collective as a state machine the engine advances on every progress pass: it reads its
 /// messages from the engine's inbox for its index and sends through the engine.
