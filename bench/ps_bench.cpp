@@ -4,26 +4,43 @@
 //
 //   mpirun -np 2 cadence-bench-ps --backend mpi [--json] [--no-bounce] [--sgd]
 //   mpirun -np 5 cadence-bench-ps --backend mpi --throughput      (1 server, 4 workers)
+//   cadence-bench-ps --backend zmq [--ranks N] [--json] [--sgd] [--throughput]
+//                                   (ranks as threads, TCP on 127.0.0.1; N = 1 server + workers)
 //
 // Round trip: rank 1 pushes a gradient of B bytes and pulls B bytes of weights from server
-// rank 0 (one server, policy asp, so nobody waits on a policy); raw: rank 1 MPI_Send's B bytes
-// to rank 0, which MPI_Send's B bytes back. The update rule is a no-op unless --sgd: it is the
-// integrator's work, not the adapter's. Sizes 4 KiB to 16 MiB by factors of 4; per size the
-// pair of blocks with the median ratio is reported. Read the ratios, not the absolute times:
-// these machines are shared.
+// rank 0 (one server, policy asp, so nobody waits on a policy); raw: rank 1 sends B bytes to
+// rank 0, which sends B bytes back (MPI_Send/MPI_Recv for mpi; for zmq a DEALER per worker to a
+// ROUTER on the server, zmq_send copying the worker's bytes, the server sending the message it
+// received straight back, as a plain ZeroMQ echo server does). The update rule is a no-op
+// unless --sgd: it is the integrator's work, not the adapter's. Sizes 4 KiB to 16 MiB by
+// factors of 4; per size the pair of blocks with the median ratio is reported. Read the ratios,
+// not the absolute times: these machines are shared.
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/exchange/parameter_server.hpp>
+#if defined(CADENCE_BENCH_WITH_MPI)
 #include <cadence/transport/mpi/communicator.hpp>
 
 #include <mpi.h>
 
+#include "support/mpi.hpp"
+#endif
+#if defined(CADENCE_BENCH_WITH_ZMQ)
+#include <cadence/transport/zmq/communicator.hpp>
+
+#include <zmq.h>
+
+#include <condition_variable>
+#include <mutex>
+#endif
+
 #include "support/flags.hpp"
 #include "support/measure.hpp"
-#include "support/mpi.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -60,46 +77,31 @@ struct row {
 
 int iterations_for(std::size_t bytes) { return cadence_bench::iterations_for(bytes, std::size_t{128} << 20, 2000); }
 
-constexpr int raw_tag = 11;
-
-// One block of `iters` raw ping-pongs between worker ranks and rank 0; returns µs per round
-// trip on each worker (rank 0 echoes `iters * workers` messages in arrival order).
-double raw_block(MPI_Comm comm, int rank, int workers, std::vector<float>& buf, int iters) {
-  const int n = static_cast<int>(buf.size() * sizeof(float));
-  MPI_Barrier(comm);
-  const auto t0 = steady::now();
-  if (rank == 0) {
-    for (int i = 0; i < iters * workers; ++i) {
-      MPI_Status st;
-      MPI_Recv(buf.data(), n, MPI_BYTE, MPI_ANY_SOURCE, raw_tag, comm, &st);
-      MPI_Send(buf.data(), n, MPI_BYTE, st.MPI_SOURCE, raw_tag, comm);
-    }
-  } else if (rank <= workers) {
-    for (int i = 0; i < iters; ++i) {
-      MPI_Send(buf.data(), n, MPI_BYTE, 0, raw_tag, comm);
-      MPI_Recv(buf.data(), n, MPI_BYTE, 0, raw_tag, comm, MPI_STATUS_IGNORE);
-    }
-  }
-  return std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
-}
+/// What one rank measures with, whatever the backend: a block of raw ping-pongs, a block of
+/// parameter-server round trips (both return µs per round trip on a worker, 0 elsewhere, and
+/// line the ranks up before they start), and the mean of a value over the workers.
+struct ps_rank {
+  int rank = 0;
+  int workers = 1;
+  std::function<double(std::vector<float>&, int iters)> raw_block;
+  std::function<double(std::vector<float>&, int iters)> ours_block;
+  std::function<double(double)> average_over_workers;
+};
 
 // One block through the parameter server: a fresh server and workers (construction and the
 // initial pull are not timed), `iters` push_pulls per worker, finish.
-template <class Update>
-double ours_block(mpi_communicator& comm, MPI_Comm raw, int workers, std::vector<float>& buf,
-                  int iters) {
+template <class Update, class Comm>
+double ours_block(Comm& comm, int workers, std::vector<float>& buf, int iters) {
   ps_options o;
   o.servers = 1;
   const int rank = comm.rank();
   double us = 0;
-  MPI_Barrier(raw);
   if (rank == 0) {
-    parameter_server<mpi_communicator, any_controller, float, Update> server(
-        comm, buf.size(), buf.data(), make_controller("asp", static_cast<std::size_t>(comm.size() - 1)),
-        Update{}, o);
+    parameter_server<Comm, any_controller, float, Update> server(
+        comm, buf.size(), buf.data(), make_controller("asp", static_cast<std::size_t>(comm.size() - 1)), Update{}, o);
     server.run();
   } else {
-    ps_worker<mpi_communicator> worker(comm, buf.size(), o);
+    ps_worker<Comm> worker(comm, buf.size(), o);
     std::vector<float> weights(buf.size());
     worker.pull(weights.data());
     const auto t0 = steady::now();
@@ -111,29 +113,23 @@ double ours_block(mpi_communicator& comm, MPI_Comm raw, int workers, std::vector
   return us;
 }
 
-double average_over_workers(MPI_Comm comm, int rank, int workers, double v) {
-  double mine = (rank >= 1 && rank <= workers) ? v : 0.0, sum = 0;
-  MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, comm);
-  return sum / workers;
+template <class Comm>
+double ours_block(Comm& comm, int workers, std::vector<float>& buf, int iters, bool sgd) {
+  return sgd ? ours_block<cadence::exchange::sgd<float>>(comm, workers, buf, iters)
+             : ours_block<no_update>(comm, workers, buf, iters);
 }
 
-std::vector<row> measure(mpi_communicator& comm, MPI_Comm raw, const config& cfg, int workers,
-                         const std::vector<std::size_t>& sizes) {
+std::vector<row> measure(ps_rank& me, const config& cfg, const std::vector<std::size_t>& sizes) {
   std::vector<row> rows;
-  const int rank = comm.rank();
   for (std::size_t bytes : sizes) {
     std::vector<float> buf(bytes / sizeof(float), 0.0f);
-    const int iters = iterations_for(bytes) / workers + 1;
-    auto ours = [&] {
-      return cfg.sgd ? ours_block<sgd<float>>(comm, raw, workers, buf, iters)
-                     : ours_block<no_update>(comm, raw, workers, buf, iters);
-    };
-    raw_block(raw, rank, workers, buf, 2);  // warm-up: connections, caches
-    ours();
+    const int iters = iterations_for(bytes) / me.workers + 1;
+    me.raw_block(buf, 2);  // warm-up: connections, caches
+    me.ours_block(buf, iters);
     std::vector<std::pair<double, double>> pairs;
     for (int rep = 0; rep < cfg.reps; ++rep) {
-      const double r = average_over_workers(raw, rank, workers, raw_block(raw, rank, workers, buf, iters));
-      const double o = average_over_workers(raw, rank, workers, ours());
+      const double r = me.average_over_workers(me.raw_block(buf, iters));
+      const double o = me.average_over_workers(me.ours_block(buf, iters));
       pairs.emplace_back(r, o);
     }
     const auto mid = cadence_bench::median_pair(pairs);
@@ -171,27 +167,41 @@ void print(const std::vector<row>& rows, const config& cfg, int workers) {
                 r.raw_us / r.ours_us, r.ours_us - r.raw_us);
 }
 
-constexpr const char* usage_text =
-    "usage: mpirun -np 2 cadence-bench-ps --backend mpi [--json] [--reps R]\n"
-    "         [--max-bytes B] [--no-bounce] [--sgd]\n"
-    "       mpirun -np W+1 cadence-bench-ps --backend mpi --throughput\n"
-    "  --throughput   every worker pushes at once (sizes 64 KiB, 1 MiB, 4 MiB)\n"
-    "  --no-bounce    mpi_options::bounce_buffers = false\n"
-    "  --sgd          apply SGD on the server (default: a no-op update rule)\n"
-    "  --help         this text\n";
+std::vector<std::size_t> sizes_for(const config& cfg) {
+  if (cfg.throughput) return {std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{4} << 20};
+  std::vector<std::size_t> sizes;
+  for (std::size_t b = cfg.min_bytes; b < cfg.max_bytes; b *= 4) sizes.push_back(b);
+  sizes.push_back(cfg.max_bytes);
+  return sizes;
+}
 
-int run(int argc, char** argv) {
-  config cfg;
-  const bool help = !cadence_bench::read_flags(
-      argc, argv, cfg, {"--backend", "--json", "--reps", "--max-bytes"},
-      {{"--no-bounce", &cfg.bounce, false}, {"--sgd", &cfg.sgd, true},
-       {"--throughput", &cfg.throughput, true}},
-      usage_text);
-  if (help) return 0;
-  if (cfg.backend != "mpi") throw cadence_bench::backend_error(cfg.backend, "mpi");
-  if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
-    throw usage_error("--max-bytes: must be a multiple of 4, at least 4096, got " +
-                      std::to_string(cfg.max_bytes));
+// ---- mpi: one rank per process ----
+
+#if defined(CADENCE_BENCH_WITH_MPI)
+constexpr int raw_tag = 11;
+
+// One block of `iters` raw ping-pongs between worker ranks and rank 0; returns µs per round
+// trip on each worker (rank 0 echoes `iters * workers` messages in arrival order).
+double mpi_raw_block(MPI_Comm comm, int rank, int workers, std::vector<float>& buf, int iters) {
+  const int n = static_cast<int>(buf.size() * sizeof(float));
+  MPI_Barrier(comm);
+  const auto t0 = steady::now();
+  if (rank == 0) {
+    for (int i = 0; i < iters * workers; ++i) {
+      MPI_Status st;
+      MPI_Recv(buf.data(), n, MPI_BYTE, MPI_ANY_SOURCE, raw_tag, comm, &st);
+      MPI_Send(buf.data(), n, MPI_BYTE, st.MPI_SOURCE, raw_tag, comm);
+    }
+  } else if (rank <= workers) {
+    for (int i = 0; i < iters; ++i) {
+      MPI_Send(buf.data(), n, MPI_BYTE, 0, raw_tag, comm);
+      MPI_Recv(buf.data(), n, MPI_BYTE, 0, raw_tag, comm, MPI_STATUS_IGNORE);
+    }
+  }
+  return std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
+}
+
+int run_mpi(const config& cfg) {
   return cadence_bench::run_mpi_rank("cadence-bench-ps", [&](int rank, int size, MPI_Comm raw) {
     if (size < 2) {
       if (rank == 0) std::fprintf(stderr, "cadence-bench-ps: run under mpirun -np 2 or more\n");
@@ -200,18 +210,176 @@ int run(int argc, char** argv) {
     mpi_options options;
     options.bounce_buffers = cfg.bounce;
     mpi_communicator comm(MPI_COMM_WORLD, options);
-    const int workers = cfg.throughput ? size - 1 : 1;
-    std::vector<std::size_t> sizes;
-    if (cfg.throughput) {
-      sizes = {std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{4} << 20};
-    } else {
-      for (std::size_t b = cfg.min_bytes; b < cfg.max_bytes; b *= 4) sizes.push_back(b);
-      sizes.push_back(cfg.max_bytes);
-    }
-    const auto rows = measure(comm, raw, cfg, workers, sizes);
-    if (rank == 0) print(rows, cfg, workers);
+    ps_rank me;
+    me.rank = rank;
+    me.workers = cfg.throughput ? size - 1 : 1;
+    me.raw_block = [&](std::vector<float>& buf, int iters) { return mpi_raw_block(raw, rank, me.workers, buf, iters); };
+    me.ours_block = [&](std::vector<float>& buf, int iters) {
+      MPI_Barrier(raw);
+      return ours_block(comm, me.workers, buf, iters, cfg.sgd);
+    };
+    me.average_over_workers = [&](double v) {
+      double mine = (rank >= 1 && rank <= me.workers) ? v : 0.0, sum = 0;
+      MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, raw);
+      return sum / me.workers;
+    };
+    const auto rows = measure(me, cfg, sizes_for(cfg));
+    if (rank == 0) print(rows, cfg, me.workers);
     return 0;
   });
+}
+#endif
+
+// ---- zmq: ranks as threads, each with its own communicator over TCP on 127.0.0.1 ----
+
+#if defined(CADENCE_BENCH_WITH_ZMQ)
+// The raw side: a ROUTER on the server, a DEALER per worker; the server sends each message it
+// receives straight back to its sender (no copy), a worker zmq_send's (copies) its bytes.
+class raw_zmq_echo {
+public:
+  raw_zmq_echo() : ctx_(zmq_ctx_new()) {}
+  ~raw_zmq_echo() {
+    if (s_ != nullptr) zmq_close(s_);
+    zmq_ctx_term(ctx_);
+  }
+  raw_zmq_echo(const raw_zmq_echo&) = delete;
+  raw_zmq_echo& operator=(const raw_zmq_echo&) = delete;
+
+  std::string serve() {
+    s_ = socket(ZMQ_ROUTER);
+    if (zmq_bind(s_, "tcp://127.0.0.1:0") != 0) throw std::runtime_error("raw zmq: bind failed");
+    char buf[256];
+    std::size_t len = sizeof buf;
+    zmq_getsockopt(s_, ZMQ_LAST_ENDPOINT, buf, &len);
+    return buf;
+  }
+  void dial(const std::string& server) {
+    s_ = socket(ZMQ_DEALER);
+    zmq_connect(s_, server.c_str());
+  }
+  void echo(int messages) {
+    for (int i = 0; i < messages; ++i) {
+      zmq_msg_t id, body;
+      zmq_msg_init(&id);
+      zmq_msg_init(&body);
+      zmq_msg_recv(&id, s_, 0);
+      zmq_msg_recv(&body, s_, 0);
+      zmq_msg_send(&id, s_, ZMQ_SNDMORE);
+      zmq_msg_send(&body, s_, 0);
+    }
+  }
+  void round_trip(std::vector<float>& buf) {
+    const std::size_t n = buf.size() * sizeof(float);
+    zmq_send(s_, buf.data(), n, 0);
+    zmq_recv(s_, buf.data(), n, 0);
+  }
+
+private:
+  void* socket(int type) {
+    void* s = zmq_socket(ctx_, type);
+    const int zero = 0;
+    zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    return s;
+  }
+  void* ctx_;
+  void* s_ = nullptr;
+};
+
+int run_zmq(const config& cfg) {
+  if (cfg.ranks < 2) throw usage_error("--ranks: the zmq backend needs at least 2 (a server and a worker)");
+  const int workers = cfg.throughput ? cfg.ranks - 1 : 1;
+  cadence_bench::summing_barrier sync(cfg.ranks);
+  std::mutex m;
+  std::condition_variable bound;
+  std::string rendezvous, echo_server;
+  std::vector<row> rows;
+  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+    zmq_options options;
+    raw_zmq_echo raw;
+    if (r == 0) {
+      options.rendezvous = "tcp://127.0.0.1:0";
+      options.on_rendezvous_bound = [&](const std::string& a) {
+        std::lock_guard<std::mutex> lock(m);
+        rendezvous = a;
+        echo_server = raw.serve();
+        bound.notify_all();
+      };
+    } else {
+      std::unique_lock<std::mutex> lock(m);
+      if (!bound.wait_for(lock, std::chrono::seconds(60), [&] { return !rendezvous.empty(); }))
+        throw std::runtime_error("rank 0 never bound its rendezvous");
+      options.rendezvous = rendezvous;
+      raw.dial(echo_server);
+    }
+    zmq_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
+    ps_rank me;
+    me.rank = r;
+    me.workers = workers;
+    me.raw_block = [&](std::vector<float>& buf, int iters) {
+      sync.arrive_and_sum(0);
+      const auto t0 = steady::now();
+      if (r == 0)
+        raw.echo(iters * workers);
+      else if (r <= workers)
+        for (int i = 0; i < iters; ++i) raw.round_trip(buf);
+      return std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
+    };
+    me.ours_block = [&](std::vector<float>& buf, int iters) {
+      sync.arrive_and_sum(0);
+      return ours_block(comm, workers, buf, iters, cfg.sgd);
+    };
+    me.average_over_workers = [&](double v) {
+      return sync.arrive_and_sum(r >= 1 && r <= workers ? v : 0.0) / workers;
+    };
+    auto mine = measure(me, cfg, sizes_for(cfg));
+    sync.arrive_and_sum(0);  // nobody closes while another still runs
+    if (r == 0) rows = std::move(mine);
+  });
+  print(rows, cfg, workers);
+  return 0;
+}
+#endif
+
+constexpr const char* usage_text =
+    "usage: mpirun -np 2 cadence-bench-ps --backend mpi [--json] [--reps R]\n"
+    "         [--max-bytes B] [--no-bounce] [--sgd]\n"
+    "       mpirun -np W+1 cadence-bench-ps --backend mpi --throughput\n"
+    "       cadence-bench-ps --backend zmq [--ranks W+1] [--json] [--reps R] [--max-bytes B]\n"
+    "         [--sgd] [--throughput]\n"
+    "  --ranks N      zmq: ranks as threads, 1 server and N-1 workers (default 2)\n"
+    "  --throughput   every worker pushes at once (sizes 64 KiB, 1 MiB, 4 MiB)\n"
+    "  --no-bounce    mpi_options::bounce_buffers = false\n"
+    "  --sgd          apply SGD on the server (default: a no-op update rule)\n"
+    "  --help         this text\n";
+
+int run(int argc, char** argv) {
+  config cfg;
+  const bool help = !cadence_bench::read_flags(
+      argc, argv, cfg, {"--backend", "--json", "--reps", "--max-bytes", "--ranks"},
+      {{"--no-bounce", &cfg.bounce, false}, {"--sgd", &cfg.sgd, true},
+       {"--throughput", &cfg.throughput, true}},
+      usage_text);
+  if (help) return 0;
+  if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
+    throw usage_error("--max-bytes: must be a multiple of 4, at least 4096, got " +
+                      std::to_string(cfg.max_bytes));
+  if (cfg.backend == "mpi") {
+#if defined(CADENCE_BENCH_WITH_MPI)
+    return run_mpi(cfg);
+#else
+    throw cadence_bench::backend_not_built("MPI", "cadence::mpi");
+#endif
+  }
+  if (cfg.backend == "zmq") {
+#if defined(CADENCE_BENCH_WITH_ZMQ)
+    return run_zmq(cfg);
+#else
+    throw cadence_bench::backend_not_built("ZeroMQ", "cadence::zmq");
+#endif
+  }
+  throw cadence_bench::backend_error(cfg.backend, "mpi or zmq");
 }
 
 }  // namespace

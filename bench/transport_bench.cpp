@@ -8,6 +8,8 @@
 //   cadence-bench-transport --backend gloo [--ranks N] [--json]   (ranks as threads, TCP on
 //                                                                  127.0.0.1, a temp file store)
 //   cadence-bench-transport --backend nccl [--ranks N] [--json]   (one thread per GPU)
+//   cadence-bench-transport --backend zmq [--ranks N] [--json]    (ranks as threads, TCP on
+//                                                                  127.0.0.1)
 //
 // Raw: MPI_Allreduce for mpi; gloo::allreduce (gloo/allreduce.h, its ring) on the
 // communicator's own gloo context for gloo; for nccl, ncclAllReduce on a communicator of its own
@@ -15,7 +17,11 @@
 // against ours as N iallreduce and one wait on their handles; for inproc a plain
 // shared-memory all-reduce among the same threads (each rank adds its buffer into a shared
 // accumulator under a lock, then copies the sum out), the same data movement without matching,
-// deadlines or failure handling. Not a
+// deadlines or failure handling. For zmq, raw is the same algorithms written directly on ZeroMQ
+// (a PULL socket per rank, a PUSH to each peer, zmq_send copying each message, zmq_msg_recv):
+// up to 64 KiB every rank sends its buffer to every other rank and reduces in rank order,
+// larger all-reduces run the same chunked ring, without matching, credits, deadlines,
+// argument checks or liveness. Not a
 // Google Benchmark program: it must run as one job of several MPI processes or threads, and
 // print one JSON array from one rank. These machines are shared: read the ratios, not the
 // absolute times.
@@ -33,6 +39,12 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 #endif
+#if defined(CADENCE_BENCH_WITH_ZMQ)
+#include <cadence/transport/detail/reduce.hpp>
+#include <cadence/transport/zmq/communicator.hpp>
+
+#include <zmq.h>
+#endif
 #if defined(CADENCE_BENCH_WITH_GLOO)
 #include <cadence/transport/gloo/communicator.hpp>
 
@@ -48,8 +60,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -274,6 +288,191 @@ std::vector<row> run_gloo(const config& cfg) {
 }
 #endif
 
+// ---- zmq: ranks as threads, each with its own communicator over TCP on 127.0.0.1 ----
+
+#if defined(CADENCE_BENCH_WITH_ZMQ)
+using zmsg = cadence::transport::detail::zmq_message;
+
+// The raw baseline: the same algorithms as the zmq backend's all-reduce, on plain ZeroMQ.
+class raw_zmq_allreduce {
+public:
+  // Binds a PULL socket; connect() then dials every other rank's.
+  raw_zmq_allreduce(int rank, int n, std::size_t chunk)
+      : rank_(rank), n_(n), chunk_(chunk / 8 * 8), pending_(static_cast<std::size_t>(n)) {
+    ctx_ = zmq_ctx_new();
+    pull_ = socket(ZMQ_PULL);
+    if (zmq_bind(pull_, "tcp://127.0.0.1:0") != 0) throw std::runtime_error("raw zmq: bind failed");
+    char buf[256];
+    std::size_t len = sizeof buf;
+    zmq_getsockopt(pull_, ZMQ_LAST_ENDPOINT, buf, &len);
+    endpoint_ = buf;
+  }
+  ~raw_zmq_allreduce() {
+    for (void* s : push_)
+      if (s != nullptr) zmq_close(s);
+    zmq_close(pull_);
+    zmq_ctx_term(ctx_);
+  }
+  raw_zmq_allreduce(const raw_zmq_allreduce&) = delete;
+  raw_zmq_allreduce& operator=(const raw_zmq_allreduce&) = delete;
+  const std::string& endpoint() const { return endpoint_; }
+  void connect(const std::vector<std::string>& endpoints) {
+    push_.assign(static_cast<std::size_t>(n_), nullptr);
+    for (int p = 0; p < n_; ++p) {
+      if (p == rank_) continue;
+      push_[static_cast<std::size_t>(p)] = socket(ZMQ_PUSH);
+      zmq_connect(push_[static_cast<std::size_t>(p)], endpoints[static_cast<std::size_t>(p)].c_str());
+    }
+  }
+
+  void run(float* buf, std::size_t count) {
+    const std::size_t bytes = count * sizeof(float);
+    if (n_ == 1) return;
+    if (bytes <= std::size_t{64} << 10 || count < static_cast<std::size_t>(n_))
+      all_to_all(buf, count);
+    else
+      ring(buf, count);
+  }
+
+private:
+  void* socket(int type) {
+    void* s = zmq_socket(ctx_, type);
+    const int zero = 0;
+    zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    return s;
+  }
+  // A message: the sender's rank, then its data.
+  void send(int p, const void* data, std::size_t bytes) {
+    zmq_msg_t m;
+    zmq_msg_init_size(&m, sizeof(std::int32_t) + bytes);
+    const std::int32_t me = rank_;
+    std::memcpy(zmq_msg_data(&m), &me, sizeof me);
+    if (bytes != 0) std::memcpy(static_cast<char*>(zmq_msg_data(&m)) + sizeof me, data, bytes);
+    zmq_msg_send(&m, push_[static_cast<std::size_t>(p)], 0);
+  }
+  // The next message from rank p; messages from others that come first wait for their turn
+  // (a rank may already be a call ahead).
+  zmsg recv_from(int p) {
+    auto& box = pending_[static_cast<std::size_t>(p)];
+    while (box.empty()) {
+      zmsg m;
+      zmq_msg_recv(m.get(), pull_, 0);
+      std::int32_t from = 0;
+      std::memcpy(&from, m.data(), sizeof from);
+      pending_[static_cast<std::size_t>(from)].push_back(std::move(m));
+    }
+    zmsg m = std::move(box.front());
+    box.pop_front();
+    return m;
+  }
+  // ZeroMQ's data may sit at any byte offset: reduce from aligned floats.
+  static const float* data_of(zmsg& m, std::vector<float>& scratch, std::size_t count) {
+    scratch.resize(count);
+    std::memcpy(scratch.data(), m.data() + sizeof(std::int32_t), count * sizeof(float));
+    return scratch.data();
+  }
+
+  void all_to_all(float* buf, std::size_t count) {
+    const std::size_t bytes = count * sizeof(float);
+    for (int p = 0; p < n_; ++p)
+      if (p != rank_) send(p, buf, bytes);
+    std::vector<zmsg> got(static_cast<std::size_t>(n_));
+    for (int p = 0; p < n_; ++p)
+      if (p != rank_) got[static_cast<std::size_t>(p)] = recv_from(p);
+    std::vector<float> acc(count), scratch;
+    for (int p = 0; p < n_; ++p) {
+      const float* d = p == rank_ ? buf : data_of(got[static_cast<std::size_t>(p)], scratch, count);
+      if (p == 0)
+        std::memcpy(acc.data(), d, bytes);
+      else
+        cadence::transport::detail::reduce_into(acc.data(), d, count, dtype::f32, reduce_op::sum);
+    }
+    std::memcpy(buf, acc.data(), bytes);
+  }
+
+  void ring(float* buf, std::size_t count) {
+    const int n = n_, r = rank_, left = (r + n - 1) % n, right = (r + 1) % n;
+    auto first = [&](int seg) { return count * static_cast<std::size_t>(seg) / static_cast<std::size_t>(n); };
+    auto seg_count = [&](int seg) { return first(seg + 1) - first(seg); };
+    const std::size_t chunk = chunk_ / sizeof(float);
+    auto chunks = [&](int seg) { return (seg_count(seg) + chunk - 1) / chunk; };
+    auto seg_out = [&](int s) { return s < n - 1 ? (r - s + n) % n : (r + 1 - (s - (n - 1)) + 2 * n) % n; };
+    auto seg_in = [&](int s) { return s < n - 1 ? (r - s - 1 + 2 * n) % n : (r - (s - (n - 1)) + 2 * n) % n; };
+    auto send_chunk = [&](int s, std::size_t k) {
+      const int seg = seg_out(s);
+      const std::size_t len = std::min(chunk, seg_count(seg) - k * chunk);
+      send(right, buf + first(seg) + k * chunk, len * sizeof(float));
+    };
+    const int steps = 2 * (n - 1);
+    for (std::size_t k = 0; k < chunks(seg_out(0)); ++k) send_chunk(0, k);
+    std::vector<float> scratch;
+    for (int s = 0; s < steps; ++s) {
+      const int seg = seg_in(s);
+      for (std::size_t k = 0; k < chunks(seg); ++k) {
+        zmsg m = recv_from(left);
+        const std::size_t len = std::min(chunk, seg_count(seg) - k * chunk);
+        float* at = buf + first(seg) + k * chunk;
+        if (s < n - 1)
+          cadence::transport::detail::reduce_into(at, data_of(m, scratch, len), len, dtype::f32, reduce_op::sum);
+        else
+          std::memcpy(at, m.data() + sizeof(std::int32_t), len * sizeof(float));
+        if (s + 1 < steps) send_chunk(s + 1, k);
+      }
+    }
+  }
+
+  int rank_, n_;
+  std::size_t chunk_;
+  void* ctx_ = nullptr;
+  void* pull_ = nullptr;
+  std::vector<void*> push_;
+  std::vector<std::deque<zmsg>> pending_;
+  std::string endpoint_;
+};
+
+std::vector<row> run_zmq(const config& cfg) {
+  cadence_bench::summing_barrier sync(cfg.ranks);
+  // Rank 0 binds its rendezvous on port 0; the others wait for the address it got.
+  std::mutex m;
+  std::condition_variable bound;
+  std::string rendezvous;
+  std::vector<std::string> raw_endpoints(static_cast<std::size_t>(cfg.ranks));
+  std::vector<row> rows;
+  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+    zmq_options options;
+    if (r == 0) {
+      options.rendezvous = "tcp://127.0.0.1:0";
+      options.on_rendezvous_bound = [&](const std::string& a) {
+        std::lock_guard<std::mutex> lock(m);
+        rendezvous = a;
+        bound.notify_all();
+      };
+    } else {
+      std::unique_lock<std::mutex> lock(m);
+      if (!bound.wait_for(lock, std::chrono::seconds(60), [&] { return !rendezvous.empty(); }))
+        throw std::runtime_error("rank 0 never bound its rendezvous");
+      options.rendezvous = rendezvous;
+    }
+    zmq_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
+    raw_zmq_allreduce raw(r, cfg.ranks, options.chunk_bytes);
+    {
+      std::lock_guard<std::mutex> lock(m);
+      raw_endpoints[static_cast<std::size_t>(r)] = raw.endpoint();
+    }
+    sync.arrive_and_sum(0);  // every raw endpoint is known
+    raw.connect(raw_endpoints);
+    rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
+    ops.raw = [&](float* b, std::size_t n) { raw.run(b, n); };
+    auto mine = run_rank(ops, cfg);
+    sync.arrive_and_sum(0);  // nobody closes while another still runs
+    if (r == 0) rows = std::move(mine);
+  });
+  return rows;
+}
+#endif
+
 // ---- mpi: one rank per process ----
 
 #if defined(CADENCE_BENCH_WITH_MPI)
@@ -371,9 +570,9 @@ std::vector<row> run_nccl(const config& cfg) {
 #endif
 
 constexpr const char* usage_text =
-    "usage: cadence-bench-transport --backend inproc|mpi|gloo|nccl [--ranks N] [--json]\n"
+    "usage: cadence-bench-transport --backend inproc|mpi|gloo|nccl|zmq [--ranks N] [--json]\n"
     "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring]\n"
-    "  --ranks N      threads for inproc and gloo (default 2) or nccl (one per GPU,\n"
+    "  --ranks N      threads for inproc, gloo and zmq (default 2) or nccl (one per GPU,\n"
     "                 default 1); under MPI, mpirun -np sets it\n"
     "  --max-bytes B  largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)\n"
     "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
@@ -414,6 +613,14 @@ int run(int argc, char** argv) {
     throw cadence_bench::backend_not_built("gloo", "cadence::gloo");
 #endif
   }
+  if (cfg.backend == "zmq") {
+#if defined(CADENCE_BENCH_WITH_ZMQ)
+    print(run_zmq(cfg), cfg);
+    return 0;
+#else
+    throw cadence_bench::backend_not_built("ZeroMQ", "cadence::zmq");
+#endif
+  }
   if (cfg.backend == "mpi") {
 #if defined(CADENCE_BENCH_WITH_MPI)
     return run_mpi(cfg);
@@ -421,7 +628,7 @@ int run(int argc, char** argv) {
     throw cadence_bench::backend_not_built("MPI", "cadence::mpi");
 #endif
   }
-  throw cadence_bench::backend_error(cfg.backend, "inproc, mpi, gloo or nccl");
+  throw cadence_bench::backend_error(cfg.backend, "inproc, mpi, gloo, nccl or zmq");
 }
 
 }  // namespace

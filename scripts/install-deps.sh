@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages Cadence's build and demo need (only the missing ones);
 # `install-deps.sh test` adds what the full test run needs (clang with its sanitizer and OpenMP
-# runtimes; Open MPI for the MPI transport tests; gloo for the gloo transport tests; Ninja,
+# runtimes; Open MPI for the MPI transport tests; gloo for the gloo transport tests; libzmq for
+# the ZeroMQ transport tests (its C API: no cppzmq); Ninja,
 # which builds faster; Python with its headers, venv, numpy, pytest and torch for
 # scripts/test-python.sh).
 # Needs root for apt-get; without root it lists what to install and fails.
 set -euo pipefail
 packages=(cmake make g++ doctest-dev libbenchmark-dev python3 dataset-fashion-mnist zlib1g-dev)
 if [[ ${1:-} == test ]]; then
-  packages+=(clang libclang-rt-14-dev libomp-dev libopenmpi-dev openmpi-bin libgloo-dev ninja-build
-             python3-dev python3-venv python3-numpy python3-pytest python3-torch)
+  packages+=(clang libclang-rt-14-dev libomp-dev libopenmpi-dev openmpi-bin libgloo-dev libzmq3-dev
+             ninja-build python3-dev python3-venv python3-numpy python3-pytest python3-torch)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,113 @@
+// Test support for the ZeroMQ backend: options with test-sized intervals, the rendezvous address
+// handed from rank 0 to the others, and a harness that runs ranks as threads of the test
+// process, each with its own communicator (and ZeroMQ context) over TCP on 127.0.0.1, shared by
+// the conformance suite, the collective adapters' suite and the parameter-server suite.
+#pragma once
+
+#include <cadence/transport/zmq/communicator.hpp>
+
+#include "support/events.hpp"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cadence_zmq_test {
+
+using namespace std::chrono_literals;
+
+/// Heartbeats fast enough that a stopped peer is lost within a second (the fault tests wait for
+/// that), loose enough that a busy CI machine does not lose a live one.
+inline cadence::transport::zmq_options options_for(const std::string& rendezvous,
+                                                   std::chrono::milliseconds heartbeat_timeout = 3000ms) {
+  cadence::transport::zmq_options o;
+  o.rendezvous = rendezvous;
+  o.heartbeat_interval = heartbeat_timeout / 10;
+  o.heartbeat_timeout = heartbeat_timeout;
+  return o;
+}
+
+/// The address rank 0's rendezvous got (it binds port 0), for the ranks that dial it.
+class rendezvous_box {
+public:
+  void set(const std::string& address) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      address_ = address;
+    }
+    cv_.notify_all();
+  }
+  /// Empty when rank 0 never bound it within `limit` (it failed: the test reports why).
+  std::string get(std::chrono::milliseconds limit = 60s) {
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait_for(lock, limit, [&] { return !address_.empty(); });
+    return address_;
+  }
+
+private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::string address_;
+};
+
+/// The options of rank r of a world whose rank 0 publishes its rendezvous in `box`: rank 0
+/// binds port 0 on 127.0.0.1, the others wait for the address it got.
+inline cadence::transport::zmq_options thread_options(int r, rendezvous_box& box,
+                                                      std::chrono::milliseconds heartbeat_timeout = 3000ms) {
+  if (r == 0) {
+    auto o = options_for("tcp://127.0.0.1:0", heartbeat_timeout);
+    o.on_rendezvous_bound = [&box](const std::string& a) { box.set(a); };
+    return o;
+  }
+  const std::string address = box.get();
+  if (address.empty()) throw std::runtime_error("rank 0 never bound its rendezvous");
+  return options_for(address, heartbeat_timeout);
+}
+
+/// Runs body(rank) on N threads and fails the test with every exception that escaped one.
+template <class Body>
+void run_threads(int n, Body body) {
+  std::mutex m;
+  std::vector<std::string> errors;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(m);
+        errors.push_back("rank " + std::to_string(r) + " threw: " + e.what());
+        std::fprintf(stderr, "%s\n", errors.back().c_str());  // now: the others may wait for it
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (const auto& e : errors) FAIL_CHECK(e);
+}
+
+// Ranks as threads of this process, each with its own communicator over 127.0.0.1.
+template <int N>
+struct zmq_threads_harness {
+  template <class Body>
+  static void run(Body body) {
+    const cadence_test::events ev;
+    const cadence_test::scoped_events scope(ev);
+    rendezvous_box box;
+    run_threads(N, [&](int r) {
+      cadence::transport::zmq_communicator c(r, N, thread_options(r, box), 30s);
+      body(c);
+    });
+  }
+};
+using zmq_harness = zmq_threads_harness<3>;
+using zmq_pair_harness = zmq_threads_harness<2>;
+
+}  // namespace cadence_zmq_test
