@@ -1,5 +1,5 @@
 // cadence-train: trains a real model on Fashion-MNIST across processes, MPI (mpirun) or gloo
-// (launch-gloo.sh) (rank 0 serves, the others compute real gradients on their shards) under each
+// or ZeroMQ (launch-gloo.sh) (rank 0 serves, the others compute real gradients on their shards) under each
 // policy in turn, with per-worker speed profiles, and holds the simulator's prediction of the
 // same run against what it measured.
 #include "cli.hpp"
@@ -49,10 +49,10 @@ constexpr const char* default_data = "/usr/share/datasets/fashion-mnist";
 void print_help() {
   std::cout <<
 R"(usage: mpirun -np N cadence-train [options]
-       launch-gloo.sh -n N cadence-train --transport gloo [options]
+       launch-gloo.sh -n N cadence-train --transport gloo|zmq [options]
 
-Trains a real model on Fashion-MNIST across N processes (MPI ranks, or gloo processes that
-launch-gloo.sh starts): rank 0 is the parameter server, ranks 1..N-1 are workers that
+Trains a real model on Fashion-MNIST across N processes (MPI ranks, or gloo or ZeroMQ
+processes that launch-gloo.sh starts): rank 0 is the parameter server, ranks 1..N-1 are workers that
 compute real gradients on their shard of the training set.
 Each policy runs in turn, on fresh server and workers. Each worker's iterations are stretched
 to its speed profile (sleeping until the profile's iteration time has passed), so a 2-core
@@ -61,6 +61,7 @@ and measured push/pull cost in cadence's simulator and prints both.
 
   mpirun --allow-run-as-root --oversubscribe -np 5 cadence-train --json
   apps/train/launch-gloo.sh -n 5 cadence-train --transport gloo --json
+  apps/train/launch-gloo.sh -n 5 --survive-workers cadence-train --transport zmq --json
 
 options:
   --policy CONFIG    a make_controller config (bsp, asp, ssp:<s>, dssp:<s_L>:<s_U>,
@@ -92,13 +93,17 @@ options:
   --trace FILE       also write each parameter-server policy's iteration trace (per worker
                      and iteration: start, compute, push, pull) for cadence-sim --trace;
                      with several policies, one file each: FILE-<policy> (docs/trace.md)
-  --transport T      mpi (default; the ranks mpirun started) or gloo (processes that meet
-                     through a rendezvous folder over TCP; launch-gloo.sh starts them and
-                     sets the three values below)
-  --rank R           gloo: this process's rank (default: $CADENCE_TRAIN_RANK)
-  --size N           gloo: the number of processes (default: $CADENCE_TRAIN_SIZE)
-  --store DIR        gloo: the rendezvous folder, empty and shared by all the processes of
-                     one run (default: $CADENCE_TRAIN_STORE)
+  --transport T      mpi (default; the ranks mpirun started), gloo or zmq (processes that
+                     meet through a rendezvous folder over TCP; launch-gloo.sh starts them
+                     and sets the three values below). zmq isolates a lost peer: the server
+                     outlives a worker killed at any moment; over gloo a worker that dies
+                     while the server talks to it fails the server's communicator
+  --rank R           gloo, zmq: this process's rank (default: $CADENCE_TRAIN_RANK)
+  --size N           gloo, zmq: the number of processes (default: $CADENCE_TRAIN_SIZE)
+  --store DIR        gloo, zmq: the rendezvous folder, empty and shared by all the processes
+                     of one run (default: $CADENCE_TRAIN_STORE)
+  --address A        zmq: the address this process binds and the others reach it by
+                     (default: $CADENCE_TRAIN_ADDR, else 127.0.0.1)
   --help             this text
 
 profiles:
@@ -125,7 +130,8 @@ struct options {
   std::string trace;
   std::string transport = "mpi";
   std::optional<int> rank, size;  // gloo
-  std::string store;              // gloo
+  std::string store;              // gloo, zmq
+  std::string address;            // zmq
 };
 
 options parse(int argc, char** argv) {
@@ -134,7 +140,7 @@ options parse(int argc, char** argv) {
   args.at_most_one_of({"--json", "--csv"});
   args.at_most_once({"--profile", "--seconds", "--seed", "--data", "--model", "--hidden", "--lr", "--batch",
                      "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace",
-                     "--transport", "--rank", "--size", "--store"});
+                     "--transport", "--rank", "--size", "--store", "--address"});
   while (args.next()) {
     const std::string_view flag = args.flag();
     if (flag == "--help" || flag == "-h") {
@@ -181,14 +187,16 @@ options parse(int argc, char** argv) {
       o.trace = std::string(args.value());
     } else if (flag == "--transport") {
       o.transport = std::string(args.value());
-      if (o.transport != "mpi" && o.transport != "gloo")
-        throw usage_error("--transport: expected mpi or gloo, got '" + o.transport + "'");
+      if (o.transport != "mpi" && o.transport != "gloo" && o.transport != "zmq")
+        throw usage_error("--transport: expected mpi, gloo or zmq, got '" + o.transport + "'");
     } else if (flag == "--rank") {
       o.rank = cadence::tools::parse_flag_integer<int>(flag, args.value(), 0, 1 << 20);
     } else if (flag == "--size") {
       o.size = cadence::tools::parse_flag_integer<int>(flag, args.value(), 1, 1 << 20);
     } else if (flag == "--store") {
       o.store = std::string(args.value());
+    } else if (flag == "--address") {
+      o.address = std::string(args.value());
     } else {
       args.unknown();
     }
@@ -914,8 +922,9 @@ int checked_run(Job& job, const options& o, const std::optional<std::string>& pa
     throw usage_error(std::string("needs at least 2 ") + (std::string(job.name()) == "mpi" ? "MPI " : "") +
                       "ranks (1 server + at least 1 worker), got " +
                       std::to_string(job.size()) + "; run it as: " +
-                      (std::string(job.name()) == "gloo" ? "launch-gloo.sh -n 5 cadence-train --transport gloo ..."
-                                                         : "mpirun -np 5 cadence-train ..."));
+                      (std::string(job.name()) == "mpi" ? std::string("mpirun -np 5 cadence-train ...")
+                                                        : "launch-gloo.sh -n 5 cadence-train --transport " +
+                                                              std::string(job.name()) + " ..."));
   return run(job, o);
 }
 
@@ -938,8 +947,8 @@ int guarded_run(Job& job, const options& o, const std::optional<std::string>& pa
   }
 }
 
-// --transport gloo: rank, size and folder from the flags or the environment.
-int main_gloo(options o, std::optional<std::string> parse_error) {
+// --transport gloo or zmq: rank, size and folder from the flags or the environment.
+int main_launched(options o, std::optional<std::string> parse_error) {
   auto from_env = [](const char* name) -> std::string {
     const char* v = std::getenv(name);
     return v == nullptr ? std::string() : std::string(v);
@@ -959,7 +968,8 @@ int main_gloo(options o, std::optional<std::string> parse_error) {
   if (o.store.empty()) o.store = from_env("CADENCE_TRAIN_STORE");
   if (!parse_error && !o.help) {
     if (!o.rank || !o.size || o.store.empty())
-      parse_error = "--transport gloo needs --rank, --size and --store (or $CADENCE_TRAIN_RANK, $CADENCE_TRAIN_SIZE, "
+      parse_error = "--transport " + o.transport +
+                    " needs --rank, --size and --store (or $CADENCE_TRAIN_RANK, $CADENCE_TRAIN_SIZE, "
                     "$CADENCE_TRAIN_STORE); launch-gloo.sh sets them";
     else if (*o.rank >= *o.size)
       parse_error = "--rank " + std::to_string(*o.rank) + " is out of range for --size " + std::to_string(*o.size) +
@@ -969,23 +979,34 @@ int main_gloo(options o, std::optional<std::string> parse_error) {
     std::fprintf(stderr, "cadence-train: error: %s\n", parse_error->c_str());
     return 2;
   }
+  if (o.transport == "zmq") {
+    if (o.address.empty()) o.address = from_env("CADENCE_TRAIN_ADDR");
+    if (o.address.empty()) o.address = "127.0.0.1";
+#if CADENCE_TRAIN_HAS_ZMQ
+    train::zmq_job job(o.rank.value_or(0), o.size.value_or(1), o.store, o.address);
+    return guarded_run(job, o, parse_error);
+#else
+    std::fprintf(stderr, "cadence-train: error: --transport zmq: this build has no ZeroMQ (install libzmq3-dev "
+                         "and rebuild)\n");
+    return 2;
+#endif
+  }
 #if CADENCE_TRAIN_HAS_GLOO
   train::gloo_job job(o.rank.value_or(0), o.size.value_or(1), o.store);
   return guarded_run(job, o, parse_error);
 #else
-  (void)o;
   std::fprintf(stderr, "cadence-train: error: --transport gloo: this build has no gloo (install libgloo-dev and "
                        "rebuild)\n");
   return 2;
 #endif
 }
 
-// Which transport, before anything starts: MPI_Init must not run in gloo processes.
-bool wants_gloo(int argc, char** argv) {
+// Which transport, before anything starts: MPI_Init must not run in gloo or zmq processes.
+bool launched(int argc, char** argv) {
   bool gloo = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
-    // Anything but mpi takes the gloo path, which reports a bad value without starting MPI.
+    // Anything but mpi takes the launched path, which reports a bad value without starting MPI.
     if (a == "--transport" && i + 1 < argc) gloo = std::string_view(argv[i + 1]) != "mpi";
     if (a.rfind("--transport=", 0) == 0) gloo = a != "--transport=mpi";
   }
@@ -995,7 +1016,7 @@ bool wants_gloo(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool gloo = wants_gloo(argc, argv);
+  const bool gloo = launched(argc, argv);
   options o;
   std::optional<std::string> parse_error;
   try {
@@ -1003,7 +1024,7 @@ int main(int argc, char** argv) {
   } catch (const usage_error& e) {
     parse_error = e.what();
   }
-  if (gloo) return main_gloo(std::move(o), std::move(parse_error));
+  if (gloo) return main_launched(std::move(o), std::move(parse_error));
 #if CADENCE_TRAIN_HAS_MPI
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
@@ -1021,7 +1042,7 @@ int main(int argc, char** argv) {
   MPI_Finalize();
   return rc;
 #else
-  std::fprintf(stderr, "cadence-train: error: this build has no MPI; use --transport gloo\n");
+  std::fprintf(stderr, "cadence-train: error: this build has no MPI; use --transport gloo or zmq\n");
   return 2;
 #endif
 }

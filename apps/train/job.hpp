@@ -1,5 +1,5 @@
 // cadence-train's transports: how the processes of a run connect and talk (MPI under mpirun,
-// or gloo processes started by launch-gloo.sh with a file-store rendezvous), behind one face,
+// or gloo or ZeroMQ processes started by launch-gloo.sh with a rendezvous folder), behind one face,
 // so the server, the workers and the collective modes are written once over the communicator
 // concept.
 #pragma once
@@ -23,6 +23,14 @@
 #endif
 #if CADENCE_TRAIN_HAS_GLOO
 #include <cadence/transport/gloo/communicator.hpp>
+#endif
+#if CADENCE_TRAIN_HAS_ZMQ
+#include <cadence/transport/zmq/communicator.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
 #endif
 
 namespace cadence::train {
@@ -59,9 +67,10 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
 /// each rank in `may_be_gone` (an evicted worker that was only stopped sends once resumed; a
 /// killed one never does) and lists in `gone` those that sent nothing, leaving their entry
 /// empty. A rank that is gone shows as silence (MPI: try_recv's deadline, the communicator
-/// stays usable) or as a lost peer (gloo: the connection closed, which fails the
-/// communicator; the suspects not probed yet are then counted gone too, and the caller must
-/// not use `c` again). The others as gather_to_root.
+/// stays usable) or as a lost peer (zmq: the connection closed, which fails only the calls
+/// with that rank; gloo: the same, but it fails the communicator; the suspects not probed yet
+/// are then counted gone too, and the caller must not use `c` again). The others as
+/// gather_to_root.
 template <class C>
 std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>& mine, int tag,
                                                 transport::deadline d, const std::vector<int>& may_be_gone,
@@ -96,7 +105,7 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
         continue;
       }
     } catch (const transport_error&) {
-      if (!c.failed()) throw;
+      if (!c.failed() && !c.capabilities().isolates_lost_peer) throw;
       gone.push_back(r);  // lost (its connection closed)
       continue;
     }
@@ -230,6 +239,82 @@ private:
   }
   int rank_ = 0, size_ = 1;
   std::string store_;
+  std::unique_ptr<comm_type> world_, control_;
+};
+#endif
+
+#if CADENCE_TRAIN_HAS_ZMQ
+/// Processes over ZeroMQ (transport/zmq): launched as for gloo (launch-gloo.sh sets rank, size
+/// and a folder all of them share). For each communicator ("world", "control", "policy-<k>",
+/// "policy-<k>-workers") its rank 0 binds a rendezvous port of the system's choosing and
+/// publishes the address in the folder (written, then renamed, so no rank reads half of it);
+/// the others wait for that file and register there. Each rank binds its data endpoint on
+/// `address` ($CADENCE_TRAIN_ADDR, default 127.0.0.1: on several hosts, one the others reach
+/// this one by). A lost peer fails only the calls that need it, so the server outlives a
+/// killed worker at any moment (transports.md, zmq).
+class zmq_job {
+public:
+  using comm_type = transport::zmq_communicator;
+
+  zmq_job(int rank, int size, std::string store, std::string address)
+      : rank_(rank), size_(size), store_(std::move(store)), address_(std::move(address)) {}
+
+  const char* name() const noexcept { return "zmq"; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+  comm_type& world() {
+    if (!world_) world_ = connect("world", rank_, size_);
+    return *world_;
+  }
+  comm_type& control() {
+    if (!control_) control_ = connect("control", rank_, size_);
+    return *control_;
+  }
+  std::unique_ptr<comm_type> connect_all(std::size_t k) { return connect("policy-" + std::to_string(k), rank_, size_); }
+  std::unique_ptr<comm_type> connect_workers(std::size_t k) {
+    if (rank_ == 0) return nullptr;
+    return connect("policy-" + std::to_string(k) + "-workers", rank_ - 1, size_ - 1);
+  }
+  void disconnect_workers(std::unique_ptr<comm_type>& c) { c.reset(); }
+  [[noreturn]] void abort_all() { std::_Exit(1); }
+  void note_gone() noexcept {}
+
+private:
+  std::unique_ptr<comm_type> connect(const std::string& name, int rank, int size) const {
+    const transport::deadline d(connect_timeout);
+    const std::string file = store_ + "/" + name + ".zmq";
+    transport::zmq_options o;
+    o.endpoint = "tcp://" + address_ + ":0";
+    if (rank == 0) {
+      o.rendezvous = "tcp://" + address_ + ":0";
+      o.on_rendezvous_bound = [file](const std::string& bound) {
+        const std::string tmp = file + ".tmp";
+        {
+          std::ofstream out(tmp, std::ios::trunc);
+          out << bound << "\n";
+          if (!out.flush())
+            throw cadence::invalid_parameter_error("cadence-train: cannot write the rendezvous file " + tmp);
+        }
+        if (std::rename(tmp.c_str(), file.c_str()) != 0)
+          throw cadence::invalid_parameter_error("cadence-train: cannot rename " + tmp + " to " + file);
+      };
+    } else {
+      for (;;) {  // bounded by the deadline: rank 0 writes the file once it has bound
+        std::ifstream in(file);
+        if (in && std::getline(in, o.rendezvous) && !o.rendezvous.empty()) break;
+        if (d.passed())
+          throw transport_error("cadence-train: rank " + std::to_string(rank) + " of communicator '" + name +
+                                "': no rendezvous address in " + file + " within " +
+                                std::to_string(connect_timeout.count()) + " s (is rank 0 running?)");
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    return std::make_unique<comm_type>(rank, size, std::move(o), d);
+  }
+
+  int rank_ = 0, size_ = 1;
+  std::string store_, address_;
   std::unique_ptr<comm_type> world_, control_;
 };
 #endif
