@@ -312,6 +312,34 @@ TEST_CASE("a killed worker's slot gets a new process, which joins under a new id
   }
 }
 
+TEST_CASE("a killed worker is dropped as soon as the communicator reports it lost, not at its "
+          "liveness deadline: the survivors do not wait evict_after for it" * doctest::timeout(120)) {
+  static_assert(has_peer_lost_v<inproc_communicator>);
+  for (const policy_case& pc : every_policy) {
+    CAPTURE(pc.config);
+    const cadence_test::events ev;
+    fault_run sc;
+    sc.policy = pc.config;
+    // A liveness deadline of a minute: a drop by silence would show in the reason (and time).
+    sc.options = short_timeouts(60s, 5s);
+    sc.before_push = [](inproc_world& world, int slot, std::int64_t k) {
+      if (slot == 1 && k == 3) {
+        world.kill(1 + slot);
+        throw std::runtime_error("killed before its 3rd push");
+      }
+    };
+    const fault_result r = run(sc, ev);
+    INFO(r.server_error);
+    REQUIRE(r.server_error.empty());
+    REQUIRE(r.servers[0].evictions.size() == 1);
+    CHECK(r.servers[0].evictions[0].worker == 1);
+    CHECK_MESSAGE(r.servers[0].evictions[0].reason.rfind("lost: ", 0) == 0, r.servers[0].evictions[0].reason);
+    CHECK(r.servers[0].pushes[1] == 2);
+    for (int slot : {0, 2}) CHECK(r.done[static_cast<std::size_t>(slot)] == sc.iterations);
+    check_server(r, 1, pc.bound);
+  }
+}
+
 TEST_CASE("a worker that starts late joins the running job; the policy's bound holds from its first "
           "push" * doctest::timeout(120)) {
   for (const policy_case& pc : every_policy) {

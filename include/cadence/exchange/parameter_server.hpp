@@ -535,6 +535,7 @@ public:
         continue;  // drain what is queued before judging anyone silent
       }
       if (coordinator()) {
+        drop_lost(now);
         evict_silent(now);
       } else if (now - last_heard_ >= options_.server_idle_timeout) {
         throw transport_error(who() + ": heard nothing for " +
@@ -655,6 +656,8 @@ private:
       if (const auto t = liveness_->next_deadline()) wake = std::min(wake, *t);
     }
     if (!coordinator()) wake = std::min(wake, last_heard_ + options_.server_idle_timeout);
+    if constexpr (transport::has_peer_lost_v<Comm>)
+      if (coordinator()) wake = std::min(wake, now + lost_poll);  // see drop_lost()
     return std::max(wake, now);
   }
 
@@ -1235,6 +1238,27 @@ private:
     }
   }
 
+  // Server 0, over a communicator that knows when a peer is gone (has_peer_lost_v): drops the
+  // worker of every lost rank at once, instead of at its liveness deadline, so the others
+  // (parked under BSP, say) do not wait evict_after for a crashed worker. Runs only when the
+  // receive found nothing queued, so whatever the rank sent before it was lost (its finish()
+  // included) has been handled; a rank whose slot has a new process is alive again.
+  void drop_lost(clock::time_point now) {
+    if constexpr (transport::has_peer_lost_v<Comm>) {
+      if (now < next_lost_check_) return;
+      next_lost_check_ = now + lost_poll;
+      for (std::size_t r = static_cast<std::size_t>(options_.servers); r < member_.size(); ++r) {
+        const std::int64_t w = member_[r];
+        if (w < 0 || state_[static_cast<std::size_t>(w)] != worker_state::active) continue;
+        if (comm_.peer_lost(static_cast<int>(r)))
+          drop(static_cast<worker_id>(w), "lost: the transport reports rank " + std::to_string(r) +
+                                              " gone (its connection closed or its heartbeats stopped)");
+      }
+    } else {
+      (void)now;
+    }
+  }
+
   void lost(worker_id w, const transport_error& e) { drop(w, std::string("lost: ") + e.what()); }
 
   // Removes worker w for good. Server 0 removes it from the controller (releasing whoever
@@ -1285,6 +1309,9 @@ private:
   detail::ps_tags tags_;
   ps_slice slice_;
   std::optional<detail::ps_versions<T>> weights_;
+  // How often server 0 asks the communicator for lost peers while idle (has_peer_lost_v).
+  static constexpr std::chrono::milliseconds lost_poll{10};
+  clock::time_point next_lost_check_{};
   T* external_scratch_ = nullptr;
   std::vector<std::unique_ptr<std::vector<T>>> scratch_;
   std::vector<std::size_t> free_scratch_;

@@ -353,6 +353,26 @@ inline constexpr bool has_allreduce_average_v = detail::has_allreduce_average_im
 template <class C>
 inline constexpr bool has_async_average_v = detail::has_async_average_impl<C>::value;
 
+// ---- lost peers (an optional extension) ----
+//
+// c.peer_lost(r) -> bool: true once the backend knows that rank r is gone (its connection
+// closed, its heartbeats stopped, it was killed or destroyed its communicator), without a call
+// to r; false while r is alive, not yet arrived, or back under a new incarnation. Current as of
+// this rank's last call into the communicator; whatever r sent before it was lost is delivered
+// first. Owning thread only. A parameter server drops a lost worker at once instead of at its
+// liveness deadline, so survivors waiting for it (BSP) go on without waiting evict_after.
+namespace detail {
+template <class C, class = void>
+struct has_peer_lost_impl : std::false_type {};
+template <class C>
+struct has_peer_lost_impl<C, std::void_t<decltype(std::declval<const C&>().peer_lost(int{}))>>
+    : std::bool_constant<std::is_convertible_v<decltype(std::declval<const C&>().peer_lost(int{})), bool>> {};
+}  // namespace detail
+
+/// Whether C offers peer_lost (the in-process and ZeroMQ backends do).
+template <class C>
+inline constexpr bool has_peer_lost_v = detail::has_peer_lost_impl<C>::value;
+
 }  // namespace cadence::transport
 
 /// Use in templates that take a communicator: names the library and the misused type.

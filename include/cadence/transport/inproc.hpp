@@ -632,6 +632,17 @@ public:
     state_->changed.notify_all();
   }
 
+  /// The peer_lost extension (communicator.hpp): `peer` was killed or destroyed its
+  /// communicator, and no new process took its slot since (inproc_world::restart).
+  bool peer_lost(int peer) const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (peer < 0 || peer >= static_cast<int>(state_->ranks.size()))
+      throw invalid_parameter_error("cadence::transport[inproc]: peer_lost(" + std::to_string(peer) + ") on rank " +
+                                    std::to_string(rank_) + ": rank out of range [0, " +
+                                    std::to_string(state_->ranks.size()) + ")");
+    return !state_->ranks[static_cast<std::size_t>(peer)].lost.empty();
+  }
+
   bool failed() const {
     std::lock_guard<std::mutex> lock(state_->mutex);
     const auto& self = state_->ranks[static_cast<std::size_t>(rank_)];

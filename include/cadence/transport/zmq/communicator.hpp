@@ -212,6 +212,8 @@ public:
     check_rank("peer_state", peer);
     return engine_->state_of(peer);
   }
+  /// The peer_lost extension (communicator.hpp): peer_state(peer) is lost.
+  bool peer_lost(int peer) const { return peer_state(peer) == zmq_peer_state::lost; }
   /// The incarnation of the process in `peer`'s slot (1 for the first, 2 after one restart, ...;
   /// 0 while absent), so an adapter tells a new process from the old one. incarnation(rank()) is
   /// this process's own. Owning thread only.
