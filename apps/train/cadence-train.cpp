@@ -20,9 +20,11 @@
 #include <cadence/sim/collective.hpp>
 #include <cadence/sim/simulator.hpp>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +32,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -93,6 +96,10 @@ options:
   --trace FILE       also write each parameter-server policy's iteration trace (per worker
                      and iteration: start, compute, push, pull) for cadence-sim --trace;
                      with several policies, one file each: FILE-<policy> (docs/trace.md)
+  --push-log FILE    for fault tests: each rank appends to FILE.rank<r>, one line
+                     "<policy index> <worker id> <iteration>" per push: rank 0 the pushes its
+                     server applied (after each parameter-server policy), a worker each push
+                     acknowledged to it (push_pull returned; written at once)
   --transport T      mpi (default; the ranks mpirun started), gloo or zmq (processes that
                      meet through a rendezvous folder over TCP; launch-gloo.sh starts them
                      and sets the three values below). zmq isolates a lost peer: the server
@@ -128,6 +135,7 @@ struct options {
   bool json = false, csv = false, help = false;
   std::string curves;
   std::string trace;
+  std::string push_log;
   std::string transport = "mpi";
   std::optional<int> rank, size;  // gloo
   std::string store;              // gloo, zmq
@@ -139,7 +147,7 @@ options parse(int argc, char** argv) {
   cadence::tools::flag_reader args(argc, argv);
   args.at_most_one_of({"--json", "--csv"});
   args.at_most_once({"--profile", "--seconds", "--seed", "--data", "--model", "--hidden", "--lr", "--batch",
-                     "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace",
+                     "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace", "--push-log",
                      "--transport", "--rank", "--size", "--store", "--address"});
   while (args.next()) {
     const std::string_view flag = args.flag();
@@ -185,6 +193,9 @@ options parse(int argc, char** argv) {
       o.curves = std::string(args.value());
     } else if (flag == "--trace") {
       o.trace = std::string(args.value());
+    } else if (flag == "--push-log") {
+      o.push_log = std::string(args.value());
+      if (o.push_log.empty()) throw usage_error("--push-log: expected a file name, got ''");
     } else if (flag == "--transport") {
       o.transport = std::string(args.value());
       if (o.transport != "mpi" && o.transport != "gloo" && o.transport != "zmq")
@@ -322,6 +333,43 @@ struct sgd_with_snapshots {
   }
 };
 
+// --push-log: this rank's record of pushes, FILE.rank<r>, lines "<policy index> <worker id>
+// <iteration>" (rank 0: applied by its server; a worker: acknowledged to it). Opened for
+// appending (a process restarted in the same rank slot adds to its predecessor's lines) and
+// written with one write(2) per batch of lines, so nothing waits in a buffer for a kill -9.
+class push_log {
+public:
+  push_log(const std::string& base, int rank) {
+    if (base.empty()) return;
+    path_ = base + ".rank" + std::to_string(rank);
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw cadence::error("--push-log: cannot open '" + path_ + "': " + std::strerror(errno));
+  }
+  push_log(const push_log&) = delete;
+  push_log& operator=(const push_log&) = delete;
+  ~push_log() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool enabled() const noexcept { return fd_ >= 0; }
+  static std::string line(std::size_t policy, std::uint64_t worker, std::int64_t iteration) {
+    return std::to_string(policy) + " " + std::to_string(worker) + " " + std::to_string(iteration) + "\n";
+  }
+  void write(const std::string& text) {
+    if (fd_ < 0) return;
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw cadence::error("--push-log: cannot write '" + path_ + "': " + std::strerror(errno));
+      done += static_cast<std::size_t>(n);
+    }
+  }
+
+private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 using ps_options = cadence::exchange::ps_options;
 
 ps_options make_ps_options(const options& o) {
@@ -360,7 +408,7 @@ constexpr std::chrono::seconds gone_grace{3};
 // later).
 template <class Job>
 train::policy_report serve(Job& job, const options& o, const std::string& policy, std::size_t index, any_model& model,
-                           const train::dataset& test, std::size_t workers) {
+                           const train::dataset& test, std::size_t workers, push_log& log) {
   using comm_type = typename Job::comm_type;
   const auto connection = job.connect_all(index);
   comm_type& comm = *connection;
@@ -376,6 +424,7 @@ train::policy_report serve(Job& job, const options& o, const std::string& policy
   side.label = policy + " [" + std::to_string(index + 1) + "/" + std::to_string(o.policies.size()) + "]";
   ps_options po = make_ps_options(o);
   po.observer = [&side](const cadence::exchange::ps_event& e) { side.event(e); };
+  po.keep_log = log.enabled();
   cadence::exchange::parameter_server<comm_type, cadence::any_controller, float, sgd_with_snapshots> server(
       comm, params, w0.data(), cadence::make_controller(policy, workers), sgd_with_snapshots{&side}, po);
   cadence::transport::barrier(comm, train::connect_timeout);
@@ -385,6 +434,11 @@ train::policy_report serve(Job& job, const options& o, const std::string& policy
   std::fflush(stderr);
   server.run();
   const double ran = since(side.start);
+  if (log.enabled()) {
+    std::string lines;
+    for (const auto& e : server.stats().log) lines += push_log::line(index, e.worker, e.iteration);
+    log.write(lines);
+  }
   if (side.tty) std::fprintf(stderr, "\n");
   const std::vector<float> final_w(server.weights().begin(), server.weights().end());
   side.snapshot_until(o.seconds, final_w.data());  // quiet tail: the weights did not change
@@ -417,7 +471,7 @@ train::policy_report serve(Job& job, const options& o, const std::string& policy
 // Runs one policy on a worker rank: returns its push_pull timings and summary.
 template <class Job>
 worker_summary work(Job& job, std::size_t index, const options& o, any_model& model, const train::dataset& shard,
-                    const cadence::sim::scenario& prof, std::vector<train::exchange_timing>& timings) {
+                    const cadence::sim::scenario& prof, std::vector<train::exchange_timing>& timings, push_log& log) {
   using comm_type = typename Job::comm_type;
   const auto connection = job.connect_all(index);
   comm_type& comm = *connection;
@@ -444,6 +498,7 @@ worker_summary work(Job& job, std::size_t index, const options& o, any_model& mo
       std::this_thread::sleep_until(until);
       const auto p0 = clock_type::now();
       worker.push_pull(g.data(), w.data());
+      log.write(push_log::line(index, worker.id(), worker.iteration()));  // acknowledged
       timings.push_back({std::chrono::duration<double>(p0 - start).count(), since(p0)});
       sum.iterations += 1;
     }
@@ -688,16 +743,16 @@ struct policy_part {
 
 template <class Job>
 policy_part run_policy(Job& job, std::size_t k, const options& o, any_model& model, const rank_data& data,
-                       const cadence::sim::scenario& prof, std::size_t workers) {
+                       const cadence::sim::scenario& prof, std::size_t workers, push_log& log) {
   const std::string& policy = o.policies[k];
   const bool collective = is_collective(policy);
   policy_part part;
   if (job.rank() == 0)
     part.report = collective ? observe_collective(job, k, o, policy, model, data.test, workers)
-                             : serve(job, o, policy, k, model, data.test, workers);
+                             : serve(job, o, policy, k, model, data.test, workers, log);
   else
     part.summary = collective ? work_collective(job, k, o, policy, model, data.shard, prof, part.timings, part.counted)
-                              : work(job, k, o, model, data.shard, prof, part.timings);
+                              : work(job, k, o, model, data.shard, prof, part.timings, log);
   return part;
 }
 
@@ -873,6 +928,7 @@ int run(Job& job, const options& o) {
   const int rank = job.rank();
   const auto workers = static_cast<std::size_t>(job.size() - 1);
   const cadence::sim::scenario prof = checked_profile(o, workers);
+  push_log log(o.push_log, rank);
   std::size_t n_train = 0;
   train::train_test_data data = load_data(o, workers, n_train);
   any_model model(o, data.train.features(), 10);
@@ -883,7 +939,7 @@ int run(Job& job, const options& o) {
   std::vector<train::policy_report> reports;
   for (std::size_t k = 0; k < o.policies.size(); ++k) {
     const std::string& policy = o.policies[k];
-    policy_part part = run_policy(job, k, o, model, own, prof, workers);
+    policy_part part = run_policy(job, k, o, model, own, prof, workers, log);
     std::vector<int> gone;
     auto records = gather_records(job, part, gone);
     const bool go_on = share_verdict(job, gone);
