@@ -775,19 +775,32 @@ std::vector<std::vector<double>> gather_records(Job& job, const policy_part& par
 }
 
 // Rank 0 tells every worker still there whether to go on (no worker is gone); each worker
-// learns it. Returns the verdict on every rank.
+// learns it. Returns the verdict on every rank. Over a communicator that isolates a lost peer
+// (zmq), a worker found lost now (killed after it sent its record) joins `gone` and the
+// verdict on rank 0 becomes stop; the workers told to go on before are then left waiting for
+// the next policy's rendezvous until train::connect_timeout (so a kill in this short window
+// after a policy, with policies left, costs the survivors that long; never the server).
 template <class Job>
-bool share_verdict(Job& job, const std::vector<int>& gone) {
+bool share_verdict(Job& job, std::vector<int>& gone) {
   double go = 0;
   if (job.rank() != 0) {
     job.control().recv(&go, sizeof go, 0, tag_verdict, train::connect_timeout);
     return go != 0;
   }
   go = gone.empty() ? 1 : 0;
-  for (int q = 1; q < job.size(); ++q)
-    if (std::find(gone.begin(), gone.end(), q) == gone.end())
-      job.control().send(&go, sizeof go, q, tag_verdict, train::connect_timeout);
-  return go != 0;
+  auto& control = job.control();
+  std::vector<int> lost;
+  for (int q = 1; q < job.size(); ++q) {
+    if (std::find(gone.begin(), gone.end(), q) != gone.end()) continue;
+    try {
+      control.send(&go, sizeof go, q, tag_verdict, train::connect_timeout);
+    } catch (const cadence::transport_error&) {
+      if (!control.capabilities().isolates_lost_peer || control.failed()) throw;
+      lost.push_back(q);
+    }
+  }
+  gone.insert(gone.end(), lost.begin(), lost.end());
+  return go != 0 && lost.empty();
 }
 
 // Rank 0: fills r's measured part from the workers' records (a gone worker's counts as no
@@ -876,8 +889,8 @@ void print_gone(const options& o, std::size_t k, const std::vector<int>& gone) {
   for (const int q : gone) who += (who.empty() ? "" : ", ") + std::to_string(q - 1) + " (rank " + std::to_string(q) + ")";
   for (std::size_t j = k + 1; j < o.policies.size(); ++j) skipped += (skipped.empty() ? "" : ", ") + o.policies[j];
   std::fprintf(stderr,
-               "cadence-train: %s: evicted worker %s sent nothing after the policy (silent for %lld s, or its "
-               "connection closed): gone (killed?); %s\n",
+               "cadence-train: %s: worker %s sent nothing after the policy (evicted and silent for %lld s, or "
+               "its connection closed): gone (killed?); %s\n",
                o.policies[k].c_str(), who.c_str(), static_cast<long long>(gone_grace.count()),
                skipped.empty() ? "the run reports" : ("the remaining policies are skipped: " + skipped).c_str());
 }

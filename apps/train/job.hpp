@@ -70,13 +70,15 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
 /// stays usable) or as a lost peer (zmq: the connection closed, which fails only the calls
 /// with that rank; gloo: the same, but it fails the communicator; the suspects not probed yet
 /// are then counted gone too, and the caller must not use `c` again). The others as
-/// gather_to_root.
+/// gather_to_root, except that over a communicator that isolates a lost peer (zmq) any rank
+/// found lost is listed in `gone` too: a worker killed after it finished, so never evicted.
 template <class C>
 std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>& mine, int tag,
                                                 transport::deadline d, const std::vector<int>& may_be_gone,
                                                 std::chrono::nanoseconds grace, std::vector<int>& gone) {
   gone.clear();
-  if (c.rank() != 0 || may_be_gone.empty()) return gather_to_root(c, mine, tag, d);
+  const bool isolates = c.capabilities().isolates_lost_peer;
+  if (c.rank() != 0 || (may_be_gone.empty() && !isolates)) return gather_to_root(c, mine, tag, d);
   std::vector<std::vector<double>> out(static_cast<std::size_t>(c.size()));
   out[0] = mine;
   auto rest = [&](int r, std::uint64_t n) {
@@ -87,9 +89,15 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
   auto suspect = [&](int r) { return std::find(may_be_gone.begin(), may_be_gone.end(), r) != may_be_gone.end(); };
   for (int r = 1; r < c.size(); ++r) {
     if (suspect(r)) continue;
-    std::uint64_t n = 0;
-    c.recv(&n, sizeof n, r, tag, d);
-    rest(r, n);
+    try {
+      std::uint64_t n = 0;
+      c.recv(&n, sizeof n, r, tag, d);
+      rest(r, n);
+    } catch (const transport_error&) {
+      if (!isolates || c.failed()) throw;
+      out[static_cast<std::size_t>(r)].clear();
+      gone.push_back(r);  // lost: its connection closed (killed after it finished)
+    }
   }
   const transport::deadline silent_by(grace);  // one wait for all of them, not one each
   for (int r = 1; r < c.size(); ++r) {
@@ -109,8 +117,15 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
       gone.push_back(r);  // lost (its connection closed)
       continue;
     }
-    rest(r, n);
+    try {
+      rest(r, n);
+    } catch (const transport_error&) {
+      if (!isolates || c.failed()) throw;
+      out[static_cast<std::size_t>(r)].clear();
+      gone.push_back(r);  // lost halfway through its record
+    }
   }
+  std::sort(gone.begin(), gone.end());
   return out;
 }
 
