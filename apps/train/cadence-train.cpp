@@ -96,6 +96,11 @@ options:
   --trace FILE       also write each parameter-server policy's iteration trace (per worker
                      and iteration: start, compute, push, pull) for cadence-sim --trace;
                      with several policies, one file each: FILE-<policy> (docs/trace.md)
+  --join-after S     zmq: the last rank is a worker that joins the first policy S seconds
+                     after the others started it (S < --seconds; the first policy must be a
+                     parameter-server one): the server starts with one worker fewer, and
+                     the late one joins under the next worker id and trains until the
+                     policy's end
   --push-log FILE    for fault tests: each rank appends to FILE.rank<r>, one line
                      "<policy index> <worker id> <iteration>" per push: rank 0 the pushes its
                      server applied (after each parameter-server policy), a worker each push
@@ -136,6 +141,7 @@ struct options {
   std::string curves;
   std::string trace;
   std::string push_log;
+  std::optional<double> join_after;  // zmq: the last rank joins the first policy this late
   std::string transport = "mpi";
   std::optional<int> rank, size;  // gloo
   std::string store;              // gloo, zmq
@@ -147,7 +153,7 @@ options parse(int argc, char** argv) {
   cadence::tools::flag_reader args(argc, argv);
   args.at_most_one_of({"--json", "--csv"});
   args.at_most_once({"--profile", "--seconds", "--seed", "--data", "--model", "--hidden", "--lr", "--batch",
-                     "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace", "--push-log",
+                     "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace", "--push-log", "--join-after",
                      "--transport", "--rank", "--size", "--store", "--address"});
   while (args.next()) {
     const std::string_view flag = args.flag();
@@ -193,6 +199,8 @@ options parse(int argc, char** argv) {
       o.curves = std::string(args.value());
     } else if (flag == "--trace") {
       o.trace = std::string(args.value());
+    } else if (flag == "--join-after") {
+      o.join_after = cadence::tools::parse_flag_real(flag, args.value(), true, 86400);
     } else if (flag == "--push-log") {
       o.push_log = std::string(args.value());
       if (o.push_log.empty()) throw usage_error("--push-log: expected a file name, got ''");
@@ -212,6 +220,14 @@ options parse(int argc, char** argv) {
       args.unknown();
     }
   }
+  if (o.join_after && o.transport != "zmq")
+    throw usage_error("--join-after: needs --transport zmq (a process cannot join a running " +
+                      std::string(o.transport == "mpi" ? "MPI job" : "gloo mesh, fixed at rendezvous") + "), got --transport " +
+                      o.transport);
+  if (o.join_after && !(*o.join_after < o.seconds))
+    throw usage_error("--join-after: " + cadence::tools::detail::number_text(*o.join_after) +
+                      " s must be less than --seconds " + cadence::tools::detail::number_text(o.seconds) +
+                      " (the late worker joins the running policy)");
   if (o.seconds / o.eval_every > 10000)
     throw usage_error("--eval-every: " + std::to_string(o.eval_every) + " s over a " + std::to_string(o.seconds) +
                       " s run means more than 10000 snapshots; use --eval-every >= " +
@@ -372,11 +388,12 @@ private:
 
 using ps_options = cadence::exchange::ps_options;
 
-ps_options make_ps_options(const options& o) {
+ps_options make_ps_options(const options& o, std::optional<int> initial_workers = std::nullopt) {
   using seconds = std::chrono::duration<double>;
   const auto ns = [](double s) { return std::chrono::duration_cast<std::chrono::nanoseconds>(seconds(s)); };
   ps_options po;
   po.servers = 1;
+  po.initial_workers = initial_workers;
   // By default a worker silent for longer than the run plus a minute is evicted: no healthy
   // worker is (a parked one sends heartbeats), and a killed or stopped one would otherwise keep
   // the server waiting for its finish() forever.
@@ -402,7 +419,44 @@ constexpr int tag_verdict = 8;
 // policies are skipped, since each policy's communicator is made over every rank.
 constexpr std::chrono::seconds gone_grace{3};
 
+// Tag of the start of a policy on its communicator when a rank joins it late.
+constexpr int tag_start = 9;
+
 // ---- one policy on one rank: the server, a worker, and their collective-mode forms ----
+
+// Whether policy k has a late rank (--join-after: the first policy, the last rank).
+bool late_policy(const options& o, std::size_t k) { return o.join_after.has_value() && k == 0; }
+
+// The communicator of policy k over every rank; with a late rank one that waits only for this
+// rank's own registration (zmq), so the others start without it and it registers later.
+template <class Job>
+std::unique_ptr<typename Job::comm_type> connect_policy(Job& job, const options& o, std::size_t k) {
+  if constexpr (Job::joinable) {
+    if (late_policy(o, k)) return job.connect_all(k, true);
+  }
+  return job.connect_all(k);
+}
+
+// The start of a policy: a barrier, or with a late rank (`late` >= 0) rank 0 hears from every
+// other rank but that one and then lets them go (a barrier would wait for the late one).
+template <class Comm>
+void start_together(Comm& comm, int late) {
+  if (late < 0) {
+    cadence::transport::barrier(comm, train::connect_timeout);
+    return;
+  }
+  const cadence::transport::deadline d(train::connect_timeout);
+  unsigned char b = 0;
+  if (comm.rank() != 0) {
+    comm.send(&b, 1, 0, tag_start, d);
+    comm.recv(&b, 1, 0, tag_start, d);
+    return;
+  }
+  for (int q = 1; q < comm.size(); ++q)
+    if (q != late) comm.recv(&b, 1, q, tag_start, d);
+  for (int q = 1; q < comm.size(); ++q)
+    if (q != late) comm.send(&b, 1, q, tag_start, d);
+}
 
 // Runs one policy on rank 0 (the server); returns its report (the simulated part filled in
 // later).
@@ -410,7 +464,8 @@ template <class Job>
 train::policy_report serve(Job& job, const options& o, const std::string& policy, std::size_t index, any_model& model,
                            const train::dataset& test, std::size_t workers, push_log& log) {
   using comm_type = typename Job::comm_type;
-  const auto connection = job.connect_all(index);
+  const bool late = late_policy(o, index);
+  const auto connection = connect_policy(job, o, index);
   comm_type& comm = *connection;
   const std::size_t params = model.parameter_count();
   std::vector<float> w0(params);
@@ -422,12 +477,14 @@ train::policy_report serve(Job& job, const options& o, const std::string& policy
   side.params = params;
   side.tty = isatty(2) != 0;
   side.label = policy + " [" + std::to_string(index + 1) + "/" + std::to_string(o.policies.size()) + "]";
-  ps_options po = make_ps_options(o);
+  // A late rank is no member at first: its first pull makes it one under the next id.
+  const std::size_t initial = late ? workers - 1 : workers;
+  ps_options po = make_ps_options(o, late ? std::optional<int>(static_cast<int>(initial)) : std::nullopt);
   po.observer = [&side](const cadence::exchange::ps_event& e) { side.event(e); };
   po.keep_log = log.enabled();
   cadence::exchange::parameter_server<comm_type, cadence::any_controller, float, sgd_with_snapshots> server(
-      comm, params, w0.data(), cadence::make_controller(policy, workers), sgd_with_snapshots{&side}, po);
-  cadence::transport::barrier(comm, train::connect_timeout);
+      comm, params, w0.data(), cadence::make_controller(policy, initial), sgd_with_snapshots{&side}, po);
+  start_together(comm, late ? comm.size() - 1 : -1);
   side.start = clock_type::now();
   // Tests wait for this line before they stop or kill a worker.
   std::fprintf(stderr, "%scadence-train: %s: running\n", side.tty ? "\n" : "", side.label.c_str());
@@ -473,9 +530,15 @@ template <class Job>
 worker_summary work(Job& job, std::size_t index, const options& o, any_model& model, const train::dataset& shard,
                     const cadence::sim::scenario& prof, std::vector<train::exchange_timing>& timings, push_log& log) {
   using comm_type = typename Job::comm_type;
-  const auto connection = job.connect_all(index);
+  const bool late_run = late_policy(o, index);
+  const bool late_me = late_run && job.rank() == job.size() - 1;
+  // The late rank starts --join-after seconds after the others and trains until their end.
+  if (late_me) std::this_thread::sleep_for(std::chrono::duration<double>(*o.join_after));
+  const double seconds = late_me ? o.seconds - *o.join_after : o.seconds;
+  const auto connection = connect_policy(job, o, index);
   comm_type& comm = *connection;
-  const ps_options po = make_ps_options(o);
+  const ps_options po =
+      make_ps_options(o, late_run ? std::optional<int>(job.size() - 2) : std::nullopt);
   cadence::exchange::ps_worker<comm_type> worker(comm, model.parameter_count(), po);
   const auto id = static_cast<std::size_t>(worker.id());
   cadence::sim::iteration_sampler sampler(prof.workers[id], cadence::sim::mix_seed(o.seed, id));
@@ -483,14 +546,14 @@ worker_summary work(Job& job, std::size_t index, const options& o, any_model& mo
   std::vector<float> w(model.parameter_count()), g(model.parameter_count());
   worker_summary sum;
   timings.clear();
-  cadence::transport::barrier(comm, train::connect_timeout);
+  if (!late_me) start_together(comm, late_run ? comm.size() - 1 : -1);
   try {
-    worker.pull(w.data());
+    worker.pull(w.data());  // the late rank joins here
     const auto start = clock_type::now();
     for (;;) {
       const auto t0 = clock_type::now();
       const double at = std::chrono::duration<double>(t0 - start).count();
-      if (at >= o.seconds) break;
+      if (at >= seconds) break;
       const double d = sampler.next(at);
       model.gradient(w, shard, walk.next(), g);
       const auto until = t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(d));
@@ -667,6 +730,11 @@ cadence::sim::scenario checked_profile(const options& o, std::size_t workers) {
       throw usage_error(std::string("--policy: ") + e.what());
     }
   }
+  if (o.join_after && workers < 2)
+    throw usage_error("--join-after: needs at least 2 workers (the last one joins late), got " + std::to_string(workers));
+  if (o.join_after && is_collective(o.policies.front()))
+    throw usage_error("--join-after: the first policy must be a parameter-server one (a worker joins the server), got '" +
+                      o.policies.front() + "'");
   return prof;
 }
 

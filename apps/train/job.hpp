@@ -135,6 +135,8 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
 class mpi_job {
 public:
   using comm_type = transport::mpi_communicator;
+  /// Whether a process can join a running policy (connect_all(k, true)): not under MPI.
+  static constexpr bool joinable = false;
 
   mpi_job() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -214,6 +216,7 @@ private:
 class gloo_job {
 public:
   using comm_type = transport::gloo_communicator;
+  static constexpr bool joinable = false;  // gloo's mesh is fixed at rendezvous
 
   gloo_job(int rank, int size, std::string store) : rank_(rank), size_(size), store_(std::move(store)) {}
 
@@ -270,6 +273,7 @@ private:
 class zmq_job {
 public:
   using comm_type = transport::zmq_communicator;
+  static constexpr bool joinable = true;
 
   zmq_job(int rank, int size, std::string store, std::string address)
       : rank_(rank), size_(size), store_(std::move(store)), address_(std::move(address)) {}
@@ -287,6 +291,13 @@ public:
     return *control_;
   }
   std::unique_ptr<comm_type> connect_all(std::size_t k) { return connect("policy-" + std::to_string(k), rank_, size_); }
+  /// With `open`, construction waits only for this rank's own registration
+  /// (zmq_wait_for::self): the server starts without a rank that joins later, and that rank
+  /// can register while the policy runs (cadence-train --join-after).
+  std::unique_ptr<comm_type> connect_all(std::size_t k, bool open) {
+    return connect("policy-" + std::to_string(k), rank_, size_,
+                   open ? transport::zmq_wait_for::self : transport::zmq_wait_for::all);
+  }
   std::unique_ptr<comm_type> connect_workers(std::size_t k) {
     if (rank_ == 0) return nullptr;
     return connect("policy-" + std::to_string(k) + "-workers", rank_ - 1, size_ - 1);
@@ -296,11 +307,13 @@ public:
   void note_gone() noexcept {}
 
 private:
-  std::unique_ptr<comm_type> connect(const std::string& name, int rank, int size) const {
+  std::unique_ptr<comm_type> connect(const std::string& name, int rank, int size,
+                                     transport::zmq_wait_for wait_for = transport::zmq_wait_for::all) const {
     const transport::deadline d(connect_timeout);
     const std::string file = store_ + "/" + name + ".zmq";
     transport::zmq_options o;
     o.endpoint = "tcp://" + address_ + ":0";
+    o.wait_for = wait_for;
     if (rank == 0) {
       o.rendezvous = "tcp://" + address_ + ":0";
       o.on_rendezvous_bound = [file](const std::string& bound) {
