@@ -101,6 +101,11 @@ options:
                      parameter-server one): the server starts with one worker fewer, and
                      the late one joins under the next worker id and trains until the
                      policy's end
+  --rejoin           zmq: this process replaces a killed worker in its rank slot (a wrapper
+                     restarts it with the same flags plus this one): it joins the policy
+                     now running under a new worker id, trains until its end and exits; it
+                     takes no part in the bookkeeping after the policy, so rank 0 counts the
+                     rank gone then and skips the remaining policies
   --push-log FILE    for fault tests: each rank appends to FILE.rank<r>, one line
                      "<policy index> <worker id> <iteration>" per push: rank 0 the pushes its
                      server applied (after each parameter-server policy), a worker each push
@@ -142,6 +147,7 @@ struct options {
   std::string trace;
   std::string push_log;
   std::optional<double> join_after;  // zmq: the last rank joins the first policy this late
+  bool rejoin = false;               // zmq: this process replaces a killed worker
   std::string transport = "mpi";
   std::optional<int> rank, size;  // gloo
   std::string store;              // gloo, zmq
@@ -201,6 +207,9 @@ options parse(int argc, char** argv) {
       o.trace = std::string(args.value());
     } else if (flag == "--join-after") {
       o.join_after = cadence::tools::parse_flag_real(flag, args.value(), true, 86400);
+    } else if (flag == "--rejoin") {
+      args.no_value();
+      o.rejoin = true;
     } else if (flag == "--push-log") {
       o.push_log = std::string(args.value());
       if (o.push_log.empty()) throw usage_error("--push-log: expected a file name, got ''");
@@ -222,6 +231,10 @@ options parse(int argc, char** argv) {
   }
   if (o.join_after && o.transport != "zmq")
     throw usage_error("--join-after: needs --transport zmq (a process cannot join a running " +
+                      std::string(o.transport == "mpi" ? "MPI job" : "gloo mesh, fixed at rendezvous") + "), got --transport " +
+                      o.transport);
+  if (o.rejoin && o.transport != "zmq")
+    throw usage_error("--rejoin: needs --transport zmq (a process cannot join a running " +
                       std::string(o.transport == "mpi" ? "MPI job" : "gloo mesh, fixed at rendezvous") + "), got --transport " +
                       o.transport);
   if (o.join_after && !(*o.join_after < o.seconds))
@@ -432,9 +445,13 @@ bool late_policy(const options& o, std::size_t k) { return o.join_after.has_valu
 template <class Job>
 std::unique_ptr<typename Job::comm_type> connect_policy(Job& job, const options& o, std::size_t k) {
   if constexpr (Job::joinable) {
-    if (late_policy(o, k)) return job.connect_all(k, true);
+    if (late_policy(o, k) || o.rejoin) return job.connect_all(k, true);
   }
   return job.connect_all(k);
+}
+
+double epoch_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // The start of a policy: a barrier, or with a late rank (`late` >= 0) rank 0 hears from every
@@ -486,6 +503,7 @@ train::policy_report serve(Job& job, const options& o, const std::string& policy
       comm, params, w0.data(), cadence::make_controller(policy, initial), sgd_with_snapshots{&side}, po);
   start_together(comm, late ? comm.size() - 1 : -1);
   side.start = clock_type::now();
+  if constexpr (Job::joinable) job.publish_running(index, epoch_seconds());  // for --rejoin
   // Tests wait for this line before they stop or kill a worker.
   std::fprintf(stderr, "%scadence-train: %s: running\n", side.tty ? "\n" : "", side.label.c_str());
   std::fflush(stderr);
@@ -527,14 +545,17 @@ train::policy_report serve(Job& job, const options& o, const std::string& policy
 
 // Runs one policy on a worker rank: returns its push_pull timings and summary.
 template <class Job>
+// `rejoin_for`: this process replaces a killed worker (--rejoin) and trains that long.
 worker_summary work(Job& job, std::size_t index, const options& o, any_model& model, const train::dataset& shard,
-                    const cadence::sim::scenario& prof, std::vector<train::exchange_timing>& timings, push_log& log) {
+                    const cadence::sim::scenario& prof, std::vector<train::exchange_timing>& timings, push_log& log,
+                    std::optional<double> rejoin_for = std::nullopt) {
   using comm_type = typename Job::comm_type;
   const bool late_run = late_policy(o, index);
-  const bool late_me = late_run && job.rank() == job.size() - 1;
+  const bool late_me = late_run && job.rank() == job.size() - 1 && !rejoin_for;
   // The late rank starts --join-after seconds after the others and trains until their end.
   if (late_me) std::this_thread::sleep_for(std::chrono::duration<double>(*o.join_after));
-  const double seconds = late_me ? o.seconds - *o.join_after : o.seconds;
+  const bool joining = late_me || rejoin_for.has_value();
+  const double seconds = rejoin_for ? *rejoin_for : late_me ? o.seconds - *o.join_after : o.seconds;
   const auto connection = connect_policy(job, o, index);
   comm_type& comm = *connection;
   const ps_options po =
@@ -546,9 +567,9 @@ worker_summary work(Job& job, std::size_t index, const options& o, any_model& mo
   std::vector<float> w(model.parameter_count()), g(model.parameter_count());
   worker_summary sum;
   timings.clear();
-  if (!late_me) start_together(comm, late_run ? comm.size() - 1 : -1);
+  if (!joining) start_together(comm, late_run ? comm.size() - 1 : -1);
   try {
-    worker.pull(w.data());  // the late rank joins here
+    worker.pull(w.data());  // a late or replacing process joins here
     const auto start = clock_type::now();
     for (;;) {
       const auto t0 = clock_type::now();
@@ -1000,12 +1021,54 @@ void print_reports(const options& o, const std::vector<train::policy_report>& re
 
 // ---- run, and main ----
 
+// --rejoin: this process replaces a killed worker in its rank slot. It joins the policy now
+// running (rank 0 names it and its start in the folder's "running") under a new worker id,
+// trains until the policy's end, leaves and exits. It takes no part in the bookkeeping after
+// the policy (the records of the process it replaces are lost with it), so rank 0 finds the
+// rank gone then, reports, and skips the remaining policies.
+template <class Job>
+int replace_worker(Job& job, const options& o) {
+  const int rank = job.rank();
+  if (rank == 0) throw usage_error("--rejoin: rank 0 is the server; only a worker's process can be replaced");
+  const auto workers = static_cast<std::size_t>(job.size() - 1);
+  const cadence::sim::scenario prof = checked_profile(o, workers);
+  push_log log(o.push_log, rank);
+  std::size_t n_train = 0;
+  train::train_test_data data = load_data(o, workers, n_train);
+  any_model model(o, data.train.features(), 10);
+  const rank_data own = keep_own_part(rank, std::move(data), n_train, workers);
+  std::size_t k = 0;
+  double start = 0;
+  if constexpr (Job::joinable) {
+    if (!job.running(k, start))
+      throw cadence::error("--rejoin: no policy has started (no file 'running' in the rendezvous folder): nothing to "
+                           "rejoin");
+  }
+  if (k >= o.policies.size() || is_collective(o.policies[k]))
+    throw cadence::error("--rejoin: the running policy (number " + std::to_string(k + 1) +
+                         ") is not a parameter-server policy of this command line");
+  const double left = start + o.seconds - epoch_seconds();
+  if (left <= 0) {
+    std::fprintf(stderr, "cadence-train (rank %d): --rejoin: %s ended %.1f s ago; nothing to rejoin\n", rank,
+                 o.policies[k].c_str(), -left);
+    return 1;
+  }
+  std::vector<train::exchange_timing> timings;
+  const worker_summary sum = work(job, k, o, model, own.shard, prof, timings, log, left);
+  std::fprintf(stderr, "cadence-train (rank %d): --rejoin: %s: %.0f iterations as a new worker; leaving (rank 0 counts "
+               "this rank gone after the policy)\n", rank, o.policies[k].c_str(), sum.iterations);
+  return 0;
+}
+
 // A whole run on this rank: check the flags, load and split the data, then each policy in turn
 // (run it, gather the workers' records on rank 0, agree whether to go on, and on rank 0 add
 // the measured and simulated figures), and rank 0 prints the reports. A worker found gone
 // after a policy ends the run there: its communicators are made over every rank.
 template <class Job>
 int run(Job& job, const options& o) {
+  if constexpr (Job::joinable) {
+    if (o.rejoin) return replace_worker(job, o);
+  }
   const int rank = job.rank();
   const auto workers = static_cast<std::size_t>(job.size() - 1);
   const cadence::sim::scenario prof = checked_profile(o, workers);

@@ -293,7 +293,8 @@ public:
   std::unique_ptr<comm_type> connect_all(std::size_t k) { return connect("policy-" + std::to_string(k), rank_, size_); }
   /// With `open`, construction waits only for this rank's own registration
   /// (zmq_wait_for::self): the server starts without a rank that joins later, and that rank
-  /// can register while the policy runs (cadence-train --join-after).
+  /// can register while the policy runs (cadence-train --join-after), or a process replacing
+  /// a killed one register in its slot under a new incarnation (--rejoin).
   std::unique_ptr<comm_type> connect_all(std::size_t k, bool open) {
     return connect("policy-" + std::to_string(k), rank_, size_,
                    open ? transport::zmq_wait_for::self : transport::zmq_wait_for::all);
@@ -305,6 +306,26 @@ public:
   void disconnect_workers(std::unique_ptr<comm_type>& c) { c.reset(); }
   [[noreturn]] void abort_all() { std::_Exit(1); }
   void note_gone() noexcept {}
+
+  /// Rank 0, as a parameter-server policy starts: its index and start (seconds since the
+  /// system clock's epoch) in the folder's file "running", for a process that replaces a
+  /// killed worker (cadence-train --rejoin).
+  void publish_running(std::size_t k, double start) const {
+    const std::string file = store_ + "/running", tmp = file + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out.precision(17);
+      out << k << " " << start << "\n";
+      if (!out.flush()) throw cadence::invalid_parameter_error("cadence-train: cannot write " + tmp);
+    }
+    if (std::rename(tmp.c_str(), file.c_str()) != 0)
+      throw cadence::invalid_parameter_error("cadence-train: cannot rename " + tmp + " to " + file);
+  }
+  /// What publish_running wrote last; false when no policy has started.
+  bool running(std::size_t& k, double& start) const {
+    std::ifstream in(store_ + "/running");
+    return static_cast<bool>(in >> k >> start);
+  }
 
 private:
   std::unique_ptr<comm_type> connect(const std::string& name, int rank, int size,
