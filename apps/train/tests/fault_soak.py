@@ -4,9 +4,13 @@ faults injected into its workers at random moments, checked against the server's
 
 Each trial starts cadence-train under launch-gloo.sh --survive-workers (1 server + 3 workers,
 softmax model, one parameter-server policy drawn from asp, bsp and ssp:2, --evict-after 1,
---push-log) and, once the server prints "<policy> [1/1]: running", injects one to three
-faults on distinct workers at random moments within the run or the second after it: kill -9, or SIGSTOP (resumed
-after a random delay, or never, and then killed once the server has exited). Then it checks:
+--push-log; in one trial in three --join-after, so the last worker joins the running policy
+late) and, once the server prints "<policy> [1/1]: running", injects one to three faults on
+distinct workers at random moments within the run or the second after it: kill -9; SIGSTOP,
+resumed after a random delay or never (then killed once the server has exited); or kill -9
+followed by a restart, as a wrapper would: the same command line and rank plus --rejoin, so
+the new process joins the running policy under a new worker id (if it comes while the policy
+runs; one that finds it over exits and counts no rejoin). Then it checks:
 
   server_deaths         rank 0 (the server) exited with a non-zero status, or printed no report
   hangs                 the trial outlived --trial-timeout (generous: it only catches hangs)
@@ -14,7 +18,9 @@ after a random delay, or never, and then killed once the server has exited). The
                         server never applied
   pushes_applied_twice  a (worker id, iteration) the server applied more than once
 
-and prints ONE JSON object on stdout with those counts and what it injected; one line per
+and prints ONE JSON object on stdout with those counts, what it injected, and "joined" (late
+workers the server saw join) and "rejoined" (restarted workers it saw join under a new id,
+from its "worker N joined" lines); one line per
 trial goes to stderr. The exit status is 1 when any of the four counts is not zero (the
 failing trials' output is then kept and named on stderr), 2 on bad arguments, else 0.
 
@@ -105,18 +111,28 @@ def parse_args(argv):
 
 
 def schedule(seed, trial, seconds):
-    """The trial's policy, cadence-train seed and faults: a list of events (time after the
-    server's "running" line, action, worker rank), sorted by time."""
+    """The trial's policy, cadence-train seed, --join-after (None, or the seconds after which
+    the last rank joins) and faults: a list of events (time after the server's "running" line,
+    action, worker rank), sorted by time."""
     rng = random.Random("%d/%d" % (seed, trial))
     policy = rng.choice(POLICIES)
+    join_after = round(rng.uniform(0.2, 0.6 * seconds), 2) if rng.random() < 1 / 3 else None
     victims = rng.sample(range(1, WORKERS + 1), rng.randint(1, WORKERS))
     faults, events = [], []
     for rank in victims:
         at = rng.uniform(0.0, seconds + 1.0)  # the run, and the bookkeeping after it
-        kind = rng.choice(("kill", "stop"))
+        kind = rng.choice(("kill", "stop", "restart"))
         if kind == "kill":
             events.append((at, "kill", rank))
             faults.append({"kind": "kill", "rank": rank, "at": round(at, 3)})
+        elif kind == "restart":  # killed, then a new process in its slot (cadence-train --rejoin)
+            # Early enough, mostly, for the new process (which loads the data first) to find
+            # the policy still running; one that finds it ended exits, which counts no rejoin.
+            at = rng.uniform(0.0, 0.6 * seconds)
+            delay = rng.uniform(0.1, 0.8)
+            events.append((at, "kill", rank))
+            events.append((at + delay, "restart", rank))
+            faults.append({"kind": "restart", "rank": rank, "at": round(at, 3), "restarted_after": round(delay, 3)})
         else:
             resume = rng.choice((None, rng.uniform(0.1, 3.0)))
             events.append((at, "stop", rank))
@@ -124,8 +140,8 @@ def schedule(seed, trial, seconds):
                 events.append((at + resume, "cont", rank))
             faults.append({"kind": "stop", "rank": rank, "at": round(at, 3),
                            "resumed_after": None if resume is None else round(resume, 3)})
-    events.sort()
-    return policy, rng.randrange(1, 1 << 30), faults, events
+    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    return policy, rng.randrange(1, 1 << 30), join_after, faults, events
 
 
 def read(path):
@@ -168,12 +184,15 @@ def push_records(path):
 class Trial:
     def __init__(self, args, number, folder):
         self.args, self.number, self.folder = args, number, folder
-        self.policy, self.train_seed, self.faults, self.events = schedule(args.seed, number, args.seconds)
+        self.policy, self.train_seed, self.join_after, self.faults, self.events = schedule(args.seed, number,
+                                                                                           args.seconds)
+        self.replacements = []  # (rank, Popen) of the processes started by --rejoin
         self.out = os.path.join(folder, "out")
         self.err = os.path.join(folder, "err")
         self.push_log = os.path.join(folder, "push")
         self.result = {"hang": False, "server_death": False, "completed": False, "lost": 0, "twice": 0,
-                       "applied": 0, "acked": 0, "evicted": [], "missed": 0, "problems": []}
+                       "applied": 0, "acked": 0, "evicted": [], "missed": 0, "problems": [],
+                       "joined": 0, "rejoined": 0}
 
     def command(self):
         a = self.args
@@ -181,7 +200,8 @@ class Trial:
                 "--model", "softmax", "--policy", self.policy, "--profile", "homogeneous",
                 "--seconds", "%g" % a.seconds, "--seed", str(self.train_seed), "--evict-after", "1",
                 "--train-limit", "3000", "--test-limit", "100", "--eval-every", "1", "--data", a.data,
-                "--json", "--push-log", self.push_log]
+                "--json", "--push-log", self.push_log] + \
+            ([] if self.join_after is None else ["--join-after", "%g" % self.join_after])
 
     def problem(self, text):
         self.result["problems"].append(text)
@@ -202,11 +222,18 @@ class Trial:
                 signal_pid(pids[r], signal.SIGKILL)
             try:
                 rc = job.wait(timeout=max(0.1, deadline - time.monotonic()))
+                for rank, p in self.replacements:  # they leave at the policy's end
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.result["hang"] = True
-                self.problem("launch-gloo.sh still running after --trial-timeout %g s" % self.args.trial_timeout)
+                self.problem("launch-gloo.sh or a restarted worker still running after --trial-timeout %g s"
+                             % self.args.trial_timeout)
                 rc = None
         finally:
+            for rank, p in self.replacements:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
             if job.poll() is None:
                 for p in (pids or []):
                     signal_pid(p, signal.SIGKILL)
@@ -219,6 +246,7 @@ class Trial:
             return self.result
         self.check_server(rc)
         self.check_pushes()
+        self.count_joins()
         return self.result
 
     def wait_for_start(self, job, deadline):
@@ -240,14 +268,37 @@ class Trial:
         self.problem("no 'running' line within --trial-timeout")
         return None
 
+    def restart(self, rank, argv, env):
+        """A wrapper's restart of a killed worker: the same command line and rank, plus --rejoin."""
+        e = dict(os.environ)
+        e.update(env)
+        with open(os.path.join(self.folder, "rejoin-rank%d.err" % rank), "ab") as err:
+            p = subprocess.Popen(argv + ["--rejoin"], env=e, stdout=subprocess.DEVNULL, stderr=err,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        self.replacements.append((rank, p))
+
     def inject(self, job, pids, stopped, deadline):
+        # What a wrapper needs to restart a worker: its command line and its rank's variables.
+        launched = {}
+        for rank in {e[2] for e in self.events if e[1] == "restart"}:
+            try:
+                with open("/proc/%d/cmdline" % pids[rank], "rb") as f:
+                    argv = [a.decode() for a in f.read().split(b"\0") if a]
+                with open("/proc/%d/environ" % pids[rank], "rb") as f:
+                    env = dict(kv.decode().split("=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+                launched[rank] = (argv, {k: v for k, v in env.items() if k.startswith("CADENCE_TRAIN_")})
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # it died already (the run ended): nothing to restart
         t0 = time.monotonic()
         for at, action, rank in self.events:
             wait = t0 + at - time.monotonic()
             if wait > 0:
                 time.sleep(wait)  # the fault's random moment, not a wait for a state
             pid = pids[rank]
-            if action == "kill":
+            if action == "restart":
+                if rank in launched:
+                    self.restart(rank, *launched[rank])
+            elif action == "kill":
                 signal_pid(pid, signal.SIGKILL)
             elif action == "stop":
                 signal_pid(pid, signal.SIGSTOP)
@@ -263,6 +314,16 @@ class Trial:
             time.sleep(0.05)
         self.result["hang"] = True
         self.problem("the server was still running after --trial-timeout %g s" % self.args.trial_timeout)
+
+    def count_joins(self):
+        """From the server's lines: the late rank's join (worker id WORKERS - 1), and the
+        restarted processes' joins (ids from WORKERS up)."""
+        for m in re.finditer(r"worker (\d+) joined at [0-9.]+ s: rank (\d+)", read(self.err)):
+            worker = int(m.group(1))
+            if worker >= WORKERS:
+                self.result["rejoined"] += 1
+            elif self.join_after is not None and worker == WORKERS - 1 and int(m.group(2)) == WORKERS:
+                self.result["joined"] += 1
 
     def check_server(self, rc):
         if rc != 0:
@@ -282,11 +343,14 @@ class Trial:
         # evicted; one hit near or after the end may have finished first. Reported, not failed:
         # under load the margin is a guess.
         for f in self.faults:
-            if (f["kind"] == "kill" or f.get("resumed_after") is None) and f["at"] < self.args.seconds - 0.5:
+            if f["kind"] != "stop" or f.get("resumed_after") is None:
+                if f["at"] >= self.args.seconds - 0.5 or (self.join_after is not None and f["rank"] == WORKERS):
+                    continue  # may have finished first, or not joined yet
                 if f["rank"] - 1 not in self.result["evicted"]:
                     self.result["missed"] += 1
                     self.problem("worker %d (rank %d) was %s at %.2f s but not evicted"
-                                 % (f["rank"] - 1, f["rank"], f["kind"] + "ed" if f["kind"] == "kill" else "stopped",
+                                 % (f["rank"] - 1, f["rank"], {"kill": "killed", "stop": "stopped",
+                                                               "restart": "killed"}[f["kind"]],
                                     f["at"]))
 
     def check_pushes(self):
@@ -316,7 +380,7 @@ class Trial:
 def main(argv):
     args = parse_args(argv)
     root = args.keep or tempfile.mkdtemp(prefix="cadence-fault-soak-")
-    totals = {"trials": args.trials, "faults": {"kill": 0, "stop": 0, "stop_resumed": 0},
+    totals = {"trials": args.trials, "faults": {"kill": 0, "stop": 0, "stop_resumed": 0, "restart": 0, "late_join": 0},
               "server_deaths": 0, "hangs": 0, "runs_completed": 0, "pushes_lost": 0, "pushes_applied_twice": 0,
               "rejoined": 0, "joined": 0, "pushes_applied": 0, "pushes_acknowledged": 0, "evictions": 0, "evictions_missed": 0,
               "policies": {p: 0 for p in POLICIES}, "seed": args.seed, "seconds_per_trial": args.seconds}
@@ -334,6 +398,9 @@ def main(argv):
             if f.get("resumed_after") is not None:
                 totals["faults"]["stop_resumed"] += 1
         totals["policies"][trial.policy] += 1
+        totals["faults"]["late_join"] += int(trial.join_after is not None)
+        totals["joined"] += r["joined"]
+        totals["rejoined"] += r["rejoined"]
         totals["server_deaths"] += int(r["server_death"])
         totals["hangs"] += int(r["hang"])
         totals["runs_completed"] += int(r["completed"])
@@ -346,12 +413,16 @@ def main(argv):
         bad = r["server_death"] or r["hang"] or r["lost"] or r["twice"]
         faults = ", ".join("%s r%d@%.2f%s" % (f["kind"], f["rank"], f["at"],
                                               "" if f["kind"] == "kill" else
+                                              " +%.2f" % f["restarted_after"] if f["kind"] == "restart" else
                                               (" never resumed" if f["resumed_after"] is None
                                                else " +%.2f" % f["resumed_after"]))
                            for f in trial.faults)
-        print("fault_soak: trial %d (%s; %s): %s in %.1f s, %d applied, %d acknowledged, evicted %s%s"
-              % (number, trial.policy, faults, "FAIL" if bad else "ok", time.monotonic() - t, r["applied"],
-                 r["acked"], r["evicted"], "".join("; " + p for p in r["problems"])), file=sys.stderr, flush=True)
+        if trial.join_after is not None:
+            faults = "r%d joins@%.2f, %s" % (WORKERS, trial.join_after, faults)
+        print("fault_soak: trial %d (%s; %s): %s in %.1f s, %d applied, %d acknowledged, evicted %s, joined %d, "
+              "rejoined %d%s" % (number, trial.policy, faults, "FAIL" if bad else "ok", time.monotonic() - t,
+                                 r["applied"], r["acked"], r["evicted"], r["joined"], r["rejoined"],
+                                 "".join("; " + p for p in r["problems"])), file=sys.stderr, flush=True)
         if bad:
             failed.append(folder)
         elif not args.keep:
