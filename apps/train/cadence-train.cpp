@@ -159,7 +159,8 @@ options parse(int argc, char** argv) {
   cadence::tools::flag_reader args(argc, argv);
   args.at_most_one_of({"--json", "--csv"});
   args.at_most_once({"--profile", "--seconds", "--seed", "--data", "--model", "--hidden", "--lr", "--batch",
-                     "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace", "--push-log", "--join-after",
+                     "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace",
+                     "--push-log", "--join-after",
                      "--transport", "--rank", "--size", "--store", "--address"});
   while (args.next()) {
     const std::string_view flag = args.flag();
@@ -229,14 +230,13 @@ options parse(int argc, char** argv) {
       args.unknown();
     }
   }
+  const std::string fixed = o.transport == "mpi" ? "MPI job" : "gloo mesh, fixed at rendezvous";
   if (o.join_after && o.transport != "zmq")
-    throw usage_error("--join-after: needs --transport zmq (a process cannot join a running " +
-                      std::string(o.transport == "mpi" ? "MPI job" : "gloo mesh, fixed at rendezvous") + "), got --transport " +
-                      o.transport);
+    throw usage_error("--join-after: needs --transport zmq (a process cannot join a running " + fixed +
+                      "), got --transport " + o.transport);
   if (o.rejoin && o.transport != "zmq")
-    throw usage_error("--rejoin: needs --transport zmq (a process cannot join a running " +
-                      std::string(o.transport == "mpi" ? "MPI job" : "gloo mesh, fixed at rendezvous") + "), got --transport " +
-                      o.transport);
+    throw usage_error("--rejoin: needs --transport zmq (a process cannot join a running " + fixed +
+                      "), got --transport " + o.transport);
   if (o.join_after && !(*o.join_after < o.seconds))
     throw usage_error("--join-after: " + cadence::tools::detail::number_text(*o.join_after) +
                       " s must be less than --seconds " + cadence::tools::detail::number_text(o.seconds) +
@@ -752,10 +752,11 @@ cadence::sim::scenario checked_profile(const options& o, std::size_t workers) {
     }
   }
   if (o.join_after && workers < 2)
-    throw usage_error("--join-after: needs at least 2 workers (the last one joins late), got " + std::to_string(workers));
+    throw usage_error("--join-after: needs at least 2 workers (the last one joins late), got " +
+                      std::to_string(workers));
   if (o.join_after && is_collective(o.policies.front()))
-    throw usage_error("--join-after: the first policy must be a parameter-server one (a worker joins the server), got '" +
-                      o.policies.front() + "'");
+    throw usage_error("--join-after: the first policy must be a parameter-server one (a worker joins the server), "
+                      "got '" + o.policies.front() + "'");
   return prof;
 }
 
