@@ -441,10 +441,16 @@ constexpr int tag_start = 9;
 bool late_policy(const options& o, std::size_t k) { return o.join_after.has_value() && k == 0; }
 
 // The communicator of policy k over every rank; with a late rank one that waits only for this
-// rank's own registration (zmq), so the others start without it and it registers later.
+// rank's own registration (zmq), so the others start without it and it registers later. A
+// joining process (`joiner_left`: the seconds left in the policy) waits for rank 0 no longer
+// than the policy can still run, plus 10 s: a server whose members were all gone ended early.
 template <class Job>
-std::unique_ptr<typename Job::comm_type> connect_policy(Job& job, const options& o, std::size_t k) {
+std::unique_ptr<typename Job::comm_type> connect_policy(Job& job, const options& o, std::size_t k,
+                                                        std::optional<double> joiner_left = std::nullopt) {
   if constexpr (Job::joinable) {
+    if (joiner_left)
+      return job.connect_all(k, true, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::duration<double>(std::max(0.0, *joiner_left) + 10.0)));
     if (late_policy(o, k) || o.rejoin) return job.connect_all(k, true);
   }
   return job.connect_all(k);
@@ -556,7 +562,7 @@ worker_summary work(Job& job, std::size_t index, const options& o, any_model& mo
   if (late_me) std::this_thread::sleep_for(std::chrono::duration<double>(*o.join_after));
   const bool joining = late_me || rejoin_for.has_value();
   const double seconds = rejoin_for ? *rejoin_for : late_me ? o.seconds - *o.join_after : o.seconds;
-  const auto connection = connect_policy(job, o, index);
+  const auto connection = connect_policy(job, o, index, joining ? std::optional<double>(seconds) : std::nullopt);
   comm_type& comm = *connection;
   const ps_options po =
       make_ps_options(o, late_run ? std::optional<int>(job.size() - 2) : std::nullopt);

@@ -294,10 +294,13 @@ public:
   /// With `open`, construction waits only for this rank's own registration
   /// (zmq_wait_for::self): the server starts without a rank that joins later, and that rank
   /// can register while the policy runs (cadence-train --join-after), or a process replacing
-  /// a killed one register in its slot under a new incarnation (--rejoin).
-  std::unique_ptr<comm_type> connect_all(std::size_t k, bool open) {
+  /// a killed one register in its slot under a new incarnation (--rejoin). `timeout` bounds
+  /// the wait for rank 0: a joiner gives up once the policy must be over (a server whose
+  /// members are all gone ends early and never answers).
+  std::unique_ptr<comm_type> connect_all(std::size_t k, bool open,
+                                         std::chrono::nanoseconds timeout = connect_timeout) {
     return connect("policy-" + std::to_string(k), rank_, size_,
-                   open ? transport::zmq_wait_for::self : transport::zmq_wait_for::all);
+                   open ? transport::zmq_wait_for::self : transport::zmq_wait_for::all, timeout);
   }
   std::unique_ptr<comm_type> connect_workers(std::size_t k) {
     if (rank_ == 0) return nullptr;
@@ -329,8 +332,9 @@ public:
 
 private:
   std::unique_ptr<comm_type> connect(const std::string& name, int rank, int size,
-                                     transport::zmq_wait_for wait_for = transport::zmq_wait_for::all) const {
-    const transport::deadline d(connect_timeout);
+                                     transport::zmq_wait_for wait_for = transport::zmq_wait_for::all,
+                                     std::chrono::nanoseconds timeout = connect_timeout) const {
+    const transport::deadline d(timeout);
     const std::string file = store_ + "/" + name + ".zmq";
     transport::zmq_options o;
     o.endpoint = "tcp://" + address_ + ":0";
@@ -355,7 +359,8 @@ private:
         if (d.passed())
           throw transport_error("cadence-train: rank " + std::to_string(rank) + " of communicator '" + name +
                                 "': no rendezvous address in " + file + " within " +
-                                std::to_string(connect_timeout.count()) + " s (is rank 0 running?)");
+                                std::to_string(std::chrono::duration<double>(timeout).count()) +
+                                " s (is rank 0 running?)");
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
