@@ -20,9 +20,11 @@
 #include <cadence/sim/collective.hpp>
 #include <cadence/sim/simulator.hpp>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +32,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -93,6 +96,20 @@ options:
   --trace FILE       also write each parameter-server policy's iteration trace (per worker
                      and iteration: start, compute, push, pull) for cadence-sim --trace;
                      with several policies, one file each: FILE-<policy> (docs/trace.md)
+  --join-after S     zmq: the last rank is a worker that joins the first policy S seconds
+                     after the others started it (S < --seconds; the first policy must be a
+                     parameter-server one): the server starts with one worker fewer, and
+                     the late one joins under the next worker id and trains until the
+                     policy's end
+  --rejoin           zmq: this process replaces a killed worker in its rank slot (a wrapper
+                     restarts it with the same flags plus this one): it joins the policy
+                     now running under a new worker id, trains until its end and exits; it
+                     takes no part in the bookkeeping after the policy, so rank 0 counts the
+                     rank gone then and skips the remaining policies
+  --push-log FILE    for fault tests: each rank appends to FILE.rank<r>, one line
+                     "<policy index> <worker id> <iteration>" per push: rank 0 the pushes its
+                     server applied (after each parameter-server policy), a worker each push
+                     acknowledged to it (push_pull returned; written at once)
   --transport T      mpi (default; the ranks mpirun started), gloo or zmq (processes that
                      meet through a rendezvous folder over TCP; launch-gloo.sh starts them
                      and sets the three values below). zmq isolates a lost peer: the server
@@ -128,6 +145,9 @@ struct options {
   bool json = false, csv = false, help = false;
   std::string curves;
   std::string trace;
+  std::string push_log;
+  std::optional<double> join_after;  // zmq: the last rank joins the first policy this late
+  bool rejoin = false;               // zmq: this process replaces a killed worker
   std::string transport = "mpi";
   std::optional<int> rank, size;  // gloo
   std::string store;              // gloo, zmq
@@ -140,6 +160,7 @@ options parse(int argc, char** argv) {
   args.at_most_one_of({"--json", "--csv"});
   args.at_most_once({"--profile", "--seconds", "--seed", "--data", "--model", "--hidden", "--lr", "--batch",
                      "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace",
+                     "--push-log", "--join-after",
                      "--transport", "--rank", "--size", "--store", "--address"});
   while (args.next()) {
     const std::string_view flag = args.flag();
@@ -185,6 +206,14 @@ options parse(int argc, char** argv) {
       o.curves = std::string(args.value());
     } else if (flag == "--trace") {
       o.trace = std::string(args.value());
+    } else if (flag == "--join-after") {
+      o.join_after = cadence::tools::parse_flag_real(flag, args.value(), true, 86400);
+    } else if (flag == "--rejoin") {
+      args.no_value();
+      o.rejoin = true;
+    } else if (flag == "--push-log") {
+      o.push_log = std::string(args.value());
+      if (o.push_log.empty()) throw usage_error("--push-log: expected a file name, got ''");
     } else if (flag == "--transport") {
       o.transport = std::string(args.value());
       if (o.transport != "mpi" && o.transport != "gloo" && o.transport != "zmq")
@@ -201,6 +230,17 @@ options parse(int argc, char** argv) {
       args.unknown();
     }
   }
+  const std::string fixed = o.transport == "mpi" ? "MPI job" : "gloo mesh, fixed at rendezvous";
+  if (o.join_after && o.transport != "zmq")
+    throw usage_error("--join-after: needs --transport zmq (a process cannot join a running " + fixed +
+                      "), got --transport " + o.transport);
+  if (o.rejoin && o.transport != "zmq")
+    throw usage_error("--rejoin: needs --transport zmq (a process cannot join a running " + fixed +
+                      "), got --transport " + o.transport);
+  if (o.join_after && !(*o.join_after < o.seconds))
+    throw usage_error("--join-after: " + cadence::tools::detail::number_text(*o.join_after) +
+                      " s must be less than --seconds " + cadence::tools::detail::number_text(o.seconds) +
+                      " (the late worker joins the running policy)");
   if (o.seconds / o.eval_every > 10000)
     throw usage_error("--eval-every: " + std::to_string(o.eval_every) + " s over a " + std::to_string(o.seconds) +
                       " s run means more than 10000 snapshots; use --eval-every >= " +
@@ -322,13 +362,51 @@ struct sgd_with_snapshots {
   }
 };
 
+// --push-log: this rank's record of pushes, FILE.rank<r>, lines "<policy index> <worker id>
+// <iteration>" (rank 0: applied by its server; a worker: acknowledged to it). Opened for
+// appending (a process restarted in the same rank slot adds to its predecessor's lines) and
+// written with one write(2) per batch of lines, so nothing waits in a buffer for a kill -9.
+class push_log {
+public:
+  push_log(const std::string& base, int rank) {
+    if (base.empty()) return;
+    path_ = base + ".rank" + std::to_string(rank);
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw cadence::error("--push-log: cannot open '" + path_ + "': " + std::strerror(errno));
+  }
+  push_log(const push_log&) = delete;
+  push_log& operator=(const push_log&) = delete;
+  ~push_log() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool enabled() const noexcept { return fd_ >= 0; }
+  static std::string line(std::size_t policy, std::uint64_t worker, std::int64_t iteration) {
+    return std::to_string(policy) + " " + std::to_string(worker) + " " + std::to_string(iteration) + "\n";
+  }
+  void write(const std::string& text) {
+    if (fd_ < 0) return;
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw cadence::error("--push-log: cannot write '" + path_ + "': " + std::strerror(errno));
+      done += static_cast<std::size_t>(n);
+    }
+  }
+
+private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 using ps_options = cadence::exchange::ps_options;
 
-ps_options make_ps_options(const options& o) {
+ps_options make_ps_options(const options& o, std::optional<int> initial_workers = std::nullopt) {
   using seconds = std::chrono::duration<double>;
   const auto ns = [](double s) { return std::chrono::duration_cast<std::chrono::nanoseconds>(seconds(s)); };
   ps_options po;
   po.servers = 1;
+  po.initial_workers = initial_workers;
   // By default a worker silent for longer than the run plus a minute is evicted: no healthy
   // worker is (a parked one sends heartbeats), and a killed or stopped one would otherwise keep
   // the server waiting for its finish() forever.
@@ -354,15 +432,63 @@ constexpr int tag_verdict = 8;
 // policies are skipped, since each policy's communicator is made over every rank.
 constexpr std::chrono::seconds gone_grace{3};
 
+// Tag of the start of a policy on its communicator when a rank joins it late.
+constexpr int tag_start = 9;
+
 // ---- one policy on one rank: the server, a worker, and their collective-mode forms ----
+
+// Whether policy k has a late rank (--join-after: the first policy, the last rank).
+bool late_policy(const options& o, std::size_t k) { return o.join_after.has_value() && k == 0; }
+
+// The communicator of policy k over every rank; with a late rank one that waits only for this
+// rank's own registration (zmq), so the others start without it and it registers later. A
+// joining process (`joiner_left`: the seconds left in the policy) waits for rank 0 no longer
+// than the policy can still run, plus 10 s: a server whose members were all gone ended early.
+template <class Job>
+std::unique_ptr<typename Job::comm_type> connect_policy(Job& job, const options& o, std::size_t k,
+                                                        std::optional<double> joiner_left = std::nullopt) {
+  if constexpr (Job::joinable) {
+    if (joiner_left)
+      return job.connect_all(k, true, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::duration<double>(std::max(0.0, *joiner_left) + 10.0)));
+    if (late_policy(o, k) || o.rejoin) return job.connect_all(k, true);
+  }
+  return job.connect_all(k);
+}
+
+double epoch_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The start of a policy: a barrier, or with a late rank (`late` >= 0) rank 0 hears from every
+// other rank but that one and then lets them go (a barrier would wait for the late one).
+template <class Comm>
+void start_together(Comm& comm, int late) {
+  if (late < 0) {
+    cadence::transport::barrier(comm, train::connect_timeout);
+    return;
+  }
+  const cadence::transport::deadline d(train::connect_timeout);
+  unsigned char b = 0;
+  if (comm.rank() != 0) {
+    comm.send(&b, 1, 0, tag_start, d);
+    comm.recv(&b, 1, 0, tag_start, d);
+    return;
+  }
+  for (int q = 1; q < comm.size(); ++q)
+    if (q != late) comm.recv(&b, 1, q, tag_start, d);
+  for (int q = 1; q < comm.size(); ++q)
+    if (q != late) comm.send(&b, 1, q, tag_start, d);
+}
 
 // Runs one policy on rank 0 (the server); returns its report (the simulated part filled in
 // later).
 template <class Job>
 train::policy_report serve(Job& job, const options& o, const std::string& policy, std::size_t index, any_model& model,
-                           const train::dataset& test, std::size_t workers) {
+                           const train::dataset& test, std::size_t workers, push_log& log) {
   using comm_type = typename Job::comm_type;
-  const auto connection = job.connect_all(index);
+  const bool late = late_policy(o, index);
+  const auto connection = connect_policy(job, o, index);
   comm_type& comm = *connection;
   const std::size_t params = model.parameter_count();
   std::vector<float> w0(params);
@@ -374,17 +500,26 @@ train::policy_report serve(Job& job, const options& o, const std::string& policy
   side.params = params;
   side.tty = isatty(2) != 0;
   side.label = policy + " [" + std::to_string(index + 1) + "/" + std::to_string(o.policies.size()) + "]";
-  ps_options po = make_ps_options(o);
+  // A late rank is no member at first: its first pull makes it one under the next id.
+  const std::size_t initial = late ? workers - 1 : workers;
+  ps_options po = make_ps_options(o, late ? std::optional<int>(static_cast<int>(initial)) : std::nullopt);
   po.observer = [&side](const cadence::exchange::ps_event& e) { side.event(e); };
+  po.keep_log = log.enabled();
   cadence::exchange::parameter_server<comm_type, cadence::any_controller, float, sgd_with_snapshots> server(
-      comm, params, w0.data(), cadence::make_controller(policy, workers), sgd_with_snapshots{&side}, po);
-  cadence::transport::barrier(comm, train::connect_timeout);
+      comm, params, w0.data(), cadence::make_controller(policy, initial), sgd_with_snapshots{&side}, po);
+  start_together(comm, late ? comm.size() - 1 : -1);
   side.start = clock_type::now();
+  if constexpr (Job::joinable) job.publish_running(index, epoch_seconds());  // for --rejoin
   // Tests wait for this line before they stop or kill a worker.
   std::fprintf(stderr, "%scadence-train: %s: running\n", side.tty ? "\n" : "", side.label.c_str());
   std::fflush(stderr);
   server.run();
   const double ran = since(side.start);
+  if (log.enabled()) {
+    std::string lines;
+    for (const auto& e : server.stats().log) lines += push_log::line(index, e.worker, e.iteration);
+    log.write(lines);
+  }
   if (side.tty) std::fprintf(stderr, "\n");
   const std::vector<float> final_w(server.weights().begin(), server.weights().end());
   side.snapshot_until(o.seconds, final_w.data());  // quiet tail: the weights did not change
@@ -416,12 +551,21 @@ train::policy_report serve(Job& job, const options& o, const std::string& policy
 
 // Runs one policy on a worker rank: returns its push_pull timings and summary.
 template <class Job>
+// `rejoin_for`: this process replaces a killed worker (--rejoin) and trains that long.
 worker_summary work(Job& job, std::size_t index, const options& o, any_model& model, const train::dataset& shard,
-                    const cadence::sim::scenario& prof, std::vector<train::exchange_timing>& timings) {
+                    const cadence::sim::scenario& prof, std::vector<train::exchange_timing>& timings, push_log& log,
+                    std::optional<double> rejoin_for = std::nullopt) {
   using comm_type = typename Job::comm_type;
-  const auto connection = job.connect_all(index);
+  const bool late_run = late_policy(o, index);
+  const bool late_me = late_run && job.rank() == job.size() - 1 && !rejoin_for;
+  // The late rank starts --join-after seconds after the others and trains until their end.
+  if (late_me) std::this_thread::sleep_for(std::chrono::duration<double>(*o.join_after));
+  const bool joining = late_me || rejoin_for.has_value();
+  const double seconds = rejoin_for ? *rejoin_for : late_me ? o.seconds - *o.join_after : o.seconds;
+  const auto connection = connect_policy(job, o, index, joining ? std::optional<double>(seconds) : std::nullopt);
   comm_type& comm = *connection;
-  const ps_options po = make_ps_options(o);
+  const ps_options po =
+      make_ps_options(o, late_run ? std::optional<int>(job.size() - 2) : std::nullopt);
   cadence::exchange::ps_worker<comm_type> worker(comm, model.parameter_count(), po);
   const auto id = static_cast<std::size_t>(worker.id());
   cadence::sim::iteration_sampler sampler(prof.workers[id], cadence::sim::mix_seed(o.seed, id));
@@ -429,14 +573,14 @@ worker_summary work(Job& job, std::size_t index, const options& o, any_model& mo
   std::vector<float> w(model.parameter_count()), g(model.parameter_count());
   worker_summary sum;
   timings.clear();
-  cadence::transport::barrier(comm, train::connect_timeout);
+  if (!joining) start_together(comm, late_run ? comm.size() - 1 : -1);
   try {
-    worker.pull(w.data());
+    worker.pull(w.data());  // a late or replacing process joins here
     const auto start = clock_type::now();
     for (;;) {
       const auto t0 = clock_type::now();
       const double at = std::chrono::duration<double>(t0 - start).count();
-      if (at >= o.seconds) break;
+      if (at >= seconds) break;
       const double d = sampler.next(at);
       model.gradient(w, shard, walk.next(), g);
       const auto until = t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(d));
@@ -444,6 +588,7 @@ worker_summary work(Job& job, std::size_t index, const options& o, any_model& mo
       std::this_thread::sleep_until(until);
       const auto p0 = clock_type::now();
       worker.push_pull(g.data(), w.data());
+      log.write(push_log::line(index, worker.id(), worker.iteration()));  // acknowledged
       timings.push_back({std::chrono::duration<double>(p0 - start).count(), since(p0)});
       sum.iterations += 1;
     }
@@ -612,6 +757,12 @@ cadence::sim::scenario checked_profile(const options& o, std::size_t workers) {
       throw usage_error(std::string("--policy: ") + e.what());
     }
   }
+  if (o.join_after && workers < 2)
+    throw usage_error("--join-after: needs at least 2 workers (the last one joins late), got " +
+                      std::to_string(workers));
+  if (o.join_after && is_collective(o.policies.front()))
+    throw usage_error("--join-after: the first policy must be a parameter-server one (a worker joins the server), "
+                      "got '" + o.policies.front() + "'");
   return prof;
 }
 
@@ -688,16 +839,16 @@ struct policy_part {
 
 template <class Job>
 policy_part run_policy(Job& job, std::size_t k, const options& o, any_model& model, const rank_data& data,
-                       const cadence::sim::scenario& prof, std::size_t workers) {
+                       const cadence::sim::scenario& prof, std::size_t workers, push_log& log) {
   const std::string& policy = o.policies[k];
   const bool collective = is_collective(policy);
   policy_part part;
   if (job.rank() == 0)
     part.report = collective ? observe_collective(job, k, o, policy, model, data.test, workers)
-                             : serve(job, o, policy, k, model, data.test, workers);
+                             : serve(job, o, policy, k, model, data.test, workers, log);
   else
     part.summary = collective ? work_collective(job, k, o, policy, model, data.shard, prof, part.timings, part.counted)
-                              : work(job, k, o, model, data.shard, prof, part.timings);
+                              : work(job, k, o, model, data.shard, prof, part.timings, log);
   return part;
 }
 
@@ -720,19 +871,32 @@ std::vector<std::vector<double>> gather_records(Job& job, const policy_part& par
 }
 
 // Rank 0 tells every worker still there whether to go on (no worker is gone); each worker
-// learns it. Returns the verdict on every rank.
+// learns it. Returns the verdict on every rank. Over a communicator that isolates a lost peer
+// (zmq), a worker found lost now (killed after it sent its record) joins `gone` and the
+// verdict on rank 0 becomes stop; the workers told to go on before are then left waiting for
+// the next policy's rendezvous until train::connect_timeout (so a kill in this short window
+// after a policy, with policies left, costs the survivors that long; never the server).
 template <class Job>
-bool share_verdict(Job& job, const std::vector<int>& gone) {
+bool share_verdict(Job& job, std::vector<int>& gone) {
   double go = 0;
   if (job.rank() != 0) {
     job.control().recv(&go, sizeof go, 0, tag_verdict, train::connect_timeout);
     return go != 0;
   }
   go = gone.empty() ? 1 : 0;
-  for (int q = 1; q < job.size(); ++q)
-    if (std::find(gone.begin(), gone.end(), q) == gone.end())
-      job.control().send(&go, sizeof go, q, tag_verdict, train::connect_timeout);
-  return go != 0;
+  auto& control = job.control();
+  std::vector<int> lost;
+  for (int q = 1; q < job.size(); ++q) {
+    if (std::find(gone.begin(), gone.end(), q) != gone.end()) continue;
+    try {
+      control.send(&go, sizeof go, q, tag_verdict, train::connect_timeout);
+    } catch (const cadence::transport_error&) {
+      if (!control.capabilities().isolates_lost_peer || control.failed()) throw;
+      lost.push_back(q);
+    }
+  }
+  gone.insert(gone.end(), lost.begin(), lost.end());
+  return go != 0 && lost.empty();
 }
 
 // Rank 0: fills r's measured part from the workers' records (a gone worker's counts as no
@@ -821,8 +985,8 @@ void print_gone(const options& o, std::size_t k, const std::vector<int>& gone) {
   for (const int q : gone) who += (who.empty() ? "" : ", ") + std::to_string(q - 1) + " (rank " + std::to_string(q) + ")";
   for (std::size_t j = k + 1; j < o.policies.size(); ++j) skipped += (skipped.empty() ? "" : ", ") + o.policies[j];
   std::fprintf(stderr,
-               "cadence-train: %s: evicted worker %s sent nothing after the policy (silent for %lld s, or its "
-               "connection closed): gone (killed?); %s\n",
+               "cadence-train: %s: worker %s sent nothing after the policy (evicted and silent for %lld s, or "
+               "its connection closed): gone (killed?); %s\n",
                o.policies[k].c_str(), who.c_str(), static_cast<long long>(gone_grace.count()),
                skipped.empty() ? "the run reports" : ("the remaining policies are skipped: " + skipped).c_str());
 }
@@ -864,15 +1028,58 @@ void print_reports(const options& o, const std::vector<train::policy_report>& re
 
 // ---- run, and main ----
 
+// --rejoin: this process replaces a killed worker in its rank slot. It joins the policy now
+// running (rank 0 names it and its start in the folder's "running") under a new worker id,
+// trains until the policy's end, leaves and exits. It takes no part in the bookkeeping after
+// the policy (the records of the process it replaces are lost with it), so rank 0 finds the
+// rank gone then, reports, and skips the remaining policies.
+template <class Job>
+int replace_worker(Job& job, const options& o) {
+  const int rank = job.rank();
+  if (rank == 0) throw usage_error("--rejoin: rank 0 is the server; only a worker's process can be replaced");
+  const auto workers = static_cast<std::size_t>(job.size() - 1);
+  const cadence::sim::scenario prof = checked_profile(o, workers);
+  push_log log(o.push_log, rank);
+  std::size_t n_train = 0;
+  train::train_test_data data = load_data(o, workers, n_train);
+  any_model model(o, data.train.features(), 10);
+  const rank_data own = keep_own_part(rank, std::move(data), n_train, workers);
+  std::size_t k = 0;
+  double start = 0;
+  if constexpr (Job::joinable) {
+    if (!job.running(k, start))
+      throw cadence::error("--rejoin: no policy has started (no file 'running' in the rendezvous folder): nothing to "
+                           "rejoin");
+  }
+  if (k >= o.policies.size() || is_collective(o.policies[k]))
+    throw cadence::error("--rejoin: the running policy (number " + std::to_string(k + 1) +
+                         ") is not a parameter-server policy of this command line");
+  const double left = start + o.seconds - epoch_seconds();
+  if (left <= 0) {
+    std::fprintf(stderr, "cadence-train (rank %d): --rejoin: %s ended %.1f s ago; nothing to rejoin\n", rank,
+                 o.policies[k].c_str(), -left);
+    return 1;
+  }
+  std::vector<train::exchange_timing> timings;
+  const worker_summary sum = work(job, k, o, model, own.shard, prof, timings, log, left);
+  std::fprintf(stderr, "cadence-train (rank %d): --rejoin: %s: %.0f iterations as a new worker; leaving (rank 0 counts "
+               "this rank gone after the policy)\n", rank, o.policies[k].c_str(), sum.iterations);
+  return 0;
+}
+
 // A whole run on this rank: check the flags, load and split the data, then each policy in turn
 // (run it, gather the workers' records on rank 0, agree whether to go on, and on rank 0 add
 // the measured and simulated figures), and rank 0 prints the reports. A worker found gone
 // after a policy ends the run there: its communicators are made over every rank.
 template <class Job>
 int run(Job& job, const options& o) {
+  if constexpr (Job::joinable) {
+    if (o.rejoin) return replace_worker(job, o);
+  }
   const int rank = job.rank();
   const auto workers = static_cast<std::size_t>(job.size() - 1);
   const cadence::sim::scenario prof = checked_profile(o, workers);
+  push_log log(o.push_log, rank);
   std::size_t n_train = 0;
   train::train_test_data data = load_data(o, workers, n_train);
   any_model model(o, data.train.features(), 10);
@@ -883,7 +1090,7 @@ int run(Job& job, const options& o) {
   std::vector<train::policy_report> reports;
   for (std::size_t k = 0; k < o.policies.size(); ++k) {
     const std::string& policy = o.policies[k];
-    policy_part part = run_policy(job, k, o, model, own, prof, workers);
+    policy_part part = run_policy(job, k, o, model, own, prof, workers, log);
     std::vector<int> gone;
     auto records = gather_records(job, part, gone);
     const bool go_on = share_verdict(job, gone);

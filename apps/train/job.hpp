@@ -70,13 +70,15 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
 /// stays usable) or as a lost peer (zmq: the connection closed, which fails only the calls
 /// with that rank; gloo: the same, but it fails the communicator; the suspects not probed yet
 /// are then counted gone too, and the caller must not use `c` again). The others as
-/// gather_to_root.
+/// gather_to_root, except that over a communicator that isolates a lost peer (zmq) any rank
+/// found lost is listed in `gone` too: a worker killed after it finished, so never evicted.
 template <class C>
 std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>& mine, int tag,
                                                 transport::deadline d, const std::vector<int>& may_be_gone,
                                                 std::chrono::nanoseconds grace, std::vector<int>& gone) {
   gone.clear();
-  if (c.rank() != 0 || may_be_gone.empty()) return gather_to_root(c, mine, tag, d);
+  const bool isolates = c.capabilities().isolates_lost_peer;
+  if (c.rank() != 0 || (may_be_gone.empty() && !isolates)) return gather_to_root(c, mine, tag, d);
   std::vector<std::vector<double>> out(static_cast<std::size_t>(c.size()));
   out[0] = mine;
   auto rest = [&](int r, std::uint64_t n) {
@@ -87,9 +89,15 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
   auto suspect = [&](int r) { return std::find(may_be_gone.begin(), may_be_gone.end(), r) != may_be_gone.end(); };
   for (int r = 1; r < c.size(); ++r) {
     if (suspect(r)) continue;
-    std::uint64_t n = 0;
-    c.recv(&n, sizeof n, r, tag, d);
-    rest(r, n);
+    try {
+      std::uint64_t n = 0;
+      c.recv(&n, sizeof n, r, tag, d);
+      rest(r, n);
+    } catch (const transport_error&) {
+      if (!isolates || c.failed()) throw;
+      out[static_cast<std::size_t>(r)].clear();
+      gone.push_back(r);  // lost: its connection closed (killed after it finished)
+    }
   }
   const transport::deadline silent_by(grace);  // one wait for all of them, not one each
   for (int r = 1; r < c.size(); ++r) {
@@ -109,8 +117,15 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
       gone.push_back(r);  // lost (its connection closed)
       continue;
     }
-    rest(r, n);
+    try {
+      rest(r, n);
+    } catch (const transport_error&) {
+      if (!isolates || c.failed()) throw;
+      out[static_cast<std::size_t>(r)].clear();
+      gone.push_back(r);  // lost halfway through its record
+    }
   }
+  std::sort(gone.begin(), gone.end());
   return out;
 }
 
@@ -120,6 +135,8 @@ std::vector<std::vector<double>> gather_to_root(C& c, const std::vector<double>&
 class mpi_job {
 public:
   using comm_type = transport::mpi_communicator;
+  /// Whether a process can join a running policy (connect_all(k, true)): not under MPI.
+  static constexpr bool joinable = false;
 
   mpi_job() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -199,6 +216,7 @@ private:
 class gloo_job {
 public:
   using comm_type = transport::gloo_communicator;
+  static constexpr bool joinable = false;  // gloo's mesh is fixed at rendezvous
 
   gloo_job(int rank, int size, std::string store) : rank_(rank), size_(size), store_(std::move(store)) {}
 
@@ -255,6 +273,7 @@ private:
 class zmq_job {
 public:
   using comm_type = transport::zmq_communicator;
+  static constexpr bool joinable = true;
 
   zmq_job(int rank, int size, std::string store, std::string address)
       : rank_(rank), size_(size), store_(std::move(store)), address_(std::move(address)) {}
@@ -272,6 +291,17 @@ public:
     return *control_;
   }
   std::unique_ptr<comm_type> connect_all(std::size_t k) { return connect("policy-" + std::to_string(k), rank_, size_); }
+  /// With `open`, construction waits only for this rank's own registration
+  /// (zmq_wait_for::self): the server starts without a rank that joins later, and that rank
+  /// can register while the policy runs (cadence-train --join-after), or a process replacing
+  /// a killed one register in its slot under a new incarnation (--rejoin). `timeout` bounds
+  /// the wait for rank 0: a joiner gives up once the policy must be over (a server whose
+  /// members are all gone ends early and never answers).
+  std::unique_ptr<comm_type> connect_all(std::size_t k, bool open,
+                                         std::chrono::nanoseconds timeout = connect_timeout) {
+    return connect("policy-" + std::to_string(k), rank_, size_,
+                   open ? transport::zmq_wait_for::self : transport::zmq_wait_for::all, timeout);
+  }
   std::unique_ptr<comm_type> connect_workers(std::size_t k) {
     if (rank_ == 0) return nullptr;
     return connect("policy-" + std::to_string(k) + "-workers", rank_ - 1, size_ - 1);
@@ -280,12 +310,35 @@ public:
   [[noreturn]] void abort_all() { std::_Exit(1); }
   void note_gone() noexcept {}
 
+  /// Rank 0, as a parameter-server policy starts: its index and start (seconds since the
+  /// system clock's epoch) in the folder's file "running", for a process that replaces a
+  /// killed worker (cadence-train --rejoin).
+  void publish_running(std::size_t k, double start) const {
+    const std::string file = store_ + "/running", tmp = file + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out.precision(17);
+      out << k << " " << start << "\n";
+      if (!out.flush()) throw cadence::invalid_parameter_error("cadence-train: cannot write " + tmp);
+    }
+    if (std::rename(tmp.c_str(), file.c_str()) != 0)
+      throw cadence::invalid_parameter_error("cadence-train: cannot rename " + tmp + " to " + file);
+  }
+  /// What publish_running wrote last; false when no policy has started.
+  bool running(std::size_t& k, double& start) const {
+    std::ifstream in(store_ + "/running");
+    return static_cast<bool>(in >> k >> start);
+  }
+
 private:
-  std::unique_ptr<comm_type> connect(const std::string& name, int rank, int size) const {
-    const transport::deadline d(connect_timeout);
+  std::unique_ptr<comm_type> connect(const std::string& name, int rank, int size,
+                                     transport::zmq_wait_for wait_for = transport::zmq_wait_for::all,
+                                     std::chrono::nanoseconds timeout = connect_timeout) const {
+    const transport::deadline d(timeout);
     const std::string file = store_ + "/" + name + ".zmq";
     transport::zmq_options o;
     o.endpoint = "tcp://" + address_ + ":0";
+    o.wait_for = wait_for;
     if (rank == 0) {
       o.rendezvous = "tcp://" + address_ + ":0";
       o.on_rendezvous_bound = [file](const std::string& bound) {
@@ -306,7 +359,8 @@ private:
         if (d.passed())
           throw transport_error("cadence-train: rank " + std::to_string(rank) + " of communicator '" + name +
                                 "': no rendezvous address in " + file + " within " +
-                                std::to_string(connect_timeout.count()) + " s (is rank 0 running?)");
+                                std::to_string(std::chrono::duration<double>(timeout).count()) +
+                                " s (is rank 0 running?)");
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
