@@ -19,9 +19,9 @@
 # COMMAND runs once per host, in its namespace, with these in its environment:
 #   CADENCE_HOST (i), CADENCE_HOSTS (N), CADENCE_HOST_ADDR (its address),
 #   CADENCE_HOST0_ADDR (host 0's address: a rendezvous), CADENCE_NETNS (the namespace's name)
-# and with "{host}" and "{host0}" in ARGS replaced by i and host 0's address. Each host's
-# stdout and stderr go to the terminal prefixed with "[host i]". The exit status is the first
-# non-zero status of a host's command (0 if all succeed).
+# and with "{host}", "{addr}" and "{host0}" in ARGS replaced by i, its address and host 0's
+# address. Each host's stdout and stderr go to the terminal prefixed with "[host i]". The exit
+# status is the first non-zero status of a host's command (0 if all succeed).
 set -uo pipefail
 
 hosts=3
@@ -150,6 +150,7 @@ for ((i = 0; i < hosts; i++)); do
   args=()
   for a in "$@"; do
     a=${a//\{host\}/$i}
+    a=${a//\{addr\}/10.77.0.$((i + 1))}
     args+=("${a//\{host0\}/10.77.0.1}")
   done
   (
