@@ -16,9 +16,13 @@
 #                     a test creates FILE when the run reaches the state it wants to cut
 #   --up-on I=FILE    bring host I's link back once FILE exists (repeatable)
 #   --keep-going      wait for every host's command even after one fails
+#   --on I            run COMMAND on host I only (repeatable; default: on every host); the
+#                     other hosts exist, idle, for a launcher on host I to reach
+#                     (scripts/netns-mpirun.sh starts MPI ranks in them)
 # COMMAND runs once per host, in its namespace, with these in its environment:
 #   CADENCE_HOST (i), CADENCE_HOSTS (N), CADENCE_HOST_ADDR (its address),
-#   CADENCE_HOST0_ADDR (host 0's address: a rendezvous), CADENCE_NETNS (the namespace's name)
+#   CADENCE_HOST0_ADDR (host 0's address: a rendezvous), CADENCE_NETNS (the namespace's name),
+#   CADENCE_HOST_NETNS (every host's namespace, in host order, separated by spaces)
 # and with "{host}", "{addr}" and "{host0}" in ARGS replaced by i, its address and host 0's
 # address. Each host's stdout and stderr go to the terminal prefixed with "[host i]". The exit
 # status is the first non-zero status of a host's command (0 if all succeed).
@@ -29,6 +33,7 @@ rate=1gbit
 declare -A host_rate=()
 events=()
 keep_going=0
+declare -A run_on=()
 need_value() { (($# >= 2)) || { echo "netns-cluster: $1 needs a value (see --help)" >&2; exit 2; }; }
 while (($#)); do
   case $1 in
@@ -48,6 +53,10 @@ while (($#)); do
       [[ $2 =~ ^[0-9]+=.+$ ]] || { echo "netns-cluster: $1 $2: expected I=FILE, e.g. 2=/tmp/run/cut" >&2; exit 2; }
       what=${1#--}; events+=("${what%-on} ${2%%=*} on ${2#*=}"); shift 2 ;;
     --keep-going) keep_going=1; shift ;;
+    --on)
+      need_value "$@"
+      [[ $2 =~ ^[0-9]+$ ]] || { echo "netns-cluster: --on $2: expected a host index" >&2; exit 2; }
+      run_on[$2]=1; shift 2 ;;
     --) shift; break ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "netns-cluster: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -66,6 +75,9 @@ for i in "${!host_rate[@]}"; do
     echo "netns-cluster: --host-rate $i=${host_rate[$i]}: no host $i (hosts are 0..$((hosts - 1)))" >&2
     exit 2
   fi
+done
+for i in "${!run_on[@]}"; do
+  ((i < hosts)) || { echo "netns-cluster: --on $i: no host $i (hosts are 0..$((hosts - 1)))" >&2; exit 2; }
 done
 for e in "${events[@]}"; do
   read -r what host how _ <<<"$e"
@@ -144,8 +156,12 @@ for ((i = 0; i < hosts; i++)); do
     fail "tc tbf on the switch port of host $i failed (rate '$r')"
 done
 
-export CADENCE_HOSTS=$hosts CADENCE_HOST0_ADDR=10.77.0.1
+all_ns=""
+for ((i = 0; i < hosts; i++)); do all_ns+="${all_ns:+ }${prefix}h$i"; done
+export CADENCE_HOSTS=$hosts CADENCE_HOST0_ADDR=10.77.0.1 CADENCE_HOST_NETNS=$all_ns
+pid_host=()
 for ((i = 0; i < hosts; i++)); do
+  ((${#run_on[@]} == 0)) || [[ -n ${run_on[$i]:-} ]] || continue
   ns="${prefix}h$i"
   args=()
   for a in "$@"; do
@@ -158,6 +174,7 @@ for ((i = 0; i < hosts; i++)); do
     exec ip netns exec "$ns" "${args[@]}"
   ) > >(sed -u "s/^/[host $i] /") 2> >(sed -u "s/^/[host $i] /" >&2) &
   pids+=($!)
+  pid_host+=("$i")
 done
 
 # Link faults at chosen times, or once a file exists: the switch port of host I goes down or up.
@@ -180,7 +197,7 @@ for i in "${!pids[@]}"; do
   rc=$?
   if ((rc != 0)); then
     ((status == 0)) && status=$rc
-    echo "netns-cluster: host $i exited with status $rc" >&2
+    echo "netns-cluster: host ${pid_host[$i]} exited with status $rc" >&2
     ((keep_going)) || break
   fi
 done
