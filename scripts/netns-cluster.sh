@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A cluster of N "hosts" on this machine, each a network namespace with its own network stack,
 # joined by veth pairs to a bridge (a "switch" namespace), each host's link capped with tbf;
-# runs one command per host and removes everything on exit (also after Ctrl-C or a failure).
+# runs one command per host and removes everything on exit (also after Ctrl-C or a failure),
+# the processes a host's command left in its namespace included.
 # Needs root (ip netns, veth, tc); without it, it says so and exits 2: it never falls back to
 # loopback.
 #
@@ -11,13 +12,20 @@
 #   --host-rate I=R   host I's link rate instead (repeatable), e.g. 2=100mbit
 #   --down I@S        take host I's link down S seconds after the hosts start (repeatable)
 #   --up I@S          bring host I's link back S seconds after the hosts start (repeatable)
+#   --down-on I=FILE  take host I's link down once FILE exists (polled every 0.1 s; repeatable):
+#                     a test creates FILE when the run reaches the state it wants to cut
+#   --up-on I=FILE    bring host I's link back once FILE exists (repeatable)
 #   --keep-going      wait for every host's command even after one fails
+#   --on I            run COMMAND on host I only (repeatable; default: on every host); the
+#                     other hosts exist, idle, for a launcher on host I to reach
+#                     (scripts/netns-mpirun.sh starts MPI ranks in them)
 # COMMAND runs once per host, in its namespace, with these in its environment:
 #   CADENCE_HOST (i), CADENCE_HOSTS (N), CADENCE_HOST_ADDR (its address),
-#   CADENCE_HOST0_ADDR (host 0's address: a rendezvous), CADENCE_NETNS (the namespace's name)
-# and with "{host}" and "{host0}" in ARGS replaced by i and host 0's address. Each host's
-# stdout and stderr go to the terminal prefixed with "[host i]". The exit status is the first
-# non-zero status of a host's command (0 if all succeed).
+#   CADENCE_HOST0_ADDR (host 0's address: a rendezvous), CADENCE_NETNS (the namespace's name),
+#   CADENCE_HOST_NETNS (every host's namespace, in host order, separated by spaces)
+# and with "{host}", "{addr}" and "{host0}" in ARGS replaced by i, its address and host 0's
+# address. Each host's stdout and stderr go to the terminal prefixed with "[host i]". The exit
+# status is the first non-zero status of a host's command (0 if all succeed).
 set -uo pipefail
 
 hosts=3
@@ -25,16 +33,32 @@ rate=1gbit
 declare -A host_rate=()
 events=()
 keep_going=0
+declare -A run_on=()
+need_value() { (($# >= 2)) || { echo "netns-cluster: $1 needs a value (see --help)" >&2; exit 2; }; }
 while (($#)); do
   case $1 in
-    -n) hosts=$2; shift 2 ;;
-    --rate) rate=$2; shift 2 ;;
-    --host-rate) host_rate[${2%%=*}]=${2#*=}; shift 2 ;;
-    --down) events+=("down ${2%%@*} ${2#*@}"); shift 2 ;;
-    --up) events+=("up ${2%%@*} ${2#*@}"); shift 2 ;;
+    -n) need_value "$@"; hosts=$2; shift 2 ;;
+    --rate) need_value "$@"; rate=$2; shift 2 ;;
+    --host-rate)
+      need_value "$@"
+      [[ $2 == *=?* ]] || { echo "netns-cluster: --host-rate $2: expected I=RATE, e.g. 2=100mbit" >&2; exit 2; }
+      host_rate[${2%%=*}]=${2#*=}; shift 2 ;;
+    --down|--up)
+      need_value "$@"
+      [[ $2 =~ ^[0-9]+@[0-9]+(\.[0-9]+)?$ ]] ||
+        { echo "netns-cluster: $1 $2: expected I@SECONDS, e.g. 2@5 or 2@0.5" >&2; exit 2; }
+      events+=("${1#--} ${2%%@*} at ${2#*@}"); shift 2 ;;
+    --down-on|--up-on)
+      need_value "$@"
+      [[ $2 =~ ^[0-9]+=.+$ ]] || { echo "netns-cluster: $1 $2: expected I=FILE, e.g. 2=/tmp/run/cut" >&2; exit 2; }
+      what=${1#--}; events+=("${what%-on} ${2%%=*} on ${2#*=}"); shift 2 ;;
     --keep-going) keep_going=1; shift ;;
+    --on)
+      need_value "$@"
+      [[ $2 =~ ^[0-9]+$ ]] || { echo "netns-cluster: --on $2: expected a host index" >&2; exit 2; }
+      run_on[$2]=1; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "netns-cluster: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -46,6 +70,20 @@ if ! [[ $hosts =~ ^[0-9]+$ ]] || ((hosts < 1 || hosts > 200)); then
   echo "netns-cluster: -n $hosts: expected 1 to 200 hosts" >&2
   exit 2
 fi
+for i in "${!host_rate[@]}"; do
+  if ! [[ $i =~ ^[0-9]+$ ]] || ((i >= hosts)); then
+    echo "netns-cluster: --host-rate $i=${host_rate[$i]}: no host $i (hosts are 0..$((hosts - 1)))" >&2
+    exit 2
+  fi
+done
+for i in "${!run_on[@]}"; do
+  ((i < hosts)) || { echo "netns-cluster: --on $i: no host $i (hosts are 0..$((hosts - 1)))" >&2; exit 2; }
+done
+for e in "${events[@]}"; do
+  read -r what host how _ <<<"$e"
+  flag=--$what; [[ $how == on ]] && flag+=-on
+  ((host < hosts)) || { echo "netns-cluster: $flag $host: no host $host (hosts are 0..$((hosts - 1)))" >&2; exit 2; }
+done
 if [[ $(id -u) -ne 0 ]]; then
   echo "netns-cluster: needs root (ip netns, veth pairs, tc); refusing to fall back to loopback" >&2
   exit 2
@@ -62,12 +100,27 @@ created=()
 pids=()
 timers=()
 
+# shellcheck disable=SC2317  # run by the trap
 cleanup() {
   local p
   for p in "${timers[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-  local ns
+  # Whatever a host's command started and left behind (a shell's children survive its TERM)
+  # still lives in the namespace: TERM it, and KILL what is left after 2 s.
+  local ns tries
+  local -a left
+  signal_left() {
+    left=()
+    for ns in "${created[@]}"; do mapfile -t -O "${#left[@]}" left < <(ip netns pids "$ns" 2>/dev/null); done
+    ((${#left[@]} == 0)) || kill "-$1" "${left[@]}" 2>/dev/null
+  }
+  signal_left TERM
+  for ((tries = 0; tries < 20 && ${#left[@]} > 0; tries++)); do
+    sleep 0.1
+    signal_left 0
+  done
+  ((${#left[@]} == 0)) || signal_left KILL
   for ns in "${created[@]}"; do ip netns del "$ns" 2>/dev/null; done
 }
 trap cleanup EXIT
@@ -103,12 +156,17 @@ for ((i = 0; i < hosts; i++)); do
     fail "tc tbf on the switch port of host $i failed (rate '$r')"
 done
 
-export CADENCE_HOSTS=$hosts CADENCE_HOST0_ADDR=10.77.0.1
+all_ns=""
+for ((i = 0; i < hosts; i++)); do all_ns+="${all_ns:+ }${prefix}h$i"; done
+export CADENCE_HOSTS=$hosts CADENCE_HOST0_ADDR=10.77.0.1 CADENCE_HOST_NETNS=$all_ns
+pid_host=()
 for ((i = 0; i < hosts; i++)); do
+  ((${#run_on[@]} == 0)) || [[ -n ${run_on[$i]:-} ]] || continue
   ns="${prefix}h$i"
   args=()
   for a in "$@"; do
     a=${a//\{host\}/$i}
+    a=${a//\{addr\}/10.77.0.$((i + 1))}
     args+=("${a//\{host0\}/10.77.0.1}")
   done
   (
@@ -116,14 +174,18 @@ for ((i = 0; i < hosts; i++)); do
     exec ip netns exec "$ns" "${args[@]}"
   ) > >(sed -u "s/^/[host $i] /") 2> >(sed -u "s/^/[host $i] /" >&2) &
   pids+=($!)
+  pid_host+=("$i")
 done
 
-# Link faults at chosen times: the switch port of host I goes down or up.
+# Link faults at chosen times, or once a file exists: the switch port of host I goes down or up.
 for e in "${events[@]}"; do
-  read -r what host at <<<"$e"
-  ((host >= 0 && host < hosts)) || fail "--$what $host@$at: no host $host"
+  read -r what host how when <<<"$e"
   (
-    sleep "$at"
+    if [[ $how == at ]]; then
+      sleep "$when"
+    else
+      while [[ ! -e $when ]]; do sleep 0.1; done
+    fi
     ip -n "$switch" link set "s$host" "$what" && echo "netns-cluster: host $host link $what" >&2
   ) &
   timers+=($!)
@@ -135,7 +197,7 @@ for i in "${!pids[@]}"; do
   rc=$?
   if ((rc != 0)); then
     ((status == 0)) && status=$rc
-    echo "netns-cluster: host $i exited with status $rc" >&2
+    echo "netns-cluster: host ${pid_host[$i]} exited with status $rc" >&2
     ((keep_going)) || break
   fi
 done

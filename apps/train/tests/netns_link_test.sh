@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# cadence-train over ZeroMQ across hosts: 3 network namespaces (scripts/netns-cluster.sh: a
+# bridge, each link capped at 1 Gbit/s), the server on host 0 and a worker on hosts 1 and 2, each
+# process binding its host's address and meeting the others through a store folder under /tmp
+# (the namespaces share the filesystem). Once the first policy is running (the server prints
+# "<policy> [1/2]: running"), host 2's switch port goes down: worker 1 is cut off, its
+# process still alive. The server must evict it for silence (--evict-after 1), find it gone
+# after the policy (it sends no record), skip the second policy and report the first with
+# "evicted": [1]; the surviving worker must go on and end cleanly; and the cut-off worker must
+# exit by itself (an error is fine: it loses the server after ZeroMQ's heartbeat timeout), not
+# hang. $CADENCE_TEST_FIRST_POLICY (asp, default, or bsp) is the policy that runs when the link
+# goes down; under bsp the survivor waits at the barrier for the cut-off worker until the server
+# evicts it. Nothing here races a deadline: the test waits for lines and exits, and its limits
+# only catch a hang. Needs root and network namespaces; without them it prints SKIP and exits
+# 77 (ctest SKIP_RETURN_CODE). Usage:
+#   netns_link_test.sh scripts/netns-cluster.sh build/bin/cadence-train
+set -u
+if [ $# -ne 2 ]; then
+  echo "usage: netns_link_test.sh NETNS_CLUSTER TRAIN" >&2
+  exit 2
+fi
+cluster=$1; train=$2
+[ -x "$train" ] || { echo "netns_link_test.sh: '$train' is not an executable" >&2; exit 2; }
+[ -f "$cluster" ] || { echo "netns_link_test.sh: no netns-cluster script at '$cluster'" >&2; exit 2; }
+first=${CADENCE_TEST_FIRST_POLICY:-asp}
+case $first in
+  asp) second=bsp ;;
+  bsp) second=asp ;;
+  *) echo "netns_link_test.sh: CADENCE_TEST_FIRST_POLICY: expected asp or bsp, got '$first'" >&2; exit 2 ;;
+esac
+
+# Can this machine make namespaces, veth pairs and tbf qdiscs? (root in a container often cannot)
+skip() { echo "SKIP: $*"; exit 77; }
+[ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces)"
+{ command -v ip && command -v tc; } >/dev/null || skip "needs ip and tc (Debian: iproute2)"
+probe="cdcprobe$$"
+if ! ip netns add "$probe" 2>/dev/null; then skip "ip netns add fails here"; fi
+probe_ok=0
+if ip -n "$probe" link add pa type veth peer name pb 2>/dev/null &&
+  tc -n "$probe" qdisc add dev pa root tbf rate 1gbit burst 256kb latency 50ms 2>/dev/null; then
+  probe_ok=1
+fi
+ip netns del "$probe"
+[ "$probe_ok" = 1 ] || skip "veth pairs or tc tbf do not work in a namespace here"
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/cadence-netns-XXXXXX") || exit 1
+mkdir "$dir/store"
+cluster_pid=""
+cleanup() {
+  # netns-cluster removes its namespaces and stops its hosts on TERM.
+  if [ -n "$cluster_pid" ] && kill -0 "$cluster_pid" 2>/dev/null; then
+    kill -TERM "$cluster_pid"
+    wait "$cluster_pid" 2>/dev/null
+  fi
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+fail() {
+  echo "FAIL: $*"
+  local h
+  for h in 0 1 2; do
+    echo "--- host $h: exit status $(cat "$dir/rc.$h" 2>/dev/null || echo '(still running or not started)')"
+    echo "--- host $h stderr"; cat "$dir/err.$h" 2>/dev/null
+  done
+  echo "--- host 0 stdout"; cat "$dir/out.0" 2>/dev/null
+  echo "--- netns-cluster"; cat "$dir/cluster" 2>/dev/null
+  exit 1
+}
+
+# wait_for DESCRIPTION SECONDS COMMAND...: until COMMAND succeeds; fails after SECONDS (a hang).
+wait_for() {
+  local what=$1 limit=$(($2 * 10))
+  shift 2
+  for _ in $(seq 1 "$limit"); do
+    "$@" && return 0
+    sleep 0.1
+  done
+  "$@" || fail "$what: not within $((limit / 10)) s"
+}
+cluster_running() { kill -0 "$cluster_pid" 2>/dev/null; }
+cluster_ended() { ! cluster_running; }
+server_running_or_done() { grep -q ": $first \[1/2\]: running$" "$dir/err.0" 2>/dev/null || ! cluster_running; }
+
+# Each host runs cadence-train with its rank (the host's index) and its host's address, and
+# leaves its stdout, stderr and exit status in the run's folder.
+export CADENCE_TEST_DIR=$dir
+# shellcheck disable=SC2016  # expanded by each host's shell
+host_cmd='"$@" --address "$CADENCE_HOST_ADDR" >"$CADENCE_TEST_DIR/out.$CADENCE_HOST" 2>"$CADENCE_TEST_DIR/err.$CADENCE_HOST"
+echo $? >"$CADENCE_TEST_DIR/rc.$CADENCE_HOST"'
+bash "$cluster" -n 3 --rate 1gbit --keep-going --down-on "2=$dir/cut" -- \
+  bash -c "$host_cmd" host "$train" --transport zmq --rank '{host}' --size 3 --store "$dir/store" \
+  --model softmax --train-limit 2000 --test-limit 200 --seconds 4 --evict-after 1 \
+  --policy "$first" --policy "$second" --json --profile homogeneous >"$dir/cluster" 2>&1 &
+cluster_pid=$!
+
+# Cut worker 1's link once the first policy runs (data loading and the rendezvous are done).
+wait_for "the server running $first" 45 server_running_or_done
+cluster_running || fail "the cluster ended before the server ran $first"
+touch "$dir/cut"
+wait_for "host 2's link down" 10 grep -q "host 2 link down" "$dir/cluster"
+# The run: the 4 s policy, the eviction, at most 3 s for the cut-off worker's record; the
+# cut-off worker: ZeroMQ's 5 s heartbeat timeout. 40 s only catches a hang (the limits add up to
+# less than the ctest TIMEOUT, so this script, not ctest, stops a hung run and cleans up).
+wait_for "every host's process to end" 40 cluster_ended
+wait "$cluster_pid"
+cluster_pid=""
+
+for h in 0 1 2; do [ -s "$dir/rc.$h" ] || fail "host $h's process left no exit status"; done
+[ "$(cat "$dir/rc.0")" = 0 ] || fail "the server (host 0) failed"
+[ "$(cat "$dir/rc.1")" = 0 ] || fail "the surviving worker (host 1) failed"
+grep -q "worker 1 evicted" "$dir/err.0" || fail "worker 1 was not evicted"
+grep -q "gone (killed?); the remaining policies are skipped: $second" "$dir/err.0" || fail "no line naming the lost worker"
+grep -q '"evicted": \[1\]' "$dir/out.0" || fail "worker 1 not listed in evicted"
+grep -q "\"policy\": \"$first\"" "$dir/out.0" || fail "no report"
+grep -q "\"policy\": \"$second\"" "$dir/out.0" && fail "the skipped policy was reported"
+# The survivor went on after the cut: at 10 it/s for 4 s it makes about 40 iterations; the
+# cut-off worker made at most a few before the link went down.
+iterations=$(sed -n 's/.*"iterations": \([0-9]*\),.*/\1/p' "$dir/out.0" | head -n 1)
+[ "${iterations:-0}" -ge 10 ] || fail "the workers made ${iterations:-no} iterations: the survivor did not go on after the cut"
+# The cut-off worker ended by itself rather than hang; if it failed, it said why.
+[ "$(cat "$dir/rc.2")" = 0 ] || grep -q "cadence-train (rank 2): error: " "$dir/err.2" ||
+  fail "the cut-off worker failed without an error message"
+echo "PASS: host 2's link cut under $first; worker 1 evicted and listed; the run reported; the cut-off worker exited with status $(cat "$dir/rc.2")"
+cat "$dir/out.0"
+grep -h "cadence-train" "$dir/err.0" "$dir/err.2"
