@@ -506,7 +506,9 @@ public:
       for (std::size_t w = 0; w < state_.size(); ++w) liveness_->heard(static_cast<worker_id>(w), start_);
     }
     for (;;) {
+      const std::size_t before = in_flight();
       progress_transfers();
+      if (in_flight() != before) last_activity_ = clock::now();
       // Every server hears every member's finish() (or server 0's eviction notice). Server 0
       // ends once nobody is left and its replies are delivered, telling the other servers;
       // they end when both hold (server 0 may still have notices for them until then).
@@ -531,6 +533,7 @@ public:
       const auto now = clock::now();
       if (src) {
         last_heard_ = now;
+        last_activity_ = now;
         dispatch(*src, h);
         continue;  // drain what is queued before judging anyone silent
       }
@@ -651,7 +654,13 @@ private:
     const auto now = clock::now();
     // With transfers in flight, look again soon: a completed one frees its buffer, an expired
     // one drops its worker, a payload that arrived is applied.
-    auto wake = in_flight() != 0 ? now + std::chrono::microseconds(200) : now + std::chrono::seconds(1);
+    // The gap grows with the time since anything last moved (a sixteenth of it, at most 200 us),
+    // so a payload or reply that completes microseconds after its post is seen microseconds
+    // later, not after a fixed wait (the receive below does not report completed transfers),
+    // and a transfer stuck on a stopped worker costs a poll every 200 us.
+    auto wake = now + std::chrono::seconds(1);
+    if (in_flight() != 0)
+      wake = now + std::min<clock::duration>(std::chrono::microseconds(200), (now - last_activity_) / 16);
     if (coordinator() && liveness_) {
       if (const auto t = liveness_->next_deadline()) wake = std::min(wake, *t);
     }
@@ -931,6 +940,10 @@ private:
       return;
     }
     if (weights_->external()) drain_pins();  // one version only: replies reading it leave first
+    // A reply that completed since the last look unpins the current version here, so the update
+    // writes in place instead of copying the slice into a fresh version (a ping-pong's push
+    // usually arrives in the same receive that saw its previous reply complete).
+    if (weights_->current_pinned()) progress_outbound();
     weights_->apply(update_, gradient, w);
     applied_[wi] = h.iteration;
     ++stats_.pushes[wi];
@@ -1135,6 +1148,13 @@ private:
   // ---- transfers in flight ----
 
   void progress_transfers() {
+    progress_outbound();
+    for (std::size_t r = 0; r < in_.size(); ++r)
+      if (in_[r]) finish_payload(static_cast<int>(r));
+  }
+
+  // The replies and refusals in flight: completed ones unpin their version of the weights.
+  void progress_outbound() {
     for (std::size_t r = 0; r < out_.size(); ++r) {
       auto& q = out_[r];
       while (!q.empty()) {
@@ -1156,8 +1176,6 @@ private:
         break;  // later ones are behind it
       }
     }
-    for (std::size_t r = 0; r < in_.size(); ++r)
-      if (in_[r]) finish_payload(static_cast<int>(r));
   }
 
   // A transfer to `rank` failed (its peer lost): withdraw what is queued for it, drop its worker.
@@ -1312,6 +1330,7 @@ private:
   // How often server 0 asks the communicator for lost peers while idle (has_peer_lost_v).
   static constexpr std::chrono::milliseconds lost_poll{10};
   clock::time_point next_lost_check_{};
+  clock::time_point last_activity_{};  // a message in, or a transfer finished (next_wake)
   T* external_scratch_ = nullptr;
   std::vector<std::unique_ptr<std::vector<T>>> scratch_;
   std::vector<std::size_t> free_scratch_;
