@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -45,6 +46,7 @@ TEST_CASE("NCCL form: headers on the control communicator, bulk over NCCL send/r
     std::vector<ps_stats> stats(servers);
     std::vector<std::vector<float>> slices(servers);
     std::vector<std::int64_t> done(workers, 0);
+    std::atomic<int> pulled{0};  // the first pulls all see the initial weights
     ps_options o;
     o.servers = servers;
     o.keep_log = true;
@@ -71,7 +73,9 @@ TEST_CASE("NCCL form: headers on the control communicator, bulk over NCCL send/r
       CHECK_THROWS_WITH_AS(worker.push_pull(g.data(), weights.data()), doctest::Contains("before pull()"),
                            invalid_parameter_error);
       worker.pull(weights.data());
-      CHECK(weights == w0);
+      CHECK(weights == w0);  // nobody pushes before every worker has pulled (below)
+      pulled.fetch_add(1);
+      while (pulled.load() < workers) std::this_thread::yield();
       for (std::int64_t k = 1; k <= iterations; ++k) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1 + r % 3));
         gradient(worker.id(), k, g);
