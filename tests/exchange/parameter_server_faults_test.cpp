@@ -196,7 +196,9 @@ TEST_CASE("a worker stopped while the server sends it its reply is dropped after
       fault_run sc;
       sc.policy = pc.config;
       sc.servers = servers;
-      sc.options = short_timeouts(30s, 300ms);
+      // 1 s: long enough that a healthy worker's transfer never reaches it on a loaded machine
+      // (300 ms did, one run in about 40 beside a busy loop on each core).
+      sc.options = short_timeouts(30s, 1s);
       sc.setup = [servers](inproc_world& world) {
         // Slot 1 stops as it is about to take the weights of its 2nd reply (pull, push 1, push
         // 2): the server's send of them, over the eager limit, cannot finish without it.
@@ -209,6 +211,9 @@ TEST_CASE("a worker stopped while the server sends it its reply is dropped after
       const fault_result r = run(sc, ev);
       INFO(r.server_error);
       REQUIRE(r.server_error.empty());
+      std::string evicted;
+      for (const auto& e : r.servers[0].evictions) evicted += std::to_string(e.worker) + ": " + e.reason + "\n";
+      INFO(evicted);
       REQUIRE(r.servers[0].evictions.size() == 1);
       CHECK(r.servers[0].evictions[0].worker == 1);
       CHECK(r.servers[0].evictions[0].reason.rfind("lost", 0) == 0);
@@ -233,7 +238,7 @@ TEST_CASE("a worker stopped while parked is evicted when its heartbeats stop; re
       sc.policy = pc.config;
       sc.servers = servers;
       sc.iterations = 6;
-      sc.options = short_timeouts(400ms, 5s);
+      sc.options = short_timeouts(1s, 5s);
       sc.rejoin_after_eviction = true;
       const int stopped = servers;  // slot 0's rank
       sc.setup = [stopped](inproc_world& world) {
