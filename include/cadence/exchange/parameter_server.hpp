@@ -1268,9 +1268,19 @@ private:
       for (std::size_t r = static_cast<std::size_t>(options_.servers); r < member_.size(); ++r) {
         const std::int64_t w = member_[r];
         if (w < 0 || state_[static_cast<std::size_t>(w)] != worker_state::active) continue;
-        if (comm_.peer_lost(static_cast<int>(r)))
+        // Two looks, each after a receive that found nothing queued: a rank seen lost between
+        // the first receive and the look may have sent its finish() just before leaving, and
+        // that message is queued by the second look, which then finds the worker finished.
+        if (lost_suspect_.size() < member_.size()) lost_suspect_.resize(member_.size(), 0);
+        if (!comm_.peer_lost(static_cast<int>(r))) {
+          lost_suspect_[r] = 0;
+        } else if (!lost_suspect_[r]) {
+          lost_suspect_[r] = 1;
+        } else {
+          lost_suspect_[r] = 0;
           drop(static_cast<worker_id>(w), "lost: the transport reports rank " + std::to_string(r) +
                                               " gone (its connection closed or its heartbeats stopped)");
+        }
       }
     } else {
       (void)now;
@@ -1330,6 +1340,7 @@ private:
   // How often server 0 asks the communicator for lost peers while idle (has_peer_lost_v).
   static constexpr std::chrono::milliseconds lost_poll{10};
   clock::time_point next_lost_check_{};
+  std::vector<char> lost_suspect_;  // per rank: seen lost once (drop_lost)
   clock::time_point last_activity_{};  // a message in, or a transfer finished (next_wake)
   T* external_scratch_ = nullptr;
   std::vector<std::unique_ptr<std::vector<T>>> scratch_;
