@@ -196,7 +196,7 @@ TEST_CASE("a worker stopped while the server sends it its reply is dropped after
       fault_run sc;
       sc.policy = pc.config;
       sc.servers = servers;
-      // 1 s: long enough that a healthy worker's transfer never reaches it on a loaded machine
+      // 1 s: a healthy worker's transfer has not reached it on a loaded machine in the stress runs
       // (300 ms did, one run in about 40 beside a busy loop on each core).
       sc.options = short_timeouts(30s, 1s);
       sc.setup = [servers](inproc_world& world) {
