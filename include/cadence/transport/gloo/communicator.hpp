@@ -1,5 +1,5 @@
 // The gloo backend (target cadence::gloo): a communicator over a gloo TCP context, found by a
-// file-store rendezvous, whose every wait has a deadline and names the peer it waits for, and
+// file-store rendezvous or a TCP store (transport/tcp_store.hpp), whose every wait has a deadline and names the peer it waits for, and
 // whose operations run in the background (work handles), driven by the calling thread.
 #pragma once
 
@@ -7,10 +7,12 @@
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/call.hpp>
 #include <cadence/transport/detail/reduce.hpp>
+#include <cadence/transport/tcp_store.hpp>
 
 #include <gloo/context.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #if CADENCE_GLOO_TCP_PEEK
 #include <gloo/transport/tcp/unbound_buffer.h>
@@ -59,9 +61,19 @@ namespace cadence::transport {
 struct gloo_options {
   /// The rendezvous folder (gloo::rendezvous::FileStore) every rank can reach, typically on a
   /// shared file system or, on one host, a temporary folder. It must exist and be writable.
+  /// Not used when `rendezvous` is set.
   std::string store_path;
-  /// Names this communicator inside the folder (a subfolder of that name holds its keys), so
-  /// several communicators, or survivors forming a new one after a peer died, share a folder.
+  /// Rendezvous over TCP instead of a folder, for hosts that share no file system: the
+  /// "host:port" of a tcp_store_server (transport/tcp_store.hpp) every rank can reach.
+  std::string rendezvous;
+  /// With `rendezvous`: rank 0 serves the store itself, binding that address (so its host
+  /// must be one of rank 0's addresses, or 0.0.0.0 with the others given rank 0's), for the
+  /// construction only: it closes the port once every rank has connected. Clear it when the
+  /// job serves a store there for longer (cadence-train's rank 0 serves one for the whole job,
+  /// which every communicator of the job shares under its own prefix).
+  bool serve_rendezvous = true;
+  /// Names this communicator inside the folder or store (its keys are under that name), so
+  /// several communicators, or survivors forming a new one after a peer died, share one.
   /// Must be fresh: keys left by an earlier job under the same prefix would be read as peers.
   std::string prefix = "cadence";
   /// The address our TCP device binds; peers connect to it. Loopback by default (one host).
@@ -82,7 +94,7 @@ struct gloo_options {
   /// this many, a send first waits, with its deadline, for the oldest to be received (usually
   /// long done). Bounds the memory held to this many copies of up to eager_bytes.
   std::size_t max_eager_in_flight = 64;
-  /// Construction polls the folder for the other ranks' arrival at this interval.
+  /// Construction polls the folder or store for the other ranks' arrival at this interval.
   std::chrono::milliseconds store_poll{5};
   /// How long a try_recv whose deadline passed while a large message's header arrived waits
   /// for the message's data (sent right behind the header), rather than leave half of it.
@@ -337,12 +349,46 @@ private:
 
 // ---- gloo_communicator ----
 
+namespace detail {
+
+// gloo's view of a tcp_store: the keys of one communicator under its prefix, every wait
+// bounded by the construction's deadline (and by gloo's own timeout, when shorter).
+class gloo_tcp_store final : public ::gloo::rendezvous::Store {
+public:
+  gloo_tcp_store(tcp_store& store, std::string prefix, deadline d, std::chrono::milliseconds poll)
+      : store_(&store), prefix_(std::move(prefix) + "/"), deadline_(d), poll_(poll) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(prefix_ + key, std::string(data.begin(), data.end()), deadline_);
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string v = store_->get(prefix_ + key, deadline_, poll_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, kDefaultTimeout); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    const deadline d = deadline::at(std::min(deadline_.time_point(), deadline::clock::now() + timeout));
+    store_->wait(full, d, poll_);
+  }
+
+private:
+  tcp_store* store_;
+  std::string prefix_;
+  deadline deadline_;
+  std::chrono::milliseconds poll_;
+};
+
+}  // namespace detail
+
 /// Models transport::communicator over gloo's TCP transport, with try_recv, the asynchronous
 /// operations and the averaging all-reduce.
 ///
 /// Construction is collective: every rank of `size` constructs one with the same store folder
-/// and prefix. A rank that never arrives makes the others throw transport_error naming it when
-/// the deadline passes.
+/// (or TCP rendezvous address) and prefix. A rank that never arrives makes the others throw
+/// transport_error naming it when the deadline passes.
 ///
 /// Threads: one thread calls it (and uses its work handles) at a time (the calls are not
 /// synchronized); abort() and failed() may be called from any thread. gloo's own device thread
@@ -377,9 +423,11 @@ class gloo_communicator {
 public:
   // ---- construction and shutdown ----
 
-  /// Rendezvous through options.store_path. Throws invalid_parameter_error for a store folder
-  /// that does not exist or is not writable (before waiting), and transport_error naming the
-  /// missing ranks when the others do not all arrive before `d`.
+  /// Rendezvous through options.store_path, or over TCP at options.rendezvous. Throws
+  /// invalid_parameter_error for a store folder that does not exist or is not writable, or a
+  /// rendezvous address that does not parse or resolve (before waiting), and transport_error
+  /// naming the missing ranks when the others do not all arrive before `d` (rank 0, when the
+  /// TCP store it should serve never answers).
   gloo_communicator(int rank, int size, gloo_options options, deadline d = {})
       : options_(std::move(options)), rank_(rank), size_(size) {
     const detail::call_info c{"gloo", "construction", 0, rank_, size_, deadline::clock::now()};
@@ -390,16 +438,39 @@ public:
     if (options_.prefix.empty() || options_.prefix.find('/') != std::string::npos)
       detail::bad_argument(c, "the store prefix must be a non-empty name without '/', not \"" +
                                   options_.prefix + "\"");
-    const std::string& folder = options_.store_path;
-    struct stat st {};
-    if (folder.empty() || ::stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      detail::bad_argument(c, "the store folder \"" + folder + "\" does not exist or is not a folder");
-    if (::access(folder.c_str(), W_OK | X_OK) != 0)
-      detail::bad_argument(c, "the store folder \"" + folder + "\" is not writable (" +
-                                  std::strerror(errno) + ")");
-    const std::string dir = folder + "/" + options_.prefix;
-    if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
-      detail::bad_argument(c, "cannot create \"" + dir + "\" in the store folder: " + std::strerror(errno));
+    const bool tcp = !options_.rendezvous.empty();
+    std::string dir;
+    // With a TCP rendezvous served here, the server lives to the end of construction: setup()
+    // hears every rank's hello, which each sends after connectFullMesh returned, so once it
+    // is done nobody reads the store any more.
+    std::optional<tcp_store_server> server;
+    std::optional<tcp_store> store;
+    if (tcp) {
+      try {
+        if (rank_ == 0 && options_.serve_rendezvous) server.emplace(options_.rendezvous);
+        store.emplace(options_.rendezvous, d, options_.store_poll);
+      } catch (const invalid_parameter_error& e) {
+        detail::bad_argument(c, e.what());
+      } catch (const transport_error& e) {
+        if (d.passed())
+          throw detail::deadline_error(c, {0}, "the rendezvous store at " + options_.rendezvous +
+                                                   " never answered");
+        throw transport_error(detail::describe(c) + ": " + e.what());
+      }
+    } else {
+      const std::string& folder = options_.store_path;
+      struct stat st {};
+      if (folder.empty() || ::stat(folder.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        detail::bad_argument(c, "the store folder \"" + folder + "\" does not exist or is not a folder");
+      if (::access(folder.c_str(), W_OK | X_OK) != 0)
+        detail::bad_argument(c, "the store folder \"" + folder + "\" is not writable (" +
+                                    std::strerror(errno) + ")");
+      dir = folder + "/" + options_.prefix;
+      if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
+        detail::bad_argument(c, "cannot create \"" + dir + "\" in the store folder: " + std::strerror(errno));
+    }
+    const std::string where = tcp ? "the store at " + options_.rendezvous + " (prefix \"" + options_.prefix + "\")"
+                                  : "\"" + dir + "\"";
 
     ignore_sigpipe();  // before connecting: a rank may die during the rendezvous
     std::shared_ptr<::gloo::transport::Device> device;
@@ -419,24 +490,35 @@ public:
 
     // Our own arrival marks first, polled against the deadline: gloo's store waits would
     // throw "Wait timeout" without saying which rank never came.
-    const std::string mark = dir + "/cadence-arrived-" + std::to_string(rank_);
-    {
-      const std::string tmp = mark + ".tmp";
-      std::FILE* f = std::fopen(tmp.c_str(), "w");
-      if (f == nullptr || std::fclose(f) != 0 || std::rename(tmp.c_str(), mark.c_str()) != 0)
-        detail::bad_argument(c, "cannot write \"" + mark + "\" in the store folder: " +
-                                    std::strerror(errno));
-    }
-    for (;;) {
-      std::vector<int> missing;
-      for (int p = 0; p < size_; ++p) {
-        const std::string theirs = dir + "/cadence-arrived-" + std::to_string(p);
-        if (p != rank_ && ::access(theirs.c_str(), F_OK) != 0) missing.push_back(p);
+    auto mark = [&](int p) { return "cadence-arrived-" + std::to_string(p); };
+    // The TCP store's own errors (its connection broke and did not come back) name this call.
+    auto arrived = [&](int p) {
+      if (!tcp) return ::access((dir + "/" + mark(p)).c_str(), F_OK) == 0;
+      try {
+        return store->missing({options_.prefix + "/" + mark(p)}, d).empty();
+      } catch (const transport_error& e) {
+        throw transport_error(detail::describe(c) + ": " + e.what());
       }
+    };
+    if (tcp) {
+      try {
+        store->set(options_.prefix + "/" + mark(rank_), "", d);
+      } catch (const transport_error& e) {
+        throw transport_error(detail::describe(c) + ": " + e.what());
+      }
+    } else {
+      const std::string mine = dir + "/" + mark(rank_), tmp = mine + ".tmp";
+      std::FILE* f = std::fopen(tmp.c_str(), "w");
+      if (f == nullptr || std::fclose(f) != 0 || std::rename(tmp.c_str(), mine.c_str()) != 0)
+        detail::bad_argument(c, "cannot write \"" + mine + "\" in the store folder: " + std::strerror(errno));
+    }
+    for (std::vector<int> missing = others();;) {
+      std::vector<int> still;
+      for (const int p : missing)
+        if (!arrived(p)) still.push_back(p);
+      missing = std::move(still);
       if (missing.empty()) break;
-      if (d.passed())
-        throw detail::deadline_error(c, missing, "they never arrived at the rendezvous in \"" +
-                                                     dir + "\"");
+      if (d.passed()) throw detail::deadline_error(c, missing, "they never arrived at the rendezvous in " + where);
       std::this_thread::sleep_for(options_.store_poll);
     }
 
@@ -444,11 +526,20 @@ public:
       auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
       ctx->setTimeout(remaining_ms(d));
 #if CADENCE_GLOO_RENDEZVOUS_SHARED_STORE
-      auto store = std::make_shared<::gloo::rendezvous::FileStore>(dir);
-      ctx->connectFullMesh(store, device);
+      std::shared_ptr<::gloo::rendezvous::Store> gs;
+      if (tcp)
+        gs = std::make_shared<detail::gloo_tcp_store>(*store, options_.prefix, d, options_.store_poll);
+      else
+        gs = std::make_shared<::gloo::rendezvous::FileStore>(dir);
+      ctx->connectFullMesh(gs, device);
 #else
-      ::gloo::rendezvous::FileStore store(dir);
-      ctx->connectFullMesh(store, device);
+      if (tcp) {
+        detail::gloo_tcp_store gs(*store, options_.prefix, d, options_.store_poll);
+        ctx->connectFullMesh(gs, device);
+      } else {
+        ::gloo::rendezvous::FileStore gs(dir);
+        ctx->connectFullMesh(gs, device);
+      }
 #endif
       context_ = std::move(ctx);
     } catch (const std::exception& e) {
