@@ -111,15 +111,19 @@ options:
                      server applied (after each parameter-server policy), a worker each push
                      acknowledged to it (push_pull returned; written at once)
   --transport T      mpi (default; the ranks mpirun started), gloo or zmq (processes that
-                     meet through a rendezvous folder over TCP; launch-gloo.sh starts them
-                     and sets the three values below). zmq isolates a lost peer: the server
-                     outlives a worker killed at any moment; over gloo a worker that dies
-                     while the server talks to it fails the server's communicator
+                     talk over TCP and meet in a shared folder or at rank 0's TCP store;
+                     launch-gloo.sh starts them and sets rank, size and store). zmq isolates
+                     a lost peer: the server outlives a worker killed at any moment; over
+                     gloo a worker that dies while the server talks to it fails the server's
+                     communicator
   --rank R           gloo, zmq: this process's rank (default: $CADENCE_TRAIN_RANK)
   --size N           gloo, zmq: the number of processes (default: $CADENCE_TRAIN_SIZE)
   --store DIR        gloo, zmq: the rendezvous folder, empty and shared by all the processes
                      of one run (default: $CADENCE_TRAIN_STORE)
-  --address A        zmq: the address this process binds and the others reach it by
+  --rendezvous H:P   gloo, zmq, instead of --store: rank 0 serves a TCP store at H:P (one
+                     of its own addresses) for the whole run and the others reach it there,
+                     so hosts need no shared folder (default: $CADENCE_TRAIN_RENDEZVOUS)
+  --address A        gloo, zmq: the address this process binds and the others reach it by
                      (default: $CADENCE_TRAIN_ADDR, else 127.0.0.1)
   --help             this text
 
@@ -150,8 +154,9 @@ struct options {
   bool rejoin = false;               // zmq: this process replaces a killed worker
   std::string transport = "mpi";
   std::optional<int> rank, size;  // gloo
-  std::string store;              // gloo, zmq
-  std::string address;            // zmq
+  std::string store;              // gloo, zmq: a shared folder ...
+  std::string rendezvous;         // ... or rank 0's TCP store
+  std::string address;            // gloo, zmq
 };
 
 options parse(int argc, char** argv) {
@@ -161,7 +166,8 @@ options parse(int argc, char** argv) {
   args.at_most_once({"--profile", "--seconds", "--seed", "--data", "--model", "--hidden", "--lr", "--batch",
                      "--eval-every", "--train-limit", "--test-limit", "--evict-after", "--curves", "--trace",
                      "--push-log", "--join-after",
-                     "--transport", "--rank", "--size", "--store", "--address"});
+                     "--transport", "--rank", "--size", "--store", "--rendezvous", "--address"});
+  args.at_most_one_of({"--store", "--rendezvous"});
   while (args.next()) {
     const std::string_view flag = args.flag();
     if (flag == "--help" || flag == "-h") {
@@ -224,6 +230,9 @@ options parse(int argc, char** argv) {
       o.size = cadence::tools::parse_flag_integer<int>(flag, args.value(), 1, 1 << 20);
     } else if (flag == "--store") {
       o.store = std::string(args.value());
+    } else if (flag == "--rendezvous") {
+      o.rendezvous = std::string(args.value());
+      if (o.rendezvous.empty()) throw usage_error("--rendezvous: expected HOST:PORT, got ''");
     } else if (flag == "--address") {
       o.address = std::string(args.value());
     } else {
@@ -1172,12 +1181,18 @@ int main_launched(options o, std::optional<std::string> parse_error) {
   };
   if (!o.rank) o.rank = env_int("CADENCE_TRAIN_RANK", "--rank", 0);
   if (!o.size) o.size = env_int("CADENCE_TRAIN_SIZE", "--size", 1);
-  if (o.store.empty()) o.store = from_env("CADENCE_TRAIN_STORE");
+  if (o.store.empty() && o.rendezvous.empty()) {
+    o.store = from_env("CADENCE_TRAIN_STORE");
+    o.rendezvous = from_env("CADENCE_TRAIN_RENDEZVOUS");
+    if (!o.store.empty() && !o.rendezvous.empty() && !parse_error)
+      parse_error = "$CADENCE_TRAIN_STORE and $CADENCE_TRAIN_RENDEZVOUS are both set; give one (or --store or "
+                    "--rendezvous)";
+  }
   if (!parse_error && !o.help) {
-    if (!o.rank || !o.size || o.store.empty())
+    if (!o.rank || !o.size || (o.store.empty() && o.rendezvous.empty()))
       parse_error = "--transport " + o.transport +
-                    " needs --rank, --size and --store (or $CADENCE_TRAIN_RANK, $CADENCE_TRAIN_SIZE, "
-                    "$CADENCE_TRAIN_STORE); launch-gloo.sh sets them";
+                    " needs --rank, --size and --store or --rendezvous (or $CADENCE_TRAIN_RANK, $CADENCE_TRAIN_SIZE, "
+                    "$CADENCE_TRAIN_STORE or $CADENCE_TRAIN_RENDEZVOUS); launch-gloo.sh sets them";
     else if (*o.rank >= *o.size)
       parse_error = "--rank " + std::to_string(*o.rank) + " is out of range for --size " + std::to_string(*o.size) +
                     " (ranks 0.." + std::to_string(*o.size - 1) + ")";
@@ -1186,11 +1201,23 @@ int main_launched(options o, std::optional<std::string> parse_error) {
     std::fprintf(stderr, "cadence-train: error: %s\n", parse_error->c_str());
     return 2;
   }
+  if (o.address.empty()) o.address = from_env("CADENCE_TRAIN_ADDR");
+  if (o.address.empty()) o.address = "127.0.0.1";
+  // Where the processes meet. Rank 0 serves the TCP store from here to its exit; a store it
+  // cannot serve (the port is taken, the address is not its own) is its error to report.
+  std::optional<train::meeting_point> meet;
+  if (!parse_error) {
+    try {
+      meet = o.rendezvous.empty() ? train::meeting_point::folder(o.store)
+                                  : train::meeting_point::tcp(o.rendezvous, o.rank.value_or(0) == 0 && !o.rejoin);
+    } catch (const std::exception& e) {
+      parse_error = "--rendezvous " + o.rendezvous + ": " + e.what();
+    }
+  }
+  if (!meet) meet = train::meeting_point::folder(o.store);  // unused: the run reports parse_error
   if (o.transport == "zmq") {
-    if (o.address.empty()) o.address = from_env("CADENCE_TRAIN_ADDR");
-    if (o.address.empty()) o.address = "127.0.0.1";
 #if CADENCE_TRAIN_HAS_ZMQ
-    train::zmq_job job(o.rank.value_or(0), o.size.value_or(1), o.store, o.address);
+    train::zmq_job job(o.rank.value_or(0), o.size.value_or(1), std::move(*meet), o.address);
     return guarded_run(job, o, parse_error);
 #else
     std::fprintf(stderr, "cadence-train: error: --transport zmq: this build has no ZeroMQ (install libzmq3-dev "
@@ -1199,7 +1226,7 @@ int main_launched(options o, std::optional<std::string> parse_error) {
 #endif
   }
 #if CADENCE_TRAIN_HAS_GLOO
-  train::gloo_job job(o.rank.value_or(0), o.size.value_or(1), o.store);
+  train::gloo_job job(o.rank.value_or(0), o.size.value_or(1), std::move(*meet), o.address);
   return guarded_run(job, o, parse_error);
 #else
   std::fprintf(stderr, "cadence-train: error: --transport gloo: this build has no gloo (install libgloo-dev and "

@@ -1,5 +1,6 @@
 // cadence-train's transports: how the processes of a run connect and talk (MPI under mpirun,
-// or gloo or ZeroMQ processes started by launch-gloo.sh with a rendezvous folder), behind one face,
+// or gloo or ZeroMQ processes started by launch-gloo.sh that meet in a shared folder or at a
+// TCP store rank 0 serves), behind one face,
 // so the server, the workers and the collective modes are written once over the communicator
 // concept.
 #pragma once
@@ -26,12 +27,15 @@
 #endif
 #if CADENCE_TRAIN_HAS_ZMQ
 #include <cadence/transport/zmq/communicator.hpp>
+#endif
+#include <cadence/transport/tcp_store.hpp>
 
 #include <cstdio>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
-#endif
 
 namespace cadence::train {
 
@@ -208,17 +212,89 @@ private:
 };
 #endif
 
+/// Where the processes of a gloo or zmq run meet: a folder they all share (--store), or a TCP
+/// store that rank 0 serves at a known host:port for the whole run (--rendezvous), for hosts
+/// that share no file system. Small named values (a zmq communicator's rendezvous address, the
+/// policy running) are files in the folder or keys in the store.
+class meeting_point {
+public:
+  /// A folder every process of the run can write.
+  static meeting_point folder(std::string dir) {
+    meeting_point m;
+    m.folder_ = std::move(dir);
+    return m;
+  }
+  /// The store at `address`; `serve`: this process (rank 0) serves it until it ends. Throws
+  /// when rank 0 cannot listen there (the port is taken, the host is not its own).
+  static meeting_point tcp(std::string address, bool serve) {
+    meeting_point m;
+    transport::detail::parse_host_port(address, "cadence::transport::tcp_store");  // the same error on every rank
+    m.address_ = std::move(address);
+    if (serve) m.server_ = std::make_shared<transport::tcp_store_server>(m.address_);
+    return m;
+  }
+
+  bool is_tcp() const noexcept { return !address_.empty(); }
+  const std::string& address() const noexcept { return address_; }
+  const std::string& folder_path() const noexcept { return folder_; }
+
+  /// Sets `name` to `value` whole: a reader sees the old value or the new one.
+  void publish(const std::string& name, const std::string& value) {
+    if (is_tcp()) {
+      std::lock_guard<std::mutex> lock(*mutex_);
+      client().set(name, value, connect_timeout);
+      return;
+    }
+    const std::string file = folder_ + "/" + name, tmp = file + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << value;
+      if (!out.flush()) throw cadence::invalid_parameter_error("cadence-train: cannot write " + tmp);
+    }
+    if (std::rename(tmp.c_str(), file.c_str()) != 0)
+      throw cadence::invalid_parameter_error("cadence-train: cannot rename " + tmp + " to " + file);
+  }
+  /// What `name` holds, or nothing when no process has published it.
+  std::optional<std::string> read(const std::string& name) {
+    if (is_tcp()) {
+      std::lock_guard<std::mutex> lock(*mutex_);
+      return client().try_get(name, connect_timeout);
+    }
+    std::ifstream in(folder_ + "/" + name);
+    if (!in) return std::nullopt;
+    std::stringstream all;
+    all << in.rdbuf();
+    return all.str();
+  }
+  /// Where `name` lives, for messages: the file, or the key and the store.
+  std::string where(const std::string& name) const {
+    return is_tcp() ? "key '" + name + "' of the store at " + address_ : folder_ + "/" + name;
+  }
+
+private:
+  transport::tcp_store& client() {
+    if (!client_) client_ = std::make_shared<transport::tcp_store>(address_, connect_timeout);
+    return *client_;
+  }
+  std::string folder_, address_;
+  std::shared_ptr<transport::tcp_store_server> server_;
+  std::shared_ptr<transport::tcp_store> client_;
+  std::shared_ptr<std::mutex> mutex_ = std::make_shared<std::mutex>();
+};
+
 #if CADENCE_TRAIN_HAS_GLOO
-/// Processes that found each other through a rendezvous folder (gloo's file store), each told
-/// its rank and the job's size (launch-gloo.sh does this). Each communicator rendezvouses
-/// under a prefix of its own in the folder: "world", "control", "policy-<k>",
-/// "policy-<k>-workers".
+/// Processes that found each other through a rendezvous folder (gloo's file store) or rank 0's
+/// TCP store (meeting_point), each told its rank and the job's size (launch-gloo.sh does this).
+/// Each communicator rendezvouses under a prefix of its own: "world", "control",
+/// "policy-<k>", "policy-<k>-workers".
 class gloo_job {
 public:
   using comm_type = transport::gloo_communicator;
   static constexpr bool joinable = false;  // gloo's mesh is fixed at rendezvous
 
-  gloo_job(int rank, int size, std::string store) : rank_(rank), size_(size), store_(std::move(store)) {}
+  /// `address`: the one this process's gloo device binds and the others reach it by.
+  gloo_job(int rank, int size, meeting_point meet, std::string address = "127.0.0.1")
+      : rank_(rank), size_(size), meet_(std::move(meet)), address_(std::move(address)) {}
 
   const char* name() const noexcept { return "gloo"; }
   int rank() const noexcept { return rank_; }
@@ -251,22 +327,29 @@ public:
 private:
   transport::gloo_options options(std::string prefix) const {
     transport::gloo_options o;
-    o.store_path = store_;
+    if (meet_.is_tcp()) {
+      o.rendezvous = meet_.address();
+      o.serve_rendezvous = false;  // rank 0 serves the run's store (meeting_point)
+    } else {
+      o.store_path = meet_.folder_path();
+    }
     o.prefix = std::move(prefix);
+    o.hostname = address_;
     return o;
   }
   int rank_ = 0, size_ = 1;
-  std::string store_;
+  meeting_point meet_;
+  std::string address_;
   std::unique_ptr<comm_type> world_, control_;
 };
 #endif
 
 #if CADENCE_TRAIN_HAS_ZMQ
 /// Processes over ZeroMQ (transport/zmq): launched as for gloo (launch-gloo.sh sets rank, size
-/// and a folder all of them share). For each communicator ("world", "control", "policy-<k>",
-/// "policy-<k>-workers") its rank 0 binds a rendezvous port of the system's choosing and
-/// publishes the address in the folder (written, then renamed, so no rank reads half of it);
-/// the others wait for that file and register there. Each rank binds its data endpoint on
+/// and where they meet: a folder all of them share, or rank 0's TCP store). For each
+/// communicator ("world", "control", "policy-<k>", "policy-<k>-workers") its rank 0 binds a
+/// rendezvous port of the system's choosing and publishes the address as "<name>.zmq"
+/// (meeting_point: no rank reads half of it); the others wait for it and register there. Each rank binds its data endpoint on
 /// `address` ($CADENCE_TRAIN_ADDR, default 127.0.0.1: on several hosts, one the others reach
 /// this one by). A lost peer fails only the calls that need it, so the server outlives a
 /// killed worker at any moment (transports.md, zmq).
@@ -275,8 +358,8 @@ public:
   using comm_type = transport::zmq_communicator;
   static constexpr bool joinable = true;
 
-  zmq_job(int rank, int size, std::string store, std::string address)
-      : rank_(rank), size_(size), store_(std::move(store)), address_(std::move(address)) {}
+  zmq_job(int rank, int size, meeting_point meet, std::string address)
+      : rank_(rank), size_(size), meet_(std::move(meet)), address_(std::move(address)) {}
 
   const char* name() const noexcept { return "zmq"; }
   int rank() const noexcept { return rank_; }
@@ -311,54 +394,44 @@ public:
   void note_gone() noexcept {}
 
   /// Rank 0, as a parameter-server policy starts: its index and start (seconds since the
-  /// system clock's epoch) in the folder's file "running", for a process that replaces a
-  /// killed worker (cadence-train --rejoin).
-  void publish_running(std::size_t k, double start) const {
-    const std::string file = store_ + "/running", tmp = file + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out.precision(17);
-      out << k << " " << start << "\n";
-      if (!out.flush()) throw cadence::invalid_parameter_error("cadence-train: cannot write " + tmp);
-    }
-    if (std::rename(tmp.c_str(), file.c_str()) != 0)
-      throw cadence::invalid_parameter_error("cadence-train: cannot rename " + tmp + " to " + file);
+  /// system clock's epoch) as "running", for a process that replaces a killed worker
+  /// (cadence-train --rejoin).
+  void publish_running(std::size_t k, double start) {
+    std::ostringstream out;
+    out.precision(17);
+    out << k << " " << start << "\n";
+    meet_.publish("running", out.str());
   }
   /// What publish_running wrote last; false when no policy has started.
-  bool running(std::size_t& k, double& start) const {
-    std::ifstream in(store_ + "/running");
+  bool running(std::size_t& k, double& start) {
+    const auto v = meet_.read("running");
+    if (!v) return false;
+    std::istringstream in(*v);
     return static_cast<bool>(in >> k >> start);
   }
 
 private:
   std::unique_ptr<comm_type> connect(const std::string& name, int rank, int size,
                                      transport::zmq_wait_for wait_for = transport::zmq_wait_for::all,
-                                     std::chrono::nanoseconds timeout = connect_timeout) const {
+                                     std::chrono::nanoseconds timeout = connect_timeout) {
     const transport::deadline d(timeout);
-    const std::string file = store_ + "/" + name + ".zmq";
+    const std::string key = name + ".zmq";
     transport::zmq_options o;
     o.endpoint = "tcp://" + address_ + ":0";
     o.wait_for = wait_for;
     if (rank == 0) {
       o.rendezvous = "tcp://" + address_ + ":0";
-      o.on_rendezvous_bound = [file](const std::string& bound) {
-        const std::string tmp = file + ".tmp";
-        {
-          std::ofstream out(tmp, std::ios::trunc);
-          out << bound << "\n";
-          if (!out.flush())
-            throw cadence::invalid_parameter_error("cadence-train: cannot write the rendezvous file " + tmp);
-        }
-        if (std::rename(tmp.c_str(), file.c_str()) != 0)
-          throw cadence::invalid_parameter_error("cadence-train: cannot rename " + tmp + " to " + file);
-      };
+      meeting_point* meet = &meet_;
+      o.on_rendezvous_bound = [meet, key](const std::string& bound) { meet->publish(key, bound + "\n"); };
     } else {
-      for (;;) {  // bounded by the deadline: rank 0 writes the file once it has bound
-        std::ifstream in(file);
-        if (in && std::getline(in, o.rendezvous) && !o.rendezvous.empty()) break;
+      for (;;) {  // bounded by the deadline: rank 0 publishes the address once it has bound
+        if (const auto v = meet_.read(key)) {
+          std::istringstream in(*v);
+          if (std::getline(in, o.rendezvous) && !o.rendezvous.empty()) break;
+        }
         if (d.passed())
           throw transport_error("cadence-train: rank " + std::to_string(rank) + " of communicator '" + name +
-                                "': no rendezvous address in " + file + " within " +
+                                "': no rendezvous address in " + meet_.where(key) + " within " +
                                 std::to_string(std::chrono::duration<double>(timeout).count()) +
                                 " s (is rank 0 running?)");
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -368,7 +441,8 @@ private:
   }
 
   int rank_ = 0, size_ = 1;
-  std::string store_, address_;
+  meeting_point meet_;
+  std::string address_;
   std::unique_ptr<comm_type> world_, control_;
 };
 #endif

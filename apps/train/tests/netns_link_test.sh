@@ -10,7 +10,12 @@
 # exit by itself (an error is fine: it loses the server after ZeroMQ's heartbeat timeout), not
 # hang. $CADENCE_TEST_FIRST_POLICY (asp, default, or bsp) is the policy that runs when the link
 # goes down; under bsp the survivor waits at the barrier for the cut-off worker until the server
-# evicts it. Nothing here races a deadline: the test waits for lines and exits, and its limits
+# evicts it. With CADENCE_TEST_LINK_BACK=1 the link comes back as soon as the server has evicted
+# the worker (well within ZeroMQ's heartbeat timeout, so its connection survives): the worker's
+# next push is refused (it was evicted), it sends its record after the policy like any worker,
+# and the second policy runs with both workers. With CADENCE_TEST_RENDEZVOUS=tcp the processes
+# share no folder: rank 0 serves the run's TCP store on host 0 (cadence-train --rendezvous).
+# Nothing here races a deadline: the test waits for lines and exits, and its limits
 # only catch a hang. Needs root and network namespaces; without them it prints SKIP and exits
 # 77 (ctest SKIP_RETURN_CODE). Usage:
 #   netns_link_test.sh scripts/netns-cluster.sh build/bin/cadence-train
@@ -28,6 +33,10 @@ case $first in
   bsp) second=asp ;;
   *) echo "netns_link_test.sh: CADENCE_TEST_FIRST_POLICY: expected asp or bsp, got '$first'" >&2; exit 2 ;;
 esac
+back=${CADENCE_TEST_LINK_BACK:-0}
+case $back in 0|1) ;; *) echo "netns_link_test.sh: CADENCE_TEST_LINK_BACK: expected 0 or 1, got '$back'" >&2; exit 2 ;; esac
+meet=${CADENCE_TEST_RENDEZVOUS:-folder}
+case $meet in folder|tcp) ;; *) echo "netns_link_test.sh: CADENCE_TEST_RENDEZVOUS: expected folder or tcp, got '$meet'" >&2; exit 2 ;; esac
 
 # Can this machine make namespaces, veth pairs and tbf qdiscs? (root in a container often cannot)
 skip() { echo "SKIP: $*"; exit 77; }
@@ -90,8 +99,15 @@ export CADENCE_TEST_DIR=$dir
 # shellcheck disable=SC2016  # expanded by each host's shell
 host_cmd='"$@" --address "$CADENCE_HOST_ADDR" >"$CADENCE_TEST_DIR/out.$CADENCE_HOST" 2>"$CADENCE_TEST_DIR/err.$CADENCE_HOST"
 echo $? >"$CADENCE_TEST_DIR/rc.$CADENCE_HOST"'
-bash "$cluster" -n 3 --rate 1gbit --keep-going --down-on "2=$dir/cut" -- \
-  bash -c "$host_cmd" host "$train" --transport zmq --rank '{host}' --size 3 --store "$dir/store" \
+if [ "$meet" = tcp ]; then
+  where=(--rendezvous '{host0}:29400')  # each run has namespaces of its own: no port is taken
+else
+  where=(--store "$dir/store")
+fi
+back_on=()
+[ "$back" = 1 ] && back_on=(--up-on "2=$dir/back")
+bash "$cluster" -n 3 --rate 1gbit --keep-going --down-on "2=$dir/cut" "${back_on[@]}" -- \
+  bash -c "$host_cmd" host "$train" --transport zmq --rank '{host}' --size 3 "${where[@]}" \
   --model softmax --train-limit 2000 --test-limit 200 --seconds 4 --evict-after 1 \
   --policy "$first" --policy "$second" --json --profile homogeneous >"$dir/cluster" 2>&1 &
 cluster_pid=$!
@@ -101,6 +117,11 @@ wait_for "the server running $first" 45 server_running_or_done
 cluster_running || fail "the cluster ended before the server ran $first"
 touch "$dir/cut"
 wait_for "host 2's link down" 10 grep -q "host 2 link down" "$dir/cluster"
+if [ "$back" = 1 ]; then
+  wait_for "the server evicting worker 1" 20 grep -q "worker 1 evicted" "$dir/err.0"
+  touch "$dir/back"
+  wait_for "host 2's link up" 10 grep -q "host 2 link up" "$dir/cluster"
+fi
 # The run: the 4 s policy, the eviction, at most 3 s for the cut-off worker's record; the
 # cut-off worker: ZeroMQ's 5 s heartbeat timeout. 40 s only catches a hang (the limits add up to
 # less than the ctest TIMEOUT, so this script, not ctest, stops a hung run and cleans up).
@@ -112,17 +133,28 @@ for h in 0 1 2; do [ -s "$dir/rc.$h" ] || fail "host $h's process left no exit s
 [ "$(cat "$dir/rc.0")" = 0 ] || fail "the server (host 0) failed"
 [ "$(cat "$dir/rc.1")" = 0 ] || fail "the surviving worker (host 1) failed"
 grep -q "worker 1 evicted" "$dir/err.0" || fail "worker 1 was not evicted"
-grep -q "gone (killed?); the remaining policies are skipped: $second" "$dir/err.0" || fail "no line naming the lost worker"
-grep -q '"evicted": \[1\]' "$dir/out.0" || fail "worker 1 not listed in evicted"
 grep -q "\"policy\": \"$first\"" "$dir/out.0" || fail "no report"
-grep -q "\"policy\": \"$second\"" "$dir/out.0" && fail "the skipped policy was reported"
 # The survivor went on after the cut: at 10 it/s for 4 s it makes about 40 iterations; the
 # cut-off worker made at most a few before the link went down.
 iterations=$(sed -n 's/.*"iterations": \([0-9]*\),.*/\1/p' "$dir/out.0" | head -n 1)
 [ "${iterations:-0}" -ge 10 ] || fail "the workers made ${iterations:-no} iterations: the survivor did not go on after the cut"
-# The cut-off worker ended by itself rather than hang; if it failed, it said why.
-[ "$(cat "$dir/rc.2")" = 0 ] || grep -q "cadence-train (rank 2): error: " "$dir/err.2" ||
-  fail "the cut-off worker failed without an error message"
-echo "PASS: host 2's link cut under $first; worker 1 evicted and listed; the run reported; the cut-off worker exited with status $(cat "$dir/rc.2")"
+if [ "$back" = 1 ]; then
+  # Back in time: refused as evicted, then in the second policy again.
+  [ "$(cat "$dir/rc.2")" = 0 ] || fail "the worker whose link came back failed"
+  grep -q "cadence-train: worker 1: .*evicted" "$dir/err.2" || fail "the returning worker was not told it was evicted"
+  grep -q "gone (killed?)" "$dir/err.0" && fail "the server counted the returning worker gone"
+  grep -q "\"policy\": \"$second\"" "$dir/out.0" || fail "the second policy did not run"
+  evicted=$(sed -n 's/.*"evicted": \(\[[0-9, ]*\]\).*/\1/p' "$dir/out.0" | tr -d ' ' | paste -sd' ')
+  [ "$evicted" = "[1] []" ] || fail "evicted per policy: '$evicted', expected [1] in the first and [] in the second"
+  echo "PASS: host 2's link cut under $first and back after the eviction; worker 1 refused, then in $second again ($meet rendezvous)"
+else
+  grep -q "gone (killed?); the remaining policies are skipped: $second" "$dir/err.0" || fail "no line naming the lost worker"
+  grep -q '"evicted": \[1\]' "$dir/out.0" || fail "worker 1 not listed in evicted"
+  grep -q "\"policy\": \"$second\"" "$dir/out.0" && fail "the skipped policy was reported"
+  # The cut-off worker ended by itself rather than hang; if it failed, it said why.
+  [ "$(cat "$dir/rc.2")" = 0 ] || grep -q "cadence-train (rank 2): error: " "$dir/err.2" ||
+    fail "the cut-off worker failed without an error message"
+  echo "PASS: host 2's link cut under $first; worker 1 evicted and listed; the run reported; the cut-off worker exited with status $(cat "$dir/rc.2") ($meet rendezvous)"
+fi
 cat "$dir/out.0"
 grep -h "cadence-train" "$dir/err.0" "$dir/err.2"

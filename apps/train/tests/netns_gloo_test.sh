@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# cadence-train over gloo across hosts that share no folder: 3 network namespaces
+# (scripts/netns-cluster.sh, each link capped at 1 Gbit/s), the server on host 0 and a worker on
+# hosts 1 and 2. Rank 0 serves the run's TCP store on host 0 (--rendezvous {host0}:29400), each
+# process binds its own host's address (--address), and there is no --store: every communicator
+# (the world, the control one, each policy's, the workers' own for the collective mode) meets
+# through the store. Runs a parameter-server policy and a collective one and checks both were
+# reported with iterations. Waits for the processes to end; its limit only catches a hang.
+# Needs root and network namespaces; without them it prints SKIP and exits 77. Usage:
+#   netns_gloo_test.sh scripts/netns-cluster.sh build/bin/cadence-train
+set -u
+if [ $# -ne 2 ]; then
+  echo "usage: netns_gloo_test.sh NETNS_CLUSTER TRAIN" >&2
+  exit 2
+fi
+cluster=$1; train=$2
+[ -x "$train" ] || { echo "netns_gloo_test.sh: '$train' is not an executable" >&2; exit 2; }
+[ -f "$cluster" ] || { echo "netns_gloo_test.sh: no netns-cluster script at '$cluster'" >&2; exit 2; }
+
+skip() { echo "SKIP: $*"; exit 77; }
+[ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces)"
+{ command -v ip && command -v tc; } >/dev/null || skip "needs ip and tc (Debian: iproute2)"
+probe="cdcprobe$$"
+if ! ip netns add "$probe" 2>/dev/null; then skip "ip netns add fails here"; fi
+probe_ok=0
+if ip -n "$probe" link add pa type veth peer name pb 2>/dev/null &&
+  tc -n "$probe" qdisc add dev pa root tbf rate 1gbit burst 256kb latency 50ms 2>/dev/null; then
+  probe_ok=1
+fi
+ip netns del "$probe"
+[ "$probe_ok" = 1 ] || skip "veth pairs or tc tbf do not work in a namespace here"
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/cadence-netns-gloo-XXXXXX") || exit 1
+trap 'rm -rf "$dir"' EXIT
+export CADENCE_TEST_DIR=$dir
+# shellcheck disable=SC2016  # expanded by each host's shell
+host_cmd='"$@" >"$CADENCE_TEST_DIR/out.$CADENCE_HOST" 2>"$CADENCE_TEST_DIR/err.$CADENCE_HOST"
+echo $? >"$CADENCE_TEST_DIR/rc.$CADENCE_HOST"'
+# timeout: a hang only (the run takes about 10 s); netns-cluster cleans up on TERM.
+timeout -s TERM 90 bash "$cluster" -n 3 --rate 1gbit --keep-going -- \
+  bash -c "$host_cmd" host "$train" --transport gloo --rank '{host}' --size 3 --rendezvous '{host0}:29400' \
+  --address '{addr}' --model softmax --train-limit 2000 --test-limit 200 --seconds 2 --profile homogeneous \
+  --policy bsp --policy periodic:4 --json >"$dir/cluster" 2>&1
+status=$?
+
+fail() {
+  echo "FAIL: $*"
+  local h
+  for h in 0 1 2; do
+    echo "--- host $h: exit status $(cat "$dir/rc.$h" 2>/dev/null || echo '(none)')"
+    echo "--- host $h stderr"; cat "$dir/err.$h" 2>/dev/null
+  done
+  echo "--- host 0 stdout"; cat "$dir/out.0" 2>/dev/null
+  echo "--- netns-cluster (status $status)"; cat "$dir/cluster"
+  exit 1
+}
+[ "$status" = 124 ] && fail "the run did not end within 90 s"
+for h in 0 1 2; do [ "$(cat "$dir/rc.$h" 2>/dev/null)" = 0 ] || fail "host $h's process failed"; done
+for p in bsp periodic:4; do
+  line=$(grep "\"policy\": \"$p\"" "$dir/out.0") || fail "no report of $p"
+  its=$(sed -n 's/.*"iterations": \([0-9]*\),.*/\1/p' <<<"$line")
+  [ "${its:-0}" -ge 10 ] || fail "$p made ${its:-no} iterations"
+  grep -q '"transport": "gloo-' <<<"$line" || fail "$p did not run over gloo"
+done
+echo "PASS: gloo across 3 namespaces, no shared folder (rank 0's TCP store on host 0)"
+cat "$dir/out.0"
