@@ -6,6 +6,8 @@
 //   mpirun -np 5 cadence-bench-ps --backend mpi --throughput      (1 server, 4 workers)
 //   cadence-bench-ps --backend zmq [--ranks N] [--json] [--sgd] [--throughput]
 //                                   (ranks as threads, TCP on 127.0.0.1; N = 1 server + workers)
+//   cadence-bench-ps --backend zmq --ranks N --rank R --rendezvous H:P [--address A] ...
+//                                   (ranks as processes, on several hosts; rank 0 prints)
 //
 // Round trip: rank 1 pushes a gradient of B bytes and pulls B bytes of weights from server
 // rank 0 (one server, policy asp, so nobody waits on a policy); raw: rank 1 sends B bytes to
@@ -245,9 +247,10 @@ public:
   raw_zmq_echo(const raw_zmq_echo&) = delete;
   raw_zmq_echo& operator=(const raw_zmq_echo&) = delete;
 
-  std::string serve() {
+  std::string serve(const std::string& host = "127.0.0.1") {
     s_ = socket(ZMQ_ROUTER);
-    if (zmq_bind(s_, "tcp://127.0.0.1:0") != 0) throw std::runtime_error("raw zmq: bind failed");
+    if (zmq_bind(s_, ("tcp://" + host + ":0").c_str()) != 0)
+      throw std::runtime_error("raw zmq: cannot bind tcp://" + host + ":0: " + zmq_strerror(zmq_errno()));
     char buf[256];
     std::size_t len = sizeof buf;
     zmq_getsockopt(s_, ZMQ_LAST_ENDPOINT, buf, &len);
@@ -340,6 +343,52 @@ int run_zmq(const config& cfg) {
   print(rows, cfg, workers);
   return 0;
 }
+
+// Ranks as processes (on several hosts, or network namespaces): rank 0 binds the communicator's
+// rendezvous at --rendezvous and its raw echo server on --address, whose endpoint it broadcasts;
+// the line-ups and averages go over the communicator's all-reduce.
+int run_zmq_process(const config& cfg) {
+  if (cfg.ranks < 2) throw usage_error("--ranks: the zmq backend needs at least 2 (a server and a worker)");
+  const int r = cfg.rank;
+  const int workers = cfg.throughput ? cfg.ranks - 1 : 1;
+  zmq_options options;
+  options.rendezvous = "tcp://" + cfg.rendezvous;
+  options.endpoint = "tcp://" + cfg.address + ":0";
+  zmq_communicator comm(r, cfg.ranks, options, std::chrono::seconds(120));
+  raw_zmq_echo raw;
+  char endpoint[256] = {};
+  if (r == 0) {
+    const std::string e = raw.serve(cfg.address);
+    std::snprintf(endpoint, sizeof endpoint, "%s", e.c_str());
+  }
+  comm.broadcast(endpoint, sizeof endpoint, 0, std::chrono::seconds(60));
+  if (r != 0) raw.dial(endpoint);
+  auto sum = [&comm](double v) {
+    comm.allreduce(&v, 1, dtype::f64, reduce_op::sum, std::chrono::seconds(120));
+    return v;
+  };
+  ps_rank me;
+  me.rank = r;
+  me.workers = workers;
+  me.raw_block = [&](std::vector<float>& buf, int iters) {
+    sum(0);
+    const auto t0 = steady::now();
+    if (r == 0)
+      raw.echo(iters * workers);
+    else if (r <= workers)
+      for (int i = 0; i < iters; ++i) raw.round_trip(buf);
+    return std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
+  };
+  me.ours_block = [&](std::vector<float>& buf, int iters) {
+    sum(0);
+    return ours_block(comm, workers, buf, iters, cfg.sgd);
+  };
+  me.average_over_workers = [&](double v) { return sum(r >= 1 && r <= workers ? v : 0.0) / workers; };
+  const auto rows = measure(me, cfg, sizes_for(cfg));
+  sum(0);  // nobody closes while another still runs
+  if (r == 0) print(rows, cfg, workers);
+  return 0;
+}
 #endif
 
 constexpr const char* usage_text =
@@ -348,7 +397,12 @@ constexpr const char* usage_text =
     "       mpirun -np W+1 cadence-bench-ps --backend mpi --throughput\n"
     "       cadence-bench-ps --backend zmq [--ranks W+1] [--json] [--reps R] [--max-bytes B]\n"
     "         [--sgd] [--throughput]\n"
+    "       cadence-bench-ps --backend zmq --ranks W+1 --rank R --rendezvous H:P [--address A] ...\n"
     "  --ranks N      zmq: ranks as threads, 1 server and N-1 workers (default 2)\n"
+    "  --rank R --rendezvous H:P [--address A]\n"
+    "                 zmq: ranks as processes (on several hosts): this one is rank R of\n"
+    "                 --ranks N; rank 0 binds the rendezvous H:P (one of its addresses),\n"
+    "                 each binds A (default 127.0.0.1); rank 0 prints\n"
     "  --throughput   every worker pushes at once (sizes 64 KiB, 1 MiB, 4 MiB)\n"
     "  --no-bounce    mpi_options::bounce_buffers = false\n"
     "  --sgd          apply SGD on the server (default: a no-op update rule)\n"
@@ -357,7 +411,8 @@ constexpr const char* usage_text =
 int run(int argc, char** argv) {
   config cfg;
   const bool help = !cadence_bench::read_flags(
-      argc, argv, cfg, {"--backend", "--json", "--reps", "--max-bytes", "--ranks"},
+      argc, argv, cfg,
+      {"--backend", "--json", "--reps", "--max-bytes", "--ranks", "--rank", "--rendezvous", "--address"},
       {{"--no-bounce", &cfg.bounce, false}, {"--sgd", &cfg.sgd, true},
        {"--throughput", &cfg.throughput, true}},
       usage_text);
@@ -365,6 +420,8 @@ int run(int argc, char** argv) {
   if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
     throw usage_error("--max-bytes: must be a multiple of 4, at least 4096, got " +
                       std::to_string(cfg.max_bytes));
+  if (cfg.processes() && cfg.backend != "zmq")
+    throw usage_error("--rendezvous: ranks as processes are for --backend zmq (mpi: mpirun starts them)");
   if (cfg.backend == "mpi") {
 #if defined(CADENCE_BENCH_WITH_MPI)
     return run_mpi(cfg);
@@ -374,7 +431,7 @@ int run(int argc, char** argv) {
   }
   if (cfg.backend == "zmq") {
 #if defined(CADENCE_BENCH_WITH_ZMQ)
-    return run_zmq(cfg);
+    return cfg.processes() ? run_zmq_process(cfg) : run_zmq(cfg);
 #else
     throw cadence_bench::backend_not_built("ZeroMQ", "cadence::zmq");
 #endif

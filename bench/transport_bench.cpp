@@ -5,6 +5,8 @@
 //   cadence-bench-transport --backend inproc [--ranks N] [--json]
 //   mpirun -np 2 cadence-bench-transport --backend mpi [--json] [--no-bounce] [--no-verify]
 //                                         [--no-ring]
+//   cadence-bench-transport --backend gloo --ranks N --rank R --rendezvous H:P [--address A]
+//                                        (ranks as processes, on several hosts; rank 0 prints)
 //   cadence-bench-transport --backend gloo [--ranks N] [--json]   (ranks as threads, TCP on
 //                                                                  127.0.0.1, a temp file store)
 //   cadence-bench-transport --backend nccl [--ranks N] [--json]   (one thread per GPU)
@@ -255,6 +257,39 @@ std::vector<row> run_inproc(const config& cfg) {
 // ---- gloo: ranks as threads, each with its own gloo context over TCP on 127.0.0.1 ----
 
 #if defined(CADENCE_BENCH_WITH_GLOO)
+// gloo's own ring all-reduce on the communicator's context: the raw baseline.
+void raw_gloo_allreduce(gloo_communicator& comm, float* b, std::size_t n) {
+  ::gloo::AllreduceOptions opts(comm.context());
+  opts.setOutput(b, n);
+  opts.setReduceFunction(
+      static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<float>));
+  opts.setTag(1);
+  opts.setTimeout(std::chrono::seconds(60));
+  ::gloo::allreduce(opts);
+}
+
+// Ranks as processes (on several hosts, or network namespaces): they meet at the TCP store rank
+// 0 serves at --rendezvous; the averages and the line-ups go over the communicator itself.
+std::vector<row> run_gloo_process(const config& cfg) {
+  gloo_options options;
+  options.rendezvous = cfg.rendezvous;
+  options.hostname = cfg.address;
+  options.prefix = "cadence-bench-transport";
+  gloo_communicator comm(cfg.rank, cfg.ranks, options, std::chrono::seconds(120));
+  rank_ops ops;
+  ops.rank = cfg.rank;
+  ops.size = cfg.ranks;
+  ops.ours = [&comm](float* b, std::size_t n) {
+    comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+  };
+  ops.raw = [&comm](float* b, std::size_t n) { raw_gloo_allreduce(comm, b, n); };
+  ops.average = [&comm](double v) {
+    comm.allreduce(&v, 1, dtype::f64, reduce_op::sum, std::chrono::seconds(60));
+    return v / comm.size();
+  };
+  return run_rank(ops, cfg);
+}
+
 std::vector<row> run_gloo(const config& cfg) {
   std::string store = (std::filesystem::temp_directory_path() / "cadence-bench-gloo-XXXXXX").string();
   if (::mkdtemp(store.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
@@ -272,15 +307,7 @@ std::vector<row> run_gloo(const config& cfg) {
     options.store_path = store;
     gloo_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
     rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
-    ops.raw = [&](float* b, std::size_t n) {
-      ::gloo::AllreduceOptions opts(comm.context());
-      opts.setOutput(b, n);
-      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(
-          &::gloo::sum<float>));
-      opts.setTag(1);
-      opts.setTimeout(std::chrono::seconds(60));
-      ::gloo::allreduce(opts);
-    };
+    ops.raw = [&](float* b, std::size_t n) { raw_gloo_allreduce(comm, b, n); };
     auto mine = run_rank(ops, cfg);
     if (r == 0) rows = std::move(mine);
   });
@@ -574,6 +601,10 @@ constexpr const char* usage_text =
     "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring]\n"
     "  --ranks N      threads for inproc, gloo and zmq (default 2) or nccl (one per GPU,\n"
     "                 default 1); under MPI, mpirun -np sets it\n"
+    "  --rank R --rendezvous H:P [--address A]\n"
+    "                 gloo: ranks as processes (on several hosts): this one is rank R of\n"
+    "                 --ranks N; rank 0 serves a TCP store at H:P (one of its addresses) and\n"
+    "                 each binds A (default 127.0.0.1); rank 0 prints\n"
     "  --max-bytes B  largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)\n"
     "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
     "  --no-bounce    mpi: mpi_options::bounce_buffers = false (broadcasts and sends)\n"
@@ -584,7 +615,8 @@ constexpr const char* usage_text =
 int run(int argc, char** argv) {
   config cfg;
   const bool help = !cadence_bench::read_flags(
-      argc, argv, cfg, {"--backend", "--ranks", "--json", "--max-bytes", "--reps"},
+      argc, argv, cfg,
+      {"--backend", "--ranks", "--json", "--max-bytes", "--reps", "--rank", "--rendezvous", "--address"},
       {{"--no-bounce", &cfg.bounce, false}, {"--no-verify", &cfg.verify, false},
        {"--no-ring", &cfg.ring, false}},
       usage_text);
@@ -605,8 +637,15 @@ int run(int argc, char** argv) {
     throw cadence_bench::backend_not_built("NCCL", "cadence::nccl");
 #endif
   }
+  if (cfg.processes() && cfg.backend != "gloo")
+    throw usage_error("--rendezvous: ranks as processes are for --backend gloo (mpi: mpirun starts them)");
   if (cfg.backend == "gloo") {
 #if defined(CADENCE_BENCH_WITH_GLOO)
+    if (cfg.processes()) {
+      const auto rows = run_gloo_process(cfg);
+      if (cfg.rank == 0) print(rows, cfg);
+      return 0;
+    }
     print(run_gloo(cfg), cfg);
     return 0;
 #else

@@ -1057,8 +1057,8 @@ int replace_worker(Job& job, const options& o) {
   double start = 0;
   if constexpr (Job::joinable) {
     if (!job.running(k, start))
-      throw cadence::error("--rejoin: no policy has started (no file 'running' in the rendezvous folder): nothing to "
-                           "rejoin");
+      throw cadence::error("--rejoin: no policy has started (nothing published as 'running' in the rendezvous folder "
+                           "or store): nothing to rejoin");
   }
   if (k >= o.policies.size() || is_collective(o.policies[k]))
     throw cadence::error("--rejoin: the running policy (number " + std::to_string(k + 1) +

@@ -27,6 +27,13 @@ struct common_config {
   std::size_t min_bytes = 0;  // the smallest and largest buffer measured
   std::size_t max_bytes = 0;
   int reps = 5;  // raw/ours pairs per size; the median pair is reported
+  // Ranks as processes (backends over TCP that support it): this process is rank `rank` of
+  // `ranks`, meeting the others at `rendezvous` (host:port; rank 0 binds it) and binding
+  // `address` for its own connections. rank < 0: ranks as threads.
+  int rank = -1;
+  std::string rendezvous;
+  std::string address = "127.0.0.1";
+  bool processes() const noexcept { return !rendezvous.empty(); }
 };
 
 /// A flag without a value that sets a bool of the benchmark's config: {"--no-ring", &cfg.ring,
@@ -38,7 +45,8 @@ struct switch_flag {
 };
 
 /// Reads argv into cfg: of the shared flags those named in `shared` (any of "--backend",
-/// "--json", "--ranks", "--min-bytes", "--max-bytes", "--reps"; numbers at least 1), and the
+/// "--json", "--ranks", "--min-bytes", "--max-bytes", "--reps", "--rank", "--rendezvous",
+/// "--address"; numbers at least 1, --rank at least 0), and the
 /// benchmark's own `switches`. --help (or -h) prints `usage` on stdout and returns false: the
 /// program then exits 0 without running. Throws flag_reader's usage_error naming the flag for
 /// anything else.
@@ -74,10 +82,23 @@ inline bool read_flags(int argc, char** argv, common_config& cfg,
       cfg.max_bytes = parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
     } else if (flag == "--reps") {
       cfg.reps = parse_flag_integer<int>(flag, args.value(), 1, INT_MAX);
+    } else if (flag == "--rank") {
+      cfg.rank = parse_flag_integer<int>(flag, args.value(), 0, INT_MAX);
+    } else if (flag == "--rendezvous") {
+      cfg.rendezvous = std::string(args.value());
+    } else if (flag == "--address") {
+      cfg.address = std::string(args.value());
     } else {
       args.unknown();  // a name in `shared` that no benchmark shares
     }
   }
+  if (cfg.processes() != (cfg.rank >= 0))
+    throw cadence::tools::usage_error("--rank and --rendezvous: give both (ranks as processes) or neither (ranks as threads)");
+  if (cfg.processes() && !cfg.ranks_given)
+    throw cadence::tools::usage_error("--rendezvous: give --ranks too (the number of processes)");
+  if (cfg.processes() && cfg.rank >= cfg.ranks)
+    throw cadence::tools::usage_error("--rank " + std::to_string(cfg.rank) + " is out of range for --ranks " +
+                                      std::to_string(cfg.ranks));
   return true;
 }
 
