@@ -105,10 +105,13 @@ else
   where=(--store "$dir/store")
 fi
 back_on=()
-[ "$back" = 1 ] && back_on=(--up-on "2=$dir/back")
+seconds=4
+# The returning worker's push waits out TCP's retransmission backoff (up to about 3 s after the
+# cut) and must reach the server while the policy still runs: a longer policy.
+[ "$back" = 1 ] && back_on=(--up-on "2=$dir/back") && seconds=7
 bash "$cluster" -n 3 --rate 1gbit --keep-going --down-on "2=$dir/cut" "${back_on[@]}" -- \
   bash -c "$host_cmd" host "$train" --transport zmq --rank '{host}' --size 3 "${where[@]}" \
-  --model softmax --train-limit 2000 --test-limit 200 --seconds 4 --evict-after 1 \
+  --model softmax --train-limit 2000 --test-limit 200 --seconds "$seconds" --evict-after 1 \
   --policy "$first" --policy "$second" --json --profile homogeneous >"$dir/cluster" 2>&1 &
 cluster_pid=$!
 
