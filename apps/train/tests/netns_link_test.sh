@@ -13,8 +13,9 @@
 # evicts it. With CADENCE_TEST_LINK_BACK=1 the link comes back as soon as the server has evicted
 # the worker (well within ZeroMQ's heartbeat timeout, so its connection survives): the worker's
 # next push is refused (it was evicted), it sends its record after the policy like any worker,
-# and the second policy runs with both workers. With CADENCE_TEST_RENDEZVOUS=tcp the processes
-# share no folder: rank 0 serves the run's TCP store on host 0 (cadence-train --rendezvous).
+# and the second policy (periodic:4, over an all-reduce among the workers) runs with both. With
+# CADENCE_TEST_RENDEZVOUS=tcp the processes share no folder: rank 0 serves the run's TCP store on
+# host 0 (cadence-train --rendezvous).
 # Nothing here races a deadline: the test waits for lines and exits, and its limits
 # only catch a hang. Needs root and network namespaces; without them it prints SKIP and exits
 # 77 (ctest SKIP_RETURN_CODE). Usage:
@@ -35,6 +36,9 @@ case $first in
 esac
 back=${CADENCE_TEST_LINK_BACK:-0}
 case $back in 0|1) ;; *) echo "netns_link_test.sh: CADENCE_TEST_LINK_BACK: expected 0 or 1, got '$back'" >&2; exit 2 ;; esac
+# The returning worker's second policy is a collective mode: it all-reduces with the other
+# worker over ZeroMQ (ranks that finish the ring first leave while the other still receives).
+[ "$back" = 1 ] && second=periodic:4
 meet=${CADENCE_TEST_RENDEZVOUS:-folder}
 case $meet in folder|tcp) ;; *) echo "netns_link_test.sh: CADENCE_TEST_RENDEZVOUS: expected folder or tcp, got '$meet'" >&2; exit 2 ;; esac
 

@@ -476,6 +476,9 @@ private:
     zclock::time_point broken_at;  // our DEALER's connection to it broke (epoch: not)
     std::string broken_how;
     zclock::time_point inbound_closed_at;  // its connection to our ROUTER closed (epoch: not)
+    // Its goodbye said it had completed collectives 1..bye_through (of incarnation bye_inc).
+    std::uint64_t bye_through = 0;
+    std::uint64_t bye_inc = 0;
   };
 
   struct zmq_slot {  // rank 0's registry
@@ -818,7 +821,14 @@ private:
         return;
       case zmq_kind::coll: on_coll(std::move(in)); return;
       case zmq_kind::coll_fail: on_coll_fail(in.h.id, in.src, text_of(in)); return;
-      case zmq_kind::bye: lose(in.src, "it left: its communicator was destroyed"); return;
+      case zmq_kind::bye: {
+        // It completed collectives 1..id: everything it sent for them came before this bye.
+        zmq_peer& q = peer_at(in.src);
+        q.bye_through = in.h.id;
+        q.bye_inc = q.inc;
+        lose(in.src, "it left: its communicator was destroyed");
+        return;
+      }
       case zmq_kind::withdraw: on_withdraw(in.src, in.h.id); return;
       case zmq_kind::hello: peer_at(in.src).hello_seen = true; return;
     }
@@ -1274,12 +1284,17 @@ private:
   }
 
   // A collective that still needs a lost peer (after taking everything it had sent) fails the
-  // communicator: collectives need every rank.
+  // communicator: collectives need every rank. A peer that left after completing the collective
+  // (its goodbye says so) sent everything this rank needs from it before the goodbye, so it is
+  // not needed any more: a ring's quick rank may finish and leave while a slower one still
+  // receives from its left neighbour.
   void fail_colls_on_lost() {
     for (const auto& op : colls_) {
       if (op->finished() || failure_) continue;
       for (int p = 0; p < size_; ++p) {
-        if (p == rank_ || peer_at(p).state != zmq_peer_state::lost || !op->needs(p)) continue;
+        const zmq_peer& q = peer_at(p);
+        if (p == rank_ || q.state != zmq_peer_state::lost || !op->needs(p)) continue;
+        if (q.bye_inc == q.inc && q.bye_through >= op->index) continue;
         mark_failed(lost_peer_error(op->c, {p}, peer_at(p).lost_how));
         return;
       }
@@ -1426,6 +1441,7 @@ private:
       if (p == rank_ || q.state != zmq_peer_state::alive || q.dealer == nullptr || !welcomed_) continue;
       try {
         zmq_header h = header(zmq_kind::bye, p);
+        h.id = completed_through();
         zmq_message m(sizeof h);
         std::memcpy(m.data(), &h, sizeof h);
         q.out.push_back(zmq_outgoing{std::move(m), std::nullopt, q.inc, {}});
@@ -1449,6 +1465,14 @@ private:
       ::close(wake_fd_);
       wake_fd_ = -1;
     }
+  }
+
+  // The collectives this rank completed, all of 1..k (one still in progress stops the count).
+  std::uint64_t completed_through() const noexcept {
+    std::uint64_t k = collectives_;
+    for (const auto& op : colls_)
+      if (!op->done) k = std::min<std::uint64_t>(k, op->index - 1);
+    return k;
   }
 
   // Before closing: what waits in q.out for a live peer whose connection is not up yet (ZeroMQ

@@ -186,7 +186,8 @@ struct zmq_header {
   std::int32_t dst = 0;
   std::uint64_t src_incarnation = 0;
   std::uint64_t dst_incarnation = 0;  // messages for another incarnation of dst are dropped
-  std::uint64_t id = 0;               // large message id; collective index (1-based)
+  std::uint64_t id = 0;               // large message id; collective index (1-based); bye:
+                                      // the collectives the sender completed, all of 1..id
   std::uint64_t bytes = 0;            // message bytes; collective: count (allreduce) or bytes
   std::uint64_t offset = 0;           // piece or chunk offset; credit: bytes returned
   std::uint32_t step = 0;             // ring step, or zmq_notice_step
