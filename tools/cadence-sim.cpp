@@ -53,6 +53,13 @@ options:
                      --trace: a replay draws no random numbers)
   --push-cost S      seconds for a push to reach the server (default: the scenario's)
   --pull-cost S      seconds for a worker to pull the weights (default: the scenario's)
+  --link W=PUSH[,PULL]
+                     worker W's own link: its push and pull take PUSH and PULL seconds
+                     (PULL defaults to PUSH) instead of --push-cost/--pull-cost or the
+                     scenario's; a network straggler, slow by its link alone. Repeat for
+                     other workers. With --collective a merge is paced by the slowest link
+                     (unless --allreduce-cost is given). Not with --trace (a trace records
+                     each worker's costs)
   --trace FILE       replay recorded per-worker iteration times instead of a scenario: a
                      CSV iteration trace (header worker,start,compute[,push,pull]; one
                      row per iteration; see docs/trace.md), as cadence-train --trace
@@ -70,7 +77,7 @@ options:
                      bsp, periodic:4, elastic:4, periodic:15, elastic:15). A merge costs
                      --allreduce-cost seconds; worker failures are not modelled
   --allreduce-cost S seconds of one merge all-reduce with --collective (default: push +
-                     pull cost)
+                     pull cost; with --link, the slowest push plus the slowest pull)
   --json             print one JSON array, one object per policy
   --csv              print CSV: a header row and one row per policy; not with --json
   --list-scenarios   list the named scenarios and exit
@@ -142,6 +149,25 @@ private:
 
 enum class output { table, json, csv };
 
+bool has_links(const cadence::sim::scenario& s) {
+  for (const auto& w : s.workers)
+    if (w.push_seconds || w.pull_seconds) return true;
+  return false;
+}
+
+// "; own links: worker 3 push 45 ms, pull 45 ms" for the table's header, or "".
+std::string links_text(const cadence::sim::scenario& s) {
+  std::string out;
+  for (std::size_t p = 0; p < s.workers.size(); ++p) {
+    if (!s.workers[p].push_seconds && !s.workers[p].pull_seconds) continue;
+    char cell[96];
+    std::snprintf(cell, sizeof cell, "%sworker %zu push %g ms, pull %g ms", out.empty() ? "; own links: " : "; ", p,
+                  1e3 * cadence::sim::push_seconds_of(s, p), 1e3 * cadence::sim::pull_seconds_of(s, p));
+    out += cell;
+  }
+  return out;
+}
+
 int run_collective(const cadence::sim::scenario& s, std::vector<std::string> modes,
                    double allreduce_cost, output format) {
   if (modes.empty()) modes.assign(std::begin(default_collective_modes), std::end(default_collective_modes));
@@ -167,8 +193,9 @@ int run_collective(const cadence::sim::scenario& s, std::vector<std::string> mod
   } else {
     std::printf("scenario %s (%zu ranks, seed %llu): %s\n", s.name.c_str(), s.workers.size(),
                 static_cast<unsigned long long>(s.seed), s.description.c_str());
-    std::printf("all-reduce cluster: merge %g ms; ", 1e3 * (allreduce_cost >= 0 ? allreduce_cost
-                                                                     : s.push_seconds + s.pull_seconds));
+    std::printf("all-reduce cluster: merge %g ms%s; ",
+                1e3 * (allreduce_cost >= 0 ? allreduce_cost : cadence::sim::link_allreduce_seconds(s)),
+                allreduce_cost < 0 && has_links(s) ? " (the slowest link's)" : "");
     if (s.seconds > 0)
       std::printf("%g simulated s\n\n", s.seconds);
     else
@@ -189,6 +216,7 @@ int run(int argc, char** argv) {
   output format = output::table;
   std::string trace_path;
   cadence::sim::replay_options replay;
+  std::vector<cadence::tools::link_flag> links;
 
   cadence::tools::flag_reader args(argc, argv);
   // Each pair sets one thing (the run length, the output format): both would drop one.
@@ -225,6 +253,8 @@ int run(int argc, char** argv) {
       push_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
     } else if (flag == "--pull-cost") {
       pull_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
+    } else if (flag == "--link") {
+      links.push_back(cadence::tools::parse_link(flag, args.value()));
     } else if (flag == "--trace") {
       trace_path = std::string(args.value());
     } else if (flag == "--trace-wrap") {
@@ -249,6 +279,7 @@ int run(int argc, char** argv) {
   std::optional<cadence::iteration_trace> trace;
   cadence::sim::scenario s;
   if (args.given("--trace")) {
+    if (args.given("--link")) throw usage_error("--link: not with --trace (the trace records each worker's costs)");
     for (const char* other : {"--scenario", "--workers", "--collective", "--allreduce-cost"})
       if (args.given(other)) throw usage_error(std::string(other) + ": not with --trace (the trace gives the workers)");
     if (args.given("--seed")) throw usage_error("--seed: not with --trace (a replay draws no random numbers)");
@@ -263,6 +294,12 @@ int run(int argc, char** argv) {
       if (replay.push_seconds < 0) replay.push_seconds = 0;
       if (replay.pull_seconds < 0) replay.pull_seconds = 0;
     }
+    // The scenario describes the run: flags that replace the recorded costs replace every
+    // worker's (trace_scenario gave each its recorded mean).
+    for (auto& w : s.workers) {
+      if (replay.push_seconds >= 0) w.push_seconds.reset();
+      if (replay.pull_seconds >= 0) w.pull_seconds.reset();
+    }
     if (replay.push_seconds >= 0) s.push_seconds = replay.push_seconds;
     if (replay.pull_seconds >= 0) s.pull_seconds = replay.pull_seconds;
   } else {
@@ -276,6 +313,7 @@ int run(int argc, char** argv) {
   }
   if (push_cost >= 0) s.push_seconds = push_cost;
   if (pull_cost >= 0) s.pull_seconds = pull_cost;
+  cadence::tools::apply_links(s, links, "--link");
   cadence::tools::check_simulated_work(s, args.given("--iterations") ? "--iterations"
                                           : args.given("--seconds")  ? "--seconds"
                                                                      : "--workers");
@@ -328,11 +366,12 @@ int run(int argc, char** argv) {
       std::printf("run: at most %s, push %g ms, pull %g ms%s\n\n", length, 1e3 * s.push_seconds, 1e3 * s.pull_seconds,
                   recorded ? " (the recorded ones' means; each iteration pays its own)" : "");
     } else if (s.seconds > 0)
-      std::printf("run: %g simulated s, push %g ms, pull %g ms\n\n", s.seconds, 1e3 * s.push_seconds,
-                  1e3 * s.pull_seconds);
+      std::printf("run: %g simulated s, push %g ms, pull %g ms%s\n\n", s.seconds, 1e3 * s.push_seconds,
+                  1e3 * s.pull_seconds, links_text(s).c_str());
     else
-      std::printf("run: %llu iterations per worker, push %g ms, pull %g ms\n\n",
-                  static_cast<unsigned long long>(s.iterations), 1e3 * s.push_seconds, 1e3 * s.pull_seconds);
+      std::printf("run: %llu iterations per worker, push %g ms, pull %g ms%s\n\n",
+                  static_cast<unsigned long long>(s.iterations), 1e3 * s.push_seconds, 1e3 * s.pull_seconds,
+                  links_text(s).c_str());
     std::fflush(stdout);
     cadence::sim::write_table(std::cout, runs);
     // The simulator's own speed (wall clock, so it varies from run to run).

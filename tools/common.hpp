@@ -1,6 +1,6 @@
-// Shared by cadence-sim and cadence-race (not installed): the scenario named by the flags and
-// the bound on how much simulated work those flags may ask for. main's error handling is
-// cli.hpp's guarded_main.
+// Shared by cadence-sim and cadence-race (not installed): the scenario named by the flags, the
+// workers' own links (--link), and the bound on how much simulated work those flags may ask
+// for. main's error handling is cli.hpp's guarded_main.
 #pragma once
 
 #include "cli.hpp"
@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace cadence::tools {
 
@@ -21,6 +22,49 @@ inline sim::scenario scenario_from_flags(const std::string& name, std::size_t wo
     bool known = false;
     for (const auto& info : sim::scenario_catalog()) known = known || info.name == name;
     throw usage_error(std::string(known ? "--workers: " : "--scenario: ") + e.what());
+  }
+}
+
+/// One worker's own link from the command line (--link W=PUSH[,PULL]): seconds for its push
+/// and its pull; PULL defaults to PUSH.
+struct link_flag {
+  std::size_t worker = 0;
+  double push = 0;
+  double pull = 0;
+};
+
+/// Parses `flag`'s value "W=PUSH[,PULL]" (a worker index, then seconds >= 0). Throws usage_error
+/// "FLAG: expected 'W=PUSH[,PULL]' (a worker and its push and pull seconds), got 'TEXT'", or
+/// parse_flag_integer's and parse_flag_real's errors for the parts.
+inline link_flag parse_link(std::string_view flag, std::string_view text) {
+  const auto eq = text.find('=');
+  const std::string_view costs = eq == std::string_view::npos ? std::string_view() : text.substr(eq + 1);
+  const auto comma = costs.find(',');
+  if (eq == std::string_view::npos || costs.empty() || costs.find(',', comma + 1) != std::string_view::npos ||
+      (comma != std::string_view::npos && comma + 1 == costs.size()))
+    throw usage_error(std::string(flag) + ": expected 'W=PUSH[,PULL]' (a worker and its push and pull seconds), got '" +
+                      std::string(text) + "'");
+  link_flag l;
+  l.worker = parse_flag_integer<std::size_t>(flag, text.substr(0, eq), 0, SIZE_MAX, "W");
+  l.push = parse_flag_real(flag, costs.substr(0, comma), /*allow_zero=*/true);
+  l.pull = comma == std::string_view::npos ? l.push : parse_flag_real(flag, costs.substr(comma + 1), true);
+  return l;
+}
+
+/// Gives each named worker of s its own link (worker_model::push_seconds, pull_seconds), which
+/// the scenario's push and pull cost do not override. Throws usage_error naming `flag` for a
+/// worker the scenario does not have or one named twice.
+inline void apply_links(sim::scenario& s, const std::vector<link_flag>& links, std::string_view flag) {
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    const link_flag& l = links[i];
+    if (l.worker >= s.workers.size())
+      throw usage_error(std::string(flag) + ": worker " + std::to_string(l.worker) + " is out of range: the scenario has " +
+                        std::to_string(s.workers.size()) + " workers (0.." + std::to_string(s.workers.size() - 1) + ")");
+    for (std::size_t j = 0; j < i; ++j)
+      if (links[j].worker == l.worker)
+        throw usage_error(std::string(flag) + ": worker " + std::to_string(l.worker) + " given twice");
+    s.workers[l.worker].push_seconds = l.push;
+    s.workers[l.worker].pull_seconds = l.pull;
   }
 }
 

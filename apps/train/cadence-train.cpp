@@ -315,8 +315,12 @@ struct worker_summary {
   double evicted = 0;
   double timings = 0;
   double max_local_steps = 0;  // collective modes: most local steps between two merges
+  // Parameter-server modes: the id server 0 gave this worker (-1: none), which finds its
+  // parked time in the server's stats (ids need not be rank - 1: a worker that joins late or
+  // comes back gets the next free one).
+  double id = -1;
 };
-constexpr int summary_words = 5;
+constexpr int summary_words = 6;
 
 // Server 0's update rule: SGD, plus the snapshots of the weights that make the curve (the
 // weights at time t are those before the first push after t), the count of pushes within the
@@ -545,6 +549,7 @@ train::policy_report serve(Job& job, const options& o, const std::string& policy
   r.p99_staleness = cadence::exchange::histogram_percentile(st.staleness_histogram, 99.0);
   for (const auto& e : st.evictions) r.evicted.push_back(static_cast<int>(e.worker));
   std::sort(r.evicted.begin(), r.evicted.end());
+  r.parked_seconds = st.parked_seconds;
   for (std::size_t k = 0; k < side.snapshot_times.size(); ++k) {
     const cadence::span<const float> w(side.snapshots.data() + k * params, params);
     const auto e = model.evaluate(w, test, o.test_limit);
@@ -607,6 +612,7 @@ worker_summary work(Job& job, std::size_t index, const options& o, any_model& mo
     sum.evicted = 1;
     std::fprintf(stderr, "cadence-train: worker %zu: %s\n", id, e.what());
   }
+  sum.id = static_cast<double>(worker.id());  // the server's, known since the first pull
   sum.timings = static_cast<double>(timings.size());
   return sum;
 }
@@ -862,13 +868,14 @@ policy_part run_policy(Job& job, std::size_t k, const options& o, any_model& mod
 }
 
 // Rank 0 collects every worker's count, summary and push_pull timings, as one record:
-// [counted, summary (summary_words), then (start, seconds) per push_pull]. On rank 0 the
-// records by rank, with `gone` set to the evicted workers' ranks that sent nothing in time.
+// [counted, summary (summary_words, in worker_summary's order), then (start, seconds) per
+// push_pull]. On rank 0 the records by rank, with `gone` set to the evicted workers' ranks that
+// sent nothing in time.
 template <class Job>
 std::vector<std::vector<double>> gather_records(Job& job, const policy_part& part, std::vector<int>& gone) {
   const worker_summary& mine = part.summary;
   std::vector<double> record{static_cast<double>(part.counted), mine.iterations, mine.overruns, mine.evicted,
-                             mine.timings, mine.max_local_steps};
+                             mine.timings, mine.max_local_steps, mine.id};
   for (const auto& t : part.timings) {
     record.push_back(t.start);
     record.push_back(t.seconds);
@@ -909,14 +916,19 @@ bool share_verdict(Job& job, std::vector<int>& gone) {
 }
 
 // Rank 0: fills r's measured part from the workers' records (a gone worker's counts as no
-// iterations): the iterations of a collective mode, the transfer cost, the wait and overrun
-// fractions; writes the policy's iteration trace with --trace.
+// iterations): the iterations of a collective mode, the transfer costs, the wait and overrun
+// fractions; writes the policy's iteration trace with --trace. Parameter-server modes: each
+// worker's own transfer cost is its blocked time beyond what server 0 parked its pushes
+// (r.parked_seconds, found by the worker id in its record); collective modes: one merge cost.
 void add_measurements(train::policy_report& r, std::vector<std::vector<double>>& records, const std::vector<int>& gone,
                       const options& o, const std::string& policy, std::size_t workers) {
   const bool collective = is_collective(policy);
   const auto size = static_cast<int>(workers + 1);
   constexpr std::size_t head = 1 + summary_words;
-  for (const int q : gone) records[static_cast<std::size_t>(q)].assign(head, 0.0);  // no iterations known
+  for (const int q : gone) {  // no iterations known, no worker id
+    records[static_cast<std::size_t>(q)].assign(head, 0.0);
+    records[static_cast<std::size_t>(q)][head - 1] = -1;
+  }
   double total_counted = 0;
   std::vector<worker_summary> sums(static_cast<std::size_t>(size));
   for (int q = 0; q < size; ++q) {
@@ -925,7 +937,7 @@ void add_measurements(train::policy_report& r, std::vector<std::vector<double>>&
       throw cadence::error("rank " + std::to_string(q) + " sent a malformed summary of " + std::to_string(rec.size()) +
                            " values");
     total_counted += rec[0];
-    sums[static_cast<std::size_t>(q)] = {rec[1], rec[2], rec[3], rec[4], rec[5]};
+    sums[static_cast<std::size_t>(q)] = {rec[1], rec[2], rec[3], rec[4], rec[5], rec[6]};
   }
 
   std::vector<std::vector<train::exchange_timing>> per_worker(workers);
@@ -944,15 +956,31 @@ void add_measurements(train::policy_report& r, std::vector<std::vector<double>>&
     r.iterations_per_second = total_counted / o.seconds;
     r.p99_staleness = r.max_staleness;
   }
-  r.transfer_seconds = train::transfer_seconds(per_worker);
-  if (!o.trace.empty() && !collective)
-    cadence::write_iteration_trace_file(train::trace_file_for(o.trace, policy, o.policies.size()),
-                                        train::trace_from_timings(per_worker, r.transfer_seconds));
-  r.wait_fraction = train::wait_fraction(per_worker, r.transfer_seconds, o.seconds);
+  if (collective) {
+    r.transfer_seconds = train::transfer_seconds(per_worker);
+    r.worker_transfer_seconds.assign(workers, r.transfer_seconds);
+    r.wait_fraction = train::wait_fraction(per_worker, r.transfer_seconds, o.seconds);
+  } else {
+    std::vector<double> parked(workers, 0.0);
+    for (std::size_t p = 0; p < workers; ++p) {
+      const double id = sums[p + 1].id;
+      if (id >= 0 && id < static_cast<double>(r.parked_seconds.size()))
+        parked[p] = r.parked_seconds[static_cast<std::size_t>(id)];
+    }
+    r.worker_transfer_seconds = train::worker_transfer_seconds(per_worker, parked);
+    r.transfer_seconds = train::median_transfer_seconds(r.worker_transfer_seconds);
+    const std::vector<double> costs = train::filled_transfer_seconds(r.worker_transfer_seconds);
+    if (!o.trace.empty())
+      cadence::write_iteration_trace_file(train::trace_file_for(o.trace, policy, o.policies.size()),
+                                          train::trace_from_timings(per_worker, costs));
+    r.wait_fraction = train::wait_fraction(per_worker, costs, o.seconds);
+  }
   r.overrun_fraction = iterations > 0 ? overruns / iterations : 0;
 }
 
-// Rank 0: the simulator on the same profile, policy and measured transfer cost.
+// Rank 0: the simulator on the same profile, policy and measured transfer costs: under a
+// parameter-server policy each worker's own as its link (half push, half pull), so a worker on
+// a slow link is slow in the simulator too; under a collective mode the one merge cost.
 void add_simulated(train::policy_report& r, const cadence::sim::scenario& prof, const std::string& policy) {
   cadence::sim::scenario s = prof;
   if (is_collective(policy)) {
@@ -963,6 +991,9 @@ void add_simulated(train::policy_report& r, const cadence::sim::scenario& prof, 
     r.simulated_wait_fraction = m.wait_fraction;
   } else {
     s.push_seconds = s.pull_seconds = r.transfer_seconds / 2;
+    const std::vector<double> costs = train::filled_transfer_seconds(r.worker_transfer_seconds);
+    for (std::size_t p = 0; p < s.workers.size() && p < costs.size(); ++p)
+      s.workers[p].push_seconds = s.workers[p].pull_seconds = costs[p] / 2;
     cadence::sim::run_options ro;
     ro.time_controller = false;
     const auto m = cadence::sim::simulate(policy, s, ro);
@@ -975,16 +1006,25 @@ void add_simulated(train::policy_report& r, const cadence::sim::scenario& prof, 
 void print_policy_line(const train::policy_report& r) {
   char t80[32] = "-";
   if (std::isfinite(r.time_to_80)) std::snprintf(t80, sizeof t80, "%.1f s", r.time_to_80);
+  std::string links;  // parameter-server modes: each worker's own transfer ("-": none measured)
+  const bool ps = r.transport.size() > 3 && r.transport.compare(r.transport.size() - 3, 3, "-ps") == 0;
+  for (std::size_t p = 0; ps && p < r.worker_transfer_seconds.size(); ++p) {
+    char cell[32] = "-";
+    if (!std::isnan(r.worker_transfer_seconds[p]))
+      std::snprintf(cell, sizeof cell, "%.2f", 1e3 * r.worker_transfer_seconds[p]);
+    links += (p ? "/" : "") + std::string(cell);
+  }
+  if (!links.empty()) links = " (median; per worker " + links + " ms)";
   std::fprintf(stderr,
                "cadence-train: %s: %.2f it/s (simulated %.2f, error %.1f%%), wait %.1f%% (simulated %.1f%%, error "
-               "%.1f%% = %.1f points), t@80%% %s, final %.1f%%, transfer %.2f ms, compute overran the profile in %.1f%% of "
-               "iterations\n",
+               "%.1f%% = %.1f points), t@80%% %s, final %.1f%%, transfer %.2f ms%s, compute overran the profile in %.1f%% "
+               "of iterations\n",
                r.policy.c_str(), r.iterations_per_second, r.simulated_iterations_per_second,
                100 * train::relative_error(r.simulated_iterations_per_second, r.iterations_per_second),
                100 * r.wait_fraction, 100 * r.simulated_wait_fraction,
                100 * train::relative_error(r.simulated_wait_fraction, r.wait_fraction),
                100 * std::fabs(r.simulated_wait_fraction - r.wait_fraction), t80,
-               100 * r.final_accuracy, 1e3 * r.transfer_seconds, 100 * r.overrun_fraction);
+               100 * r.final_accuracy, 1e3 * r.transfer_seconds, links.c_str(), 100 * r.overrun_fraction);
 }
 
 // Rank 0, when evicted workers sent nothing after policy k: who is gone and which policies

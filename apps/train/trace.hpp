@@ -16,19 +16,21 @@ namespace cadence::train {
 /// Worker p's iteration k started when its previous push_pull returned (0 for the first),
 /// computed until its push_pull k began (the profile's stretched time: real compute plus the
 /// sleep), then blocked in push_pull. A worker cannot tell the transfer from the wait inside
-/// one push_pull, so every row records the run's measured transfer (transfer_seconds) as
-/// half push, half pull; the rest of the blocked time is the recorded policy's wait, which the
-/// start times keep and replays ignore.
+/// one push_pull, so every row of worker p records p's own measured transfer, transfer[p]
+/// (worker_transfer_seconds, filled_transfer_seconds: its link, slow or fast), as half push,
+/// half pull; the rest of the blocked time is the recorded policy's wait, which the start
+/// times keep and replays ignore. A worker without an entry in `transfer` records 0.
 inline iteration_trace trace_from_timings(const std::vector<std::vector<exchange_timing>>& per_worker,
-                                          double transfer) {
+                                          const std::vector<double>& transfer) {
   iteration_trace tr;
   tr.has_costs = true;
-  for (const auto& timings : per_worker) {
+  for (std::size_t p = 0; p < per_worker.size(); ++p) {
+    const double half = p < transfer.size() ? transfer[p] / 2 : 0.0;
     tr.workers.emplace_back();
     double start = 0;
-    for (const exchange_timing& t : timings) {
+    for (const exchange_timing& t : per_worker[p]) {
       const double begun = std::max(t.start, start);  // clocks read microseconds apart
-      tr.workers.back().push_back({start, begun - start, transfer / 2, transfer / 2});
+      tr.workers.back().push_back({start, begun - start, half, half});
       start = begun + t.seconds;
     }
   }

@@ -113,9 +113,10 @@ struct exchange_timing {
   double seconds = 0;
 };
 
-/// The cost of the transfer itself in one push_pull (push + pull, no waiting): the 5th
-/// percentile of every push_pull of the run. Some push_pulls never wait under every policy
-/// (ASP: all; BSP: the last arrival of each round), so the low tail is the transfer.
+/// One cost for every worker's exchange when nothing tells the wait from the transfer (the
+/// collective modes' merges): the 5th percentile of every exchange of the run. Some exchanges
+/// never wait under every policy (the last arrival at each merge), so the low tail is the
+/// transfer.
 inline double transfer_seconds(const std::vector<std::vector<exchange_timing>>& per_worker) {
   std::vector<double> all;
   for (const auto& w : per_worker)
@@ -123,21 +124,69 @@ inline double transfer_seconds(const std::vector<std::vector<exchange_timing>>& 
   return percentile(all, 0.05);
 }
 
-/// Share of the workers' time in [0, seconds) spent blocked in push_pull beyond the transfer:
-/// sum over push_pulls started before `seconds` of max(0, blocked - transfer), cut at the end
-/// of the run, over workers x seconds. The simulator's wait_fraction means the same: idle
-/// between a push's arrival and the worker's release, over the workers' time.
-inline double wait_fraction(const std::vector<std::vector<exchange_timing>>& per_worker, double transfer,
-                            double seconds) {
+/// Each worker's own transfer cost in the parameter-server modes, in seconds per push_pull:
+/// what its push_pulls blocked beyond the time server 0 kept its pushes parked (the policy's
+/// wait, ps_stats::parked_seconds), over its push_pulls: (sum of blocked - parked) / count, at
+/// least 0. That is moving the bytes both ways and queueing at the server, which a slow link
+/// stretches for its own worker alone. parked[p] is worker p's parked time (0 when missing).
+/// A worker with no push_pulls (gone before it sent its timings) measured nothing: NaN.
+inline std::vector<double> worker_transfer_seconds(const std::vector<std::vector<exchange_timing>>& per_worker,
+                                                   const std::vector<double>& parked) {
+  std::vector<double> out(per_worker.size(), std::nan(""));
+  for (std::size_t p = 0; p < per_worker.size(); ++p) {
+    if (per_worker[p].empty()) continue;
+    double blocked = 0;
+    for (const auto& t : per_worker[p]) blocked += t.seconds;
+    const double waited = p < parked.size() ? parked[p] : 0.0;
+    out[p] = std::max(0.0, blocked - waited) / static_cast<double>(per_worker[p].size());
+  }
+  return out;
+}
+
+/// The median of the costs that were measured (not NaN); 0 when none was. The one transfer
+/// cost cadence-train reports for a parameter-server policy.
+inline double median_transfer_seconds(const std::vector<double>& measured) {
+  std::vector<double> known;
+  for (const double c : measured)
+    if (!std::isnan(c)) known.push_back(c);
+  return percentile(known, 0.5);
+}
+
+/// Every worker's cost for the simulator and the trace: `measured`, each NaN (a worker that
+/// measured nothing) replaced by the median of the others (median_transfer_seconds).
+inline std::vector<double> filled_transfer_seconds(std::vector<double> measured) {
+  const double median = median_transfer_seconds(measured);
+  for (double& c : measured)
+    if (std::isnan(c)) c = median;
+  return measured;
+}
+
+/// Share of the workers' time in [0, seconds) spent blocked in push_pull beyond each worker's
+/// own transfer cost (transfer[p]): sum over push_pulls started before `seconds` of
+/// max(0, blocked - transfer[p]), cut at the end of the run, over workers x seconds. With the
+/// costs of worker_transfer_seconds, a worker's waits add up (before the cut and the max) to
+/// the time server 0 parked its pushes: what the policy cost it. The simulator's wait_fraction
+/// means the same: idle between a push's arrival and the worker's release, over the workers'
+/// time. A worker without a cost (NaN, or none given) counts its whole blocked time.
+inline double wait_fraction(const std::vector<std::vector<exchange_timing>>& per_worker,
+                            const std::vector<double>& transfer, double seconds) {
   if (per_worker.empty() || !(seconds > 0)) return 0;
   double wait = 0;
-  for (const auto& w : per_worker)
-    for (const auto& t : w) {
+  for (std::size_t p = 0; p < per_worker.size(); ++p) {
+    const double cost = p < transfer.size() && !std::isnan(transfer[p]) ? transfer[p] : 0.0;
+    for (const auto& t : per_worker[p]) {
       if (t.start >= seconds) continue;
-      const double waited = std::max(0.0, t.seconds - transfer);
+      const double waited = std::max(0.0, t.seconds - cost);
       wait += std::min(waited, seconds - t.start);
     }
+  }
   return wait / (static_cast<double>(per_worker.size()) * seconds);
+}
+
+/// wait_fraction with one transfer cost for every worker (the collective modes' merge cost).
+inline double wait_fraction(const std::vector<std::vector<exchange_timing>>& per_worker, double transfer,
+                            double seconds) {
+  return wait_fraction(per_worker, std::vector<double>(per_worker.size(), transfer), seconds);
 }
 
 /// One accuracy measurement of the server's weights.
@@ -169,7 +218,15 @@ struct policy_report {
   double time_to_70 = std::nan("");  ///< NaN: never reached
   double time_to_80 = std::nan("");
   std::vector<int> evicted;          ///< worker ids
-  double transfer_seconds = 0;       ///< measured push + pull, fed to the simulator
+  /// Measured push + pull per exchange: parameter-server modes the median of
+  /// worker_transfer_seconds, collective modes the merge's (the 5th percentile).
+  double transfer_seconds = 0;
+  /// Per worker (rank - 1): its own push + pull cost, fed to the simulator as its link
+  /// (parameter-server modes: worker_transfer_seconds, NaN for a worker that measured nothing,
+  /// which the simulator gives the others' median; collective modes: the merge cost for all).
+  std::vector<double> worker_transfer_seconds;
+  /// Server 0's ps_stats::parked_seconds, by worker id (parameter-server modes, rank 0 only).
+  std::vector<double> parked_seconds;
   double overrun_fraction = 0;       ///< iterations whose real compute outlasted the profile
   double simulated_iterations_per_second = 0;
   double simulated_wait_fraction = 0;
@@ -184,15 +241,18 @@ inline double relative_error(double simulated, double measured) {
 /// The --json document: one array, one object per policy, with exactly the keys scripts rely
 /// on (docs/train.md): policy, transport, workers, seconds, iterations, iterations_per_second,
 /// wait_fraction, max_staleness, final_accuracy, best_accuracy, time_to_70, time_to_80 (null
-/// when not reached), evicted, simulated {iterations_per_second, wait_fraction}.
+/// when not reached), evicted, worker_transfer_seconds (per worker, null for one that measured
+/// nothing), simulated {iterations_per_second, wait_fraction}.
 inline std::string to_json(const std::vector<policy_report>& runs) {
   using sim::detail::format_number;
   using sim::detail::json_string;
   std::string out = "[";
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const policy_report& r = runs[i];
-    std::string ev;
+    std::string ev, links;
     for (std::size_t k = 0; k < r.evicted.size(); ++k) ev += (k ? ", " : "") + std::to_string(r.evicted[k]);
+    for (std::size_t k = 0; k < r.worker_transfer_seconds.size(); ++k)
+      links += (k ? ", " : "") + format_number(r.worker_transfer_seconds[k], "%.6g");
     out += i ? ",\n {" : "\n {";
     out += "\"policy\": " + json_string(r.policy) + ", \"transport\": " + json_string(r.transport) +
            ", \"workers\": " + std::to_string(r.workers) + ", \"seconds\": " + format_number(r.seconds) +
@@ -204,7 +264,7 @@ inline std::string to_json(const std::vector<policy_report>& runs) {
            ", \"best_accuracy\": " + format_number(r.best_accuracy, "%.6g") +
            ", \"time_to_70\": " + format_number(r.time_to_70, "%.3f") +
            ", \"time_to_80\": " + format_number(r.time_to_80, "%.3f") + ", \"evicted\": [" + ev + "]" +
-           ", \"simulated\": {\"iterations_per_second\": " +
+           ", \"worker_transfer_seconds\": [" + links + "]" + ", \"simulated\": {\"iterations_per_second\": " +
            format_number(r.simulated_iterations_per_second, "%.6g") +
            ", \"wait_fraction\": " + format_number(r.simulated_wait_fraction, "%.6g") + "}}";
   }

@@ -37,6 +37,31 @@ TEST_CASE("collective bsp waits for the slowest rank every step, as computed by 
   CHECK(m.steps_per_barrier == 1.0);
 }
 
+TEST_CASE("a synchronous all-reduce is paced by the slowest link unless its cost is given") {
+  // Two ranks computing alike (0.1 s), 5 ms links, but rank 1's own link takes 45 ms each
+  // way: every merge takes 90 ms, so a BSP round is 0.19 s for both ranks.
+  scenario s = steady_pair();
+  s.workers[0].iteration_seconds = 0.1;
+  s.workers[1].iteration_seconds = 0.1;
+  s.workers[1].push_seconds = s.workers[1].pull_seconds = 0.045;
+  CHECK(link_allreduce_seconds(s) == doctest::Approx(0.09));
+  const collective_metrics m = simulate_collective("bsp", s);
+  const auto rounds = static_cast<std::uint64_t>(30 / 0.19);
+  CHECK(m.barriers == rounds);
+  CHECK(m.steps_per_second == doctest::Approx(2 / 0.19).epsilon(0.01));
+  CHECK(m.allreduce_fraction == doctest::Approx(0.09 / 0.19).epsilon(0.01));
+  // The slowest push and the slowest pull need not be one rank's.
+  s.workers[1].pull_seconds.reset();
+  s.workers[0].pull_seconds = 0.03;
+  CHECK(link_allreduce_seconds(s) == doctest::Approx(0.045 + 0.03));
+  // No link of its own anywhere: the scenario's push + pull, as before.
+  CHECK(link_allreduce_seconds(steady_pair()) == doctest::Approx(0.01));
+  // A given cost wins over the links.
+  collective_options opt;
+  opt.allreduce_seconds = 0.01;
+  CHECK(simulate_collective("bsp", s, opt).barriers == static_cast<std::uint64_t>(30 / 0.11));
+}
+
 TEST_CASE("collective periodic averaging runs k local steps per rank between merges") {
   const collective_metrics m = simulate_collective("periodic:5", steady_pair());
   const auto rounds = static_cast<std::uint64_t>(30 / 1.51);

@@ -37,4 +37,22 @@ TEST_CASE("scenario validation names the scenario and the field that cannot run"
   s = two_workers();
   for (auto& w : s.workers) w.fails_at = 5;
   CHECK_THROWS_WITH(validate(s), doctest::Contains("at least one must survive"));
+  s = two_workers();
+  s.workers[1].pull_seconds = -1;
+  CHECK_THROWS_WITH_AS(validate(s),
+                       doctest::Contains("scenario 'pair': worker 1: pull_seconds (its own link) must be finite and >= 0"),
+                       invalid_parameter_error);
+}
+
+TEST_CASE("a worker's push and pull cost is its own link's when it has one, else the scenario's") {
+  scenario s = two_workers();
+  s.push_seconds = 0.01;
+  s.pull_seconds = 0.02;
+  s.workers[1].push_seconds = 0.1;
+  CHECK(push_seconds_of(s, 0) == 0.01);
+  CHECK(pull_seconds_of(s, 0) == 0.02);
+  CHECK(push_seconds_of(s, 1) == 0.1);
+  CHECK(pull_seconds_of(s, 1) == 0.02);
+  s.workers[1].pull_seconds = 0.0;  // a link of its own may be free
+  CHECK(pull_seconds_of(s, 1) == 0.0);
 }

@@ -212,6 +212,81 @@ TEST_CASE("asp's throughput is the sum of the workers' own rates on constant tim
   CHECK(simulate("asp", s).iterations == expected);
 }
 
+namespace {
+
+// Four workers that compute alike (0.125 s, no jitter) on 1/128 s links, but worker 3's own
+// link is 10 times slower (10/128 s each way): a network straggler, at 0.28125 s per
+// iteration against the others' 0.140625 s. Binary fractions, so the hand counts are exact.
+scenario slow_link_scenario() {
+  scenario s;
+  s.name = "slow_link";
+  s.workers.resize(4);
+  for (auto& w : s.workers) w.iteration_seconds = 0.125;
+  s.push_seconds = s.pull_seconds = 1.0 / 128;
+  s.workers[3].push_seconds = s.workers[3].pull_seconds = 10.0 / 128;
+  s.seconds = 64;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a worker on a slow link costs asp only its own iterations") {
+  const scenario s = slow_link_scenario();
+  // Each worker on its own: pushes arrive at d + push + k * (d + push + pull).
+  std::uint64_t expected = 0;
+  for (std::size_t p = 0; p < s.workers.size(); ++p) {
+    const double d = s.workers[p].iteration_seconds;
+    const double cycle = d + push_seconds_of(s, p) + pull_seconds_of(s, p);
+    expected += static_cast<std::uint64_t>(std::floor((s.seconds - d - push_seconds_of(s, p)) / cycle)) + 1;
+  }
+  const run_metrics m = simulate("asp", s);
+  CHECK(m.iterations == expected);
+  // 3 x 1 / 0.140625 + 1 / 0.28125 = 24.9 it/s, against 4 / 0.140625 = 28.4 without it.
+  CHECK(m.iterations_per_second == doctest::Approx(3 / 0.140625 + 1 / 0.28125).epsilon(0.005));
+  CHECK(m.per_worker[3].iterations * 2 == doctest::Approx(static_cast<double>(m.per_worker[0].iterations)).epsilon(0.01));
+  CHECK(m.wait_seconds == 0.0);
+}
+
+TEST_CASE("a worker on a slow link holds bsp and ssp to its pace, and its own wait is about 0") {
+  const scenario s = slow_link_scenario();
+  const double slow = 0.125 + 20.0 / 128, fast = 0.125 + 2.0 / 128;
+  for (const std::string policy : {"bsp", "ssp:3"}) {
+    CAPTURE(policy);
+    const run_metrics m = simulate(policy, s);
+    // Every worker at the straggler's pace: 4 / 0.28125 = 14.2 it/s (the fast workers could
+    // make 28.4 together with it at 24.9 under asp).
+    CHECK(m.iterations_per_second == doctest::Approx(4 / slow).epsilon(0.01));
+    CHECK(m.per_worker[0].iterations <= m.per_worker[3].iterations + 4);
+    // The fast workers idle for the difference at each wait (under ssp:3 all but a few of
+    // their iterations; the first and last waits are a little shorter); the straggler never.
+    CHECK(m.per_worker[0].wait_seconds ==
+          doctest::Approx(static_cast<double>(m.per_worker[0].waits) * (slow - fast)).epsilon(0.01));
+    CHECK(m.per_worker[3].wait_seconds < 0.01 * s.seconds);
+  }
+  // Without its own link worker 3 is no straggler: the scenario's cost for everyone.
+  scenario even = s;
+  even.workers[3].push_seconds.reset();
+  even.workers[3].pull_seconds.reset();
+  CHECK(simulate("ssp:3", even).iterations_per_second == doctest::Approx(4 / fast).epsilon(0.01));
+}
+
+TEST_CASE("a worker's own link replaces the scenario's cost, one direction at a time") {
+  scenario s = slow_link_scenario();
+  s.workers[3].pull_seconds.reset();  // its push is slow, its pull the scenario's
+  s.push_seconds = 2.0 / 128;         // changes the others' push, not worker 3's own
+  CHECK(push_seconds_of(s, 3) == 10.0 / 128);
+  CHECK(pull_seconds_of(s, 3) == 1.0 / 128);
+  CHECK(push_seconds_of(s, 0) == 2.0 / 128);
+  model_source source(s);
+  iteration_costs k;
+  REQUIRE(source.next(3, 0.0, k));
+  CHECK(k.compute == 0.125);
+  CHECK(k.push == 10.0 / 128);
+  CHECK(k.pull == 1.0 / 128);
+  REQUIRE(source.next(1, 0.0, k));
+  CHECK(k.push == 2.0 / 128);
+}
+
 TEST_CASE("an iteration-limited run stops at iterations * workers pushes") {
   scenario s = constant_scenario();
   s.seconds = 0;

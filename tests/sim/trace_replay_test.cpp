@@ -50,6 +50,9 @@ TEST_CASE("recorded push and pull costs are paid per iteration, and flags can re
   const auto tr = read_iteration_trace_file(CADENCE_TEST_DATA_DIR "/trace_costs.csv");
   const scenario s = trace_scenario(tr);
   CHECK(s.push_seconds == 0.5);
+  // Each worker's own mean costs too, which a model run of the scenario would pay.
+  CHECK(s.workers[1].push_seconds == 0.5);
+  CHECK(s.workers[1].pull_seconds == 0.25);
   const run_metrics m = simulate_trace("bsp", s, tr);
   CHECK(m.iterations == 6);
   CHECK(m.simulated_seconds == 8.0);

@@ -85,5 +85,18 @@ TEST_CASE("a bad worker model is an invalid_parameter_error naming the worker an
   m = {};
   m.fails_at = -1;
   CHECK(message(m).find("fails_at") != std::string::npos);
+  m = {};
+  m.push_seconds = -0.001;
+  CHECK(message(m).find("worker 7: push_seconds (its own link) must be finite and >= 0") != std::string::npos);
+  m = {};
+  m.pull_seconds = NAN;
+  CHECK(message(m).find("worker 7: pull_seconds (its own link)") != std::string::npos);
+  m = {};
+  m.pull_seconds = HUGE_VAL;
+  CHECK(message(m).find("pull_seconds") != std::string::npos);
+  m = {};
+  m.push_seconds = 0;  // a free link is allowed
+  m.pull_seconds = 0.5;
+  CHECK(message(m) == "no error");
   CHECK(message(worker_model{}) == "no error");
 }

@@ -5,7 +5,7 @@
 # check_train_run.
 set(CADENCE_TRAIN_JSON_KEYS policy transport workers seconds iterations iterations_per_second
     wait_fraction max_staleness final_accuracy best_accuracy time_to_70 time_to_80 evicted
-    simulated)
+    worker_transfer_seconds simulated)
 
 # check_train_json(JSON COUNT STDERR): JSON is an array of COUNT objects, each with exactly the
 # keys above. STDERR goes into the failure message.
@@ -32,8 +32,9 @@ endfunction()
 
 # check_train_run(JSON I POLICY TRANSPORT WORKERS MIN_ACCURACY): object I ran POLICY (a prefix:
 # cadence-train writes the full form, elastic:3 as elastic:3:last:fast) over TRANSPORT with
-# WORKERS workers, made at least 20 iterations, evicted nobody, and ended at a final accuracy of
-# at least MIN_ACCURACY (it learned).
+# WORKERS workers, made at least 20 iterations, evicted nobody, measured a transfer cost for
+# every worker (a number, not null), and ended at a final accuracy of at least MIN_ACCURACY (it
+# learned).
 function(check_train_run json i policy transport workers min_accuracy)
   string(JSON p GET "${json}" ${i} policy)
   string(JSON t GET "${json}" ${i} transport)
@@ -45,6 +46,17 @@ function(check_train_run json i policy transport workers min_accuracy)
   if(NOT at EQUAL 0 OR NOT t STREQUAL transport OR NOT w EQUAL workers OR it LESS 20 OR NOT nev EQUAL 0)
     message(FATAL_ERROR "object ${i}: policy ${p}, transport ${t}, workers ${w}, iterations ${it}, evicted ${nev}:\n${json}")
   endif()
+  string(JSON nlinks LENGTH "${json}" ${i} worker_transfer_seconds)
+  if(NOT nlinks EQUAL workers)
+    message(FATAL_ERROR "object ${i}: ${nlinks} worker_transfer_seconds for ${workers} workers:\n${json}")
+  endif()
+  math(EXPR last "${workers} - 1")
+  foreach(p RANGE ${last})
+    string(JSON type TYPE "${json}" ${i} worker_transfer_seconds ${p})
+    if(NOT type STREQUAL "NUMBER")
+      message(FATAL_ERROR "object ${i}: worker ${p} measured no transfer (${type}):\n${json}")
+    endif()
+  endforeach()
   if(acc LESS min_accuracy)
     message(FATAL_ERROR "object ${i}: final accuracy ${acc}, expected at least ${min_accuracy}: it did not learn\n${json}")
   endif()

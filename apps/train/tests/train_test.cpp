@@ -161,6 +161,35 @@ TEST_CASE("report arithmetic: percentiles, transfer cost, wait fraction, time to
   CHECK(relative_error(11, 10) == doctest::Approx(0.1));
 }
 
+TEST_CASE("each worker's transfer is its blocked time beyond its parked time, per push_pull") {
+  // Worker 0 on a fast link: 10 push_pulls of 30 ms, of which the server parked it 200 ms in
+  // all (BSP, waiting for worker 1): 10 ms each is the transfer. Worker 1 on a slow link: 10 of
+  // 90 ms, never parked. Worker 2 is gone (no push_pulls): it measured nothing.
+  std::vector<std::vector<exchange_timing>> t(3);
+  for (int i = 0; i < 10; ++i) t[0].push_back({0.2 * i, 0.030});
+  for (int i = 0; i < 10; ++i) t[1].push_back({0.2 * i, 0.090});
+  const std::vector<double> costs = worker_transfer_seconds(t, {0.2, 0.0, 0.0});
+  REQUIRE(costs.size() == 3);
+  CHECK(costs[0] == doctest::Approx(0.010));
+  CHECK(costs[1] == doctest::Approx(0.090));
+  CHECK(std::isnan(costs[2]));
+  // The one reported cost is the median of those measured; the gone worker gets it too.
+  CHECK(median_transfer_seconds(costs) == doctest::Approx(0.010));  // nearest rank of 2
+  const std::vector<double> filled = filled_transfer_seconds(costs);
+  CHECK(filled[2] == doctest::Approx(0.010));
+  CHECK(filled[1] == doctest::Approx(0.090));
+  // The wait is then what the server parked: 200 ms of worker 0, none of worker 1's slow
+  // transfer, over 3 workers x 2 s. One cost for all (the 5th percentile of every push_pull,
+  // 30 ms here) would miss worker 0's wait and count 60 ms of worker 1's link per push_pull.
+  CHECK(wait_fraction(t, filled, 2) == doctest::Approx(0.2 / 6));
+  CHECK(wait_fraction(t, transfer_seconds(t), 2) == doctest::Approx(0.6 / 6));
+  // A clock read a little apart may make the parked time exceed the blocked time: never < 0.
+  CHECK(worker_transfer_seconds(t, {0.5, 0.0, 0.0})[0] == 0.0);
+  // Missing parked times count as 0; no worker measured anything: median 0.
+  CHECK(worker_transfer_seconds(t, {})[1] == doctest::Approx(0.090));
+  CHECK(median_transfer_seconds({std::nan(""), std::nan("")}) == 0.0);
+}
+
 TEST_CASE("JSON: exactly the documented keys in order, null for targets never reached") {
   policy_report a;
   a.policy = "bsp";
@@ -175,7 +204,9 @@ TEST_CASE("JSON: exactly the documented keys in order, null for targets never re
   a.time_to_70 = 7;
   a.simulated_iterations_per_second = 20.5;
   a.simulated_wait_fraction = 0.24;
+  a.worker_transfer_seconds = {0.0101, 0.0905};
   policy_report b = a;
+  b.worker_transfer_seconds = {0.02, std::nan("")};
   b.policy = "asp";
   b.evicted = {1, 3};
   b.time_to_80 = 12.5;
@@ -183,11 +214,13 @@ TEST_CASE("JSON: exactly the documented keys in order, null for targets never re
   CHECK(j ==
         "[\n {\"policy\": \"bsp\", \"transport\": \"mpi-ps\", \"workers\": 4, \"seconds\": 30, \"iterations\": 600, "
         "\"iterations_per_second\": 20, \"wait_fraction\": 0.25, \"max_staleness\": 0, \"final_accuracy\": 0.81, "
-        "\"best_accuracy\": 0.82, \"time_to_70\": 7.000, \"time_to_80\": null, \"evicted\": [], \"simulated\": "
+        "\"best_accuracy\": 0.82, \"time_to_70\": 7.000, \"time_to_80\": null, \"evicted\": [], "
+        "\"worker_transfer_seconds\": [0.0101, 0.0905], \"simulated\": "
         "{\"iterations_per_second\": 20.5, \"wait_fraction\": 0.24}},\n {\"policy\": \"asp\", \"transport\": "
         "\"mpi-ps\", \"workers\": 4, \"seconds\": 30, \"iterations\": 600, \"iterations_per_second\": 20, "
         "\"wait_fraction\": 0.25, \"max_staleness\": 0, \"final_accuracy\": 0.81, \"best_accuracy\": 0.82, "
-        "\"time_to_70\": 7.000, \"time_to_80\": 12.500, \"evicted\": [1, 3], \"simulated\": "
+        "\"time_to_70\": 7.000, \"time_to_80\": 12.500, \"evicted\": [1, 3], "
+        "\"worker_transfer_seconds\": [0.02, null], \"simulated\": "
         "{\"iterations_per_second\": 20.5, \"wait_fraction\": 0.24}}\n]\n");
   CHECK(to_json({}) == "[\n]\n");
   const std::string c = to_csv({b});

@@ -157,6 +157,14 @@ struct ps_stats {
   std::vector<std::int64_t> staleness_histogram;
   std::int64_t parked = 0;   ///< pushes whose reply was deferred (server 0)
   std::int64_t refused = 0;  ///< requests refused
+  /// Server 0, per worker id (zeros on the other servers): its pushes whose reply was deferred
+  /// (their sum is `parked`), and the seconds they waited for their release, from the moment
+  /// the controller said "wait" (after the update was applied) to release_all posting the
+  /// reply. A push released at once adds 0; one still parked when its worker is dropped adds
+  /// nothing (it was never released). This is what the policy cost each worker: what a worker
+  /// blocked in push_pull beyond it is moving bytes and queueing at the servers.
+  std::vector<std::int64_t> parked_pushes;
+  std::vector<double> parked_seconds;
 };
 
 /// Largest gap with a bucket of its own in ps_stats::staleness_histogram.
@@ -565,9 +573,11 @@ private:
   //    claimed_[rank] whether that id's process has pulled yet (initial members hold reserved
   //    ids from the start). Per worker id: state_, applied_ (pushes applied to this slice),
   //    rank_of_, request_ (its last request seen) and answered_ (the last one answered: a request
-  //    is answered once). Server 0 alone issues ids (controller_.add_worker()) and tells the
-  //    other servers (joined notices); they park messages from ids they do not know yet in
-  //    deferred_ until the notice comes.
+  //    is answered once), and on server 0 parked_since_ (when the controller parked its last
+  //    push; apply() sets it, release_all() turns it into ps_stats::parked_seconds). Server 0
+  //    alone issues ids (controller_.add_worker()) and tells the other servers (joined
+  //    notices); they park messages from ids they do not know yet in deferred_ until the
+  //    notice comes.
   //  - In flight: out_[rank] holds the replies and refusals posted to that rank, each with the
   //    version of the weights it pins and its deadline; in_[rank] the gradient payload being
   //    received from it, into a buffer of scratch_. progress_transfers() finishes both and drops
@@ -633,6 +643,9 @@ private:
       answered_.resize(wi + 1, 0);
       stats_.pushes.resize(wi + 1, 0);
       stats_.max_start_staleness.resize(wi + 1, 0);
+      stats_.parked_pushes.resize(wi + 1, 0);
+      stats_.parked_seconds.resize(wi + 1, 0.0);
+      parked_since_.resize(wi + 1, not_parked);
     }
     state_[wi] = worker_state::active;
     rank_of_[wi] = rank;
@@ -949,12 +962,16 @@ private:
     ++stats_.pushes[wi];
     if (options_.keep_log) stats_.log.push_back({w, h.iteration});
     if (coordinator()) {
-      const decision d = controller_.push(w, std::chrono::duration<double>(clock::now() - start_).count());
+      const auto now = clock::now();
+      const decision d = controller_.push(w, std::chrono::duration<double>(now - start_).count());
       std::vector<worker_id> released(d.released.begin(), d.released.end());
-      if (d.proceed)
+      if (d.proceed) {
         released.insert(released.begin(), w);
-      else
+      } else {
         ++stats_.parked;
+        ++stats_.parked_pushes[wi];
+        parked_since_[wi] = now;
+      }
       release_all(released);
     } else {
       serve_pending();
@@ -977,9 +994,15 @@ private:
   // Server 0: w may start its next iteration. The other servers learn whom and what its
   // weights must contain (server 0's applied counts) before w hears anything.
   void release_all(const std::vector<worker_id>& released) {
+    std::optional<clock::time_point> now;  // read once, and only when a parked push goes
     for (worker_id w : released) {
       const auto wi = static_cast<std::size_t>(w);
       if (state_[wi] != worker_state::active) continue;
+      if (parked_since_[wi] != not_parked) {
+        if (!now) now = clock::now();
+        stats_.parked_seconds[wi] += std::chrono::duration<double>(*now - parked_since_[wi]).count();
+        parked_since_[wi] = not_parked;
+      }
       const clock_value gap = controller_.staleness(w);
       stats_.max_start_staleness[wi] = std::max(stats_.max_start_staleness[wi], gap);
       if (options_.keep_log) stats_.start_staleness.push_back(gap);
@@ -1352,6 +1375,9 @@ private:
   std::vector<int> rank_of_;
   std::vector<std::int64_t> request_;
   std::vector<std::int64_t> answered_;
+  // Server 0: when the controller parked the worker's last push (not_parked: it is not).
+  static constexpr clock::time_point not_parked = clock::time_point::min();
+  std::vector<clock::time_point> parked_since_;
   std::vector<std::deque<outbound>> out_;            // per rank
   std::vector<std::optional<inbound>> in_;           // per rank
   std::vector<std::vector<detail::ps_header>> deferred_;  // per rank (servers other than 0)

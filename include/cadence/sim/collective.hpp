@@ -45,11 +45,25 @@ struct collective_metrics {
 };
 
 struct collective_options {
-  /// Seconds of one merge all-reduce; negative: the scenario's push + pull cost.
+  /// Seconds of one merge all-reduce; negative: the links' cost (link_allreduce_seconds).
   double allreduce_seconds = -1;
   /// Called now and then with the fraction done.
   std::function<void(double)> progress;
 };
+
+/// What one merge all-reduce costs on s's links when no allreduce_seconds is given: the slowest
+/// push plus the slowest pull over the workers (each its own link's, else the scenario's). A
+/// synchronous all-reduce finishes only when every rank's contribution is in and every rank
+/// has the result, so one slow link paces every merge; with no link of its own anywhere this
+/// is the scenario's push + pull cost.
+inline double link_allreduce_seconds(const scenario& s) {
+  double push = 0, pull = 0;
+  for (std::size_t p = 0; p < s.workers.size(); ++p) {
+    push = std::max(push, push_seconds_of(s, p));
+    pull = std::max(pull, pull_seconds_of(s, p));
+  }
+  return push + pull;
+}
 
 namespace detail {
 
@@ -75,9 +89,9 @@ inline std::size_t fixed_period(std::string_view mode) {
 /// Simulates `mode` ("bsp", "periodic:<k>", "elastic:<R>[:...]") on an all-reduce cluster: all
 /// ranks start a round together; rank p runs its local steps (1, k, or the plan's), each as long
 /// as the scenario's model draws; the merge starts when the slowest rank arrives and takes
-/// allreduce_seconds; the next round starts after it. ElasticBSP plans with
-/// exchange::elastic_planner on the rounded-up integer microseconds of each step, exactly what
-/// elastic_averager does on a real cluster. Worker failures are not modelled (collectives are
+/// allreduce_seconds (default: link_allreduce_seconds, the slowest link's); the next round
+/// starts after it. ElasticBSP plans with exchange::elastic_planner on the rounded-up integer
+/// microseconds of each step, exactly what elastic_averager does on a real cluster. Worker failures are not modelled (collectives are
 /// fail-stop: the adapters throw). Runs until the scenario's seconds or iterations per worker.
 /// Throws parse_error or invalid_parameter_error for a bad mode or scenario.
 inline collective_metrics simulate_collective(std::string_view mode, const scenario& s,
@@ -87,7 +101,7 @@ inline collective_metrics simulate_collective(std::string_view mode, const scena
   const std::size_t period = detail::fixed_period(mode);
   std::unique_ptr<exchange::elastic_planner> planner;
   if (period == 0) planner = std::make_unique<exchange::elastic_planner>(mode, n);
-  const double cost = opt.allreduce_seconds >= 0 ? opt.allreduce_seconds : s.push_seconds + s.pull_seconds;
+  const double cost = opt.allreduce_seconds >= 0 ? opt.allreduce_seconds : link_allreduce_seconds(s);
 
   collective_metrics m;
   m.mode = planner ? planner->config() : std::string(mode);

@@ -13,17 +13,19 @@
 namespace cadence::sim {
 
 /// Everything a run depends on except the policy. Physics of one iteration of worker p:
-/// compute (its worker_model), push (push_seconds) after which the server calls
-/// controller.push(p, arrival time); if the worker may proceed it pulls (pull_seconds) and
-/// computes again; otherwise it idles until an event releases it, then pulls and computes.
+/// compute (its worker_model), push (push_seconds_of(s, p)) after which the server calls
+/// controller.push(p, arrival time); if the worker may proceed it pulls (pull_seconds_of(s, p))
+/// and computes again; otherwise it idles until an event releases it, then pulls and computes.
 /// All workers start computing at t = 0 from the initial weights.
 struct scenario {
   std::string name;
   std::string description;
   std::vector<worker_model> workers;
-  /// Time from the end of a worker's compute to the push's arrival at the server.
+  /// Time from the end of a worker's compute to the push's arrival at the server, for every
+  /// worker without a link of its own (worker_model::push_seconds).
   double push_seconds = 0.0;
-  /// Time from the server's go-ahead to the worker starting its next compute.
+  /// Time from the server's go-ahead to the worker starting its next compute, for every
+  /// worker without a link of its own (worker_model::pull_seconds).
   double pull_seconds = 0.0;
   /// Delay between a worker's death and the server removing it (heartbeat timeout).
   double failure_detection_seconds = 0.0;
@@ -33,6 +35,15 @@ struct scenario {
   std::uint64_t iterations = 0;
   std::uint64_t seed = 1;
 };
+
+/// Worker p's push cost: its own link's when it has one, else the scenario's.
+inline double push_seconds_of(const scenario& s, std::size_t p) {
+  return s.workers[p].push_seconds.value_or(s.push_seconds);
+}
+/// Worker p's pull cost: its own link's when it has one, else the scenario's.
+inline double pull_seconds_of(const scenario& s, std::size_t p) {
+  return s.workers[p].pull_seconds.value_or(s.pull_seconds);
+}
 
 /// Throws invalid_parameter_error, naming the scenario and the field, when s cannot be run.
 inline void validate(const scenario& s) {

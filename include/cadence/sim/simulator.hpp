@@ -40,7 +40,7 @@ struct run_options {
   /// default; they never change the simulated outcome, and an empty one costs one test.
   ///
   /// on_iteration_start(p, t): worker p starts computing an iteration at simulated time t
-  /// (t = 0 for the first; otherwise its go-ahead time plus pull_seconds). It is called while
+  /// (t = 0 for the first; otherwise its go-ahead time plus its pull cost). It is called while
   /// the server handles p's go-ahead, before any later push, so server state read here is
   /// exactly what p pulled.
   std::function<void(worker_id, double)> on_iteration_start;
@@ -70,11 +70,11 @@ enum class phase : unsigned char { working, waiting, dead };
 }  // namespace detail
 
 /// Runs scenario s against controller c, which must be freshly built for s.workers.size()
-/// workers (ids 0..n-1, no push yet). Each worker computes, pushes (push_seconds later the
-/// server calls c.push(p, arrival_time)), and either proceeds (pulls, then computes again) or
-/// idles until a later push or removal releases it. A worker that dies stops; after the
-/// failure-detection delay the server calls c.remove_worker(p) and resumes whoever it
-/// releases. Everything in the result except the controller's wall-clock time is a pure
+/// workers (ids 0..n-1, no push yet). Each worker computes, pushes (its push cost later, its
+/// own link's or the scenario's, the server calls c.push(p, arrival_time)), and either
+/// proceeds (pulls, then computes again) or idles until a later push or removal releases it.
+/// A worker that dies stops; after the failure-detection delay the server calls
+/// c.remove_worker(p) and resumes whoever it releases. Everything in the result except the controller's wall-clock time is a pure
 /// function of (s, policy). Throws invalid_parameter_error for a bad scenario or a controller
 /// of the wrong size, deadlock_error if the run stops with workers waiting and nothing left to
 /// release them, and whatever the controller throws.
@@ -91,7 +91,8 @@ struct iteration_costs {
 };
 
 /// Where the simulated workers' iteration costs come from: each worker's worker_model drawn
-/// by its iteration_sampler, with the scenario's push and pull cost (what simulate uses).
+/// by its iteration_sampler, with its push and pull cost (its own link's, else the
+/// scenario's: push_seconds_of, pull_seconds_of); what simulate uses.
 /// A source (for simulate_with) is anything with `bool next(worker_id p, double now, iteration_costs& out)`:
 /// the costs of p's iteration that starts computing at `now`, or false when p has none left
 /// (a recorded trace that ran out), which ends the run at `now`.
@@ -103,8 +104,8 @@ public:
   }
   bool next(worker_id p, double now, iteration_costs& out) {
     out.compute = sampler_[p].next(now);
-    out.push = s_->push_seconds;
-    out.pull = s_->pull_seconds;
+    out.push = push_seconds_of(*s_, p);
+    out.pull = pull_seconds_of(*s_, p);
     return true;
   }
 

@@ -68,8 +68,10 @@ private:
 /// bound the work of a run; the replay itself uses the recorded times). Run length: until the
 /// first worker runs out (iterations = the longest worker's row count, which the run cannot
 /// reach first); set seconds or iterations to cut it shorter (or, with wrap, longer). push
-/// and pull seconds are the trace's mean costs (informational). Throws
-/// invalid_parameter_error for an empty trace.
+/// and pull seconds are the trace's mean costs, and each worker's own push_seconds and
+/// pull_seconds its mean recorded ones (informational for a replay, which pays each row's own;
+/// what simulate would use on this scenario, so a worker on a slow link stays slow there).
+/// Throws invalid_parameter_error for an empty trace.
 inline scenario trace_scenario(const iteration_trace& tr, std::string name = "trace") {
   if (tr.size() == 0) throw invalid_parameter_error("cadence::sim::trace_scenario: the trace has no workers");
   scenario s;
@@ -80,15 +82,20 @@ inline scenario trace_scenario(const iteration_trace& tr, std::string name = "tr
   double push = 0, pull = 0;
   for (const auto& rows : tr.workers) {
     if (rows.empty()) throw invalid_parameter_error("cadence::sim::trace_scenario: a worker has no iterations");
-    double total = 0;
+    double total = 0, own_push = 0, own_pull = 0;
     for (const trace_iteration& it : rows) {
       total += it.compute;
-      push += it.push;
-      pull += it.pull;
+      own_push += it.push;
+      own_pull += it.pull;
     }
+    push += own_push;
+    pull += own_pull;
+    const auto count = static_cast<double>(rows.size());
     worker_model m;
     // A worker that recorded only zero compute times still needs a positive model time.
-    m.iteration_seconds = std::max(total / static_cast<double>(rows.size()), 1e-9);
+    m.iteration_seconds = std::max(total / count, 1e-9);
+    m.push_seconds = own_push / count;
+    m.pull_seconds = own_pull / count;
     m.label = "trace";
     s.workers.push_back(m);
     longest = std::max(longest, rows.size());

@@ -1,5 +1,6 @@
 // How long a simulated worker takes per iteration: a base time, optional jitter, transient
-// straggler episodes, gradual drift and a failure time; and the sampler that draws them.
+// straggler episodes, gradual drift, its own link's push and pull cost and a failure time; and
+// the sampler that draws the iteration times.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -8,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace cadence::sim {
@@ -41,6 +43,14 @@ struct worker_model {
   /// Simulated time at which the worker dies (infinity: never). A dead worker stops pushing;
   /// the server removes it from the controller after the scenario's failure-detection delay.
   double fails_at = HUGE_VAL;
+  /// This worker's own link, when it differs from the cluster's: seconds for its push to reach
+  /// the server and for its pull (a host on a slower link: a network straggler, which is slow
+  /// without computing slowly). Unset: the scenario's push_seconds and pull_seconds. Each is
+  /// used on its own, so a link slow in one direction sets only that one. The simulator adds
+  /// them to every iteration of this worker; an all-reduce is paced by the slowest link
+  /// (simulate_collective).
+  std::optional<double> push_seconds;
+  std::optional<double> pull_seconds;
   /// Free-form label for reports ("1080Ti", "1060", ...).
   std::string label;
 };
@@ -71,6 +81,10 @@ inline void validate(const worker_model& m, std::size_t p) {
                           "second), got " + num(m.drift_per_second));
   if (std::isnan(m.fails_at) || m.fails_at < 0)
     detail::bad_worker(p, "fails_at must be >= 0 seconds (or infinity: never), got " + num(m.fails_at));
+  if (m.push_seconds && (!std::isfinite(*m.push_seconds) || *m.push_seconds < 0))
+    detail::bad_worker(p, "push_seconds (its own link) must be finite and >= 0, got " + num(*m.push_seconds));
+  if (m.pull_seconds && (!std::isfinite(*m.pull_seconds) || *m.pull_seconds < 0))
+    detail::bad_worker(p, "pull_seconds (its own link) must be finite and >= 0, got " + num(*m.pull_seconds));
 }
 
 /// Draws one worker's iteration times from its own random stream, so a worker's times do not
