@@ -58,12 +58,26 @@ def test_rows_of_one_buffer_are_read_in_place():
     assert answer(cadence.zipline(parts)) == answer(cadence.zipline([p.copy() for p in parts]))
 
 
-def test_separate_rows_are_gathered_and_give_the_same_answer():
+def test_separate_rows_are_read_in_place_and_give_the_same_answer():
     m = increasing(25, 6)
     rows = [row.copy() for row in m]
-    assert _core._rows_layout(rows)[0] == "gathered"
+    assert _core._rows_layout(rows) == ("separate", address(rows[0]))
     assert answer(cadence.zipline(rows)) == answer(cadence.zipline(m)) == answer(cadence.zipline(list(m)))
     assert answer(cadence.zipline(tuple(rows))) == answer(cadence.zipline(m))
+
+
+def test_separate_rows_of_unequal_length_match_the_same_rows_in_one_buffer():
+    rng = np.random.default_rng(9)
+    for dtype in (np.int64, np.float64):
+        lengths = rng.integers(1, 30, size=300)
+        flat = np.concatenate([np.cumsum(rng.integers(1, 50, size=k)) + rng.integers(0, 200)
+                               for k in lengths]).astype(dtype)
+        in_one = np.split(flat, np.cumsum(lengths)[:-1])  # end to end: a ragged view
+        separate = [row.copy() for row in in_one]
+        assert _core._rows_layout(in_one)[0] == "ragged"
+        assert _core._rows_layout(separate)[0] == "separate"
+        for v in cadence.zipline_variants():
+            assert answer(cadence.zipline(separate, variant=v)) == answer(cadence.zipline(in_one, variant=v))
 
 
 def test_rows_may_differ_in_length():

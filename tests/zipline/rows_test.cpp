@@ -22,6 +22,33 @@ TEST_CASE("rows_view exposes matrix and ragged layouts alike") {
   CHECK(r[0][0] == 3);
   CHECK(r[1].back() == 6);
   CHECK(r.values()[0] == 3);
+  CHECK(r.is_contiguous());
+}
+
+TEST_CASE("rows_view reads separately allocated rows in place") {
+  const std::vector<double> a{1, 2, 3}, b{7}, c{4, 5};
+  const double* const rows[] = {a.data(), b.data(), c.data()};
+  const std::vector<std::size_t> off{10, 13, 14, 16};  // lengths 3, 1, 2; need not start at 0
+  const auto v = rows_view<double>::separate(rows, off.data(), 3);
+  CHECK(v.size() == 3);
+  CHECK(v.total() == 6);
+  CHECK_FALSE(v.is_matrix());
+  CHECK_FALSE(v.is_contiguous());
+  CHECK(v.values() == nullptr);
+  CHECK(v.row_size(1) == 1);
+  CHECK(v.row_begin(2) == 4);  // place among all points, row after row
+  CHECK(v.row_data(1) == b.data());
+  CHECK(v[0].data() == a.data());
+  CHECK(v[2].back() == 5);
+  CHECK(v.row_pointers() == rows);
+  CHECK(v.offsets() == off.data());
+  const std::vector<std::size_t> bad_off{0, 3, 3, 5};  // row 1 empty
+  CHECK_THROWS_WITH(validate(rows_view<double>::separate(rows, bad_off.data(), 3)),
+                    doctest::Contains("row 1 is empty"));
+  const std::vector<double> down{3, 2};
+  const double* const bad_rows[] = {a.data(), down.data()};
+  CHECK_THROWS_WITH(validate(rows_view<double>::separate(bad_rows, off.data() + 1, 2)),
+                    doctest::Contains("row 1 is not strictly increasing at index 1 (3 then 2)"));
 }
 
 TEST_CASE("validate names the row and index of bad input") {

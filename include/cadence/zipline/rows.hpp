@@ -1,5 +1,6 @@
-// Input of a ZipLine search: n rows of strictly increasing predicted push times, stored either
-// as a dense n x R matrix or as ragged rows (values plus n+1 offsets), and the contract check.
+// Input of a ZipLine search: n rows of strictly increasing predicted push times, stored as a
+// dense n x R matrix, as ragged rows (values plus n+1 offsets) or as separately allocated rows
+// (one pointer per row), and the contract check.
 #pragma once
 
 #include <cadence/core/detail/bits.hpp>
@@ -17,9 +18,13 @@
 namespace cadence {
 
 /// Non-owning view of n rows of timestamps. Rows may have unequal lengths (>= 1 each).
-/// Two layouts share one type so every ZipLine variant takes both:
+/// Three layouts share one type so every ZipLine variant takes all of them:
 /// - matrix(data, n, r): row p is data[p*r .. p*r + r);
-/// - ragged(values, offsets, n): row p is values[offsets[p] .. offsets[p+1]).
+/// - ragged(values, offsets, n): row p is values[offsets[p] .. offsets[p+1]);
+/// - separate(rows, offsets, n): row p is rows[p][0 .. offsets[p+1] - offsets[p]), each row in
+///   its own allocation (rows kept as separate arrays, e.g. one NumPy array per worker): the
+///   search reads them in place, where the other layouts would need them copied into one.
+/// Pick the one the rows already have; the CPU variants run as fast on each.
 template <class T>
 class rows_view {
   static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>,
@@ -47,6 +52,18 @@ public:
     return v;
   }
 
+  /// Rows that are not in one allocation: row p at rows[p], its length offsets[p+1] -
+  /// offsets[p] (n + 1 non-decreasing offsets, as for ragged; they need not start at 0).
+  /// rows and offsets must outlive the view.
+  static constexpr rows_view separate(const T* const* rows, const std::size_t* offsets,
+                                      std::size_t n) noexcept {
+    rows_view v;
+    v.rows_ = rows;
+    v.offsets_ = offsets;
+    v.n_ = n;
+    return v;
+  }
+
   /// Number of rows (workers).
   constexpr std::size_t size() const noexcept { return n_; }
   /// Whether every row has the same length (the matrix layout).
@@ -55,26 +72,38 @@ public:
   constexpr std::size_t row_size(std::size_t p) const noexcept {
     return offsets_ ? offsets_[p + 1] - offsets_[p] : width_;
   }
-  /// Offset of row p's first point in values().
+  /// Index of row p's first point among all points, row after row (its offset in values()
+  /// when the rows are contiguous).
   constexpr std::size_t row_begin(std::size_t p) const noexcept {
     return offsets_ ? offsets_[p] - offsets_[0] : p * width_;
   }
-  constexpr span<const T> operator[](std::size_t p) const noexcept {
-    return span<const T>(values() + row_begin(p), row_size(p));
+  /// Row p's first point.
+  constexpr const T* row_data(std::size_t p) const noexcept {
+    return rows_ ? rows_[p] : values_ + (offsets_ ? offsets_[p] : p * width_);
   }
-  /// All points of all rows, row after row.
-  constexpr const T* values() const noexcept { return offsets_ ? values_ + offsets_[0] : values_; }
+  constexpr span<const T> operator[](std::size_t p) const noexcept {
+    return span<const T>(row_data(p), row_size(p));
+  }
+  /// Whether all points lie in one array, row after row (matrix and ragged views).
+  constexpr bool is_contiguous() const noexcept { return rows_ == nullptr; }
+  /// All points of all rows, row after row; nullptr for a separate() view (use row_data).
+  constexpr const T* values() const noexcept {
+    return rows_ ? nullptr : offsets_ ? values_ + offsets_[0] : values_;
+  }
   /// Total number of points over all rows.
   constexpr std::size_t total() const noexcept {
     return offsets_ ? (n_ == 0 ? 0 : offsets_[n_] - offsets_[0]) : n_ * width_;
   }
   /// The common row length of a matrix view (0 for ragged views).
   constexpr std::size_t width() const noexcept { return offsets_ ? 0 : width_; }
-  /// The offsets array of a ragged view (nullptr for a matrix view).
+  /// The offsets array of a ragged or separate view (nullptr for a matrix view).
   constexpr const std::size_t* offsets() const noexcept { return offsets_; }
+  /// The row pointers of a separate view (nullptr otherwise).
+  constexpr const T* const* row_pointers() const noexcept { return rows_; }
 
 private:
   const T* values_ = nullptr;
+  const T* const* rows_ = nullptr;  // separate(): one pointer per row
   const std::size_t* offsets_ = nullptr;
   std::size_t n_ = 0;
   std::size_t width_ = 0;
@@ -122,7 +151,7 @@ bool zipline_rows_valid(rows_view<T> rows) noexcept {
   for (std::size_t p = 0; p < n; ++p) {
     const std::size_t m = rows.row_size(p);
     if (m == 0) return false;
-    const T* const v = rows.values() + rows.row_begin(p);
+    const T* const v = rows.row_data(p);
     if constexpr (std::is_floating_point_v<T>) {
       if (!std::isfinite(v[0]) || !std::isfinite(v[m - 1])) return false;
     }
@@ -163,7 +192,7 @@ bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps) noexcept {
   for (std::size_t p = 0; p < n; ++p) {
     const std::size_t m = rows.row_size(p);
     if (m == 0) return false;
-    const T* const v = rows.values() + rows.row_begin(p);
+    const T* const v = rows.row_data(p);
     if constexpr (std::is_floating_point_v<T>) {
       if (!std::isfinite(v[0]) || !std::isfinite(v[m - 1])) return false;
     }

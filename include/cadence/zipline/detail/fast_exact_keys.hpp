@@ -114,7 +114,7 @@ void zipline_key_pass(rows_view<T> rows, const std::size_t* first, const std::si
   unsigned b = 0;
   std::uint32_t o = 0;
   for (std::size_t p = 0, n = rows.size(); p < n; ++p) {
-    const T* const v = rows.values() + rows.row_begin(p);
+    const T* const v = rows.row_data(p);
     const Rec row = static_cast<Rec>(p);
     for (std::size_t i = first[p], e = last[p]; i < e; ++i) {
       const std::uint32_t k = keys.key(v[i], b);
@@ -219,7 +219,7 @@ std::optional<zipline_window<T>> zipline_fast_exact(rows_view<T> rows, zipline_b
   unsigned bad = 0;
   std::uint32_t guess = keys.key(trim.top, bad);
   for (std::size_t p = 0; p < n; ++p)
-    if (first[p] != last[p]) guess |= keys.key(rows.values()[rows.row_begin(p) + first[p]], bad);
+    if (first[p] != last[p]) guess |= keys.key(rows.row_data(p)[first[p]], bad);
   if (bad != 0) return std::nullopt;
   auto& cntv = buf.buckets;
   auto& count = buf.counts;

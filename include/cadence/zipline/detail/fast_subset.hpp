@@ -66,7 +66,7 @@ zipline_window<T> zipline_fast_search(rows_view<T> rows, zipline_buffers<T>& buf
     for (std::size_t p = 0; p < n; ++p) {
       const std::size_t f = full_first[p], e = full_last[p];
       if (gaps[p] > theta || forced(p)) {
-        const T* const v = rows.values() + rows.row_begin(p);
+        const T* const v = rows.row_data(p);
         if (in == 0 || v[f] < base) base = v[f];
         if (in == 0 || v[e - 1] > top) top = v[e - 1];
         ++in;
