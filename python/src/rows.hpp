@@ -37,7 +37,7 @@ inline py_rows read_rows(nb::handle rows, const char* who) {
     bool adjacent = true, uniform = true;
     std::size_t p = 0;
     for (nb::handle item : rows) {
-      out.arrays.push_back(as_array(item, 1, name.c_str(), static_cast<long>(p)));
+      as_array(item, 1, name.c_str(), static_cast<long>(p), out.arrays.emplace_back());
       const array_ref& a = out.arrays.back();
       if (p == 0) {
         out.type = a.type;
