@@ -15,6 +15,20 @@
 #include <string>
 #include <type_traits>
 
+// SSE2 is part of every x86-64 target, so this needs no flag; other targets take the scalar
+// loop. Define CADENCE_ZIPLINE_SSE2 to 0 to force the scalar loop (in every translation unit
+// of a program alike: the inline functions differ).
+#ifndef CADENCE_ZIPLINE_SSE2
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#define CADENCE_ZIPLINE_SSE2 1
+#else
+#define CADENCE_ZIPLINE_SSE2 0
+#endif
+#endif
+#if CADENCE_ZIPLINE_SSE2
+#include <emmintrin.h>
+#endif
+
 namespace cadence {
 
 /// Non-owning view of n rows of timestamps. Rows may have unequal lengths (>= 1 each).
@@ -183,6 +197,33 @@ struct zipline_gap_type<T, true> {
   using type = std::make_unsigned_t<T>;
 };
 
+#if CADENCE_ZIPLINE_SSE2
+/// One double row of zipline_rows_valid_gaps, four points a step: g0 receives the largest
+/// gap among the points before the returned index (the caller finishes the tail), bad any
+/// !(v[i-1] < v[i]). g++ does not vectorize the scalar loop (a floating-point max reduction
+/// needs -ffast-math), and this pass reads every point: at n = 1000, R = 150 it took 0.084 of
+/// zipline_fast's 0.28 ms.
+inline std::size_t zipline_row_check_sse2(const double* v, std::size_t m, unsigned& bad,
+                                          double& g0) noexcept {
+  __m128d bad_a = _mm_setzero_pd(), bad_b = _mm_setzero_pd();
+  __m128d g_a = _mm_setzero_pd(), g_b = _mm_setzero_pd();
+  std::size_t i = 1;
+  for (; i + 4 <= m; i += 4) {
+    const __m128d a0 = _mm_loadu_pd(v + i - 1), b0 = _mm_loadu_pd(v + i);
+    const __m128d a1 = _mm_loadu_pd(v + i + 1), b1 = _mm_loadu_pd(v + i + 2);
+    bad_a = _mm_or_pd(bad_a, _mm_cmpnlt_pd(a0, b0));  // !(a < b): also true for NaN
+    bad_b = _mm_or_pd(bad_b, _mm_cmpnlt_pd(a1, b1));
+    g_a = _mm_max_pd(g_a, _mm_sub_pd(b0, a0));
+    g_b = _mm_max_pd(g_b, _mm_sub_pd(b1, a1));
+  }
+  bad |= static_cast<unsigned>(_mm_movemask_pd(_mm_or_pd(bad_a, bad_b)));
+  const __m128d g = _mm_max_pd(g_a, g_b);
+  const double lo_lane = _mm_cvtsd_f64(g), hi_lane = _mm_cvtsd_f64(_mm_unpackhi_pd(g, g));
+  g0 = lo_lane > hi_lane ? lo_lane : hi_lane;
+  return i;
+}
+#endif
+
 template <class T>
 bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps) noexcept {
   using D = typename zipline_gap_type<T>::type;
@@ -199,6 +240,9 @@ bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps) noexcept {
     unsigned bad0 = 0, bad1 = 0;
     D g0 = 0, g1 = 0;
     std::size_t i = 1;
+#if CADENCE_ZIPLINE_SSE2
+    if constexpr (std::is_same_v<T, double>) i = zipline_row_check_sse2(v, m, bad0, g0);
+#endif
     for (; i + 2 <= m; i += 2) {
       bad0 |= static_cast<unsigned>(!(v[i - 1] < v[i]));
       bad1 |= static_cast<unsigned>(!(v[i] < v[i + 1]));
