@@ -375,3 +375,19 @@ TEST_CASE("zipline_fast's row subset gives the whole input's answer, in one roun
   CHECK(rounds_seen[1] > 0);
   CHECK(rounds_seen[2] > 0);
 }
+
+TEST_CASE("zipline_fast's exact keys handle a spread of 2^32 - 1, the widest they hold") {
+  // Keys are offsets in 32 bits; a spread of 2^32 - 1 is a real answer, not a sentinel.
+  const std::int64_t w = 4294967295;  // 2^32 - 1
+  owned_rows<std::int64_t> two, three;
+  two.add({0});
+  two.add({w});
+  three.add({0, w - 2});
+  three.add({1, w - 1});
+  three.add({w});
+  for (const auto* rows : {&two, &three}) {
+    const auto got = cadence::zipline_fast(rows->view());
+    CHECK(got == cadence::zipline_brute_force(rows->view()));
+  }
+  CHECK(cadence::zipline_fast(two.view()).spread == w);
+}
