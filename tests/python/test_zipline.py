@@ -80,6 +80,22 @@ def test_separate_rows_of_unequal_length_match_the_same_rows_in_one_buffer():
             assert answer(cadence.zipline(separate, variant=v)) == answer(cadence.zipline(in_one, variant=v))
 
 
+def test_separate_rows_are_read_at_their_own_address_whatever_array_they_view():
+    # Slices of larger arrays, not end to end: each row is read where it starts (the direct
+    # reading of numpy.ndarray objects must honour the data pointer of a view), and subclasses
+    # and byte-swapped arrays take the buffer protocol or are refused as before.
+    big = np.cumsum(np.arange(1, 401, dtype=np.int64))
+    views = [big[10:60], big[100:130], big[200:290:1], big[5:6]]
+    assert _core._rows_layout(views) == ("separate", address(views[0]))
+    assert answer(cadence.zipline(views)) == answer(cadence.zipline([v.copy() for v in views]))
+    fviews = [v.astype(np.float64)[3:] for v in views[:3]]
+    assert answer(cadence.zipline(fviews)) == answer(cadence.zipline([v.copy() for v in fviews]))
+    with pytest.raises(cadence.ArrayTypeError, match="row 0: dtype must be int64 or float64, got >i8"):
+        cadence.zipline([np.arange(3, dtype=">i8")])
+    with pytest.raises(cadence.InvalidParameterError, match="row 1: the array is not C-contiguous"):
+        cadence.zipline([big[:5], big[::3]])
+
+
 def test_rows_may_differ_in_length():
     rows = [np.array([1.0, 2.0, 3.0]), np.array([2.5]), np.array([0.5, 2.2, 4.0, 6.0])]
     r = cadence.zipline(rows)
