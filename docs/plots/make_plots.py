@@ -283,7 +283,7 @@ where the measured number says so.
 
 | what | measured | ratio | target | met |
 |---|---|---:|---|---|
-| ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.220 ms; floor (one min/max pass) 0.150 ms (2026-12-05, load 0.8) | 1.47x floor | <= 0.25 ms | yes (0.220-0.239 ms in 3 runs, the previous code 0.542-0.563 ms alternating with it; [zipline.md](zipline.md#at-105-and-106-workers)) |
+| ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.220 ms; floor (one min/max pass) 0.150 ms (2026-12-05, load 0.8) | 1.47x floor | <= 0.25 ms | yes (0.220-0.239 ms in 3 runs, the previous code 0.542-0.563 ms alternating with it; 0.244 ms in a fourth at load 1.5; [zipline.md](zipline.md#at-105-and-106-workers)) |
 | ZipLine `fast`, n = 10^5, R = 150 | 41.3 ms; floor 32.5 ms (2026-12-05) | 1.27x floor | <= 2x floor | yes (1.27-1.33x in 3 runs; 1.55-2.18x on 2026-12-04) |
 | ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 446 ms; floor 321 ms (2026-12-05) | 1.39x floor | <= 2x floor | yes (1.37-1.39x in 3 runs; 1.82-2.07x on 2026-12-04) |
 | controllers, ns per push, n = 2^20 vs 4096 (CPU time) | bsp 105 vs 15.7; asp 46.8 vs 11.8; ssp:3 92.2 vs 16.0; dssp:3:15 181 vs 20.3; any_controller ssp:3 112 vs 16.8; elastic:15 69.4 vs 21.3 (planning included) | 3.3-8.9x | within 2x | no: at 2^20 every push misses the caches (below) |
