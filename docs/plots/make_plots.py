@@ -264,7 +264,7 @@ reproduce them. Details and full tables in the linked pages.
 | what | result | reproduce |
 |---|---|---|
 | controller decision, n = 4096 workers | 13-17 ns per push (BSP, SSP, DSSP), O(1) fit up to 65536 | `build/bin/cadence-bench-controllers` ([details](controllers.md#cost-per-push)) |
-| ZipLine, n = 1000, R = 150 | `zipline_fast` 0.71 ms, 35x faster than the paper's ZipLine (24.5 ms) and 23x faster than ZipLineOptBS, in one run; about 1.1 ms for timestamps that are not on a power-of-two grid | `build/bin/cadence-bench-zipline --cadence_ratio_only` ([details](zipline.md#measured)) |
+| ZipLine, n = 1000, R = 150 | `zipline_fast` 0.22 ms, 110x faster than the paper's ZipLine (24.1 ms) and 73x faster than ZipLineOptBS, in one run (2026-12-05); about 1.1 ms for timestamps that are not on a power-of-two grid (2026-12-02) | `build/bin/cadence-bench-zipline --cadence_ratio_only` ([details](zipline.md#measured)) |
 | simulator | 5-8 million push events per second (BSP/ASP/SSP/DSSP) | `build/bin/cadence-bench-sim` |
 | all-reduce through Cadence vs the raw call, 2 ranks | MPI: about 1 µs added per call up to 512 B; 0.5-1.8x the raw time from 256 KiB (ring); in-process: 0.5-1.1x a plain shared-memory reduction; gloo: 0.1-0.7x `gloo::allreduce`'s time up to 32 KiB, 0.74-1.04x from 2 MiB | `mpirun --allow-run-as-root --oversubscribe -np 2 build/bin/cadence-bench-transport --backend mpi --json` ([details](transports.md#benchmark)) |
 | parameter-server push+pull round trip vs a raw MPI ping-pong, 2 ranks | +0.9 µs at 4 KiB; from 4 MiB, 86-94% of the raw bandwidth with `--no-bounce` and 65% with the default bounce buffers | `mpirun --allow-run-as-root --oversubscribe -np 2 build/bin/cadence-bench-ps --backend mpi --json` ([details](parameter_server.md#benchmark)) |
@@ -283,15 +283,15 @@ where the measured number says so.
 
 | what | measured | ratio | target | met |
 |---|---|---:|---|---|
-| ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.543 ms; floor (one min/max pass) 0.147 ms | 3.70x floor | <= 0.25 ms | no (0.53-0.57 ms in 6 runs; was 0.68-0.81 ms) |
-| ZipLine `fast`, n = 10^5, R = 150 | 68.9 ms; floor 44.3 ms | 1.55x floor | <= 2x floor | yes (1.55-2.18x in 5 runs: one run above 2x) |
-| ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 638 ms; floor 319 ms | 2.00x floor | <= 2x floor | borderline (1.82-2.07x in 5 runs; was 8.2x) |
+| ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.220 ms; floor (one min/max pass) 0.150 ms (2026-12-05, load 0.8) | 1.47x floor | <= 0.25 ms | yes (0.220-0.239 ms in 3 runs, the previous code 0.542-0.563 ms alternating with it; 0.244 ms in a fourth at load 1.5; [zipline.md](zipline.md#at-105-and-106-workers)) |
+| ZipLine `fast`, n = 10^5, R = 150 | 41.3 ms; floor 32.5 ms (2026-12-05) | 1.27x floor | <= 2x floor | yes (1.27-1.33x in 3 runs; 1.55-2.18x on 2026-12-04) |
+| ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 446 ms; floor 321 ms (2026-12-05) | 1.39x floor | <= 2x floor | yes (1.37-1.39x in 3 runs; 1.82-2.07x on 2026-12-04) |
 | controllers, ns per push, n = 2^20 vs 4096 (CPU time) | bsp 105 vs 15.7; asp 46.8 vs 11.8; ssp:3 92.2 vs 16.0; dssp:3:15 181 vs 20.3; any_controller ssp:3 112 vs 16.8; elastic:15 69.4 vs 21.3 (planning included) | 3.3-8.9x | within 2x | no: at 2^20 every push misses the caches (below) |
 | controller state, bytes per worker | bsp, asp, ssp: 21 B; dssp:3:15: 53 B (16 B of it the two-push history); elastic:15: 45-49 B + 128 B history (16 pushes) + plan (15 predictions, choice, ZipLine workspace: 282-368 B) | | <= 64 B + history | yes |
 | `cadence-sim --scenario large100k` (10^5 workers, 60 simulated s, every default policy) | bsp 0.93, asp 0.25, ssp:3 0.26, dssp:3:15 0.57, elastic:15 0.34, elastic:60 0.26 M events/s; 9.9-160 s wall each, 6 min for all six | | runs under the 10^8-push bound, reports events/s | yes (asp, the most pushes: 4.0x10^7) |
 | collective planner, 10^4 ranks | see [collective.md](collective.md#at-scale-the-planner-per-barrier) | | measured, cost per rank stated | yes |
 | Thrust OMP (2 threads) vs the best one-core variant from n = 10^5 | not re-measured; `zipline_fast` is now 4-5x faster at 10^5 than when the OMP form measured 0.34-0.43x of it | | beats it | no |
-| `cadence.zipline` on separate NumPy arrays within 1.2x of C++ | not changed | | 1.2x | no (not done) |
+| `cadence.zipline` on separate NumPy arrays within 1.2x of C++ | int64, n = 1000, R = 150: 0.323 ms vs 0.283 ms; float64 0.541 vs 0.503 ms (2026-12-05, load 1.0; [python.md](python.md#performance)) | 1.07-1.14x | 1.2x | yes (was 1.25-1.30x: the rows are read in place, and NumPy arrays without the buffer protocol) |
 
 Why the controllers are not flat at 2^20: a push by a random worker touches that worker's
 state (clock, links, flags: 21 B to 53 B a worker, 21-53 MB in all at 2^20, far beyond L2)
@@ -320,7 +320,10 @@ over a superset that always passes; [zipline.md](zipline.md)). On the generator'
 10^5-10^6 workers about 3% of the rows are swept, and the rest of the time is validation (one
 pass over every point, which the contract requires) and one interpolated search per row for
 the trim and the choices. At n = 1000 the certified subset is about 40% of the rows, so the
-sort and the sweep still dominate; 0.25 ms is not reached.
+sort and the sweep still dominated (0.53-0.57 ms). On 2026-12-05 the subset became certified by a
+direct check (every row left out has a point in the subset's optimal window), which passes on the
+first, smaller subset (22% of the rows at n = 1000), and validation and the window got faster
+(SSE2, branch-free): 0.22-0.24 ms at n = 1000, and 10^5 and 10^6 at 1.27-1.39x the floor.
 
 The GPU (CUDA Thrust form, H200, R = 100, rows resident on the device; measured on `main`'s
 code, which this change does not touch on the GPU side; its CPU column is the old

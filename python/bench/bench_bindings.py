@@ -109,7 +109,7 @@ def main():
         for variant in ("fast", "opt-bs"):
             reps = repeat if variant == "fast" else max(3, repeat // 10)
             for label, rows in (("2-D array (in place)", m), ("list(matrix) (in place)", list(m)),
-                                ("1000 arrays (gathered)", separate)):
+                                ("1000 separate (in place)", separate)):
                 native = t = float("inf")
                 for _ in range(reps):
                     native = min(native, _core._native_zipline_seconds(m, variant, 1))

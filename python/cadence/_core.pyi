@@ -334,7 +334,7 @@ def _zipline(rows: object | None, variant: str = 'fast') -> tuple:
 
 def _rows_layout(rows: object | None) -> tuple:
     """
-    How zipline() would read `rows`: ('matrix' | 'ragged' | 'gathered', address of the first row's data). 'matrix' and 'ragged' read the caller's memory in place (no copy).
+    How zipline() would read `rows`: ('matrix' | 'ragged' | 'separate', address of the first row's data). All three read the caller's memory in place (no copy).
     """
 
 def _cpu_variants() -> list[str]:

@@ -62,8 +62,8 @@ def zipline(rows: Rows, variant: str = "fast") -> ZiplineResult:
     Args:
         rows: one strictly increasing row of predicted push times per worker: a list (or tuple)
             of 1-D NumPy arrays, or a 2-D array (one row per worker). int64 or float64 (all
-            rows alike), C-contiguous. Rows are read in place when they share one buffer end to
-            end (a 2-D array, ``list(matrix)``); separate arrays are gathered into one buffer.
+            rows alike), C-contiguous. Rows are read in place, whether they share one buffer
+            (a 2-D array, ``list(matrix)``) or are separate arrays.
         variant: 'fast' (default), 'opt-bs', 'opt', 'zipline', or 'thrust' (see
             :func:`zipline_variants`). All return the same answer.
 

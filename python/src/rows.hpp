@@ -1,14 +1,13 @@
 // ZipLine input from Python without copying: a 2-D C-contiguous array is a matrix view; a
 // list of 1-D arrays that lie end to end in one buffer (list(matrix), numpy.split) is a ragged
-// view of that buffer; any other list of 1-D arrays is gathered into one reused buffer, with
-// the GIL released, since rows_view needs every row in one allocation.
+// view of that buffer; any other list of 1-D arrays is a separate view (one pointer per row),
+// so the search reads every row where it is.
 #pragma once
 
 #include "bindings.hpp"
 
 #include <cadence/zipline/rows.hpp>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -22,7 +21,7 @@ struct py_rows {
   bool adjacent = false;              // 1-D rows end to end in one buffer
   bool uniform = false;               // ... and all of one length (a matrix after all)
   std::vector<std::size_t> offsets;   // ragged offsets (n + 1), in elements from the first row
-  const char* layout() const { return matrix ? "matrix" : adjacent ? "ragged" : "gathered"; }
+  const char* layout() const { return matrix ? "matrix" : adjacent ? "ragged" : "separate"; }
 };
 
 /// Reads `rows` (a 2-D array or a list/tuple of 1-D arrays, int64 or float64, C-contiguous);
@@ -38,7 +37,7 @@ inline py_rows read_rows(nb::handle rows, const char* who) {
     bool adjacent = true, uniform = true;
     std::size_t p = 0;
     for (nb::handle item : rows) {
-      out.arrays.push_back(as_array(item, 1, name.c_str(), static_cast<long>(p)));
+      as_array(item, 1, name.c_str(), static_cast<long>(p), out.arrays.emplace_back());
       const array_ref& a = out.arrays.back();
       if (p == 0) {
         out.type = a.type;
@@ -71,10 +70,11 @@ inline py_rows read_rows(nb::handle rows, const char* who) {
                          "a 2-D NumPy array, got " + std::string(nb::type_name(rows.type()).c_str()));
 }
 
-/// The rows_view<T> of `r`, gathering into `buffer` when the rows are not adjacent. Call
-/// without the GIL: it only reads memory the py_rows keeps alive.
+/// The rows_view<T> of `r`, in place; for rows that are not adjacent, their pointers go to
+/// `pointers` (reused between calls). Call without the GIL: it only reads memory the py_rows
+/// keeps alive.
 template <class T>
-rows_view<T> view_rows(const py_rows& r, std::vector<T>& buffer) {
+rows_view<T> view_rows(const py_rows& r, std::vector<const T*>& pointers) {
   if (r.matrix) {
     const array_ref& a = r.arrays[0];
     return rows_view<T>::matrix(static_cast<const T*>(a.data), a.rows, a.cols);
@@ -86,11 +86,9 @@ rows_view<T> view_rows(const py_rows& r, std::vector<T>& buffer) {
     if (r.uniform) return rows_view<T>::matrix(base, n, width);
     return rows_view<T>::ragged(base, r.offsets.data(), n);
   }
-  buffer.resize(r.offsets[n]);
-  for (std::size_t p = 0; p < n; ++p)
-    if (r.arrays[p].rows)
-      std::memcpy(buffer.data() + r.offsets[p], r.arrays[p].data, r.arrays[p].rows * sizeof(T));
-  return rows_view<T>::ragged(buffer.data(), r.offsets.data(), n);
+  pointers.resize(n);
+  for (std::size_t p = 0; p < n; ++p) pointers[p] = static_cast<const T*>(r.arrays[p].data);
+  return rows_view<T>::separate(pointers.data(), r.offsets.data(), n);
 }
 
 }  // namespace cadence::python

@@ -16,7 +16,7 @@ namespace {
 
 template <class T>
 struct thrust_solver {
-  std::vector<T> gathered;
+  std::vector<const T*> pointers;  // rows_view::separate's, for separate arrays
   thrust_zipline_workspace ws;
   zipline_result<T> result;
 };
@@ -26,7 +26,7 @@ nb::tuple solve(const py_rows& rows) {
   thread_local thrust_solver<T> s;  // workspaces are not thread-safe
   {
     nb::gil_scoped_release unlocked;
-    zipline_thrust(view_rows<T>(rows, s.gathered), s.ws, s.result);
+    zipline_thrust(view_rows<T>(rows, s.pointers), s.ws, s.result);
   }
   nb::list choice;
   for (const std::size_t c : s.result.choice) choice.append(c);

@@ -21,7 +21,7 @@ namespace {
 
 template <class T>
 struct solver {
-  std::vector<T> gathered;
+  std::vector<const T*> pointers;  // rows_view::separate's, for separate arrays
   zipline_workspace<T> ws;
   zipline_result<T> result;
 };
@@ -37,7 +37,7 @@ nb::tuple solve(const py_rows& rows, zipline_variant v) {
   solver<T>& s = thread_solver<T>();
   {
     nb::gil_scoped_release unlocked;
-    zipline_solve(v, view_rows<T>(rows, s.gathered), s.ws, s.result);
+    zipline_solve(v, view_rows<T>(rows, s.pointers), s.ws, s.result);
   }
   nb::list choice;
   for (const std::size_t c : s.result.choice) choice.append(c);
@@ -48,7 +48,7 @@ template <class T>
 double native_zipline_seconds(const py_rows& rows, zipline_variant v, std::size_t repeat) {
   solver<T>& s = thread_solver<T>();
   nb::gil_scoped_release unlocked;
-  const rows_view<T> view = view_rows<T>(rows, s.gathered);
+  const rows_view<T> view = view_rows<T>(rows, s.pointers);
   double best = 0;
   for (std::size_t k = 0; k < repeat; ++k) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -80,8 +80,8 @@ void bind_zipline(nb::module_& m) {
         return nb::make_tuple(std::string(r.layout()), address);
       },
       nb::arg("rows").none(),
-      "How zipline() would read `rows`: ('matrix' | 'ragged' | 'gathered', address of the first "
-      "row's data). 'matrix' and 'ragged' read the caller's memory in place (no copy).");
+      "How zipline() would read `rows`: ('matrix' | 'ragged' | 'separate', address of the first "
+      "row's data). All three read the caller's memory in place (no copy).");
   m.def("_cpu_variants", [] {
     return std::vector<std::string>{"zipline", "opt", "opt-bs", "fast"};
   }, "The ZipLine variant names of the CPU (built into cadence._core).");

@@ -58,12 +58,42 @@ def test_rows_of_one_buffer_are_read_in_place():
     assert answer(cadence.zipline(parts)) == answer(cadence.zipline([p.copy() for p in parts]))
 
 
-def test_separate_rows_are_gathered_and_give_the_same_answer():
+def test_separate_rows_are_read_in_place_and_give_the_same_answer():
     m = increasing(25, 6)
     rows = [row.copy() for row in m]
-    assert _core._rows_layout(rows)[0] == "gathered"
+    assert _core._rows_layout(rows) == ("separate", address(rows[0]))
     assert answer(cadence.zipline(rows)) == answer(cadence.zipline(m)) == answer(cadence.zipline(list(m)))
     assert answer(cadence.zipline(tuple(rows))) == answer(cadence.zipline(m))
+
+
+def test_separate_rows_of_unequal_length_match_the_same_rows_in_one_buffer():
+    rng = np.random.default_rng(9)
+    for dtype in (np.int64, np.float64):
+        lengths = rng.integers(1, 30, size=300)
+        flat = np.concatenate([np.cumsum(rng.integers(1, 50, size=k)) + rng.integers(0, 200)
+                               for k in lengths]).astype(dtype)
+        in_one = np.split(flat, np.cumsum(lengths)[:-1])  # end to end: a ragged view
+        separate = [row.copy() for row in in_one]
+        assert _core._rows_layout(in_one)[0] == "ragged"
+        assert _core._rows_layout(separate)[0] == "separate"
+        for v in cadence.zipline_variants():
+            assert answer(cadence.zipline(separate, variant=v)) == answer(cadence.zipline(in_one, variant=v))
+
+
+def test_separate_rows_are_read_at_their_own_address_whatever_array_they_view():
+    # Slices of larger arrays, not end to end: each row is read where it starts (the direct
+    # reading of numpy.ndarray objects must honour the data pointer of a view), and subclasses
+    # and byte-swapped arrays take the buffer protocol or are refused as before.
+    big = np.cumsum(np.arange(1, 401, dtype=np.int64))
+    views = [big[10:60], big[100:130], big[200:290:1], big[5:6]]
+    assert _core._rows_layout(views) == ("separate", address(views[0]))
+    assert answer(cadence.zipline(views)) == answer(cadence.zipline([v.copy() for v in views]))
+    fviews = [v.astype(np.float64)[3:] for v in views[:3]]
+    assert answer(cadence.zipline(fviews)) == answer(cadence.zipline([v.copy() for v in fviews]))
+    with pytest.raises(cadence.ArrayTypeError, match="row 0: dtype must be int64 or float64, got >i8"):
+        cadence.zipline([np.arange(3, dtype=">i8")])
+    with pytest.raises(cadence.InvalidParameterError, match="row 1: the array is not C-contiguous"):
+        cadence.zipline([big[:5], big[::3]])
 
 
 def test_rows_may_differ_in_length():

@@ -11,6 +11,8 @@
 #include <thrust/device_vector.h>
 #include <thrust/execution_policy.h>
 
+#include "support/separate_rows.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -171,7 +174,7 @@ TEST_CASE("the Thrust ZipLine equals the brute force on thousands of random inte
   }
 }
 
-TEST_CASE("the Thrust ZipLine equals the brute force on random double instances, matrix and ragged") {
+TEST_CASE("the Thrust ZipLine equals the brute force on random double instances, matrix, ragged and separate") {
   std::mt19937_64 rng(7);
   cadence::thrust_zipline_workspace ws;
   cadence::zipline_result<double> got;
@@ -184,7 +187,12 @@ TEST_CASE("the Thrust ZipLine equals the brute force on random double instances,
                                                                   inst.offsets[1])
                              : inst.view();
     cadence::zipline_thrust(rows, ws, got);
-    REQUIRE_MESSAGE(got == cadence::zipline_brute_force(rows), "trial " << trial);
+    const auto want = cadence::zipline_brute_force(rows);
+    REQUIRE_MESSAGE(got == want, "trial " << trial);
+    // The same rows in separate allocations: gathered on the host, one transfer.
+    const cadence::test::separate_rows<double> sep(rows);
+    cadence::zipline_thrust(sep.view(), ws, got);
+    REQUIRE_MESSAGE(got == want, "trial " << trial << " (separate rows)");
   }
 }
 
@@ -269,6 +277,18 @@ TEST_CASE("the batched Thrust ZipLine equals a loop of single solves") {
       REQUIRE_MESSAGE(got[k] == single, "instance " << k);
       REQUIRE(got[k] == cadence::zipline_brute_force(views[k]));
     }
+  }
+  SUBCASE("instances with separately allocated rows, mixed with ragged ones") {
+    std::vector<std::unique_ptr<cadence::test::separate_rows<double>>> owned;
+    for (std::size_t k = 0; k < views.size(); k += 3) {
+      owned.push_back(std::make_unique<cadence::test::separate_rows<double>>(views[k]));
+      views[k] = owned.back()->view();
+    }
+    std::vector<cadence::zipline_result<double>> got;
+    cadence::zipline_thrust_batched(views.data(), views.size(), ws, got);
+    REQUIRE(got.size() == views.size());
+    for (std::size_t k = 0; k < views.size(); ++k)
+      REQUIRE_MESSAGE(got[k] == cadence::zipline_brute_force(views[k]), "instance " << k);
   }
   SUBCASE("a batch of one and a batch of none") {
     const auto one = cadence::zipline_thrust_batched(views.data(), 1);

@@ -5,6 +5,8 @@
 #include <cadence/zipline/fast.hpp>
 #include <cadence/zipline/paper.hpp>
 
+#include "support/separate_rows.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -321,13 +323,15 @@ TEST_CASE("zipline_fast's general path sorts clustered fine buckets (non-dyadic 
 }
 
 TEST_CASE("zipline_fast's row subset gives the whole input's answer, in one round or two") {
-  // n >= 256 rows take the subset path: rows with gaps near the optimal spread decide it, the
-  // rest are certified away. Steps spread widely (most rows left out), narrowly (round 2
-  // needed), all equal (every row kept), and rows ending early (always kept).
+  // n >= 256 rows take the subset path: round 1 sweeps the rows with the largest gaps and
+  // checks that every row left out has a point in its optimal window; round 2 (when one does
+  // not) sweeps the certified superset. Steps spread widely (round 1 passes), narrowly (round
+  // 2 needed), all equal, and rows ending early (left out, then checked like the others).
   std::mt19937_64 rng(7);
-  for (int trial = 0; trial < 24; ++trial) {
+  int rounds_seen[3] = {0, 0, 0};
+  for (int trial = 0; trial < 48; ++trial) {
     CAPTURE(trial);
-    const std::size_t n = 256 + rng() % 400;
+    const std::size_t n = 256 + rng() % 1200;
     const std::size_t r = 3 + rng() % 12;
     const int mode = trial % 4;
     owned_rows<std::int64_t> ints;
@@ -349,7 +353,41 @@ TEST_CASE("zipline_fast's row subset gives the whole input's answer, in one roun
       for (const auto x : row) drow.push_back(static_cast<double>(x) * 0.001 + (mode == 1 ? 1e-7 * static_cast<double>(p % 3) : 0.0));
       doubles.add(drow);
     }
-    CHECK(cadence::zipline_fast(ints.view()) == cadence::zipline_paper_opt_bs(ints.view()));
-    CHECK(cadence::zipline_fast(doubles.view()) == cadence::zipline_paper_opt_bs(doubles.view()));
+    const auto want_ints = cadence::zipline_paper_opt_bs(ints.view());
+    const auto want_doubles = cadence::zipline_paper_opt_bs(doubles.view());
+    cadence::zipline_workspace<std::int64_t> ws;
+    cadence::zipline_result<std::int64_t> got;
+    cadence::zipline_fast(ints.view(), ws, got);
+    CHECK(got == want_ints);
+    const int rounds = cadence::detail::zipline_workspace_access::buffers(ws).subset_rounds;
+    REQUIRE(rounds >= 0);
+    REQUIRE(rounds <= 2);
+    ++rounds_seen[rounds];
+    CHECK(cadence::zipline_fast(doubles.view()) == want_doubles);
+    // The subset, trim and key passes read rows through row_data: separate rows too.
+    const cadence::test::separate_rows<std::int64_t> ints_s(ints.view());
+    const cadence::test::separate_rows<double> doubles_s(doubles.view());
+    CHECK(cadence::zipline_fast(ints_s.view()) == want_ints);
+    CHECK(cadence::zipline_fast(doubles_s.view()) == want_doubles);
   }
+  // Both ways out of the subset search were taken (n >= 256 always takes it).
+  CHECK(rounds_seen[0] == 0);
+  CHECK(rounds_seen[1] > 0);
+  CHECK(rounds_seen[2] > 0);
+}
+
+TEST_CASE("zipline_fast's exact keys handle a spread of 2^32 - 1, the widest they hold") {
+  // Keys are offsets in 32 bits; a spread of 2^32 - 1 is a real answer, not a sentinel.
+  const std::int64_t w = 4294967295;  // 2^32 - 1
+  owned_rows<std::int64_t> two, three;
+  two.add({0});
+  two.add({w});
+  three.add({0, w - 2});
+  three.add({1, w - 1});
+  three.add({w});
+  for (const auto* rows : {&two, &three}) {
+    const auto got = cadence::zipline_fast(rows->view());
+    CHECK(got == cadence::zipline_brute_force(rows->view()));
+  }
+  CHECK(cadence::zipline_fast(two.view()).spread == w);
 }

@@ -3,6 +3,8 @@
 #include <cadence/zipline/brute_force.hpp>
 #include <cadence/zipline/variant.hpp>
 
+#include "support/separate_rows.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -71,6 +73,13 @@ void check_all_variants(rows_view<T> rows, cadence::zipline_workspace<T>& ws) {
   CHECK(cadence::zipline_paper_opt(rows) == expected);
   CHECK(cadence::zipline_paper_opt_bs(rows) == expected);
   CHECK(cadence::zipline_fast(rows) == expected);
+  // The same rows, each in its own allocation (rows_view::separate), read in place.
+  const cadence::test::separate_rows<T> separate(rows);
+  for (const auto v : all_variants) {
+    CAPTURE(cadence::to_string(v));
+    cadence::zipline_solve(v, separate.view(), ws, got);
+    REQUIRE(got == expected);
+  }
 }
 
 }  // namespace
@@ -232,7 +241,7 @@ TEST_CASE("a single row and rows of length one have the obvious answers") {
   CHECK(res.choice == std::vector<std::size_t>{0, 0, 0});
 }
 
-TEST_CASE("matrix and ragged layouts of the same rows give the same answer") {
+TEST_CASE("matrix, ragged and separate layouts of the same rows give the same answer") {
   std::mt19937_64 rng(3);
   cadence::zipline_workspace<double> ws;
   for (int iter = 0; iter < 200; ++iter) {
@@ -247,8 +256,11 @@ TEST_CASE("matrix and ragged layouts of the same rows give the same answer") {
     const auto mat = rows_view<double>::matrix(m.data(), n, r);
     const auto rag = rows_view<double>::ragged(m.data(), off.data(), n);
     check_all_variants(mat, ws);
-    for (const auto v : all_variants)
+    const cadence::test::separate_rows<double> sep(mat);
+    for (const auto v : all_variants) {
       CHECK(cadence::zipline_solve(v, mat) == cadence::zipline_solve(v, rag));
+      CHECK(cadence::zipline_solve(v, mat) == cadence::zipline_solve(v, sep.view()));
+    }
   }
 }
 
@@ -277,23 +289,33 @@ TEST_CASE("bad input is rejected by every variant with a message naming the prob
   with_nan.add({1.0, std::nan("")});
   with_inf.add({1.0});
   with_inf.add({std::numeric_limits<double>::infinity()});
+  using cadence::test::separate_rows;
+  const separate_rows<double> empty_row_s(empty_row.view()), unsorted_s(unsorted.view()),
+      repeated_s(repeated.view()), with_nan_s(with_nan.view()), with_inf_s(with_inf.view());
   for (const auto v : all_variants) {
     // Distinct names make one subcase per variant inside the loop.
     SUBCASE(cadence::to_string(v).data()) {
       CHECK_THROWS_WITH_AS(cadence::zipline_solve(v, rows_view<double>(), ws, out),
                            doctest::Contains("n = 0"), cadence::zipline_input_error);
-      CHECK_THROWS_WITH_AS(cadence::zipline_solve(v, empty_row.view(), ws, out),
-                           doctest::Contains("row 1 is empty"), cadence::zipline_input_error);
-      CHECK_THROWS_WITH_AS(cadence::zipline_solve(v, unsorted.view(), ws, out),
-                           doctest::Contains("row 0 is not strictly increasing at index 2"),
-                           cadence::zipline_input_error);
-      CHECK_THROWS_AS(cadence::zipline_solve(v, repeated.view(), ws, out),
-                      cadence::zipline_input_error);
-      CHECK_THROWS_WITH_AS(cadence::zipline_solve(v, with_nan.view(), ws, out),
-                           doctest::Contains("not finite (nan)"), cadence::zipline_input_error);
-      CHECK_THROWS_WITH_AS(cadence::zipline_solve(v, with_inf.view(), ws, out),
-                           doctest::Contains("row 1 index 0 is not finite (inf)"),
-                           cadence::zipline_input_error);
+      // Ragged rows, then the same rows each in its own allocation: the same errors.
+      for (const bool sep : {false, true}) {
+        CAPTURE(sep);
+        CHECK_THROWS_WITH_AS(
+            cadence::zipline_solve(v, sep ? empty_row_s.view() : empty_row.view(), ws, out),
+            doctest::Contains("row 1 is empty"), cadence::zipline_input_error);
+        CHECK_THROWS_WITH_AS(
+            cadence::zipline_solve(v, sep ? unsorted_s.view() : unsorted.view(), ws, out),
+            doctest::Contains("row 0 is not strictly increasing at index 2"),
+            cadence::zipline_input_error);
+        CHECK_THROWS_AS(cadence::zipline_solve(v, sep ? repeated_s.view() : repeated.view(), ws, out),
+                        cadence::zipline_input_error);
+        CHECK_THROWS_WITH_AS(
+            cadence::zipline_solve(v, sep ? with_nan_s.view() : with_nan.view(), ws, out),
+            doctest::Contains("not finite (nan)"), cadence::zipline_input_error);
+        CHECK_THROWS_WITH_AS(
+            cadence::zipline_solve(v, sep ? with_inf_s.view() : with_inf.view(), ws, out),
+            doctest::Contains("row 1 index 0 is not finite (inf)"), cadence::zipline_input_error);
+      }
     }
   }
 }

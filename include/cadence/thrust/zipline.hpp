@@ -16,13 +16,30 @@
 
 #include <thrust/sequence.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <vector>
 
 namespace cadence {
 
-/// ZipLine on the Thrust device system, input on the host (matrix or ragged rows). Returns
+namespace detail {
+/// Queues the copy of all of rows' points, row after row, to dst. A separate() view is first
+/// gathered into staging, so that one transfer moves it (staging must outlive the copy).
+template <class T>
+void zl_rows_to_device(T* dst, rows_view<T> rows, std::vector<T>& staging, device_stream stream) {
+  const T* src = rows.values();
+  if (!rows.is_contiguous()) {
+    staging.resize(rows.total());
+    for (std::size_t p = 0; p < rows.size(); ++p)
+      std::copy(rows[p].begin(), rows[p].end(), staging.begin() + static_cast<std::ptrdiff_t>(rows.row_begin(p)));
+    src = staging.data();
+  }
+  zl_to_device(dst, src, rows.total(), stream);
+}
+}  // namespace detail
+
+/// ZipLine on the Thrust device system, input on the host (matrix, ragged or separate rows). Returns
 /// exactly zipline_brute_force(rows). Validates on the host first (zipline_input_error);
 /// device failures throw device_error. Reuses ws's memory; work is queued on stream (CUDA).
 template <class T>
@@ -38,8 +55,9 @@ void zipline_thrust(rows_view<T> rows, thrust_zipline_workspace& ws, zipline_res
   detail::zl_guard(ctx, [&] {
     T* vals = detail::zl_buf<T>(ws, detail::zl_values, n_points);
     zl_index* roff = detail::zl_buf<zl_index>(ws, detail::zl_roff, n + 1);
-    detail::zl_to_device(vals, rows.values(), n_points, stream);
-    std::vector<zl_index> host_roff;  // outlives the asynchronous copy (zl_solve synchronises)
+    std::vector<T> host_vals;  // these outlive the asynchronous copies (zl_solve synchronises)
+    detail::zl_rows_to_device(vals, rows, host_vals, stream);
+    std::vector<zl_index> host_roff;
     if (rows.is_matrix()) {
       ::thrust::sequence(pol, roff, roff + n + 1, zl_index(0), static_cast<zl_index>(rows.width()));
     } else {
@@ -121,8 +139,22 @@ void zipline_thrust_batched(const rows_view<T>* instances, std::size_t count,
     zl_index* d_roff = detail::zl_buf<zl_index>(ws, detail::zl_roff, rows + 1);
     zl_index* d_ipoff = detail::zl_buf<zl_index>(ws, detail::zl_ipoff, count + 1);
     zl_index* d_rinst = detail::zl_buf<zl_index>(ws, detail::zl_rinst, rows);
+    std::vector<T> host_vals;  // separate() instances, gathered (outlives the copies)
+    std::size_t staged = 0;
     for (std::size_t k = 0; k < count; ++k)
-      detail::zl_to_device(vals + ipoff[k], instances[k].values(), instances[k].total(), stream);
+      if (!instances[k].is_contiguous()) staged += instances[k].total();
+    host_vals.reserve(staged);  // no reallocation while earlier copies are in flight
+    for (std::size_t k = 0; k < count; ++k) {
+      const auto& inst = instances[k];
+      const T* src = inst.values();
+      if (!inst.is_contiguous()) {
+        const std::size_t at = host_vals.size();
+        for (std::size_t p = 0; p < inst.size(); ++p)
+          host_vals.insert(host_vals.end(), inst[p].begin(), inst[p].end());
+        src = host_vals.data() + at;
+      }
+      detail::zl_to_device(vals + ipoff[k], src, inst.total(), stream);
+    }
     detail::zl_to_device(d_roff, roff.data(), roff.size(), stream);
     detail::zl_to_device(d_ipoff, ipoff.data(), ipoff.size(), stream);
     detail::zl_to_device(d_rinst, rinst.data(), rinst.size(), stream);

@@ -28,8 +28,8 @@ namespace cadence {
 ///    point): records (key << row_bits | row), 32 bits when they fit, written with their
 ///    radix-digit histograms in one pass; an LSD radix sort of 1-3 passes over only the key
 ///    bits that vary; the sliding window on integer keys (key differences order exactly as
-///    the spreads in T do), where the left end can move, and the spread shrink, only when
-///    the new point is of the left end's row.
+///    the spreads in T do), computed without branches on the data: from each point's next
+///    point of the same row, the windows that start at each point, one candidate each.
 /// 3. Otherwise a two-level bucket sort of the surviving points by their offset from the
 ///    smallest (integers: a shift; floating point: a scale): a scatter into a few hundred
 ///    coarse buckets, then, per coarse bucket and inside L1, a counting sort on the fine key

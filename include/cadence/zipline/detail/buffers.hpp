@@ -49,6 +49,11 @@ struct zipline_buffers {
   std::vector<T> zt;
   std::vector<std::uint32_t> zr;
 
+  /// zipline_fast: how many subsets the last call swept (0: every row at once; 1: the first
+  /// subset passed its check; 2: it did not, and the certified superset was swept). Tests and
+  /// benchmarks read it.
+  int subset_rounds = 0;
+
   /// Bytes held (capacities, not sizes: what stays allocated between calls).
   std::size_t bytes() const noexcept {
     const auto held = [](const auto& v) { return v.capacity() * sizeof(v[0]); };

@@ -114,7 +114,7 @@ void zipline_key_pass(rows_view<T> rows, const std::size_t* first, const std::si
   unsigned b = 0;
   std::uint32_t o = 0;
   for (std::size_t p = 0, n = rows.size(); p < n; ++p) {
-    const T* const v = rows.values() + rows.row_begin(p);
+    const T* const v = rows.row_data(p);
     const Rec row = static_cast<Rec>(p);
     for (std::size_t i = first[p], e = last[p]; i < e; ++i) {
       const std::uint32_t k = keys.key(v[i], b);
@@ -132,8 +132,8 @@ void zipline_key_pass(rows_view<T> rows, const std::size_t* first, const std::si
 
 /// LSD radix sort of the records on their key bits (histograms already counted), then the
 /// sliding window (see zipline_fast) on integer keys, whose differences order exactly as the
-/// spreads in T do; n is the number of rows with points (the window must cover them all).
-/// Writes the best window's compact keys.
+/// spreads in T do; cc is a zeroed count per row of the input (n rows; the window must cover
+/// every row that has points). Writes the best window's compact keys.
 template <class Rec>
 void zipline_sort_sweep(Rec* rec, Rec* tmp, std::size_t total, std::size_t n,
                         const zipline_radix_plan& plan, unsigned rowbits, std::uint32_t* cnt,
@@ -162,33 +162,39 @@ void zipline_sort_sweep(Rec* rec, Rec* tmp, std::size_t total, std::size_t n,
   const Rec rmask = static_cast<Rec>((Rec{1} << rowbits) - 1);
   const auto row = [&](std::size_t j) { return static_cast<std::size_t>(rec[j] & rmask); };
   const auto key = [&](std::size_t j) { return static_cast<std::uint32_t>(rec[j] >> rowbits); };
-  std::size_t covered = 0, left = 0, i = 0;
-  for (; covered < n; ++i) {  // until every row has appeared (total >= n points)
-    if (cc[row(i)]++ == 0) ++covered;
-    while (cc[row(left)] > 1) {
-      --cc[row(left)];
-      ++left;
-    }
+  // The window ending at position i starts at left(i), the earliest point still the latest of
+  // its row. With die[j] the position of the next point of j's row (never: 2^32 - 1),
+  // left(i) = min{j : die[j] > i}, so j is the left end exactly for i in
+  // [max(M_j, j, cover), max(M_j, die[j])), M_j = max(die[0..j-1]), cover the first position
+  // where every row has appeared. Keys never decrease, so j's best window ends at the first
+  // i of that range: one candidate per point, each computed without a branch on the data
+  // (the sweep that moved the left end point by point mispredicted at about a quarter of the
+  // points, at every change of the left end's row). The first minimum in j order has the
+  // smallest i, hence the smallest barrier.
+  Rec* const die = tmp;  // the radix sort's spare buffer
+  for (std::size_t j = total; j-- > 0;) {
+    const std::size_t r = row(j);
+    die[j] = static_cast<Rec>(static_cast<std::uint32_t>(cc[r] - 1u));  // 0 - 1: never
+    cc[r] = static_cast<std::uint32_t>(j + 1);
   }
-  std::uint32_t hi_best = key(i - 1), lo_best = key(left);
-  std::uint32_t best = hi_best - lo_best;
-  // From here cc[row(left)] == 1 between steps, so the left end moves only when the new
-  // point is of its row; and only then can the spread shrink (the right end never moves
-  // back), so only then is it compared.
-  std::size_t lrow = row(left);
-  for (; i < total; ++i) {
-    const std::size_t r = row(i);
-    ++cc[r];
-    if (r != lrow) continue;
-    do {
-      --cc[lrow];
-      ++left;
-      lrow = row(left);
-    } while (cc[lrow] > 1);
-    const std::uint32_t hi = key(i), lo = key(left);
-    // Keys never decrease along the pass, so the first minimum has the smallest barrier.
-    if (hi - lo < best) {
-      best = hi - lo;
+  std::uint32_t cover = 0;  // the latest first appearance, + 1 (rows without points hold 0)
+  for (std::size_t r = 0; r < n; ++r) cover = cc[r] > cover ? cc[r] : cover;
+  cover -= 1;
+  // Spreads in 64 bits: 2^32 - 1 is a real spread (keys may use all 32 bits), 2^32 is none.
+  constexpr std::uint64_t none = std::uint64_t{1} << 32;
+  std::uint64_t best = none;
+  std::uint32_t hi_best = 0, lo_best = 0, m = 0;
+  for (std::size_t j = 0; j < total; ++j) {
+    const auto dj = static_cast<std::uint32_t>(die[j]);
+    const std::uint32_t jj = static_cast<std::uint32_t>(j);
+    std::uint32_t at = m > jj ? m : jj;
+    at = at > cover ? at : cover;
+    m = dj > m ? dj : m;
+    const bool valid = at < m;
+    const std::uint32_t lo = key(j), hi = key(valid ? at : jj);
+    const std::uint64_t spread = valid ? std::uint64_t{hi - lo} : none;
+    if (spread < best) {
+      best = spread;
       hi_best = hi;
       lo_best = lo;
     }
@@ -219,7 +225,7 @@ std::optional<zipline_window<T>> zipline_fast_exact(rows_view<T> rows, zipline_b
   unsigned bad = 0;
   std::uint32_t guess = keys.key(trim.top, bad);
   for (std::size_t p = 0; p < n; ++p)
-    if (first[p] != last[p]) guess |= keys.key(rows.values()[rows.row_begin(p) + first[p]], bad);
+    if (first[p] != last[p]) guess |= keys.key(rows.row_data(p)[first[p]], bad);
   if (bad != 0) return std::nullopt;
   auto& cntv = buf.buckets;
   auto& count = buf.counts;
@@ -243,7 +249,7 @@ std::optional<zipline_window<T>> zipline_fast_exact(rows_view<T> rows, zipline_b
       if (bad != 0 || zipline_radix_plan(orbits).tz != plan.tz)
         return false;
       count.assign(n, 0);
-      zipline_sort_sweep(rec, tmp, total, trim.rows, plan, rowbits, cnt, count.data(), best_hi, best_lo);
+      zipline_sort_sweep(rec, tmp, total, n, plan, rowbits, cnt, count.data(), best_hi, best_lo);
       return true;
     };
     bool done;
