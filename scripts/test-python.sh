@@ -8,7 +8,8 @@
 #   CADENCE_PYTHON_DIR  where the venv and the extension's CMake build live (default
 #                       build-python-test/ here; reused, so a rerun rebuilds only what changed)
 #   CADENCE_BUILD_DIR   a C++ build whose bin/cadence-zipline and bin/cadence-sim the tests
-#                       also compare against (default: the newest build*/bin in the repository)
+#                       also compare against (default: build/, else the newest build*/bin in the
+#                       repository)
 #   CADENCE_PYTHON_THRUST  ON/OFF: build cadence._thrust (default: the package's default, ON
 #                       when the CCCL headers are found; OFF saves about 30 s of compiling)
 #   JOBS                parallel compile jobs (default 2)

@@ -29,10 +29,12 @@ def read_history(path):
 
 
 def find_tool(name):
-    """A built C++ tool: $CADENCE_BUILD_DIR/bin/<name>, else the newest build*/bin/<name> in the
-    repository; None when there is no build."""
+    """A built C++ tool: $CADENCE_BUILD_DIR/bin/<name>, else build/bin/<name> (the README's
+    build), else the newest build*/bin/<name> in the repository; None when there is no build.
+    (A newest-first pick alone took build-cuda/'s tools, which need a GPU, on a machine without.)"""
     env = os.environ.get("CADENCE_BUILD_DIR")
     candidates = [pathlib.Path(env) / "bin" / name] if env else []
+    candidates.append(ROOT / "build" / "bin" / name)
     candidates += sorted(ROOT.glob(f"build*/bin/{name}"), key=lambda p: p.stat().st_mtime, reverse=True)
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):

@@ -17,18 +17,8 @@ cluster=$1; train=$2
 [ -x "$train" ] || { echo "netns_gloo_test.sh: '$train' is not an executable" >&2; exit 2; }
 [ -f "$cluster" ] || { echo "netns_gloo_test.sh: no netns-cluster script at '$cluster'" >&2; exit 2; }
 
-skip() { echo "SKIP: $*"; exit 77; }
-[ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces)"
-{ command -v ip && command -v tc; } >/dev/null || skip "needs ip and tc (Debian: iproute2)"
-probe="cdcprobe$$"
-if ! ip netns add "$probe" 2>/dev/null; then skip "ip netns add fails here"; fi
-probe_ok=0
-if ip -n "$probe" link add pa type veth peer name pb 2>/dev/null &&
-  tc -n "$probe" qdisc add dev pa root tbf rate 1gbit burst 256kb latency 50ms 2>/dev/null; then
-  probe_ok=1
-fi
-ip netns del "$probe"
-[ "$probe_ok" = 1 ] || skip "veth pairs or tc tbf do not work in a namespace here"
+# shellcheck source=netns_skip.sh
+. "$(dirname "$0")/netns_skip.sh"
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/cadence-netns-gloo-XXXXXX") || exit 1
 trap 'rm -rf "$dir"' EXIT
