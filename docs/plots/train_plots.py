@@ -4,6 +4,13 @@
 Usage (from the repository root, after building cadence-train):
     python3 docs/plots/train_plots.py --run [--seeds 1 2 3] [--seconds 40]   # runs, then plots
     python3 docs/plots/train_plots.py                                        # plots saved runs
+    sudo python3 docs/plots/train_plots.py --net --run [--seconds 30]        # the network straggler
+    python3 docs/plots/train_plots.py --net                                  # its saved runs
+
+--net is the network-straggler experiment of docs/cluster.md: 5 network namespaces
+(scripts/netns-cluster.sh, root only), 1 server and 4 workers over ZeroMQ meeting at rank 0's
+TCP store, every worker computing at the same speed (profile homogeneous), every link at
+1 Gbit/s ("net-even") and then host 4's link at 100 Mbit/s ("net-slow4"), once per seed.
 
 --run starts `mpirun -np 5 build/bin/cadence-train --json --curves ...` once per profile and
 seed (about policies x seconds each) and saves each run's JSON and curves under
@@ -25,6 +32,10 @@ DATA = os.path.join(ROOT, "docs", "plots", "train-data")
 IMG = os.path.join(ROOT, "docs", "img")
 PROFILES = ["hetero16", "straggler3x"]
 POLICIES = ["bsp", "dssp:3:15", "elastic:15"]
+# --net: the link set-ups (netns-cluster.sh options) and the policies, parameter server and
+# collective modes.
+NET = {"net-even": [], "net-slow4": ["--host-rate", "4=100mbit"]}
+NET_POLICIES = ["bsp", "asp", "ssp:3", "dssp:3:15", "elastic:15", "periodic:4", "elastic-avg:15"]
 
 
 def run(args):
@@ -41,6 +52,26 @@ def run(args):
             out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
             with open(stem + ".json", "w") as f:
                 f.write(out)
+
+
+def run_net(args):
+    os.makedirs(DATA, exist_ok=True)
+    for name, links in NET.items():
+        for seed in args.seeds:
+            stem = os.path.join(DATA, f"{name}-seed{seed}")
+            cmd = ["bash", os.path.join(ROOT, "scripts", "netns-cluster.sh"), "-n", "5", "--rate", "1gbit", *links,
+                   "--", args.train, "--transport", "zmq", "--rank", "{host}", "--size", "5",
+                   "--rendezvous", "{host0}:29500", "--address", "{addr}", "--model", "mlp",
+                   "--profile", "homogeneous", "--train-limit", "10000", "--seconds", str(args.seconds),
+                   "--seed", str(seed), "--json", "--curves", stem + ".curves.csv"]
+            for p in args.policies:
+                cmd += ["--policy", p]
+            print(" ".join(cmd), file=sys.stderr)
+            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+            # netns-cluster prefixes each host's lines; rank 0 (host 0) printed the JSON.
+            rank0 = [line[len("[host 0] "):] for line in out.splitlines() if line.startswith("[host 0] ")]
+            with open(stem + ".json", "w") as f:
+                f.write("\n".join(rank0) + "\n")
 
 
 def load(profile):
@@ -137,12 +168,16 @@ def main():
     ap.add_argument("--train", default=os.path.join(ROOT, "build", "bin", "cadence-train"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--seconds", type=float, default=40)
-    ap.add_argument("--policies", nargs="+", default=POLICIES)
+    ap.add_argument("--policies", nargs="+", default=None)
+    ap.add_argument("--net", action="store_true", help="the network-straggler experiment (netns, root)")
     args = ap.parse_args()
+    if args.policies is None:
+        args.policies = NET_POLICIES if args.net else POLICIES
     if args.run:
-        run(args)
-    for profile in PROFILES:
-        plot(profile)
+        (run_net if args.net else run)(args)
+    for profile in (NET if args.net else PROFILES):
+        if not args.net:
+            plot(profile)
         print(table(profile))
         print()
 
