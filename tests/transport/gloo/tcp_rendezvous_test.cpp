@@ -3,18 +3,15 @@
 // that never arrives, and a rank 0 that never serves, are named at the deadline.
 #include <cadence/transport/gloo/communicator.hpp>
 
+#include "support/threads.hpp"
 #include "transport/conformance.hpp"
 
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <exception>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 using namespace cadence;
@@ -38,26 +35,6 @@ std::string free_address() {
   return probe.address();
 }
 
-// Runs body(rank) on n threads and fails the test with each rank's exception.
-template <class Body>
-void on_ranks(int n, Body body) {
-  std::mutex m;
-  std::vector<std::string> errors;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < n; ++r)
-    ranks.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(m);
-        errors.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-        std::fprintf(stderr, "%s\n", errors.back().c_str());
-      }
-    });
-  for (auto& t : ranks) t.join();
-  for (const auto& e : errors) FAIL_CHECK(e);
-}
-
 }  // namespace
 
 TEST_CASE("gloo over a TCP rendezvous rank 0 serves: communicators one after another on one "
@@ -65,7 +42,7 @@ TEST_CASE("gloo over a TCP rendezvous rank 0 serves: communicators one after ano
   const std::string address = free_address();
   constexpr int n = 3;
   std::vector<std::int64_t> sums(n * 3, -1);
-  on_ranks(n, [&](int r) {
+  cadence_test::run_threads(n, [&](int r) {
     // As cadence-train does: several communicators in turn, rank 0 serving the store for each
     // construction on the same port. A rank that is quicker than rank 0 may reach the previous
     // communicator's store, which closes under it; its client reconnects and sets its keys again.
@@ -91,7 +68,7 @@ TEST_CASE("gloo over a TCP store the job serves: two worlds under different pref
           doctest::timeout(120)) {
   tcp_store_server store("127.0.0.1:0");
   std::vector<std::int64_t> sums(4, -1);
-  on_ranks(4, [&](int r) {
+  cadence_test::run_threads(4, [&](int r) {
     // {0, 1} under "a", {2, 3} under "b"; nobody serves but `store`.
     gloo_communicator c(r % 2, 2, tcp_options(store.address(), r < 2 ? "a" : "b", false), 30s);
     std::int64_t v = r;

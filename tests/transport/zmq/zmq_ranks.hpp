@@ -7,6 +7,7 @@
 #include <cadence/transport/zmq/communicator.hpp>
 
 #include "support/events.hpp"
+#include "support/threads.hpp"
 
 #include <doctest/doctest.h>
 
@@ -72,26 +73,7 @@ inline cadence::transport::zmq_options thread_options(int r, rendezvous_box& box
   return options_for(address, heartbeat_timeout);
 }
 
-/// Runs body(rank) on N threads and fails the test with every exception that escaped one.
-template <class Body>
-void run_threads(int n, Body body) {
-  std::mutex m;
-  std::vector<std::string> errors;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < n; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(m);
-        errors.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-        std::fprintf(stderr, "%s\n", errors.back().c_str());  // now: the others may wait for it
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  for (const auto& e : errors) FAIL_CHECK(e);
-}
+using cadence_test::run_threads;
 
 // Ranks as threads of this process, each with its own communicator over 127.0.0.1.
 template <int N>
