@@ -81,7 +81,7 @@ public:
   /// parameter, its value and the bound.
   basic_dssp(std::size_t workers, clock_value s_lower, clock_value s_upper, P predictor = P(),
              std::size_t history = std::is_same_v<P, last_interval> ? 2 : 16)
-      : controller_base("dssp", workers),
+      : controller_base("dssp", workers, /*ordered=*/true),
         s_lower_(s_lower),
         s_upper_(s_upper),
         history_(history),
@@ -141,7 +141,7 @@ public:
     const clock_value old_min = table_.min();
     table_.advance(p);
     release_within(old_min, s_lower_);
-    if (!proceed) set_waiting(p);
+    if (!proceed) set_waiting_at_clock(p);
     return decide(proceed);
   }
 

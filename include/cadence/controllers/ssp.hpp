@@ -36,7 +36,7 @@ public:
     const clock_value old_min = table_.min();
     table_.advance(p);
     release_within(old_min, s_);
-    if (!proceed) set_waiting(p);
+    if (!proceed) set_waiting_at_clock(p);
     return decide(proceed);
   }
 

@@ -84,8 +84,8 @@ public:
     return table_.empty() ? 0 : table_.max() - table_.min();
   }
   /// Bytes of memory the controller holds (capacities of its buffers). This base part, what
-  /// SSP, BSP and ASP hold, is 21 bytes per worker id plus the clock ring; policies with a push
-  /// history or planning add theirs.
+  /// SSP, BSP and ASP hold, is 25 bytes per worker id (33 for DSSP's ordered clock table) plus
+  /// the clock ring; policies with a push history or planning add theirs.
   std::size_t bytes_reserved() const noexcept {
     return state_.capacity() + released_.capacity() * sizeof(worker_id) + table_.bytes_reserved();
   }
@@ -95,7 +95,9 @@ public:
 protected:
   enum worker_state : unsigned char { running, waiting, removed };
 
-  controller_base(const char* kind, std::size_t workers) : kind_(kind) {
+  /// `ordered`: keep each clock's workers in the order they reached it (DSSP's tie-break).
+  controller_base(const char* kind, std::size_t workers, bool ordered = false)
+      : kind_(kind), table_(ordered) {
     check_parameter_bound(kind, "workers", workers, "cadence::max_workers", max_workers);
     state_.assign(workers, running);
     table_.reserve_workers(workers);
@@ -173,9 +175,15 @@ protected:
   void check_wait_allowed() const {
     if (waiting_ + 1 >= table_.active()) throw_deadlock();
   }
+  /// p waits; something else of the policy's (not the clock) will release it.
   void set_waiting(worker_id p) noexcept {
     state_[p] = waiting;
     ++waiting_;
+  }
+  /// p waits at its current clock until release_clocks() covers that clock.
+  void set_waiting_at_clock(worker_id p) noexcept {
+    set_waiting(p);
+    table_.add_waiter(p);
   }
   void release(worker_id p) noexcept {
     state_[p] = running;
@@ -191,18 +199,16 @@ protected:
     return was_waiting;
   }
 
-  /// Releases every waiting worker whose clock is in [lo, hi] (clipped to the active range).
+  /// Releases every worker that set_waiting_at_clock() made wait at a clock in [lo, hi]
+  /// (clipped to the active range), lowest clock first, in the order they began to wait.
   void release_clocks(clock_value lo, clock_value hi) noexcept {
     if (waiting_ == 0 || table_.empty()) return;
     if (lo < table_.min()) lo = table_.min();
     if (hi > table_.max()) hi = table_.max();
-    for (clock_value c = lo; c <= hi; ++c) {
-      for (worker_id q = table_.head(c); q != clock_table::none;) {
-        const worker_id next = table_.next(q);
-        if (state_[q] == waiting) release(q);
-        q = next;
-      }
-    }
+    // An entry whose worker was removed while it waited is dropped here.
+    table_.release_waiters(lo, hi, [this](worker_id q) {
+      if (state_[q] == waiting) release(q);
+    });
   }
 
   /// remove_worker for policies that release by clock: drops p, then releases the waiters
