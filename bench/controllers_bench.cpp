@@ -17,6 +17,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -42,42 +44,102 @@ std::size_t bytes_of(const C& c) {
   }
 }
 
+// Picks the next push: a worker at random among the running ones (a released worker rejoins
+// the running set), so waits and releases happen at the rate the policy produces them.
 template <class C>
-void drive(benchmark::State& state, C controller) {
-  const auto n = static_cast<std::size_t>(state.range(0));
-  std::vector<cadence::worker_id> running(n);
-  for (std::size_t p = 0; p < n; ++p) running[p] = static_cast<cadence::worker_id>(p);
-  xorshift rng;
-  double t = 0;
-  std::size_t waits = 0;
-  const auto one_push = [&] {
-    const std::size_t i = rng() % running.size();
-    const cadence::worker_id p = running[i];
-    t += 1e-3;
-    const cadence::decision d = controller.push(p, t);
+class random_driver {
+public:
+  explicit random_driver(std::size_t n) : running_(n) {
+    for (std::size_t p = 0; p < n; ++p) running_[p] = static_cast<cadence::worker_id>(p);
+  }
+  cadence::decision push(C& controller) {
+    const std::size_t i = rng_() % running_.size();
+    const cadence::worker_id p = running_[i];
+    last_ = p;
+    t_ += 1e-3;
+    const cadence::decision d = controller.push(p, t_);
     if (!d.proceed) {
-      running[i] = running.back();
-      running.pop_back();
-      ++waits;
+      running_[i] = running_.back();
+      running_.pop_back();
+      ++waits_;
     }
-    for (const cadence::worker_id q : d.released) running.push_back(q);
+    for (const cadence::worker_id q : d.released) running_.push_back(q);
     return d;
-  };
-  for (std::size_t k = 0; k < 8 * n; ++k) one_push();  // steady state first (untimed)
+  }
+  cadence::worker_id last() const { return last_; }
+  double time() const { return t_; }
+  std::size_t waits() const { return waits_; }
+  void reset_waits() { waits_ = 0; }
+
+private:
+  std::vector<cadence::worker_id> running_;
+  xorshift rng_;
+  double t_ = 0;
+  std::size_t waits_ = 0;
+  cadence::worker_id last_ = 0;
+};
+
+// How a series is timed.
+enum class timing {
+  replay,    // the controller alone, replaying pushes the driver recorded (the default)
+  prefetch,  // the same, with each push hinted 16 pushes ahead (cadence::prefetch)
+  driven,    // the driver's random pick and its bookkeeping included
+};
+
+template <class C>
+void drive(benchmark::State& state, C controller, timing how = timing::replay) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  random_driver<C> driver(n);
+  for (std::size_t k = 0; k < 8 * n; ++k) driver.push(controller);  // steady state (untimed)
   if constexpr (std::is_same_v<C, cadence::elastic_bsp>) {
     // ...and for ElasticBSP, past its first plans (every worker must push twice first: a
     // coupon collector, about n ln n random pushes).
-    for (std::size_t k = 0; k < 40 * n && controller.barriers() < 2; ++k) one_push();
+    for (std::size_t k = 0; k < 40 * n && controller.barriers() < 2; ++k) driver.push(controller);
   }
-  waits = 0;
-  for (auto _ : state) {
-    const cadence::decision d = one_push();
-    benchmark::DoNotOptimize(d);
+  driver.reset_waits();
+  if (how == timing::driven) {
+    for (auto _ : state) {
+      const cadence::decision d = driver.push(controller);
+      benchmark::DoNotOptimize(d);
+    }
+  } else {
+    // The driver runs ahead on `controller` and records its pushes; `timed`, a copy from the
+    // same state, replays them, so it decides exactly as `controller` did and the time is the
+    // controller's alone. At 2^20 the driver's random pick from a 4 MB running set costs more
+    // than a push.
+    C timed = controller;
+    constexpr std::size_t ahead = 16;
+    std::vector<cadence::worker_id> trace(std::size_t{1} << 16);
+    std::size_t next = trace.size();
+    double t = driver.time();  // the replay adds the same steps to the same start
+    const auto record = [&] {
+      // The last `ahead` pushes of the previous segment stay in front as the hints' lead.
+      const std::size_t keep = next < trace.size() ? trace.size() - next : 0;
+      std::copy(trace.end() - static_cast<std::ptrdiff_t>(keep), trace.end(), trace.begin());
+      for (std::size_t k = keep; k < trace.size(); ++k) {
+        driver.push(controller);
+        trace[k] = driver.last();
+      }
+      next = 0;
+    };
+    record();
+    for (auto _ : state) {
+      if (next + ahead >= trace.size()) {
+        state.PauseTiming();
+        record();
+        state.ResumeTiming();
+      }
+      if (how == timing::prefetch) cadence::prefetch(timed, trace[next + ahead]);
+      t += 1e-3;
+      const cadence::decision d = timed.push(trace[next++], t);
+      benchmark::DoNotOptimize(d);
+    }
   }
   state.SetComplexityN(state.range(0));
   state.SetItemsProcessed(state.iterations());
-  state.counters["wait_fraction"] =
-      benchmark::Counter(static_cast<double>(waits) / static_cast<double>(state.iterations()));
+  if (how == timing::driven)
+    state.counters["wait_fraction"] = benchmark::Counter(
+        static_cast<double>(driver.waits()) / static_cast<double>(state.iterations()));
   state.counters["max_staleness"] = static_cast<double>(controller.max_staleness());
   const double bytes = static_cast<double>(bytes_of(controller)) / static_cast<double>(n);
   state.counters["bytes_per_worker"] = bytes;
@@ -106,10 +168,34 @@ void elastic15_push(benchmark::State& s) {
   drive(s, cadence::elastic_bsp(static_cast<std::size_t>(s.range(0)), 15));
 }
 
+// The same pushes hinted 16 ahead, and with the driver's pick timed too (see drive).
+#define CADENCE_BENCH_VARIANT(name, make, how)                                                \
+  void name(benchmark::State& s) { drive(s, make(static_cast<std::size_t>(s.range(0))), how); }
+auto make_bsp = [](std::size_t n) { return cadence::bsp(n); };
+auto make_asp = [](std::size_t n) { return cadence::asp(n); };
+auto make_ssp3 = [](std::size_t n) { return cadence::ssp(n, 3); };
+auto make_dssp = [](std::size_t n) { return cadence::dssp(n, 3, 15); };
+auto make_any = [](std::size_t n) { return cadence::make_controller("ssp:3", n); };
+auto make_elastic = [](std::size_t n) { return cadence::elastic_bsp(n, 15); };
+CADENCE_BENCH_VARIANT(bsp_push_prefetch, make_bsp, timing::prefetch)
+CADENCE_BENCH_VARIANT(asp_push_prefetch, make_asp, timing::prefetch)
+CADENCE_BENCH_VARIANT(ssp3_push_prefetch, make_ssp3, timing::prefetch)
+CADENCE_BENCH_VARIANT(dssp_3_15_push_prefetch, make_dssp, timing::prefetch)
+CADENCE_BENCH_VARIANT(any_controller_ssp3_push_prefetch, make_any, timing::prefetch)
+CADENCE_BENCH_VARIANT(elastic15_push_prefetch, make_elastic, timing::prefetch)
+CADENCE_BENCH_VARIANT(bsp_push_driven, make_bsp, timing::driven)
+CADENCE_BENCH_VARIANT(asp_push_driven, make_asp, timing::driven)
+CADENCE_BENCH_VARIANT(ssp3_push_driven, make_ssp3, timing::driven)
+CADENCE_BENCH_VARIANT(dssp_3_15_push_driven, make_dssp, timing::driven)
+CADENCE_BENCH_VARIANT(any_controller_ssp3_push_driven, make_any, timing::driven)
+CADENCE_BENCH_VARIANT(elastic15_push_driven, make_elastic, timing::driven)
+#undef CADENCE_BENCH_VARIANT
+
 void sizes(benchmark::internal::Benchmark* b) {
   b->RangeMultiplier(8)->Range(8, 1 << 15);
   b->Arg(1 << 16)->Arg(1 << 20)->Complexity();
 }
+void large_sizes(benchmark::internal::Benchmark* b) { b->Arg(4096)->Arg(1 << 16)->Arg(1 << 20); }
 
 }  // namespace
 
@@ -119,5 +205,17 @@ BENCHMARK(ssp3_push)->Apply(sizes);
 BENCHMARK(dssp_3_15_push)->Apply(sizes);
 BENCHMARK(any_controller_ssp3_push)->Apply(sizes);
 BENCHMARK(elastic15_push)->Apply(sizes);
+BENCHMARK(bsp_push_prefetch)->Apply(large_sizes);
+BENCHMARK(asp_push_prefetch)->Apply(large_sizes);
+BENCHMARK(ssp3_push_prefetch)->Apply(large_sizes);
+BENCHMARK(dssp_3_15_push_prefetch)->Apply(large_sizes);
+BENCHMARK(any_controller_ssp3_push_prefetch)->Apply(large_sizes);
+BENCHMARK(elastic15_push_prefetch)->Apply(large_sizes);
+BENCHMARK(bsp_push_driven)->Apply(large_sizes);
+BENCHMARK(asp_push_driven)->Apply(large_sizes);
+BENCHMARK(ssp3_push_driven)->Apply(large_sizes);
+BENCHMARK(dssp_3_15_push_driven)->Apply(large_sizes);
+BENCHMARK(any_controller_ssp3_push_driven)->Apply(large_sizes);
+BENCHMARK(elastic15_push_driven)->Apply(large_sizes);
 
 BENCHMARK_MAIN();

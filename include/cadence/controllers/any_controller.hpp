@@ -84,6 +84,11 @@ public:
   explicit operator bool() const noexcept { return self_ != nullptr; }
 
   decision push(worker_id p, timestamp t) { return self().push(p, t); }
+  /// Forwards the hint that p will push soon (cadence::prefetch); a no-op when empty or when
+  /// the held controller takes no hint.
+  void prefetch(worker_id p) const noexcept {
+    if (self_) self_->prefetch(p);
+  }
   span<const worker_id> remove_worker(worker_id p) { return self().remove_worker(p); }
   worker_id add_worker() { return self().add_worker(); }
   std::size_t worker_capacity() const { return self().worker_capacity(); }
@@ -125,6 +130,7 @@ private:
     virtual ~concept_base() = default;
     virtual std::unique_ptr<concept_base> clone() const = 0;
     virtual decision push(worker_id, timestamp) = 0;
+    virtual void prefetch(worker_id) const noexcept = 0;
     virtual span<const worker_id> remove_worker(worker_id) = 0;
     virtual worker_id add_worker() = 0;
     virtual std::size_t worker_capacity() const = 0;
@@ -146,6 +152,7 @@ private:
     explicit model(U&& v) : value(std::forward<U>(v)) {}
     std::unique_ptr<concept_base> clone() const override { return std::make_unique<model>(value); }
     decision push(worker_id p, timestamp t) override { return value.push(p, t); }
+    void prefetch(worker_id p) const noexcept override { cadence::prefetch(value, p); }
     span<const worker_id> remove_worker(worker_id p) override { return value.remove_worker(p); }
     worker_id add_worker() override { return value.add_worker(); }
     std::size_t worker_capacity() const override { return value.worker_capacity(); }

@@ -48,6 +48,9 @@ inline constexpr std::size_t max_history_entries = std::size_t{1} << 24;
 //     timeout can name the stragglers instead of just failing.
 //  6. cc.config() -> std::string: the string make_controller() parses back into this policy,
 //     so a run can be reported and reproduced.
+// Optional, not part of the concept: cc.prefetch(p), a hint that p will push soon (every
+// shipped controller has it; call it through cadence::prefetch below, which accepts any
+// controller).
 // The shipped controllers also promise, without the concept being able to check it: a call
 // that throws (push, remove_worker, add_worker) leaves the controller exactly as it was, so a
 // trainer that catches the error can report it and carry on, or retry.
@@ -82,7 +85,23 @@ struct is_controller_impl<
           std::is_convertible_v<decltype(std::declval<const C&>().waiting_for(worker_id{})),
                                 std::vector<worker_id>> &&
           std::is_convertible_v<decltype(std::declval<const C&>().config()), std::string>> {};
+
+template <class C, class = void>
+struct has_prefetch : std::false_type {};
+template <class C>
+struct has_prefetch<C, std::void_t<decltype(std::declval<const C&>().prefetch(worker_id{}))>>
+    : std::true_type {};
 }  // namespace detail
+
+/// Tells controller c that worker p will push soon, so that it starts loading p's state into
+/// the cache; a no-op for a controller without the hint. Worth it only with many workers
+/// (their state beyond the CPU's caches, about 10^5 and up) and when the caller holds the next
+/// pushes before making them: hint each one a few pushes (8-16) ahead. Changes nothing, so it
+/// is never wrong, only useless, to hint a push that does not come.
+template <class C>
+void prefetch(const C& c, worker_id p) noexcept {
+  if constexpr (detail::has_prefetch<C>::value) c.prefetch(p);
+}
 
 /// C++17 form of the concept.
 template <class C>

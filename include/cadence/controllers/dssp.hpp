@@ -145,6 +145,16 @@ public:
     return decide(proceed);
   }
 
+  /// A hint that worker p will push soon (see controller_base::prefetch): also loads its
+  /// allowance, push count and push ring.
+  void prefetch(worker_id p) const noexcept {
+    controller_base::prefetch(p);
+    if (p >= extra_.size()) return;
+    detail::prefetch_for_write(&extra_[p]);
+    detail::prefetch_for_write(&pushes_[p]);
+    detail::prefetch_for_write(ring_.data() + std::size_t{p} * history_);
+  }
+
   /// Removes worker p and releases whoever waited only for it; throws worker_error, changing
   /// nothing, for an unknown or removed worker.
   span<const worker_id> remove_worker(worker_id p) { return remove_releasing_within(p, s_lower_); }

@@ -135,6 +135,15 @@ public:
     return decide(false);
   }
 
+  /// A hint that worker p will push soon (see controller_base::prefetch): also loads its
+  /// state and the start of its push ring.
+  void prefetch(worker_id p) const noexcept {
+    controller_base::prefetch(p);
+    if (p >= w_.size()) return;
+    detail::prefetch_for_write(&w_[p]);
+    detail::prefetch_for_write(ring_.data() + std::size_t{p} * history_);
+  }
+
   /// Removes worker p; if others wait at the barrier only for it, the barrier completes, and
   /// if everyone left is ready, the plan is made. Throws worker_error for an unknown or
   /// removed worker, or what planning throws (as for push); a throwing call changes nothing.

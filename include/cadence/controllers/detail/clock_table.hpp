@@ -3,6 +3,7 @@
 // order in which workers reached each clock.
 #pragma once
 
+#include <cadence/core/detail/bits.hpp>
 #include <cadence/core/types.hpp>
 
 #include <cstddef>
@@ -61,6 +62,13 @@ public:
   worker_id head_of_min_after_advance(worker_id p) const noexcept {
     const worker_id h = buckets_[slot(min_)].head;
     return h == p ? node_[p].next : h;
+  }
+
+  /// Starts loading worker p's clock (its node when ordered) into the cache; ids without
+  /// room are ignored.
+  void prefetch(worker_id p) const noexcept {
+    if (p >= ids_) return;
+    if (ordered_) prefetch_for_write(&node_[p]); else prefetch_for_write(&clock_[p]);
   }
 
   /// Grows the ring so that advance(p) cannot allocate, hence cannot throw: callers reserve

@@ -1,5 +1,5 @@
-// The only place Cadence touches compiler builtins: checked integer arithmetic and bit
-// counts, with portable fallbacks, so every other header stays standard C++17.
+// The only place Cadence touches compiler builtins: checked integer arithmetic, bit counts and
+// cache prefetch hints, with portable fallbacks, so every other header stays standard C++17.
 #pragma once
 
 #include <cstdint>
@@ -103,5 +103,15 @@ constexpr unsigned countl_zero(std::uint64_t x) noexcept {
 }
 
 #undef CADENCE_DETAIL_HAS_OVERFLOW_BUILTINS
+
+/// Asks the CPU to start loading the cache line at `address` for a write soon. A hint only:
+/// it never faults, changes nothing, and is a no-op where the compiler has no builtin.
+inline void prefetch_for_write(const void* address) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(address, 1, 3);
+#else
+  (void)address;
+#endif
+}
 
 }  // namespace cadence::detail
