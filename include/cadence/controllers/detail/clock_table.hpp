@@ -65,10 +65,24 @@ public:
   }
 
   /// Starts loading worker p's clock (its node when ordered) into the cache; ids without
-  /// room are ignored.
+  /// room are ignored. An ordered table also loads, for the worker hinted `lag` calls ago
+  /// (its node is in the cache by now), its two neighbours' nodes, which its push unlinks
+  /// from: so hints pay off fully from `lag` pushes ahead. Like push, not safe to call
+  /// concurrently with any other member.
   void prefetch(worker_id p) const noexcept {
     if (p >= ids_) return;
-    if (ordered_) prefetch_for_write(&node_[p]); else prefetch_for_write(&clock_[p]);
+    if (!ordered_) {
+      prefetch_for_write(&clock_[p]);
+      return;
+    }
+    prefetch_for_write(&node_[p]);
+    const worker_id q = hinted_[hinted_next_];
+    hinted_[hinted_next_] = p;
+    hinted_next_ = (hinted_next_ + 1) % lag;
+    if (q >= ids_) return;
+    const node& x = node_[q];
+    if (x.prev != none) prefetch_for_write(&node_[x.prev]);
+    if (x.next != none) prefetch_for_write(&node_[x.next]);
   }
 
   /// Grows the ring so that advance(p) cannot allocate, hence cannot throw: callers reserve
@@ -253,6 +267,10 @@ private:
   }
 
   bool ordered_;
+  // The ordered table's last `lag` hinted workers, for the second stage of prefetch().
+  static constexpr std::size_t lag = 8;
+  mutable worker_id hinted_[lag] = {none, none, none, none, none, none, none, none};
+  mutable std::size_t hinted_next_ = 0;
   std::vector<bucket> buckets_;
   std::size_t ids_ = 0;              // worker ids with room: clock_ or node_ holds them
   std::vector<clock_value> clock_;   // unordered tables: each worker's clock

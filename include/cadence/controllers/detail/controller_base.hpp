@@ -92,7 +92,8 @@ public:
   /// A hint that worker p will push soon: starts loading the state its push touches into the
   /// cache, so that a caller holding the next few pushes (a server's batch of messages, a
   /// simulator's event queue) overlaps their memory latency. Checks nothing and changes
-  /// nothing; ids never issued are ignored.
+  /// nothing observable; ids never issued are ignored. Like push, not safe to call
+  /// concurrently with any other member (it keeps a few recent hints).
   void prefetch(worker_id p) const noexcept {
     if (p < state_.size()) prefetch_for_write(&state_[p]);
     table_.prefetch(p);
