@@ -1,10 +1,21 @@
 // Nanoseconds per push for each policy at n = 8 ... 2^20 workers, with complexity fits, and the
-// memory each controller holds per worker. Each benchmark iteration is one push by a worker
-// picked at random among the running ones (a released worker rejoins the running set), so
-// waits and releases happen at the rate the policy produces them. The driver's own cost (a
-// random pick and a swap) is included. Before timing, every worker pushes about 8 times
-// (untimed), so large n are measured in the same steady state as small n, not in the
-// warm-up where most workers are still at clock 0.
+// memory each controller holds per worker. Pushes come from a random schedule: a worker picked
+// at random among the running ones pushes (a released worker rejoins the running set), so
+// waits and releases happen at the rate the policy produces them. Before timing, every worker
+// pushes about 8 times (untimed), so large n are measured in the same steady state as small n,
+// not in the warm-up where most workers are still at clock 0.
+//
+// Three series:
+// - <policy>_push: the controller alone. The driver runs ahead on one controller and records
+//   its pushes; a copy taken in the same state replays them under the timer, deciding exactly
+//   as the first did. (At 2^20 the driver's random pick from a 4 MB running set costs as much
+//   as a push, so timing it with the push would measure the driver.)
+// - <policy>_push_prefetch (n = 4096, 2^16, 2^20): the same replay, hinting each push to the
+//   controller 16 pushes ahead (cadence::prefetch), as a server holding a batch of messages
+//   or a simulator holding its event queue can.
+// - <policy>_push_driven (same sizes): the driver's pick and bookkeeping timed with the push,
+//   the measure before the replay existed; its wait_fraction counter is the share of pushes
+//   that waited.
 //
 // Counters: bytes_per_worker = bytes_reserved() / n (everything the controller holds);
 // state_B_per_worker = the part that is not push history or planning (ElasticBSP reports
