@@ -278,7 +278,7 @@ prints times for n up to 10^6 workers, R = 100, then batches of plans) has run o
 
 One run of each command below on the 2-core development machine while other developers built
 on it (load average 6.7-7.6, so absolute times are inflated; the ratios come from one process
-each, measured in the same run), g++ 12, Release, 2026-12-04. Targets from issue 25; "met" only
+each, measured in the same run), g++ 12, Release, 2026-12-04. Targets from the scale work; "met" only
 where the measured number says so.
 
 | what | measured | ratio | target | met |
@@ -286,20 +286,23 @@ where the measured number says so.
 | ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.220 ms; floor (one min/max pass) 0.150 ms (2026-12-05, load 0.8) | 1.47x floor | <= 0.25 ms | yes (0.220-0.239 ms in 3 runs, the previous code 0.542-0.563 ms alternating with it; 0.244 ms in a fourth at load 1.5; [zipline.md](zipline.md#at-105-and-106-workers)) |
 | ZipLine `fast`, n = 10^5, R = 150 | 41.3 ms; floor 32.5 ms (2026-12-05) | 1.27x floor | <= 2x floor | yes (1.27-1.33x in 3 runs; 1.55-2.18x on 2026-12-04) |
 | ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 446 ms; floor 321 ms (2026-12-05) | 1.39x floor | <= 2x floor | yes (1.37-1.39x in 3 runs; 1.82-2.07x on 2026-12-04) |
-| controllers, ns per push, n = 2^20 vs 4096 (CPU time) | bsp 105 vs 15.7; asp 46.8 vs 11.8; ssp:3 92.2 vs 16.0; dssp:3:15 181 vs 20.3; any_controller ssp:3 112 vs 16.8; elastic:15 69.4 vs 21.3 (planning included) | 3.3-8.9x | within 2x | no: at 2^20 every push misses the caches (below) |
-| controller state, bytes per worker | bsp, asp, ssp: 21 B; dssp:3:15: 53 B (16 B of it the two-push history); elastic:15: 45-49 B + 128 B history (16 pushes) + plan (15 predictions, choice, ZipLine workspace: 282-368 B) | | <= 64 B + history | yes |
+| controllers, ns per push, n = 2^20 vs 4096 (CPU time, the controller alone; 3 repetitions) | bsp 45.5-50.0 vs 12.8-13.0; asp 23.4-25.1 vs 8.6-8.8; ssp:3 46.9-49.7 vs 13.8-13.9; dssp:3:15 191-195 vs 18.0-18.3; any_controller ssp:3 43.9-47.0 vs 14.5-15.3; elastic:15 45.6-62.6 vs 19.6-19.7 (planning included) (2026-12-05) | 2.3-10.8x | within 2x | no (was 3.3-8.9x with the driver timed; [controllers.md](controllers.md#at-106-workers-and-memory-per-worker)) |
+| the same, each push hinted 16 ahead (`cadence::prefetch`) | bsp 36.4-37.3 vs 13.7-13.8; asp 12.1-12.8 vs 9.7-9.8; ssp:3 33.9-34.9 vs 16.0; dssp:3:15 70.0-74.8 vs 19.0-19.7; any_controller ssp:3 33.0-34.7 vs 15.3-15.6; elastic:15 39.4-41.9 vs 19.9 | 1.2-3.9x | within 2x | asp and elastic:15 yes; ssp:3 and any_controller 2.1-2.3x; bsp 2.6-2.7x and dssp:3:15 3.6-3.9x no |
+| controller state, bytes per worker | bsp, asp, ssp: 25 B; dssp:3:15: 65 B (16 B of it the two-push history); elastic:15: 49 B + 128 B history (16 pushes) + plan (15 predictions, choice, ZipLine workspace: 282 B) | | <= 64 B + history | yes |
 | `cadence-sim --scenario large100k` (10^5 workers, 60 simulated s, every default policy) | bsp 0.93, asp 0.25, ssp:3 0.26, dssp:3:15 0.57, elastic:15 0.34, elastic:60 0.26 M events/s; 9.9-160 s wall each, 6 min for all six | | runs under the 10^8-push bound, reports events/s | yes (asp, the most pushes: 4.0x10^7) |
 | collective planner, 10^4 ranks | see [collective.md](collective.md#at-scale-the-planner-per-barrier) | | measured, cost per rank stated | yes |
 | Thrust OMP (2 threads) vs the best one-core variant from n = 10^5 | not re-measured; `zipline_fast` is now 4-5x faster at 10^5 than when the OMP form measured 0.34-0.43x of it | | beats it | no |
 | `cadence.zipline` on separate NumPy arrays within 1.2x of C++ | int64, n = 1000, R = 150: 0.323 ms vs 0.283 ms; float64 0.541 vs 0.503 ms (2026-12-05, load 1.0; [python.md](python.md#performance)) | 1.07-1.14x | 1.2x | yes (was 1.25-1.30x: the rows are read in place, and NumPy arrays without the buffer protocol) |
 
 Why the controllers are not flat at 2^20: a push by a random worker touches that worker's
-state (clock, links, flags: 21 B to 53 B a worker, 21-53 MB in all at 2^20, far beyond L2)
-and its bucket neighbours, and the benchmark's own pick (a 4 MB array); at 4096 all of it is
-in L1/L2. Packing each worker's clock and links into one 16-byte node (this change) removed
-two of the misses; what remains is memory latency, which a random push order cannot avoid
-without batching pushes and prefetching (not done). ElasticBSP at 2^20 plans a 1.5x10^7-point
-ZipLine per barrier and still costs 69 ns a push, planning included.
+state (25 B to 65 B a worker, 25-65 MB in all at 2^20, far beyond L2, on 4 KiB pages); at 4096
+all of it is in L1/L2. On 2026-12-05 the clock table stopped linking workers to their bucket
+neighbours (a push wrote two random workers' nodes; a release walked a bucket worker by
+worker), except for DSSP, whose tie-break needs the order, and the benchmark now times the
+controller alone (it replays pushes its driver recorded). The new `cadence::prefetch` hint lets
+a caller that holds the next pushes overlap their misses; with it ASP and ElasticBSP are within
+2x, SSP nearly. BSP (the release of each barrier's waiters) and DSSP (its ordered buckets and
+the search over the slowest worker's history) are not.
 
 Reproduce (the sim run takes about 6 minutes on a quiet machine at -j2 load):
 
@@ -307,7 +310,7 @@ Reproduce (the sim run takes about 6 minutes on a quiet machine at -j2 load):
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j2 --target cadence-bench-zipline cadence-bench-controllers cadence-bench-planner cadence-sim
 build/bin/cadence-bench-zipline --cadence_scale
-build/bin/cadence-bench-controllers --benchmark_min_time=0.2 --benchmark_filter='/(4096|1048576)$'
+build/bin/cadence-bench-controllers --benchmark_min_time=0.3 --benchmark_repetitions=3 --benchmark_filter='/(4096|1048576)$'
 build/bin/cadence-bench-planner --benchmark_filter='ranks:10000$'
 build/bin/cadence-sim --scenario large100k
 ```
