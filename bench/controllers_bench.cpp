@@ -166,67 +166,35 @@ void drive(benchmark::State& state, C controller, timing how = timing::replay) {
   }
 }
 
-void bsp_push(benchmark::State& s) { drive(s, cadence::bsp(static_cast<std::size_t>(s.range(0)))); }
-void asp_push(benchmark::State& s) { drive(s, cadence::asp(static_cast<std::size_t>(s.range(0)))); }
-void ssp3_push(benchmark::State& s) { drive(s, cadence::ssp(static_cast<std::size_t>(s.range(0)), 3)); }
-void dssp_3_15_push(benchmark::State& s) {
-  drive(s, cadence::dssp(static_cast<std::size_t>(s.range(0)), 3, 15));
-}
-void any_controller_ssp3_push(benchmark::State& s) {
-  drive(s, cadence::make_controller("ssp:3", static_cast<std::size_t>(s.range(0))));
-}
-void elastic15_push(benchmark::State& s) {
-  drive(s, cadence::elastic_bsp(static_cast<std::size_t>(s.range(0)), 15));
-}
-
-// The same pushes hinted 16 ahead, and with the driver's pick timed too (see drive).
-#define CADENCE_BENCH_VARIANT(name, make, how)                                                \
-  void name(benchmark::State& s) { drive(s, make(static_cast<std::size_t>(s.range(0))), how); }
-auto make_bsp = [](std::size_t n) { return cadence::bsp(n); };
-auto make_asp = [](std::size_t n) { return cadence::asp(n); };
-auto make_ssp3 = [](std::size_t n) { return cadence::ssp(n, 3); };
-auto make_dssp = [](std::size_t n) { return cadence::dssp(n, 3, 15); };
-auto make_any = [](std::size_t n) { return cadence::make_controller("ssp:3", n); };
-auto make_elastic = [](std::size_t n) { return cadence::elastic_bsp(n, 15); };
-CADENCE_BENCH_VARIANT(bsp_push_prefetch, make_bsp, timing::prefetch)
-CADENCE_BENCH_VARIANT(asp_push_prefetch, make_asp, timing::prefetch)
-CADENCE_BENCH_VARIANT(ssp3_push_prefetch, make_ssp3, timing::prefetch)
-CADENCE_BENCH_VARIANT(dssp_3_15_push_prefetch, make_dssp, timing::prefetch)
-CADENCE_BENCH_VARIANT(any_controller_ssp3_push_prefetch, make_any, timing::prefetch)
-CADENCE_BENCH_VARIANT(elastic15_push_prefetch, make_elastic, timing::prefetch)
-CADENCE_BENCH_VARIANT(bsp_push_driven, make_bsp, timing::driven)
-CADENCE_BENCH_VARIANT(asp_push_driven, make_asp, timing::driven)
-CADENCE_BENCH_VARIANT(ssp3_push_driven, make_ssp3, timing::driven)
-CADENCE_BENCH_VARIANT(dssp_3_15_push_driven, make_dssp, timing::driven)
-CADENCE_BENCH_VARIANT(any_controller_ssp3_push_driven, make_any, timing::driven)
-CADENCE_BENCH_VARIANT(elastic15_push_driven, make_elastic, timing::driven)
-#undef CADENCE_BENCH_VARIANT
-
 void sizes(benchmark::internal::Benchmark* b) {
   b->RangeMultiplier(8)->Range(8, 1 << 15);
   b->Arg(1 << 16)->Arg(1 << 20)->Complexity();
 }
 void large_sizes(benchmark::internal::Benchmark* b) { b->Arg(4096)->Arg(1 << 16)->Arg(1 << 20); }
 
-}  // namespace
+// One policy's three series (see drive): NAME_push, NAME_push_prefetch and NAME_push_driven,
+// each building its controller for n workers with MAKE.
+#define CADENCE_BENCH_POLICY(name, make)                                                       \
+  void name##_push(benchmark::State& s) { drive(s, make(static_cast<std::size_t>(s.range(0)))); } \
+  void name##_push_prefetch(benchmark::State& s) {                                             \
+    drive(s, make(static_cast<std::size_t>(s.range(0))), timing::prefetch);                    \
+  }                                                                                            \
+  void name##_push_driven(benchmark::State& s) {                                               \
+    drive(s, make(static_cast<std::size_t>(s.range(0))), timing::driven);                      \
+  }                                                                                            \
+  BENCHMARK(name##_push)->Apply(sizes);                                                        \
+  BENCHMARK(name##_push_prefetch)->Apply(large_sizes);                                         \
+  BENCHMARK(name##_push_driven)->Apply(large_sizes)
 
-BENCHMARK(bsp_push)->Apply(sizes);
-BENCHMARK(asp_push)->Apply(sizes);
-BENCHMARK(ssp3_push)->Apply(sizes);
-BENCHMARK(dssp_3_15_push)->Apply(sizes);
-BENCHMARK(any_controller_ssp3_push)->Apply(sizes);
-BENCHMARK(elastic15_push)->Apply(sizes);
-BENCHMARK(bsp_push_prefetch)->Apply(large_sizes);
-BENCHMARK(asp_push_prefetch)->Apply(large_sizes);
-BENCHMARK(ssp3_push_prefetch)->Apply(large_sizes);
-BENCHMARK(dssp_3_15_push_prefetch)->Apply(large_sizes);
-BENCHMARK(any_controller_ssp3_push_prefetch)->Apply(large_sizes);
-BENCHMARK(elastic15_push_prefetch)->Apply(large_sizes);
-BENCHMARK(bsp_push_driven)->Apply(large_sizes);
-BENCHMARK(asp_push_driven)->Apply(large_sizes);
-BENCHMARK(ssp3_push_driven)->Apply(large_sizes);
-BENCHMARK(dssp_3_15_push_driven)->Apply(large_sizes);
-BENCHMARK(any_controller_ssp3_push_driven)->Apply(large_sizes);
-BENCHMARK(elastic15_push_driven)->Apply(large_sizes);
+CADENCE_BENCH_POLICY(bsp, [](std::size_t n) { return cadence::bsp(n); });
+CADENCE_BENCH_POLICY(asp, [](std::size_t n) { return cadence::asp(n); });
+CADENCE_BENCH_POLICY(ssp3, [](std::size_t n) { return cadence::ssp(n, 3); });
+CADENCE_BENCH_POLICY(dssp_3_15, [](std::size_t n) { return cadence::dssp(n, 3, 15); });
+CADENCE_BENCH_POLICY(any_controller_ssp3,
+                     [](std::size_t n) { return cadence::make_controller("ssp:3", n); });
+CADENCE_BENCH_POLICY(elastic15, [](std::size_t n) { return cadence::elastic_bsp(n, 15); });
+#undef CADENCE_BENCH_POLICY
+
+}  // namespace
 
 BENCHMARK_MAIN();
