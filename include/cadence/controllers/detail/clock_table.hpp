@@ -174,6 +174,13 @@ public:
   /// cannot allocate or throw.
   void add_waiter(worker_id p) noexcept {
     const clock_value c = clock(p);
+    // The list grows at one end; with 10^6 workers it is megabytes, so each new cache line
+    // would be a store miss that stalls the pushes behind it. Load the lines 32 entries on.
+    const std::size_t k = wait_who_.size() + 32;
+    if (k < wait_who_.capacity()) {
+      prefetch_for_write(wait_who_.data() + k);
+      prefetch_for_write(wait_clock_.data() + k);
+    }
     wait_who_.push_back(p);
     wait_clock_.push_back(c);
     ++buckets_[slot(c)].waiters;
