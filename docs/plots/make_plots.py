@@ -286,8 +286,8 @@ where the measured number says so.
 | ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.220 ms; floor (one min/max pass) 0.150 ms (2026-12-05, load 0.8) | 1.47x floor | <= 0.25 ms | yes (0.220-0.239 ms in 3 runs, the previous code 0.542-0.563 ms alternating with it; 0.244 ms in a fourth at load 1.5; [zipline.md](zipline.md#at-105-and-106-workers)) |
 | ZipLine `fast`, n = 10^5, R = 150 | 41.3 ms; floor 32.5 ms (2026-12-05) | 1.27x floor | <= 2x floor | yes (1.27-1.33x in 3 runs; 1.55-2.18x on 2026-12-04) |
 | ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 446 ms; floor 321 ms (2026-12-05) | 1.39x floor | <= 2x floor | yes (1.37-1.39x in 3 runs; 1.82-2.07x on 2026-12-04) |
-| controllers, ns per push, n = 2^20 vs 4096 (CPU time, the controller alone; 3 repetitions) | bsp 45.5-50.0 vs 12.8-13.0; asp 23.4-25.1 vs 8.6-8.8; ssp:3 46.9-49.7 vs 13.8-13.9; dssp:3:15 191-195 vs 18.0-18.3; any_controller ssp:3 43.9-47.0 vs 14.5-15.3; elastic:15 45.6-62.6 vs 19.6-19.7 (planning included) (2026-12-05) | 2.3-10.8x | within 2x | no (was 3.3-8.9x with the driver timed; [controllers.md](controllers.md#at-106-workers-and-memory-per-worker)) |
-| the same, each push hinted 16 ahead (`cadence::prefetch`) | bsp 36.4-37.3 vs 13.7-13.8; asp 12.1-12.8 vs 9.7-9.8; ssp:3 33.9-34.9 vs 16.0; dssp:3:15 70.0-74.8 vs 19.0-19.7; any_controller ssp:3 33.0-34.7 vs 15.3-15.6; elastic:15 39.4-41.9 vs 19.9 | 1.2-3.9x | within 2x | asp yes; elastic:15 2.0-2.1x, ssp:3 and any_controller 2.1-2.3x: at the line; bsp 2.6-2.7x and dssp:3:15 3.6-3.9x no |
+| controllers, ns per push, n = 2^20 vs 4096 (CPU time, the controller alone; 3 repetitions) | bsp 39.6-41.2 vs 15.1-15.4; asp 31.6-33.7 vs 9.7-9.9; ssp:3 39.6-42.0 vs 15.2-16.1; dssp:3:15 243-252 vs 20.5-20.9; any_controller ssp:3 45.8-50.1 vs 17.0-17.3; elastic:15 65.9-69.2 vs 20.2-20.3 (planning included) (2026-12-05) | 2.5-12.3x | within 2x | no (was 3.3-8.9x with the driver timed; [controllers.md](controllers.md#at-106-workers-and-memory-per-worker)) |
+| the same, each push hinted 16 ahead (`cadence::prefetch`) | bsp 22.4-23.7 vs 16.3-17.2; asp 13.5-14.1 vs 10.0-10.3; ssp:3 23.0-24.0 vs 16.6-17.1; dssp:3:15 78.7-84.6 vs 22.5-23.0; any_controller ssp:3 23.1-24.4 vs 17.3-17.9; elastic:15 46.4-51.3 vs 21.9-22.0 | 1.3-3.8x | within 2x | bsp, asp, ssp:3, any_controller yes (1.3-1.5x); elastic:15 2.1-2.3x and dssp:3:15 3.4-3.8x no |
 | controller state, bytes per worker | bsp, asp, ssp: 25 B; dssp:3:15: 65 B (16 B of it the two-push history); elastic:15: 49 B + 128 B history (16 pushes) + plan (15 predictions, choice, ZipLine workspace: 282 B) | | <= 64 B + history | yes |
 | `cadence-sim --scenario large100k` (10^5 workers, 60 simulated s, every default policy) | bsp 0.93, asp 0.25, ssp:3 0.26, dssp:3:15 0.57, elastic:15 0.34, elastic:60 0.26 M events/s; 9.9-160 s wall each, 6 min for all six | | runs under the 10^8-push bound, reports events/s | yes (asp, the most pushes: 4.0x10^7) |
 | collective planner, 10^4 ranks | see [collective.md](collective.md#at-scale-the-planner-per-barrier) | | measured, cost per rank stated | yes |
@@ -300,9 +300,10 @@ all of it is in L1/L2. On 2026-12-05 the clock table stopped linking workers to 
 neighbours (a push wrote two random workers' nodes; a release walked a bucket worker by
 worker), except for DSSP, whose tie-break needs the order, and the benchmark now times the
 controller alone (it replays pushes its driver recorded). The new `cadence::prefetch` hint lets
-a caller that holds the next pushes overlap their misses; with it ASP is within 2x, ElasticBSP
-and SSP at 2.0-2.3x. BSP (the release of each barrier's waiters) and DSSP (its ordered buckets and
-the search over the slowest worker's history) are not.
+a caller that holds the next pushes overlap their misses, and the waiter list's growing end is
+loaded ahead (each new line of it was a store miss that stalled the pushes behind it). With
+hints BSP, ASP and SSP are within 2x (1.3-1.5x); ElasticBSP (2.1-2.3x, planning included) and
+DSSP (3.4-3.8x, its buckets still linked in push order for its tie-break) are not.
 
 Reproduce (the sim run takes about 6 minutes on a quiet machine at -j2 load):
 
