@@ -101,7 +101,6 @@ public:
     detail::check_parameter_bound("dssp", "history", history, "cadence::max_history", max_history);
     detail::check_product_bound("dssp", workers, "history", history,
                                 "cadence::max_history_entries", max_history_entries);
-    if ((history_ & (history_ - 1)) == 0) history_mask_ = history_ - 1;
     extra_.assign(workers, 0);
     pushes_.assign(workers, 0);
     ring_.assign(workers * history_, 0.0);
@@ -135,7 +134,7 @@ public:
 
     record_push_time(p, t);
     released_.clear();
-    ring_[std::size_t{p} * history_ + ring_slot(pushes_[p])] = t;
+    ring_[std::size_t{p} * history_ + pushes_[p] % history_] = t;
     ++pushes_[p];
     extra_[p] = extra;
     if (grant) ++grants_;
@@ -217,12 +216,6 @@ public:
   }
 
 private:
-  // Where push number k goes in its worker's ring: a mask for a power-of-two history (the
-  // default 2 and 16), which keeps a 64-bit division out of every push.
-  std::size_t ring_slot(std::size_t k) const noexcept {
-    return history_mask_ != 0 ? k & history_mask_ : k % history_;
-  }
-
   // Worker q's latest push times, oldest first, in scratch_history_: the recorded ones, then
   // `t` when `pending` (the push being decided, not recorded yet).
   span<const timestamp> history_of(worker_id q, bool pending, timestamp t) {
@@ -231,7 +224,7 @@ private:
     const timestamp* ring = ring_.data() + std::size_t{q} * history_;
     for (std::size_t i = 0; i < have; ++i) {
       const std::size_t k = pushes - have + i;
-      scratch_history_[i] = k == pushes_[q] ? t : ring[ring_slot(k)];
+      scratch_history_[i] = k == pushes_[q] ? t : ring[k % history_];
     }
     return span<const timestamp>(scratch_history_.data(), have);
   }
@@ -265,7 +258,6 @@ private:
 
   clock_value s_lower_, s_upper_;
   std::size_t history_;
-  std::size_t history_mask_ = 0;  // history_ - 1 when history_ is a power of two, else 0
   P predictor_;
   std::vector<clock_value> extra_;
   std::vector<std::size_t> pushes_;
