@@ -3,6 +3,7 @@
 // OpenMP and serial C++. Include a cadence/thrust header only from code built with cadence::thrust.
 #pragma once
 
+#include <cadence/core/detail/host_device.hpp>
 #include <cadence/core/error.hpp>
 
 #include <thrust/detail/config.h>
@@ -19,13 +20,6 @@
 #  define CADENCE_THRUST_CUDA 0
 #else
 #  error "cadence/thrust: THRUST_DEVICE_SYSTEM must be CUDA, OMP or CPP (TBB is not supported)"
-#endif
-
-// Functors run on the device under nvcc and are plain host code for g++/clang.
-#if defined(__CUDACC__)
-#  define CADENCE_HOST_DEVICE __host__ __device__
-#else
-#  define CADENCE_HOST_DEVICE
 #endif
 
 namespace cadence {

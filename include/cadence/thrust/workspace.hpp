@@ -36,9 +36,10 @@ public:
 
 private:
   friend struct detail::thrust_zipline_workspace_access;
-  static constexpr std::size_t buffer_count = 14;
+  static constexpr std::size_t buffer_count = 21;
   detail::device_bytes buffers_[buffer_count];
   detail::temp_pool pool_;
+  int sweeps_ = 0;  // sort-and-sweeps the last single-instance solve ran (1 or 2; tests)
 };
 
 namespace detail {
@@ -46,6 +47,8 @@ namespace detail {
 struct thrust_zipline_workspace_access {
   static device_bytes& buffer(thrust_zipline_workspace& ws, std::size_t i) { return ws.buffers_[i]; }
   static temp_pool& pool(thrust_zipline_workspace& ws) { return ws.pool_; }
+  static int& sweeps(thrust_zipline_workspace& ws) { return ws.sweeps_; }
+  static constexpr std::size_t buffer_count = thrust_zipline_workspace::buffer_count;
 };
 }  // namespace detail
 

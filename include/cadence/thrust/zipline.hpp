@@ -10,6 +10,7 @@
 #include <cadence/thrust/detail/functors.hpp>
 #include <cadence/thrust/detail/predict.hpp>
 #include <cadence/thrust/detail/solve.hpp>
+#include <cadence/thrust/detail/subset.hpp>
 #include <cadence/thrust/workspace.hpp>
 #include <cadence/zipline/result.hpp>
 #include <cadence/zipline/rows.hpp>
@@ -24,15 +25,21 @@
 namespace cadence {
 
 namespace detail {
+/// All of a separate() view's points, row after row, in staging.
+template <class T>
+void zl_gather_rows(rows_view<T> rows, std::vector<T>& staging) {
+  staging.resize(rows.total());
+  for (std::size_t p = 0; p < rows.size(); ++p)
+    std::copy(rows[p].begin(), rows[p].end(), staging.begin() + static_cast<std::ptrdiff_t>(rows.row_begin(p)));
+}
+
 /// Queues the copy of all of rows' points, row after row, to dst. A separate() view is first
 /// gathered into staging, so that one transfer moves it (staging must outlive the copy).
 template <class T>
 void zl_rows_to_device(T* dst, rows_view<T> rows, std::vector<T>& staging, device_stream stream) {
   const T* src = rows.values();
   if (!rows.is_contiguous()) {
-    staging.resize(rows.total());
-    for (std::size_t p = 0; p < rows.size(); ++p)
-      std::copy(rows[p].begin(), rows[p].end(), staging.begin() + static_cast<std::ptrdiff_t>(rows.row_begin(p)));
+    zl_gather_rows(rows, staging);
     src = staging.data();
   }
   zl_to_device(dst, src, rows.total(), stream);
@@ -40,24 +47,35 @@ void zl_rows_to_device(T* dst, rows_view<T> rows, std::vector<T>& staging, devic
 }  // namespace detail
 
 /// ZipLine on the Thrust device system, input on the host (matrix, ragged or separate rows). Returns
-/// exactly zipline_brute_force(rows). Validates on the host first (zipline_input_error);
-/// device failures throw device_error. Reuses ws's memory; work is queued on stream (CUDA).
+/// exactly zipline_brute_force(rows). Input that breaks the contract throws
+/// zipline_input_error naming the row and index (checked in the solve's first pass, then
+/// reported by validate); device failures throw device_error. Reuses ws's memory; work is
+/// queued on stream (CUDA). On the CPU systems contiguous rows are read in place, not copied.
 template <class T>
 void zipline_thrust(rows_view<T> rows, thrust_zipline_workspace& ws, zipline_result<T>& out,
                     device_stream stream = nullptr) {
   using detail::zl_index;
-  validate(rows);
+  if (rows.size() == 0) validate(rows);  // throws: no rows
   detail::zl_check_size(rows.total(), "zipline_thrust");
   const std::size_t n = rows.size();
-  const std::size_t n_points = rows.total();
   detail::zl_context ctx{"zipline_thrust", "copy input to device"};
   auto pol = detail::zl_policy(ws, stream);
   detail::zl_guard(ctx, [&] {
-    T* vals = detail::zl_buf<T>(ws, detail::zl_values, n_points);
-    zl_index* roff = detail::zl_buf<zl_index>(ws, detail::zl_roff, n + 1);
-    std::vector<T> host_vals;  // these outlive the asynchronous copies (zl_solve synchronises)
-    detail::zl_rows_to_device(vals, rows, host_vals, stream);
+    std::vector<T> host_vals;  // these outlive the asynchronous copies (the solve synchronises)
     std::vector<zl_index> host_roff;
+#if CADENCE_THRUST_CUDA
+    T* dev_vals = detail::zl_buf<T>(ws, detail::zl_values, rows.total());
+    detail::zl_rows_to_device(dev_vals, rows, host_vals, stream);
+    const T* vals = dev_vals;
+#else
+    // Device memory is host memory: read contiguous rows where they are.
+    const T* vals = rows.values();
+    if (!rows.is_contiguous()) {
+      detail::zl_gather_rows(rows, host_vals);
+      vals = host_vals.data();
+    }
+#endif
+    zl_index* roff = detail::zl_buf<zl_index>(ws, detail::zl_roff, n + 1);
     if (rows.is_matrix()) {
       ::thrust::sequence(pol, roff, roff + n + 1, zl_index(0), static_cast<zl_index>(rows.width()));
     } else {
@@ -66,12 +84,9 @@ void zipline_thrust(rows_view<T> rows, thrust_zipline_workspace& ws, zipline_res
         host_roff[p] = static_cast<zl_index>(rows.offsets()[p] - rows.offsets()[0]);
       detail::zl_to_device(roff, host_roff.data(), n + 1, stream);
     }
-    std::vector<zl_index> choice(n);
-    detail::zl_candidate<T> best{};
-    detail::zl_solve(pol, ws, stream, ctx, static_cast<const T*>(vals),
-                     static_cast<zl_index>(n_points), roff, static_cast<zl_index>(n), zl_index(1),
-                     nullptr, nullptr, &best, choice.data());
-    detail::zl_store(best, choice.data(), n, out);
+    detail::thrust_zipline_workspace_access::sweeps(ws) = detail::zl_solve_one(
+        pol, ws, stream, ctx, vals, static_cast<const zl_index*>(roff), static_cast<zl_index>(n),
+        out, [&] { validate(rows); });
   });
 }
 

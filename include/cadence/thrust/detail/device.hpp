@@ -121,7 +121,17 @@ enum zl_buffer : std::size_t {
   zl_first_valid,
   zl_best,
   zl_history,
+  zl_row_infos,
+  zl_sub_end,
+  zl_in_subset,
+  zl_sample,
+  zl_sub_rows,
+  zl_sub_roff,
+  zl_sub_values,
+  zl_buffer_count,
 };
+static_assert(zl_buffer_count == thrust_zipline_workspace_access::buffer_count,
+              "thrust_zipline_workspace holds one allocation per zl_buffer");
 
 template <class U>
 U* zl_buf(thrust_zipline_workspace& ws, zl_buffer b, std::size_t count) {

@@ -1,15 +1,24 @@
 // The Thrust ZipLine's per-element functors (the parallel form in docs/thrust.md of the
 // problem in docs/contract.md#5-zipline): next position of each row, window starts, window
-// candidates and their arg-min, choices, and the device-side input check. Host and device
+// candidates and their arg-min, and choices. Host and device
 // code alike (CADENCE_HOST_DEVICE).
 #pragma once
 
 #include <cadence/thrust/config.hpp>
 #include <cadence/thrust/detail/device.hpp>
+#include <cadence/zipline/detail/common.hpp>
 
 #include <type_traits>
 
 namespace cadence::detail {
+
+// Index of the first of vals[lo, hi) greater than x (sorted, roughly evenly spaced: the
+// interpolated search costs one or two cache lines where a binary search over a row of
+// predictions costs several, which dominated the trim and the choices at 10^5 rows).
+template <class T>
+CADENCE_HOST_DEVICE zl_index zl_upper_bound(const T* vals, zl_index lo, zl_index hi, T x) {
+  return lo + static_cast<zl_index>(zipline_upper_bound_interpolated(vals + lo, hi - lo, x));
+}
 
 template <class T>
 struct zl_candidate {
@@ -126,41 +135,7 @@ struct zl_choose {
   T single_barrier;
   CADENCE_HOST_DEVICE zl_index operator()(zl_index r) const {
     const T b = rinst ? best[rinst[r]].b : single_barrier;
-    zl_index lo = roff[r], hi = roff[r + 1];  // first point > b lies in [lo, hi]
-    const zl_index begin = lo;
-    while (lo < hi) {
-      const zl_index mid = lo + (hi - lo) / 2;
-      if (b < vals[mid]) hi = mid; else lo = mid + 1;
-    }
-    return lo - begin - 1;
-  }
-};
-
-// Device-side contract check of a matrix: any non-finite or non-increasing point, and the range.
-template <class T>
-struct zl_check {
-  int bad;
-  T lo;
-  T hi;
-};
-
-template <class T>
-struct zl_check_point {
-  const T* v;
-  zl_index r;
-  CADENCE_HOST_DEVICE zl_check<T> operator()(zl_index j) const {
-    const T x = v[j];
-    bool bad = false;
-    if constexpr (std::is_floating_point_v<T>) bad = !(x - x == T(0));  // NaN or infinite
-    if (j % r != 0 && !(v[j - 1] < x)) bad = true;
-    return zl_check<T>{bad ? 1 : 0, x, x};
-  }
-};
-
-template <class T>
-struct zl_check_merge {
-  CADENCE_HOST_DEVICE zl_check<T> operator()(const zl_check<T>& a, const zl_check<T>& b) const {
-    return zl_check<T>{a.bad | b.bad, b.lo < a.lo ? b.lo : a.lo, a.hi < b.hi ? b.hi : a.hi};
+    return zl_upper_bound(vals, roff[r], roff[r + 1], b) - roff[r] - 1;
   }
 };
 

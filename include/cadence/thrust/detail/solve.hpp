@@ -1,6 +1,6 @@
-// The Thrust ZipLine solver proper for one or many instances (the problem:
-// docs/contract.md#5-zipline; the parallel form: docs/thrust.md), and the device-side input
-// check of a matrix already in device memory.
+// The Thrust ZipLine's sort-and-sweep for one or many instances (the problem:
+// docs/contract.md#5-zipline; the parallel form: docs/thrust.md): batches run it on all their
+// points, a single instance on its certified row subset (subset.hpp).
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -35,8 +35,8 @@ namespace cadence::detail {
 
 // vals: all points, row after row, instance after instance; roff: rows + 1 point offsets; for
 // m > 1 instances, ipoff (m + 1 point offsets) and rinst (instance of each row) on the device.
-// Writes one best candidate per instance to best_host and the choices (local indices, row
-// after row) to choice_host.
+// Writes one best candidate per instance to best_host and, unless choice_host is null, the
+// choices (local indices, row after row) to choice_host.
 template <class T, class Policy>
 void zl_solve(Policy& pol, thrust_zipline_workspace& ws, device_stream stream, zl_context& ctx,
               const T* vals, zl_index n_points, const zl_index* roff, zl_index rows, zl_index m,
@@ -49,7 +49,7 @@ void zl_solve(Policy& pol, thrust_zipline_workspace& ws, device_stream stream, z
   zl_index* pos = zl_buf<zl_index>(ws, zl_pos, n_points);
   zl_index* next = zl_buf<zl_index>(ws, zl_next, n_points);
   unsigned char* last = zl_buf<unsigned char>(ws, zl_last, n_points);
-  zl_index* choice = zl_buf<zl_index>(ws, zl_choice, rows);
+  zl_index* choice = choice_host ? zl_buf<zl_index>(ws, zl_choice, rows) : nullptr;
   zl_index* ikey = nullptr;
   zl_index* first_valid = nullptr;
   zl_candidate<T>* best = nullptr;
@@ -109,11 +109,12 @@ void zl_solve(Policy& pol, thrust_zipline_workspace& ws, device_stream stream, z
                                         zl_candidate<T>{T(), T(), 0}, zl_candidate_min<T>{});
     single_barrier = best_host[0].b;
   }
+  if (m > 1) zl_to_host(best_host, best, m, stream);
+  if (choice_host == nullptr) return;
   ctx.step = "choice search";
   th::transform(pol, zero, zero + rows, choice,
                 zl_choose<T>{vals, roff, rinst, best, single_barrier});
   ctx.step = "copy results to host";
-  if (m > 1) zl_to_host(best_host, best, m, stream);
   zl_to_host(choice_host, choice, rows, stream);
 }
 
@@ -123,46 +124,6 @@ void zl_store(const zl_candidate<T>& c, const zl_index* choice, std::size_t rows
   out.spread = c.d;
   out.barrier = c.b;
   out.choice.assign(choice, choice + rows);
-}
-
-// Checks a matrix in device memory against the contract on the device; on a violation copies
-// it to the host so cadence::validate reports the row and index exactly as for host input.
-template <class T, class Policy>
-void zl_validate_device_matrix(Policy& pol, const T* vals, std::size_t n, std::size_t r,
-                               device_stream stream, zl_context& ctx) {
-  namespace th = ::thrust;
-  const th::counting_iterator<zl_index> zero(0);
-  const auto n_points = static_cast<zl_index>(n * r);
-  ctx.step = "input check";
-  const zl_check<T> chk = th::transform_reduce(
-      pol, zero, zero + n_points, zl_check_point<T>{vals, static_cast<zl_index>(r)},
-      zl_check<T>{0, std::numeric_limits<T>::max(), std::numeric_limits<T>::lowest()},
-      zl_check_merge<T>{});
-  if (chk.bad == 0 && zipline_span_ok(chk.lo, chk.hi)) return;
-  std::vector<T> host(n * r);
-  zl_to_host(host.data(), vals, host.size(), stream);
-  validate(rows_view<T>::matrix(host.data(), n, r));
-  throw zipline_input_error(std::string("cadence::") + ctx.api +
-                            ": the input breaks the ZipLine contract");  // not reached
-}
-
-template <class T>
-void zl_solve_device_matrix(const T* vals, std::size_t n, std::size_t r,
-                            thrust_zipline_workspace& ws, zipline_result<T>& out,
-                            device_stream stream, zl_context& ctx) {
-  namespace th = ::thrust;
-  auto pol = zl_policy(ws, stream);
-  zl_guard(ctx, [&] {
-    zl_validate_device_matrix(pol, vals, n, r, stream, ctx);
-    ctx.step = "row offsets";
-    zl_index* roff = zl_buf<zl_index>(ws, zl_roff, n + 1);
-    th::sequence(pol, roff, roff + n + 1, zl_index(0), static_cast<zl_index>(r));
-    std::vector<zl_index> choice(n);
-    zl_candidate<T> best{};
-    zl_solve(pol, ws, stream, ctx, vals, static_cast<zl_index>(n * r), roff,
-             static_cast<zl_index>(n), zl_index(1), nullptr, nullptr, &best, choice.data());
-    zl_store(best, choice.data(), n, out);
-  });
 }
 
 }  // namespace cadence::detail

@@ -2,6 +2,7 @@
 // branch-free row search, the choice rule that finishes every variant, and the merged timeline.
 #pragma once
 
+#include <cadence/core/detail/host_device.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/zipline/detail/buffers.hpp>
 #include <cadence/zipline/result.hpp>
@@ -48,7 +49,7 @@ constexpr T zipline_spread(T b, T lo) noexcept {
 /// std::upper_bound(v, v + len, x) - v for sorted v, without unpredictable branches (zipline_fast's
 /// trim and every variant's choices run one or two per row).
 template <class T>
-std::size_t zipline_upper_bound(const T* v, std::size_t len, T x) noexcept {
+CADENCE_HOST_DEVICE std::size_t zipline_upper_bound(const T* v, std::size_t len, T x) noexcept {
   if (len == 0) return 0;
   std::size_t lo = 0;
   while (len > 1) {
@@ -64,7 +65,8 @@ std::size_t zipline_upper_bound(const T* v, std::size_t len, T x) noexcept {
 /// good guess costs one or two cache lines where a binary search over a long row costs
 /// several (what the trim and the choices pay per row at 10^5 workers and more).
 template <class T>
-std::size_t zipline_upper_bound_from(const T* v, std::size_t len, T x, std::size_t g) noexcept {
+CADENCE_HOST_DEVICE std::size_t zipline_upper_bound_from(const T* v, std::size_t len, T x,
+                                                         std::size_t g) noexcept {
   if (len == 0) return 0;
   if (g >= len) g = len - 1;
   if (v[g] <= x) {  // the answer is in (g, len]
@@ -88,7 +90,8 @@ std::size_t zipline_upper_bound_from(const T* v, std::size_t len, T x, std::size
 /// zipline_upper_bound for a row whose points are roughly evenly spaced (predicted push
 /// times): the guess interpolates x between the row's ends, exact for arithmetic rows.
 template <class T>
-std::size_t zipline_upper_bound_interpolated(const T* v, std::size_t len, T x) noexcept {
+CADENCE_HOST_DEVICE std::size_t zipline_upper_bound_interpolated(const T* v, std::size_t len,
+                                                                 T x) noexcept {
   if (len < 16) return zipline_upper_bound(v, len, x);
   std::size_t g = 0;
   const double a = static_cast<double>(v[0]), b = static_cast<double>(v[len - 1]);

@@ -1,0 +1,252 @@
+// The Thrust ZipLine's per-row functors (docs/thrust.md#the-certified-subset): the rows' ends,
+// one pass over each row that checks the contract, finds its largest gap and the trim's start
+// (zipline/detail/fast_trim.hpp), the trim's end, the row subset and its cover check, the
+// gather of the subset's points, and the choices. Host and device code alike (CADENCE_HOST_DEVICE).
+#pragma once
+
+#include <cadence/thrust/config.hpp>
+#include <cadence/thrust/detail/device.hpp>
+#include <cadence/thrust/detail/functors.hpp>
+#include <cadence/zipline/rows.hpp>
+
+#include <type_traits>
+
+namespace cadence::detail {
+
+// What the trim needs from the rows' ends: L = max_p first(p) with its smallest row,
+// min_p last(p), and the range lo..hi that the contract requires T to represent. bad: an
+// empty row (the values are checked by zl_scan_row).
+template <class T>
+struct zl_rows_summary {
+  int bad;
+  T lo;         // smallest first point
+  T hi;         // largest last point
+  T max_front;  // L
+  zl_index front_row;
+  T min_back;
+};
+
+template <class T>
+struct zl_row_ends {
+  const T* vals;
+  const zl_index* roff;
+  CADENCE_HOST_DEVICE zl_rows_summary<T> operator()(zl_index r) const {
+    if (roff[r + 1] <= roff[r]) return zl_rows_summary<T>{1, T(), T(), T(), r, T()};
+    const T f = vals[roff[r]], l = vals[roff[r + 1] - 1];
+    return zl_rows_summary<T>{0, f, l, f, r, l};
+  }
+};
+
+// Associative and commutative; ties in L go to the smallest row (as zipline_fast_trim).
+template <class T>
+struct zl_summary_merge {
+  CADENCE_HOST_DEVICE zl_rows_summary<T> operator()(const zl_rows_summary<T>& a,
+                                                    const zl_rows_summary<T>& b) const {
+    zl_rows_summary<T> s;
+    s.bad = a.bad | b.bad;
+    s.lo = b.lo < a.lo ? b.lo : a.lo;
+    s.hi = a.hi < b.hi ? b.hi : a.hi;
+    const bool take_b = a.max_front < b.max_front ||
+                        (!(b.max_front < a.max_front) && b.front_row < a.front_row);
+    s.max_front = take_b ? b.max_front : a.max_front;
+    s.front_row = take_b ? b.front_row : a.front_row;
+    s.min_back = b.min_back < a.min_back ? b.min_back : a.min_back;
+    return s;
+  }
+};
+
+// Row r after the one pass that reads all its points: the contract check, its largest gap
+// between neighbours (0 for one point), and the trim's start, its latest point <= L (one
+// exists: first(r) <= L), with that point's value. Only bad is meaningful when bad != 0.
+template <class T>
+struct zl_row_info {
+  T gap;
+  T start_value;
+  zl_index start;
+  int bad;
+};
+
+// Integers subtract in unsigned arithmetic (exact for valid rows, defined for any).
+template <class T, bool = std::is_integral_v<T>>
+struct zl_gap_arith {
+  using type = T;
+};
+template <class T>
+struct zl_gap_arith<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
+
+// The device form of zipline_rows_valid_gaps for one row (strictly increasing with finite
+// ends, so finite throughout; the largest gap), then the trim's start. On the CPU systems a
+// double row takes zipline_fast's SSE2 loop: the scalar loop's max chain made this pass
+// half of the solve at n = 10^5, R = 150.
+template <class T>
+struct zl_scan_row {
+  const T* vals;
+  const zl_index* roff;
+  T front;  // L
+  CADENCE_HOST_DEVICE zl_row_info<T> operator()(zl_index r) const {
+    using D = typename zl_gap_arith<T>::type;
+    const zl_index b = roff[r], e = roff[r + 1];
+    const zl_row_info<T> bad_row{T(), T(), b, 1};
+    if (e <= b) return bad_row;
+    const T* const v = vals + b;
+    const zl_index m = e - b;
+    unsigned bad = 0;
+    if constexpr (std::is_floating_point_v<T>) {
+      bad |= static_cast<unsigned>(!(v[0] - v[0] == T(0)) || !(v[m - 1] - v[m - 1] == T(0)));
+    }
+    D g = 0;
+    zl_index i = 1;
+#if CADENCE_ZIPLINE_SSE2 && !defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<T, double>)
+      i = static_cast<zl_index>(zipline_row_check_sse2(v, m, bad, g));
+#endif
+    D g1 = 0;
+    unsigned bad1 = 0;
+    for (; i + 2 <= m; i += 2) {
+      bad |= static_cast<unsigned>(!(v[i - 1] < v[i]));
+      bad1 |= static_cast<unsigned>(!(v[i] < v[i + 1]));
+      const D d0 = static_cast<D>(static_cast<D>(v[i]) - static_cast<D>(v[i - 1]));
+      const D d1 = static_cast<D>(static_cast<D>(v[i + 1]) - static_cast<D>(v[i]));
+      g = d0 > g ? d0 : g;
+      g1 = d1 > g1 ? d1 : g1;
+    }
+    for (; i < m; ++i) {
+      bad |= static_cast<unsigned>(!(v[i - 1] < v[i]));
+      const D d0 = static_cast<D>(static_cast<D>(v[i]) - static_cast<D>(v[i - 1]));
+      g = d0 > g ? d0 : g;
+    }
+    if ((bad | bad1) != 0) return bad_row;
+    const zl_index s = zl_upper_bound(vals, b, e, front) - 1;
+    return zl_row_info<T>{static_cast<T>(g > g1 ? g : g1), vals[s], s, 0};
+  }
+};
+
+// Over all rows' infos: any violation, and the trim's base (the smallest start value).
+template <class T>
+struct zl_scan_summary {
+  int bad;
+  T base;
+};
+
+template <class T>
+struct zl_scan_summary_of {
+  CADENCE_HOST_DEVICE zl_scan_summary<T> operator()(const zl_row_info<T>& i) const {
+    return zl_scan_summary<T>{i.bad, i.start_value};
+  }
+};
+
+template <class T>
+struct zl_scan_summary_merge {
+  CADENCE_HOST_DEVICE zl_scan_summary<T> operator()(const zl_scan_summary<T>& a,
+                                                    const zl_scan_summary<T>& b) const {
+    return zl_scan_summary<T>{a.bad | b.bad, b.base < a.base ? b.base : a.base};
+  }
+};
+
+// The trim's end of row r: one past its last point <= cut (computed for the subset's rows
+// only; the others need none).
+template <class T>
+struct zl_trim_end {
+  const T* vals;
+  const zl_index* roff;
+  const zl_row_info<T>* info;
+  T cut;
+  CADENCE_HOST_DEVICE zl_index operator()(zl_index r) const {
+    return zl_upper_bound(vals, info[r].start, roff[r + 1], cut);
+  }
+};
+
+// Points of subset row i inside its trimmed range.
+template <class T>
+struct zl_trimmed_count {
+  const zl_row_info<T>* info;
+  const zl_index* sub_rows;
+  const zl_index* sub_end;
+  CADENCE_HOST_DEVICE zl_index operator()(zl_index i) const {
+    return sub_end[i] - info[sub_rows[i]].start;
+  }
+};
+
+// Every stride-th row's largest gap: the sample the first subset's threshold comes from.
+template <class T>
+struct zl_sampled_gap {
+  const zl_row_info<T>* info;
+  zl_index stride;
+  CADENCE_HOST_DEVICE T operator()(zl_index i) const { return info[i * stride].gap; }
+};
+
+// The first subset: rows whose largest gap exceeds theta, and the row defining L.
+template <class T>
+struct zl_pick_wide_rows {
+  const zl_row_info<T>* info;
+  T theta;
+  zl_index front_row;
+  CADENCE_HOST_DEVICE unsigned char operator()(zl_index r) const {
+    return static_cast<unsigned char>(theta < info[r].gap || r == front_row);
+  }
+};
+
+// The certified second subset: the first, every row with a gap wider than the first
+// subset's spread, and every row whose trimmed range reaches its last point (last <= cut).
+template <class T>
+struct zl_pick_certified_rows {
+  const T* vals;
+  const zl_row_info<T>* info;
+  const unsigned char* in;
+  const zl_index* roff;
+  T spread;
+  T cut;
+  CADENCE_HOST_DEVICE unsigned char operator()(zl_index r) const {
+    return static_cast<unsigned char>(in[r] || spread < info[r].gap || !(cut < vals[roff[r + 1] - 1]));
+  }
+};
+
+struct zl_is_set {
+  CADENCE_HOST_DEVICE bool operator()(unsigned char x) const { return x != 0; }
+};
+
+// Copies subset row i's trimmed points to its place in the compacted rows.
+template <class T>
+struct zl_gather_row {
+  const T* vals;
+  const zl_row_info<T>* info;
+  const zl_index* sub_rows;
+  const zl_index* sub_end;
+  const zl_index* sub_roff;
+  T* sub_vals;
+  CADENCE_HOST_DEVICE void operator()(zl_index i) const {
+    T* out = sub_vals + sub_roff[i];
+    for (zl_index j = info[sub_rows[i]].start; j < sub_end[i]; ++j) *out++ = vals[j];
+  }
+};
+
+// Row r's choice for a barrier in [L, cut] (its latest point <= barrier, as an index into
+// the row; at or after the trim's start), and whether the row is outside the subset with no
+// point in [barrier - spread, barrier]: the subset's answer is not certified while any is.
+struct zl_choice_check {
+  zl_index choice;
+  zl_index uncovered;
+};
+
+template <class T>
+struct zl_choose_and_check {
+  const T* vals;
+  const zl_index* roff;
+  const zl_row_info<T>* info;
+  const unsigned char* in;  // null: no check
+  T barrier;
+  T spread;
+  CADENCE_HOST_DEVICE zl_choice_check operator()(zl_index r) const {
+    const zl_index j = zl_upper_bound(vals, info[r].start, roff[r + 1], barrier) - 1;
+    const bool out = in != nullptr && !in[r] && static_cast<T>(barrier - vals[j]) > spread;
+    return zl_choice_check{j - roff[r], out ? zl_index(1) : zl_index(0)};
+  }
+};
+
+struct zl_uncovered_count {
+  CADENCE_HOST_DEVICE zl_index operator()(const zl_choice_check& c) const { return c.uncovered; }
+};
+
+}  // namespace cadence::detail
