@@ -74,14 +74,39 @@ void bm_variant(benchmark::State& state, zipline_variant v) {
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n * r));
 }
 
-/// One sequential pass: every point read once, a running min and max kept.
+/// One sequential pass: every point read once, a running min and max kept. Four independent
+/// two-lane accumulators (SSE2 on x86-64, as fast's own validation pass), so the pass runs at
+/// the memory's pace, not at a scalar min's latency: a one-accumulator loop measured 32 ms at
+/// 10^5 x 150, slower than fast itself.
 std::pair<double, double> floor_pass(const double* v, std::size_t count) {
-  double lo = v[0], hi = v[0];
-  for (std::size_t i = 0; i < count; ++i) {
-    lo = v[i] < lo ? v[i] : lo;
-    hi = v[i] > hi ? v[i] : hi;
+  std::size_t i = 0;
+#if CADENCE_ZIPLINE_SSE2
+  __m128d lo0 = _mm_set1_pd(v[0]), lo1 = lo0, lo2 = lo0, lo3 = lo0;
+  __m128d hi0 = lo0, hi1 = lo0, hi2 = lo0, hi3 = lo0;
+  for (; i + 8 <= count; i += 8) {
+    const __m128d a = _mm_loadu_pd(v + i), b = _mm_loadu_pd(v + i + 2);
+    const __m128d c = _mm_loadu_pd(v + i + 4), d = _mm_loadu_pd(v + i + 6);
+    lo0 = _mm_min_pd(lo0, a);
+    lo1 = _mm_min_pd(lo1, b);
+    lo2 = _mm_min_pd(lo2, c);
+    lo3 = _mm_min_pd(lo3, d);
+    hi0 = _mm_max_pd(hi0, a);
+    hi1 = _mm_max_pd(hi1, b);
+    hi2 = _mm_max_pd(hi2, c);
+    hi3 = _mm_max_pd(hi3, d);
   }
-  return {lo, hi};
+  const __m128d lo = _mm_min_pd(_mm_min_pd(lo0, lo1), _mm_min_pd(lo2, lo3));
+  const __m128d hi = _mm_max_pd(_mm_max_pd(hi0, hi1), _mm_max_pd(hi2, hi3));
+  double l = std::min(_mm_cvtsd_f64(lo), _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo)));
+  double h = std::max(_mm_cvtsd_f64(hi), _mm_cvtsd_f64(_mm_unpackhi_pd(hi, hi)));
+#else
+  double l = v[0], h = v[0];
+#endif
+  for (; i < count; ++i) {
+    l = v[i] < l ? v[i] : l;
+    h = v[i] > h ? v[i] : h;
+  }
+  return {l, h};
 }
 
 void bm_floor(benchmark::State& state) {

@@ -108,4 +108,13 @@ TEST_CASE("the validation pass's row check and gaps equal a plain loop's, vector
     REQUIRE(threw == !want_ok);
     if (want_ok) REQUIRE(gap == want_gap);
   }
+  // The rows' ends the trim needs, read in the same pass: L's first row on ties.
+  const std::vector<std::int64_t> v{1, 5, 9, 3, 4, 8, 3, 7, 20, 2, 6, 10};
+  std::vector<std::int64_t> gaps(4);
+  detail::zipline_row_ends<std::int64_t> ends{};
+  REQUIRE(detail::zipline_rows_valid_gaps(rows_view<std::int64_t>::matrix(v.data(), 4, 3), gaps.data(), &ends));
+  CHECK(ends.max_front == 3);
+  CHECK(ends.front_row == 1);
+  CHECK(ends.min_back == 8);
+  CHECK(gaps == std::vector<std::int64_t>{4, 4, 13, 4});
 }

@@ -19,7 +19,8 @@ namespace cadence {
 /// are spread out, O(N log N) worst case on clustered ones; O(N) workspace memory.
 ///
 /// 0. Validation: one branch-free pass (strictly increasing rows with finite ends are
-///    finite); only if it finds a problem does validate() run, for its exact message.
+///    finite) that also takes each row's largest gap and the rows' ends; only if it finds a
+///    problem does validate() run, for its exact message.
 /// 1. Trim: with L = max_p first(p) no window exists before L, so each row keeps only its
 ///    latest point <= L onward; d(L) bounds the optimal spread, and since
 ///    d(B) >= B - min_p last(p), no barrier beyond min_p last(p) + d(L) can be optimal.
@@ -35,6 +36,9 @@ namespace cadence {
 ///    coarse buckets, then, per coarse bucket and inside L1, a counting sort on the fine key
 ///    and an insertion pass (fine buckets hold 0-2 points on typical data), and the sliding
 ///    window over each coarse bucket right after it is sorted.
+/// Steps 2-3 run on a certified subset of the rows (zipline_fast_search in
+/// detail/fast_subset.hpp): the rows with the widest gaps; the search that finds every row's
+/// choice checks that the rows left out do not change the answer.
 /// The sliding window: per-row counts in the window; the left end advances while its row
 /// has a later point inside; a window covering every row and ending at B has spread
 /// B - left, which equals d(B) once all points equal to B are in (earlier positions with
@@ -44,16 +48,19 @@ template <class T>
 void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
   auto& buf = detail::zipline_workspace_access::buffers(ws);
   buf.gaps.resize(rows.size());
-  if (!detail::zipline_rows_valid_gaps(rows, buf.gaps.data())) validate(rows);  // exact error
+  detail::zipline_row_ends<T> ends{};
+  if (!detail::zipline_rows_valid_gaps(rows, buf.gaps.data(), &ends)) validate(rows);  // exact error
   detail::zipline_check_sizes(rows, "zipline_fast");
   if (rows.size() == 1) {
     // Every point is a window of spread 0; the smallest barrier is the first point.
     detail::zipline_finish(rows, T{}, rows[0][0], out);
     return;
   }
-  const detail::zipline_trimmed<T> trim = detail::zipline_fast_trim(rows, buf);
-  const detail::zipline_window<T> best = detail::zipline_fast_search(rows, buf, trim);
-  detail::zipline_finish(rows, best.spread, best.barrier, out);
+  const detail::zipline_trim_bounds<T> bounds = detail::zipline_fast_trim_start(rows, buf, ends);
+  out.choice.resize(rows.size());
+  const detail::zipline_window<T> best = detail::zipline_fast_search(rows, buf, bounds, out.choice.data());
+  out.spread = best.spread;
+  out.barrier = best.barrier;
 }
 
 /// Convenience overload: allocates a workspace and a result.

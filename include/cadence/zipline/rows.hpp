@@ -186,7 +186,8 @@ bool zipline_rows_valid(rows_view<T> rows) noexcept {
 }
 
 /// zipline_rows_valid that also writes each row's largest gap between neighbours to gaps[p]
-/// (0 for a row of one point), in the same branch-free pass. The gaps are meaningful only
+/// (0 for a row of one point), and the rows' ends to *ends when given, in the same
+/// branch-free pass. The gaps are meaningful only
 /// when it returns true (integers subtract in unsigned arithmetic, exact for valid rows).
 template <class T, bool = std::is_integral_v<T>>
 struct zipline_gap_type {
@@ -195,6 +196,15 @@ struct zipline_gap_type {
 template <class T>
 struct zipline_gap_type<T, true> {
   using type = std::make_unsigned_t<T>;
+};
+
+/// What zipline_fast's trim needs from the rows' ends, gathered by the validation pass while
+/// it reads them: L = max_p first(p), the first row that has it, and min_p last(p).
+template <class T>
+struct zipline_row_ends {
+  T max_front;
+  std::size_t front_row;
+  T min_back;
 };
 
 #if CADENCE_ZIPLINE_SSE2
@@ -225,11 +235,13 @@ inline std::size_t zipline_row_check_sse2(const double* v, std::size_t m, unsign
 #endif
 
 template <class T>
-bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps) noexcept {
+bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps,
+                             zipline_row_ends<T>* ends = nullptr) noexcept {
   using D = typename zipline_gap_type<T>::type;
   const std::size_t n = rows.size();
   if (n == 0) return false;
-  T lo = T(), hi = T();
+  T lo = T(), hi = T(), front = T(), back = T();
+  std::size_t front_row = 0;
   for (std::size_t p = 0; p < n; ++p) {
     const std::size_t m = rows.row_size(p);
     if (m == 0) return false;
@@ -260,7 +272,13 @@ bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps) noexcept {
     gaps[p] = static_cast<T>(g0 > g1 ? g0 : g1);
     if (p == 0 || v[0] < lo) lo = v[0];
     if (p == 0 || v[m - 1] > hi) hi = v[m - 1];
+    if (p == 0 || v[0] > front) {
+      front = v[0];
+      front_row = p;
+    }
+    if (p == 0 || v[m - 1] < back) back = v[m - 1];
   }
+  if (ends != nullptr) *ends = {front, front_row, back};
   return zipline_span_ok(lo, hi);
 }
 

@@ -10,6 +10,7 @@
 #include <cadence/thrust/detail/row_functors.hpp>
 #include <cadence/thrust/detail/solve.hpp>
 #include <cadence/thrust/workspace.hpp>
+#include <cadence/zipline/detail/fast_subset.hpp>
 #include <cadence/zipline/detail/fast_trim.hpp>
 #include <cadence/zipline/result.hpp>
 #include <cadence/zipline/rows.hpp>
@@ -33,25 +34,19 @@
 
 namespace cadence::detail {
 
-// The first subset's threshold: the (want + 1)-th largest gap of a strided sample of at most
-// zl_gap_sample rows, scaled to the sample (exactly zipline_fast's threshold when n is at
-// most that). Any threshold gives the exact answer; this one only sizes the first subset.
-inline constexpr zl_index zl_gap_sample = 4096;
-
+// The first subset's threshold from a strided sample of the rows' gaps, as zipline_fast
+// (zipline_sampled_threshold): only the sample crosses to the host.
 template <class T, class Policy>
 T zl_gap_threshold(Policy& pol, thrust_zipline_workspace& ws, device_stream stream,
                    const zl_row_info<T>* info, zl_index n, zl_index want) {
   namespace th = ::thrust;
   const th::counting_iterator<zl_index> zero(0);
-  const zl_index s = n < zl_gap_sample ? n : zl_gap_sample;
+  const zl_index s = n < zipline_gap_sample ? n : static_cast<zl_index>(zipline_gap_sample);
   T* sample = zl_buf<T>(ws, zl_sample, s);
   th::transform(pol, zero, zero + s, sample, zl_sampled_gap<T>{info, n / s});
   std::vector<T> host(s);
   zl_to_host(host.data(), static_cast<const T*>(sample), s, stream);
-  const auto k = static_cast<std::size_t>(static_cast<unsigned long long>(want) * s / n);
-  std::nth_element(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(k), host.end(),
-                   std::greater<T>());
-  return host[k];
+  return zipline_sampled_threshold(host, n, want);
 }
 
 // Compacts the trimmed ranges of the rows flagged in `in` and sweeps them (solve.hpp): the

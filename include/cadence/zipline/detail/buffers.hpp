@@ -40,12 +40,10 @@ struct zipline_buffers {
   /// met per row, and Z.
   std::vector<std::size_t> first;
   std::vector<std::size_t> last;
-  /// zipline_fast: each row's largest gap between neighbours, and the trim's last for every
-  /// row while first and last hold a subset's ranges.
+  /// zipline_fast: each row's largest gap between neighbours.
   std::vector<T> gaps;
-  std::vector<std::size_t> full_last;
   /// Z's times and rows (zipline_paper, zipline_paper_opt); zipline_paper_opt_bs: Z's
-  /// tombstones in zr.
+  /// tombstones in zr; zipline_fast: the sampled gaps in zt.
   std::vector<T> zt;
   std::vector<std::uint32_t> zr;
 
@@ -59,7 +57,7 @@ struct zipline_buffers {
     const auto held = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
     return held(points) + held(staging) + held(keys) + held(keys_tmp) + held(keys32) +
            held(keys32_tmp) + held(aux) + held(counts) + held(buckets) + held(first) +
-           held(last) + held(gaps) + held(full_last) + held(zt) + held(zr);
+           held(last) + held(gaps) + held(zt) + held(zr);
   }
 };
 

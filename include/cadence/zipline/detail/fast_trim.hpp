@@ -42,28 +42,28 @@ struct zipline_trimmed {
   std::size_t front_row;  ///< a row whose first point is L = max_p first(p)
 };
 
-/// With L = max_p first(p) no window exists before L, so each row keeps only its latest
-/// point <= L onward; d(L) bounds the optimal spread, and since d(B) >= B - min_p last(p),
-/// no barrier beyond min_p last(p) + d(L) can be optimal. Two searches
-/// per row (interpolated: one or two cache lines on evenly spaced rows). Needs n >= 2 valid
-/// rows.
+/// The trim's bounds, before any row's end is searched for.
 template <class T>
-zipline_trimmed<T> zipline_fast_trim(rows_view<T> rows, zipline_buffers<T>& buf) {
+struct zipline_trim_bounds {
+  T cut;                  ///< no optimal barrier lies beyond it
+  std::size_t front_row;  ///< the first row whose first point is L = max_p first(p)
+};
+
+/// With L = max_p first(p) no window exists before L, so each row keeps only its latest
+/// point <= L onward (buf.first[p]); d(L) bounds the optimal spread, and since
+/// d(B) >= B - min_p last(p), no barrier beyond cut = min_p last(p) + d(L) can be optimal.
+/// One interpolated search per row (one or two cache lines on evenly spaced rows); the
+/// trim's end (zipline_fast_trim_end) is searched for only in the rows a sweep reads.
+/// Sizes buf.first and buf.last; sets only buf.first. Needs n >= 2 valid rows and their ends
+/// (from zipline_rows_valid_gaps).
+template <class T>
+zipline_trim_bounds<T> zipline_fast_trim_start(rows_view<T> rows, zipline_buffers<T>& buf,
+                                               const zipline_row_ends<T>& ends) {
   const std::size_t n = rows.size();
-  T max_front = rows[0].front(), min_back = rows[0].back();
-  std::size_t front_row = 0;
-  for (std::size_t p = 1; p < n; ++p) {
-    const auto row = rows[p];
-    if (row.front() > max_front) {
-      max_front = row.front();
-      front_row = p;
-    }
-    if (row.back() < min_back) min_back = row.back();
-  }
+  const T max_front = ends.max_front;
   auto& first = buf.first;
-  auto& last = buf.last;
   first.resize(n);
-  last.resize(n);
+  buf.last.resize(n);
   T base = max_front;
   for (std::size_t p = 0; p < n; ++p) {
     const auto row = rows[p];
@@ -71,18 +71,33 @@ zipline_trimmed<T> zipline_fast_trim(rows_view<T> rows, zipline_buffers<T>& buf)
     first[p] = f;
     if (row[f] < base) base = row[f];
   }
-  const T cut = zipline_barrier_cap(min_back, zipline_spread(max_front, base));
-  std::size_t total = 0;
-  T top = base;
-  for (std::size_t p = 0; p < n; ++p) {
-    const auto row = rows[p];
-    const std::size_t e =
-        first[p] + zipline_upper_bound_interpolated(row.data() + first[p], row.size() - first[p], cut);
-    last[p] = e;
-    total += e - first[p];
-    if (row[e - 1] > top) top = row[e - 1];
+  return {zipline_barrier_cap(ends.min_back, zipline_spread(max_front, base)), ends.front_row};
+}
+
+/// One past row p's last point <= cut (its trimmed range starts at first).
+template <class T>
+std::size_t zipline_fast_trim_end(rows_view<T> rows, std::size_t p, std::size_t first, T cut) {
+  const auto row = rows[p];
+  return first + zipline_upper_bound_interpolated(row.data() + first, row.size() - first, cut);
+}
+
+/// The totals of the rows in buf.first/buf.last's non-empty ranges (a trimmed range is
+/// never empty, so an empty one marks a row left out of a subset).
+template <class T>
+zipline_trimmed<T> zipline_trimmed_totals(rows_view<T> rows, const zipline_buffers<T>& buf,
+                                          zipline_trim_bounds<T> bounds) {
+  std::size_t total = 0, in = 0;
+  T base{}, top{};
+  for (std::size_t p = 0, n = rows.size(); p < n; ++p) {
+    const std::size_t f = buf.first[p], e = buf.last[p];
+    if (f == e) continue;
+    const T* const v = rows.row_data(p);
+    if (in == 0 || v[f] < base) base = v[f];
+    if (in == 0 || v[e - 1] > top) top = v[e - 1];
+    ++in;
+    total += e - f;
   }
-  return {total, base, top, n, cut, front_row};
+  return {total, base, top, in, bounds.cut, bounds.front_row};
 }
 
 }  // namespace cadence::detail
