@@ -278,20 +278,21 @@ prints times for n up to 10^6 workers, R = 100, then batches of plans) has run o
 
 One run of each command below on the 2-core development machine while other developers built
 on it (load average 6.7-7.6, so absolute times are inflated; the ratios come from one process
-each, measured in the same run), g++ 12, Release, 2026-12-04. Targets from the scale work; "met" only
-where the measured number says so.
+each, measured in the same run), g++ 12, Release, 2026-12-04; rows dated 2026-12-05 were measured
+again that day with the machine otherwise idle (load 0.5-1.0). Targets from the scale work; "met"
+only where the measured number says so.
 
 | what | measured | ratio | target | met |
 |---|---|---:|---|---|
-| ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.220 ms; floor (one min/max pass) 0.150 ms (2026-12-05, load 0.8) | 1.47x floor | <= 0.25 ms | yes (0.220-0.239 ms in 3 runs, the previous code 0.542-0.563 ms alternating with it; 0.244 ms in a fourth at load 1.5; [zipline.md](zipline.md#at-105-and-106-workers)) |
-| ZipLine `fast`, n = 10^5, R = 150 | 41.3 ms; floor 32.5 ms (2026-12-05) | 1.27x floor | <= 2x floor | yes (1.27-1.33x in 3 runs; 1.55-2.18x on 2026-12-04) |
-| ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 446 ms; floor 321 ms (2026-12-05) | 1.39x floor | <= 2x floor | yes (1.37-1.39x in 3 runs; 1.82-2.07x on 2026-12-04) |
+| ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.213-0.237 ms in 3 runs (2026-12-05, load 0.8) | | <= 0.25 ms | yes (0.244 ms once at load 1.5; [zipline.md](zipline.md#at-105-and-106-workers)) |
+| ZipLine `fast`, n = 10^5, R = 150 | 23.7-36.4 ms; floor (one min/max pass at memory pace, SSE2) 7.8-12.8 ms (3 runs, 2026-12-05) | 2.7-3.0x floor | <= 2x floor | no (the previous code 3.2-4.0x in the same minutes; the 1.27-1.33x reported before was against a scalar floor that ran at its min chain's latency, 32 ms) |
+| ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 357-359 ms; floor 100-104 ms (3 runs, 2026-12-05) | 3.4-3.6x floor | <= 2x floor | no (the previous code 4.8-5.0x in the same minutes; 1.37-1.39x against the scalar floor) |
 | controllers, ns per push, n = 2^20 vs 4096 (CPU time, the controller alone; 3 repetitions) | bsp 39.6-41.2 vs 15.1-15.4; asp 31.6-33.7 vs 9.7-9.9; ssp:3 39.6-42.0 vs 15.2-16.1; dssp:3:15 243-252 vs 20.5-20.9; any_controller ssp:3 45.8-50.1 vs 17.0-17.3; elastic:15 65.9-69.2 vs 20.2-20.3 (planning included) (2026-12-05) | 2.5-12.3x | within 2x | no (was 3.3-8.9x with the driver timed; [controllers.md](controllers.md#at-106-workers-and-memory-per-worker)) |
 | the same, each push hinted 16 ahead (`cadence::prefetch`) | bsp 22.4-23.7 vs 16.3-17.2; asp 13.5-14.1 vs 10.0-10.3; ssp:3 23.0-24.0 vs 16.6-17.1; dssp:3:15 78.7-84.6 vs 22.5-23.0; any_controller ssp:3 23.1-24.4 vs 17.3-17.9; elastic:15 46.4-51.3 vs 21.9-22.0 | 1.3-3.8x | within 2x | bsp, asp, ssp:3, any_controller yes (1.3-1.5x); elastic:15 2.1-2.3x and dssp:3:15 3.4-3.8x no |
 | controller state, bytes per worker | bsp, asp, ssp: 25 B; dssp:3:15: 65 B (16 B of it the two-push history); elastic:15: 49 B + 128 B history (16 pushes) + plan (15 predictions, choice, ZipLine workspace: 282 B) | | <= 64 B + history | yes |
 | `cadence-sim --scenario large100k` (10^5 workers, 60 simulated s, every default policy) | bsp 0.93, asp 0.25, ssp:3 0.26, dssp:3:15 0.57, elastic:15 0.34, elastic:60 0.26 M events/s; 9.9-160 s wall each, 6 min for all six | | runs under the 10^8-push bound, reports events/s | yes (asp, the most pushes: 4.0x10^7) |
 | collective planner, 10^4 ranks | see [collective.md](collective.md#at-scale-the-planner-per-barrier) | | measured, cost per rank stated | yes |
-| Thrust OMP (2 threads) vs the best one-core variant from n = 10^5 | not re-measured; `zipline_fast` is now 4-5x faster at 10^5 than when the OMP form measured 0.34-0.43x of it | | beats it | no |
+| Thrust OMP (2 threads) vs the best one-core variant from n = 10^5 | n = 10^5, R = 15: 2.36 vs 4.27 ms; R = 150: 21.5 vs 42.4 ms; 10^6, R = 15: 50.5 vs 98.3 ms; R = 150: 295 vs 400 ms (default OpenMP waits; [thrust.md](thrust.md#measured-openmp-thrust-form-vs-zipline_fast-this-machine-one-run)) | 1.36-1.97x | beats it | yes (the Thrust form now runs `fast`'s trim and certified subset; was 0.05-0.11x. With `OMP_WAIT_POLICY=passive`, 0.92x at 10^5, R = 15, 1.39-1.69x above) |
 | `cadence.zipline` on separate NumPy arrays within 1.2x of C++ | int64, n = 1000, R = 150: 0.323 ms vs 0.283 ms; float64 0.541 vs 0.503 ms (2026-12-05, load 1.0; [python.md](python.md#performance)) | 1.07-1.14x | 1.2x | yes (was 1.25-1.30x: the rows are read in place, and NumPy arrays without the buffer protocol) |
 
 Why the controllers are not flat at 2^20: a push by a random worker touches that worker's
@@ -309,8 +310,9 @@ Reproduce (the sim run takes about 6 minutes on a quiet machine at -j2 load):
 
 ```sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
-cmake --build build -j2 --target cadence-bench-zipline cadence-bench-controllers cadence-bench-planner cadence-sim
+cmake --build build -j2 --target cadence-bench-zipline cadence-bench-thrust-zipline cadence-bench-controllers cadence-bench-planner cadence-sim
 build/bin/cadence-bench-zipline --cadence_scale
+OMP_NUM_THREADS=2 build/bin/cadence-bench-thrust-zipline --benchmark_filter='n:(100000|1000000)/'
 build/bin/cadence-bench-controllers --benchmark_min_time=0.3 --benchmark_repetitions=3 --benchmark_filter='/(4096|1048576)$'
 build/bin/cadence-bench-planner --benchmark_filter='ranks:10000$'
 build/bin/cadence-sim --scenario large100k
@@ -327,12 +329,18 @@ the trim and the choices. At n = 1000 the certified subset is about 40% of the r
 sort and the sweep still dominated (0.53-0.57 ms). On 2026-12-05 the subset became certified by a
 direct check (every row left out has a point in the subset's optimal window), which passes on the
 first, smaller subset (22% of the rows at n = 1000), and validation and the window got faster
-(SSE2, branch-free): 0.22-0.24 ms at n = 1000, and 10^5 and 10^6 at 1.27-1.39x the floor.
+(SSE2, branch-free): 0.22-0.24 ms at n = 1000. Porting it to Thrust (one data-parallel step
+per pass) then showed per-row work it need not do: a selection over all n gaps for the subset's
+threshold (now a sample of 4096 rows), the trim's end searched in every row (now only in swept
+rows), and separate searches for the check and the choices (now one). 10^5 and 10^6 rows went
+from 3.2-4.0x and 4.8-5.0x of the floor to 2.7-3.0x and 3.4-3.6x, against a floor that now
+reads at memory pace (the scalar one made these 1.27-1.39x). Validation alone, which reads every
+point, takes about 1.2x the floor.
 
-The GPU (CUDA Thrust form, H200, R = 100, rows resident on the device; measured on `main`'s
-code, which this change does not touch on the GPU side; its CPU column is the old
-`zipline_fast`): n = 10^3 0.25 ms, 10^4 0.39 ms, 10^5 1.79 ms, 10^6 21.5 ms, every answer
-equal to the CPU's. The batches-of-plans part of `bench/gpu/run.sh` is new and has not run on
+The GPU (CUDA Thrust form, H200, R = 100, rows resident on the device; measured on
+2026-12-04, before the Thrust form took the certified row subset on 2026-12-05, so it sorted
+every point; its CPU column is the old `zipline_fast`): n = 10^3 0.25 ms, 10^4 0.39 ms, 10^5
+1.79 ms, 10^6 21.5 ms, every answer equal to the CPU's. The subset form has not run on a GPU. The batches-of-plans part of `bench/gpu/run.sh` is new and has not run on
 a GPU yet.
 
 ## What each policy costs on a simulated cluster
