@@ -268,7 +268,7 @@ reproduce them. Details and full tables in the linked pages.
 | simulator | 5-8 million push events per second (BSP/ASP/SSP/DSSP) | `build/bin/cadence-bench-sim` |
 | all-reduce through Cadence vs the raw call, 2 ranks | MPI: about 1 µs added per call up to 512 B; 0.5-1.8x the raw time from 256 KiB (ring); in-process: 0.5-1.1x a plain shared-memory reduction; gloo: 0.1-0.7x `gloo::allreduce`'s time up to 32 KiB, 0.74-1.04x from 2 MiB | `mpirun --allow-run-as-root --oversubscribe -np 2 build/bin/cadence-bench-transport --backend mpi --json` ([details](transports.md#benchmark)) |
 | parameter-server push+pull round trip vs a raw MPI ping-pong, 2 ranks | +0.9 µs at 4 KiB; from 4 MiB, 86-94% of the raw bandwidth with `--no-bounce` and 65% with the default bounce buffers | `mpirun --allow-run-as-root --oversubscribe -np 2 build/bin/cadence-bench-ps --backend mpi --json` ([details](parameter_server.md#benchmark)) |
-| Thrust ZipLine on OpenMP (2 threads) vs `zipline_fast` | slower on 2 cores (0.1-0.5x); for GPU builds and batches | `build/bin/cadence-bench-thrust-zipline` ([details](thrust.md#measured-openmp-thrust-form-vs-zipline_fast-this-machine-one-run)) |
+| Thrust ZipLine on OpenMP (2 threads) vs one-core `zipline_fast` | 1.4-2.0x faster from 10^5 workers (R = 15 and 150, up to 10^6); slower below 10^4 (0.4-1.0x) (2026-12-05) | `OMP_NUM_THREADS=2 build/bin/cadence-bench-thrust-zipline` ([details](thrust.md#measured-openmp-thrust-form-vs-zipline_fast-this-machine-one-run)) |
 
 The GPU benchmark (`bench/gpu/run.sh`: builds for `sm_90`, checks parity with the CPU and
 prints times for n up to 10^6 workers, R = 100, then batches of plans) has run once on an H200
