@@ -118,4 +118,14 @@ inline void prefetch_for_write(const void* address) noexcept {
 #endif
 }
 
+/// prefetch_for_write for a line that will only be read.
+inline void prefetch_for_read(const void* address) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(address, 0, 3);
+  __asm__ __volatile__("");  // see prefetch_for_write
+#else
+  (void)address;
+#endif
+}
+
 }  // namespace cadence::detail

@@ -48,7 +48,16 @@ template <class T>
 std::size_t zipline_choose_and_check(rows_view<T> rows, const zipline_buffers<T>& buf,
                                      zipline_window<T> w, bool check, std::size_t* choice) {
   std::size_t uncovered = 0;
-  for (std::size_t p = 0, n = rows.size(); p < n; ++p) {
+  const std::size_t n = rows.size();
+  const bool far = rows.total() * sizeof(T) > zipline_prefetch_bytes;
+  const auto ahead = [&](std::size_t q, int stage) {
+    if (!far || q >= n) return;
+    const std::size_t f = buf.first[q];
+    zipline_prefetch_search(rows.row_data(q) + f, rows.row_size(q) - f, w.barrier, stage);
+  };
+  for (std::size_t p = 0; p < n; ++p) {
+    ahead(p + 16, 1);
+    ahead(p + 8, 2);
     const std::size_t f = buf.first[p];
     const T* const v = rows.row_data(p);
     const std::size_t j = f + zipline_upper_bound_interpolated(v + f, rows.row_size(p) - f, w.barrier) - 1;

@@ -65,7 +65,13 @@ zipline_trim_bounds<T> zipline_fast_trim_start(rows_view<T> rows, zipline_buffer
   first.resize(n);
   buf.last.resize(n);
   T base = max_front;
+  const bool far = rows.total() * sizeof(T) > zipline_prefetch_bytes;
+  const auto ahead = [&](std::size_t q, int stage) {
+    if (far && q < n) zipline_prefetch_search(rows.row_data(q), rows.row_size(q), max_front, stage);
+  };
   for (std::size_t p = 0; p < n; ++p) {
+    ahead(p + 16, 1);
+    ahead(p + 8, 2);
     const auto row = rows[p];
     const std::size_t f = zipline_upper_bound_interpolated(row.data(), row.size(), max_front) - 1;
     first[p] = f;
