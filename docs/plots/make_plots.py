@@ -284,9 +284,9 @@ only where the measured number says so.
 
 | what | measured | ratio | target | met |
 |---|---|---:|---|---|
-| ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.213-0.237 ms in 3 runs (2026-12-05, load 0.8) | | <= 0.25 ms | yes (0.244 ms once at load 1.5; [zipline.md](zipline.md#at-105-and-106-workers)) |
-| ZipLine `fast`, n = 10^5, R = 150 | 23.7-36.4 ms; floor (one min/max pass at memory pace, SSE2) 7.8-12.8 ms (3 runs, 2026-12-05) | 2.7-3.0x floor | <= 2x floor | no (the previous code 3.2-4.0x in the same minutes; the 1.27-1.33x reported before was against a scalar floor that ran at its min chain's latency, 32 ms) |
-| ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 357-359 ms; floor 100-104 ms (3 runs, 2026-12-05) | 3.4-3.6x floor | <= 2x floor | no (the previous code 4.8-5.0x in the same minutes; 1.37-1.39x against the scalar floor) |
+| ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.216-0.220 ms in 3 runs (2026-12-05, load 0.8) | | <= 0.25 ms | yes (0.244 ms once at load 1.5; [zipline.md](zipline.md#at-105-and-106-workers)) |
+| ZipLine `fast`, n = 10^5, R = 150 | 26.7-27.7 ms; floor (one min/max pass at memory pace, SSE2) 12.1-12.4 ms (3 runs, 2026-12-05) | 2.21-2.24x floor | <= 2x floor | no (3.2-4.0x at the start of the day; the 1.27-1.33x reported before was against a scalar floor that ran at its min chain's latency, 32 ms) |
+| ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 326-337 ms; floor 110-116 ms (3 runs, 2026-12-05) | 2.90-2.97x floor | <= 2x floor | no (4.8-5.0x at the start of the day; 1.37-1.39x against the scalar floor) |
 | controllers, ns per push, n = 2^20 vs 4096 (CPU time, the controller alone; 3 repetitions) | bsp 39.6-41.2 vs 15.1-15.4; asp 31.6-33.7 vs 9.7-9.9; ssp:3 39.6-42.0 vs 15.2-16.1; dssp:3:15 243-252 vs 20.5-20.9; any_controller ssp:3 45.8-50.1 vs 17.0-17.3; elastic:15 65.9-69.2 vs 20.2-20.3 (planning included) (2026-12-05) | 2.5-12.3x | within 2x | no (was 3.3-8.9x with the driver timed; [controllers.md](controllers.md#at-106-workers-and-memory-per-worker)) |
 | the same, each push hinted 16 ahead (`cadence::prefetch`) | bsp 22.4-23.7 vs 16.3-17.2; asp 13.5-14.1 vs 10.0-10.3; ssp:3 23.0-24.0 vs 16.6-17.1; dssp:3:15 78.7-84.6 vs 22.5-23.0; any_controller ssp:3 23.1-24.4 vs 17.3-17.9; elastic:15 46.4-51.3 vs 21.9-22.0 | 1.3-3.8x | within 2x | bsp, asp, ssp:3, any_controller yes (1.3-1.5x); elastic:15 2.1-2.3x and dssp:3:15 3.4-3.8x no |
 | controller state, bytes per worker | bsp, asp, ssp: 25 B; dssp:3:15: 65 B (16 B of it the two-push history); elastic:15: 49 B + 128 B history (16 pushes) + plan (15 predictions, choice, ZipLine workspace: 282 B) | | <= 64 B + history | yes |
@@ -332,10 +332,10 @@ first, smaller subset (22% of the rows at n = 1000), and validation and the wind
 (SSE2, branch-free): 0.22-0.24 ms at n = 1000. Porting it to Thrust (one data-parallel step
 per pass) then showed per-row work it need not do: a selection over all n gaps for the subset's
 threshold (now a sample of 4096 rows), the trim's end searched in every row (now only in swept
-rows), and separate searches for the check and the choices (now one). 10^5 and 10^6 rows went
-from 3.2-4.0x and 4.8-5.0x of the floor to 2.7-3.0x and 3.4-3.6x, against a floor that now
-reads at memory pace (the scalar one made these 1.27-1.39x). Validation alone, which reads every
-point, takes about 1.2x the floor.
+rows), and separate searches for the check and the choices (now one); the row searches also
+load their lines ahead. 10^5 and 10^6 rows went from 3.2-4.0x and 4.8-5.0x of the floor to
+2.21-2.24x and 2.90-2.97x, against a floor that now reads at memory pace (the scalar one made
+these 1.27-1.39x). Validation alone, which reads every point, takes 1.2-1.5x the floor.
 
 The GPU (CUDA Thrust form, H200, R = 100, rows resident on the device; measured on
 2026-12-04, before the Thrust form took the certified row subset on 2026-12-05, so it sorted
