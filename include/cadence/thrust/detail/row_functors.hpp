@@ -238,7 +238,17 @@ struct zl_choose_and_check {
   const unsigned char* in;  // null: no check
   T barrier;
   T spread;
+  zl_index n = 0;  // rows; set to load the searches of rows r + 8 and r + 16 ahead (CPU)
   CADENCE_HOST_DEVICE zl_choice_check operator()(zl_index r) const {
+#if !defined(__CUDA_ARCH__)
+    // The OpenMP system hands each thread a contiguous block of rows, so the rows just ahead
+    // are this thread's next ones: their misses overlap this search (as in zipline_fast).
+    const auto ahead = [&](zl_index q, int stage) {
+      if (q < n) zipline_prefetch_search(vals + info[q].start, roff[q + 1] - info[q].start, barrier, stage);
+    };
+    ahead(r + 16, 1);
+    ahead(r + 8, 2);
+#endif
     const zl_index j = zl_upper_bound(vals, info[r].start, roff[r + 1], barrier) - 1;
     const bool out = in != nullptr && !in[r] && static_cast<T>(barrier - vals[j]) > spread;
     return zl_choice_check{j - roff[r], out ? zl_index(1) : zl_index(0)};

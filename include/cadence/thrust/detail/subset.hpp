@@ -16,6 +16,7 @@
 #include <cadence/zipline/rows.hpp>
 
 #include <thrust/copy.h>
+#include <thrust/execution_policy.h>
 #include <thrust/fill.h>
 #include <thrust/for_each.h>
 #include <thrust/functional.h>
@@ -49,6 +50,9 @@ T zl_gap_threshold(Policy& pol, thrust_zipline_workspace& ws, device_stream stre
   return zipline_sampled_threshold(host, n, want);
 }
 
+// Subsets with fewer points are swept serially on the CPU systems (zl_sweep_rows).
+inline constexpr zl_index zl_serial_sweep_points = zl_index{1} << 16;
+
 // Compacts the trimmed ranges of the rows flagged in `in` and sweeps them (solve.hpp): the
 // subset's optimal spread and its smallest barrier.
 template <class T, class Policy>
@@ -69,12 +73,23 @@ zl_candidate<T> zl_sweep_rows(Policy& pol, thrust_zipline_workspace& ws, device_
   zl_index total = 0;
   zl_to_host(&total, static_cast<const zl_index*>(sub_roff + k), 1, stream);
   T* sub_vals = zl_buf<T>(ws, zl_sub_values, total);
-  th::for_each(pol, zero, zero + k, zl_gather_row<T>{vals, info, sub_rows, sub_end, sub_roff, sub_vals});
-  zl_candidate<T> best{};
-  zl_solve(pol, ws, stream, ctx, static_cast<const T*>(sub_vals), total,
-           static_cast<const zl_index*>(sub_roff), k, zl_index(1), nullptr, nullptr, &best,
-           static_cast<zl_index*>(nullptr));
-  return best;
+  const auto sweep = [&](auto& p) {
+    th::for_each(p, zero, zero + k, zl_gather_row<T>{vals, info, sub_rows, sub_end, sub_roff, sub_vals});
+    zl_candidate<T> best{};
+    zl_solve(p, ws, stream, ctx, static_cast<const T*>(sub_vals), total,
+             static_cast<const zl_index*>(sub_roff), k, zl_index(1), nullptr, nullptr, &best,
+             static_cast<zl_index*>(nullptr));
+    return best;
+  };
+#if !CADENCE_THRUST_CUDA
+  // On the CPU systems a small subset is swept on the calling thread: its dozen steps would
+  // each wake the OpenMP threads (with passive waits, about 2 ms in all at 10^5 rows, R = 15).
+  if (total < zl_serial_sweep_points) {
+    auto seq = ::thrust::seq;
+    return sweep(seq);
+  }
+#endif
+  return sweep(pol);
 }
 
 // One instance in device memory: vals (row after row), roff (n + 1 offsets into vals).
@@ -133,8 +148,15 @@ int zl_solve_one(Policy& pol, thrust_zipline_workspace& ws, device_stream stream
   zl_candidate<T> best = zl_sweep_rows(pol, ws, stream, ctx, vals, roff, n, info, cut, in);
   zl_choice_check* choice = zl_buf<zl_choice_check>(ws, zl_choice, n);
   ctx.step = "choice search and cover check";
+  // Rows are loaded ahead on the CPU systems once the input outgrows L2 (zipline_fast's rule;
+  // there roff is host memory).
+  zl_index ahead_rows = 0;
+#if !CADENCE_THRUST_CUDA
+  if (std::size_t{roff[n] - roff[0]} * sizeof(T) > zipline_prefetch_bytes) ahead_rows = n;
+#endif
   th::transform(pol, zero, zero + n, choice,
-                zl_choose_and_check<T>{vals, roff, info, subset ? in : nullptr, best.b, best.d});
+                zl_choose_and_check<T>{vals, roff, info, subset ? in : nullptr, best.b, best.d,
+                                       ahead_rows});
   if (subset && th::transform_reduce(pol, choice, choice + n, zl_uncovered_count{}, zl_index(0),
                                      th::plus<zl_index>()) != 0) {
     ctx.step = "choose the certified row subset";
@@ -143,7 +165,7 @@ int zl_solve_one(Policy& pol, thrust_zipline_workspace& ws, device_stream stream
     sweeps = 2;
     ctx.step = "choice search";
     th::transform(pol, zero, zero + n, choice,
-                  zl_choose_and_check<T>{vals, roff, info, nullptr, best.b, best.d});
+                  zl_choose_and_check<T>{vals, roff, info, nullptr, best.b, best.d, ahead_rows});
   }
   std::vector<zl_choice_check> host(n);
   ctx.step = "copy results to host";
