@@ -12,6 +12,7 @@
 #include <thrust/execution_policy.h>
 
 #include "support/separate_rows.hpp"
+#include "support/subset_rows.hpp"
 
 #include <doctest/doctest.h>
 
@@ -271,23 +272,10 @@ TEST_CASE("from 256 rows the Thrust ZipLine sweeps a certified row subset, in on
     const int mode = trial % 4;
     instance<std::int64_t> ints;
     instance<double> doubles;
-    for (std::size_t p = 0; p < n; ++p) {
-      const std::int64_t step = mode == 0   ? 500 + static_cast<std::int64_t>(rng() % 1000)
-                                : mode == 1 ? 990 + static_cast<std::int64_t>(rng() % 20)
-                                : mode == 2 ? 1000
-                                            : 100 + static_cast<std::int64_t>(rng() % 2000);
-      std::int64_t t = static_cast<std::int64_t>(rng() % 1500);
-      const std::size_t len = mode == 3 ? 1 + rng() % (2 * r) : r;
-      std::vector<std::int64_t> row;
-      std::vector<double> drow;
-      for (std::size_t i = 0; i < len; ++i) {
-        row.push_back(t);
-        drow.push_back(static_cast<double>(t) * 0.001 + (mode == 1 ? 1e-7 * static_cast<double>(p % 3) : 0.0));
-        t += step + (mode == 3 ? static_cast<std::int64_t>(rng() % 300) : 0);
-      }
+    cadence::test::subset_rows(rng, n, r, mode, [&](const auto& row, const auto& drow) {
       ints.add_row(row);
       doubles.add_row(drow);
-    }
+    });
     const auto want_ints = cadence::zipline_fast(ints.view());
     const auto want_doubles = cadence::zipline_fast(doubles.view());
     cadence::zipline_result<std::int64_t> got_ints;

@@ -6,6 +6,7 @@
 #include <cadence/zipline/paper.hpp>
 
 #include "support/separate_rows.hpp"
+#include "support/subset_rows.hpp"
 
 #include <doctest/doctest.h>
 
@@ -336,23 +337,10 @@ TEST_CASE("zipline_fast's row subset gives the whole input's answer, in one roun
     const int mode = trial % 4;
     owned_rows<std::int64_t> ints;
     owned_rows<double> doubles;
-    for (std::size_t p = 0; p < n; ++p) {
-      const std::int64_t step = mode == 0   ? 500 + static_cast<std::int64_t>(rng() % 1000)
-                                : mode == 1 ? 990 + static_cast<std::int64_t>(rng() % 20)
-                                : mode == 2 ? 1000
-                                            : 100 + static_cast<std::int64_t>(rng() % 2000);
-      std::int64_t t = static_cast<std::int64_t>(rng() % 1500);
-      const std::size_t len = mode == 3 ? 1 + rng() % (2 * r) : r;
-      std::vector<std::int64_t> row;
-      for (std::size_t i = 0; i < len; ++i) {
-        row.push_back(t);
-        t += step + (mode == 3 ? static_cast<std::int64_t>(rng() % 300) : 0);
-      }
+    cadence::test::subset_rows(rng, n, r, mode, [&](const auto& row, const auto& drow) {
       ints.add(row);
-      std::vector<double> drow;
-      for (const auto x : row) drow.push_back(static_cast<double>(x) * 0.001 + (mode == 1 ? 1e-7 * static_cast<double>(p % 3) : 0.0));
       doubles.add(drow);
-    }
+    });
     const auto want_ints = cadence::zipline_paper_opt_bs(ints.view());
     const auto want_doubles = cadence::zipline_paper_opt_bs(doubles.view());
     cadence::zipline_workspace<std::int64_t> ws;

@@ -66,16 +66,6 @@ struct zl_row_info {
   int bad;
 };
 
-// Integers subtract in unsigned arithmetic (exact for valid rows, defined for any).
-template <class T, bool = std::is_integral_v<T>>
-struct zl_gap_arith {
-  using type = T;
-};
-template <class T>
-struct zl_gap_arith<T, true> {
-  using type = std::make_unsigned_t<T>;
-};
-
 // The device form of zipline_rows_valid_gaps for one row (strictly increasing with finite
 // ends, so finite throughout; the largest gap), then the trim's start. On the CPU systems a
 // double row takes zipline_fast's SSE2 loop: the scalar loop's max chain made this pass
@@ -86,7 +76,7 @@ struct zl_scan_row {
   const zl_index* roff;
   T front;  // L
   CADENCE_HOST_DEVICE zl_row_info<T> operator()(zl_index r) const {
-    using D = typename zl_gap_arith<T>::type;
+    using D = typename zipline_gap_type<T>::type;  // integers subtract unsigned
     const zl_index b = roff[r], e = roff[r + 1];
     const zl_row_info<T> bad_row{T(), T(), b, 1};
     if (e <= b) return bad_row;
