@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cadence/core/detail/bits.hpp>
+#include <cadence/core/detail/host_device.hpp>
 
 #include <cadence/core/error.hpp>
 #include <cadence/core/span.hpp>
@@ -185,10 +186,8 @@ bool zipline_rows_valid(rows_view<T> rows) noexcept {
   return zipline_span_ok(lo, hi);
 }
 
-/// zipline_rows_valid that also writes each row's largest gap between neighbours to gaps[p]
-/// (0 for a row of one point), and the rows' ends to *ends when given, in the same
-/// branch-free pass. The gaps are meaningful only
-/// when it returns true (integers subtract in unsigned arithmetic, exact for valid rows).
+/// The type row gaps are computed in: T, or for integers its unsigned type (defined for any
+/// input, exact for valid rows).
 template <class T, bool = std::is_integral_v<T>>
 struct zipline_gap_type {
   using type = T;
@@ -234,6 +233,39 @@ inline std::size_t zipline_row_check_sse2(const double* v, std::size_t m, unsign
 }
 #endif
 
+/// Whether v[0..m) is strictly increasing (m >= 1; a NaN anywhere fails), and its largest gap
+/// between neighbours in `gap` (0 for one point), in D = zipline_gap_type<T>: zipline_fast's
+/// validation and the Thrust form's row pass share it. A double row takes the SSE2 loop on
+/// the host.
+template <class T, class D>
+CADENCE_HOST_DEVICE_INLINE bool zipline_row_increasing(const T* v, std::size_t m,
+                                                       D& gap) noexcept {
+  unsigned bad0 = 0, bad1 = 0;
+  D g0 = 0, g1 = 0;
+  std::size_t i = 1;
+#if CADENCE_ZIPLINE_SSE2 && !defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, double>) i = zipline_row_check_sse2(v, m, bad0, g0);
+#endif
+  for (; i + 2 <= m; i += 2) {
+    bad0 |= static_cast<unsigned>(!(v[i - 1] < v[i]));
+    bad1 |= static_cast<unsigned>(!(v[i] < v[i + 1]));
+    const D d0 = static_cast<D>(static_cast<D>(v[i]) - static_cast<D>(v[i - 1]));
+    const D d1 = static_cast<D>(static_cast<D>(v[i + 1]) - static_cast<D>(v[i]));
+    g0 = d0 > g0 ? d0 : g0;
+    g1 = d1 > g1 ? d1 : g1;
+  }
+  for (; i < m; ++i) {
+    bad0 |= static_cast<unsigned>(!(v[i - 1] < v[i]));
+    const D d0 = static_cast<D>(static_cast<D>(v[i]) - static_cast<D>(v[i - 1]));
+    g0 = d0 > g0 ? d0 : g0;
+  }
+  gap = g0 > g1 ? g0 : g1;
+  return (bad0 | bad1) == 0;
+}
+
+/// zipline_rows_valid that also writes each row's largest gap between neighbours to gaps[p]
+/// (0 for a row of one point), and the rows' ends to *ends when given, in the same
+/// branch-free pass. The gaps are meaningful only when it returns true.
 template <class T>
 bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps,
                              zipline_row_ends<T>* ends = nullptr) noexcept {
@@ -249,27 +281,9 @@ bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps,
     if constexpr (std::is_floating_point_v<T>) {
       if (!std::isfinite(v[0]) || !std::isfinite(v[m - 1])) return false;
     }
-    unsigned bad0 = 0, bad1 = 0;
-    D g0 = 0, g1 = 0;
-    std::size_t i = 1;
-#if CADENCE_ZIPLINE_SSE2
-    if constexpr (std::is_same_v<T, double>) i = zipline_row_check_sse2(v, m, bad0, g0);
-#endif
-    for (; i + 2 <= m; i += 2) {
-      bad0 |= static_cast<unsigned>(!(v[i - 1] < v[i]));
-      bad1 |= static_cast<unsigned>(!(v[i] < v[i + 1]));
-      const D d0 = static_cast<D>(static_cast<D>(v[i]) - static_cast<D>(v[i - 1]));
-      const D d1 = static_cast<D>(static_cast<D>(v[i + 1]) - static_cast<D>(v[i]));
-      g0 = d0 > g0 ? d0 : g0;
-      g1 = d1 > g1 ? d1 : g1;
-    }
-    for (; i < m; ++i) {
-      bad0 |= static_cast<unsigned>(!(v[i - 1] < v[i]));
-      const D d0 = static_cast<D>(static_cast<D>(v[i]) - static_cast<D>(v[i - 1]));
-      g0 = d0 > g0 ? d0 : g0;
-    }
-    if ((bad0 | bad1) != 0) return false;
-    gaps[p] = static_cast<T>(g0 > g1 ? g0 : g1);
+    D gap = 0;
+    if (!zipline_row_increasing(v, m, gap)) return false;
+    gaps[p] = static_cast<T>(gap);
     if (p == 0 || v[0] < lo) lo = v[0];
     if (p == 0 || v[m - 1] > hi) hi = v[m - 1];
     if (p == 0 || v[0] > front) {

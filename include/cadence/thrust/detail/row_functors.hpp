@@ -67,9 +67,8 @@ struct zl_row_info {
 };
 
 // The device form of zipline_rows_valid_gaps for one row (strictly increasing with finite
-// ends, so finite throughout; the largest gap), then the trim's start. On the CPU systems a
-// double row takes zipline_fast's SSE2 loop: the scalar loop's max chain made this pass
-// half of the solve at n = 10^5, R = 150.
+// ends, so finite throughout; the largest gap: zipline_row_increasing, whose SSE2 loop the
+// CPU systems take for double rows), then the trim's start.
 template <class T>
 struct zl_scan_row {
   const T* vals;
@@ -87,29 +86,9 @@ struct zl_scan_row {
       bad |= static_cast<unsigned>(!(v[0] - v[0] == T(0)) || !(v[m - 1] - v[m - 1] == T(0)));
     }
     D g = 0;
-    zl_index i = 1;
-#if CADENCE_ZIPLINE_SSE2 && !defined(__CUDA_ARCH__)
-    if constexpr (std::is_same_v<T, double>)
-      i = static_cast<zl_index>(zipline_row_check_sse2(v, m, bad, g));
-#endif
-    D g1 = 0;
-    unsigned bad1 = 0;
-    for (; i + 2 <= m; i += 2) {
-      bad |= static_cast<unsigned>(!(v[i - 1] < v[i]));
-      bad1 |= static_cast<unsigned>(!(v[i] < v[i + 1]));
-      const D d0 = static_cast<D>(static_cast<D>(v[i]) - static_cast<D>(v[i - 1]));
-      const D d1 = static_cast<D>(static_cast<D>(v[i + 1]) - static_cast<D>(v[i]));
-      g = d0 > g ? d0 : g;
-      g1 = d1 > g1 ? d1 : g1;
-    }
-    for (; i < m; ++i) {
-      bad |= static_cast<unsigned>(!(v[i - 1] < v[i]));
-      const D d0 = static_cast<D>(static_cast<D>(v[i]) - static_cast<D>(v[i - 1]));
-      g = d0 > g ? d0 : g;
-    }
-    if ((bad | bad1) != 0) return bad_row;
+    if (!zipline_row_increasing(v, m, g) || bad != 0) return bad_row;
     const zl_index s = zl_upper_bound(vals, b, e, front) - 1;
-    return zl_row_info<T>{static_cast<T>(g > g1 ? g : g1), vals[s], s, 0};
+    return zl_row_info<T>{static_cast<T>(g), vals[s], s, 0};
   }
 };
 
