@@ -88,7 +88,9 @@ set(_cadence_thrust_headers
   cadence/thrust/detail/functors.hpp
   cadence/thrust/detail/memory.hpp
   cadence/thrust/detail/predict.hpp
-  cadence/thrust/detail/solve.hpp)
+  cadence/thrust/detail/row_functors.hpp
+  cadence/thrust/detail/solve.hpp
+  cadence/thrust/detail/subset.hpp)
 list(TRANSFORM _cadence_thrust_headers PREPEND ${CMAKE_CURRENT_LIST_DIR}/../include/)
 target_sources(cadence_thrust INTERFACE
   FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include FILES ${_cadence_thrust_headers})
