@@ -111,6 +111,12 @@ CADENCE_HOST_DEVICE std::size_t zipline_upper_bound_interpolated(const T* v, std
 /// ones sit in L2 after validation, where the hints only cost (measured at n = 1000, R = 150).
 inline constexpr std::size_t zipline_prefetch_bytes = std::size_t{4} << 20;
 
+/// Whether rows are large enough for their searches to be loaded ahead.
+template <class T>
+bool zipline_prefetch_pays(rows_view<T> rows) noexcept {
+  return rows.total() * sizeof(T) > zipline_prefetch_bytes;
+}
+
 /// Loads ahead what zipline_upper_bound_interpolated(v, len, x) will read, for loops that
 /// search row after row (the trim, the choices): stage 1 the row's ends, stage 2 (a few rows
 /// later, once the ends are in the cache) the guessed point. The searches' misses then
@@ -123,6 +129,19 @@ void zipline_prefetch_search(const T* v, std::size_t len, T x, int stage) noexce
   } else if (len >= 16) {
     prefetch_for_read(v + zipline_interpolated_guess(v, len, x));
   }
+}
+
+/// In a loop that searches row after row for x from position from(q) of row q, at row p:
+/// stage 1 for row p + 16, stage 2 for row p + 8 (their searches then overlap this one's).
+template <class T, class From>
+void zipline_prefetch_ahead(rows_view<T> rows, std::size_t p, T x, From from) noexcept {
+  const auto load = [&](std::size_t q, int stage) {
+    if (q >= rows.size()) return;
+    const std::size_t f = from(q);
+    zipline_prefetch_search(rows.row_data(q) + f, rows.row_size(q) - f, x, stage);
+  };
+  load(p + 16, 1);
+  load(p + 8, 2);
 }
 
 /// What a variant's search finds before zipline_finish: the optimal spread and its smallest

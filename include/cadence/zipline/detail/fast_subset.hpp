@@ -49,15 +49,10 @@ std::size_t zipline_choose_and_check(rows_view<T> rows, const zipline_buffers<T>
                                      zipline_window<T> w, bool check, std::size_t* choice) {
   std::size_t uncovered = 0;
   const std::size_t n = rows.size();
-  const bool far = rows.total() * sizeof(T) > zipline_prefetch_bytes;
-  const auto ahead = [&](std::size_t q, int stage) {
-    if (!far || q >= n) return;
-    const std::size_t f = buf.first[q];
-    zipline_prefetch_search(rows.row_data(q) + f, rows.row_size(q) - f, w.barrier, stage);
-  };
+  const bool far = zipline_prefetch_pays(rows);
+  const auto from = [&](std::size_t q) { return buf.first[q]; };
   for (std::size_t p = 0; p < n; ++p) {
-    ahead(p + 16, 1);
-    ahead(p + 8, 2);
+    if (far) zipline_prefetch_ahead(rows, p, w.barrier, from);
     const std::size_t f = buf.first[p];
     const T* const v = rows.row_data(p);
     const std::size_t j = f + zipline_upper_bound_interpolated(v + f, rows.row_size(p) - f, w.barrier) - 1;
@@ -100,7 +95,7 @@ zipline_window<T> zipline_fast_search(rows_view<T> rows, zipline_buffers<T>& buf
   buf.subset_rounds = 0;
   if (n < 256 || want >= n) {
     for (std::size_t p = 0; p < n; ++p) include(p);
-    const zipline_window<T> w = zipline_fast_sweep(rows, buf, zipline_trimmed_totals(rows, buf, bounds));
+    const zipline_window<T> w = zipline_fast_sweep(rows, buf, zipline_trimmed_totals(rows, buf));
     zipline_choose_and_check(rows, buf, w, false, choice);
     return w;
   }
@@ -115,13 +110,13 @@ zipline_window<T> zipline_fast_search(rows_view<T> rows, zipline_buffers<T>& buf
     if (gaps[p] > theta || p == bounds.front_row) include(p);
     else last[p] = first[p];
   }
-  zipline_window<T> w = zipline_fast_sweep(rows, buf, zipline_trimmed_totals(rows, buf, bounds));
+  zipline_window<T> w = zipline_fast_sweep(rows, buf, zipline_trimmed_totals(rows, buf));
   buf.subset_rounds = 1;
   if (zipline_choose_and_check(rows, buf, w, true, choice) == 0) return w;
   // Round 2, certified by construction (see above).
   for (std::size_t p = 0; p < n; ++p)
     if (first[p] == last[p] && (gaps[p] > w.spread || !(bounds.cut < rows[p].back()))) include(p);
-  w = zipline_fast_sweep(rows, buf, zipline_trimmed_totals(rows, buf, bounds));
+  w = zipline_fast_sweep(rows, buf, zipline_trimmed_totals(rows, buf));
   buf.subset_rounds = 2;
   zipline_choose_and_check(rows, buf, w, false, choice);
   return w;

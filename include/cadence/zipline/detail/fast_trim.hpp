@@ -38,8 +38,6 @@ struct zipline_trimmed {
   T base;             ///< the smallest surviving point
   T top;              ///< the largest surviving point
   std::size_t rows;   ///< rows with surviving points (the sweep's cover target)
-  T cut;              ///< no optimal barrier lies beyond it
-  std::size_t front_row;  ///< a row whose first point is L = max_p first(p)
 };
 
 /// The trim's bounds, before any row's end is searched for.
@@ -65,13 +63,9 @@ zipline_trim_bounds<T> zipline_fast_trim_start(rows_view<T> rows, zipline_buffer
   first.resize(n);
   buf.last.resize(n);
   T base = max_front;
-  const bool far = rows.total() * sizeof(T) > zipline_prefetch_bytes;
-  const auto ahead = [&](std::size_t q, int stage) {
-    if (far && q < n) zipline_prefetch_search(rows.row_data(q), rows.row_size(q), max_front, stage);
-  };
+  const bool far = zipline_prefetch_pays(rows);
   for (std::size_t p = 0; p < n; ++p) {
-    ahead(p + 16, 1);
-    ahead(p + 8, 2);
+    if (far) zipline_prefetch_ahead(rows, p, max_front, [](std::size_t) { return std::size_t{0}; });
     const auto row = rows[p];
     const std::size_t f = zipline_upper_bound_interpolated(row.data(), row.size(), max_front) - 1;
     first[p] = f;
@@ -90,8 +84,7 @@ std::size_t zipline_fast_trim_end(rows_view<T> rows, std::size_t p, std::size_t 
 /// The totals of the rows in buf.first/buf.last's non-empty ranges (a trimmed range is
 /// never empty, so an empty one marks a row left out of a subset).
 template <class T>
-zipline_trimmed<T> zipline_trimmed_totals(rows_view<T> rows, const zipline_buffers<T>& buf,
-                                          zipline_trim_bounds<T> bounds) {
+zipline_trimmed<T> zipline_trimmed_totals(rows_view<T> rows, const zipline_buffers<T>& buf) {
   std::size_t total = 0, in = 0;
   T base{}, top{};
   for (std::size_t p = 0, n = rows.size(); p < n; ++p) {
@@ -103,7 +96,7 @@ zipline_trimmed<T> zipline_trimmed_totals(rows_view<T> rows, const zipline_buffe
     ++in;
     total += e - f;
   }
-  return {total, base, top, in, bounds.cut, bounds.front_row};
+  return {total, base, top, in};
 }
 
 }  // namespace cadence::detail
