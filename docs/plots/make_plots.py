@@ -287,8 +287,8 @@ only where the measured number says so.
 | ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.216-0.220 ms in 3 runs (2026-12-05, load 0.8) | | <= 0.25 ms | yes (0.244 ms once at load 1.5; [zipline.md](zipline.md#at-105-and-106-workers)) |
 | ZipLine `fast`, n = 10^5, R = 150 | 26.7-27.7 ms; floor (one min/max pass at memory pace, SSE2) 12.1-12.4 ms (3 runs, 2026-12-05) | 2.21-2.24x floor | <= 2x floor | no (3.2-4.0x at the start of the day; the 1.27-1.33x reported before was against a scalar floor that ran at its min chain's latency, 32 ms) |
 | ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 326-337 ms; floor 110-116 ms (3 runs, 2026-12-05) | 2.90-2.97x floor | <= 2x floor | no (4.8-5.0x at the start of the day; 1.37-1.39x against the scalar floor) |
-| controllers, ns per push, n = 2^20 vs 4096 (CPU time, the controller alone; 3 repetitions) | bsp 39.6-41.2 vs 15.1-15.4; asp 31.6-33.7 vs 9.7-9.9; ssp:3 39.6-42.0 vs 15.2-16.1; dssp:3:15 243-252 vs 20.5-20.9; any_controller ssp:3 45.8-50.1 vs 17.0-17.3; elastic:15 65.9-69.2 vs 20.2-20.3 (planning included) (2026-12-05) | 2.5-12.3x | within 2x | no (was 3.3-8.9x with the driver timed; [controllers.md](controllers.md#at-106-workers-and-memory-per-worker)) |
-| the same, each push hinted 16 ahead (`cadence::prefetch`) | bsp 22.4-23.7 vs 16.3-17.2; asp 13.5-14.1 vs 10.0-10.3; ssp:3 23.0-24.0 vs 16.6-17.1; dssp:3:15 78.7-84.6 vs 22.5-23.0; any_controller ssp:3 23.1-24.4 vs 17.3-17.9; elastic:15 46.4-51.3 vs 21.9-22.0 | 1.3-3.8x | within 2x | bsp, asp, ssp:3, any_controller yes (1.3-1.5x); elastic:15 2.1-2.3x and dssp:3:15 3.4-3.8x no |
+| controllers, ns per push, n = 2^20 vs 4096 (CPU time, the controller alone; 3 repetitions) | bsp 33.6-35.7 vs 13.8-14.1; asp 24.4-24.7 vs 9.0-9.2; ssp:3 38.5-41.5 vs 14.5-15.4; dssp:3:15 147-154 vs 19.2-20.2; any_controller ssp:3 45.4-46.4 vs 15.0-16.0; elastic:15 63.0-66.8 vs 20.0-20.6 (planning included) (2026-12-05, after the DSSP record) | 2.4-8.0x | within 2x | no (was 2.5-12.3x that morning, 3.3-8.9x with the driver timed; [controllers.md](controllers.md#at-106-workers-and-memory-per-worker)) |
+| the same, each push hinted 16 ahead (`cadence::prefetch`) | bsp 19.2-19.6 vs 14.2-14.3; asp 11.6-12.0 vs 9.7-9.9; ssp:3 19.1-20.2 vs 16.1-16.2; dssp:3:15 50.8-52.2 vs 20.4-21.3; any_controller ssp:3 20.2-20.7 vs 16.2-16.8; elastic:15 41.7-43.9 vs 19.8-20.5 | 1.2-2.6x | within 2x | bsp, asp, ssp:3, any_controller yes (1.2-1.4x); elastic:15 2.0-2.2x (1.7-1.9x in other runs that day; its code is unchanged since 2.1-2.3x) and dssp:3:15 2.4-2.6x (was 3.4-3.8x) no |
 | controller state, bytes per worker | bsp, asp, ssp: 25 B; dssp:3:15: 65 B (16 B of it the two-push history); elastic:15: 49 B + 128 B history (16 pushes) + plan (15 predictions, choice, ZipLine workspace: 282 B) | | <= 64 B + history | yes |
 | `cadence-sim --scenario large100k` (10^5 workers, 60 simulated s, every default policy) | bsp 0.93, asp 0.25, ssp:3 0.26, dssp:3:15 0.57, elastic:15 0.34, elastic:60 0.26 M events/s; 9.9-160 s wall each, 6 min for all six | | runs under the 10^8-push bound, reports events/s | yes (asp, the most pushes: 4.0x10^7) |
 | collective planner, 10^4 ranks | see [collective.md](collective.md#at-scale-the-planner-per-barrier) | | measured, cost per rank stated | yes |
@@ -303,8 +303,11 @@ worker), except for DSSP, whose tie-break needs the order, and the benchmark now
 controller alone (it replays pushes its driver recorded). The new `cadence::prefetch` hint lets
 a caller that holds the next pushes overlap their misses, and the waiter list's growing end is
 loaded ahead (each new line of it was a store miss that stalled the pushes behind it). With
-hints BSP, ASP and SSP are within 2x (1.3-1.5x); ElasticBSP (2.1-2.3x, planning included) and
-DSSP (3.4-3.8x, its buckets still linked in push order for its tie-break) are not.
+hints BSP, ASP and SSP are within 2x (1.2-1.4x); ElasticBSP (2.0-2.2x, planning included) and
+DSSP are not. DSSP's allowance, push count and push ring then moved into one 32-byte record per
+worker on a cache-line-aligned buffer (three random lines per push became one): hinted, 80-85 ns
+became 45-46 ns at 2^20 in alternating runs of the two builds, 2.4-2.6x of 4096 in the table's run
+(its buckets stay linked in push order for its tie-break, so a push still writes two neighbours).
 
 Reproduce (the sim run takes about 6 minutes on a quiet machine at -j2 load):
 

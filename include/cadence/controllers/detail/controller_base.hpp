@@ -47,8 +47,8 @@ inline void check_product_bound(const char* kind, std::size_t workers, const cha
 /// Ensures v can hold n elements without reallocating, growing geometrically so that adding
 /// workers one at a time stays amortised O(1). Changes no element, so it is safe to call
 /// before a change that must not fail halfway.
-template <class T>
-void reserve_for(std::vector<T>& v, std::size_t n) {
+template <class T, class A>
+void reserve_for(std::vector<T, A>& v, std::size_t n) {
   if (v.capacity() < n) v.reserve(n > 2 * v.capacity() ? n : 2 * v.capacity());
 }
 
