@@ -22,8 +22,6 @@ using inproc_4 = cadence_test::inproc_harness<4>;
 using inproc_3 = cadence_test::inproc_harness<3>;
 }  // namespace
 
-TYPE_TO_STRING(inproc_4);
-TYPE_TO_STRING(inproc_3);
 CADENCE_BUCKETED_ALLREDUCER_SUITE(inproc_4);
 CADENCE_BUCKETED_ALLREDUCER_SUITE(inproc_3);
 

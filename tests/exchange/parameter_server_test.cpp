@@ -28,7 +28,6 @@ using namespace cadence::transport;
 using namespace std::chrono_literals;
 
 using inproc_4 = cadence_test::inproc_harness<4>;
-TYPE_TO_STRING(inproc_4);
 CADENCE_PS_SUITE(inproc_4);
 
 namespace {

@@ -20,8 +20,6 @@ using inproc_4 = cadence_test::inproc_harness<4>;
 using inproc_3 = cadence_test::inproc_harness<3>;
 }  // namespace
 
-TYPE_TO_STRING(inproc_4);
-TYPE_TO_STRING(inproc_3);
 CADENCE_PERIODIC_AVERAGER_SUITE(inproc_4);
 CADENCE_PERIODIC_AVERAGER_SUITE(inproc_3);
 

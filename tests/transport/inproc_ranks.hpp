@@ -52,3 +52,8 @@ struct inproc_harness {
 };
 
 }  // namespace cadence_test
+
+// The suites' names for the worlds, declared once here so that test files sharing a unity
+// build do not declare them twice.
+TYPE_TO_STRING_AS("inproc_4", cadence_test::inproc_harness<4>);
+TYPE_TO_STRING_AS("inproc_3", cadence_test::inproc_harness<3>);

@@ -43,7 +43,6 @@ static_assert(has_async_v<gloo_communicator>);
 static_assert(has_async_average_v<gloo_communicator>);
 static_assert(has_allreduce_average_v<gloo_communicator>);
 static_assert(is_work_v<gloo_work>);
-TYPE_TO_STRING(gloo_harness);
 CADENCE_TRANSPORT_CONFORMANCE(gloo_harness);
 
 TEST_CASE("two gloo ranks pass the all-reduce and point to point cases too" * doctest::timeout(120)) {
@@ -424,5 +423,4 @@ TEST_CASE("a rank killed with SIGKILL while another waits in recv for it: the re
 namespace {
 using gloo_4 = cadence_gloo_test::gloo_threads_harness<4>;
 }
-TYPE_TO_STRING(gloo_4);
 TEST_CASE_TEMPLATE_INVOKE(conformance_mixed_sequence, gloo_4);

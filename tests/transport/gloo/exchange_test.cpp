@@ -7,5 +7,4 @@
 
 using cadence_gloo_test::gloo_harness;
 
-TYPE_TO_STRING(gloo_harness);
 CADENCE_COLLECTIVE_SUITE(gloo_harness);

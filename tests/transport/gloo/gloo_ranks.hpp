@@ -81,3 +81,8 @@ using gloo_harness = gloo_threads_harness<3>;
 using gloo_pair_harness = gloo_threads_harness<2>;
 
 }  // namespace cadence_gloo_test
+
+// The suites' names for the harnesses, declared once here so that test files sharing a unity
+// build do not declare them twice.
+TYPE_TO_STRING_AS("gloo_harness", cadence_gloo_test::gloo_threads_harness<3>);
+TYPE_TO_STRING_AS("gloo_4", cadence_gloo_test::gloo_threads_harness<4>);

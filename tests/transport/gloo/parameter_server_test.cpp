@@ -10,5 +10,4 @@
 
 using gloo_4 = cadence_gloo_test::gloo_threads_harness<4>;
 
-TYPE_TO_STRING(gloo_4);
 CADENCE_PS_SUITE(gloo_4);

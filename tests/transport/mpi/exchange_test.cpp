@@ -7,5 +7,4 @@
 
 using cadence_mpi_test::mpi_process_harness;
 
-TYPE_TO_STRING(mpi_process_harness);
 CADENCE_COLLECTIVE_SUITE(mpi_process_harness);

@@ -50,3 +50,7 @@ struct mpi_harness_for {
 using mpi_process_harness = mpi_harness_for<>;
 
 }  // namespace cadence_mpi_test
+
+// The suites' name for the harness, declared once here so that test files sharing a unity
+// build do not declare it twice.
+TYPE_TO_STRING_AS("mpi_process_harness", cadence_mpi_test::mpi_harness_for<>);

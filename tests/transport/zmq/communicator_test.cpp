@@ -35,7 +35,6 @@ static_assert(is_work_v<zmq_work>, "zmq_work models the work handle");
 using cadence_zmq_test::zmq_harness;
 using cadence_zmq_test::zmq_pair_harness;
 
-TYPE_TO_STRING(zmq_harness);
 CADENCE_TRANSPORT_CONFORMANCE(zmq_harness);
 
 TEST_CASE("zmq capabilities: any_source, and a lost peer is detected, survived and isolated" *

@@ -7,5 +7,4 @@
 
 using cadence_zmq_test::zmq_harness;
 
-TYPE_TO_STRING(zmq_harness);
 CADENCE_COLLECTIVE_SUITE(zmq_harness);

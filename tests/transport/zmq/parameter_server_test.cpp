@@ -10,5 +10,4 @@
 
 using zmq_4 = cadence_zmq_test::zmq_threads_harness<4>;
 
-TYPE_TO_STRING(zmq_4);
 CADENCE_PS_SUITE(zmq_4);

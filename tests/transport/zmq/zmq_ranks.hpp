@@ -93,3 +93,8 @@ using zmq_harness = zmq_threads_harness<3>;
 using zmq_pair_harness = zmq_threads_harness<2>;
 
 }  // namespace cadence_zmq_test
+
+// The suites' names for the harnesses, declared once here so that test files sharing a unity
+// build do not declare them twice.
+TYPE_TO_STRING_AS("zmq_harness", cadence_zmq_test::zmq_threads_harness<3>);
+TYPE_TO_STRING_AS("zmq_4", cadence_zmq_test::zmq_threads_harness<4>);
