@@ -154,7 +154,9 @@ TEST_CASE("launched buckets are a prefix in bucket order" * doctest::timeout(30)
 TEST_CASE("tensors that lie back to back are reduced in place, without a fusion copy" * doctest::timeout(30)) {
   inproc_world world(2);
   cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
-    std::vector<float> flat(100);
+    // One float past the 100 registered, so that no other allocation (apart) can begin where
+    // the registered part ends and be taken as adjacent.
+    std::vector<float> flat(101);
     for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<float>(2 * c.rank() + static_cast<int>(i));
     std::vector<float> apart(10, static_cast<float>(2 * c.rank()));
     bucketed_allreducer<inproc_communicator> red(c);
@@ -168,7 +170,8 @@ TEST_CASE("tensors that lie back to back are reduced in place, without a fusion 
     flat_only.add(flat.data(), 30);
     flat_only.add(flat.data() + 30, 70);
     flat_only.average();
-    for (std::size_t i = 0; i < flat.size(); ++i) CHECK(flat[i] == static_cast<float>(1 + static_cast<int>(i)));
+    for (std::size_t i = 0; i < 100; ++i) CHECK(flat[i] == static_cast<float>(1 + static_cast<int>(i)));
+    CHECK(flat[100] == static_cast<float>(2 * c.rank() + 100));  // not registered: untouched
     red.average();
     CHECK(apart == std::vector<float>(10, 1.0f));
   });
