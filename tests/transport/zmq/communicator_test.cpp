@@ -12,10 +12,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <initializer_list>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -369,29 +367,14 @@ TEST_CASE("cancel withdraws a posted irecv and a large isend not yet cleared; tr
   });
 }
 
-// Holds every rank's communicator open until all ranks have their error: a rank that left
-// would otherwise race the mismatch notice it is meant to test (a rank can see "lost rank 2
-// (it left)" before rank 0's notice arrives, and both are correct reports).
-class all_ranks_done {
-public:
-  explicit all_ranks_done(int ranks) : left_(ranks) {}
-  void arrive_and_wait() {
-    std::unique_lock<std::mutex> lock(m_);
-    if (--left_ == 0) cv_.notify_all();
-    REQUIRE(cv_.wait_for(lock, 60s, [&] { return left_ == 0; }));  // a bound that catches a hang
-  }
-
-private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  int left_;
-};
 
 TEST_CASE("ring-sized all-reduces whose counts differ fail on every rank without overrunning a "
           "buffer; a broadcast against an all-reduce fails the ranks that receive" * doctest::timeout(120)) {
   // Every chunk carries the collective's arguments and a ring's ranks send every rank a notice:
   // under AddressSanitizer an overrun would stop the test.
-  all_ranks_done differ_done(3), mixed_done(3);
+  // Each rank keeps its communicator open until all have their error: a rank that left would
+  // race the mismatch notice under test (a rank can see "lost rank 2 (it left)" before rank
+  // 0's notice arrives, and both are correct reports). The 60 s bound only catches a hang.
   zmq_harness::run([&](zmq_communicator& c) {
     const std::size_t count = c.rank() == 0 ? (std::size_t{1} << 20) : (std::size_t{3} << 17);
     std::vector<float> buf(count, 1.0f);
@@ -399,7 +382,8 @@ TEST_CASE("ring-sized all-reduces whose counts differ fail on every rank without
         c.rank(), [&] { c.allreduce(buf.data(), count, dtype::f32, reduce_op::sum, 30s); },
         {"allreduce #1 on rank " + std::to_string(c.rank()), "differ", "count 1048576", "count 393216"});
     CHECK(c.failed());
-    differ_done.arrive_and_wait();
+    cadence_test::current_events().post_rank("differ done", c.rank());
+    REQUIRE(cadence_test::current_events().wait_ranks("differ done", 3, -1));
   });
   zmq_harness::run([&](zmq_communicator& c) {
     std::vector<float> buf(std::size_t{1} << 20, 1.0f);
@@ -412,6 +396,7 @@ TEST_CASE("ring-sized all-reduces whose counts differ fail on every rank without
     } catch (const transport_error& e) {
       CHECK_MESSAGE(std::string(e.what()).find("differ") != std::string::npos, e.what());
     }
-    mixed_done.arrive_and_wait();
+    cadence_test::current_events().post_rank("mixed done", c.rank());
+    REQUIRE(cadence_test::current_events().wait_ranks("mixed done", 3, -1));
   });
 }
