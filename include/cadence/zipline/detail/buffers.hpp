@@ -42,6 +42,10 @@ struct zipline_buffers {
   std::vector<std::size_t> last;
   /// zipline_fast: each row's largest gap between neighbours.
   std::vector<T> gaps;
+  /// zipline_fast: the swept subset's trimmed rows, as a separate() rows_view (a pointer to
+  /// each range and n + 1 offsets).
+  std::vector<const T*> sub_rows;
+  std::vector<std::size_t> sub_offsets;
   /// Z's times and rows (zipline_paper, zipline_paper_opt); zipline_paper_opt_bs: Z's
   /// tombstones in zr; zipline_fast: the sampled gaps in zt.
   std::vector<T> zt;
@@ -57,7 +61,7 @@ struct zipline_buffers {
     const auto held = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
     return held(points) + held(staging) + held(keys) + held(keys_tmp) + held(keys32) +
            held(keys32_tmp) + held(aux) + held(counts) + held(buckets) + held(first) +
-           held(last) + held(gaps) + held(zt) + held(zr);
+           held(last) + held(gaps) + held(sub_rows) + held(sub_offsets) + held(zt) + held(zr);
   }
 };
 

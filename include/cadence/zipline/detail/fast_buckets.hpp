@@ -43,8 +43,6 @@ zipline_window<T> zipline_fast_buckets(rows_view<T> rows, zipline_buffers<T>& bu
   const std::size_t n = rows.size();
   const std::size_t total = trim.total;
   const T base = trim.base, top = trim.top;
-  const std::size_t* const first = buf.first.data();
-  const std::size_t* const last = buf.last.data();
   constexpr unsigned fine_bits = 9;
   constexpr std::size_t fine_per_coarse = std::size_t{1} << fine_bits;
   std::size_t nb;
@@ -78,8 +76,8 @@ zipline_window<T> zipline_fast_buckets(rows_view<T> rows, zipline_buffers<T>& bu
   // Row by row: reads are sequential, and with a few hundred coarse buckets every write
   // stream's head stays in L1.
   for (std::size_t p = 0; p < n; ++p) {
-    const T* const v = rows[p].data();
-    for (std::size_t i = first[p], e = last[p]; i < e; ++i) ++coarse[key(v[i]) >> fine_bits];
+    const T* const v = rows.row_data(p);
+    for (std::size_t i = 0, e = rows.row_size(p); i < e; ++i) ++coarse[key(v[i]) >> fine_bits];
   }
   {
     std::uint32_t sum = 0;
@@ -97,8 +95,8 @@ zipline_window<T> zipline_fast_buckets(rows_view<T> rows, zipline_buffers<T>& bu
   point* const staged = stage.data();
   point* const data = pts.data();
   for (std::size_t p = 0; p < n; ++p) {
-    const T* const v = rows[p].data();
-    for (std::size_t i = first[p], e = last[p]; i < e; ++i) {
+    const T* const v = rows.row_data(p);
+    for (std::size_t i = 0, e = rows.row_size(p); i < e; ++i) {
       const std::size_t k = key(v[i]);
       staged[coarse[k >> fine_bits]++] =
           point{v[i], static_cast<std::uint32_t>(p),

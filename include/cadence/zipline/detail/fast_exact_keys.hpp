@@ -102,8 +102,7 @@ struct zipline_radix_plan {
 /// Writes the record ((key >> tz) << rowbits | row) of every surviving point to rec, ORs the
 /// keys into orbits and counts the P radix digits (dbits each) of key >> tz.
 template <unsigned P, class Rec, class T>
-void zipline_key_pass(rows_view<T> rows, const std::size_t* first, const std::size_t* last,
-                      const zipline_exact_keys<T>& keys, const zipline_radix_plan& plan,
+void zipline_key_pass(rows_view<T> rows, const zipline_exact_keys<T>& keys, const zipline_radix_plan& plan,
                       unsigned rowbits, Rec* rec, std::uint32_t* cnt, unsigned& bad,
                       std::uint32_t& orbits) {
   const unsigned tz = plan.tz, dbits = plan.dbits;
@@ -116,7 +115,7 @@ void zipline_key_pass(rows_view<T> rows, const std::size_t* first, const std::si
   for (std::size_t p = 0, n = rows.size(); p < n; ++p) {
     const T* const v = rows.row_data(p);
     const Rec row = static_cast<Rec>(p);
-    for (std::size_t i = first[p], e = last[p]; i < e; ++i) {
+    for (std::size_t i = 0, e = rows.row_size(p); i < e; ++i) {
       const std::uint32_t k = keys.key(v[i], b);
       o |= k;
       const std::uint32_t d = k >> tz;
@@ -214,8 +213,6 @@ std::optional<zipline_window<T>> zipline_fast_exact(rows_view<T> rows, zipline_b
   if (!keys.init(trim.base, trim.top)) return std::nullopt;
   const std::size_t n = rows.size();
   const std::size_t total = trim.total;
-  const std::size_t* const first = buf.first.data();
-  const std::size_t* const last = buf.last.data();
   const unsigned rowbits32 = 64u - detail::countl_zero(std::uint64_t{n - 1});
 
   // The radix digits skip the low zero bits common to every key (a coarse grid such as whole
@@ -224,8 +221,7 @@ std::optional<zipline_window<T>> zipline_fast_exact(rows_view<T> rows, zipline_b
   // the rare case the guess was wrong.
   unsigned bad = 0;
   std::uint32_t guess = keys.key(trim.top, bad);
-  for (std::size_t p = 0; p < n; ++p)
-    if (first[p] != last[p]) guess |= keys.key(rows.row_data(p)[first[p]], bad);
+  for (std::size_t p = 0; p < n; ++p) guess |= keys.key(rows.row_data(p)[0], bad);
   if (bad != 0) return std::nullopt;
   auto& cntv = buf.buckets;
   auto& count = buf.counts;
@@ -237,8 +233,7 @@ std::optional<zipline_window<T>> zipline_fast_exact(rows_view<T> rows, zipline_b
     std::uint32_t best_hi = 0, best_lo = 0;
     const auto run = [&](auto* rec, auto* tmp, unsigned rowbits) {
       const auto pass = [&](auto p_) {
-        zipline_key_pass<decltype(p_)::value>(rows, first, last, keys, plan, rowbits, rec, cnt,
-                                              bad, orbits);
+        zipline_key_pass<decltype(p_)::value>(rows, keys, plan, rowbits, rec, cnt, bad, orbits);
       };
       switch (plan.passes) {
         case 0: pass(std::integral_constant<unsigned, 0>{}); break;

@@ -31,7 +31,7 @@ T zipline_barrier_cap(T min_back, T spread_bound) {
   }
 }
 
-/// What the trim leaves: row p keeps [buf.first[p], buf.last[p]), and these totals.
+/// What the trim leaves of the rows a sweep reads: these totals.
 template <class T>
 struct zipline_trimmed {
   std::size_t total;  ///< surviving points
@@ -52,7 +52,7 @@ struct zipline_trim_bounds {
 /// d(B) >= B - min_p last(p), no barrier beyond cut = min_p last(p) + d(L) can be optimal.
 /// One interpolated search per row (one or two cache lines on evenly spaced rows); the
 /// trim's end (zipline_fast_trim_end) is searched for only in the rows a sweep reads.
-/// Sizes buf.first and buf.last; sets only buf.first. Needs n >= 2 valid rows and their ends
+/// Sizes and sets buf.first. Needs n >= 2 valid rows and their ends
 /// (from zipline_rows_valid_gaps).
 template <class T>
 zipline_trim_bounds<T> zipline_fast_trim_start(rows_view<T> rows, zipline_buffers<T>& buf,
@@ -61,7 +61,6 @@ zipline_trim_bounds<T> zipline_fast_trim_start(rows_view<T> rows, zipline_buffer
   const T max_front = ends.max_front;
   auto& first = buf.first;
   first.resize(n);
-  buf.last.resize(n);
   T base = max_front;
   const bool far = zipline_prefetch_pays(rows);
   for (std::size_t p = 0; p < n; ++p) {
@@ -81,22 +80,18 @@ std::size_t zipline_fast_trim_end(rows_view<T> rows, std::size_t p, std::size_t 
   return first + zipline_upper_bound_interpolated(row.data() + first, row.size() - first, cut);
 }
 
-/// The totals of the rows in buf.first/buf.last's non-empty ranges (a trimmed range is
-/// never empty, so an empty one marks a row left out of a subset).
+/// The totals of a view of trimmed rows (each row its surviving range, never empty).
 template <class T>
-zipline_trimmed<T> zipline_trimmed_totals(rows_view<T> rows, const zipline_buffers<T>& buf) {
-  std::size_t total = 0, in = 0;
+zipline_trimmed<T> zipline_trimmed_totals(rows_view<T> rows) {
+  const std::size_t n = rows.size();
   T base{}, top{};
-  for (std::size_t p = 0, n = rows.size(); p < n; ++p) {
-    const std::size_t f = buf.first[p], e = buf.last[p];
-    if (f == e) continue;
+  for (std::size_t p = 0; p < n; ++p) {
     const T* const v = rows.row_data(p);
-    if (in == 0 || v[f] < base) base = v[f];
-    if (in == 0 || v[e - 1] > top) top = v[e - 1];
-    ++in;
-    total += e - f;
+    const T lo = v[0], hi = v[rows.row_size(p) - 1];
+    if (p == 0 || lo < base) base = lo;
+    if (p == 0 || hi > top) top = hi;
   }
-  return {total, base, top, in};
+  return {rows.total(), base, top, n};
 }
 
 }  // namespace cadence::detail
