@@ -24,6 +24,9 @@ namespace cadence {
 /// 1. Trim: with L = max_p first(p) no window exists before L, so each row keeps only its
 ///    latest point <= L onward; d(L) bounds the optimal spread, and since
 ///    d(B) >= B - min_p last(p), no barrier beyond min_p last(p) + d(L) can be optimal.
+///    d(L) is bounded by the largest gap (or L - min_p last(p)), known from validation, so
+///    the trim needs no pass of its own: a row is searched for its range when a sweep
+///    takes it.
 /// 2. Exact keys, when every surviving point has one (integers whose range fits in 32 bits;
 ///    floating point on a power-of-two grid, e.g. whole milliseconds, which is checked per
 ///    point): records (key << row_bits | row), 32 bits when they fit, written with their
@@ -56,7 +59,7 @@ void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>
     detail::zipline_finish(rows, T{}, rows[0][0], out);
     return;
   }
-  const detail::zipline_trim_bounds<T> bounds = detail::zipline_fast_trim_start(rows, buf, ends);
+  const detail::zipline_trim_bounds<T> bounds = detail::zipline_fast_trim_bounds(ends);
   out.choice.resize(rows.size());
   const detail::zipline_window<T> best = detail::zipline_fast_search(rows, buf, bounds, out.choice.data());
   out.spread = best.spread;

@@ -198,13 +198,15 @@ struct zipline_gap_type<T, true> {
   using type = std::make_unsigned_t<T>;
 };
 
-/// What zipline_fast's trim needs from the rows' ends, gathered by the validation pass while
-/// it reads them: L = max_p first(p), the first row that has it, and min_p last(p).
+/// What zipline_fast's trim needs from the rows, gathered by the validation pass while it
+/// reads them: L = max_p first(p), the first row that has it, min_p last(p) and the largest
+/// gap between neighbours in any row.
 template <class T>
 struct zipline_row_ends {
   T max_front;
   std::size_t front_row;
   T min_back;
+  T max_gap;
 };
 
 #if CADENCE_ZIPLINE_SSE2
@@ -290,7 +292,7 @@ bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps,
   using D = typename zipline_gap_type<T>::type;
   const std::size_t n = rows.size();
   if (n == 0) return false;
-  T lo = T(), hi = T(), front = T(), back = T();
+  T lo = T(), hi = T(), front = T(), back = T(), widest = T();
   std::size_t front_row = 0;
   for (std::size_t p = 0; p < n; ++p) {
     const std::size_t m = rows.row_size(p);
@@ -301,7 +303,9 @@ bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps,
     }
     D gap = 0;
     if (!zipline_row_increasing(v, m, gap)) return false;
-    gaps[p] = static_cast<T>(gap);
+    const T row_gap = static_cast<T>(gap);
+    gaps[p] = row_gap;
+    if (p == 0 || row_gap > widest) widest = row_gap;
     if (p == 0 || v[0] < lo) lo = v[0];
     if (p == 0 || v[m - 1] > hi) hi = v[m - 1];
     if (p == 0 || v[0] > front) {
@@ -310,7 +314,7 @@ bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps,
     }
     if (p == 0 || v[m - 1] < back) back = v[m - 1];
   }
-  if (ends != nullptr) *ends = {front, front_row, back};
+  if (ends != nullptr) *ends = {front, front_row, back, widest};
   return zipline_span_ok(lo, hi);
 }
 

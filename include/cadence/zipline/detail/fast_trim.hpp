@@ -12,10 +12,11 @@
 #include <cstddef>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 namespace cadence::detail {
 
-/// Upper bound for barriers: every optimal barrier is <= this (see zipline_fast_trim).
+/// Upper bound for barriers: every optimal barrier is <= this (see zipline_fast_trim_bounds).
 template <class T>
 T zipline_barrier_cap(T min_back, T spread_bound) {
   if constexpr (std::is_integral_v<T>) {
@@ -40,44 +41,41 @@ struct zipline_trimmed {
   std::size_t rows;   ///< rows with surviving points (the sweep's cover target)
 };
 
-/// The trim's bounds, before any row's end is searched for.
+/// The trim's bounds, before any row is searched.
 template <class T>
 struct zipline_trim_bounds {
+  T front;                ///< L = max_p first(p): no window ends before it
   T cut;                  ///< no optimal barrier lies beyond it
-  std::size_t front_row;  ///< the first row whose first point is L = max_p first(p)
+  std::size_t front_row;  ///< the first row whose first point is L
 };
 
 /// With L = max_p first(p) no window exists before L, so each row keeps only its latest
-/// point <= L onward (buf.first[p]); d(L) bounds the optimal spread, and since
-/// d(B) >= B - min_p last(p), no barrier beyond cut = min_p last(p) + d(L) can be optimal.
-/// One interpolated search per row (one or two cache lines on evenly spaced rows); the
-/// trim's end (zipline_fast_trim_end) is searched for only in the rows a sweep reads.
-/// Sizes and sets buf.first. Needs n >= 2 valid rows and their ends
-/// (from zipline_rows_valid_gaps).
+/// point <= L onward. No barrier beyond cut = min_p last(p) + U can be optimal, for any
+/// U >= d(L) (d(B) >= B - min_p last(p), and d(L) bounds the optimal spread). Row p's latest
+/// point <= L is within its largest gap G_p of L, or is its last point, so
+/// d(L) <= U = max(max_p G_p, L - min_p last(p)): computed from what validation gathered, with
+/// no pass over the rows (each row a sweep reads is searched for its range when it is
+/// added: zipline_fast_trim_range). Rounding is monotone, so U bounds d(L) in T too.
+/// Needs n >= 2 valid rows and their ends (from zipline_rows_valid_gaps).
 template <class T>
-zipline_trim_bounds<T> zipline_fast_trim_start(rows_view<T> rows, zipline_buffers<T>& buf,
-                                               const zipline_row_ends<T>& ends) {
-  const std::size_t n = rows.size();
-  const T max_front = ends.max_front;
-  auto& first = buf.first;
-  first.resize(n);
-  T base = max_front;
-  const bool far = zipline_prefetch_pays(rows);
-  for (std::size_t p = 0; p < n; ++p) {
-    if (far) zipline_prefetch_ahead(rows, p, max_front, [](std::size_t) { return std::size_t{0}; });
-    const auto row = rows[p];
-    const std::size_t f = zipline_upper_bound_interpolated(row.data(), row.size(), max_front) - 1;
-    first[p] = f;
-    if (row[f] < base) base = row[f];
+zipline_trim_bounds<T> zipline_fast_trim_bounds(const zipline_row_ends<T>& ends) {
+  T bound = ends.max_gap;
+  if (ends.min_back < ends.max_front) {
+    const T over = zipline_spread(ends.max_front, ends.min_back);
+    if (over > bound) bound = over;
   }
-  return {zipline_barrier_cap(ends.min_back, zipline_spread(max_front, base)), ends.front_row};
+  return {ends.max_front, zipline_barrier_cap(ends.min_back, bound), ends.front_row};
 }
 
-/// One past row p's last point <= cut (its trimmed range starts at first).
+/// Row p's trimmed range [first, end): from its latest point <= L to one past its last point
+/// <= cut. Two interpolated searches (one or two cache lines each on evenly spaced rows).
 template <class T>
-std::size_t zipline_fast_trim_end(rows_view<T> rows, std::size_t p, std::size_t first, T cut) {
-  const auto row = rows[p];
-  return first + zipline_upper_bound_interpolated(row.data() + first, row.size() - first, cut);
+std::pair<std::size_t, std::size_t> zipline_fast_trim_range(rows_view<T> rows, std::size_t p,
+                                                            const zipline_trim_bounds<T>& b) {
+  const T* const v = rows.row_data(p);
+  const std::size_t len = rows.row_size(p);
+  const std::size_t first = zipline_upper_bound_interpolated(v, len, b.front) - 1;
+  return {first, first + zipline_upper_bound_interpolated(v + first, len - first, b.cut)};
 }
 
 /// The totals of a view of trimmed rows (each row its surviving range, never empty).
