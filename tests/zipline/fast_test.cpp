@@ -15,6 +15,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -166,6 +167,57 @@ void check_fast(const owned_rows<T>& rows) {
 }
 
 }  // namespace
+
+TEST_CASE("zipline_fast's trim bound covers d(L), also when rows do not overlap") {
+  // The trim bounds d(L) = L - min_p pred_p(L) by max(largest gap, L - min_p last(p)) from
+  // validation alone; the cut must leave every barrier up to min_p last(p) + d(L).
+  std::mt19937_64 rng(21);
+  const auto check_bound = [](const auto& rows) {
+    using T = typename std::decay_t<decltype(rows.values)>::value_type;
+    const auto view = rows.view();
+    std::vector<T> gaps(view.size());
+    cadence::detail::zipline_row_ends<T> ends{};
+    REQUIRE(cadence::detail::zipline_rows_valid_gaps(view, gaps.data(), &ends));
+    T lowest = ends.max_front;  // min_p pred_p(L), by a linear scan
+    for (std::size_t p = 0; p < view.size(); ++p) {
+      const auto row = view[p];
+      std::size_t j = 0;
+      while (j + 1 < row.size() && row[j + 1] <= ends.max_front) ++j;
+      if (row[j] < lowest) lowest = row[j];
+    }
+    const auto bounds = cadence::detail::zipline_fast_trim_bounds(ends);
+    CHECK(bounds.front == ends.max_front);
+    CHECK(bounds.front_row == ends.front_row);
+    CHECK(!(bounds.cut < ends.min_back + (ends.max_front - lowest)));
+  };
+  for (int iter = 0; iter < 200; ++iter) {
+    owned_rows<std::int64_t> ints;
+    owned_rows<double> doubles;
+    const std::size_t n = 2 + rng() % (iter % 4 == 0 ? 400 : 12);
+    for (std::size_t p = 0; p < n; ++p) {
+      // Starts spread far wider than the rows are long: some rows end before others start.
+      const auto start = static_cast<std::int64_t>(rng() % 5000);
+      const std::size_t len = 1 + rng() % 8;
+      std::vector<std::int64_t> row(len);
+      std::int64_t t = start;
+      for (auto& x : row) x = (t += 1 + static_cast<std::int64_t>(rng() % 300));
+      ints.add(row);
+      std::vector<double> drow(row.begin(), row.end());
+      for (auto& x : drow) x *= 0.1;  // no exact keys: the bucket path
+      doubles.add(drow);
+    }
+    CAPTURE(iter);
+    check_bound(ints);
+    check_bound(doubles);
+    CHECK(cadence::zipline_fast(ints.view()) == cadence::zipline_paper_opt_bs(ints.view()));
+    CHECK(cadence::zipline_fast(doubles.view()) == cadence::zipline_paper_opt_bs(doubles.view()));
+  }
+  owned_rows<std::int64_t> apart;
+  apart.add({0, 1, 2});
+  apart.add({10, 11});  // L = 10, min_p last(p) = 2: d(L) = 8, wider than every gap
+  CHECK(cadence::zipline_fast(apart.view()) == cadence::zipline_brute_force(apart.view()));
+  CHECK(cadence::zipline_fast(apart.view()).spread == 8);
+}
 
 TEST_CASE("zipline_fast matches the oracle on doubles without exact keys (general path)") {
   // Multiples of 0.1 and arbitrary reals are not on a power-of-two grid: the exact-key path

@@ -116,5 +116,6 @@ TEST_CASE("the validation pass's row check and gaps equal a plain loop's, vector
   CHECK(ends.max_front == 3);
   CHECK(ends.front_row == 1);
   CHECK(ends.min_back == 8);
+  CHECK(ends.max_gap == 13);
   CHECK(gaps == std::vector<std::int64_t>{4, 4, 13, 4});
 }

@@ -122,7 +122,7 @@ enum zl_buffer : std::size_t {
   zl_best,
   zl_history,
   zl_row_infos,
-  zl_sub_end,
+  zl_sub_range,
   zl_in_subset,
   zl_sample,
   zl_sub_rows,

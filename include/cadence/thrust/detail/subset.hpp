@@ -58,23 +58,24 @@ inline constexpr zl_index zl_serial_sweep_points = zl_index{1} << 16;
 template <class T, class Policy>
 zl_candidate<T> zl_sweep_rows(Policy& pol, thrust_zipline_workspace& ws, device_stream stream,
                               zl_context& ctx, const T* vals, const zl_index* roff, zl_index n,
-                              const zl_row_info<T>* info, T cut, const unsigned char* in) {
+                              const zipline_trim_bounds<T>& bounds, const unsigned char* in) {
   namespace th = ::thrust;
   const th::counting_iterator<zl_index> zero(0);
   ctx.step = "compact the row subset";
   zl_index* sub_rows = zl_buf<zl_index>(ws, zl_sub_rows, n);
   const auto k = static_cast<zl_index>(th::copy_if(pol, zero, zero + n, in, sub_rows, zl_is_set{}) - sub_rows);
-  zl_index* sub_end = zl_buf<zl_index>(ws, zl_sub_end, k);
-  th::transform(pol, sub_rows, sub_rows + k, sub_end, zl_trim_end<T>{vals, roff, info, cut});
+  zl_range* sub_range = zl_buf<zl_range>(ws, zl_sub_range, k);
+  th::transform(pol, sub_rows, sub_rows + k, sub_range,
+                zl_trim_range<T>{vals, roff, bounds.front, bounds.cut});
   zl_index* sub_roff = zl_buf<zl_index>(ws, zl_sub_roff, std::size_t{k} + 1);
   th::fill(pol, sub_roff, sub_roff + 1, zl_index(0));
   th::transform_inclusive_scan(pol, zero, zero + k, sub_roff + 1,
-                               zl_trimmed_count<T>{info, sub_rows, sub_end}, th::plus<zl_index>());
+                               zl_trimmed_count{sub_range}, th::plus<zl_index>());
   zl_index total = 0;
   zl_to_host(&total, static_cast<const zl_index*>(sub_roff + k), 1, stream);
   T* sub_vals = zl_buf<T>(ws, zl_sub_values, total);
   const auto sweep = [&](auto& p) {
-    th::for_each(p, zero, zero + k, zl_gather_row<T>{vals, info, sub_rows, sub_end, sub_roff, sub_vals});
+    th::for_each(p, zero, zero + k, zl_gather_row<T>{vals, sub_range, sub_roff, sub_vals});
     zl_candidate<T> best{};
     zl_solve(p, ws, stream, ctx, static_cast<const T*>(sub_vals), total,
              static_cast<const zl_index*>(sub_roff), k, zl_index(1), nullptr, nullptr, &best,
@@ -93,18 +94,19 @@ zl_candidate<T> zl_sweep_rows(Policy& pol, thrust_zipline_workspace& ws, device_
 }
 
 // One instance in device memory: vals (row after row), roff (n + 1 offsets into vals).
-// 1. The rows' ends: L = max_p first(p) and min_p last(p). Then one pass over every row: the
-//    contract check, its largest gap, and its latest point <= L. On a violation,
-//    on_invalid() runs (it throws the exact error, from the host's validate).
-// 2. zipline_fast's trim: each row keeps its latest point <= L onward and its points up to
-//    cut = min_p last(p) + d(L) (with the same rounding margin); the end is searched for
-//    only in the rows a sweep reads.
+// 1. One pass over every row: the contract check, its largest gap and its ends; then their
+//    summary. On a violation, on_invalid() runs (it throws the exact error, from the host's
+//    validate).
+// 2. zipline_fast's trim (zipline_fast_trim_bounds): each row keeps its latest point <= L
+//    onward and its points up to a cut bounded from the largest gap, with no pass of its
+//    own; a row's range is searched for only when a sweep reads it.
 // 3. From n = 256 rows, the sweep runs on a subset of rows: those with the widest gaps (about
-//    n / 32 + 192 of them) and the row defining L. If every row left out has its choice in
-//    the subset's optimal window, the subset's answer is the input's; otherwise a second
-//    subset, certified by construction, is swept (the proof: zipline_fast_search in
+//    zipline_subset_want(n) of them) and the row defining L. If every row left out has its
+//    choice in the subset's optimal window, the subset's answer is the input's; otherwise a
+//    second subset, certified by construction, is swept (the proof: zipline_fast_search in
 //    zipline/detail/fast_subset.hpp).
-// 4. The choices are the searches of step 3's check (one per row). Returns the sweeps run (1 or 2; tests).
+// 4. The choices are the searches of step 3's check (one per row). Returns the sweeps run
+//    (1 or 2; tests).
 template <class T, class Policy, class OnInvalid>
 int zl_solve_one(Policy& pol, thrust_zipline_workspace& ws, device_stream stream, zl_context& ctx,
                  const T* vals, const zl_index* roff, zl_index n, zipline_result<T>& out,
@@ -116,36 +118,31 @@ int zl_solve_one(Policy& pol, thrust_zipline_workspace& ws, device_stream stream
     throw zipline_input_error(std::string("cadence::") + ctx.api +
                               ": the input breaks the ZipLine contract");  // not reached
   };
-  ctx.step = "row ends";
-  const zl_rows_summary<T> ends = th::transform_reduce(
-      pol, zero, zero + n, zl_row_ends<T>{vals, roff},
-      zl_rows_summary<T>{0, std::numeric_limits<T>::max(), std::numeric_limits<T>::lowest(),
-                         std::numeric_limits<T>::lowest(), std::numeric_limits<zl_index>::max(),
-                         std::numeric_limits<T>::max()},
-      zl_summary_merge<T>{});
-  if (ends.bad != 0) reject();
   ctx.step = "row pass";
   zl_row_info<T>* info = zl_buf<zl_row_info<T>>(ws, zl_row_infos, n);
-  th::transform(pol, zero, zero + n, info, zl_scan_row<T>{vals, roff, ends.max_front});
-  const zl_scan_summary<T> scan =
-      th::transform_reduce(pol, info, info + n, zl_scan_summary_of<T>{},
-                           zl_scan_summary<T>{0, ends.max_front}, zl_scan_summary_merge<T>{});
-  if (scan.bad != 0 || !zipline_span_ok(ends.lo, ends.hi)) reject();
-
-  const T cut = zipline_barrier_cap(ends.min_back, zipline_spread(ends.max_front, scan.base));
+  th::transform(pol, zero, zero + n, info, zl_scan_row<T>{vals, roff});
+  const zl_rows_summary<T> sum = th::transform_reduce(
+      pol, zero, zero + n, zl_info_summary<T>{info},
+      zl_rows_summary<T>{0, std::numeric_limits<T>::max(), std::numeric_limits<T>::lowest(),
+                         std::numeric_limits<T>::lowest(), std::numeric_limits<zl_index>::max(),
+                         std::numeric_limits<T>::max(), std::numeric_limits<T>::lowest()},
+      zl_summary_merge<T>{});
+  if (sum.bad != 0 || !zipline_span_ok(sum.lo, sum.hi)) reject();
+  const zipline_trim_bounds<T> bounds = zipline_fast_trim_bounds(
+      zipline_row_ends<T>{sum.max_front, sum.front_row, sum.min_back, sum.max_gap});
 
   ctx.step = "choose the row subset";
   unsigned char* in = zl_buf<unsigned char>(ws, zl_in_subset, n);
-  const zl_index want = n / 32 + 192;
+  const auto want = static_cast<zl_index>(zipline_subset_want(n));
   const bool subset = n >= 256 && want < n;
   if (subset) {
     const T theta = zl_gap_threshold(pol, ws, stream, static_cast<const zl_row_info<T>*>(info), n, want);
-    th::transform(pol, zero, zero + n, in, zl_pick_wide_rows<T>{info, theta, ends.front_row});
+    th::transform(pol, zero, zero + n, in, zl_pick_wide_rows<T>{info, theta, sum.front_row});
   } else {
     th::fill(pol, in, in + n, static_cast<unsigned char>(1));
   }
   int sweeps = 1;
-  zl_candidate<T> best = zl_sweep_rows(pol, ws, stream, ctx, vals, roff, n, info, cut, in);
+  zl_candidate<T> best = zl_sweep_rows(pol, ws, stream, ctx, vals, roff, n, bounds, in);
   zl_choice_check* choice = zl_buf<zl_choice_check>(ws, zl_choice, n);
   ctx.step = "choice search and cover check";
   // Rows are loaded ahead on the CPU systems once the input outgrows L2 (zipline_fast's rule;
@@ -155,17 +152,16 @@ int zl_solve_one(Policy& pol, thrust_zipline_workspace& ws, device_stream stream
   if (std::size_t{roff[n] - roff[0]} * sizeof(T) > zipline_prefetch_bytes) ahead_rows = n;
 #endif
   th::transform(pol, zero, zero + n, choice,
-                zl_choose_and_check<T>{vals, roff, info, subset ? in : nullptr, best.b, best.d,
-                                       ahead_rows});
+                zl_choose_and_check<T>{vals, roff, subset ? in : nullptr, best.b, best.d, ahead_rows});
   if (subset && th::transform_reduce(pol, choice, choice + n, zl_uncovered_count{}, zl_index(0),
                                      th::plus<zl_index>()) != 0) {
     ctx.step = "choose the certified row subset";
-    th::transform(pol, zero, zero + n, in, zl_pick_certified_rows<T>{vals, info, in, roff, best.d, cut});
-    best = zl_sweep_rows(pol, ws, stream, ctx, vals, roff, n, info, cut, in);
+    th::transform(pol, zero, zero + n, in, zl_pick_certified_rows<T>{info, in, best.d, bounds.cut});
+    best = zl_sweep_rows(pol, ws, stream, ctx, vals, roff, n, bounds, in);
     sweeps = 2;
     ctx.step = "choice search";
     th::transform(pol, zero, zero + n, choice,
-                  zl_choose_and_check<T>{vals, roff, info, nullptr, best.b, best.d, ahead_rows});
+                  zl_choose_and_check<T>{vals, roff, nullptr, best.b, best.d, ahead_rows});
   }
   std::vector<zl_choice_check> host(n);
   ctx.step = "copy results to host";
