@@ -79,7 +79,7 @@ TEST_CASE("the validation pass's row check and gaps equal a plain loop's, vector
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
   for (int iter = 0; iter < 4000; ++iter) {
-    const std::size_t m = 1 + rng() % 19;  // every tail length of the 4-point steps
+    const std::size_t m = 1 + rng() % 40;  // every tail of the 8-point steps, overlapped or not
     std::vector<double> row(m);
     double t = static_cast<double>(rng() % 100) - 50.0;
     for (auto& x : row) x = t += 0.25 * static_cast<double>(1 + rng() % 40);
