@@ -266,9 +266,10 @@ reproduce them. Details and full tables in the linked pages.
 | controller decision, n = 4096 workers | 13-17 ns per push (BSP, SSP, DSSP), O(1) fit up to 65536 | `build/bin/cadence-bench-controllers` ([details](controllers.md#cost-per-push)) |
 | ZipLine, n = 1000, R = 150 | `zipline_fast` 0.22 ms, 110x faster than the paper's ZipLine (24.1 ms) and 73x faster than ZipLineOptBS, in one run (2026-12-05); about 1.1 ms for timestamps that are not on a power-of-two grid (2026-12-02) | `build/bin/cadence-bench-zipline --cadence_ratio_only` ([details](zipline.md#measured)) |
 | simulator | 5-8 million push events per second (BSP/ASP/SSP/DSSP) | `build/bin/cadence-bench-sim` |
-| all-reduce through Cadence vs the raw call, 2 ranks | MPI: about 1 µs added per call up to 512 B; 0.5-1.8x the raw time from 256 KiB (ring); in-process: 0.5-1.1x a plain shared-memory reduction; gloo: 0.1-0.7x `gloo::allreduce`'s time up to 32 KiB, 0.74-1.04x from 2 MiB | `mpirun --allow-run-as-root --oversubscribe -np 2 build/bin/cadence-bench-transport --backend mpi --json` ([details](transports.md#benchmark)) |
+| all-reduce through Cadence vs the native call, 2 ranks | MPI: +0.16 µs at 8 B, 100-145% of `MPI_Allreduce`'s bus bandwidth from 32 KiB; gloo: faster than `gloo::allreduce` up to 256 KiB, 84-111% from 2 MiB (median of three runs each) | `mpirun --allow-run-as-root --oversubscribe -np 2 build/bin/cadence-bench-transport --backend mpi --json` ([details](transports.md#benchmark)) |
+| collective adapters vs the native all-reduce, 2 ranks, 1-16 MiB | bucket views and periodic/elastic merges 89-109% of `MPI_Allreduce`'s bus bandwidth; copying buckets 53-71%; gloo 78-113%; overlap with a fake backward hides 14-39% of the communication on this 2-core VM (target 70%: not met) | `mpirun --allow-run-as-root --oversubscribe -np 2 build/bin/cadence-bench-exchange --backend mpi --min-bytes 1048576 --json` ([details](collective.md#measured-adapters-against-the-native-all-reduce)) |
 | parameter-server push+pull round trip vs a raw MPI ping-pong, 2 ranks | +0.9 µs at 4 KiB; from 4 MiB, 86-94% of the raw bandwidth with `--no-bounce` and 65% with the default bounce buffers | `mpirun --allow-run-as-root --oversubscribe -np 2 build/bin/cadence-bench-ps --backend mpi --json` ([details](parameter_server.md#benchmark)) |
-| Thrust ZipLine on OpenMP (2 threads) vs one-core `zipline_fast` | 1.2-1.8x faster from 10^5 workers (R = 15 and 150, up to 10^6); 0.6-1.2x below (2026-12-05) | `OMP_NUM_THREADS=2 build/bin/cadence-bench-thrust-zipline` ([details](thrust.md#measured-openmp-thrust-form-vs-zipline_fast-this-machine-one-run)) |
+| Thrust ZipLine on OpenMP (2 threads) vs one-core `zipline_fast` | 1.09-1.55x faster from 10^5 workers (R = 15 and 150, up to 10^6); 0.5-0.94x below (2026-12-05, after both took the sqrt(n) subset) | `OMP_NUM_THREADS=2 build/bin/cadence-bench-thrust-zipline` ([details](thrust.md#measured-openmp-thrust-form-vs-zipline_fast-this-machine-one-run)) |
 
 The GPU benchmark (`bench/gpu/run.sh`: builds for `sm_90`, checks parity with the CPU and
 prints times for n up to 10^6 workers, R = 100, then batches of plans) has run once on an H200
@@ -284,15 +285,15 @@ only where the measured number says so.
 
 | what | measured | ratio | target | met |
 |---|---|---:|---|---|
-| ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.216-0.220 ms in 3 runs (2026-12-05, load 0.8) | | <= 0.25 ms | yes (0.244 ms once at load 1.5; [zipline.md](zipline.md#at-105-and-106-workers)) |
-| ZipLine `fast`, n = 10^5, R = 150 | 26.7-27.7 ms; floor (one min/max pass at memory pace, SSE2) 12.1-12.4 ms (3 runs, 2026-12-05) | 2.21-2.24x floor | <= 2x floor | no (3.2-4.0x at the start of the day; the 1.27-1.33x reported before was against a scalar floor that ran at its min chain's latency, 32 ms) |
-| ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 326-337 ms; floor 110-116 ms (3 runs, 2026-12-05) | 2.90-2.97x floor | <= 2x floor | no (4.8-5.0x at the start of the day; 1.37-1.39x against the scalar floor) |
+| ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.215-0.225 ms in 3 runs (2026-12-05, load 0.7-1.0) | | <= 0.25 ms | yes ([zipline.md](zipline.md#at-105-and-106-workers)) |
+| ZipLine `fast`, n = 10^5, R = 150 | 15.96-16.10 ms; floor (one min/max pass at memory pace, SSE2, lines asked for ahead) 8.3-8.7 ms (3 runs, 2026-12-05) | 1.86-1.91x floor | <= 2x floor | yes (2.69-2.79x for the `fast` of that morning against the same floor; 1.86-2.05x over six runs that day) |
+| ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 178-192 ms; floor 101-104 ms (3 runs, 2026-12-05) | 1.76-1.84x floor | <= 2x floor | yes (2.92-2.96x that morning) |
 | controllers, ns per push, n = 2^20 vs 4096 (CPU time, the controller alone; 3 repetitions) | bsp 33.6-35.7 vs 13.8-14.1; asp 24.4-24.7 vs 9.0-9.2; ssp:3 38.5-41.5 vs 14.5-15.4; dssp:3:15 147-154 vs 19.2-20.2; any_controller ssp:3 45.4-46.4 vs 15.0-16.0; elastic:15 63.0-66.8 vs 20.0-20.6 (planning included) (2026-12-05, after the DSSP record) | 2.4-8.0x | within 2x | no (was 2.5-12.3x that morning, 3.3-8.9x with the driver timed; [controllers.md](controllers.md#at-106-workers-and-memory-per-worker)) |
 | the same, each push hinted 16 ahead (`cadence::prefetch`) | bsp 19.2-19.6 vs 14.2-14.3; asp 11.6-12.0 vs 9.7-9.9; ssp:3 19.1-20.2 vs 16.1-16.2; dssp:3:15 50.8-52.2 vs 20.4-21.3; any_controller ssp:3 20.2-20.7 vs 16.2-16.8; elastic:15 41.7-43.9 vs 19.8-20.5 | 1.2-2.6x | within 2x | bsp, asp, ssp:3, any_controller yes (1.2-1.4x); elastic:15 2.0-2.2x (1.7-1.9x in other runs that day; its code is unchanged since 2.1-2.3x) and dssp:3:15 2.4-2.6x (was 3.4-3.8x) no |
 | controller state, bytes per worker | bsp, asp, ssp: 25 B; dssp:3:15: 65 B (16 B of it the two-push history); elastic:15: 49 B + 128 B history (16 pushes) + plan (15 predictions, choice, ZipLine workspace: 282 B) | | <= 64 B + history | yes |
 | `cadence-sim --scenario large100k` (10^5 workers, 60 simulated s, every default policy) | bsp 0.93, asp 0.25, ssp:3 0.26, dssp:3:15 0.57, elastic:15 0.34, elastic:60 0.26 M events/s; 9.9-160 s wall each, 6 min for all six | | runs under the 10^8-push bound, reports events/s | yes (asp, the most pushes: 4.0x10^7) |
 | collective planner, 10^4 ranks | see [collective.md](collective.md#at-scale-the-planner-per-barrier) | | measured, cost per rank stated | yes |
-| Thrust OMP (2 threads) vs the best one-core variant from n = 10^5 | n = 10^5, R = 15: 2.45 vs 3.97 ms; R = 150: 23.3 vs 40.9 ms; 10^6, R = 15: 50.3 vs 89.4 ms; R = 150: 328 vs 404 ms (default OpenMP waits, 2026-12-05; [thrust.md](thrust.md#measured-openmp-thrust-form-vs-zipline_fast-this-machine-one-run)) | 1.23-1.78x | beats it | yes (the Thrust form now runs `fast`'s trim and certified subset; was 0.05-0.11x. With `OMP_WAIT_POLICY=passive` 1.06-1.63x) |
+| Thrust OMP (2 threads) vs the best one-core variant from n = 10^5 | n = 10^5, R = 15: 2.14 vs 2.33 ms; R = 150: 14.9 vs 20.9 ms; 10^6, R = 15: 25.5 vs 29.7 ms; R = 150: 138 vs 214 ms (default OpenMP waits, 2026-12-05, after both took the sqrt(n) subset and dropped the trim pass; [thrust.md](thrust.md#measured-openmp-thrust-form-vs-zipline_fast-this-machine-one-run)) | 1.09-1.55x | beats it | yes (1.09-1.60x in a second run; with `OMP_WAIT_POLICY=passive` 0.81x at 10^5, R = 15, 1.18-1.55x elsewhere) |
 | `cadence.zipline` on separate NumPy arrays within 1.2x of C++ | int64, n = 1000, R = 150: 0.323 ms vs 0.283 ms; float64 0.541 vs 0.503 ms (2026-12-05, load 1.0; [python.md](python.md#performance)) | 1.07-1.14x | 1.2x | yes (was 1.25-1.30x: the rows are read in place, and NumPy arrays without the buffer protocol) |
 
 Why the controllers are not flat at 2^20: a push by a random worker touches that worker's
@@ -337,8 +338,13 @@ per pass) then showed per-row work it need not do: a selection over all n gaps f
 threshold (now a sample of 4096 rows), the trim's end searched in every row (now only in swept
 rows), and separate searches for the check and the choices (now one); the row searches also
 load their lines ahead. 10^5 and 10^6 rows went from 3.2-4.0x and 4.8-5.0x of the floor to
-2.21-2.24x and 2.90-2.97x, against a floor that now reads at memory pace (the scalar one made
-these 1.27-1.39x). Validation alone, which reads every point, takes 1.2-1.5x the floor.
+2.21-2.24x and 2.90-2.97x. Later that day the floor itself got faster (it now asks for its lines
+2 KiB ahead, as the prefetchers stop at page ends), and `fast` got under 2x of it: validation
+with four independent maxima and the same hint, no trim pass (the barrier bound comes from
+the largest gap, which validation measures), a first subset of `192 + min(n/32, 12 sqrt(n))`
+rows (the rows that can decide the answer grow like sqrt(n) on these data: 2.6% of the rows
+at 10^5, 0.79% at 10^6) swept as its own rows: 1.86-1.91x and 1.76-1.84x
+([zipline.md](zipline.md#at-105-and-106-workers)).
 
 The GPU (CUDA Thrust form, H200, R = 100, rows resident on the device; measured on
 2026-12-04, before the Thrust form took the certified row subset on 2026-12-05, so it sorted
