@@ -152,7 +152,8 @@ int zl_solve_one(Policy& pol, thrust_zipline_workspace& ws, device_stream stream
   if (std::size_t{roff[n] - roff[0]} * sizeof(T) > zipline_prefetch_bytes) ahead_rows = n;
 #endif
   th::transform(pol, zero, zero + n, choice,
-                zl_choose_and_check<T>{vals, roff, subset ? in : nullptr, best.b, best.d, ahead_rows});
+                zl_choose_and_check<T>{vals, roff, subset ? in : nullptr, best.b, best.d,
+                                       ahead_rows});
   if (subset && th::transform_reduce(pol, choice, choice + n, zl_uncovered_count{}, zl_index(0),
                                      th::plus<zl_index>()) != 0) {
     ctx.step = "choose the certified row subset";

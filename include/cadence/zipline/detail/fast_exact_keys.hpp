@@ -99,12 +99,12 @@ struct zipline_radix_plan {
   }
 };
 
-/// Writes the record ((key >> tz) << rowbits | row) of every surviving point to rec, ORs the
-/// keys into orbits and counts the P radix digits (dbits each) of key >> tz.
+/// Writes the record ((key >> tz) << rowbits | row) of every point of the trimmed rows to rec,
+/// ORs the keys into orbits and counts the P radix digits (dbits each) of key >> tz.
 template <unsigned P, class Rec, class T>
-void zipline_key_pass(rows_view<T> rows, const zipline_exact_keys<T>& keys, const zipline_radix_plan& plan,
-                      unsigned rowbits, Rec* rec, std::uint32_t* cnt, unsigned& bad,
-                      std::uint32_t& orbits) {
+void zipline_key_pass(rows_view<T> rows, const zipline_exact_keys<T>& keys,
+                      const zipline_radix_plan& plan, unsigned rowbits, Rec* rec,
+                      std::uint32_t* cnt, unsigned& bad, std::uint32_t& orbits) {
   const unsigned tz = plan.tz, dbits = plan.dbits;
   const std::uint32_t mask = (std::uint32_t{1} << dbits) - 1;
   const std::size_t radix = std::size_t{1} << dbits;
