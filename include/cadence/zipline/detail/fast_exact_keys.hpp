@@ -213,7 +213,8 @@ std::optional<zipline_window<T>> zipline_fast_exact(rows_view<T> rows, zipline_b
   if (!keys.init(trim.base, trim.top)) return std::nullopt;
   const std::size_t n = rows.size();
   const std::size_t total = trim.total;
-  const unsigned rowbits32 = 64u - detail::countl_zero(std::uint64_t{n - 1});
+  // Bits for a row index; none for a single row (a subset may hold only the row defining L).
+  const unsigned rowbits32 = n > 1 ? 64u - detail::countl_zero(std::uint64_t{n - 1}) : 0u;
 
   // The radix digits skip the low zero bits common to every key (a coarse grid such as whole
   // milliseconds, scaled up). Guess them from each row's first point and the largest (whose
