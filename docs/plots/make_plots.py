@@ -288,8 +288,8 @@ only where the measured number says so.
 | ZipLine `fast`, n = 1000, R = 150 (generator's data) | 0.215-0.225 ms in 3 runs (2026-12-05, load 0.7-1.0) | | <= 0.25 ms | yes ([zipline.md](zipline.md#at-105-and-106-workers)) |
 | ZipLine `fast`, n = 10^5, R = 150 | 15.96-16.10 ms; floor (one min/max pass at memory pace, SSE2, lines asked for ahead) 8.3-8.7 ms (3 runs, 2026-12-05) | 1.86-1.91x floor | <= 2x floor | yes (2.69-2.79x for the `fast` of that morning against the same floor; 1.86-2.05x over six runs that day) |
 | ZipLine `fast`, n = 10^6, R = 150 (1.2 GB of input) | 178-192 ms; floor 101-104 ms (3 runs, 2026-12-05) | 1.76-1.84x floor | <= 2x floor | yes (2.92-2.96x that morning) |
-| controllers, ns per push, n = 2^20 vs 4096 (CPU time, the controller alone; 3 repetitions) | bsp 33.6-35.7 vs 13.8-14.1; asp 24.4-24.7 vs 9.0-9.2; ssp:3 38.5-41.5 vs 14.5-15.4; dssp:3:15 147-154 vs 19.2-20.2; any_controller ssp:3 45.4-46.4 vs 15.0-16.0; elastic:15 63.0-66.8 vs 20.0-20.6 (planning included) (2026-12-05, after the DSSP record) | 2.4-8.0x | within 2x | no (was 2.5-12.3x that morning, 3.3-8.9x with the driver timed; [controllers.md](controllers.md#at-106-workers-and-memory-per-worker)) |
-| the same, each push hinted 16 ahead (`cadence::prefetch`) | bsp 19.2-19.6 vs 14.2-14.3; asp 11.6-12.0 vs 9.7-9.9; ssp:3 19.1-20.2 vs 16.1-16.2; dssp:3:15 50.8-52.2 vs 20.4-21.3; any_controller ssp:3 20.2-20.7 vs 16.2-16.8; elastic:15 41.7-43.9 vs 19.8-20.5 | 1.2-2.6x | within 2x | bsp, asp, ssp:3, any_controller yes (1.2-1.4x); elastic:15 2.0-2.2x (1.7-1.9x in other runs that day; its code is unchanged since 2.1-2.3x) and dssp:3:15 2.4-2.6x (was 3.4-3.8x) no |
+| controllers, ns per push, n = 2^20 vs 4096 (CPU time, the controller alone; 3 repetitions) | bsp 35.0-37.3 vs 14.4-15.3; asp 23.7-26.0 vs 8.9-9.2; ssp:3 35.1-37.8 vs 15.4-15.8; dssp:3:15 125-131 vs 18.6-18.9; any_controller ssp:3 34.0-35.7 vs 14.9-15.1; elastic:15 39.9-46.5 vs 20.2-20.5 (planning included) (2026-12-05, with the huge pages) | 2.0-7.0x | within 2x | no (was 2.5-12.3x that morning, 3.3-8.9x with the driver timed; [controllers.md](controllers.md#at-106-workers-and-memory-per-worker)) |
+| the same, each push hinted 16 ahead (`cadence::prefetch`) | bsp 18.1-18.4 vs 15.3-15.7; asp 11.7-11.9 vs 10.4-10.6; ssp:3 18.6-19.4 vs 15.9-16.5; dssp:3:15 39.8-40.9 vs 20.9-21.0; any_controller ssp:3 17.7-18.4 vs 16.2-16.4; elastic:15 25.6-26.0 vs 19.6-20.4 | 1.1-2.0x | within 2x | yes: bsp, asp, ssp:3, any_controller 1.1-1.2x, elastic:15 1.3x; dssp:3:15 1.9-2.0x, at the line (1.6-1.9x in alternating runs; 2.4-2.6x before the controllers' large arrays went on huge pages, 3.4-3.8x before the DSSP record) |
 | controller state, bytes per worker | bsp, asp, ssp: 25 B; dssp:3:15: 65 B (16 B of it the two-push history); elastic:15: 49 B + 128 B history (16 pushes) + plan (15 predictions, choice, ZipLine workspace: 282 B) | | <= 64 B + history | yes |
 | `cadence-sim --scenario large100k` (10^5 workers, 60 simulated s, every default policy) | bsp 0.93, asp 0.25, ssp:3 0.26, dssp:3:15 0.57, elastic:15 0.34, elastic:60 0.26 M events/s; 9.9-160 s wall each, 6 min for all six | | runs under the 10^8-push bound, reports events/s | yes (asp, the most pushes: 4.0x10^7) |
 | collective planner, 10^4 ranks | see [collective.md](collective.md#at-scale-the-planner-per-barrier) | | measured, cost per rank stated | yes |
@@ -305,10 +305,14 @@ controller alone (it replays pushes its driver recorded). The new `cadence::pref
 a caller that holds the next pushes overlap their misses, and the waiter list's growing end is
 loaded ahead (each new line of it was a store miss that stalled the pushes behind it). With
 hints BSP, ASP and SSP are within 2x (1.2-1.4x); ElasticBSP (2.0-2.2x, planning included) and
-DSSP are not. DSSP's allowance, push count and push ring then moved into one 32-byte record per
+DSSP were not. DSSP's allowance, push count and push ring then moved into one 32-byte record per
 worker on a cache-line-aligned buffer (three random lines per push became one): hinted, 80-85 ns
-became 45-46 ns at 2^20 in alternating runs of the two builds, 2.4-2.6x of 4096 in the table's run
-(its buckets stay linked in push order for its tie-break, so a push still writes two neighbours).
+became 45-46 ns at 2^20 in alternating runs of the two builds, 2.4-2.6x of 4096 in that day's
+run (its buckets stay linked in push order for its tie-break, so a push still writes two
+neighbours). Last, the controllers' large arrays went on transparent huge pages: perf showed
+hinted pushes stalling on the pusher's own line, whose page walk the hint did not hide. Hinted,
+every policy is then within 2x: BSP, ASP, SSP and `any_controller` 1.1-1.2x, ElasticBSP 1.3x,
+DSSP 1.9-2.0x, at the line.
 
 Reproduce (the sim run takes about 6 minutes on a quiet machine at -j2 load):
 

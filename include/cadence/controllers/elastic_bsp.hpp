@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cadence/controllers/detail/controller_base.hpp>
+#include <cadence/core/detail/aligned_allocator.hpp>
 #include <cadence/predict/any_predictor.hpp>
 #include <cadence/zipline/variant.hpp>
 
@@ -391,8 +392,8 @@ private:
   std::size_t lookahead_, history_;
   P predictor_;
   zipline_variant variant_;
-  std::vector<worker> w_;
-  std::vector<timestamp> ring_;  // worker p's push ring at [p * history_, (p + 1) * history_)
+  std::vector<worker, detail::aligned_allocator<worker>> w_;
+  std::vector<timestamp, detail::aligned_allocator<timestamp>> ring_;  // worker p's push ring at [p * history_, (p + 1) * history_)
   std::size_t participants_ = 0, ready_ = 0, arrived_ = 0;
   bool planned_ = false;
   elastic_plan plan_;

@@ -3,6 +3,7 @@
 // order in which workers reached each clock.
 #pragma once
 
+#include <cadence/core/detail/aligned_allocator.hpp>
 #include <cadence/core/detail/bits.hpp>
 #include <cadence/core/types.hpp>
 
@@ -233,8 +234,8 @@ private:
   };
   static_assert(sizeof(node) == 16, "cadence::detail::clock_table: a node must stay 16 bytes");
 
-  template <class T>
-  static void grow(std::vector<T>& v, std::size_t n) {
+  template <class T, class A>
+  static void grow(std::vector<T, A>& v, std::size_t n) {
     if (v.capacity() < n) v.reserve(n > 2 * v.capacity() ? n : 2 * v.capacity());
   }
 
@@ -280,8 +281,8 @@ private:
   mutable std::size_t hinted_next_ = 0;
   std::vector<bucket> buckets_;
   std::size_t ids_ = 0;              // worker ids with room: clock_ or node_ holds them
-  std::vector<clock_value> clock_;   // unordered tables: each worker's clock
-  std::vector<node> node_;           // ordered tables: each worker's clock and links
+  std::vector<clock_value, aligned_allocator<clock_value>> clock_;  // unordered tables
+  std::vector<node, aligned_allocator<node>> node_;  // ordered tables: clock and links
   std::vector<worker_id> wait_who_;  // waiting workers (and removed ones not dropped yet)...
   std::vector<clock_value> wait_clock_;  // ...and the clock each waits at
   std::size_t active_ = 0;
