@@ -87,8 +87,7 @@ std::pair<double, double> floor_pass(const double* v, std::size_t count) {
   __m128d lo0 = _mm_set1_pd(v[0]), lo1 = lo0, lo2 = lo0, lo3 = lo0;
   __m128d hi0 = lo0, hi1 = lo0, hi2 = lo0, hi3 = lo0;
   for (; i + 8 <= count; i += 8) {
-    cadence::detail::prefetch_for_read(reinterpret_cast<const void*>(
-        reinterpret_cast<std::uintptr_t>(v + i) + cadence::detail::zipline_validate_ahead));
+    cadence::detail::prefetch_for_read_ahead(v + i, cadence::detail::zipline_validate_ahead);
     const __m128d a = _mm_loadu_pd(v + i), b = _mm_loadu_pd(v + i + 2);
     const __m128d c = _mm_loadu_pd(v + i + 4), d = _mm_loadu_pd(v + i + 6);
     lo0 = _mm_min_pd(lo0, a);

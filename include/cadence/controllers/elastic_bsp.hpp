@@ -393,7 +393,8 @@ private:
   P predictor_;
   zipline_variant variant_;
   std::vector<worker, detail::aligned_allocator<worker>> w_;
-  std::vector<timestamp, detail::aligned_allocator<timestamp>> ring_;  // worker p's push ring at [p * history_, (p + 1) * history_)
+  // Worker p's push ring at [p * history_, (p + 1) * history_).
+  std::vector<timestamp, detail::aligned_allocator<timestamp>> ring_;
   std::size_t participants_ = 0, ready_ = 0, arrived_ = 0;
   bool planned_ = false;
   elastic_plan plan_;

@@ -213,8 +213,7 @@ struct zipline_row_ends {
 /// How far ahead (bytes) zipline_row_check_sse2 asks for the lines it will read. The hardware
 /// prefetchers stop at every 4 KiB page; at 10^6 x 150 doubles (1.2 GB, read from memory)
 /// the hint took the pass from 1.33x to 1.03x of a min/max pass without it (2 KiB ahead;
-/// 1 and 4 KiB were no better). The address is formed as an integer: it may lie past the
-/// input, which a prefetch may name but a pointer may not.
+/// 1 and 4 KiB were no better).
 inline constexpr std::uintptr_t zipline_validate_ahead = 2048;
 
 /// One double row of zipline_rows_valid_gaps, eight points a step: g0 receives the largest
@@ -246,8 +245,7 @@ inline std::size_t zipline_row_check_sse2(const double* v, std::size_t m, unsign
   };
   std::size_t i = 1;
   for (; i + 8 <= m; i += 8) {
-    prefetch_for_read(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(v + i) +
-                                                    zipline_validate_ahead));
+    prefetch_for_read_ahead(v + i, zipline_validate_ahead);
     step(i);
   }
   if (i < m && m >= 9) {

@@ -367,7 +367,6 @@ TEST_CASE("cancel withdraws a posted irecv and a large isend not yet cleared; tr
   });
 }
 
-
 TEST_CASE("ring-sized all-reduces whose counts differ fail on every rank without overrunning a "
           "buffer; a broadcast against an all-reduce fails the ranks that receive" * doctest::timeout(120)) {
   // Every chunk carries the collective's arguments and a ring's ranks send every rank a notice:

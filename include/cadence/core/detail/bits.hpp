@@ -128,4 +128,11 @@ inline void prefetch_for_read(const void* address) noexcept {
 #endif
 }
 
+/// prefetch_for_read of the line `bytes` past `address`, which may lie beyond the object: the
+/// address is formed as an integer, since a prefetch may name it but a pointer may not.
+inline void prefetch_for_read_ahead(const void* address, std::uintptr_t bytes) noexcept {
+  prefetch_for_read(
+      reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(address) + bytes));
+}
+
 }  // namespace cadence::detail

@@ -8,6 +8,7 @@
 #include <cadence/thrust/config.hpp>
 #include <cadence/thrust/detail/device.hpp>
 #include <cadence/thrust/detail/functors.hpp>
+#include <cadence/zipline/detail/fast_trim.hpp>
 #include <cadence/zipline/rows.hpp>
 
 #include <type_traits>
@@ -107,8 +108,9 @@ struct zl_trim_range {
   T front;  // L
   T cut;
   CADENCE_HOST_DEVICE zl_range operator()(zl_index r) const {
-    const zl_index start = zl_upper_bound(vals, roff[r], roff[r + 1], front) - 1;
-    return zl_range{start, zl_upper_bound(vals, start, roff[r + 1], cut)};
+    const zl_index b = roff[r];
+    const zipline_row_range t = zipline_fast_trim_range(vals + b, roff[r + 1] - b, front, cut);
+    return zl_range{b + static_cast<zl_index>(t.first), b + static_cast<zl_index>(t.end)};
   }
 };
 

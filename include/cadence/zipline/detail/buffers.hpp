@@ -36,14 +36,13 @@ struct zipline_buffers {
   std::vector<std::uint32_t> counts;
   /// zipline_fast: radix-digit and bucket histograms.
   std::vector<std::uint32_t> buckets;
-  /// zipline_fast: each row's surviving range [first, last); zipline_paper_opt_bs: points
-  /// met per row, and Z.
+  /// zipline_paper_opt_bs: points met per row, and Z.
   std::vector<std::size_t> first;
   std::vector<std::size_t> last;
   /// zipline_fast: each row's largest gap between neighbours.
   std::vector<T> gaps;
   /// zipline_fast: the swept subset's trimmed rows, as a separate() rows_view (a pointer to
-  /// each range and n + 1 offsets).
+  /// each of its k ranges and k + 1 offsets).
   std::vector<const T*> sub_rows;
   std::vector<std::size_t> sub_offsets;
   /// Z's times and rows (zipline_paper, zipline_paper_opt); zipline_paper_opt_bs: Z's

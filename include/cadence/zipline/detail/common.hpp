@@ -131,14 +131,12 @@ void zipline_prefetch_search(const T* v, std::size_t len, T x, int stage) noexce
   }
 }
 
-/// In a loop that searches row after row for x from position from(q) of row q, at row p:
-/// stage 1 for row p + 16, stage 2 for row p + 8 (their searches then overlap this one's).
-template <class T, class From>
-void zipline_prefetch_ahead(rows_view<T> rows, std::size_t p, T x, From from) noexcept {
+/// In a loop that searches row after row for x, at row p: stage 1 for row p + 16, stage 2
+/// for row p + 8 (their searches then overlap this one's).
+template <class T>
+void zipline_prefetch_ahead(rows_view<T> rows, std::size_t p, T x) noexcept {
   const auto load = [&](std::size_t q, int stage) {
-    if (q >= rows.size()) return;
-    const std::size_t f = from(q);
-    zipline_prefetch_search(rows.row_data(q) + f, rows.row_size(q) - f, x, stage);
+    if (q < rows.size()) zipline_prefetch_search(rows.row_data(q), rows.row_size(q), x, stage);
   };
   load(p + 16, 1);
   load(p + 8, 2);

@@ -38,11 +38,11 @@ void zipline_sort_bucket(P* b, P* e) {
 /// immediately swept while it is still in cache.
 template <class T>
 zipline_window<T> zipline_fast_buckets(rows_view<T> rows, zipline_buffers<T>& buf,
-                                       const zipline_trimmed<T>& trim) {
+                                       const zipline_extent<T>& extent) {
   using point = zipline_point<T>;
   const std::size_t n = rows.size();
-  const std::size_t total = trim.total;
-  const T base = trim.base, top = trim.top;
+  const std::size_t total = rows.total();
+  const T base = extent.base, top = extent.top;
   constexpr unsigned fine_bits = 9;
   constexpr std::size_t fine_per_coarse = std::size_t{1} << fine_bits;
   std::size_t nb;
@@ -151,7 +151,7 @@ zipline_window<T> zipline_fast_buckets(rows_view<T> rows, zipline_buffers<T>& bu
         --cc[data[left].row];
         ++left;
       }
-      if (covered == trim.rows) {
+      if (covered == n) {  // every row of the view has points
         best = zipline_spread(data[i].t, data[left].t);
         best_b = data[i].t;
         found = true;

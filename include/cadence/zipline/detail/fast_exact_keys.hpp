@@ -208,11 +208,11 @@ void zipline_sort_sweep(Rec* rec, Rec* tmp, std::size_t total, std::size_t n,
 /// nothing when the points have no exact keys.
 template <class T>
 std::optional<zipline_window<T>> zipline_fast_exact(rows_view<T> rows, zipline_buffers<T>& buf,
-                                                    const zipline_trimmed<T>& trim) {
+                                                    const zipline_extent<T>& extent) {
   zipline_exact_keys<T> keys;
-  if (!keys.init(trim.base, trim.top)) return std::nullopt;
+  if (!keys.init(extent.base, extent.top)) return std::nullopt;
   const std::size_t n = rows.size();
-  const std::size_t total = trim.total;
+  const std::size_t total = rows.total();
   // Bits for a row index; none for a single row (a subset may hold only the row defining L).
   const unsigned rowbits32 = n > 1 ? 64u - detail::countl_zero(std::uint64_t{n - 1}) : 0u;
 
@@ -221,7 +221,7 @@ std::optional<zipline_window<T>> zipline_fast_exact(rows_view<T> rows, zipline_b
   // key has the top bit), count the digits while writing the records, and redo the pass in
   // the rare case the guess was wrong.
   unsigned bad = 0;
-  std::uint32_t guess = keys.key(trim.top, bad);
+  std::uint32_t guess = keys.key(extent.top, bad);
   for (std::size_t p = 0; p < n; ++p) guess |= keys.key(rows.row_data(p)[0], bad);
   if (bad != 0) return std::nullopt;
   auto& cntv = buf.buckets;

@@ -46,9 +46,9 @@ private:
 /// Sorts the points of the trimmed rows (exact keys, else buckets) and sweeps them.
 template <class T>
 zipline_window<T> zipline_fast_sweep(rows_view<T> trimmed, zipline_buffers<T>& buf) {
-  const zipline_trimmed<T> trim = zipline_trimmed_totals(trimmed);
-  const auto exact = zipline_fast_exact(trimmed, buf, trim);
-  return exact ? *exact : zipline_fast_buckets(trimmed, buf, trim);
+  const zipline_extent<T> extent = zipline_extent_of(trimmed);
+  const auto exact = zipline_fast_exact(trimmed, buf, extent);
+  return exact ? *exact : zipline_fast_buckets(trimmed, buf, extent);
 }
 
 /// How many rows the first subset takes: 192 + min(n / 32, 12 sqrt(n)). The rows that can
@@ -79,21 +79,21 @@ T zipline_sampled_threshold(std::vector<T>& sample, std::size_t n, std::size_t w
 
 /// Each row's choice for barrier B (its latest point <= B; B >= L, so there is one) into
 /// choice, and the number of rows left out of the subset (left_out(p)) whose choice is not in
-/// [B - d, B], checked as B - pred_p(B) <= d in T. With check false, the choices only.
+/// [B - d, B], checked as B - pred_p(B) <= d in T. A left_out that is always false: the
+/// choices only.
 template <class T, class LeftOut>
-std::size_t zipline_choose_and_check(rows_view<T> rows, zipline_window<T> w, bool check,
-                                     LeftOut left_out, std::size_t* choice) {
+std::size_t zipline_choose_and_check(rows_view<T> rows, zipline_window<T> w, LeftOut left_out,
+                                     std::size_t* choice) {
   std::size_t uncovered = 0;
   const std::size_t n = rows.size();
   const bool far = zipline_prefetch_pays(rows);
-  const auto from = [](std::size_t) { return std::size_t{0}; };
   for (std::size_t p = 0; p < n; ++p) {
-    if (far) zipline_prefetch_ahead(rows, p, w.barrier, from);
+    if (far) zipline_prefetch_ahead(rows, p, w.barrier);
     const T* const v = rows.row_data(p);
     const std::size_t j = zipline_upper_bound_interpolated(v, rows.row_size(p), w.barrier) - 1;
     choice[p] = j;
-    uncovered += static_cast<std::size_t>(check && left_out(p) &&
-                                          zipline_spread(w.barrier, v[j]) > w.spread);
+    uncovered +=
+        static_cast<std::size_t>(left_out(p) && zipline_spread(w.barrier, v[j]) > w.spread);
   }
   return uncovered;
 }
@@ -126,15 +126,17 @@ zipline_window<T> zipline_fast_search(rows_view<T> rows, zipline_buffers<T>& buf
   const std::size_t want = zipline_subset_want(n);
   zipline_subset<T> subset(buf);
   const auto include = [&](std::size_t p) {
-    const auto [first, end] = zipline_fast_trim_range(rows, p, bounds);
-    subset.add(rows.row_data(p) + first, end - first);
+    const T* const v = rows.row_data(p);
+    const zipline_row_range r =
+        zipline_fast_trim_range(v, rows.row_size(p), bounds.front, bounds.cut);
+    subset.add(v + r.first, r.end - r.first);
   };
   const auto none_left_out = [](std::size_t) { return false; };
   buf.subset_rounds = 0;
   if (n < 256 || want >= n) {
     for (std::size_t p = 0; p < n; ++p) include(p);
     const zipline_window<T> w = zipline_fast_sweep(subset.view(), buf);
-    zipline_choose_and_check(rows, w, false, none_left_out, choice);
+    zipline_choose_and_check(rows, w, none_left_out, choice);
     return w;
   }
   const T* const gaps = buf.gaps.data();
@@ -150,13 +152,13 @@ zipline_window<T> zipline_fast_search(rows_view<T> rows, zipline_buffers<T>& buf
     if (!left_out(p)) include(p);
   zipline_window<T> w = zipline_fast_sweep(subset.view(), buf);
   buf.subset_rounds = 1;
-  if (zipline_choose_and_check(rows, w, true, left_out, choice) == 0) return w;
+  if (zipline_choose_and_check(rows, w, left_out, choice) == 0) return w;
   // Round 2, certified by construction (see above): round 1's rows and these.
   for (std::size_t p = 0; p < n; ++p)
     if (left_out(p) && (gaps[p] > w.spread || !(bounds.cut < rows[p].back()))) include(p);
   w = zipline_fast_sweep(subset.view(), buf);
   buf.subset_rounds = 2;
-  zipline_choose_and_check(rows, w, false, none_left_out, choice);
+  zipline_choose_and_check(rows, w, none_left_out, choice);
   return w;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cadence/core/detail/bits.hpp>
+#include <cadence/core/detail/host_device.hpp>
 
 #include <cadence/zipline/detail/buffers.hpp>
 #include <cadence/zipline/detail/common.hpp>
@@ -12,7 +13,6 @@
 #include <cstddef>
 #include <limits>
 #include <type_traits>
-#include <utility>
 
 namespace cadence::detail {
 
@@ -32,13 +32,12 @@ T zipline_barrier_cap(T min_back, T spread_bound) {
   }
 }
 
-/// What the trim leaves of the rows a sweep reads: these totals.
+/// The smallest and largest of the points a sweep reads (its view of trimmed rows gives the
+/// rest: their count and the rows to cover).
 template <class T>
-struct zipline_trimmed {
-  std::size_t total;  ///< surviving points
-  T base;             ///< the smallest surviving point
-  T top;              ///< the largest surviving point
-  std::size_t rows;   ///< rows with surviving points (the sweep's cover target)
+struct zipline_extent {
+  T base;  ///< the smallest surviving point
+  T top;   ///< the largest surviving point
 };
 
 /// The trim's bounds, before any row is searched.
@@ -67,20 +66,25 @@ zipline_trim_bounds<T> zipline_fast_trim_bounds(const zipline_row_ends<T>& ends)
   return {ends.max_front, zipline_barrier_cap(ends.min_back, bound), ends.front_row};
 }
 
-/// Row p's trimmed range [first, end): from its latest point <= L to one past its last point
-/// <= cut. Two interpolated searches (one or two cache lines each on evenly spaced rows).
+/// A trimmed range [first, end) of indices into a row.
+struct zipline_row_range {
+  std::size_t first;
+  std::size_t end;
+};
+
+/// The trimmed range of a row of len points at v: from its latest point <= L (front) to one
+/// past its last point <= cut. Two interpolated searches (one or two cache lines each on
+/// evenly spaced rows). zipline_fast and the Thrust form (per subset row) alike.
 template <class T>
-std::pair<std::size_t, std::size_t> zipline_fast_trim_range(rows_view<T> rows, std::size_t p,
-                                                            const zipline_trim_bounds<T>& b) {
-  const T* const v = rows.row_data(p);
-  const std::size_t len = rows.row_size(p);
-  const std::size_t first = zipline_upper_bound_interpolated(v, len, b.front) - 1;
-  return {first, first + zipline_upper_bound_interpolated(v + first, len - first, b.cut)};
+CADENCE_HOST_DEVICE zipline_row_range zipline_fast_trim_range(const T* v, std::size_t len, T front,
+                                                              T cut) noexcept {
+  const std::size_t first = zipline_upper_bound_interpolated(v, len, front) - 1;
+  return {first, first + zipline_upper_bound_interpolated(v + first, len - first, cut)};
 }
 
-/// The totals of a view of trimmed rows (each row its surviving range, never empty).
+/// The extent of a view of trimmed rows (each row its surviving range, never empty).
 template <class T>
-zipline_trimmed<T> zipline_trimmed_totals(rows_view<T> rows) {
+zipline_extent<T> zipline_extent_of(rows_view<T> rows) {
   const std::size_t n = rows.size();
   T base{}, top{};
   for (std::size_t p = 0; p < n; ++p) {
@@ -89,7 +93,7 @@ zipline_trimmed<T> zipline_trimmed_totals(rows_view<T> rows) {
     if (p == 0 || lo < base) base = lo;
     if (p == 0 || hi > top) top = hi;
   }
-  return {rows.total(), base, top, n};
+  return {base, top};
 }
 
 }  // namespace cadence::detail
