@@ -31,59 +31,14 @@ constexpr const char* default_collective_modes[] = {"bsp", "periodic:4", "elasti
 
 using cadence::tools::usage_error;
 
-void print_help() {
-  std::cout <<
-R"(usage: cadence-sim [options]
+constexpr const char* usage = "usage: cadence-sim [options]\n";
 
-Simulates a parameter-server cluster and compares synchronization policies on it.
-With no options: every default policy on the default scenario (hetero16), as a table.
+constexpr const char* description =
+    "Simulates a parameter-server cluster and compares synchronization policies on it.\n"
+    "With no options: every default policy on the default scenario (hetero16), as a table.\n";
 
-options:
-  --scenario NAME    scenario to simulate (default hetero16; see --list-scenarios)
-  --workers N        number of workers (default: the scenario's own)
-  --seconds S        run for S simulated seconds (default: the scenario's own)
-  --iterations N     instead run until the cluster has made N iterations per worker
-                     (N * workers pushes in total); not with --seconds. Either way a
-                     run is at most 100000000 pushes per policy: N * workers, or
-                     S * workers / the fastest worker's iteration time
-  --policy CONFIG    a make_controller config: bsp, asp, ssp:<s>, dssp:<s_L>:<s_U>,
-                     elastic:<R>[:...]; repeat to compare several (default: bsp, asp,
-                     ssp:3, dssp:3:15, elastic:15, elastic:60)
-  --seed N           random seed (default 1); a seed gives the same run every time (not with
-                     --trace: a replay draws no random numbers)
-  --push-cost S      seconds for a push to reach the server (default: the scenario's)
-  --pull-cost S      seconds for a worker to pull the weights (default: the scenario's)
-  --link W=PUSH[,PULL]
-                     worker W's own link: its push and pull take PUSH and PULL seconds
-                     (PULL defaults to PUSH) instead of --push-cost/--pull-cost or the
-                     scenario's; a network straggler, slow by its link alone. Repeat for
-                     other workers. With --collective a merge is paced by the slowest link
-                     (unless --allreduce-cost is given). Not with --trace (a trace records
-                     each worker's costs)
-  --trace FILE       replay recorded per-worker iteration times instead of a scenario: a
-                     CSV iteration trace (header worker,start,compute[,push,pull]; one
-                     row per iteration; see docs/trace.md), as cadence-train --trace
-                     writes it. Each worker computes for its recorded times and pays its
-                     recorded push/pull costs (or --push-cost/--pull-cost); the policy
-                     decides the waits. The run ends when the first worker has used all
-                     its rows, or earlier at --seconds/--iterations. Not with --scenario,
-                     --workers or --collective
-  --trace-wrap       with --trace: a worker that has used all its rows starts them again;
-                     needs --seconds or --iterations
-  --collective       simulate an all-reduce cluster instead (no parameter server): the
-                     collective adapters' modes bsp, periodic:<k> (average every k local
-                     steps) and elastic:<R>[:...] (ElasticBSP over collectives, planned by
-                     the elastic_averager's own planner), given with --policy (default:
-                     bsp, periodic:4, elastic:4, periodic:15, elastic:15). A merge costs
-                     --allreduce-cost seconds; worker failures are not modelled
-  --allreduce-cost S seconds of one merge all-reduce with --collective (default: push +
-                     pull cost; with --link, the slowest push plus the slowest pull)
-  --json             print one JSON array, one object per policy
-  --csv              print CSV: a header row and one row per policy; not with --json
-  --list-scenarios   list the named scenarios and exit
-  --help             this text
-
-columns (JSON and CSV keys in brackets; "-" or null where one does not apply):
+constexpr const char* footer =
+    R"(columns (JSON and CSV keys in brackets; "-" or null where one does not apply):
   iter/s          cluster iterations (pushes) per simulated second [iterations_per_second]
   wait%           share of the workers' alive time spent idle, waiting for a release
                   [wait_fraction]
@@ -120,7 +75,6 @@ columns with --collective:
   max local       most local steps any rank ran between two merges (<= R, <= k)
                   [max_local_steps]
 )";
-}
 
 class progress_bar {
 public:
@@ -213,76 +167,102 @@ int run(int argc, char** argv) {
   bool collective = false;
   std::uint64_t iterations = 0, seed = 1;
   std::vector<std::string> policies;
-  output format = output::table;
   std::string trace_path;
   cadence::sim::replay_options replay;
-  std::vector<cadence::tools::link_flag> links;
 
-  cadence::tools::flag_reader args(argc, argv);
+  bool list_scenarios = false, json = false, csv = false;
+  cadence::tools::command_line cli(usage, description);
+  cli.footer(footer);
+  cadence::tools::add_cluster_flags(cli, scenario_name, workers,
+                                    "scenario to simulate (default hetero16; see --list-scenarios)");
+  // No bound of its own: check_simulated_work below bounds seconds x workers.
+  cli.add_option("--seconds", seconds, "run for S simulated seconds (default: the scenario's own)")
+      ->option_text("S")
+      ->check(cadence::tools::positive(std::numeric_limits<double>::max()));
+  cli.add_option("--iterations", iterations,
+                 "instead run until the cluster has made N iterations per worker\n"
+                 "(N * workers pushes in total); not with --seconds. Either way a\n"
+                 "run is at most 100000000 pushes per policy: N * workers, or\n"
+                 "S * workers / the fastest worker's iteration time")
+      ->option_text("N")
+      ->check(cadence::tools::integer<std::uint64_t>(1, UINT64_MAX));
+  cli.add_list("--policy", policies,
+               "a make_controller config: bsp, asp, ssp:<s>, dssp:<s_L>:<s_U>,\n"
+               "elastic:<R>[:...]; repeat to compare several (default: bsp, asp,\n"
+               "ssp:3, dssp:3:15, elastic:15, elastic:60)")
+      ->option_text("CONFIG");
+  cli.add_option("--seed", seed,
+                 "random seed (default 1); a seed gives the same run every time (not with\n"
+                 "--trace: a replay draws no random numbers)")
+      ->option_text("N")
+      ->check(cadence::tools::integer<std::uint64_t>(0, UINT64_MAX));
+  cli.add_option("--push-cost", push_cost, "seconds for a push to reach the server (default: the scenario's)")
+      ->option_text("S")
+      ->check(cadence::tools::non_negative());
+  cli.add_option("--pull-cost", pull_cost, "seconds for a worker to pull the weights (default: the scenario's)")
+      ->option_text("S")
+      ->check(cadence::tools::non_negative());
+  std::vector<std::string> link_texts;
+  cli.add_list("--link", link_texts,
+               "worker W's own link: its push and pull take PUSH and PULL seconds\n"
+               "(PULL defaults to PUSH) instead of --push-cost/--pull-cost or the\n"
+               "scenario's; a network straggler, slow by its link alone. Repeat for\n"
+               "other workers. With --collective a merge is paced by the slowest link\n"
+               "(unless --allreduce-cost is given). Not with --trace (a trace records\n"
+               "each worker's costs)")
+      ->option_text("W=PUSH[,PULL]")
+      ->check(cadence::tools::checked([](std::string& text) { (void)cadence::tools::parse_link(text); }));
+  cli.add_option("--trace", trace_path,
+                 "replay recorded per-worker iteration times instead of a scenario: a\n"
+                 "CSV iteration trace (header worker,start,compute[,push,pull]; one\n"
+                 "row per iteration; see docs/trace.md), as cadence-train --trace\n"
+                 "writes it. Each worker computes for its recorded times and pays its\n"
+                 "recorded push/pull costs (or --push-cost/--pull-cost); the policy\n"
+                 "decides the waits. The run ends when the first worker has used all\n"
+                 "its rows, or earlier at --seconds/--iterations. Not with --scenario,\n"
+                 "--workers or --collective")
+      ->option_text("FILE");
+  cli.add_flag("--trace-wrap", replay.wrap,
+               "with --trace: a worker that has used all its rows starts them again;\n"
+               "needs --seconds or --iterations");
+  cli.add_flag("--collective", collective,
+               "simulate an all-reduce cluster instead (no parameter server): the\n"
+               "collective adapters' modes bsp, periodic:<k> (average every k local\n"
+               "steps) and elastic:<R>[:...] (ElasticBSP over collectives, planned by\n"
+               "the elastic_averager's own planner), given with --policy (default:\n"
+               "bsp, periodic:4, elastic:4, periodic:15, elastic:15). A merge costs\n"
+               "--allreduce-cost seconds; worker failures are not modelled");
+  cli.add_option("--allreduce-cost", allreduce_cost,
+                 "seconds of one merge all-reduce with --collective (default: push +\n"
+                 "pull cost; with --link, the slowest push plus the slowest pull)")
+      ->option_text("S")
+      ->check(cadence::tools::non_negative());
+  cli.add_flag("--json", json, "print one JSON array, one object per policy");
+  cli.add_flag("--csv", csv, "print CSV: a header row and one row per policy; not with --json");
+  cli.add_flag("--list-scenarios", list_scenarios, "list the named scenarios and exit");
   // Each pair sets one thing (the run length, the output format): both would drop one.
-  args.at_most_one_of({"--seconds", "--iterations"}).at_most_one_of({"--json", "--csv"});
-  args.at_most_once({"--trace", "--trace-wrap"});
-  while (args.next()) {
-    const std::string_view flag = args.flag();
-    if (flag == "--help" || flag == "-h") {
-      args.no_value();
-      print_help();
-      return 0;
-    } else if (flag == "--list-scenarios") {
-      args.no_value();
-      for (const auto& s : cadence::sim::scenario_catalog())
-        std::printf("%-13s %5zu workers %4g s  %s\n", s.name.c_str(), s.default_workers,
-                    cadence::sim::make_scenario(s.name).seconds, s.description.c_str());
-      return 0;
-    } else if (flag == "--scenario") {
-      scenario_name = std::string(args.value());
-    } else if (flag == "--workers") {
-      // The upper bound is make_scenario's, which scenario_from_flags reports.
-      workers = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
-    } else if (flag == "--seconds") {
-      // No bound of its own: check_simulated_work below bounds seconds x workers.
-      seconds = cadence::tools::parse_flag_real(flag, args.value(), false,
-                                                std::numeric_limits<double>::max());
-    } else if (flag == "--iterations") {
-      iterations = cadence::tools::parse_flag_integer<std::uint64_t>(flag, args.value(), 1, UINT64_MAX);
-    } else if (flag == "--policy") {
-      policies.emplace_back(args.value());
-    } else if (flag == "--seed") {
-      seed = cadence::tools::parse_flag_integer<std::uint64_t>(flag, args.value(), 0, UINT64_MAX);
-    } else if (flag == "--push-cost") {
-      push_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
-    } else if (flag == "--pull-cost") {
-      pull_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
-    } else if (flag == "--link") {
-      links.push_back(cadence::tools::parse_link(flag, args.value()));
-    } else if (flag == "--trace") {
-      trace_path = std::string(args.value());
-    } else if (flag == "--trace-wrap") {
-      args.no_value();
-      replay.wrap = true;
-    } else if (flag == "--collective") {
-      args.no_value();
-      collective = true;
-    } else if (flag == "--allreduce-cost") {
-      allreduce_cost = cadence::tools::parse_flag_real(flag, args.value(), /*allow_zero=*/true);
-    } else if (flag == "--json") {
-      args.no_value();
-      format = output::json;
-    } else if (flag == "--csv") {
-      args.no_value();
-      format = output::csv;
-    } else {
-      args.unknown();
-    }
+  cli.at_most_one_of({"--seconds", "--iterations"}).at_most_one_of({"--json", "--csv"});
+  if (!cli.read(argc, argv)) {
+    std::cout << cli.help();
+    return 0;
   }
+  if (list_scenarios) {
+    for (const auto& info : cadence::sim::scenario_catalog())
+      std::printf("%-13s %5zu workers %4g s  %s\n", info.name.c_str(), info.default_workers,
+                  cadence::sim::make_scenario(info.name).seconds, info.description.c_str());
+    return 0;
+  }
+  const output format = json ? output::json : csv ? output::csv : output::table;
+  std::vector<cadence::tools::link_flag> links;
+  for (const auto& text : link_texts) links.push_back(cadence::tools::parse_link(text));
 
   std::optional<cadence::iteration_trace> trace;
   cadence::sim::scenario s;
-  if (args.given("--trace")) {
-    if (args.given("--link")) throw usage_error("--link: not with --trace (the trace records each worker's costs)");
+  if (cli.given("--trace")) {
+    if (cli.given("--link")) throw usage_error("--link: not with --trace (the trace records each worker's costs)");
     for (const char* other : {"--scenario", "--workers", "--collective", "--allreduce-cost"})
-      if (args.given(other)) throw usage_error(std::string(other) + ": not with --trace (the trace gives the workers)");
-    if (args.given("--seed")) throw usage_error("--seed: not with --trace (a replay draws no random numbers)");
+      if (cli.given(other)) throw usage_error(std::string(other) + ": not with --trace (the trace gives the workers)");
+    if (cli.given("--seed")) throw usage_error("--seed: not with --trace (a replay draws no random numbers)");
     if (replay.wrap && seconds <= 0 && iterations == 0)
       throw usage_error("--trace-wrap: needs --seconds or --iterations (a wrapped trace never runs out)");
     trace = cadence::read_iteration_trace_file(trace_path);
@@ -314,13 +294,13 @@ int run(int argc, char** argv) {
   if (push_cost >= 0) s.push_seconds = push_cost;
   if (pull_cost >= 0) s.pull_seconds = pull_cost;
   cadence::tools::apply_links(s, links, "--link");
-  cadence::tools::check_simulated_work(s, args.given("--iterations") ? "--iterations"
-                                          : args.given("--seconds")  ? "--seconds"
+  cadence::tools::check_simulated_work(s, cli.given("--iterations") ? "--iterations"
+                                          : cli.given("--seconds")  ? "--seconds"
                                                                      : "--workers");
   cadence::sim::validate(s);
 
   if (collective) return run_collective(s, policies, allreduce_cost, format);
-  if (args.given("--allreduce-cost"))
+  if (cli.given("--allreduce-cost"))
     throw usage_error("--allreduce-cost: only with --collective");
 
   // The default list names policies a build may not have yet: skip those, with a note.

@@ -1,7 +1,8 @@
 // cadence-zipline: plan an ElasticBSP barrier from a push history (or from predicted push
 // times) with any ZipLine variant, time it, and print a summary or JSON.
-#include "cli.hpp"
+#include "flags.hpp"
 #include "prediction_eval.hpp"
+#include "json.hpp"
 #include "zipline_json.hpp"
 
 #include <cadence/core/error.hpp>
@@ -29,68 +30,21 @@
 
 namespace {
 
-constexpr const char* usage = R"(usage: cadence-zipline (--input FILE | --predicted FILE | --generate N,T) [options]
-       cadence-zipline --evaluate FILE [--predictor LIST] [--lookahead LIST] [--history H] [--json]
+constexpr const char* usage =
+    "usage: cadence-zipline (--input FILE | --predicted FILE | --generate N,T) [options]\n"
+    "       cadence-zipline --evaluate FILE [--predictor LIST] [--lookahead LIST] [--history H] [--json]\n";
 
-Plans an ElasticBSP barrier: picks one predicted push per worker so that the spread
-(latest - earliest pick) is minimal; among optimal sets the smallest barrier (latest pick)
-wins, and each worker's choice is its latest predicted push <= the barrier.
+constexpr const char* description =
+    "Plans an ElasticBSP barrier: picks one predicted push per worker so that the spread\n"
+    "(latest - earliest pick) is minimal; among optimal sets the smallest barrier (latest pick)\n"
+    "wins, and each worker's choice is its latest predicted push <= the barrier.\n";
 
-Source (exactly one):
-  --input FILE        push history, one worker per line 'id:t1,t2,...,tk,' with integer
-                      milliseconds, or decimal seconds ('0:1.25,2.5,3.75,'); timestamps
-                      must not go backwards; each worker's next R pushes are predicted,
-                      then searched
-  --predicted FILE    rows that already are predicted push times (same format, strictly
-                      increasing per row); searched directly
-  --generate N,T      synthetic history: N workers (at most 10000000), T >= 2 pushes each,
-                      N*T at most 200000000, then predicted
-  A file with any decimal timestamp (a '.' or an exponent) is read and searched in double
-  precision; integer files stay exact. Files hold at most 10000000 workers, 200000000
-  timestamps and 67108864 bytes per line.
-
-Prediction quality (instead of planning once):
-  --evaluate FILE     replay a recorded history and report, per predictor and lookahead R,
-                      the error of the predicted push times against the pushes that came
-                      (mean absolute error, p90 and max, in the file's unit) and the wait
-                      that ZipLine's barrier, planned on those predictions, really cost
-                      (latest minus earliest actual time of the pushes it chose) against
-                      the best barrier in hindsight (ZipLine on the actual times). FILE is a
-                      push history (as --input) or an iteration trace (cadence-train
-                      --trace; its push times start + compute + push, in seconds). Plans
-                      are made as ElasticBSP's cycle: first when every worker has pushed
-                      twice, then each time every worker has pushed twice after the last
-                      plan's best barrier; a plan needs R more pushes of every worker.
-                      The same plan times serve every predictor (see docs/zipline.md)
-  --predictor LIST    with --evaluate: comma-separated predictors (default
-                      last,mean:4,median:5,ewma:0.3)
-  --lookahead LIST    with --evaluate: comma-separated R values (default 1,5,15)
-  --history H         with --evaluate: each prediction sees the worker's latest H pushes
-                      (default 16, ElasticBSP's default; at least 2)
-  --json              with --evaluate: one JSON array, an object per predictor and R:
-                      {"predictor", "lookahead", "unit", "plans", "points",
-                      "mean_abs_error", "p90_abs_error", "max_abs_error", "wait_mean",
-                      "best_wait_mean", "excess_wait_mean", "predicted_wait_mean",
-                      "wait_total", "best_wait_total"}
-
-Options:
-  --lookahead R       predicted pushes per worker, R >= 1 (default 15; N*R at most
-                      200000000; not with --predicted)
-  --predictor NAME    last | mean:K | median:K | ewma:ALPHA (default last; not with --predicted)
-  --interval LO,HI    per-worker push interval range in ms for --generate (default 1000,1500)
-  --seed S            generator seed for --generate (default 1)
-  --variant V         zipline | opt | opt-bs | fast | thrust | all (default fast); all runs every
-                      variant available in this build and fails if any two disagree
-  --repeat K          run each variant K times (default 1); 'seconds' is the BEST (minimum)
-                      wall time of the K runs, prediction and input reading excluded
-  --json              print exactly one JSON document: an object for one variant, an array
-                      for --variant all; each {"variant", "n", "spread", "barrier",
-                      "choice" (0-based index into each worker's predicted row, workers by
-                      ascending id), "seconds"}
-  --help              print this help
-
-Exit status: 0 on success, 1 on bad input data, 2 on a bad command line.
-)";
+constexpr const char* footer =
+    "Input files: a file with any decimal timestamp (a '.' or an exponent) is read and searched\n"
+    "in double precision; integer files stay exact. Files hold at most 10000000 workers,\n"
+    "200000000 timestamps and 67108864 bytes per line.\n"
+    "\n"
+    "Exit status: 0 on success, 1 on bad input data, 2 on a bad command line.\n";
 
 using cadence::tools::usage_error;
 using ts = std::int64_t;
@@ -101,6 +55,7 @@ struct options {
   std::vector<std::size_t> lookaheads;         // --evaluate
   std::vector<std::string> predictors;         // --evaluate
   std::size_t history = 16;
+  std::string generate_text, interval_text;  // as given
   std::size_t workers = 0, pushes = 0;  // --generate N,T (0: not given)
   std::size_t lookahead = 15;
   std::string predictor = "last";
@@ -110,7 +65,7 @@ struct options {
   std::vector<std::string> variants;  // what --variant runs
   std::size_t repeat = 1;
   bool json = false;
-  bool help = false;
+  std::string help;  // --help: the text to print
 };
 
 /// The prediction matrix has N x R entries; the bound is the readers' bound on timestamps,
@@ -133,7 +88,7 @@ std::vector<std::string> variants_to_run(const std::string& variant) {
   }
   if (variant == "thrust") {
 #ifndef CADENCE_HAS_THRUST
-    throw usage_error("--variant thrust: this build has no Thrust backend (configure with "
+    throw usage_error("this build has no Thrust backend (configure with "
                       "CADENCE_ENABLE_THRUST=ON and the CCCL headers available)");
 #endif
     return {"thrust"};
@@ -141,66 +96,122 @@ std::vector<std::string> variants_to_run(const std::string& variant) {
   try {
     (void)cadence::parse_zipline_variant(variant);
   } catch (const cadence::parse_error&) {
-    throw usage_error("--variant: unknown variant '" + variant +
+    throw usage_error("unknown variant '" + variant +
                       "' (valid: zipline, opt, opt-bs, fast, thrust, all)");
   }
   return {variant};
 }
 
+// The command line: every flag with its help, its value's rule and where it goes.
 options parse_args(int argc, char** argv) {
-  using cadence::tools::parse_flag_integer;
+  using cadence::tools::parse_integer;
+  using cadence::tools::with_flag;
   options o;
-  cadence::tools::flag_reader args(argc, argv);
-  args.at_most_one_of({"--input", "--predicted", "--generate", "--evaluate"})
-      .at_most_once({"--lookahead", "--predictor", "--interval", "--seed", "--variant", "--repeat", "--history"});
-  while (args.next()) {
-    const std::string_view flag = args.flag();
-    if (flag == "--help" || flag == "-h") {
-      args.no_value();
-      o.help = true;
-    } else if (flag == "--json") {
-      args.no_value();
-      o.json = true;
-    } else if (flag == "--input") {
-      o.input = std::string(args.value());
-    } else if (flag == "--predicted") {
-      o.predicted = std::string(args.value());
-    } else if (flag == "--generate") {
-      const auto [n, t] = cadence::tools::split_flag_pair(flag, args.value(), "N", "T");
-      o.workers = parse_flag_integer<std::size_t>(flag, n, 1, cadence::push_history_max_workers, "N");
-      // Every predictor needs two pushes to see an interval.
-      o.pushes = parse_flag_integer<std::size_t>(flag, t, 2, cadence::push_history_max_timestamps, "T");
-      if (o.workers > cadence::push_history_max_timestamps / o.pushes)
-        throw usage_error("--generate: N x T must be at most " +
-                          std::to_string(cadence::push_history_max_timestamps) +
-                          " timestamps, got " + std::string(n) + " x " + std::string(t));
-    } else if (flag == "--evaluate") {
-      o.evaluate = std::string(args.value());
-    } else if (flag == "--history") {
-      o.history = parse_flag_integer<std::size_t>(flag, args.value(), 2, 1000000, "H");
-    } else if (flag == "--lookahead") {
-      o.lookahead_text = std::string(args.value());
-    } else if (flag == "--predictor") {
-      o.predictor_text = std::string(args.value());
-    } else if (flag == "--interval") {
-      const auto [lo, hi] = cadence::tools::parse_flag_pair<std::int64_t>(
-          flag, args.value(), 1, std::int64_t{1} << 40, "LO", "HI");
-      if (lo > hi)
-        throw usage_error("--interval: LO must be at most HI, got " + std::string(args.value()));
-      o.interval_lo = lo;
-      o.interval_hi = hi;
-    } else if (flag == "--seed") {
-      o.seed = parse_flag_integer<std::uint64_t>(flag, args.value(), 0, UINT64_MAX);
-    } else if (flag == "--variant") {
-      o.variant = std::string(args.value());
-      o.variants = variants_to_run(o.variant);
-    } else if (flag == "--repeat") {
-      o.repeat = parse_flag_integer<std::size_t>(flag, args.value(), 1, 1000000, "K");
-    } else {
-      args.unknown();
-    }
+  std::string input, predicted, evaluate;
+  cadence::tools::command_line cli(usage, description, 22);
+  cli.footer(footer);
+  cli.option_defaults()->group("Source (exactly one)");
+  cli.add_option("--input", input,
+                 "push history, one worker per line 'id:t1,t2,...,tk,' with integer\n"
+                 "milliseconds, or decimal seconds ('0:1.25,2.5,3.75,'); timestamps\n"
+                 "must not go backwards; each worker's next R pushes are predicted,\n"
+                 "then searched")
+      ->option_text("FILE");
+  cli.add_option("--predicted", predicted,
+                 "rows that already are predicted push times (same format, strictly\n"
+                 "increasing per row); searched directly")
+      ->option_text("FILE");
+  cli.add_option("--generate", o.generate_text,
+                 "synthetic history: N workers (at most 10000000), T >= 2 pushes each,\n"
+                 "N*T at most 200000000, then predicted")
+      ->option_text("N,T")
+      ->check(cadence::tools::checked([](std::string& text) {
+        const auto [n, t] = cadence::tools::split_pair(text, "N", "T");
+        const auto workers = parse_integer<std::size_t>(n, 1, cadence::push_history_max_workers, "N");
+        // Every predictor needs two pushes to see an interval.
+        const auto pushes = parse_integer<std::size_t>(t, 2, cadence::push_history_max_timestamps, "T");
+        if (workers > cadence::push_history_max_timestamps / pushes)
+          throw usage_error("N x T must be at most " + std::to_string(cadence::push_history_max_timestamps) +
+                            " timestamps, got " + std::string(n) + " x " + std::string(t));
+      }));
+  cli.add_option("--evaluate", evaluate,
+                 "instead of planning once, replay a recorded history and report, per\n"
+                 "predictor and lookahead R, the error of the predicted push times against\n"
+                 "the pushes that came (mean absolute error, p90 and max, in the file's\n"
+                 "unit) and the wait that ZipLine's barrier, planned on those predictions,\n"
+                 "really cost (latest minus earliest actual time of the pushes it chose)\n"
+                 "against the best barrier in hindsight (ZipLine on the actual times).\n"
+                 "FILE is a push history (as --input) or an iteration trace (cadence-train\n"
+                 "--trace; its push times start + compute + push, in seconds). Plans are\n"
+                 "made as ElasticBSP's cycle: first when every worker has pushed twice,\n"
+                 "then each time every worker has pushed twice after the last plan's best\n"
+                 "barrier; a plan needs R more pushes of every worker. The same plan times\n"
+                 "serve every predictor (see docs/zipline.md)")
+      ->option_text("FILE");
+  cli.option_defaults()->group("Options");
+  cli.add_option("--lookahead", o.lookahead_text,
+                 "predicted pushes per worker, R >= 1 (default 15; N*R at most\n"
+                 "200000000; not with --predicted); with --evaluate a comma-separated\n"
+                 "list of R values (default 1,5,15)")
+      ->option_text("R");
+  cli.add_option("--predictor", o.predictor_text,
+                 "last | mean:K | median:K | ewma:ALPHA (default last; not with\n"
+                 "--predicted); with --evaluate a comma-separated list (default\n"
+                 "last,mean:4,median:5,ewma:0.3)")
+      ->option_text("NAME");
+  cli.add_option("--history", o.history,
+                 "with --evaluate: each prediction sees the worker's latest H pushes\n"
+                 "(default 16, ElasticBSP's default; at least 2)")
+      ->option_text("H")
+      ->check(cadence::tools::integer<std::size_t>(2, 1000000, "H"));
+  cli.add_option("--interval", o.interval_text,
+                 "per-worker push interval range in ms for --generate (default 1000,1500)")
+      ->option_text("LO,HI")
+      ->check(cadence::tools::checked([](std::string& text) {
+        const auto [lo, hi] = cadence::tools::parse_pair<std::int64_t>(text, 1, std::int64_t{1} << 40, "LO", "HI");
+        if (lo > hi) throw usage_error("LO must be at most HI, got " + text);
+      }));
+  cli.add_option("--seed", o.seed, "generator seed for --generate (default 1)")
+      ->option_text("S")
+      ->check(cadence::tools::integer<std::uint64_t>(0, UINT64_MAX));
+  cli.add_option("--variant", o.variant,
+                 "zipline | opt | opt-bs | fast | thrust | all (default fast); all runs every\n"
+                 "variant available in this build and fails if any two disagree")
+      ->option_text("V")
+      ->check(cadence::tools::checked([](std::string& text) { (void)variants_to_run(text); }));
+  cli.add_option("--repeat", o.repeat,
+                 "run each variant K times (default 1); 'seconds' is the BEST (minimum)\n"
+                 "wall time of the K runs, prediction and input reading excluded")
+      ->option_text("K")
+      ->check(cadence::tools::integer<std::size_t>(1, 1000000, "K"));
+  cli.add_flag("--json", o.json,
+               "print exactly one JSON document: an object for one variant, an array\n"
+               "for --variant all; each {\"variant\", \"n\", \"spread\", \"barrier\",\n"
+               "\"choice\" (0-based index into each worker's predicted row, workers by\n"
+               "ascending id), \"seconds\"}. With --evaluate one JSON array, an object\n"
+               "per predictor and R: {\"predictor\", \"lookahead\", \"unit\", \"plans\",\n"
+               "\"points\", \"mean_abs_error\", \"p90_abs_error\", \"max_abs_error\",\n"
+               "\"wait_mean\", \"best_wait_mean\", \"excess_wait_mean\",\n"
+               "\"predicted_wait_mean\", \"wait_total\", \"best_wait_total\"}");
+  cli.add_help("print this help");
+  cli.at_most_one_of({"--input", "--predicted", "--generate", "--evaluate"});
+  if (!cli.read(argc, argv)) {
+    o.help = cli.help();
+    return o;
   }
-  if (o.help) return o;
+  if (cli.given("--input")) o.input = input;
+  if (cli.given("--predicted")) o.predicted = predicted;
+  if (cli.given("--evaluate")) o.evaluate = evaluate;
+  if (cli.given("--generate")) {
+    const auto [n, t] = cadence::tools::split_pair(o.generate_text);
+    o.workers = parse_integer<std::size_t>(n, 1, SIZE_MAX);
+    o.pushes = parse_integer<std::size_t>(t, 1, SIZE_MAX);
+  }
+  if (cli.given("--interval")) {
+    const auto [lo, hi] = cadence::tools::parse_pair<std::int64_t>(o.interval_text, 1, INT64_MAX);
+    o.interval_lo = lo;
+    o.interval_hi = hi;
+  }
   // --lookahead and --predictor take one value, or with --evaluate a comma-separated list.
   auto split = [](const std::string& text) {
     std::vector<std::string> parts;
@@ -212,13 +223,14 @@ options parse_args(int argc, char** argv) {
       from = comma + 1;
     }
   };
-  const bool evaluate = o.evaluate.has_value();
-  const std::string lookaheads = args.given("--lookahead") ? o.lookahead_text : evaluate ? "1,5,15" : "15";
+  const bool evaluating = o.evaluate.has_value();
+  const std::string lookaheads = cli.given("--lookahead") ? o.lookahead_text : evaluating ? "1,5,15" : "15";
   const std::string predictors =
-      args.given("--predictor") ? o.predictor_text : evaluate ? "last,mean:4,median:5,ewma:0.3" : "last";
+      cli.given("--predictor") ? o.predictor_text : evaluating ? "last,mean:4,median:5,ewma:0.3" : "last";
   for (const auto& part : split(lookaheads))
-    o.lookaheads.push_back(
-        parse_flag_integer<std::size_t>("--lookahead", part, 1, cadence::push_history_max_timestamps, "R"));
+    o.lookaheads.push_back(with_flag("--lookahead", [&] {
+      return parse_integer<std::size_t>(part, 1, cadence::push_history_max_timestamps, "R");
+    }));
   for (const auto& part : split(predictors)) {
     try {
       (void)cadence::make_predictor<ts>(part);
@@ -227,25 +239,25 @@ options parse_args(int argc, char** argv) {
     }
     o.predictors.push_back(part);
   }
-  if (!evaluate && o.lookaheads.size() > 1)
+  if (!evaluating && o.lookaheads.size() > 1)
     throw usage_error("--lookahead: a list of R values only with --evaluate, got '" + lookaheads + "'");
-  if (!evaluate && o.predictors.size() > 1)
+  if (!evaluating && o.predictors.size() > 1)
     throw usage_error("--predictor: a list of predictors only with --evaluate, got '" + predictors + "'");
   o.lookahead = o.lookaheads.front();
   o.predictor = o.predictors.front();
-  if (evaluate) {
+  if (evaluating) {
     for (const char* other : {"--variant", "--repeat", "--interval", "--seed"})
-      if (args.given(other)) throw usage_error(std::string(other) + ": not with --evaluate");
+      if (cli.given(other)) throw usage_error(std::string(other) + ": not with --evaluate");
     return o;
   }
-  if (args.given("--history")) throw usage_error("--history: only with --evaluate");
-  if (o.variants.empty()) o.variants = variants_to_run(o.variant);
+  if (cli.given("--history")) throw usage_error("--history: only with --evaluate");
+  o.variants = variants_to_run(o.variant);  // --variant's validator has checked it
   const bool generate = o.workers > 0;
   if (!o.input && !o.predicted && !generate)
     throw usage_error("give exactly one of --input, --predicted, --generate, --evaluate (see --help)");
-  if (o.predicted && (args.given("--lookahead") || args.given("--predictor")))
+  if (o.predicted && (cli.given("--lookahead") || cli.given("--predictor")))
     throw usage_error("--lookahead and --predictor apply to --input and --generate, not --predicted");
-  if (!generate && (args.given("--interval") || args.given("--seed")))
+  if (!generate && (cli.given("--interval") || cli.given("--seed")))
     throw usage_error("--interval and --seed apply only to --generate");
   if (generate) check_prediction_size(o.workers, o.lookahead);
   return o;
@@ -326,14 +338,9 @@ int plan(const options& o, const cadence::push_history<T>& history, const std::s
   // 3. Output; numbers in their shortest round-trip form, as in the JSON.
   using cadence::tools::number_text;
   if (o.json) {
-    std::string doc;
-    if (o.variant == "all") doc += "[";
-    for (std::size_t k = 0; k < runs.size(); ++k) {
-      if (k) doc += ",\n ";
-      doc += cadence::tools::zipline_result_json(runs[k].name, runs[k].result, runs[k].seconds);
-    }
-    if (o.variant == "all") doc += "]";
-    std::cout << doc << '\n';
+    auto doc = cadence::tools::json::array();
+    for (const auto& run : runs) doc.push_back(cadence::tools::zipline_result_json(run.name, run.result, run.seconds));
+    std::cout << cadence::tools::json_document(o.variant == "all" ? doc : doc.front());
     return 0;
   }
   const auto& res = runs.front().result;
@@ -375,25 +382,23 @@ int evaluate(const options& o, const cadence::push_history<T>& history, const st
     }
   }
   if (o.json) {
-    std::string doc = "[";
-    for (std::size_t k = 0; k < results.size(); ++k) {
-      const auto& q = results[k];
-      doc += k ? ",\n {" : "\n {";
-      doc += "\"predictor\": ";
-      cadence::tools::detail::append_json_string(doc, q.predictor);
-      doc += ", \"lookahead\": " + std::to_string(q.lookahead) + ", \"unit\": \"" + unit +
-             "\", \"plans\": " + std::to_string(q.plans) + ", \"points\": " + std::to_string(q.points) +
-             ", \"mean_abs_error\": " + number_text(q.mean_abs_error) +
-             ", \"p90_abs_error\": " + number_text(q.p90_abs_error) +
-             ", \"max_abs_error\": " + number_text(q.max_abs_error) + ", \"wait_mean\": " + number_text(q.wait_mean()) +
-             ", \"best_wait_mean\": " + number_text(q.best_wait_mean()) +
-             ", \"excess_wait_mean\": " + number_text(q.wait_mean() - q.best_wait_mean()) +
-             ", \"predicted_wait_mean\": " + number_text(q.predicted_wait_mean()) +
-             ", \"wait_total\": " + number_text(q.wait_total) +
-             ", \"best_wait_total\": " + number_text(q.best_wait_total) + "}";
-    }
-    doc += "\n]\n";
-    std::cout << doc;
+    auto doc = cadence::tools::json::array();
+    for (const auto& q : results)
+      doc.push_back({{"predictor", q.predictor},
+                     {"lookahead", q.lookahead},
+                     {"unit", unit},
+                     {"plans", q.plans},
+                     {"points", q.points},
+                     {"mean_abs_error", q.mean_abs_error},
+                     {"p90_abs_error", q.p90_abs_error},
+                     {"max_abs_error", q.max_abs_error},
+                     {"wait_mean", q.wait_mean()},
+                     {"best_wait_mean", q.best_wait_mean()},
+                     {"excess_wait_mean", q.wait_mean() - q.best_wait_mean()},
+                     {"predicted_wait_mean", q.predicted_wait_mean()},
+                     {"wait_total", q.wait_total},
+                     {"best_wait_total", q.best_wait_total}});
+    std::cout << cadence::tools::json_document(doc);
     return 0;
   }
   std::size_t pushes = 0;
@@ -448,8 +453,8 @@ bool is_trace_file(const std::string& path) {
 
 int run(int argc, char** argv) {
   const options o = parse_args(argc, argv);
-  if (o.help) {
-    std::cout << usage;
+  if (!o.help.empty()) {
+    std::cout << o.help;
     return 0;
   }
   if (o.evaluate) {

@@ -1,9 +1,9 @@
 // Shared by cadence-sim and cadence-race (not installed): the scenario named by the flags, the
 // workers' own links (--link), and the bound on how much simulated work those flags may ask
-// for. main's error handling is cli.hpp's guarded_main.
+// for. main's error handling is flags.hpp's guarded_main.
 #pragma once
 
-#include "cli.hpp"
+#include "flags.hpp"
 #include <cadence/sim/scenarios.hpp>
 
 #include <algorithm>
@@ -15,6 +15,18 @@
 
 namespace cadence::tools {
 
+/// --scenario NAME (`scenario_help` says what it is) and --workers N, as cadence-sim and
+/// cadence-race take them. The upper bound of --workers is make_scenario's, which
+/// scenario_from_flags reports.
+inline void add_cluster_flags(command_line& cli, std::string& scenario, std::size_t& workers,
+                              const std::string& scenario_help) {
+  cli.add_option("--scenario", scenario, scenario_help)->option_text("NAME");
+  cli.add_option("--workers", workers, "number of workers (default: the scenario's own)")
+      ->option_text("N")
+      ->check(integer<std::size_t>(1, SIZE_MAX));
+}
+
+/// The scenario the flags name; a bad name is --scenario's error, a bad size --workers'.
 inline sim::scenario scenario_from_flags(const std::string& name, std::size_t workers, std::uint64_t seed) {
   try {
     return sim::make_scenario(name, workers, seed);
@@ -33,21 +45,21 @@ struct link_flag {
   double pull = 0;
 };
 
-/// Parses `flag`'s value "W=PUSH[,PULL]" (a worker index, then seconds >= 0). Throws usage_error
-/// "FLAG: expected 'W=PUSH[,PULL]' (a worker and its push and pull seconds), got 'TEXT'", or
-/// parse_flag_integer's and parse_flag_real's errors for the parts.
-inline link_flag parse_link(std::string_view flag, std::string_view text) {
+/// Parses "W=PUSH[,PULL]" (a worker index, then seconds >= 0). Throws usage_error "expected
+/// 'W=PUSH[,PULL]' (a worker and its push and pull seconds), got 'TEXT'", or parse_integer's and
+/// parse_real's errors for the parts (CLI11 puts "--link: " before them).
+inline link_flag parse_link(std::string_view text) {
   const auto eq = text.find('=');
   const std::string_view costs = eq == std::string_view::npos ? std::string_view() : text.substr(eq + 1);
   const auto comma = costs.find(',');
   if (eq == std::string_view::npos || costs.empty() || costs.find(',', comma + 1) != std::string_view::npos ||
       (comma != std::string_view::npos && comma + 1 == costs.size()))
-    throw usage_error(std::string(flag) + ": expected 'W=PUSH[,PULL]' (a worker and its push and pull seconds), got '" +
-                      std::string(text) + "'");
+    throw usage_error("expected 'W=PUSH[,PULL]' (a worker and its push and pull seconds), got '" + std::string(text) +
+                      "'");
   link_flag l;
-  l.worker = parse_flag_integer<std::size_t>(flag, text.substr(0, eq), 0, SIZE_MAX, "W");
-  l.push = parse_flag_real(flag, costs.substr(0, comma), /*allow_zero=*/true);
-  l.pull = comma == std::string_view::npos ? l.push : parse_flag_real(flag, costs.substr(comma + 1), true);
+  l.worker = parse_integer<std::size_t>(text.substr(0, eq), 0, SIZE_MAX, "W");
+  l.push = parse_real(costs.substr(0, comma), /*allow_zero=*/true);
+  l.pull = comma == std::string_view::npos ? l.push : parse_real(costs.substr(comma + 1), true);
   return l;
 }
 

@@ -4,7 +4,6 @@
 // Kept in a header so the arithmetic is unit-tested on hand-computed histories.
 #pragma once
 
-#include "cli.hpp"
 #include "zipline_json.hpp"
 
 #include <cadence/core/detail/bits.hpp>

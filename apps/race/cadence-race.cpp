@@ -1,6 +1,7 @@
 // cadence-race: races synchronization policies on a simulated cluster that trains a real model
 // on Fashion-MNIST, and prints what each policy buys in test accuracy per simulated second.
 #include "common.hpp"
+#include "json.hpp"
 #include "race.hpp"
 
 #include <cadence/controllers/make_controller.hpp>
@@ -25,38 +26,16 @@ constexpr double default_seconds = 120;
 
 using cadence::tools::usage_error;
 
-void print_help() {
-  std::cout <<
-R"(usage: cadence-race [options]
+constexpr const char* usage = "usage: cadence-race [options]\n";
 
-Races synchronization policies on a simulated parameter-server cluster that trains a real
-model (softmax regression) on Fashion-MNIST: every push carries the gradient of a real
-minibatch computed on the weights the worker pulled, and the server applies it when the push
-arrives. Prints test accuracy against simulated time per policy.
-With no options: bsp, asp, ssp:3, dssp:3:15 and elastic:15 on hetero16 for 120 simulated s.
+constexpr const char* description =
+    "Races synchronization policies on a simulated parameter-server cluster that trains a real\n"
+    "model (softmax regression) on Fashion-MNIST: every push carries the gradient of a real\n"
+    "minibatch computed on the weights the worker pulled, and the server applies it when the push\n"
+    "arrives. Prints test accuracy against simulated time per policy.\n"
+    "With no options: bsp, asp, ssp:3, dssp:3:15 and elastic:15 on hetero16 for 120 simulated s.\n";
 
-options:
-  --data DIR         Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist,
-                     from the Debian package dataset-fashion-mnist)
-  --scenario NAME    cluster scenario (default hetero16; see cadence-sim --list-scenarios)
-  --workers N        number of workers (default: the scenario's own)
-  --seconds S        simulated seconds to train (default 120)
-  --policy CONFIG    a make_controller config (bsp, asp, ssp:<s>, dssp:<s_L>:<s_U>,
-                     elastic:<R>...); repeat to compare several
-  --seed N           seed of the cluster and of the data order (default 1)
-  --lr X             SGD step size the server applies per push (default 0.005)
-  --batch N          examples per worker iteration (default 32)
-  --eval-every S     simulated seconds between test evaluations (default 2); at most
-                     1000 evaluations per run, so S >= seconds / 1000
-  --train-limit N    train on the first N training images only (default: all 60000)
-  --test-limit N     evaluate the curve on the first N test images (default 2000); the
-                     final accuracy always uses the whole test set
-  --json             one JSON array, one object per policy, with its curve
-  --csv              the curves as CSV: policy,seconds,accuracy,loss,updates
-                     (at most one of --json and --csv)
-  --help             this text
-
-columns (JSON keys in brackets):
+constexpr const char* footer = R"(columns (JSON keys in brackets):
   final           test accuracy of the final weights on the whole test set [final_accuracy]
   best            best accuracy on the curve [best_accuracy]
   t@70% t@80%     first simulated second at which the curve reached that accuracy ("-":
@@ -72,7 +51,6 @@ columns (JSON keys in brackets):
                   sees, for every policy [updates_behind_mean, updates_behind_p99,
                   updates_behind_max]
 )";
-}
 
 std::string percent(double v) {
   char buf[32];
@@ -95,29 +73,34 @@ constexpr const char* cluster_keys[] = {
     "updates_behind_max", "barriers", "superstep_iterations_min", "superstep_iterations_max"};
 
 void write_json(const std::vector<cadence::train::race_result>& runs) {
-  using cadence::sim::detail::format_number;
-  std::printf("[");
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    const auto& r = runs[i];
-    std::printf("%s{", i ? ",\n " : "\n ");
+  using cadence::tools::json;
+  using cadence::tools::significant;
+  auto doc = json::array();
+  for (const auto& r : runs) {
+    json run;
+    // The simulator's fields as it writes them (cadence/sim/report.hpp), read back as JSON.
     const auto fields = cadence::sim::detail::fields(r.metrics);
     for (const char* key : cluster_keys)
       for (const auto& f : fields)
-        if (f.first == key) std::printf("\"%s\": %s, ", key, f.second.c_str());
-    std::printf("\"final_accuracy\": %s, \"final_loss\": %s, \"final_test_examples\": %zu, "
-                "\"best_accuracy\": %s, \"time_to_accuracy\": {",
-                format_number(r.final_test.accuracy).c_str(), format_number(r.final_test.loss).c_str(),
-                r.final_test_examples, format_number(r.best_accuracy).c_str());
-    for (std::size_t k = 0; k < r.reached.size(); ++k)
-      std::printf("%s\"%g\": %s", k ? ", " : "", r.reached[k].target, format_number(r.reached[k].seconds).c_str());
-    std::printf("}, \"curve\": [");
-    for (std::size_t k = 0; k < r.curve.size(); ++k)
-      std::printf("%s[%s, %s, %s, %llu]", k ? ", " : "", format_number(r.curve[k].seconds).c_str(),
-                  format_number(r.curve[k].accuracy).c_str(), format_number(r.curve[k].loss).c_str(),
-                  static_cast<unsigned long long>(r.curve[k].updates));
-    std::printf("]}");
+        if (f.first == key) run[key] = json::parse(f.second);
+    run["final_accuracy"] = significant(r.final_test.accuracy, 9);
+    run["final_loss"] = significant(r.final_test.loss, 9);
+    run["final_test_examples"] = r.final_test_examples;
+    run["best_accuracy"] = significant(r.best_accuracy, 9);
+    json reached = json::object();
+    for (const auto& t : r.reached) {
+      char target[32];
+      std::snprintf(target, sizeof target, "%g", t.target);
+      reached[target] = significant(t.seconds, 9);
+    }
+    run["time_to_accuracy"] = reached;
+    json curve = json::array();
+    for (const auto& p : r.curve)
+      curve.push_back({significant(p.seconds, 9), significant(p.accuracy, 9), significant(p.loss, 9), p.updates});
+    run["curve"] = curve;
+    doc.push_back(run);
   }
-  std::printf("\n]\n");
+  std::fputs(cadence::tools::json_document(doc).c_str(), stdout);
 }
 
 int run(int argc, char** argv) {
@@ -130,46 +113,52 @@ int run(int argc, char** argv) {
   cadence::train::race_options o;
   bool json = false, csv = false;
 
-  cadence::tools::flag_reader args(argc, argv);
-  args.at_most_one_of({"--json", "--csv"});
-  while (args.next()) {
-    const std::string_view flag = args.flag();
-    if (flag == "--help" || flag == "-h") {
-      args.no_value();
-      print_help();
-      return 0;
-    } else if (flag == "--data") {
-      data_dir = std::string(args.value());
-      if (data_dir.empty()) throw usage_error("--data: expected a directory, got ''");
-    } else if (flag == "--scenario") {
-      scenario_name = std::string(args.value());
-    } else if (flag == "--workers") {
-      workers = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 20);
-    } else if (flag == "--seconds") {
-      seconds = cadence::tools::parse_flag_real(flag, args.value(), false, 1e9);
-    } else if (flag == "--policy") {
-      policies.emplace_back(args.value());
-    } else if (flag == "--seed") {
-      seed = cadence::tools::parse_flag_integer<std::uint64_t>(flag, args.value(), 0, UINT64_MAX);
-    } else if (flag == "--lr") {
-      o.learning_rate = cadence::tools::parse_flag_real(flag, args.value(), false, 1e9);
-    } else if (flag == "--batch") {
-      o.batch_size = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, 1u << 20);
-    } else if (flag == "--eval-every") {
-      o.eval_every_seconds = cadence::tools::parse_flag_real(flag, args.value(), false, 1e9);
-    } else if (flag == "--train-limit") {
-      o.train_limit = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
-    } else if (flag == "--test-limit") {
-      o.test_limit = cadence::tools::parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
-    } else if (flag == "--json") {
-      args.no_value();
-      json = true;
-    } else if (flag == "--csv") {
-      args.no_value();
-      csv = true;
-    } else {
-      args.unknown();
-    }
+  cadence::tools::command_line cli(usage, description);
+  cli.footer(footer);
+  cli.add_option("--data", data_dir,
+                 "Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist,\n"
+                 "from the Debian package dataset-fashion-mnist)")
+      ->option_text("DIR")
+      ->check(cadence::tools::not_empty("a directory"));
+  cadence::tools::add_cluster_flags(cli, scenario_name, workers,
+                                    "cluster scenario (default hetero16; see cadence-sim --list-scenarios)");
+  cli.add_option("--seconds", seconds, "simulated seconds to train (default 120)")
+      ->option_text("S")
+      ->check(cadence::tools::positive(1e9));
+  cli.add_list("--policy", policies,
+               "a make_controller config (bsp, asp, ssp:<s>, dssp:<s_L>:<s_U>,\n"
+               "elastic:<R>...); repeat to compare several")
+      ->option_text("CONFIG");
+  cli.add_option("--seed", seed, "seed of the cluster and of the data order (default 1)")
+      ->option_text("N")
+      ->check(cadence::tools::integer<std::uint64_t>(0, UINT64_MAX));
+  cli.add_option("--lr", o.learning_rate, "SGD step size the server applies per push (default 0.005)")
+      ->option_text("X")
+      ->check(cadence::tools::positive(1e9));
+  cli.add_option("--batch", o.batch_size, "examples per worker iteration (default 32)")
+      ->option_text("N")
+      ->check(cadence::tools::integer<std::size_t>(1, 1u << 20));
+  cli.add_option("--eval-every", o.eval_every_seconds,
+                 "simulated seconds between test evaluations (default 2); at most\n"
+                 "1000 evaluations per run, so S >= seconds / 1000")
+      ->option_text("S")
+      ->check(cadence::tools::positive(1e9));
+  cli.add_option("--train-limit", o.train_limit, "train on the first N training images only (default: all 60000)")
+      ->option_text("N")
+      ->check(cadence::tools::integer<std::size_t>(1, SIZE_MAX));
+  cli.add_option("--test-limit", o.test_limit,
+                 "evaluate the curve on the first N test images (default 2000); the\n"
+                 "final accuracy always uses the whole test set")
+      ->option_text("N")
+      ->check(cadence::tools::integer<std::size_t>(1, SIZE_MAX));
+  cli.add_flag("--json", json, "one JSON array, one object per policy, with its curve");
+  cli.add_flag("--csv", csv,
+               "the curves as CSV: policy,seconds,accuracy,loss,updates\n"
+               "(at most one of --json and --csv)");
+  cli.at_most_one_of({"--json", "--csv"});
+  if (!cli.read(argc, argv)) {
+    std::cout << cli.help();
+    return 0;
   }
   o.seed = seed;
   // Checked here, before the data load, so the mistake costs no time.

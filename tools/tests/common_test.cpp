@@ -52,22 +52,21 @@ TEST_CASE("a run of iterations is bounded by iterations x workers") {
 
 TEST_CASE("--link W=PUSH[,PULL] gives one worker its own link; PULL defaults to PUSH") {
   using cadence::tools::parse_link;
-  const auto both = parse_link("--link", "3=0.045,0.02");
+  const auto both = parse_link("3=0.045,0.02");
   CHECK(both.worker == 3);
   CHECK(both.push == 0.045);
   CHECK(both.pull == 0.02);
-  const auto one = parse_link("--link", "0=0.1");
+  const auto one = parse_link("0=0.1");
   CHECK(one.worker == 0);
   CHECK(one.pull == 0.1);
-  CHECK(parse_link("--link", "1=0").push == 0.0);
+  CHECK(parse_link("1=0").push == 0.0);
   for (const char* bad : {"3", "3=", "=0.1", "3=0.1,", "3=0.1,0.2,0.3", "3,0.1"}) {
     CAPTURE(bad);
-    CHECK_THROWS_AS(parse_link("--link", bad), cadence::tools::usage_error);
+    CHECK_THROWS_AS(parse_link(bad), cadence::tools::usage_error);
   }
-  CHECK_THROWS_WITH(parse_link("--link", "3"),
-                    "--link: expected 'W=PUSH[,PULL]' (a worker and its push and pull seconds), got '3'");
-  CHECK_THROWS_WITH(parse_link("--link", "x=0.1"), "--link: W 'x' is not an integer");
-  CHECK_THROWS_WITH(parse_link("--link", "1=-0.1"), "--link: expected a number >= 0, got '-0.1'");
+  CHECK_THROWS_WITH(parse_link("3"), "expected 'W=PUSH[,PULL]' (a worker and its push and pull seconds), got '3'");
+  CHECK_THROWS_WITH(parse_link("x=0.1"), "W 'x' is not an integer");
+  CHECK_THROWS_WITH(parse_link("1=-0.1"), "expected a number >= 0, got '-0.1'");
 }
 
 TEST_CASE("links go to the workers they name, which must exist and be named once") {
