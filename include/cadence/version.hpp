@@ -1,6 +1,6 @@
-// Cadence's version, for code that must check which release it compiles against. The
-// top-level CMakeLists.txt reads the project version from these lines: they are the only
-// place it is written.
+// Cadence's version, for code that must check which release it compiles against. The numbers
+// repeat the top-level VERSION file, which CMake, Meson, Conan and pyproject.toml read; the
+// tests fail when the two disagree (tests/version_test.cpp, the consumer.* ctest entries).
 #pragma once
 
 #define CADENCE_VERSION_MAJOR 0

@@ -1,0 +1,180 @@
+# pkg-config files for the installed package, for builds that take Cadence in without CMake
+# (a Makefile, Meson, a plain compiler command):
+#   cadence.pc          the core: the include path, -std=c++17 and -pthread
+#   cadence-<name>.pc   one per optional communicator built here (mpi, gloo, nccl, zmq): the
+#                       core plus what its target links, taken from the CMake target itself, so
+#                       the two cannot drift
+# Thrust has none: its device system (and -fopenmp, or nvcc) is each program's own choice
+# (docs/install.md). The files live in <datadir>/pkgconfig beside the CMake package and find
+# their prefix from where they are installed (${pcfiledir}), so an installed tree can move.
+# tests/consumer (consumer.pkg_config) compiles and runs a program with each of them.
+
+set(CADENCE_PKGCONFIG_DIR ${CMAKE_INSTALL_DATADIR}/pkgconfig)
+if(IS_ABSOLUTE "${CADENCE_PKGCONFIG_DIR}")
+  set(_cadence_pc_prefix "${CMAKE_INSTALL_PREFIX}")
+else()
+  file(RELATIVE_PATH _cadence_pc_prefix /p/${CADENCE_PKGCONFIG_DIR} /p)
+  set(_cadence_pc_prefix "\${pcfiledir}/${_cadence_pc_prefix}")
+  string(REGEX REPLACE "/$" "" _cadence_pc_prefix "${_cadence_pc_prefix}")
+endif()
+
+# cadence_write_pc(NAME DESCRIPTION [REQUIRES ...] [CFLAGS ...] [LIBS ...]): writes NAME.pc into
+# the build tree and installs it.
+function(cadence_write_pc name description)
+  cmake_parse_arguments(arg "" "" "REQUIRES;CFLAGS;LIBS" ${ARGN})
+  if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
+    set(includedir "${CMAKE_INSTALL_INCLUDEDIR}")
+  else()
+    set(includedir "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
+  endif()
+  set(text "prefix=${_cadence_pc_prefix}\nincludedir=${includedir}\n\n")
+  string(APPEND text "Name: ${name}\nDescription: ${description}\nVersion: ${PROJECT_VERSION}\n")
+  foreach(field Requires Cflags Libs)
+    string(TOUPPER ${field} key)
+    list(REMOVE_DUPLICATES arg_${key})
+    if(arg_${key})
+      list(JOIN arg_${key} " " value)
+      if(field STREQUAL "Requires")
+        list(JOIN arg_${key} ", " value)
+      endif()
+      string(APPEND text "${field}: ${value}\n")
+    endif()
+  endforeach()
+  file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/pkgconfig/${name}.pc CONTENT "${text}" @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/pkgconfig/${name}.pc DESTINATION ${CADENCE_PKGCONFIG_DIR})
+endfunction()
+
+# _cadence_pc_item(OUT VALUE INCLUDE|LINK): one entry of a target's interface property as it
+# applies to an installed C++ consumer: $<BUILD_INTERFACE:x> is the external library found here
+# (kept for LINK, dropped for INCLUDE), $<INSTALL_INTERFACE:x> the installed form (kept for
+# INCLUDE); the C++ and link-only wrappers are unwrapped. Anything else sets OUT to "!" + VALUE.
+function(_cadence_pc_item out value kind)
+  set(v "${value}")
+  if(v MATCHES "^\\$<BUILD_INTERFACE:(.*)>$")
+    set(v "${CMAKE_MATCH_1}")
+    if(kind STREQUAL "INCLUDE")
+      set(v "")
+    endif()
+  elseif(v MATCHES "^\\$<INSTALL_INTERFACE:(.*)>$")
+    set(v "${CMAKE_MATCH_1}")
+    if(kind STREQUAL "LINK")
+      set(v "")
+    elseif(NOT IS_ABSOLUTE "${v}")
+      set(v "\${prefix}/${v}")
+    endif()
+  elseif(v MATCHES "^\\$<\\$<COMPILE_LANGUAGE:CXX>:(.*)>$" OR v MATCHES "^\\$<LINK_ONLY:(.*)>$")
+    set(v "${CMAKE_MATCH_1}")
+  endif()
+  if(v MATCHES "\\$<")
+    set(v "!${value}")
+  endif()
+  set(${out} "${v}" PARENT_SCOPE)
+endfunction()
+
+# _cadence_pc_collect(TARGET): appends the compile and link flags TARGET passes to its users to
+# _pc_cflags, _pc_libs and _pc_requires in the caller's scope, following linked targets.
+# cadence::cadence becomes `Requires: cadence`; Threads::Threads is the core's -pthread.
+# _pc_bad collects what has no plain-flag form.
+function(_cadence_pc_collect tgt)
+  if(tgt STREQUAL "cadence::cadence" OR tgt STREQUAL "cadence")
+    list(APPEND _pc_requires cadence)
+    set(_pc_requires "${_pc_requires}" PARENT_SCOPE)
+    return()
+  endif()
+  if(tgt STREQUAL "Threads::Threads" OR tgt IN_LIST _pc_seen)
+    return()
+  endif()
+  list(APPEND _pc_seen ${tgt})
+  get_target_property(type ${tgt} TYPE)
+  get_target_property(imported ${tgt} IMPORTED)
+  if(imported AND NOT type STREQUAL "INTERFACE_LIBRARY")
+    get_target_property(configs ${tgt} IMPORTED_CONFIGURATIONS)
+    set(location "")
+    foreach(suffix "" ${configs})
+      if(suffix)
+        string(TOUPPER "_${suffix}" suffix)
+      endif()
+      get_target_property(location ${tgt} IMPORTED_LOCATION${suffix})
+      if(location)
+        break()
+      endif()
+    endforeach()
+    if(location)
+      list(APPEND _pc_libs "${location}")
+    else()
+      list(APPEND _pc_bad "${tgt} (no IMPORTED_LOCATION)")
+    endif()
+  endif()
+  foreach(prop INTERFACE_INCLUDE_DIRECTORIES INTERFACE_SYSTEM_INCLUDE_DIRECTORIES
+               INTERFACE_COMPILE_DEFINITIONS INTERFACE_COMPILE_OPTIONS
+               INTERFACE_LINK_OPTIONS INTERFACE_LINK_LIBRARIES)
+    get_target_property(values ${tgt} ${prop})
+    if(NOT values)
+      continue()
+    endif()
+    foreach(raw IN LISTS values)
+      set(kind COMPILE)
+      if(prop MATCHES "INCLUDE")
+        set(kind INCLUDE)
+      elseif(prop MATCHES "LINK")
+        set(kind LINK)
+      endif()
+      _cadence_pc_item(v "${raw}" ${kind})
+      if(v STREQUAL "")
+        continue()
+      elseif(v MATCHES "^!")
+        string(SUBSTRING "${v}" 1 -1 v)
+        list(APPEND _pc_bad "${tgt}: ${v}")
+      elseif(prop MATCHES "INCLUDE")
+        # The compiler's own directories stay out, as pkg-config leaves them out.
+        if(NOT v MATCHES "^/usr(/local)?/include/?$")
+          list(APPEND _pc_cflags "-I${v}")
+        endif()
+      elseif(prop STREQUAL "INTERFACE_COMPILE_DEFINITIONS")
+        list(APPEND _pc_cflags "-D${v}")
+      elseif(prop STREQUAL "INTERFACE_COMPILE_OPTIONS")
+        list(APPEND _pc_cflags "${v}")
+      elseif(prop STREQUAL "INTERFACE_LINK_OPTIONS")
+        list(APPEND _pc_libs "${v}")
+      elseif(TARGET "${v}")
+        _cadence_pc_collect("${v}")
+      elseif(IS_ABSOLUTE "${v}" OR v MATCHES "^-")
+        list(APPEND _pc_libs "${v}")
+      else()
+        list(APPEND _pc_libs "-l${v}")
+      endif()
+    endforeach()
+  endforeach()
+  foreach(var _pc_cflags _pc_libs _pc_requires _pc_seen _pc_bad)
+    set(${var} "${${var}}" PARENT_SCOPE)
+  endforeach()
+endfunction()
+
+# cadence_backend_pc(NAME DESCRIPTION): cadence-NAME.pc for target cadence_NAME, when it exists
+# and every flag it passes on has a plain form (else a status line says why there is none).
+function(cadence_backend_pc name description)
+  if(NOT TARGET cadence_${name})
+    return()
+  endif()
+  set(_pc_cflags "")
+  set(_pc_libs "")
+  set(_pc_requires "")
+  set(_pc_seen "")
+  set(_pc_bad "")
+  _cadence_pc_collect(cadence_${name})
+  if(_pc_bad)
+    message(STATUS "cadence: no cadence-${name}.pc: these usage requirements have no plain-flag "
+                   "form: ${_pc_bad}")
+    return()
+  endif()
+  cadence_write_pc(cadence-${name} "${description}" REQUIRES ${_pc_requires} CFLAGS ${_pc_cflags}
+                   LIBS ${_pc_libs})
+endfunction()
+
+cadence_write_pc(cadence
+  "Synchronization policies for distributed deep-learning training (header-only, C++17)"
+  CFLAGS "-I\${includedir}" -std=c++17 -pthread LIBS -pthread)
+cadence_backend_pc(mpi "Cadence's MPI communicator (cadence::mpi)")
+cadence_backend_pc(gloo "Cadence's gloo communicator (cadence::gloo)")
+cadence_backend_pc(nccl "Cadence's NCCL communicator (cadence::nccl; host code, no CUDA compiler)")
+cadence_backend_pc(zmq "Cadence's ZeroMQ communicator (cadence::zmq)")
