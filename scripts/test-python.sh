@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
-# Builds and installs the Python package (pip install . at the repository root) into a virtual
-# environment that sees Debian's numpy, pytest and torch (--system-site-packages), then runs
-# every Python test under tests/python/ (bindings, cadence.torch, ...). Ends with one line
-# "python tests: N passed, M failed"; exits non-zero when anything failed, the install included.
+# Builds the Python package once (a wheel, from pyproject.toml at the repository root) and runs
+# the Python tests under tests/python/ against both ends of the supported torch range:
+#   1. Debian's torch (1.13, the oldest supported): a venv over Debian's Python that sees
+#      Debian's numpy, pytest and torch (--system-site-packages); every test;
+#   2. the newest torch on PyPI: a venv cached between runs on this machine (created when
+#      missing: about 3 GB from PyPI on x86-64, since PyPI's wheel carries CUDA's libraries;
+#      reused while it imports torch, numpy and pytest); every test again;
+#   3. no torch at all: a plain venv with numpy and pytest only; the tests that check what the
+#      package says when torch is missing (tests/python/test_without_torch.py).
+# The same wheel goes into the three venvs (pip install --no-deps), so the extension is compiled
+# once. Ends with one line "python tests: N passed, M failed" over the three runs; exits
+# non-zero when anything failed, the build or a venv included.
 #
 #   PYTHON              interpreter to build for (default /usr/bin/python3, Debian's)
-#   CADENCE_PYTHON_DIR  where the venv and the extension's CMake build live (default
+#   CADENCE_PYTHON_DIR  where the venvs, the wheel and the extension's CMake build live (default
 #                       build-python-test/ here; reused, so a rerun rebuilds only what changed)
+#   CADENCE_TORCH_VENV  the newest-torch venv (default ~/.cache/cadence/torch-venv)
+#   CADENCE_TORCH_SPEC  what pip installs into it when creating it (default "torch": the newest);
+#                       delete the venv (or point CADENCE_TORCH_VENV elsewhere) to take a newer one
+#   CADENCE_TORCH_NEWEST  0: skip run 2 (it then says so; CI runs it)
 #   CADENCE_BUILD_DIR   a C++ build whose bin/cadence-zipline and bin/cadence-sim the tests
 #                       also compare against (default: build/, else the newest build*/bin in the
 #                       repository)
@@ -18,6 +30,8 @@ cd "$(dirname "$0")/.."
 root=$PWD
 python=${PYTHON:-/usr/bin/python3}
 dir=${CADENCE_PYTHON_DIR:-$root/build-python-test}
+torch_venv=${CADENCE_TORCH_VENV:-$HOME/.cache/cadence/torch-venv}
+torch_spec=${CADENCE_TORCH_SPEC:-torch}
 jobs=${JOBS:-2}
 passed=0
 failed=0
@@ -25,37 +39,36 @@ finish() { printf 'python tests: %d passed, %d failed\n' "$passed" "$failed"; }
 trap finish EXIT
 mkdir -p "$dir"
 log=$dir/install.log
+pip_quiet=(-q --disable-pip-version-check)
 
-# 1. The venv, with the build requirements (pinned as in pyproject.toml) from PyPI.
-if [[ ! -x $dir/venv/bin/python ]] && ! "$python" -m venv --system-site-packages "$dir/venv" >"$log" 2>&1; then
-  cat "$log"
-  echo "python: creating the virtual environment FAILED (Debian: apt-get install python3-venv)"
-  failed=1
-  exit 1
-fi
-venv_python=$dir/venv/bin/python
-# 2. pip install . without build isolation, so the CMake build directory persists between runs.
-start=$(date +%s)
-if ! "$venv_python" -m pip install -q --disable-pip-version-check "scikit-build-core>=0.11" "nanobind>=2.2" >"$log" 2>&1 ||
-   ! CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$venv_python" -m pip install -q --disable-pip-version-check \
-       --no-build-isolation --config-settings=build-dir="$dir/cmake" \
-       ${CADENCE_PYTHON_THRUST:+--config-settings=cmake.define.CADENCE_PYTHON_THRUST=$CADENCE_PYTHON_THRUST} \
-       "$root" >>"$log" 2>&1; then
+# fail WHAT: one failure that is not a test's (a venv, the build), with the log's tail.
+fail() {
   tail -n 60 "$log"
-  echo "python: pip install . FAILED (log: $log)"
-  failed=1
-  exit 1
-fi
-echo "python: package built and installed in $(($(date +%s) - start)) s ($dir/venv)"
+  echo "python: $1 FAILED (log: $log)"
+  failed=$((failed + 1))
+}
 
-# 3. pytest (its rootdir conftest puts tests/python, not python/, on sys.path, so `import
-#    cadence` is the installed package).
-junit=$dir/pytest.xml
-rm -f "$junit"
-timeout 900 "$venv_python" -m pytest -q -p no:cacheprovider --junitxml="$junit" "$root/tests/python"
-rc=$?
-if [[ -f $junit ]]; then
-  read -r total bad skipped < <("$venv_python" - "$junit" <<'PY'
+# make_venv DIR [venv options...]: DIR/bin/python, created unless there.
+make_venv() {
+  local d=$1
+  shift
+  [[ -x $d/bin/python ]] || "$python" -m venv "$@" "$d" >>"$log" 2>&1
+}
+
+# run_pytest NAME VENV_PYTHON PYTEST_ARGS...: pytest from the repository root (its rootdir
+# conftest puts tests/python, not python/, on sys.path, so `import cadence` is the installed
+# package; pyproject.toml's filterwarnings make a FutureWarning or DeprecationWarning raised
+# from cadence code an error); adds its counts to the totals and prints them.
+run_pytest() {
+  local name=$1 vpy=$2
+  shift 2
+  local junit=$dir/pytest-$name.xml t0 rc total=0 bad=0 skipped=0
+  rm -f "$junit"
+  t0=$(date +%s)
+  timeout 900 "$vpy" -m pytest -q -p no:cacheprovider --junitxml="$junit" "$@"
+  rc=$?
+  if [[ -f $junit ]]; then
+    read -r total bad skipped < <("$vpy" - "$junit" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
@@ -66,10 +79,89 @@ skipped = sum(int(s.get("skipped", 0)) for s in suites)
 print(total, bad, skipped)
 PY
 )
-  passed=$((total - bad - skipped))
-  failed=$bad
+  fi
+  if ((rc != 0 && bad == 0)); then
+    bad=1  # pytest itself failed (collection error, timeout) without a failing test
+  fi
+  passed=$((passed + total - bad - skipped))
+  failed=$((failed + bad))
+  echo "python tests ($name): $((total - bad - skipped)) passed, $bad failed, $skipped skipped in $(($(date +%s) - t0)) s"
+}
+
+# 1. The build venv (Debian's Python, numpy, pytest and torch), with the build requirements
+#    (pinned as in pyproject.toml) from PyPI.
+: >"$log"
+if ! make_venv "$dir/venv" --system-site-packages; then
+  fail "creating the virtual environment (Debian: apt-get install python3-venv)"
+  exit 1
 fi
-if ((rc != 0 && failed == 0)); then
-  failed=1  # pytest itself failed (collection error, timeout) without a failing test
+venv_python=$dir/venv/bin/python
+
+# 2. The wheel, built once without build isolation, so the CMake build directory persists
+#    between runs; then installed into each venv as `pip install` would.
+start=$(date +%s)
+rm -rf "$dir/wheel"
+if ! "$venv_python" -m pip install "${pip_quiet[@]}" "scikit-build-core>=0.11" "nanobind>=2.2" >>"$log" 2>&1 ||
+   ! CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$venv_python" -m pip wheel "${pip_quiet[@]}" --no-deps \
+       --no-build-isolation --config-settings=build-dir="$dir/cmake" \
+       ${CADENCE_PYTHON_THRUST:+--config-settings=cmake.define.CADENCE_PYTHON_THRUST=$CADENCE_PYTHON_THRUST} \
+       -w "$dir/wheel" "$root" >>"$log" 2>&1; then
+  fail "building the wheel (pip wheel .)"
+  exit 1
+fi
+wheel=$(ls "$dir"/wheel/cadence_sync-*.whl)
+install_wheel() { "$1" -m pip install "${pip_quiet[@]}" --no-deps --force-reinstall "$wheel" >>"$log" 2>&1; }
+if ! install_wheel "$venv_python"; then
+  fail "pip install $wheel (Debian's torch)"
+  exit 1
+fi
+echo "python: package built and installed in $(($(date +%s) - start)) s ($wheel)"
+
+# 3. Debian's torch: every test.
+run_pytest "Debian torch $("$venv_python" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none)" \
+  "$venv_python" "$root/tests/python"
+
+# 4. The newest torch from PyPI, in a venv cached between runs: reused when its marker says it
+#    was completed and it imports what the tests need; otherwise made again from PyPI (under a
+#    lock, so two runs on one machine do not both download it).
+if [[ ${CADENCE_TORCH_NEWEST:-1} == 0 ]]; then
+  echo "python tests (newest torch): skipped (CADENCE_TORCH_NEWEST=0)"
+else
+  tpy=$torch_venv/bin/python
+  valid() { [[ -f $torch_venv/.cadence-complete ]] && "$tpy" -c 'import torch, numpy, pytest' >/dev/null 2>&1; }
+  mkdir -p "$(dirname "$torch_venv")"
+  exec 9>"$torch_venv.lock"
+  flock 9
+  if ! valid; then
+    echo "python: creating $torch_venv with $torch_spec from PyPI (about 3 GB; once per machine)"
+    t0=$(date +%s)
+    rm -rf "$torch_venv"
+    if make_venv "$torch_venv" &&
+       "$tpy" -m pip install "${pip_quiet[@]}" "$torch_spec" numpy pytest >>"$log" 2>&1; then
+      "$tpy" -c 'import torch; print(torch.__version__)' >"$torch_venv/.cadence-complete"
+      echo "python: $torch_venv ready in $(($(date +%s) - t0)) s"
+    fi
+  fi
+  flock -u 9
+  if ! valid; then
+    fail "creating the newest-torch venv $torch_venv ($torch_spec from PyPI)"
+  elif ! install_wheel "$tpy"; then
+    fail "pip install $wheel (newest torch)"
+  else
+    run_pytest "PyPI torch $(cat "$torch_venv/.cadence-complete")" "$tpy" "$root/tests/python"
+  fi
+fi
+
+# 5. No torch: a plain venv (no system site packages) with numpy and pytest from PyPI, kept
+#    between runs; only the tests of what the package says without torch.
+notorch=$dir/venv-notorch
+if ! { make_venv "$notorch" &&
+       { "$notorch/bin/python" -c 'import numpy, pytest' >/dev/null 2>&1 ||
+         "$notorch/bin/python" -m pip install "${pip_quiet[@]}" numpy pytest >>"$log" 2>&1; }; }; then
+  fail "creating the venv without torch ($notorch)"
+elif ! install_wheel "$notorch/bin/python"; then
+  fail "pip install $wheel (no torch)"
+else
+  run_pytest "no torch" "$notorch/bin/python" "$root/tests/python/test_without_torch.py"
 fi
 ((failed == 0))

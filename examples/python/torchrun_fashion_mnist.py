@@ -179,7 +179,7 @@ def train_policy(torch, args, policy, data, rank, world, device):
                 if checkpoint(model):
                     break
     elif policy.startswith("elastic:") or policy.startswith("cadence-periodic:"):
-        net = DDP(model, device_ids=ids, broadcast_buffers=False)  # the averager merges buffers
+        net = DDP(model, device_ids=ids, **ct.no_buffer_sync())  # the averager merges buffers
         opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
         if policy.startswith("elastic:"):
             avg = ct.ElasticModelAverager(policy, module=net, timeout=args.timeout)

@@ -1,4 +1,15 @@
-"""LSTM-node2vec (Khoshraftar et al., DSAA 2019): dynamic graph embedding from temporal walks, an LSTM autoencoder and node2vec."""
+"""LSTM-node2vec (Khoshraftar et al., DSAA 2019): dynamic graph embedding from temporal walks, an LSTM autoencoder and node2vec.
+
+Needs PyTorch, which ``pip install 'cadence-sync[lstm]'`` brings; without it, importing this
+package raises ImportError saying so.
+"""
+
+try:
+    import torch as _torch  # noqa: F401  (the models and the distributed runs are torch code)
+except ImportError as _e:
+    raise ImportError("cadence.lstm_node2vec needs PyTorch: pip install 'cadence-sync[lstm]' (from a "
+                      "clone: pip install '.[lstm]'; on Debian, python3-torch seen from a venv made with "
+                      f"--system-site-packages); import failed: {_e}") from _e
 
 from .data import (DATASETS, DataError, Snapshots, TemporalEdges, cut_snapshots, default_data_path, evolving_sbm,
                    load_dataset, load_sociopatterns, load_temporal_csv)

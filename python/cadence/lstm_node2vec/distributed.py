@@ -315,11 +315,12 @@ def run_policies(policies, walks: np.ndarray, score, n: int, cfg, workers: int =
 def reconstruction_loss(model: WalkAutoencoder, walks: np.ndarray, batch: int = 500) -> float:
     """Mean full-softmax cross-entropy of the model's reconstruction of ``walks`` (no sampling, so deterministic)."""
     total = 0.0
-    for i in range(0, len(walks), batch):
-        xb = torch.from_numpy(walks[i:i + batch])
-        logits = model(xb)
-        total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, model.n + 1), xb.reshape(-1),
-                                                         reduction="sum"))
+    with torch.no_grad():
+        for i in range(0, len(walks), batch):
+            xb = torch.from_numpy(walks[i:i + batch])
+            logits = model(xb)
+            total += torch.nn.functional.cross_entropy(logits.reshape(-1, model.n + 1), xb.reshape(-1),
+                                                       reduction="sum").item()
     return total / walks.size
 
 

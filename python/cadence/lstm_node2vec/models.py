@@ -82,10 +82,10 @@ def train_autoencoder(model: WalkAutoencoder, walks: np.ndarray, epochs: int = 3
             loss = model.loss(xb, generator=g)
             loss.backward()
             opt.step()
-            total += float(loss) * xb.shape[0]
+            total += loss.item() * xb.shape[0]
             count += xb.shape[0]
             if on_step is not None:
-                on_step(model, step, float(loss))
+                on_step(model, step, loss.item())
             step += 1
         history.append(total / count)
         if log:
@@ -165,7 +165,7 @@ def train_skipgram(model: SkipGram, pairs: np.ndarray, noise: np.ndarray, negati
             loss = model.loss(b[:, 0], b[:, 1], neg)
             loss.backward()
             opt.step()
-            total += float(loss) * b.shape[0]
+            total += loss.item() * b.shape[0]
             count += b.shape[0]
         history.append(total / max(count, 1))
     return history

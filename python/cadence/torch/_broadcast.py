@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from . import _device
-from ._common import (Deadline, InvalidParameterError, TransportError, check_seconds,
+from ._common import (Deadline, InvalidParameterError, TransportError, check_seconds, copy_slices,
                       flatten_params, global_rank, group_info, group_timeout, wait_work, where)
 
 _DDP = torch.nn.parallel.DistributedDataParallel
@@ -59,9 +59,4 @@ def broadcast_parameters(module_or_params, src: int = 0, *, process_group=None,
                                  f"{src} failed after {deadline.elapsed():.3f} s (timeout "
                                  f"{seconds:g} s): {e}") from e
         if rank != src:
-            offset = 0
-            with torch.no_grad():
-                for t in ts:
-                    k = t.numel()
-                    t.copy_(flat[offset:offset + k].view_as(t))
-                    offset += k
+            copy_slices(ts, flat)

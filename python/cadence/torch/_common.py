@@ -1,5 +1,6 @@
 # Shared pieces of cadence.torch: the exception types, process-group facts read through public
-# torch APIs (with fallbacks for torch 1.13 and 2.x), bounded waits on torch.distributed work that
+# torch APIs (the one private fallback is for torch 1.13, which has no public store accessor),
+# bounded waits on torch.distributed work that
 # name the operation, its sequence number and the ranks that did not arrive.
 from __future__ import annotations
 
@@ -60,25 +61,26 @@ def group_info(component: str, group) -> tuple:
 
 
 def global_rank(group, rank: int) -> int:
-    """The global rank of `rank` in `group` (torch's p2p calls take global ranks):
-    dist.get_global_rank (public since torch 1.13), else the older private name."""
+    """The global rank of `rank` in `group` (torch's p2p calls take global ranks)."""
     if group is None or group is dist.group.WORLD:
         return rank
-    fn = getattr(dist, "get_global_rank", None)
-    if fn is None:  # pragma: no cover - torch < 1.13
-        fn = dist.distributed_c10d._get_global_rank
-    return fn(group, rank)
+    return dist.get_global_rank(group, rank)  # public since torch 1.13, the oldest supported
 
 
 def default_store(group=None):
-    """The store the process group was rendezvoused with, or None. torch has no public accessor
-    (1.13 and 2.x both keep `_get_default_store`), so this reads it when present and otherwise
-    leaves the straggler names unknown; pass `store=` to give one explicitly."""
-    fn = getattr(dist.distributed_c10d, "_get_default_store", None)
-    if fn is None:  # pragma: no cover - a torch without it
+    """The store the process group was rendezvoused with, or None: the public
+    ``ProcessGroup.get_group_store()`` where torch has it (2.x). A torch release without it
+    (1.13) has only the private ``distributed_c10d._get_default_store``, read there alone: a
+    released version never changes, so the private name cannot break it. Pass ``store=`` to the
+    averagers to give one explicitly."""
+    g = group if group is not None else dist.group.WORLD
+    get = getattr(g, "get_group_store", None)
+    if get is None:  # torch 1.13: no public accessor
+        get = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if get is None:  # pragma: no cover - a torch with neither
         return None
     try:
-        return fn()
+        return get()
     except Exception:  # pragma: no cover - a group initialized without a store
         return None
 
@@ -91,34 +93,20 @@ def _seconds(t) -> Optional[float]:
 
 
 def group_timeout(group) -> float:
-    """The process group's own timeout in seconds (init_process_group(timeout=) or
-    new_group(timeout=)): its backend's options (1.13: group.options; 2.x: the backend of each
-    device), else the default store's timeout (init_process_group gives the store the same),
-    else torch's documented defaults (dist.default_pg_timeout; 10 minutes for NCCL in 2.x)."""
-    g = group if group is not None else dist.group.WORLD
-    candidates = [g]
-    get_backend = getattr(g, "_get_backend", None)
-    if get_backend is not None:  # torch 2.x: one backend object per device type
-        for dev in ("cpu", "cuda"):
-            try:
-                candidates.append(get_backend(torch.device(dev)))
-            except Exception:
-                pass
-    for c in candidates:
-        try:
-            s = _seconds(c.options._timeout)
-            if s:
-                return s
-        except Exception:
-            pass
-    store = default_store(g)
+    """The bound of a sync when none is given, through public APIs only: the timeout of the
+    store the group was rendezvoused with (init_process_group gives the default group's store
+    its own timeout), else torch's default (``dist.default_pg_timeout``; NCCL's
+    ``default_pg_nccl_timeout``). torch exposes a process group's own timeout through no public
+    API; where it is shorter (``new_group(timeout=)``), it still ends the collective first
+    (gloo's context timeout, NCCL's watchdog), and the error says so."""
+    store = default_store(group)
     try:
         s = _seconds(store.timeout) if store is not None else None
         if s:
             return s
-    except Exception:
+    except Exception:  # pragma: no cover - a store without a timeout
         pass
-    if "nccl" in _device.ops.backend(g):
+    if "nccl" in _device.ops.backend(group):
         s = _seconds(getattr(dist, "default_pg_nccl_timeout", None))
         if s:
             return s
@@ -289,3 +277,13 @@ def flatten_params(params) -> List[torch.Tensor]:
         else:
             add(item)
     return out
+
+
+def copy_slices(tensors, flat: torch.Tensor) -> None:
+    """Writes consecutive slices of `flat` into `tensors`, in order (the inverse of a cat)."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            k = t.numel()
+            t.copy_(flat[offset:offset + k].view_as(t))
+            offset += k

@@ -123,7 +123,7 @@ def _scenarios(rank, n):
         steps += 1
         opt.zero_grad()
         loss = model(x).pow(2).mean()
-        losses.append(float(loss))
+        losses.append(loss.item())
         loss.backward()
         b = eavg.barriers
         opt.step()

@@ -1,5 +1,5 @@
 # cadence.torch with real torch jobs, on 3 gloo processes: DDP-wrapped models (local steps under
-# no_sync(), broadcast_buffers checked, torch's warm-up), BatchNorm buffers and optimizer state in
+# no_sync(), DDP's forward buffer sync checked, torch's warm-up), BatchNorm buffers and optimizer state in
 # the merge, broadcast_parameters, training that must reach a loss and an accuracy, and every CUDA
 # branch (CUDA-event step timing, control tensors on the device for NCCL, host-side polled waits)
 # through the fake device of _fake_cuda.py. One spawn runs the scenarios in order (the stall that
@@ -67,7 +67,7 @@ def _scenarios(rank, n):
     #    and running statistics; the model learns (loss falls, test accuracy above a floor).
     x, y = _data(rank, n, 3000, seed=1)
     xt, yt = _data(0, 1, 1000, seed=2)
-    ddp = DDP(_bn_model(), broadcast_buffers=False)
+    ddp = DDP(_bn_model(), **ct.no_buffer_sync())
     avg = ct.ElasticModelAverager("elastic:4", module=ddp, warmup_steps=2, timeout=30)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     digests, losses, steps, i = [], [], 0, 0
@@ -79,7 +79,7 @@ def _scenarios(rank, n):
             loss.backward()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(loss.item())
         steps += 1
         time.sleep(0.002 * rank)  # rank 2 is the slow one
         if avg.step_done():
@@ -95,10 +95,12 @@ def _scenarios(rank, n):
                               max_local=avg.max_local_steps,
                               tracked=int(model[1].num_batches_tracked))
 
-    # 2. broadcast_buffers=True is refused, saying why (no communication before the error).
-    bad = DDP(_bn_model(), broadcast_buffers=True)
-    out["broadcast_buffers"] = _error(lambda: ct.ElasticModelAverager("elastic:4", module=bad))
-    out["broadcast_buffers_periodic"] = _error(
+    # 2. DDP's default (buffers broadcast at every forward pass) is refused, saying why and
+    #    how this torch spells the fix (no communication before the error).
+    bad = DDP(_bn_model())
+    out["spelling"] = ", ".join(f"{k}={v}" for k, v in ct.no_buffer_sync().items())
+    out["buffer_sync"] = _error(lambda: ct.ElasticModelAverager("elastic:4", module=bad))
+    out["buffer_sync_periodic"] = _error(
         lambda: ct.PeriodicModelAverager(2).local_step(bad).__enter__())
 
     # 3. torch's recipe with our periodic averager: DDP averages the gradients during the
@@ -234,11 +236,14 @@ def test_ddp_elastic_merges_identical_models_and_learns(results):
     assert [r["ddp_elastic"]["tracked"] for r in results] == steps
 
 
-def test_ddp_broadcast_buffers_is_refused_saying_why(results):
-    for key in ("broadcast_buffers", "broadcast_buffers_periodic"):
+def test_ddp_forward_buffer_sync_is_refused_saying_why(results):
+    import inspect
+    new = "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+    assert results[0]["spelling"] == ("forward_sync_buffers=False" if new else "broadcast_buffers=False")
+    for key in ("buffer_sync", "buffer_sync_periodic"):
         err = results[0][key]
         assert err is not None and err[1], err
-        assert "broadcast_buffers=False" in err[2] and "collective" in err[2]
+        assert results[0]["spelling"] in err[2] and "collective" in err[2]
 
 
 def test_ddp_periodic_follows_torchs_recipe(results):

@@ -1,5 +1,5 @@
-# cadence works without torch; cadence.torch says what is missing when torch is absent; the
-# source tree without its compiled part says to install the package.
+# cadence works without torch; cadence.torch and cadence.lstm_node2vec say what is missing (and
+# the extra that installs it) when torch is absent; the source tree without its compiled part says to install the package.
 import pathlib
 import subprocess
 import sys
@@ -14,17 +14,20 @@ sys.modules["torch"] = None  # as if torch were not installed
 import cadence
 assert "torch" not in sys.modules or sys.modules["torch"] is None
 cadence.make_controller("bsp", 2)
-try:
-    import cadence.torch
-except ImportError as e:
-    print("ImportError:", e)
+for package in ("cadence.torch", "cadence.lstm_node2vec"):
+    try:
+        __import__(package)
+    except ImportError as e:
+        print("ImportError:", e)
 """
 
 
-def test_cadence_imports_without_torch_and_cadence_torch_names_it():
+def test_cadence_imports_without_torch_and_the_torch_subpackages_name_the_extra():
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "ImportError: cadence.torch needs PyTorch" in out.stdout, out.stdout
+    assert "ImportError: cadence.torch needs PyTorch: pip install 'cadence-sync[torch]'" in out.stdout, out.stdout
+    assert ("ImportError: cadence.lstm_node2vec needs PyTorch: pip install 'cadence-sync[lstm]'"
+            in out.stdout), out.stdout
 
 
 def test_source_tree_without_the_extension_says_to_pip_install():
