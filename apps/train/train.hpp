@@ -1,10 +1,9 @@
 // cadence-train's pieces that need no MPI: the per-worker speed profiles (the simulator's
-// scenarios at any worker count), the measurements of one policy's real run and their JSON and
-// CSV forms, and the arithmetic that turns raw timings into wait fractions and percentiles.
+// scenarios at any worker count), the measurements of one policy's real run (report.hpp prints
+// them), and the arithmetic that turns raw timings into wait fractions and percentiles.
 #pragma once
 
 #include <cadence/core/error.hpp>
-#include <cadence/sim/report.hpp>
 #include <cadence/sim/scenario.hpp>
 #include <cadence/sim/scenarios.hpp>
 #include <cadence/sim/worker_model.hpp>
@@ -12,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -236,74 +234,6 @@ struct policy_report {
 /// |simulated - measured| / measured; NaN when measured is 0.
 inline double relative_error(double simulated, double measured) {
   return measured != 0 ? std::fabs(simulated - measured) / std::fabs(measured) : std::nan("");
-}
-
-/// The --json document: one array, one object per policy, with exactly the keys scripts rely
-/// on (docs/train.md): policy, transport, workers, seconds, iterations, iterations_per_second,
-/// wait_fraction, max_staleness, final_accuracy, best_accuracy, time_to_70, time_to_80 (null
-/// when not reached), evicted, worker_transfer_seconds (per worker, null for one that measured
-/// nothing), simulated {iterations_per_second, wait_fraction}.
-inline std::string to_json(const std::vector<policy_report>& runs) {
-  using sim::detail::format_number;
-  using sim::detail::json_string;
-  std::string out = "[";
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    const policy_report& r = runs[i];
-    std::string ev, links;
-    for (std::size_t k = 0; k < r.evicted.size(); ++k) ev += (k ? ", " : "") + std::to_string(r.evicted[k]);
-    for (std::size_t k = 0; k < r.worker_transfer_seconds.size(); ++k)
-      links += (k ? ", " : "") + format_number(r.worker_transfer_seconds[k], "%.6g");
-    out += i ? ",\n {" : "\n {";
-    out += "\"policy\": " + json_string(r.policy) + ", \"transport\": " + json_string(r.transport) +
-           ", \"workers\": " + std::to_string(r.workers) + ", \"seconds\": " + format_number(r.seconds) +
-           ", \"iterations\": " + std::to_string(r.iterations) +
-           ", \"iterations_per_second\": " + format_number(r.iterations_per_second, "%.6g") +
-           ", \"wait_fraction\": " + format_number(r.wait_fraction, "%.6g") +
-           ", \"max_staleness\": " + std::to_string(r.max_staleness) +
-           ", \"final_accuracy\": " + format_number(r.final_accuracy, "%.6g") +
-           ", \"best_accuracy\": " + format_number(r.best_accuracy, "%.6g") +
-           ", \"time_to_70\": " + format_number(r.time_to_70, "%.3f") +
-           ", \"time_to_80\": " + format_number(r.time_to_80, "%.3f") + ", \"evicted\": [" + ev + "]" +
-           ", \"worker_transfer_seconds\": [" + links + "]" + ", \"simulated\": {\"iterations_per_second\": " +
-           format_number(r.simulated_iterations_per_second, "%.6g") +
-           ", \"wait_fraction\": " + format_number(r.simulated_wait_fraction, "%.6g") + "}}";
-  }
-  out += "\n]\n";
-  return out;
-}
-
-/// The accuracy curves (--curves FILE), for plots: policy,seconds,accuracy per point.
-inline std::string curves_csv(const std::vector<policy_report>& runs) {
-  std::string out = "policy,seconds,accuracy\n";
-  char buf[64];
-  for (const policy_report& r : runs)
-    for (const accuracy_point& p : r.curve) {
-      std::snprintf(buf, sizeof buf, ",%.3f,%.4f\n", p.seconds, p.accuracy);
-      out += r.policy + buf;
-    }
-  return out;
-}
-
-/// The --csv document: a header, then one row per policy (evicted ids joined by ';').
-inline std::string to_csv(const std::vector<policy_report>& runs) {
-  using sim::detail::format_number;
-  std::string out =
-      "policy,transport,workers,seconds,iterations,iterations_per_second,wait_fraction,max_staleness,"
-      "staleness_p99,final_accuracy,best_accuracy,time_to_70,time_to_80,evicted,"
-      "simulated_iterations_per_second,simulated_wait_fraction\n";
-  auto cell = [](double v, const char* fmt) { return std::isfinite(v) ? format_number(v, fmt) : std::string(); };
-  for (const policy_report& r : runs) {
-    std::string ev;
-    for (std::size_t k = 0; k < r.evicted.size(); ++k) ev += (k ? ";" : "") + std::to_string(r.evicted[k]);
-    out += r.policy + "," + r.transport + "," + std::to_string(r.workers) + "," + cell(r.seconds, "%g") + "," +
-           std::to_string(r.iterations) + "," + cell(r.iterations_per_second, "%.6g") + "," +
-           cell(r.wait_fraction, "%.6g") + "," + std::to_string(r.max_staleness) + "," +
-           std::to_string(r.p99_staleness) + "," + cell(r.final_accuracy, "%.6g") + "," +
-           cell(r.best_accuracy, "%.6g") + "," + cell(r.time_to_70, "%.3f") + "," + cell(r.time_to_80, "%.3f") +
-           "," + ev + "," + cell(r.simulated_iterations_per_second, "%.6g") + "," +
-           cell(r.simulated_wait_fraction, "%.6g") + "\n";
-  }
-  return out;
 }
 
 }  // namespace cadence::train

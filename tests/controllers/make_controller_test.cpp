@@ -88,3 +88,35 @@ TEST_CASE("make_controller enforces the constructors' bounds on memory-sizing pa
                        doctest::Contains("policy 'elastic:15:fastest' for 2 workers: "),
                        parse_error);
 }
+
+TEST_CASE("a collective mode is told from a controller config by its kind alone") {
+  for (const char* config : {"periodic:4", "periodic:0", "elastic-avg:15", "elastic-avg:8:median:3:opt-bs"}) {
+    CAPTURE(config);
+    CHECK(is_collective_config(config));
+    // make_controller has no such kind: a trainer must route these to the averagers.
+    CHECK_THROWS_AS((void)make_controller(config, 4), parse_error);
+  }
+  for (const char* config : {"bsp", "asp", "ssp:3", "dssp:3:15", "elastic:15", "elastic:15:median:5", "periodic",
+                             "elastic-avg", "elastic_avg:15", "", "Periodic:4"}) {
+    CAPTURE(config);
+    CHECK_FALSE(is_collective_config(config));
+  }
+}
+
+TEST_CASE("collective_mode spells the mode as the averagers and the simulator take it") {
+  CHECK(collective_mode("periodic:4") == "periodic:4");
+  CHECK(collective_mode("elastic-avg:15") == "elastic:15");
+  CHECK(collective_mode("elastic-avg:8:median:3:opt-bs") == "elastic:8:median:3:opt-bs");
+  // The elastic form reads as make_controller's elastic grammar, which elastic_averager uses.
+  const auto parsed = detail::parse_elastic_config(collective_mode("elastic-avg:8:median:3:opt-bs"));
+  CHECK(parsed.lookahead == 8);
+  CHECK(parsed.predictor == "median:3");
+  CHECK(parsed.variant == "opt-bs");
+}
+
+TEST_CASE("collective_mode refuses a controller config and names it") {
+  CHECK_THROWS_WITH_AS(collective_mode("elastic:15"),
+                       "cadence: policy 'elastic:15' is not a collective mode; expected periodic:<k> or "
+                       "elastic-avg:<R>[:<predictor>][:<variant>]",
+                       parse_error);
+}

@@ -1,6 +1,6 @@
 // cadence-train's pieces without MPI: the MLP's gradient against finite differences, its
-// learning, the profiles against the simulator's scenarios, the report arithmetic and the
-// JSON/CSV shapes.
+// learning, the profiles against the simulator's scenarios and the report arithmetic
+// (report_test.cpp checks the JSON and CSV shapes).
 #include "mlp.hpp"
 #include "train.hpp"
 
@@ -188,44 +188,4 @@ TEST_CASE("each worker's transfer is its blocked time beyond its parked time, pe
   // Missing parked times count as 0; no worker measured anything: median 0.
   CHECK(worker_transfer_seconds(t, {})[1] == doctest::Approx(0.090));
   CHECK(median_transfer_seconds({std::nan(""), std::nan("")}) == 0.0);
-}
-
-TEST_CASE("JSON: exactly the documented keys in order, null for targets never reached") {
-  policy_report a;
-  a.policy = "bsp";
-  a.workers = 4;
-  a.seconds = 30;
-  a.iterations = 600;
-  a.iterations_per_second = 20;
-  a.wait_fraction = 0.25;
-  a.max_staleness = 0;
-  a.final_accuracy = 0.81;
-  a.best_accuracy = 0.82;
-  a.time_to_70 = 7;
-  a.simulated_iterations_per_second = 20.5;
-  a.simulated_wait_fraction = 0.24;
-  a.worker_transfer_seconds = {0.0101, 0.0905};
-  policy_report b = a;
-  b.worker_transfer_seconds = {0.02, std::nan("")};
-  b.policy = "asp";
-  b.evicted = {1, 3};
-  b.time_to_80 = 12.5;
-  const std::string j = to_json({a, b});
-  CHECK(j ==
-        "[\n {\"policy\": \"bsp\", \"transport\": \"mpi-ps\", \"workers\": 4, \"seconds\": 30, \"iterations\": 600, "
-        "\"iterations_per_second\": 20, \"wait_fraction\": 0.25, \"max_staleness\": 0, \"final_accuracy\": 0.81, "
-        "\"best_accuracy\": 0.82, \"time_to_70\": 7.000, \"time_to_80\": null, \"evicted\": [], "
-        "\"worker_transfer_seconds\": [0.0101, 0.0905], \"simulated\": "
-        "{\"iterations_per_second\": 20.5, \"wait_fraction\": 0.24}},\n {\"policy\": \"asp\", \"transport\": "
-        "\"mpi-ps\", \"workers\": 4, \"seconds\": 30, \"iterations\": 600, \"iterations_per_second\": 20, "
-        "\"wait_fraction\": 0.25, \"max_staleness\": 0, \"final_accuracy\": 0.81, \"best_accuracy\": 0.82, "
-        "\"time_to_70\": 7.000, \"time_to_80\": 12.500, \"evicted\": [1, 3], "
-        "\"worker_transfer_seconds\": [0.02, null], \"simulated\": "
-        "{\"iterations_per_second\": 20.5, \"wait_fraction\": 0.24}}\n]\n");
-  CHECK(to_json({}) == "[\n]\n");
-  const std::string c = to_csv({b});
-  CHECK(c.find("policy,transport,workers,") == 0);
-  CHECK(c.find("\nasp,mpi-ps,4,30,600,20,0.25,0,0,0.81,0.82,7.000,12.500,1;3,20.5,0.24\n") != std::string::npos);
-  b.curve = {{0, 0.1}, {1, 0.5}};
-  CHECK(curves_csv({b}) == "policy,seconds,accuracy\nasp,0.000,0.1000\nasp,1.000,0.5000\n");
 }

@@ -1,5 +1,7 @@
 // Builds a controller from a config string ("bsp", "asp", "ssp:3", "dssp:3:15", ...), so a
-// trainer can take its synchronization policy from a command line or a config file.
+// trainer can take its synchronization policy from a command line or a config file; and tells
+// such a config from a collective mode ("periodic:<k>", "elastic-avg:<R>"), so one flag can
+// take both.
 #pragma once
 
 #include <cadence/controllers/any_controller.hpp>
@@ -162,6 +164,30 @@ inline any_controller make_controller(std::string_view config, std::size_t worke
   }
   throw parse_error("cadence: unknown policy '" + std::string(config) + "'; expected one of " +
                     detail::policy_grammar());
+}
+
+// ---- collective modes beside the controllers ----
+
+/// Whether `config` names a collective mode (an averager over all-reduce among the workers)
+/// rather than a parameter-server controller:
+///   periodic:<k>                               periodic_averager: average every k local steps
+///   elastic-avg:<R>[:<predictor>][:<variant>]  elastic_averager: ElasticBSP over collectives
+/// Anything else is make_controller's grammar (which rejects what it does not know). Only the
+/// kind is read here: the fields are checked by what builds the mode.
+inline bool is_collective_config(std::string_view config) noexcept {
+  return config.rfind("periodic:", 0) == 0 || config.rfind("elastic-avg:", 0) == 0;
+}
+
+/// The mode `config` names as exchange::periodic_averager, exchange::elastic_averager and
+/// sim::simulate_collective spell it: "elastic-avg:<R>..." becomes "elastic:<R>...",
+/// "periodic:<k>" stays. Throws parse_error for a config that is_collective_config rejects.
+inline std::string collective_mode(std::string_view config) {
+  if (!is_collective_config(config))
+    throw parse_error("cadence: policy '" + std::string(config) +
+                      "' is not a collective mode; expected periodic:<k> or "
+                      "elastic-avg:<R>[:<predictor>][:<variant>]");
+  if (config.rfind("elastic-avg:", 0) == 0) return "elastic:" + std::string(config.substr(12));
+  return std::string(config);
 }
 
 }  // namespace cadence
