@@ -99,7 +99,7 @@ TEST_CASE("a message of more than 2 GiB is one MPI message of a derived type: th
   CHECK(l.blocks * l.block + l.rest == (std::size_t{4} << 30));
   CHECK_THROWS_AS(detail::mpi_layout_of(std::size_t{1} << 32, 1), std::length_error);
   // Recursive doubling on a world that is not a power of two: the extra ranks hand over.
-  const detail::mpi_doubling g(6);
+  const detail::doubling g(6);
   CHECK(g.p == 4);
   CHECK(g.extra == 2);
   CHECK(g.inner(0) == -1);

@@ -1,0 +1,23 @@
+// Pacing a polling wait: spin while the wait is young (a small operation completes in
+// microseconds, and yielding would give the core away for a whole time slice on a busy
+// machine), then sleep between polls so that a stalled job does not burn its cores.
+#pragma once
+
+#include <cadence/transport/communicator.hpp>
+
+#include <chrono>
+#include <thread>
+
+namespace cadence::transport::detail {
+
+struct polling_pace {
+  std::chrono::microseconds spin_for{200000};
+  std::chrono::microseconds sleep{50};
+
+  /// Between two polls of a wait that began at `since`.
+  void pause(deadline::clock::time_point since) const {
+    if (deadline::clock::now() - since >= spin_for) std::this_thread::sleep_for(sleep);
+  }
+};
+
+}  // namespace cadence::transport::detail
