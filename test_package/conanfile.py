@@ -31,5 +31,6 @@ class CadenceTestPackage(ConanFile):
         for program in programs:
             path = os.path.join(self.cpp.build.bindir, "consumer", program)
             # A singleton MPI job (MPI_Init without mpirun); Open MPI asks for these as root.
-            env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " if "mpi" in program else ""
-            self.run(env + path, env="conanrun")
+            if "mpi" in program:
+                path = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " + path
+            self.run(path, env="conanrun")

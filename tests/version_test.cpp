@@ -4,7 +4,7 @@
 
 #include <string>
 
-// CMake passes the project version it read from version.hpp; this pins that both agree and
+// CMake passes the project version it read from VERSION; this pins that both agree and
 // that the derived macros follow the components.
 TEST_CASE("the version macros match the CMake project version") {
   CHECK(CADENCE_VERSION_MAJOR == CADENCE_CMAKE_VERSION_MAJOR);

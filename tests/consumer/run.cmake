@@ -42,8 +42,8 @@ function(run_programs dir)
   foreach(backend thrust mpi nccl gloo zmq)
     if(NOT EXISTS ${dir}/consumer_${backend})
       if(backend IN_LIST ARGN AND backend IN_LIST BACKENDS)
-        message(FATAL_ERROR "consumer.${MODE}: no consumer_${backend} was built, though this build of "
-                            "Cadence has cadence::${backend} and this way in offers it")
+        message(FATAL_ERROR "consumer.${MODE}: no consumer_${backend} was built, though this "
+                            "build of Cadence has cadence::${backend} and this way in offers it")
       endif()
       continue()
     endif()
@@ -94,7 +94,8 @@ elseif(MODE STREQUAL "headers")
   foreach(header IN LISTS source_headers)
     set(excused OFF)
     foreach(backend thrust mpi nccl gloo zmq)
-      if(NOT backend IN_LIST BACKENDS AND header MATCHES "^include/cadence/(transport/)?${backend}/")
+      if(NOT backend IN_LIST BACKENDS
+         AND header MATCHES "^include/cadence/(transport/)?${backend}/")
         set(excused ON)
       endif()
     endforeach()
@@ -107,8 +108,8 @@ elseif(MODE STREQUAL "headers")
     list(JOIN left_out "\n  " left_out)
     message(FATAL_ERROR "consumer.headers: cmake --install leaves out\n  ${left_out}\nbut Conan, "
                         "Meson and Bazel ship every header under include/: list them in "
-                        "CMakeLists.txt (or the backend's cmake/Cadence*.cmake), or move them out of "
-                        "include/ if they are not the library's")
+                        "CMakeLists.txt (or the backend's cmake/Cadence*.cmake), or move them "
+                        "out of include/ if they are not the library's")
   endif()
   list(REMOVE_ITEM installed ${source_headers})
   if(installed)
@@ -142,7 +143,8 @@ elseif(MODE STREQUAL "pkg_config")
   run_step(${PKG_CONFIG} --modversion cadence)
   string(STRIP "${step_output}" pc_version)
   if(NOT pc_version STREQUAL version)
-    message(FATAL_ERROR "consumer.pkg_config: cadence.pc says version '${pc_version}', VERSION '${version}'")
+    message(FATAL_ERROR "consumer.pkg_config: cadence.pc says version '${pc_version}', "
+                        "VERSION '${version}'")
   endif()
   file(MAKE_DIRECTORY ${WORK_DIR}/bin)
   foreach(program consumer mpi gloo nccl zmq)
@@ -156,8 +158,9 @@ elseif(MODE STREQUAL "pkg_config")
     elseif(NOT EXISTS ${PREFIX}/share/pkgconfig/${pc}.pc)
       continue()
     endif()
-    run_step(sh -c "'${CXX}' -DCONSUMER_EXPECTED_VERSION='\"${version}\"' '${consumer_src}/${source}' \
-                    -o bin/${out} $('${PKG_CONFIG}' --cflags --libs ${pc})")
+    run_step(sh -c "'${CXX}' -DCONSUMER_EXPECTED_VERSION='\"${version}\"' \
+                    '${consumer_src}/${source}' -o bin/${out} \
+                    $('${PKG_CONFIG}' --cflags --libs ${pc})")
   endforeach()
   run_programs(${WORK_DIR}/bin mpi gloo nccl zmq)
 
@@ -268,7 +271,8 @@ elseif(MODE STREQUAL "versions")
   endforeach()
   list(JOIN header "." header)
   if(NOT header STREQUAL version)
-    message(FATAL_ERROR "consumer.versions: include/cadence/version.hpp says ${header}, VERSION says ${version}")
+    message(FATAL_ERROR "consumer.versions: include/cadence/version.hpp says ${header}, VERSION "
+                        "says ${version}")
   endif()
   # pyproject.toml's version, as scikit-build-core's regex provider computes it.
   run_step(${PYTHON} -c [=[
@@ -286,7 +290,8 @@ print(s.get("result", "{value}").format(*m.groups(), **m.groupdict()))
 ]=] ${CADENCE_SOURCE_DIR})
   string(STRIP "${step_output}" py_version)
   if(NOT py_version STREQUAL version)
-    message(FATAL_ERROR "consumer.versions: pyproject.toml gives ${py_version}, VERSION says ${version}")
+    message(FATAL_ERROR "consumer.versions: pyproject.toml gives ${py_version}, VERSION says "
+                        "${version}")
   endif()
   message(STATUS "consumer.versions: VERSION, version.hpp and pyproject.toml all say ${version}")
 
