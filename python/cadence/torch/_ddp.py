@@ -5,8 +5,8 @@
 #
 # Map: DDP's buffer sync (no_buffer_sync, forward_syncs_buffers) · module checks (check_wrapper)
 # · DTensor shards (is_dtensor, local) · the communication hook (averager_hook).
-from __future__ import annotations
-
+# (No `from __future__ import annotations` here: DDP checks the hook's return annotation, which
+# must then be the object torch.futures.Future[torch.Tensor], not a string.)
 import inspect
 
 import torch
@@ -87,7 +87,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 # ---- the communication hook ---------------------------------------------------------------------
 
-def averager_hook(averager, bucket) -> torch.futures.Future:
+def averager_hook(averager, bucket) -> torch.futures.Future[torch.Tensor]:
     """The averagers as a DDP communication hook:
     ``ddp.register_comm_hook(averager, cadence.torch.averager_hook)`` (or
     ``averager.register_comm_hook(ddp)``, which checks the model first). DDP then calls it for
@@ -101,6 +101,6 @@ def averager_hook(averager, bucket) -> torch.futures.Future:
         work = dist.all_reduce(buf.div_(averager.world_size), group=averager.process_group,
                                async_op=True)
         return work.get_future().then(lambda f: f.value()[0])
-    fut: torch.futures.Future = torch.futures.Future()
+    fut = torch.futures.Future()
     fut.set_result(buf)
     return fut

@@ -42,7 +42,7 @@ class Refuse(NamedTuple):
 
 
 class Notify(NamedTuple):
-    """Call the observer: kind is "finished", "evicted", "refused" or "joined"."""
+    """Call the observer: kind is "pushed", "finished", "evicted", "refused" or "joined"."""
     kind: str
     worker: int
     reason: str
@@ -272,6 +272,7 @@ class ServerCore:
             self.stats.parked += 1
             self.heard[w] = None  # excused: it waits on us
         self._release_all(released, now)
+        self._notify("pushed", w, "")
 
     def _join(self, slot: int, old: int, now: float) -> None:
         rank = self.worker_ranks[slot]

@@ -111,9 +111,11 @@ class ParameterServer:
         keep_log: keep the push order, every release's staleness and every reply's log
             position in ``stats``.
         observer: ``observer(kind, worker, reason)``, called on the serving thread after the
-            server acted, for each ``"finished"``, ``"evicted"`` (reason: why), ``"refused"``
-            (a request from an evicted, finished or bad worker; reason: the refusal's text) and
-            ``"joined"`` (worker: the new id). Keep it short; an exception ends ``run()``.
+            server acted, for each ``"pushed"`` (a push applied and answered as the policy
+            says: a point to save ``state_dict()``), ``"finished"``, ``"evicted"`` (reason:
+            why), ``"refused"`` (a request from an evicted, finished or bad worker; reason: the
+            refusal's text) and ``"joined"`` (worker: the new id). Keep it short; an exception
+            ends ``run()``.
 
     ``run()`` serves until every worker finished or was evicted and returns the stats;
     ``close()`` (or leaving a ``with`` block) then refuses whatever still arrives and joins the

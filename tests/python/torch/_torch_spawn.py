@@ -2,8 +2,10 @@
 # temporary directory, so no port can collide), with every wait bounded: returns each rank's
 # result or its formatted exception; a rank still running at the deadline is killed and the
 # test fails naming it. post()/wait() are named events between the ranks of a run (empty files
-# in that directory), so a fault test waits for the state it needs instead of sleeping.
+# in that directory), so a fault test waits for the state it needs instead of sleeping;
+# roundtrip() passes a state_dict through torch.save and torch.load as a checkpoint file would.
 import datetime
+import io
 import os
 import queue
 import tempfile
@@ -32,6 +34,21 @@ def wait(name, timeout=60.0):
         if time.monotonic() > until:
             raise AssertionError(f"event {name!r} was not posted within {timeout} s")
         time.sleep(0.002)
+
+
+def roundtrip(sd):
+    """`sd` as a checkpoint file gives it back: torch.save, then torch.load(weights_only=True)
+    (plain data only) where torch has the argument (2.x)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    try:
+        return torch.load(buf, weights_only=True)
+    except TypeError:  # torch 1.13: no weights_only
+        buf.seek(0)
+        return torch.load(buf)
 
 
 def _entry(fn, rank, n, init_file, pg_timeout, results, args):

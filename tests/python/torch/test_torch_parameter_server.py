@@ -1,8 +1,9 @@
 # The parameter server on 4 gloo processes (rank 0 serves, ranks 1-3 are workers 0-2 of unequal
 # speed): each policy's guarantee at the server, every push applied once (a replay of the log
 # gives the final weights bit for bit), BSP's fresh weights, bad input, a stalled worker evicted
-# and told so, a killed worker dropped while the run goes on, every wait bounded. One spawn runs
-# the scenarios in order (the kill last); the tests check its parts.
+# and told so, a killed worker dropped while the run goes on, a job restarted from checkpoints,
+# every wait bounded. One spawn runs the scenarios in order (the kill last); the tests check its
+# parts.
 import os
 import signal
 import time
@@ -45,6 +46,14 @@ def _grad(w, k):
 
 def _initial():
     return torch.arange(SIZE, dtype=torch.float32)
+
+
+def _error(fn):
+    try:
+        fn()
+        return None
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, isinstance(e, ValueError), str(e))
 
 
 def _scenarios(rank, n):
@@ -285,7 +294,48 @@ def _scenarios(rank, n):
     _fake_cuda.uninstall()
     dist.barrier()
 
-    # 10. Last: worker 1 (rank 2) is killed at its 4th iteration. Its connection closes; the
+    # 10. A restart: a BSP job checkpoints the server (from its observer, after the 9th push:
+    #     rounds 1-3) and every worker (after its 3rd push_pull; worker 2 after its 2nd, one push
+    #     behind the server), goes on to its 4th iteration and ends; a new job resumes from the
+    #     checkpoints and trains to iteration 6. Worker 2 redoes its 3rd push.
+    if rank == 0:
+        saved = {}
+
+        def save(kind, worker, _):
+            if kind == "pushed" and sum(s.stats.pushes) == 9:
+                saved["sd"] = _spawn.roundtrip(s.state_dict())
+        s = ct.ParameterServer("bsp", _initial(), lr=LR, keep_log=True, observer=save)
+        first_log = list(s.run().log)
+    else:
+        wk = ct.PSWorker(SIZE, reply_timeout=20)
+        wk.pull()
+        for k in range(1, 5):
+            wk.push_pull(_grad(w, k))
+            if k == (2 if w == 2 else 3):
+                saved = _spawn.roundtrip(wk.state_dict())
+        wk.finish()
+    dist.barrier()
+    if rank == 0:
+        s = ct.ParameterServer("bsp", torch.zeros(SIZE), lr=LR, keep_log=True)
+        s.load_state_dict(saved["sd"])
+        weights_at_checkpoint = s.weights.tolist()
+        st = s.run()
+        out["restart"] = dict(first_log=first_log, stats=st, weights=s.weights.tolist(),
+                              at_checkpoint=weights_at_checkpoint,
+                              bad=_error(lambda: ct.ParameterServer("ssp:1", _initial()).load_state_dict(saved["sd"])))
+    else:
+        wk = ct.PSWorker(SIZE, reply_timeout=20)
+        wk.load_state_dict(saved)
+        resumed_at = wk.iteration
+        wk.pull()
+        for k in range(wk.iteration + 1, 7):
+            wk.push_pull(_grad(w, k))
+        wk.finish()
+        out["restart"] = dict(resumed_at=resumed_at, iteration=wk.iteration,
+                              bad=_error(lambda: ct.PSWorker(SIZE + 1).load_state_dict(saved)))
+    dist.barrier()
+
+    # 11. Last: worker 1 (rank 2) is killed at its 4th iteration. Its connection closes; the
     #    server drops it long before evict_after and BSP goes on without it.
     if rank == 0:
         s = ct.ParameterServer("bsp", _initial(), lr=LR, keep_log=True, evict_after=15)
@@ -478,3 +528,20 @@ def test_a_cuda_model_is_staged_through_pinned_host_buffers(results):
         k = results[rank]["cuda"]["counts"]
         assert k["d2h"] == ITERS and k["h2d"] == ITERS + 1
         assert results[rank]["cuda"]["weights"] == c["weights"]  # BSP: the last release is final
+
+
+def test_a_restarted_job_resumes_from_the_checkpoints(results):
+    r = results[0]["restart"]
+    st = r["stats"]
+    assert r["at_checkpoint"] == _replay(r["first_log"][:9])  # rounds 1-3
+    assert st.log[:9] == r["first_log"][:9]
+    assert sorted(st.resumed) == [(0, 3, 3), (1, 3, 3), (2, 3, 2)]  # worker 2: one push behind
+    assert [k for v, k in st.log[9:] if v == 2] == [3, 4, 5, 6]  # it redid its 3rd push
+    assert [k for v, k in st.log[9:] if v == 0] == [4, 5, 6]
+    assert st.pushes == [6, 6, 7]
+    assert r["weights"] == _replay(st.log)
+    assert r["bad"] is not None and r["bad"][1] and "policy is 'bsp'" in r["bad"][2]
+    for rank, at in ((1, 3), (3, 2)):  # rank 2's results died with it
+        assert results[rank]["restart"]["resumed_at"] == at and results[rank]["restart"]["iteration"] == 6
+        bad = results[rank]["restart"]["bad"]
+        assert bad is not None and bad[1] and "load_state_dict" in bad[2]
