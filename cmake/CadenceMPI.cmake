@@ -21,7 +21,10 @@ set_target_properties(cadence_mpi PROPERTIES EXPORT_NAME mpi)
 target_link_libraries(cadence_mpi INTERFACE cadence::cadence MPI::MPI_CXX)
 target_sources(cadence_mpi INTERFACE
   FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include
-  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/mpi/communicator.hpp)
+  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/mpi/communicator.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/mpi/options.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/mpi/detail/layout.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/mpi/detail/wire.hpp)
 
 # mpirun flags for our tests and benchmark: Open MPI refuses to run as root without
 # --allow-run-as-root, and 4 ranks on a 2-core CI machine need --oversubscribe.

@@ -6,7 +6,7 @@
 # the ZeroMQ transport tests (its C API: no cppzmq); Ninja,
 # which builds faster; Python with its headers, venv, numpy, pytest and torch for
 # scripts/test-python.sh); libsodium for the ZeroMQ transport's keys; pkgconf, meson and
-# doxygen for the consumer tests and the API reference).
+# doxygen, bazel-bootstrap for the consumer tests and the API reference).
 # Needs root for apt-get; without root it lists what to install and fails.
 set -euo pipefail
 packages=(cmake make g++ doctest-dev libbenchmark-dev python3 dataset-fashion-mnist zlib1g-dev
@@ -14,7 +14,7 @@ packages=(cmake make g++ doctest-dev libbenchmark-dev python3 dataset-fashion-mn
 if [[ ${1:-} == test ]]; then
   packages+=(clang libclang-rt-14-dev libomp-dev libopenmpi-dev openmpi-bin libgloo-dev libzmq3-dev
              ninja-build python3-dev python3-venv python3-numpy python3-pytest python3-torch
-             libsodium-dev pkgconf meson doxygen)
+             libsodium-dev pkgconf meson doxygen bazel-bootstrap)
 fi
 missing=()
 for p in "${packages[@]}"; do
