@@ -43,19 +43,20 @@
 
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
-
-#include <filesystem>
-#include <unistd.h>
 #endif
 #if defined(CADENCE_BENCH_WITH_NCCL)
 #include <cadence/transport/nccl/communicator.hpp>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include "support/nccl.hpp"
 #endif
 
-#include "support/flags.hpp"
+#include "support/backends.hpp"
+#include "support/command_line.hpp"
 #include "support/measure.hpp"
+#include "support/report.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -105,13 +106,6 @@ struct rank_ops {
 };
 
 int iterations_for(std::size_t bytes) { return cadence_bench::iterations_for(bytes, std::size_t{128} << 20, 500); }
-
-std::vector<std::size_t> sizes_of(const config& cfg) {
-  std::vector<std::size_t> sizes;
-  for (std::size_t b = cfg.min_bytes; b < cfg.max_bytes; b *= 4) sizes.push_back(b);
-  sizes.push_back(cfg.max_bytes);
-  return sizes;
-}
 
 // The mean of the per-iteration time of `iters` runs of f on every rank (one wait at the end).
 double time_block(rank_ops& ops, int iters, const std::function<void()>& f, const std::function<void()>& end = {}) {
@@ -168,7 +162,7 @@ std::vector<row> run_adapters(C& comm, rank_ops& ops, const config& cfg) {
   std::vector<row> rows;
   const bool host = !comm.capabilities().device_buffers;
   const float mean = static_cast<float>(ops.size - 1);  // of 2r over the ranks
-  for (std::size_t bytes : sizes_of(cfg)) {
+  for (std::size_t bytes : cadence_bench::sizes(cfg.min_bytes, cfg.max_bytes, 4)) {
     const std::size_t count = bytes / sizeof(float), piece = count / 16;
     float* raw_buf = ops.buffer(count);
     ops.fill(raw_buf, 0.0f, count);
@@ -278,35 +272,49 @@ std::vector<row> run_adapters(C& comm, rank_ops& ops, const config& cfg) {
 double busbw(const row& r, double us) { return cadence_bench::allreduce_busbw(r.bytes, r.ranks, us); }
 double hidden(const row& r) { return r.comm_us > 0 ? (r.raw_us - r.ours_us) / r.comm_us : 0; }
 
+// The rows with the keys of cadence-bench-transport's (bsp_overlap adds compute_us, comm_us and
+// hidden), and the table.
 void print(const std::vector<row>& rows, const config& cfg) {
-  if (cfg.json) {
-    std::printf("[");
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const row& r = rows[i];
-      std::printf("%s\n  {\"backend\": \"%s\", \"op\": \"%s\", \"bytes\": %zu, \"ranks\": %d, "
-                  "\"raw_us\": %.3f, \"ours_us\": %.3f, \"raw_busbw\": %.4f, \"ours_busbw\": %.4f",
-                  i ? "," : "", cfg.backend.c_str(), r.op.c_str(), r.bytes, r.ranks, r.raw_us, r.ours_us,
-                  busbw(r, r.raw_us), busbw(r, r.ours_us));
-      if (r.op == "bsp_overlap")
-        std::printf(", \"compute_us\": %.3f, \"comm_us\": %.3f, \"hidden\": %.4f", r.compute_us, r.comm_us, hidden(r));
-      std::printf("}");
-    }
-    std::printf("\n]\n");
-    return;
-  }
-  std::printf("collective adapters vs the native all-reduce, backend %s, %d ranks (busbw in GB/s)\n",
-              cfg.backend.c_str(), rows.empty() ? 0 : rows.front().ranks);
-  std::printf("%-20s %10s %10s %10s %10s %10s %9s\n", "op", "bytes", "raw us", "ours us", "raw busbw",
-              "ours busbw", "ours/raw");
+  using cadence::tools::decimals;
+  std::vector<cadence_bench::row> out;
   for (const row& r : rows) {
+    cadence_bench::row j = {{"backend", cfg.backend},
+                            {"op", r.op},
+                            {"bytes", r.bytes},
+                            {"ranks", r.ranks},
+                            {"raw_us", decimals(r.raw_us, 3)},
+                            {"ours_us", decimals(r.ours_us, 3)},
+                            {"raw_busbw", decimals(busbw(r, r.raw_us), 4)},
+                            {"ours_busbw", decimals(busbw(r, r.ours_us), 4)}};
     if (r.op == "bsp_overlap") {
-      std::printf("%-20s %10zu %10.1f %10.1f  compute %.1f us, comm %.1f us: %.0f%% of the communication hidden\n",
-                  r.op.c_str(), r.bytes, r.raw_us, r.ours_us, r.compute_us, r.comm_us, 100.0 * hidden(r));
-      continue;
+      j["compute_us"] = decimals(r.compute_us, 3);
+      j["comm_us"] = decimals(r.comm_us, 3);
+      j["hidden"] = decimals(hidden(r), 4);
     }
-    std::printf("%-20s %10zu %10.1f %10.1f %10.3f %10.3f %8.1f%%\n", r.op.c_str(), r.bytes, r.raw_us, r.ours_us,
-                busbw(r, r.raw_us), busbw(r, r.ours_us), 100.0 * busbw(r, r.ours_us) / busbw(r, r.raw_us));
+    out.push_back(std::move(j));
   }
+  using cadence_bench::formatted;
+  using cadence_bench::number_column;
+  cadence_bench::table t;
+  t.title = "collective adapters vs the native all-reduce, backend " + cfg.backend + ", " +
+            std::to_string(rows.empty() ? 0 : rows.front().ranks) + " ranks (busbw in GB/s)";
+  t.columns = {cadence_bench::text_column("op", -20, "op"),
+               cadence_bench::text_column("bytes", 10, "bytes"),
+               number_column("raw us", 10, "raw_us", "%.1f"),
+               number_column("ours us", 10, "ours_us", "%.1f"),
+               number_column("raw busbw", 10, "raw_busbw", "%.3f"),
+               number_column("ours busbw", 10, "ours_busbw", "%.3f"),
+               {"ours/raw", 9, [](const cadence_bench::row& j) {
+                  return formatted("%.1f%%", 100.0 * j.at("raw_us").get<double>() / j.at("ours_us").get<double>());
+                }}};
+  t.remark_after = 4;
+  t.remark = [](const cadence_bench::row& j) {
+    if (j.at("op") != "bsp_overlap") return std::string();
+    return "compute " + formatted("%.1f", j.at("compute_us").get<double>()) + " us, comm " +
+           formatted("%.1f", j.at("comm_us").get<double>()) + " us: " +
+           formatted("%.0f", 100.0 * j.at("hidden").get<double>()) + "% of the communication hidden";
+  };
+  cadence_bench::print(out, cfg, t);
 }
 
 // Host buffers, owned by the rank.
@@ -346,20 +354,12 @@ std::vector<row> run_inproc(const config& cfg) {
 
 #if defined(CADENCE_BENCH_WITH_GLOO)
 std::vector<row> run_gloo(const config& cfg) {
-  std::string store = (std::filesystem::temp_directory_path() / "cadence-bench-gloo-XXXXXX").string();
-  if (::mkdtemp(store.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  struct remove_on_exit {
-    const std::string& path;
-    ~remove_on_exit() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  } remove_store{store};
+  const cadence_bench::temp_folder store("cadence-bench-gloo");
   cadence_bench::summing_barrier sync(cfg.ranks);
   std::vector<row> rows;
   cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
     gloo_options options;
-    options.store_path = store;
+    options.store_path = store.path();
     gloo_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
     rank_ops ops;
     host_buffers mem;
@@ -407,25 +407,7 @@ int run_mpi(const config& cfg) {
 
 #if defined(CADENCE_BENCH_WITH_NCCL)
 std::vector<row> run_nccl(const config& cfg) {
-  int devices = 0;
-  const cudaError_t probe = cudaGetDeviceCount(&devices);
-  if (probe != cudaSuccess || devices < 1)
-    throw std::runtime_error(std::string("the nccl backend needs a GPU: cudaGetDeviceCount: ") +
-                             (probe != cudaSuccess ? cudaGetErrorString(probe) : "no device"));
-  if (cfg.ranks > devices)
-    throw std::runtime_error("--ranks " + std::to_string(cfg.ranks) + " needs as many GPUs; " +
-                             std::to_string(devices) + " found (NCCL takes one rank per GPU)");
-  std::vector<ncclComm_t> raw_comms(static_cast<std::size_t>(cfg.ranks));
-  std::vector<int> devs(static_cast<std::size_t>(cfg.ranks));
-  for (int r = 0; r < cfg.ranks; ++r) devs[static_cast<std::size_t>(r)] = r;
-  if (ncclCommInitAll(raw_comms.data(), cfg.ranks, devs.data()) != ncclSuccess)
-    throw std::runtime_error("ncclCommInitAll failed");
-  struct destroy_on_exit {
-    std::vector<ncclComm_t>& comms;
-    ~destroy_on_exit() {
-      for (auto c : comms) ncclCommDestroy(c);
-    }
-  } destroy_raw{raw_comms};
+  const cadence_bench::nccl_raw_comms raw_comms(cfg.ranks);
   inproc_world boot(cfg.ranks);
   cadence_bench::summing_barrier sync(cfg.ranks);
   std::vector<row> rows;
@@ -439,7 +421,7 @@ std::vector<row> run_nccl(const config& cfg) {
     auto b = boot.join(r);
     nccl_communicator comm(real_nccl_api(), b, r, {}, std::chrono::seconds(60));
     auto stream = static_cast<cudaStream_t>(comm.stream());
-    ncclComm_t raw = raw_comms[static_cast<std::size_t>(r)];
+    ncclComm_t raw = raw_comms[r];
     rank_ops ops;
     ops.rank = r;
     ops.size = cfg.ranks;
@@ -475,55 +457,52 @@ std::vector<row> run_nccl(const config& cfg) {
 }
 #endif
 
-constexpr const char* usage_text =
-    "usage: cadence-bench-exchange --backend inproc|mpi|gloo|nccl [--ranks N] [--json]\n"
-    "         [--min-bytes B] [--max-bytes B] [--reps R] [--no-overlap]\n"
-    "  --ranks N      threads for inproc and gloo (default 2), nccl (one per GPU, default 1);\n"
-    "                 under MPI, mpirun -np sets it\n"
-    "  --min-bytes B  smallest buffer (default 1 KiB; sizes go x4 up to --max-bytes)\n"
-    "  --max-bytes B  largest buffer (default 16 MiB)\n"
-    "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
-    "  --no-overlap   skip the bsp_overlap rows\n"
-    "  --help         this text\n";
-
 int run(int argc, char** argv) {
   config cfg;
-  const bool help = !cadence_bench::read_flags(
-      argc, argv, cfg, {"--backend", "--ranks", "--json", "--min-bytes", "--max-bytes", "--reps"},
-      {{"--no-overlap", &cfg.overlap, false}}, usage_text);
-  if (help) return 0;
+  cadence::tools::command_line cli(
+      "usage: cadence-bench-exchange --backend inproc|mpi|gloo|nccl [--ranks N] [--json | --csv]\n"
+      "         [--min-bytes B] [--max-bytes B] [--reps R] [--no-overlap]\n",
+      "", 17);
+  cadence_bench::add_common_flags(
+      cli, cfg,
+      {{"--backend", "inproc, mpi, gloo or nccl"},
+       {"--ranks", "threads for inproc and gloo (default 2), nccl (one per GPU, default 1);\n"
+                   "under MPI, mpirun -np sets it"},
+       {"--min-bytes", "smallest buffer (default 1 KiB; sizes go x4 up to --max-bytes)"},
+       {"--max-bytes", "largest buffer (default 16 MiB)"},
+       {"--reps", "raw/ours pairs per size, median reported (default 5)"},
+       {"--json", "one JSON array, an object per op and size"},
+       {"--csv", "a header row and a row per op and size, the JSON's keys as columns"}});
+  cli.add_flag_callback("--no-overlap", [&cfg] { cfg.overlap = false; }, "skip the bsp_overlap rows");
+  if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
   if (cfg.max_bytes < cfg.min_bytes || cfg.min_bytes < 64 || cfg.max_bytes % 64 != 0 || cfg.min_bytes % 64 != 0)
     throw usage_error("--min-bytes and --max-bytes must be multiples of 64, min <= max, got " +
                       std::to_string(cfg.min_bytes) + " and " + std::to_string(cfg.max_bytes));
-  if (cfg.backend == "inproc") {
-    print(run_inproc(cfg), cfg);
+  const auto printed = [&](const std::vector<row>& rows) {
+    print(rows, cfg);
     return 0;
-  }
-  if (cfg.backend == "gloo") {
-#if defined(CADENCE_BENCH_WITH_GLOO)
-    print(run_gloo(cfg), cfg);
-    return 0;
-#else
-    throw cadence_bench::backend_not_built("gloo", "cadence::gloo");
-#endif
-  }
-  if (cfg.backend == "nccl") {
-#if defined(CADENCE_BENCH_WITH_NCCL)
-    if (!cfg.ranks_given) cfg.ranks = 1;
-    print(run_nccl(cfg), cfg);
-    return 0;
-#else
-    throw cadence_bench::backend_not_built("NCCL", "cadence::nccl");
-#endif
-  }
-  if (cfg.backend == "mpi") {
+  };
+  return cadence_bench::run_backend(cfg.backend, {
+    {"inproc", [&] { return printed(run_inproc(cfg)); }, {}},
 #if defined(CADENCE_BENCH_WITH_MPI)
-    return run_mpi(cfg);
+    {"mpi", [&] { return run_mpi(cfg); }, {}},
 #else
-    throw cadence_bench::backend_not_built("MPI", "cadence::mpi");
+    cadence_bench::not_built("mpi", "MPI", "cadence::mpi"),
 #endif
-  }
-  throw cadence_bench::backend_error(cfg.backend, "inproc, mpi, gloo or nccl");
+#if defined(CADENCE_BENCH_WITH_GLOO)
+    {"gloo", [&] { return printed(run_gloo(cfg)); }, {}},
+#else
+    cadence_bench::not_built("gloo", "gloo", "cadence::gloo"),
+#endif
+#if defined(CADENCE_BENCH_WITH_NCCL)
+    {"nccl", [&] {
+       if (!cfg.ranks_given) cfg.ranks = 1;
+       return printed(run_nccl(cfg));
+     }, {}},
+#else
+    cadence_bench::not_built("nccl", "NCCL", "cadence::nccl"),
+#endif
+  });
 }
 
 }  // namespace

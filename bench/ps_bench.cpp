@@ -30,13 +30,12 @@
 #include <cadence/transport/zmq/communicator.hpp>
 
 #include <zmq.h>
-
-#include <condition_variable>
-#include <mutex>
 #endif
 
-#include "support/flags.hpp"
+#include "support/backends.hpp"
+#include "support/command_line.hpp"
 #include "support/measure.hpp"
+#include "support/report.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -146,35 +145,40 @@ double bandwidth(std::size_t bytes, double us, int workers) {
 }
 
 void print(const std::vector<row>& rows, const config& cfg, int workers) {
+  using cadence::tools::decimals;
   const char* op = workers == 1 ? "push_pull" : "push_pull_throughput";
-  if (cfg.json) {
-    std::printf("[");
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const row& r = rows[i];
-      std::printf("%s\n  {\"backend\": \"%s\", \"op\": \"%s\", \"workers\": %d, \"bytes\": %zu, "
-                  "\"raw_us\": %.3f, \"ours_us\": %.3f, \"raw_gbps\": %.4f, \"ours_gbps\": %.4f}",
-                  i ? "," : "", cfg.backend.c_str(), op, workers, r.bytes, r.raw_us, r.ours_us,
-                  bandwidth(r.bytes, r.raw_us, workers), bandwidth(r.bytes, r.ours_us, workers));
-    }
-    std::printf("\n]\n");
-    return;
-  }
-  std::printf("%s, backend %s, 1 server, %d worker(s)%s (GB/s both ways, all workers)\n", op,
-              cfg.backend.c_str(), workers, cfg.sgd ? ", sgd update" : ", no-op update");
-  std::printf("%12s %12s %12s %10s %10s %9s %10s\n", "bytes", "raw us", "ours us", "raw GB/s",
-              "ours GB/s", "ours/raw", "added us");
+  std::vector<cadence_bench::row> out;
   for (const row& r : rows)
-    std::printf("%12zu %12.2f %12.2f %10.3f %10.3f %9.2f %10.2f\n", r.bytes, r.raw_us, r.ours_us,
-                bandwidth(r.bytes, r.raw_us, workers), bandwidth(r.bytes, r.ours_us, workers),
-                r.raw_us / r.ours_us, r.ours_us - r.raw_us);
+    out.push_back({{"backend", cfg.backend},
+                   {"op", op},
+                   {"workers", workers},
+                   {"bytes", r.bytes},
+                   {"raw_us", decimals(r.raw_us, 3)},
+                   {"ours_us", decimals(r.ours_us, 3)},
+                   {"raw_gbps", decimals(bandwidth(r.bytes, r.raw_us, workers), 4)},
+                   {"ours_gbps", decimals(bandwidth(r.bytes, r.ours_us, workers), 4)}});
+  using cadence_bench::formatted;
+  using cadence_bench::number_column;
+  cadence_bench::table t;
+  t.title = std::string(op) + ", backend " + cfg.backend + ", 1 server, " + std::to_string(workers) + " worker(s)" +
+            (cfg.sgd ? ", sgd update" : ", no-op update") + " (GB/s both ways, all workers)";
+  t.columns = {cadence_bench::text_column("bytes", 12, "bytes"),
+               number_column("raw us", 12, "raw_us", "%.2f"),
+               number_column("ours us", 12, "ours_us", "%.2f"),
+               number_column("raw GB/s", 10, "raw_gbps", "%.3f"),
+               number_column("ours GB/s", 10, "ours_gbps", "%.3f"),
+               {"ours/raw", 9, [](const cadence_bench::row& j) {
+                  return formatted("%.2f", j.at("raw_us").get<double>() / j.at("ours_us").get<double>());
+                }},
+               {"added us", 10, [](const cadence_bench::row& j) {
+                  return formatted("%.2f", j.at("ours_us").get<double>() - j.at("raw_us").get<double>());
+                }}};
+  cadence_bench::print(out, cfg, t);
 }
 
 std::vector<std::size_t> sizes_for(const config& cfg) {
   if (cfg.throughput) return {std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{4} << 20};
-  std::vector<std::size_t> sizes;
-  for (std::size_t b = cfg.min_bytes; b < cfg.max_bytes; b *= 4) sizes.push_back(b);
-  sizes.push_back(cfg.max_bytes);
-  return sizes;
+  return cadence_bench::sizes(cfg.min_bytes, cfg.max_bytes, 4);
 }
 
 // ---- mpi: one rank per process ----
@@ -290,52 +294,48 @@ private:
   void* s_ = nullptr;
 };
 
+// What zmq rank r measures with: blocks of raw echoes and of parameter-server round trips over
+// comm, each after the ranks line up, and the mean over the workers; `sum` adds one value over
+// all ranks (and so lines them up).
+template <class Comm>
+ps_rank zmq_rank(int r, int workers, raw_zmq_echo& raw, Comm& comm, bool sgd, std::function<double(double)> sum) {
+  ps_rank me;
+  me.rank = r;
+  me.workers = workers;
+  me.raw_block = [=, &raw](std::vector<float>& buf, int iters) {
+    sum(0);
+    const auto t0 = steady::now();
+    if (r == 0)
+      raw.echo(iters * workers);
+    else if (r <= workers)
+      for (int i = 0; i < iters; ++i) raw.round_trip(buf);
+    return std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
+  };
+  me.ours_block = [=, &comm](std::vector<float>& buf, int iters) {
+    sum(0);
+    return ours_block(comm, workers, buf, iters, sgd);
+  };
+  me.average_over_workers = [=](double v) { return sum(r >= 1 && r <= workers ? v : 0.0) / workers; };
+  return me;
+}
+
+// Ranks as threads: rank 0 publishes its raw echo server's endpoint and the communicator's
+// rendezvous; the others wait for both.
 int run_zmq(const config& cfg) {
   if (cfg.ranks < 2) throw usage_error("--ranks: the zmq backend needs at least 2 (a server and a worker)");
   const int workers = cfg.throughput ? cfg.ranks - 1 : 1;
   cadence_bench::summing_barrier sync(cfg.ranks);
-  std::mutex m;
-  std::condition_variable bound;
-  std::string rendezvous, echo_server;
+  cadence_bench::thread_rendezvous meet, echo_server;
   std::vector<row> rows;
   cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
-    zmq_options options;
     raw_zmq_echo raw;
-    if (r == 0) {
-      options.rendezvous = "tcp://127.0.0.1:0";
-      options.on_rendezvous_bound = [&](const std::string& a) {
-        std::lock_guard<std::mutex> lock(m);
-        rendezvous = a;
-        echo_server = raw.serve();
-        bound.notify_all();
-      };
-    } else {
-      std::unique_lock<std::mutex> lock(m);
-      if (!bound.wait_for(lock, std::chrono::seconds(60), [&] { return !rendezvous.empty(); }))
-        throw std::runtime_error("rank 0 never bound its rendezvous");
-      options.rendezvous = rendezvous;
-      raw.dial(echo_server);
-    }
-    zmq_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
-    ps_rank me;
-    me.rank = r;
-    me.workers = workers;
-    me.raw_block = [&](std::vector<float>& buf, int iters) {
-      sync.arrive_and_sum(0);
-      const auto t0 = steady::now();
-      if (r == 0)
-        raw.echo(iters * workers);
-      else if (r <= workers)
-        for (int i = 0; i < iters; ++i) raw.round_trip(buf);
-      return std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
-    };
-    me.ours_block = [&](std::vector<float>& buf, int iters) {
-      sync.arrive_and_sum(0);
-      return ours_block(comm, workers, buf, iters, cfg.sgd);
-    };
-    me.average_over_workers = [&](double v) {
-      return sync.arrive_and_sum(r >= 1 && r <= workers ? v : 0.0) / workers;
-    };
+    if (r == 0)
+      echo_server.publish(raw.serve());
+    else
+      raw.dial(echo_server.wait());
+    zmq_communicator comm(r, cfg.ranks, cadence_bench::zmq_thread_options<zmq_options>(r, meet),
+                          std::chrono::seconds(60));
+    ps_rank me = zmq_rank(r, workers, raw, comm, cfg.sgd, [&sync](double v) { return sync.arrive_and_sum(v); });
     auto mine = measure(me, cfg, sizes_for(cfg));
     sync.arrive_and_sum(0);  // nobody closes while another still runs
     if (r == 0) rows = std::move(mine);
@@ -367,23 +367,7 @@ int run_zmq_process(const config& cfg) {
     comm.allreduce(&v, 1, dtype::f64, reduce_op::sum, std::chrono::seconds(120));
     return v;
   };
-  ps_rank me;
-  me.rank = r;
-  me.workers = workers;
-  me.raw_block = [&](std::vector<float>& buf, int iters) {
-    sum(0);
-    const auto t0 = steady::now();
-    if (r == 0)
-      raw.echo(iters * workers);
-    else if (r <= workers)
-      for (int i = 0; i < iters; ++i) raw.round_trip(buf);
-    return std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
-  };
-  me.ours_block = [&](std::vector<float>& buf, int iters) {
-    sum(0);
-    return ours_block(comm, workers, buf, iters, cfg.sgd);
-  };
-  me.average_over_workers = [&](double v) { return sum(r >= 1 && r <= workers ? v : 0.0) / workers; };
+  ps_rank me = zmq_rank(r, workers, raw, comm, cfg.sgd, sum);
   const auto rows = measure(me, cfg, sizes_for(cfg));
   sum(0);  // nobody closes while another still runs
   if (r == 0) print(rows, cfg, workers);
@@ -391,52 +375,49 @@ int run_zmq_process(const config& cfg) {
 }
 #endif
 
-constexpr const char* usage_text =
-    "usage: mpirun -np 2 cadence-bench-ps --backend mpi [--json] [--reps R]\n"
-    "         [--max-bytes B] [--no-bounce] [--sgd]\n"
-    "       mpirun -np W+1 cadence-bench-ps --backend mpi --throughput\n"
-    "       cadence-bench-ps --backend zmq [--ranks W+1] [--json] [--reps R] [--max-bytes B]\n"
-    "         [--sgd] [--throughput]\n"
-    "       cadence-bench-ps --backend zmq --ranks W+1 --rank R --rendezvous H:P [--address A] ...\n"
-    "  --ranks N      zmq: ranks as threads, 1 server and N-1 workers (default 2)\n"
-    "  --rank R --rendezvous H:P [--address A]\n"
-    "                 zmq: ranks as processes (on several hosts): this one is rank R of\n"
-    "                 --ranks N; rank 0 binds the rendezvous H:P (one of its addresses),\n"
-    "                 each binds A (default 127.0.0.1); rank 0 prints\n"
-    "  --throughput   every worker pushes at once (sizes 64 KiB, 1 MiB, 4 MiB)\n"
-    "  --no-bounce    mpi_options::bounce_buffers = false\n"
-    "  --sgd          apply SGD on the server (default: a no-op update rule)\n"
-    "  --help         this text\n";
-
 int run(int argc, char** argv) {
   config cfg;
-  const bool help = !cadence_bench::read_flags(
-      argc, argv, cfg,
-      {"--backend", "--json", "--reps", "--max-bytes", "--ranks", "--rank", "--rendezvous", "--address"},
-      {{"--no-bounce", &cfg.bounce, false}, {"--sgd", &cfg.sgd, true},
-       {"--throughput", &cfg.throughput, true}},
-      usage_text);
-  if (help) return 0;
+  cadence::tools::command_line cli(
+      "usage: mpirun -np 2 cadence-bench-ps --backend mpi [--json | --csv] [--reps R]\n"
+      "         [--max-bytes B] [--no-bounce] [--sgd]\n"
+      "       mpirun -np W+1 cadence-bench-ps --backend mpi --throughput\n"
+      "       cadence-bench-ps --backend zmq [--ranks W+1] [--json | --csv] [--reps R] [--max-bytes B]\n"
+      "         [--sgd] [--throughput]\n"
+      "       cadence-bench-ps --backend zmq --ranks W+1 --rank R --rendezvous H:P [--address A] ...\n",
+      "", 17);
+  cadence_bench::add_common_flags(
+      cli, cfg,
+      {{"--backend", "mpi or zmq"},
+       {"--ranks", "zmq: ranks as threads, 1 server and N-1 workers (default 2)"},
+       {"--rank", "zmq: ranks as processes (on several hosts): this one is rank R of\n"
+                  "--ranks N; rank 0 prints"},
+       {"--rendezvous", "zmq, with --rank: rank 0 binds the rendezvous H:P (one of its\n"
+                        "addresses), the others reach it there"},
+       {"--address", "zmq, with --rank: the address each binds (default 127.0.0.1)"},
+       {"--max-bytes", "largest round trip (default 16 MiB; sizes go 4 KiB, x4, ..., B)"},
+       {"--reps", "raw/ours pairs per size, median reported (default 5)"},
+       {"--json", "one JSON array, an object per size"},
+       {"--csv", "a header row and a row per size, the JSON's keys as columns"}});
+  cli.add_flag("--throughput", cfg.throughput, "every worker pushes at once (sizes 64 KiB, 1 MiB, 4 MiB)");
+  cli.add_flag_callback("--no-bounce", [&cfg] { cfg.bounce = false; }, "mpi_options::bounce_buffers = false");
+  cli.add_flag("--sgd", cfg.sgd, "apply SGD on the server (default: a no-op update rule)");
+  if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
   if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
-    throw usage_error("--max-bytes: must be a multiple of 4, at least 4096, got " +
-                      std::to_string(cfg.max_bytes));
+    throw usage_error("--max-bytes: must be a multiple of 4, at least 4096, got " + std::to_string(cfg.max_bytes));
   if (cfg.processes() && cfg.backend != "zmq")
     throw usage_error("--rendezvous: ranks as processes are for --backend zmq (mpi: mpirun starts them)");
-  if (cfg.backend == "mpi") {
+  return cadence_bench::run_backend(cfg.backend, {
 #if defined(CADENCE_BENCH_WITH_MPI)
-    return run_mpi(cfg);
+    {"mpi", [&] { return run_mpi(cfg); }, {}},
 #else
-    throw cadence_bench::backend_not_built("MPI", "cadence::mpi");
+    cadence_bench::not_built("mpi", "MPI", "cadence::mpi"),
 #endif
-  }
-  if (cfg.backend == "zmq") {
 #if defined(CADENCE_BENCH_WITH_ZMQ)
-    return cfg.processes() ? run_zmq_process(cfg) : run_zmq(cfg);
+    {"zmq", [&] { return cfg.processes() ? run_zmq_process(cfg) : run_zmq(cfg); }, {}},
 #else
-    throw cadence_bench::backend_not_built("ZeroMQ", "cadence::zmq");
+    cadence_bench::not_built("zmq", "ZeroMQ", "cadence::zmq"),
 #endif
-  }
-  throw cadence_bench::backend_error(cfg.backend, "mpi or zmq");
+  });
 }
 
 }  // namespace

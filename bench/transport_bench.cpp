@@ -40,6 +40,8 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include "support/nccl.hpp"
 #endif
 #if defined(CADENCE_BENCH_WITH_ZMQ)
 #include <cadence/transport/detail/reduce.hpp>
@@ -52,17 +54,15 @@
 
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
-
-#include <filesystem>
-#include <unistd.h>
 #endif
 
-#include "support/flags.hpp"
+#include "support/backends.hpp"
+#include "support/command_line.hpp"
 #include "support/measure.hpp"
+#include "support/report.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -129,10 +129,7 @@ double time_block(rank_ops& ops, const std::function<void(float*, std::size_t)>&
 std::vector<row> run_rank(rank_ops& ops, const config& cfg) {
   std::vector<row> rows;
   // 8 B, 64 B, ... by factors of 8, and max_bytes itself last (64 MiB by default).
-  std::vector<std::size_t> sizes;
-  for (std::size_t b = cfg.min_bytes; b < cfg.max_bytes; b *= 8) sizes.push_back(b);
-  sizes.push_back(cfg.max_bytes);
-  for (std::size_t bytes : sizes) {
+  for (std::size_t bytes : cadence_bench::sizes(cfg.min_bytes, cfg.max_bytes, 8)) {
     const std::size_t count = bytes / sizeof(float);
     std::vector<float> buf(count);
     // Correctness first: both paths must produce the exact sum.
@@ -172,25 +169,30 @@ std::vector<row> run_rank(rank_ops& ops, const config& cfg) {
 double busbw(const row& r, double us) { return cadence_bench::allreduce_busbw(r.bytes, r.ranks, us); }
 
 void print(const std::vector<row>& rows, const config& cfg) {
-  if (cfg.json) {
-    std::printf("[");
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const row& r = rows[i];
-      std::printf("%s\n  {\"backend\": \"%s\", \"op\": \"allreduce\", \"bytes\": %zu, \"ranks\": %d, "
-                  "\"raw_us\": %.3f, \"ours_us\": %.3f, \"raw_busbw\": %.4f, \"ours_busbw\": %.4f}",
-                  i ? "," : "", cfg.backend.c_str(), r.bytes, r.ranks, r.raw_us, r.ours_us,
-                  busbw(r, r.raw_us), busbw(r, r.ours_us));
-    }
-    std::printf("\n]\n");
-    return;
-  }
-  std::printf("all-reduce f32 sum, backend %s, %d ranks (busbw in GB/s)\n", cfg.backend.c_str(),
-              rows.empty() ? 0 : rows.front().ranks);
-  std::printf("%12s %12s %12s %10s %10s %8s\n", "bytes", "raw us", "ours us", "raw busbw",
-              "ours busbw", "ours/raw");
+  using cadence::tools::decimals;
+  std::vector<cadence_bench::row> out;
   for (const row& r : rows)
-    std::printf("%12zu %12.2f %12.2f %10.3f %10.3f %8.2f\n", r.bytes, r.raw_us, r.ours_us,
-                busbw(r, r.raw_us), busbw(r, r.ours_us), r.ours_us / r.raw_us);
+    out.push_back({{"backend", cfg.backend},
+                   {"op", "allreduce"},
+                   {"bytes", r.bytes},
+                   {"ranks", r.ranks},
+                   {"raw_us", decimals(r.raw_us, 3)},
+                   {"ours_us", decimals(r.ours_us, 3)},
+                   {"raw_busbw", decimals(busbw(r, r.raw_us), 4)},
+                   {"ours_busbw", decimals(busbw(r, r.ours_us), 4)}});
+  using cadence_bench::number_column;
+  cadence_bench::table t;
+  t.title = "all-reduce f32 sum, backend " + cfg.backend + ", " + std::to_string(rows.empty() ? 0 : rows.front().ranks) +
+            " ranks (busbw in GB/s)";
+  t.columns = {cadence_bench::text_column("bytes", 12, "bytes"),
+               number_column("raw us", 12, "raw_us", "%.2f"),
+               number_column("ours us", 12, "ours_us", "%.2f"),
+               number_column("raw busbw", 10, "raw_busbw", "%.3f"),
+               number_column("ours busbw", 10, "ours_busbw", "%.3f"),
+               {"ours/raw", 8, [](const cadence_bench::row& j) {
+                  return cadence_bench::formatted("%.2f", j.at("ours_us").get<double>() / j.at("raw_us").get<double>());
+                }}};
+  cadence_bench::print(out, cfg, t);
 }
 
 // ---- ranks as threads (inproc, gloo, nccl) ----
@@ -291,20 +293,12 @@ std::vector<row> run_gloo_process(const config& cfg) {
 }
 
 std::vector<row> run_gloo(const config& cfg) {
-  std::string store = (std::filesystem::temp_directory_path() / "cadence-bench-gloo-XXXXXX").string();
-  if (::mkdtemp(store.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  struct remove_on_exit {  // the store goes whether the ranks succeed or not
-    const std::string& path;
-    ~remove_on_exit() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  } remove_store{store};
+  const cadence_bench::temp_folder store("cadence-bench-gloo");  // goes whether the ranks succeed or not
   cadence_bench::summing_barrier sync(cfg.ranks);
   std::vector<row> rows;
   cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
     gloo_options options;
-    options.store_path = store;
+    options.store_path = store.path();
     gloo_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
     rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
     ops.raw = [&](float* b, std::size_t n) { raw_gloo_allreduce(comm, b, n); };
@@ -461,27 +455,12 @@ private:
 
 std::vector<row> run_zmq(const config& cfg) {
   cadence_bench::summing_barrier sync(cfg.ranks);
-  // Rank 0 binds its rendezvous on port 0; the others wait for the address it got.
+  cadence_bench::thread_rendezvous meet;
   std::mutex m;
-  std::condition_variable bound;
-  std::string rendezvous;
   std::vector<std::string> raw_endpoints(static_cast<std::size_t>(cfg.ranks));
   std::vector<row> rows;
   cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
-    zmq_options options;
-    if (r == 0) {
-      options.rendezvous = "tcp://127.0.0.1:0";
-      options.on_rendezvous_bound = [&](const std::string& a) {
-        std::lock_guard<std::mutex> lock(m);
-        rendezvous = a;
-        bound.notify_all();
-      };
-    } else {
-      std::unique_lock<std::mutex> lock(m);
-      if (!bound.wait_for(lock, std::chrono::seconds(60), [&] { return !rendezvous.empty(); }))
-        throw std::runtime_error("rank 0 never bound its rendezvous");
-      options.rendezvous = rendezvous;
-    }
+    const auto options = cadence_bench::zmq_thread_options<zmq_options>(r, meet);
     zmq_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
     raw_zmq_allreduce raw(r, cfg.ranks, options.chunk_bytes);
     {
@@ -531,26 +510,8 @@ int run_mpi(const config& cfg) {
 
 #if defined(CADENCE_BENCH_WITH_NCCL)
 std::vector<row> run_nccl(const config& cfg) {
-  int devices = 0;
-  const cudaError_t probe = cudaGetDeviceCount(&devices);
-  if (probe != cudaSuccess || devices < 1)
-    throw std::runtime_error(std::string("the nccl backend needs a GPU: cudaGetDeviceCount: ") +
-                             (probe != cudaSuccess ? cudaGetErrorString(probe) : "no device"));
-  if (cfg.ranks > devices)
-    throw std::runtime_error("--ranks " + std::to_string(cfg.ranks) + " needs as many GPUs; " +
-                             std::to_string(devices) + " found (NCCL takes one rank per GPU)");
   // The raw side: a communicator of NCCL's own over the same GPUs, blocking as nccl-tests use it.
-  std::vector<ncclComm_t> raw_comms(static_cast<std::size_t>(cfg.ranks));
-  std::vector<int> devs(static_cast<std::size_t>(cfg.ranks));
-  for (int r = 0; r < cfg.ranks; ++r) devs[static_cast<std::size_t>(r)] = r;
-  if (ncclCommInitAll(raw_comms.data(), cfg.ranks, devs.data()) != ncclSuccess)
-    throw std::runtime_error("ncclCommInitAll failed");
-  struct destroy_on_exit {  // after every rank's thread has ended, whether they succeeded or not
-    std::vector<ncclComm_t>& comms;
-    ~destroy_on_exit() {
-      for (auto c : comms) ncclCommDestroy(c);
-    }
-  } destroy_raw{raw_comms};
+  const cadence_bench::nccl_raw_comms raw_comms(cfg.ranks);
   const std::size_t max_count = cfg.max_bytes / sizeof(float);
   inproc_world boot(cfg.ranks);
   cadence_bench::summing_barrier sync(cfg.ranks);
@@ -565,7 +526,7 @@ std::vector<row> run_nccl(const config& cfg) {
       throw std::runtime_error("cudaMalloc failed");
     free_dev.reset(dev);
     auto stream = static_cast<cudaStream_t>(comm.stream());
-    ncclComm_t raw = raw_comms[static_cast<std::size_t>(r)];
+    ncclComm_t raw = raw_comms[r];
     rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
     // Both on the communicator's stream, N back to back and one wait, as nccl-tests does: raw
     // synchronizes the stream once, ours waits for every work handle (each an event).
@@ -596,78 +557,73 @@ std::vector<row> run_nccl(const config& cfg) {
 }
 #endif
 
-constexpr const char* usage_text =
-    "usage: cadence-bench-transport --backend inproc|mpi|gloo|nccl|zmq [--ranks N] [--json]\n"
-    "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring]\n"
-    "  --ranks N      threads for inproc, gloo and zmq (default 2) or nccl (one per GPU,\n"
-    "                 default 1); under MPI, mpirun -np sets it\n"
-    "  --rank R --rendezvous H:P [--address A]\n"
-    "                 gloo: ranks as processes (on several hosts): this one is rank R of\n"
-    "                 --ranks N; rank 0 serves a TCP store at H:P (one of its addresses) and\n"
-    "                 each binds A (default 127.0.0.1); rank 0 prints\n"
-    "  --max-bytes B  largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)\n"
-    "  --reps R       raw/ours pairs per size, median reported (default 5)\n"
-    "  --no-bounce    mpi: mpi_options::bounce_buffers = false (broadcasts and sends)\n"
-    "  --no-verify    mpi: mpi_options::verify_before_posting = false (broadcasts)\n"
-    "  --no-ring      mpi: every all-reduce by recursive doubling (no ring)\n"
-    "  --help         this text\n";
-
 int run(int argc, char** argv) {
   config cfg;
-  const bool help = !cadence_bench::read_flags(
-      argc, argv, cfg,
-      {"--backend", "--ranks", "--json", "--max-bytes", "--reps", "--rank", "--rendezvous", "--address"},
-      {{"--no-bounce", &cfg.bounce, false}, {"--no-verify", &cfg.verify, false},
-       {"--no-ring", &cfg.ring, false}},
-      usage_text);
-  if (help) return 0;
+  cadence::tools::command_line cli(
+      "usage: cadence-bench-transport --backend inproc|mpi|gloo|nccl|zmq [--ranks N] [--json | --csv]\n"
+      "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring]\n"
+      "       cadence-bench-transport --backend gloo --ranks N --rank R --rendezvous H:P [--address A] ...\n",
+      "", 17);
+  cadence_bench::add_common_flags(
+      cli, cfg,
+      {{"--backend", "inproc, mpi, gloo, nccl or zmq"},
+       {"--ranks", "threads for inproc, gloo and zmq (default 2) or nccl (one per GPU,\n"
+                   "default 1); under MPI, mpirun -np sets it"},
+       {"--rank", "gloo: ranks as processes (on several hosts): this one is rank R of\n"
+                  "--ranks N; rank 0 prints"},
+       {"--rendezvous", "gloo, with --rank: rank 0 serves a TCP store at H:P (one of its\n"
+                        "addresses), the others reach it there"},
+       {"--address", "gloo, with --rank: the address each binds (default 127.0.0.1)"},
+       {"--max-bytes", "largest all-reduce (default 64 MiB; sizes go 8 B, x8, ..., B)"},
+       {"--reps", "raw/ours pairs per size, median reported (default 5)"},
+       {"--json", "one JSON array, an object per size"},
+       {"--csv", "a header row and a row per size, the JSON's keys as columns"}});
+  cli.add_flag_callback("--no-bounce", [&cfg] { cfg.bounce = false; },
+                        "mpi: mpi_options::bounce_buffers = false (broadcasts and sends)");
+  cli.add_flag_callback("--no-verify", [&cfg] { cfg.verify = false; },
+                        "mpi: mpi_options::verify_before_posting = false (broadcasts)");
+  cli.add_flag_callback("--no-ring", [&cfg] { cfg.ring = false; },
+                        "mpi: every all-reduce by recursive doubling (no ring)");
+  if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
   if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
-    throw usage_error("--max-bytes: must be a multiple of 4, at least 8, got " +
-                      std::to_string(cfg.max_bytes));
-  if (cfg.backend == "inproc") {
-    print(run_inproc(cfg), cfg);
-    return 0;
-  }
-  if (cfg.backend == "nccl") {
-#if defined(CADENCE_BENCH_WITH_NCCL)
-    if (!cfg.ranks_given) cfg.ranks = 1;
-    print(run_nccl(cfg), cfg);
-    return 0;
-#else
-    throw cadence_bench::backend_not_built("NCCL", "cadence::nccl");
-#endif
-  }
+    throw usage_error("--max-bytes: must be a multiple of 4, at least 8, got " + std::to_string(cfg.max_bytes));
   if (cfg.processes() && cfg.backend != "gloo")
     throw usage_error("--rendezvous: ranks as processes are for --backend gloo (mpi: mpirun starts them)");
-  if (cfg.backend == "gloo") {
-#if defined(CADENCE_BENCH_WITH_GLOO)
-    if (cfg.processes()) {
-      const auto rows = run_gloo_process(cfg);
-      if (cfg.rank == 0) print(rows, cfg);
-      return 0;
-    }
-    print(run_gloo(cfg), cfg);
+  const auto printed = [&](const std::vector<row>& rows) {
+    print(rows, cfg);
     return 0;
-#else
-    throw cadence_bench::backend_not_built("gloo", "cadence::gloo");
-#endif
-  }
-  if (cfg.backend == "zmq") {
-#if defined(CADENCE_BENCH_WITH_ZMQ)
-    print(run_zmq(cfg), cfg);
-    return 0;
-#else
-    throw cadence_bench::backend_not_built("ZeroMQ", "cadence::zmq");
-#endif
-  }
-  if (cfg.backend == "mpi") {
+  };
+  return cadence_bench::run_backend(cfg.backend, {
+    {"inproc", [&] { return printed(run_inproc(cfg)); }, {}},
 #if defined(CADENCE_BENCH_WITH_MPI)
-    return run_mpi(cfg);
+    {"mpi", [&] { return run_mpi(cfg); }, {}},
 #else
-    throw cadence_bench::backend_not_built("MPI", "cadence::mpi");
+    cadence_bench::not_built("mpi", "MPI", "cadence::mpi"),
 #endif
-  }
-  throw cadence_bench::backend_error(cfg.backend, "inproc, mpi, gloo, nccl or zmq");
+#if defined(CADENCE_BENCH_WITH_GLOO)
+    {"gloo", [&] {
+       if (!cfg.processes()) return printed(run_gloo(cfg));
+       const auto rows = run_gloo_process(cfg);
+       if (cfg.rank == 0) print(rows, cfg);
+       return 0;
+     }, {}},
+#else
+    cadence_bench::not_built("gloo", "gloo", "cadence::gloo"),
+#endif
+#if defined(CADENCE_BENCH_WITH_NCCL)
+    {"nccl", [&] {
+       if (!cfg.ranks_given) cfg.ranks = 1;
+       return printed(run_nccl(cfg));
+     }, {}},
+#else
+    cadence_bench::not_built("nccl", "NCCL", "cadence::nccl"),
+#endif
+#if defined(CADENCE_BENCH_WITH_ZMQ)
+    {"zmq", [&] { return printed(run_zmq(cfg)); }, {}},
+#else
+    cadence_bench::not_built("zmq", "ZeroMQ", "cadence::zmq"),
+#endif
+  });
 }
 
 }  // namespace

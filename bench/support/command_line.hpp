@@ -1,19 +1,22 @@
 // The command lines of the benchmarks that are programs of their own (cadence-bench-transport,
-// -exchange, -ps), read with the tools' flag_reader (tools/cli.hpp), so a bad command line
+// -exchange, -ps), read with the tools' CLI11 support (tools/flags.hpp), so a bad command line
 // fails as it does for cadence-sim: "PROGRAM: error: FLAG: what was wrong" and exit status 2,
-// and --help prints the usage and exits 0. Not part of the library.
+// and --help prints the usage and exits 0. The flags they share are declared here once, each
+// benchmark giving its own help text. Not part of the library.
 #pragma once
 
-#include "cli.hpp"
+#include "flags.hpp"  // tools/flags.hpp (the include path names tools/)
 
-#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <initializer_list>
+#include <stdexcept>
 #include <string>
-#include <string_view>
+#include <utility>
+#include <vector>
 
 namespace cadence_bench {
 
@@ -22,6 +25,7 @@ namespace cadence_bench {
 struct common_config {
   std::string backend;
   bool json = false;
+  bool csv = false;
   int ranks = 2;              // ranks as threads (backends that run them so)
   bool ranks_given = false;   // --ranks was given (a backend may have a default of its own)
   std::size_t min_bytes = 0;  // the smallest and largest buffer measured
@@ -36,83 +40,98 @@ struct common_config {
   bool processes() const noexcept { return !rendezvous.empty(); }
 };
 
-/// A flag without a value that sets a bool of the benchmark's config: {"--no-ring", &cfg.ring,
-/// false}.
-struct switch_flag {
-  std::string_view flag;
-  bool* target;
-  bool value;
+/// A shared flag a benchmark takes and its help text there: {"--ranks", "threads for ..."}.
+struct shared_flag {
+  std::string name;
+  std::string help;
 };
 
-/// Reads argv into cfg: of the shared flags those named in `shared` (any of "--backend",
-/// "--json", "--ranks", "--min-bytes", "--max-bytes", "--reps", "--rank", "--rendezvous",
-/// "--address"; numbers at least 1, --rank at least 0), and the
-/// benchmark's own `switches`. --help (or -h) prints `usage` on stdout and returns false: the
-/// program then exits 0 without running. Throws flag_reader's usage_error naming the flag for
-/// anything else.
-inline bool read_flags(int argc, char** argv, common_config& cfg,
-                       std::initializer_list<std::string_view> shared,
-                       std::initializer_list<switch_flag> switches, const char* usage) {
-  using cadence::tools::parse_flag_integer;
-  cadence::tools::flag_reader args(argc, argv);
-  while (args.next()) {
-    const std::string_view flag = args.flag();
-    const auto own = std::find_if(switches.begin(), switches.end(),
-                                  [&](const switch_flag& s) { return s.flag == flag; });
-    if (flag == "--help" || flag == "-h") {
-      args.no_value();
-      std::fputs(usage, stdout);
-      return false;
-    } else if (own != switches.end()) {
-      args.no_value();
-      *own->target = own->value;
-    } else if (std::find(shared.begin(), shared.end(), flag) == shared.end()) {
-      args.unknown();
-    } else if (flag == "--backend") {
-      cfg.backend = std::string(args.value());
-    } else if (flag == "--json") {
-      args.no_value();
-      cfg.json = true;
-    } else if (flag == "--ranks") {
-      cfg.ranks = parse_flag_integer<int>(flag, args.value(), 1, INT_MAX);
-      cfg.ranks_given = true;
-    } else if (flag == "--min-bytes") {
-      cfg.min_bytes = parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
-    } else if (flag == "--max-bytes") {
-      cfg.max_bytes = parse_flag_integer<std::size_t>(flag, args.value(), 1, SIZE_MAX);
-    } else if (flag == "--reps") {
-      cfg.reps = parse_flag_integer<int>(flag, args.value(), 1, INT_MAX);
-    } else if (flag == "--rank") {
-      cfg.rank = parse_flag_integer<int>(flag, args.value(), 0, INT_MAX);
-    } else if (flag == "--rendezvous") {
-      cfg.rendezvous = std::string(args.value());
-    } else if (flag == "--address") {
-      cfg.address = std::string(args.value());
-    } else {
-      args.unknown();  // a name in `shared` that no benchmark shares
-    }
+/// Declares the shared flags a benchmark takes, in its order: any of "--backend", "--ranks",
+/// "--rank", "--rendezvous", "--address", "--min-bytes", "--max-bytes", "--reps" (numbers at
+/// least 1, --rank at least 0), "--json" and "--csv" (at most one of the two).
+inline void add_common_flags(cadence::tools::command_line& cli, common_config& cfg,
+                             std::initializer_list<shared_flag> flags) {
+  using cadence::tools::integer;
+  for (const shared_flag& f : flags) {
+    if (f.name == "--backend")
+      cli.add_option("--backend", cfg.backend, f.help)->option_text("B");
+    else if (f.name == "--ranks")
+      cli.add_option("--ranks", cfg.ranks, f.help)->option_text("N")->check(integer<int>(1, INT_MAX));
+    else if (f.name == "--rank")
+      cli.add_option("--rank", cfg.rank, f.help)->option_text("R")->check(integer<int>(0, INT_MAX));
+    else if (f.name == "--rendezvous")
+      cli.add_option("--rendezvous", cfg.rendezvous, f.help)->option_text("H:P");
+    else if (f.name == "--address")
+      cli.add_option("--address", cfg.address, f.help)->option_text("A");
+    else if (f.name == "--min-bytes")
+      cli.add_option("--min-bytes", cfg.min_bytes, f.help)->option_text("B")->check(integer<std::size_t>(1, SIZE_MAX));
+    else if (f.name == "--max-bytes")
+      cli.add_option("--max-bytes", cfg.max_bytes, f.help)->option_text("B")->check(integer<std::size_t>(1, SIZE_MAX));
+    else if (f.name == "--reps")
+      cli.add_option("--reps", cfg.reps, f.help)->option_text("R")->check(integer<int>(1, INT_MAX));
+    else if (f.name == "--json")
+      cli.add_flag("--json", cfg.json, f.help);
+    else if (f.name == "--csv")
+      cli.add_flag("--csv", cfg.csv, f.help);
+    else
+      throw std::logic_error("cadence_bench::add_common_flags: no shared flag " + f.name);
   }
+  cli.at_most_one_of({"--json", "--csv"});
+}
+
+/// Reads argv with cli (the shared flags and the benchmark's own). Returns false when --help
+/// was given, after printing the usage on stdout: the program then exits 0 without running.
+/// Throws usage_error naming the flag, as the tools do, also when --rank and --rendezvous are
+/// not given together (with --ranks) or --rank is out of range.
+inline bool read_flags(cadence::tools::command_line& cli, common_config& cfg, int argc, char** argv) {
+  using cadence::tools::usage_error;
+  if (!cli.read(argc, argv)) {
+    std::fputs(cli.help().c_str(), stdout);
+    return false;
+  }
+  cfg.ranks_given = cli.given("--ranks");
   if (cfg.processes() != (cfg.rank >= 0))
-    throw cadence::tools::usage_error("--rank and --rendezvous: give both (ranks as processes) or neither (ranks as threads)");
+    throw usage_error("--rank and --rendezvous: give both (ranks as processes) or neither (ranks as threads)");
   if (cfg.processes() && !cfg.ranks_given)
-    throw cadence::tools::usage_error("--rendezvous: give --ranks too (the number of processes)");
+    throw usage_error("--rendezvous: give --ranks too (the number of processes)");
   if (cfg.processes() && cfg.rank >= cfg.ranks)
-    throw cadence::tools::usage_error("--rank " + std::to_string(cfg.rank) + " is out of range for --ranks " +
-                                      std::to_string(cfg.ranks));
+    throw usage_error("--rank " + std::to_string(cfg.rank) + " is out of range for --ranks " +
+                      std::to_string(cfg.ranks));
   return true;
 }
 
-/// The error for a missing or unknown --backend; `choices` names the benchmark's backends
-/// ("inproc or mpi").
-inline cadence::tools::usage_error backend_error(const std::string& backend, const char* choices) {
-  return cadence::tools::usage_error(backend.empty() ? std::string("--backend: required (") + choices + ")"
-                                                     : "--backend: unknown backend '" + backend + "' (" + choices + ")");
+// ---- --backend ----
+
+/// A backend a benchmark runs: its name and what runs it (returning main's status); or, for
+/// one this build lacks, `run` empty and `lacking` its name in messages and its target
+/// ("gloo", "cadence::gloo").
+struct backend {
+  std::string name;
+  std::function<int()> run;
+  std::pair<std::string, std::string> lacking;
+};
+
+/// The entry for a backend this build lacks: --backend NAME says so.
+inline backend not_built(std::string name, std::string what, std::string target) {
+  return {std::move(name), {}, {std::move(what), std::move(target)}};
 }
 
-/// The error for a backend this build lacks ("MPI", "cadence::mpi"): a bad command line too.
-inline cadence::tools::usage_error backend_not_built(const char* backend, const char* target) {
-  return cadence::tools::usage_error(std::string("--backend: this build has no ") + backend + " (" + target +
-                                     " was not found at configure time)");
+/// Runs the backend named `chosen`. Throws usage_error (a bad command line, so exit status 2)
+/// "--backend: required (a, b or c)", "--backend: unknown backend 'x' (a, b or c)" or
+/// "--backend: this build has no gloo (cadence::gloo was not found at configure time)".
+inline int run_backend(const std::string& chosen, const std::vector<backend>& backends) {
+  std::string names;
+  for (std::size_t k = 0; k < backends.size(); ++k)
+    names += (k == 0 ? "" : k + 1 == backends.size() ? " or " : ", ") + backends[k].name;
+  for (const backend& b : backends) {
+    if (b.name != chosen) continue;
+    if (!b.run)
+      throw cadence::tools::usage_error("--backend: this build has no " + b.lacking.first + " (" + b.lacking.second +
+                                        " was not found at configure time)");
+    return b.run();
+  }
+  throw cadence::tools::usage_error(chosen.empty() ? "--backend: required (" + names + ")"
+                                                   : "--backend: unknown backend '" + chosen + "' (" + names + ")");
 }
 
 }  // namespace cadence_bench

@@ -30,6 +30,15 @@ inline int iterations_for(std::size_t bytes, std::size_t budget_bytes, int most)
                                                   static_cast<std::size_t>(most)));
 }
 
+/// The buffer sizes measured: min_bytes, then times `factor` while below max_bytes, and
+/// max_bytes itself last.
+inline std::vector<std::size_t> sizes(std::size_t min_bytes, std::size_t max_bytes, std::size_t factor) {
+  std::vector<std::size_t> out;
+  for (std::size_t b = min_bytes; b < max_bytes; b *= factor) out.push_back(b);
+  out.push_back(max_bytes);
+  return out;
+}
+
 /// Of (raw, ours) time pairs, the one with the median ratio: one noisy block does not decide.
 inline std::pair<double, double> median_pair(std::vector<std::pair<double, double>> pairs) {
   std::sort(pairs.begin(), pairs.end(),

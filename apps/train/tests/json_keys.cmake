@@ -7,13 +7,27 @@ set(CADENCE_TRAIN_JSON_KEYS policy transport workers seconds iterations iteratio
     wait_fraction max_staleness final_accuracy best_accuracy time_to_70 time_to_80 evicted
     worker_transfer_seconds simulated)
 
+# Where those keys are documented: docs/tools.md's cadence-train section names each.
+set(CADENCE_TRAIN_DOCS ${CMAKE_CURRENT_LIST_DIR}/../../../docs/tools.md)
+
 # check_train_json(JSON COUNT STDERR): JSON is an array of COUNT objects, each with exactly the
-# keys above. STDERR goes into the failure message.
+# keys above, which the docs name. STDERR goes into the failure message.
 function(check_train_json json count stderr)
   string(JSON n ERROR_VARIABLE e LENGTH "${json}")
   if(e OR NOT n EQUAL count)
     message(FATAL_ERROR "expected a JSON array of ${count} policies, got ${n} ${e}:\n${json}\nstderr: ${stderr}")
   endif()
+  file(READ ${CADENCE_TRAIN_DOCS} docs)
+  string(FIND "${docs}" "## `cadence-train`" from)
+  string(SUBSTRING "${docs}" ${from} -1 section)
+  string(FIND "${section}" "\n## " to)
+  string(SUBSTRING "${section}" 0 ${to} section)
+  foreach(k IN LISTS CADENCE_TRAIN_JSON_KEYS)
+    string(FIND "${section}" "`${k}`" at)
+    if(at EQUAL -1)
+      message(FATAL_ERROR "cadence-train's JSON key '${k}' is not named in ${CADENCE_TRAIN_DOCS}")
+    endif()
+  endforeach()
   list(LENGTH CADENCE_TRAIN_JSON_KEYS want)
   math(EXPR last "${count} - 1")
   foreach(i RANGE ${last})

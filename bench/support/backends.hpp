@@ -1,0 +1,83 @@
+// How the command-line benchmarks start the ranks of a backend as threads of one process:
+// ZeroMQ ranks (rank 0 binds its rendezvous on a port the system picks and the others wait for
+// its address; tests/consumer/zmq_main.cpp starts its ranks so too) and gloo ranks (a
+// rendezvous folder that goes when they end). nccl.hpp and mpi.hpp hold the NCCL and MPI
+// parts, command_line.hpp the choice of --backend. Not part of the library: it needs only the
+// standard library (a backend's options type comes in as a template argument).
+#pragma once
+
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <utility>
+
+namespace cadence_bench {
+
+/// One text rank 0 publishes and the other ranks (threads) wait for: the address its
+/// rendezvous got, an endpoint of its own.
+class thread_rendezvous {
+public:
+  void publish(std::string value) {
+    std::lock_guard<std::mutex> lock(m_);
+    value_ = std::move(value);
+    published_.notify_all();
+  }
+  /// The published text; throws std::runtime_error when rank 0 has published nothing within
+  /// `timeout`.
+  std::string wait(std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    std::unique_lock<std::mutex> lock(m_);
+    if (!published_.wait_for(lock, timeout, [&] { return !value_.empty(); }))
+      throw std::runtime_error("rank 0 never bound its rendezvous");
+    return value_;
+  }
+
+private:
+  std::mutex m_;
+  std::condition_variable published_;
+  std::string value_;
+};
+
+/// The options of ZeroMQ rank `rank` of ranks run as threads on 127.0.0.1 (Options is
+/// cadence::transport::zmq_options): rank 0 binds its rendezvous on a port the system picks
+/// and publishes the address on `meet`; the others wait for it there.
+template <class Options>
+Options zmq_thread_options(int rank, thread_rendezvous& meet) {
+  Options options;
+  if (rank == 0) {
+    options.rendezvous = "tcp://127.0.0.1:0";
+    options.on_rendezvous_bound = [&meet](const std::string& address) { meet.publish(address); };
+  } else {
+    options.rendezvous = meet.wait();
+  }
+  return options;
+}
+
+/// A fresh folder under the system's temporary directory ("PREFIX-XXXXXX"), removed with
+/// everything in it when this object goes, whether the ranks that met there succeeded or
+/// not: gloo's rendezvous store for ranks as threads.
+class temp_folder {
+public:
+  explicit temp_folder(const std::string& prefix) {
+    path_ = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+    if (::mkdtemp(path_.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + path_);
+  }
+  temp_folder(const temp_folder&) = delete;
+  temp_folder& operator=(const temp_folder&) = delete;
+  ~temp_folder() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const noexcept { return path_; }
+
+private:
+  std::string path_;
+};
+
+}  // namespace cadence_bench
