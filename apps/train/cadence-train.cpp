@@ -56,6 +56,21 @@ int guarded_run(Job& job, const train_options& o, const std::optional<std::strin
   }
 }
 
+// A process of a gloo or zmq job (Job: train::gloo_job, train::zmq_job) meeting the others at
+// `meet`: its whole run.
+template <class Job>
+int launched_run(const train_options& o, train::meeting_point meet, const std::optional<std::string>& parse_error) {
+  Job job(o.rank.value_or(0), o.size.value_or(1), std::move(meet), o.address);
+  return guarded_run(job, o, parse_error);
+}
+
+// --transport T where this build lacks its library: the error, exit status 2.
+[[maybe_unused]] int lacking(const char* transport, const char* library, const char* package) {
+  std::fprintf(stderr, "cadence-train: error: --transport %s: this build has no %s (install %s and rebuild)\n",
+               transport, library, package);
+  return 2;
+}
+
 // --transport gloo or zmq: rank, size and folder from the flags or the environment.
 int main_launched(train_options o, std::optional<std::string> parse_error) {
   auto from_env = [](const char* name) -> std::string {
@@ -111,21 +126,15 @@ int main_launched(train_options o, std::optional<std::string> parse_error) {
   if (!meet) meet = train::meeting_point::folder(o.store);  // unused: the run reports parse_error
   if (o.transport == "zmq") {
 #if CADENCE_TRAIN_HAS_ZMQ
-    train::zmq_job job(o.rank.value_or(0), o.size.value_or(1), std::move(*meet), o.address);
-    return guarded_run(job, o, parse_error);
+    return launched_run<train::zmq_job>(o, std::move(*meet), parse_error);
 #else
-    std::fprintf(stderr, "cadence-train: error: --transport zmq: this build has no ZeroMQ (install libzmq3-dev "
-                         "and rebuild)\n");
-    return 2;
+    return lacking("zmq", "ZeroMQ", "libzmq3-dev");
 #endif
   }
 #if CADENCE_TRAIN_HAS_GLOO
-  train::gloo_job job(o.rank.value_or(0), o.size.value_or(1), std::move(*meet), o.address);
-  return guarded_run(job, o, parse_error);
+  return launched_run<train::gloo_job>(o, std::move(*meet), parse_error);
 #else
-  std::fprintf(stderr, "cadence-train: error: --transport gloo: this build has no gloo (install libgloo-dev and "
-                       "rebuild)\n");
-  return 2;
+  return lacking("gloo", "gloo", "libgloo-dev");
 #endif
 }
 

@@ -3,8 +3,8 @@
 // merging among themselves; a process started with --rejoin replaces a killed worker.
 //
 //   ---- the model ----                    any_model: the MLP or softmax regression
-//   ---- what a rank keeps ----            the profile, the data and each rank's part of it
 //   ---- the bookkeeping of an exchange -- worker_summary, server_side, push_log, ps options
+//   ---- what a rank keeps ----            the profile, the data and each rank's part of it
 //   ---- the start of a policy ----        its communicator; every rank's start together
 //   ---- serve ----                        rank 0 under a parameter-server policy
 //   ---- work ----                         a worker under a parameter-server policy
@@ -84,80 +84,6 @@ private:
   std::unique_ptr<train::mlp> mlp_;
   std::unique_ptr<train::softmax_regression> softmax_;
 };
-
-// ---- what a rank keeps ----
-
-// The speed profile for `workers`, after checking it and every policy, so that a bad flag
-// stops every rank before any communication.
-inline cadence::sim::scenario checked_profile(const train_options& o, std::size_t workers) {
-  cadence::sim::scenario prof;
-  try {
-    prof = train::make_profile(o.profile, workers, o.seconds, o.seed);
-  } catch (const cadence::invalid_parameter_error& e) {
-    throw tools::usage_error(std::string("--profile: ") + e.what());
-  }
-  for (const auto& p : o.policies) {
-    try {
-      if (is_collective_config(p)) {
-        cadence::sim::scenario tiny = prof;
-        tiny.seconds = 0.5;
-        (void)cadence::sim::simulate_collective(collective_mode(p), tiny);  // parses the mode
-      } else {
-        (void)cadence::make_controller(p, workers);
-      }
-    } catch (const cadence::error& e) {
-      throw tools::usage_error(std::string("--policy: ") + e.what());
-    }
-  }
-  if (o.join_after && workers < 2)
-    throw tools::usage_error("--join-after: needs at least 2 workers (the last one joins late), got " +
-                             std::to_string(workers));
-  if (o.join_after && is_collective_config(o.policies.front()))
-    throw tools::usage_error("--join-after: the first policy must be a parameter-server one (a worker joins the server), "
-                             "got '" + o.policies.front() + "'");
-  return prof;
-}
-
-// Fashion-MNIST from --data; sets n_train to the training images used (--train-limit), at
-// least one per worker.
-inline train::train_test_data load_data(const train_options& o, std::size_t workers, std::size_t& n_train) {
-  train::train_test_data data;
-  try {
-    data = train::load_fashion_mnist(o.data);
-  } catch (const cadence::error& e) {
-    throw tools::usage_error(std::string("--data: ") + e.what());
-  }
-  n_train = o.train_limit == 0 ? data.train.size() : std::min(o.train_limit, data.train.size());
-  if (n_train < workers)
-    throw tools::usage_error("--train-limit: " + std::to_string(n_train) + " images for " + std::to_string(workers) +
-                             " workers; every worker needs at least one");
-  return data;
-}
-
-// What one rank keeps of the data: the server the test set, a worker its shard of the first
-// n_train training images.
-struct rank_data {
-  train::dataset test, shard;
-};
-
-inline rank_data keep_own_part(int rank, train::train_test_data data, std::size_t n_train, std::size_t workers) {
-  rank_data mine;
-  if (rank == 0) {
-    mine.test = std::move(data.test);
-    return mine;
-  }
-  train::dataset& shard = mine.shard;
-  const std::size_t p = static_cast<std::size_t>(rank - 1);
-  const std::size_t first = p * n_train / workers, last = (p + 1) * n_train / workers;
-  shard.rows = data.train.rows;
-  shard.cols = data.train.cols;
-  shard.classes = data.train.classes;
-  shard.labels.assign(data.train.labels.begin() + static_cast<std::ptrdiff_t>(first),
-                      data.train.labels.begin() + static_cast<std::ptrdiff_t>(last));
-  shard.images.assign(data.train.images.begin() + static_cast<std::ptrdiff_t>(first * shard.features()),
-                      data.train.images.begin() + static_cast<std::ptrdiff_t>(last * shard.features()));
-  return mine;
-}
 
 // ---- the bookkeeping of an exchange ----
 
@@ -304,6 +230,98 @@ inline constexpr std::chrono::seconds gone_grace{3};
 
 // Tag of the start of a policy on its communicator when a rank joins it late.
 inline constexpr int tag_start = 9;
+
+// ---- what a rank keeps ----
+
+// The speed profile for `workers`, after checking it and every policy, so that a bad flag
+// stops every rank before any communication.
+inline cadence::sim::scenario checked_profile(const train_options& o, std::size_t workers) {
+  cadence::sim::scenario prof;
+  try {
+    prof = train::make_profile(o.profile, workers, o.seconds, o.seed);
+  } catch (const cadence::invalid_parameter_error& e) {
+    throw tools::usage_error(std::string("--profile: ") + e.what());
+  }
+  for (const auto& p : o.policies) {
+    try {
+      if (is_collective_config(p)) {
+        cadence::sim::scenario tiny = prof;
+        tiny.seconds = 0.5;
+        (void)cadence::sim::simulate_collective(collective_mode(p), tiny);  // parses the mode
+      } else {
+        (void)cadence::make_controller(p, workers);
+      }
+    } catch (const cadence::error& e) {
+      throw tools::usage_error(std::string("--policy: ") + e.what());
+    }
+  }
+  if (o.join_after && workers < 2)
+    throw tools::usage_error("--join-after: needs at least 2 workers (the last one joins late), got " +
+                             std::to_string(workers));
+  if (o.join_after && is_collective_config(o.policies.front()))
+    throw tools::usage_error("--join-after: the first policy must be a parameter-server one (a worker joins the server), "
+                             "got '" + o.policies.front() + "'");
+  return prof;
+}
+
+// Fashion-MNIST from --data; sets n_train to the training images used (--train-limit), at
+// least one per worker.
+inline train::train_test_data load_data(const train_options& o, std::size_t workers, std::size_t& n_train) {
+  train::train_test_data data;
+  try {
+    data = train::load_fashion_mnist(o.data);
+  } catch (const cadence::error& e) {
+    throw tools::usage_error(std::string("--data: ") + e.what());
+  }
+  n_train = o.train_limit == 0 ? data.train.size() : std::min(o.train_limit, data.train.size());
+  if (n_train < workers)
+    throw tools::usage_error("--train-limit: " + std::to_string(n_train) + " images for " + std::to_string(workers) +
+                             " workers; every worker needs at least one");
+  return data;
+}
+
+// What one rank keeps of the data: the server the test set, a worker its shard of the first
+// n_train training images.
+struct rank_data {
+  train::dataset test, shard;
+};
+
+inline rank_data keep_own_part(int rank, train::train_test_data data, std::size_t n_train, std::size_t workers) {
+  rank_data mine;
+  if (rank == 0) {
+    mine.test = std::move(data.test);
+    return mine;
+  }
+  train::dataset& shard = mine.shard;
+  const std::size_t p = static_cast<std::size_t>(rank - 1);
+  const std::size_t first = p * n_train / workers, last = (p + 1) * n_train / workers;
+  shard.rows = data.train.rows;
+  shard.cols = data.train.cols;
+  shard.classes = data.train.classes;
+  shard.labels.assign(data.train.labels.begin() + static_cast<std::ptrdiff_t>(first),
+                      data.train.labels.begin() + static_cast<std::ptrdiff_t>(last));
+  shard.images.assign(data.train.images.begin() + static_cast<std::ptrdiff_t>(first * shard.features()),
+                      data.train.images.begin() + static_cast<std::ptrdiff_t>(last * shard.features()));
+  return mine;
+}
+
+// What every rank sets up before the first policy, in this order: the profile (after checking
+// the flags that need the job's size, so a bad one stops every rank before any
+// communication), its push log, the data (n_train: the training images used) and the model.
+struct rank_setup {
+  rank_setup(const train_options& o, int rank, int size)
+      : workers(static_cast<std::size_t>(size - 1)),
+        prof(checked_profile(o, workers)),
+        log(o.push_log, rank),
+        data(load_data(o, workers, n_train)),
+        model(o, data.train.features(), 10) {}
+  std::size_t workers;
+  cadence::sim::scenario prof;
+  push_log log;
+  std::size_t n_train = 0;
+  train::train_test_data data;
+  any_model model;
+};
 
 // ---- the start of a policy ----
 
@@ -622,13 +640,8 @@ template <class Job>
 int replace_worker(Job& job, const train_options& o) {
   const int rank = job.rank();
   if (rank == 0) throw tools::usage_error("--rejoin: rank 0 is the server; only a worker's process can be replaced");
-  const auto workers = static_cast<std::size_t>(job.size() - 1);
-  const cadence::sim::scenario prof = checked_profile(o, workers);
-  push_log log(o.push_log, rank);
-  std::size_t n_train = 0;
-  train::train_test_data data = load_data(o, workers, n_train);
-  any_model model(o, data.train.features(), 10);
-  const rank_data own = keep_own_part(rank, std::move(data), n_train, workers);
+  rank_setup setup(o, rank, job.size());
+  const rank_data own = keep_own_part(rank, std::move(setup.data), setup.n_train, setup.workers);
   std::size_t k = 0;
   double start = 0;
   if constexpr (Job::joinable) {
@@ -646,7 +659,7 @@ int replace_worker(Job& job, const train_options& o) {
     return 1;
   }
   std::vector<train::exchange_timing> timings;
-  const worker_summary sum = work(job, k, o, model, own.shard, prof, timings, log, left);
+  const worker_summary sum = work(job, k, o, setup.model, own.shard, setup.prof, timings, setup.log, left);
   std::fprintf(stderr, "cadence-train (rank %d): --rejoin: %s: %.0f iterations as a new worker; leaving (rank 0 counts "
                "this rank gone after the policy)\n", rank, o.policies[k].c_str(), sum.iterations);
   return 0;

@@ -220,20 +220,16 @@ int run(Job& job, const train_options& o) {
     if (o.rejoin) return replace_worker(job, o);
   }
   const int rank = job.rank();
-  const auto workers = static_cast<std::size_t>(job.size() - 1);
-  const cadence::sim::scenario prof = checked_profile(o, workers);
-  push_log log(o.push_log, rank);
-  std::size_t n_train = 0;
-  train::train_test_data data = load_data(o, workers, n_train);
-  any_model model(o, data.train.features(), 10);
-  introduce_ranks(job, o, model, n_train, workers);
+  rank_setup setup(o, rank, job.size());
+  const std::size_t workers = setup.workers;
+  introduce_ranks(job, o, setup.model, setup.n_train, workers);
   // Each rank keeps only what it needs; the rest is freed here.
-  const rank_data own = keep_own_part(rank, std::move(data), n_train, workers);
+  const rank_data own = keep_own_part(rank, std::move(setup.data), setup.n_train, workers);
 
   std::vector<train::policy_report> reports;
   for (std::size_t k = 0; k < o.policies.size(); ++k) {
     const std::string& policy = o.policies[k];
-    policy_part part = run_policy(job, k, o, model, own, prof, workers, log);
+    policy_part part = run_policy(job, k, o, setup.model, own, setup.prof, workers, setup.log);
     std::vector<int> gone;
     auto records = gather_records(job, part, gone);
     const bool go_on = share_verdict(job, gone);
@@ -246,7 +242,7 @@ int run(Job& job, const train_options& o) {
     }
     train::policy_report& r = part.report;
     add_measurements(r, records, gone, o, policy, workers);
-    add_simulated(r, prof, policy);
+    add_simulated(r, setup.prof, policy);
     print_policy_line(r);
     reports.push_back(std::move(r));
     if (!gone.empty()) {

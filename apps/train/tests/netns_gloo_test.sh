@@ -9,16 +9,11 @@
 # Needs root and network namespaces; without them it prints SKIP and exits 77. Usage:
 #   netns_gloo_test.sh scripts/netns-cluster.sh build/bin/cadence-train
 set -u
-if [ $# -ne 2 ]; then
-  echo "usage: netns_gloo_test.sh NETNS_CLUSTER TRAIN" >&2
-  exit 2
-fi
-cluster=$1; train=$2
-[ -x "$train" ] || { echo "netns_gloo_test.sh: '$train' is not an executable" >&2; exit 2; }
-[ -f "$cluster" ] || { echo "netns_gloo_test.sh: no netns-cluster script at '$cluster'" >&2; exit 2; }
-
 # shellcheck source=netns_skip.sh
 . "$(dirname "$0")/netns_skip.sh"
+netns_args netns_gloo_test.sh "$@"
+
+netns_probe
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/cadence-netns-gloo-XXXXXX") || exit 1
 trap 'rm -rf "$dir"' EXIT

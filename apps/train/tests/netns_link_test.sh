@@ -21,13 +21,9 @@
 # 77 (ctest SKIP_RETURN_CODE). Usage:
 #   netns_link_test.sh scripts/netns-cluster.sh build/bin/cadence-train
 set -u
-if [ $# -ne 2 ]; then
-  echo "usage: netns_link_test.sh NETNS_CLUSTER TRAIN" >&2
-  exit 2
-fi
-cluster=$1; train=$2
-[ -x "$train" ] || { echo "netns_link_test.sh: '$train' is not an executable" >&2; exit 2; }
-[ -f "$cluster" ] || { echo "netns_link_test.sh: no netns-cluster script at '$cluster'" >&2; exit 2; }
+# shellcheck source=netns_skip.sh
+. "$(dirname "$0")/netns_skip.sh"
+netns_args netns_link_test.sh "$@"
 first=${CADENCE_TEST_FIRST_POLICY:-asp}
 case $first in
   asp) second=bsp ;;
@@ -42,8 +38,7 @@ case $back in 0|1) ;; *) echo "netns_link_test.sh: CADENCE_TEST_LINK_BACK: expec
 meet=${CADENCE_TEST_RENDEZVOUS:-folder}
 case $meet in folder|tcp) ;; *) echo "netns_link_test.sh: CADENCE_TEST_RENDEZVOUS: expected folder or tcp, got '$meet'" >&2; exit 2 ;; esac
 
-# shellcheck source=netns_skip.sh
-. "$(dirname "$0")/netns_skip.sh"
+netns_probe
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/cadence-netns-XXXXXX") || exit 1
 mkdir "$dir/store"

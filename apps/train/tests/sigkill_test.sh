@@ -26,12 +26,7 @@ esac
 start_job --model softmax --policy "$first" --policy "$second" --profile homogeneous --seconds 4 \
   --evict-after 1 --train-limit 2000 --test-limit 200 --json "$@"
 kill -KILL "$victim" || fail "cannot kill $victim"
-for _ in $(seq 1 300); do  # the 4 s policy, then at most 3 s for the lost worker's record
-  kill -0 "$job" 2>/dev/null || break
-  sleep 0.1
-done
-if kill -0 "$job" 2>/dev/null; then kill "$job"; fail "the job did not end within 30 s of the kill"; fi
-wait "$job" || fail "$(basename "$mpirun") exit status $?"
+wait_job 30  # the 4 s policy, then at most 3 s for the lost worker's record
 grep -q "worker 1 evicted" "$dir/err" || fail "worker 1 was not evicted"
 grep -q "gone (killed?); the remaining policies are skipped: $second" "$dir/err" || fail "no line naming the lost worker"
 grep -q '"evicted": \[1\]' "$dir/out" || fail "worker 1 not listed in evicted"

@@ -20,12 +20,7 @@ kill -STOP "$victim" || fail "cannot stop $victim"
 wait_line "worker 1 evicted"  # 1 s of silence, then the server's line
 kill -CONT "$victim"
 victim=""
-for _ in $(seq 1 600); do
-  kill -0 "$job" 2>/dev/null || break
-  sleep 0.1
-done
-if kill -0 "$job" 2>/dev/null; then kill "$job"; fail "the job did not end"; fi
-wait "$job" || fail "$(basename "$mpirun") exit status $?"
+wait_job 60
 grep -q '"evicted": \[1\]' "$dir/out" || fail "worker 1 not listed in evicted"
 grep -q '"policy": "asp"' "$dir/out" || fail "no report"
 echo "PASS: worker 1 stopped, evicted and listed; the run reported"

@@ -1,6 +1,7 @@
 # Sourced by sigstop_test.sh and sigkill_test.sh: starts a 3-rank cadence-train job in the
-# background and finds the process of worker 1 (rank 2) to signal. The caller sets mpirun, flags,
-# train and dir (a temporary folder for the job's stdout and stderr) first.
+# background, finds the process of worker 1 (rank 2) to signal, and waits for the job's end. The
+# caller sets mpirun, flags, train and dir (a temporary folder for the job's stdout and stderr)
+# first.
 
 # fail MESSAGE: prints it with the job's output and exits 1.
 fail() { echo "FAIL: $*"; echo "--- stdout"; cat "$dir/out"; echo "--- stderr"; cat "$dir/err"; exit 1; }
@@ -15,6 +16,17 @@ wait_line() {
     sleep 0.1
   done
   fail "no line matching '$1' within ${2:-60} s"
+}
+
+# wait_job SECONDS: waits for the job to end and for its exit status 0; fails if it has not
+# ended after SECONDS (which only catches a hang) or failed.
+wait_job() {
+  for _ in $(seq 1 $(( $1 * 10 ))); do
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$job" 2>/dev/null; then kill "$job"; fail "the job did not end within $1 s"; fi
+  wait "$job" || fail "$(basename "$mpirun") exit status $?"
 }
 
 # start_job ARGS...: cadence-train with ARGS on 3 ranks; sets job (its pid) and victim (worker
