@@ -9,8 +9,8 @@
 # Needs root and network namespaces; without them it prints SKIP and exits 77. Usage:
 #   netns_gloo_test.sh scripts/netns-cluster.sh build/bin/cadence-train
 set -u
-# shellcheck source=netns_skip.sh
-. "$(dirname "$0")/netns_skip.sh"
+# shellcheck source=netns_support.sh
+. "$(dirname "$0")/netns_support.sh"
 netns_args netns_gloo_test.sh "$@"
 
 netns_probe
@@ -28,17 +28,6 @@ timeout -s TERM 90 bash "$cluster" -n 3 --rate 1gbit --keep-going -- \
   --policy bsp --policy periodic:4 --json >"$dir/cluster" 2>&1
 status=$?
 
-fail() {
-  echo "FAIL: $*"
-  local h
-  for h in 0 1 2; do
-    echo "--- host $h: exit status $(cat "$dir/rc.$h" 2>/dev/null || echo '(none)')"
-    echo "--- host $h stderr"; cat "$dir/err.$h" 2>/dev/null
-  done
-  echo "--- host 0 stdout"; cat "$dir/out.0" 2>/dev/null
-  echo "--- netns-cluster (status $status)"; cat "$dir/cluster"
-  exit 1
-}
 [ "$status" = 124 ] && fail "the run did not end within 90 s"
 for h in 0 1 2; do [ "$(cat "$dir/rc.$h" 2>/dev/null)" = 0 ] || fail "host $h's process failed"; done
 for p in bsp periodic:4; do

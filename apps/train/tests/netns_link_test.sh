@@ -21,8 +21,8 @@
 # 77 (ctest SKIP_RETURN_CODE). Usage:
 #   netns_link_test.sh scripts/netns-cluster.sh build/bin/cadence-train
 set -u
-# shellcheck source=netns_skip.sh
-. "$(dirname "$0")/netns_skip.sh"
+# shellcheck source=netns_support.sh
+. "$(dirname "$0")/netns_support.sh"
 netns_args netns_link_test.sh "$@"
 first=${CADENCE_TEST_FIRST_POLICY:-asp}
 case $first in
@@ -54,18 +54,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-
-fail() {
-  echo "FAIL: $*"
-  local h
-  for h in 0 1 2; do
-    echo "--- host $h: exit status $(cat "$dir/rc.$h" 2>/dev/null || echo '(still running or not started)')"
-    echo "--- host $h stderr"; cat "$dir/err.$h" 2>/dev/null
-  done
-  echo "--- host 0 stdout"; cat "$dir/out.0" 2>/dev/null
-  echo "--- netns-cluster"; cat "$dir/cluster" 2>/dev/null
-  exit 1
-}
 
 # wait_for DESCRIPTION SECONDS COMMAND...: until COMMAND succeeds; fails after SECONDS (a hang).
 wait_for() {

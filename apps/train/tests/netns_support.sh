@@ -4,6 +4,8 @@
 # netns_probe: can this machine make namespaces, veth pairs and tbf qdiscs? Root in a container
 # often cannot. If not, prints "SKIP: <why>" and exits 77, which ctest reports as skipped
 # (SKIP_RETURN_CODE).
+# fail MESSAGE: prints it with what each of the 3 hosts left in $dir (exit status, stderr; host
+# 0's stdout) and netns-cluster's output ($dir/cluster), and exits 1.
 netns_args() {
   local name=$1
   shift
@@ -29,4 +31,16 @@ netns_probe() {
   fi
   ip netns del "$probe"
   [ "$probe_ok" = 1 ] || skip "veth pairs or tc tbf do not work in a namespace here"
+}
+
+fail() {
+  echo "FAIL: $*"
+  local h
+  for h in 0 1 2; do
+    echo "--- host $h: exit status $(cat "$dir/rc.$h" 2>/dev/null || echo '(still running or not started)')"
+    echo "--- host $h stderr"; cat "$dir/err.$h" 2>/dev/null
+  done
+  echo "--- host 0 stdout"; cat "$dir/out.0" 2>/dev/null
+  echo "--- netns-cluster${status:+ (status $status)}"; cat "$dir/cluster" 2>/dev/null
+  exit 1
 }
