@@ -41,8 +41,7 @@
 #if defined(CADENCE_BENCH_WITH_GLOO)
 #include <cadence/transport/gloo/communicator.hpp>
 
-#include <gloo/allreduce.h>
-#include <gloo/math.h>
+#include "support/raw_gloo.hpp"
 #endif
 #if defined(CADENCE_BENCH_WITH_NCCL)
 #include <cadence/transport/nccl/communicator.hpp>
@@ -274,7 +273,8 @@ double hidden(const row& r) { return r.comm_us > 0 ? (r.raw_us - r.ours_us) / r.
 
 // The rows with the keys of cadence-bench-transport's (bsp_overlap adds compute_us, comm_us and
 // hidden), and the table.
-void print(const std::vector<row>& rows, const config& cfg) {
+// Prints the rows as cfg asks; returns main's status, 0.
+int print(const std::vector<row>& rows, const config& cfg) {
   using cadence::tools::decimals;
   std::vector<cadence_bench::row> out;
   for (const row& r : rows) {
@@ -315,6 +315,7 @@ void print(const std::vector<row>& rows, const config& cfg) {
            formatted("%.0f", 100.0 * j.at("hidden").get<double>()) + "% of the communication hidden";
   };
   cadence_bench::print(out, cfg, t);
+  return 0;
 }
 
 // Host buffers, owned by the rank.
@@ -331,60 +332,49 @@ struct host_buffers {
   }
 };
 
+// A rank of cfg.ranks run as threads on host buffers: all of ops but raw.
+rank_ops host_thread_ops(int r, const config& cfg, host_buffers& mem, cadence_bench::summing_barrier& sync) {
+  rank_ops ops;
+  mem.attach(ops);
+  ops.rank = r;
+  ops.size = cfg.ranks;
+  ops.average = [&sync, n = cfg.ranks](double v) { return sync.arrive_and_sum(v) / n; };
+  return ops;
+}
+
 std::vector<row> run_inproc(const config& cfg) {
   inproc_world world(cfg.ranks);
   cadence_bench::summing_barrier sync(cfg.ranks);
-  std::vector<row> rows;
-  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+  return cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     auto comm = world.join(r);
-    rank_ops ops;
     host_buffers mem;
-    mem.attach(ops);
-    ops.rank = r;
-    ops.size = cfg.ranks;
+    rank_ops ops = host_thread_ops(r, cfg, mem, sync);
     ops.raw = [&](float* b, std::size_t n) {
       comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
     };
-    ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
-    auto mine = run_adapters(comm, ops, cfg);
-    if (r == 0) rows = std::move(mine);
+    return run_adapters(comm, ops, cfg);
   });
-  return rows;
 }
 
 #if defined(CADENCE_BENCH_WITH_GLOO)
 std::vector<row> run_gloo(const config& cfg) {
   const cadence_bench::temp_folder store("cadence-bench-gloo");
   cadence_bench::summing_barrier sync(cfg.ranks);
-  std::vector<row> rows;
-  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+  return cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     gloo_options options;
     options.store_path = store.path();
     gloo_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
-    rank_ops ops;
     host_buffers mem;
-    mem.attach(ops);
-    ops.rank = r;
-    ops.size = cfg.ranks;
-    ops.raw = [&](float* b, std::size_t n) {
-      ::gloo::AllreduceOptions opts(comm.context());
-      opts.setOutput(b, n);
-      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<float>));
-      opts.setTag(1);
-      opts.setTimeout(std::chrono::seconds(60));
-      ::gloo::allreduce(opts);
-    };
-    ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
-    auto mine = run_adapters(comm, ops, cfg);
-    if (r == 0) rows = std::move(mine);
+    rank_ops ops = host_thread_ops(r, cfg, mem, sync);
+    ops.raw = [&](float* b, std::size_t n) { cadence_bench::raw_gloo_allreduce(comm, b, n); };
+    return run_adapters(comm, ops, cfg);
   });
-  return rows;
 }
 #endif
 
 #if defined(CADENCE_BENCH_WITH_MPI)
 int run_mpi(const config& cfg) {
-  return cadence_bench::run_mpi_rank("cadence-bench-exchange", [&](int rank, int size, MPI_Comm raw) {
+  const auto measure = [&](int rank, int size, MPI_Comm raw) {
     mpi_communicator comm(MPI_COMM_WORLD, mpi_options{});
     rank_ops ops;
     host_buffers mem;
@@ -397,11 +387,11 @@ int run_mpi(const config& cfg) {
       MPI_Allreduce(MPI_IN_PLACE, b, static_cast<int>(n), MPI_FLOAT, MPI_SUM, native);
     };
     ops.average = [&](double v) { return cadence_bench::mpi_average(raw, v); };
-    const auto rows = run_adapters(comm, ops, cfg);
+    auto rows = run_adapters(comm, ops, cfg);
     MPI_Comm_free(&native);
-    if (rank == 0) print(rows, cfg);
-    return 0;
-  });
+    return rows;
+  };
+  return cadence_bench::run_mpi_rows("cadence-bench-exchange", measure, [&](const auto& rows) { print(rows, cfg); });
 }
 #endif
 
@@ -410,8 +400,7 @@ std::vector<row> run_nccl(const config& cfg) {
   const cadence_bench::nccl_raw_comms raw_comms(cfg.ranks);
   inproc_world boot(cfg.ranks);
   cadence_bench::summing_barrier sync(cfg.ranks);
-  std::vector<row> rows;
-  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+  return cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     struct device_buffers {
       std::vector<void*> blocks;
       ~device_buffers() {
@@ -450,10 +439,8 @@ std::vector<row> run_nccl(const config& cfg) {
       if (cudaStreamSynchronize(stream) != cudaSuccess) throw std::runtime_error("cudaStreamSynchronize failed");
     };
     ops.average = [&](double v) { return sync.arrive_and_sum(v) / cfg.ranks; };
-    auto mine = run_adapters(comm, ops, cfg);
-    if (r == 0) rows = std::move(mine);
+    return run_adapters(comm, ops, cfg);
   });
-  return rows;
 }
 #endif
 
@@ -478,31 +465,14 @@ int run(int argc, char** argv) {
   if (cfg.max_bytes < cfg.min_bytes || cfg.min_bytes < 64 || cfg.max_bytes % 64 != 0 || cfg.min_bytes % 64 != 0)
     throw usage_error("--min-bytes and --max-bytes must be multiples of 64, min <= max, got " +
                       std::to_string(cfg.min_bytes) + " and " + std::to_string(cfg.max_bytes));
-  const auto printed = [&](const std::vector<row>& rows) {
-    print(rows, cfg);
-    return 0;
-  };
-  return cadence_bench::run_backend(cfg.backend, {
-    {"inproc", [&] { return printed(run_inproc(cfg)); }, {}},
-#if defined(CADENCE_BENCH_WITH_MPI)
-    {"mpi", [&] { return run_mpi(cfg); }, {}},
-#else
-    cadence_bench::not_built("mpi", "MPI", "cadence::mpi"),
-#endif
-#if defined(CADENCE_BENCH_WITH_GLOO)
-    {"gloo", [&] { return printed(run_gloo(cfg)); }, {}},
-#else
-    cadence_bench::not_built("gloo", "gloo", "cadence::gloo"),
-#endif
-#if defined(CADENCE_BENCH_WITH_NCCL)
-    {"nccl", [&] {
-       if (!cfg.ranks_given) cfg.ranks = 1;
-       return printed(run_nccl(cfg));
-     }, {}},
-#else
-    cadence_bench::not_built("nccl", "NCCL", "cadence::nccl"),
-#endif
-  });
+  return cadence_bench::run_backend(
+      cfg.backend, {{"inproc", [&] { return print(run_inproc(cfg), cfg); }, {}},
+                    CADENCE_BENCH_MPI([&] { return run_mpi(cfg); }),
+                    CADENCE_BENCH_GLOO([&] { return print(run_gloo(cfg), cfg); }),
+                    CADENCE_BENCH_NCCL([&] {
+                      if (!cfg.ranks_given) cfg.ranks = 1;
+                      return print(run_nccl(cfg), cfg);
+                    })});
 }
 
 }  // namespace

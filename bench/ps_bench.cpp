@@ -30,6 +30,8 @@
 #include <cadence/transport/zmq/communicator.hpp>
 
 #include <zmq.h>
+
+#include "support/raw_zmq.hpp"
 #endif
 
 #include "support/backends.hpp"
@@ -243,25 +245,21 @@ int run_mpi(const config& cfg) {
 // receives straight back to its sender (no copy), a worker zmq_send's (copies) its bytes.
 class raw_zmq_echo {
 public:
-  raw_zmq_echo() : ctx_(zmq_ctx_new()) {}
+  raw_zmq_echo() = default;
   ~raw_zmq_echo() {
     if (s_ != nullptr) zmq_close(s_);
-    zmq_ctx_term(ctx_);
   }
   raw_zmq_echo(const raw_zmq_echo&) = delete;
   raw_zmq_echo& operator=(const raw_zmq_echo&) = delete;
 
   std::string serve(const std::string& host = "127.0.0.1") {
-    s_ = socket(ZMQ_ROUTER);
+    s_ = ctx_.socket(ZMQ_ROUTER);
     if (zmq_bind(s_, ("tcp://" + host + ":0").c_str()) != 0)
       throw std::runtime_error("raw zmq: cannot bind tcp://" + host + ":0: " + zmq_strerror(zmq_errno()));
-    char buf[256];
-    std::size_t len = sizeof buf;
-    zmq_getsockopt(s_, ZMQ_LAST_ENDPOINT, buf, &len);
-    return buf;
+    return cadence_bench::last_endpoint(s_);
   }
   void dial(const std::string& server) {
-    s_ = socket(ZMQ_DEALER);
+    s_ = ctx_.socket(ZMQ_DEALER);
     zmq_connect(s_, server.c_str());
   }
   void echo(int messages) {
@@ -282,15 +280,7 @@ public:
   }
 
 private:
-  void* socket(int type) {
-    void* s = zmq_socket(ctx_, type);
-    const int zero = 0;
-    zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
-    zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    return s;
-  }
-  void* ctx_;
+  cadence_bench::raw_zmq_context ctx_;  // closed last: the socket closes first
   void* s_ = nullptr;
 };
 
@@ -326,8 +316,7 @@ int run_zmq(const config& cfg) {
   const int workers = cfg.throughput ? cfg.ranks - 1 : 1;
   cadence_bench::summing_barrier sync(cfg.ranks);
   cadence_bench::thread_rendezvous meet, echo_server;
-  std::vector<row> rows;
-  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+  const auto rows = cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     raw_zmq_echo raw;
     if (r == 0)
       echo_server.publish(raw.serve());
@@ -338,7 +327,7 @@ int run_zmq(const config& cfg) {
     ps_rank me = zmq_rank(r, workers, raw, comm, cfg.sgd, [&sync](double v) { return sync.arrive_and_sum(v); });
     auto mine = measure(me, cfg, sizes_for(cfg));
     sync.arrive_and_sum(0);  // nobody closes while another still runs
-    if (r == 0) rows = std::move(mine);
+    return mine;
   });
   print(rows, cfg, workers);
   return 0;
@@ -406,18 +395,9 @@ int run(int argc, char** argv) {
     throw usage_error("--max-bytes: must be a multiple of 4, at least 4096, got " + std::to_string(cfg.max_bytes));
   if (cfg.processes() && cfg.backend != "zmq")
     throw usage_error("--rendezvous: ranks as processes are for --backend zmq (mpi: mpirun starts them)");
-  return cadence_bench::run_backend(cfg.backend, {
-#if defined(CADENCE_BENCH_WITH_MPI)
-    {"mpi", [&] { return run_mpi(cfg); }, {}},
-#else
-    cadence_bench::not_built("mpi", "MPI", "cadence::mpi"),
-#endif
-#if defined(CADENCE_BENCH_WITH_ZMQ)
-    {"zmq", [&] { return cfg.processes() ? run_zmq_process(cfg) : run_zmq(cfg); }, {}},
-#else
-    cadence_bench::not_built("zmq", "ZeroMQ", "cadence::zmq"),
-#endif
-  });
+  return cadence_bench::run_backend(
+      cfg.backend, {CADENCE_BENCH_MPI([&] { return run_mpi(cfg); }),
+                    CADENCE_BENCH_ZMQ([&] { return cfg.processes() ? run_zmq_process(cfg) : run_zmq(cfg); })});
 }
 
 }  // namespace

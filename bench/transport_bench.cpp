@@ -48,12 +48,13 @@
 #include <cadence/transport/zmq/communicator.hpp>
 
 #include <zmq.h>
+
+#include "support/raw_zmq.hpp"
 #endif
 #if defined(CADENCE_BENCH_WITH_GLOO)
 #include <cadence/transport/gloo/communicator.hpp>
 
-#include <gloo/allreduce.h>
-#include <gloo/math.h>
+#include "support/raw_gloo.hpp"
 #endif
 
 #include "support/backends.hpp"
@@ -168,7 +169,8 @@ std::vector<row> run_rank(rank_ops& ops, const config& cfg) {
 
 double busbw(const row& r, double us) { return cadence_bench::allreduce_busbw(r.bytes, r.ranks, us); }
 
-void print(const std::vector<row>& rows, const config& cfg) {
+// Prints the rows as cfg asks; returns main's status, 0.
+int print(const std::vector<row>& rows, const config& cfg) {
   using cadence::tools::decimals;
   std::vector<cadence_bench::row> out;
   for (const row& r : rows)
@@ -193,6 +195,7 @@ void print(const std::vector<row>& rows, const config& cfg) {
                   return cadence_bench::formatted("%.2f", j.at("ours_us").get<double>() / j.at("raw_us").get<double>());
                 }}};
   cadence_bench::print(out, cfg, t);
+  return 0;
 }
 
 // ---- ranks as threads (inproc, gloo, nccl) ----
@@ -245,31 +248,17 @@ std::vector<row> run_inproc(const config& cfg) {
   inproc_world world(cfg.ranks);
   cadence_bench::summing_barrier sync(cfg.ranks);
   plain_shared_allreduce raw(cfg.ranks);
-  std::vector<row> rows;
-  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+  return cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     auto comm = world.join(r);
     rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
     ops.raw = [&](float* b, std::size_t n) { raw.run(b, n); };
-    auto mine = run_rank(ops, cfg);
-    if (r == 0) rows = std::move(mine);
+    return run_rank(ops, cfg);
   });
-  return rows;
 }
 
 // ---- gloo: ranks as threads, each with its own gloo context over TCP on 127.0.0.1 ----
 
 #if defined(CADENCE_BENCH_WITH_GLOO)
-// gloo's own ring all-reduce on the communicator's context: the raw baseline.
-void raw_gloo_allreduce(gloo_communicator& comm, float* b, std::size_t n) {
-  ::gloo::AllreduceOptions opts(comm.context());
-  opts.setOutput(b, n);
-  opts.setReduceFunction(
-      static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<float>));
-  opts.setTag(1);
-  opts.setTimeout(std::chrono::seconds(60));
-  ::gloo::allreduce(opts);
-}
-
 // Ranks as processes (on several hosts, or network namespaces): they meet at the TCP store rank
 // 0 serves at --rendezvous; the averages and the line-ups go over the communicator itself.
 std::vector<row> run_gloo_process(const config& cfg) {
@@ -284,7 +273,7 @@ std::vector<row> run_gloo_process(const config& cfg) {
   ops.ours = [&comm](float* b, std::size_t n) {
     comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
   };
-  ops.raw = [&comm](float* b, std::size_t n) { raw_gloo_allreduce(comm, b, n); };
+  ops.raw = [&comm](float* b, std::size_t n) { cadence_bench::raw_gloo_allreduce(comm, b, n); };
   ops.average = [&comm](double v) {
     comm.allreduce(&v, 1, dtype::f64, reduce_op::sum, std::chrono::seconds(60));
     return v / comm.size();
@@ -295,17 +284,14 @@ std::vector<row> run_gloo_process(const config& cfg) {
 std::vector<row> run_gloo(const config& cfg) {
   const cadence_bench::temp_folder store("cadence-bench-gloo");  // goes whether the ranks succeed or not
   cadence_bench::summing_barrier sync(cfg.ranks);
-  std::vector<row> rows;
-  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+  return cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     gloo_options options;
     options.store_path = store.path();
     gloo_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
     rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
-    ops.raw = [&](float* b, std::size_t n) { raw_gloo_allreduce(comm, b, n); };
-    auto mine = run_rank(ops, cfg);
-    if (r == 0) rows = std::move(mine);
+    ops.raw = [&](float* b, std::size_t n) { cadence_bench::raw_gloo_allreduce(comm, b, n); };
+    return run_rank(ops, cfg);
   });
-  return rows;
 }
 #endif
 
@@ -320,19 +306,17 @@ public:
   // Binds a PULL socket; connect() then dials every other rank's.
   raw_zmq_allreduce(int rank, int n, std::size_t chunk)
       : rank_(rank), n_(n), chunk_(chunk / 8 * 8), pending_(static_cast<std::size_t>(n)) {
-    ctx_ = zmq_ctx_new();
-    pull_ = socket(ZMQ_PULL);
-    if (zmq_bind(pull_, "tcp://127.0.0.1:0") != 0) throw std::runtime_error("raw zmq: bind failed");
-    char buf[256];
-    std::size_t len = sizeof buf;
-    zmq_getsockopt(pull_, ZMQ_LAST_ENDPOINT, buf, &len);
-    endpoint_ = buf;
+    pull_ = ctx_.socket(ZMQ_PULL);
+    if (zmq_bind(pull_, "tcp://127.0.0.1:0") != 0) {
+      zmq_close(pull_);  // or the context would wait for it
+      throw std::runtime_error("raw zmq: bind failed");
+    }
+    endpoint_ = cadence_bench::last_endpoint(pull_);
   }
   ~raw_zmq_allreduce() {
     for (void* s : push_)
       if (s != nullptr) zmq_close(s);
     zmq_close(pull_);
-    zmq_ctx_term(ctx_);
   }
   raw_zmq_allreduce(const raw_zmq_allreduce&) = delete;
   raw_zmq_allreduce& operator=(const raw_zmq_allreduce&) = delete;
@@ -341,7 +325,7 @@ public:
     push_.assign(static_cast<std::size_t>(n_), nullptr);
     for (int p = 0; p < n_; ++p) {
       if (p == rank_) continue;
-      push_[static_cast<std::size_t>(p)] = socket(ZMQ_PUSH);
+      push_[static_cast<std::size_t>(p)] = ctx_.socket(ZMQ_PUSH);
       zmq_connect(push_[static_cast<std::size_t>(p)], endpoints[static_cast<std::size_t>(p)].c_str());
     }
   }
@@ -356,14 +340,6 @@ public:
   }
 
 private:
-  void* socket(int type) {
-    void* s = zmq_socket(ctx_, type);
-    const int zero = 0;
-    zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
-    zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    return s;
-  }
   // A message: the sender's rank, then its data.
   void send(int p, const void* data, std::size_t bytes) {
     zmq_msg_t m;
@@ -446,7 +422,7 @@ private:
 
   int rank_, n_;
   std::size_t chunk_;
-  void* ctx_ = nullptr;
+  cadence_bench::raw_zmq_context ctx_;  // closed last: the sockets close first
   void* pull_ = nullptr;
   std::vector<void*> push_;
   std::vector<std::deque<zmsg>> pending_;
@@ -458,8 +434,7 @@ std::vector<row> run_zmq(const config& cfg) {
   cadence_bench::thread_rendezvous meet;
   std::mutex m;
   std::vector<std::string> raw_endpoints(static_cast<std::size_t>(cfg.ranks));
-  std::vector<row> rows;
-  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+  return cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     const auto options = cadence_bench::zmq_thread_options<zmq_options>(r, meet);
     zmq_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
     raw_zmq_allreduce raw(r, cfg.ranks, options.chunk_bytes);
@@ -473,9 +448,8 @@ std::vector<row> run_zmq(const config& cfg) {
     ops.raw = [&](float* b, std::size_t n) { raw.run(b, n); };
     auto mine = run_rank(ops, cfg);
     sync.arrive_and_sum(0);  // nobody closes while another still runs
-    if (r == 0) rows = std::move(mine);
+    return mine;
   });
-  return rows;
 }
 #endif
 
@@ -483,7 +457,7 @@ std::vector<row> run_zmq(const config& cfg) {
 
 #if defined(CADENCE_BENCH_WITH_MPI)
 int run_mpi(const config& cfg) {
-  return cadence_bench::run_mpi_rank("cadence-bench-transport", [&](int rank, int size, MPI_Comm raw) {
+  const auto measure = [&](int rank, int size, MPI_Comm raw) {
     mpi_options options;
     options.bounce_buffers = cfg.bounce;
     options.verify_before_posting = cfg.verify;
@@ -499,10 +473,9 @@ int run_mpi(const config& cfg) {
       comm.allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
     };
     ops.average = [&](double v) { return cadence_bench::mpi_average(raw, v); };
-    const auto rows = run_rank(ops, cfg);
-    if (rank == 0) print(rows, cfg);
-    return 0;
-  });
+    return run_rank(ops, cfg);
+  };
+  return cadence_bench::run_mpi_rows("cadence-bench-transport", measure, [&](const auto& rows) { print(rows, cfg); });
 }
 #endif
 
@@ -515,8 +488,7 @@ std::vector<row> run_nccl(const config& cfg) {
   const std::size_t max_count = cfg.max_bytes / sizeof(float);
   inproc_world boot(cfg.ranks);
   cadence_bench::summing_barrier sync(cfg.ranks);
-  std::vector<row> rows;
-  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+  return cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     float* dev = nullptr;
     // Declared before the communicator: dev is freed after it, whichever way the rank ends.
     std::unique_ptr<float, cudaError_t (*)(void*)> free_dev(nullptr, &cudaFree);
@@ -550,10 +522,8 @@ std::vector<row> run_nccl(const config& cfg) {
     ops.unstage = [&](float* host, const float* p, std::size_t n) {
       cudaMemcpy(host, p, n * sizeof(float), cudaMemcpyDeviceToHost);
     };
-    auto mine = run_rank(ops, cfg);
-    if (r == 0) rows = std::move(mine);
+    return run_rank(ops, cfg);
   });
-  return rows;
 }
 #endif
 
@@ -589,41 +559,19 @@ int run(int argc, char** argv) {
     throw usage_error("--max-bytes: must be a multiple of 4, at least 8, got " + std::to_string(cfg.max_bytes));
   if (cfg.processes() && cfg.backend != "gloo")
     throw usage_error("--rendezvous: ranks as processes are for --backend gloo (mpi: mpirun starts them)");
-  const auto printed = [&](const std::vector<row>& rows) {
-    print(rows, cfg);
-    return 0;
-  };
-  return cadence_bench::run_backend(cfg.backend, {
-    {"inproc", [&] { return printed(run_inproc(cfg)); }, {}},
-#if defined(CADENCE_BENCH_WITH_MPI)
-    {"mpi", [&] { return run_mpi(cfg); }, {}},
-#else
-    cadence_bench::not_built("mpi", "MPI", "cadence::mpi"),
-#endif
-#if defined(CADENCE_BENCH_WITH_GLOO)
-    {"gloo", [&] {
-       if (!cfg.processes()) return printed(run_gloo(cfg));
-       const auto rows = run_gloo_process(cfg);
-       if (cfg.rank == 0) print(rows, cfg);
-       return 0;
-     }, {}},
-#else
-    cadence_bench::not_built("gloo", "gloo", "cadence::gloo"),
-#endif
-#if defined(CADENCE_BENCH_WITH_NCCL)
-    {"nccl", [&] {
-       if (!cfg.ranks_given) cfg.ranks = 1;
-       return printed(run_nccl(cfg));
-     }, {}},
-#else
-    cadence_bench::not_built("nccl", "NCCL", "cadence::nccl"),
-#endif
-#if defined(CADENCE_BENCH_WITH_ZMQ)
-    {"zmq", [&] { return printed(run_zmq(cfg)); }, {}},
-#else
-    cadence_bench::not_built("zmq", "ZeroMQ", "cadence::zmq"),
-#endif
-  });
+  return cadence_bench::run_backend(
+      cfg.backend, {{"inproc", [&] { return print(run_inproc(cfg), cfg); }, {}},
+                    CADENCE_BENCH_MPI([&] { return run_mpi(cfg); }),
+                    CADENCE_BENCH_GLOO([&] {
+                      if (!cfg.processes()) return print(run_gloo(cfg), cfg);
+                      const auto rows = run_gloo_process(cfg);
+                      return cfg.rank == 0 ? print(rows, cfg) : 0;
+                    }),
+                    CADENCE_BENCH_NCCL([&] {
+                      if (!cfg.ranks_given) cfg.ranks = 1;
+                      return print(run_nccl(cfg), cfg);
+                    }),
+                    CADENCE_BENCH_ZMQ([&] { return print(run_zmq(cfg), cfg); })});
 }
 
 }  // namespace

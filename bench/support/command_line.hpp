@@ -135,3 +135,30 @@ inline int run_backend(const std::string& chosen, const std::vector<backend>& ba
 }
 
 }  // namespace cadence_bench
+
+// One entry of a run_backend table for each backend a benchmark may be built without: with the
+// runner given where this build has the backend (CADENCE_BENCH_WITH_<NAME>, which
+// bench/CMakeLists.txt sets), else the entry that says it lacks it. The runner is not compiled
+// where the backend is missing, so it may call what exists only with it:
+//   cadence_bench::run_backend(cfg.backend, {{"inproc", [&] { ... }, {}},
+//                                            CADENCE_BENCH_MPI([&] { return run_mpi(cfg); })});
+#if defined(CADENCE_BENCH_WITH_MPI)
+#define CADENCE_BENCH_MPI(...) ::cadence_bench::backend{"mpi", __VA_ARGS__, {}}
+#else
+#define CADENCE_BENCH_MPI(...) ::cadence_bench::not_built("mpi", "MPI", "cadence::mpi")
+#endif
+#if defined(CADENCE_BENCH_WITH_GLOO)
+#define CADENCE_BENCH_GLOO(...) ::cadence_bench::backend{"gloo", __VA_ARGS__, {}}
+#else
+#define CADENCE_BENCH_GLOO(...) ::cadence_bench::not_built("gloo", "gloo", "cadence::gloo")
+#endif
+#if defined(CADENCE_BENCH_WITH_NCCL)
+#define CADENCE_BENCH_NCCL(...) ::cadence_bench::backend{"nccl", __VA_ARGS__, {}}
+#else
+#define CADENCE_BENCH_NCCL(...) ::cadence_bench::not_built("nccl", "NCCL", "cadence::nccl")
+#endif
+#if defined(CADENCE_BENCH_WITH_ZMQ)
+#define CADENCE_BENCH_ZMQ(...) ::cadence_bench::backend{"zmq", __VA_ARGS__, {}}
+#else
+#define CADENCE_BENCH_ZMQ(...) ::cadence_bench::not_built("zmq", "ZeroMQ", "cadence::zmq")
+#endif

@@ -67,6 +67,18 @@ void run_ranks_as_threads(int ranks, Body body) {
     if (!e.empty()) throw std::runtime_error(e);
 }
 
+/// Runs body(rank) for ranks 0..ranks-1 as run_ranks_as_threads does and returns what rank 0's
+/// returned (the rows it printed for all).
+template <class Body>
+auto rank0_result(int ranks, Body body) -> decltype(body(0)) {
+  decltype(body(0)) result;
+  run_ranks_as_threads(ranks, [&](int r) {
+    auto mine = body(r);
+    if (r == 0) result = std::move(mine);
+  });
+  return result;
+}
+
 /// A reusable barrier that also sums one double per rank (C++17 has no std::barrier).
 class summing_barrier {
 public:

@@ -35,6 +35,17 @@ int run_mpi_rank(const char* program, Body body) {
   return rc;
 }
 
+/// run_mpi_rank for a body that returns the rows this rank measured (the same on every rank):
+/// rank 0 prints them with print(rows).
+template <class Body, class Print>
+int run_mpi_rows(const char* program, Body body, Print print) {
+  return run_mpi_rank(program, [&](int rank, int size, MPI_Comm raw) {
+    const auto rows = body(rank, size, raw);
+    if (rank == 0) print(rows);
+    return 0;
+  });
+}
+
 /// The mean of v over the ranks of comm; doubles as the barrier before a timed block.
 inline double mpi_average(MPI_Comm comm, double v) {
   int size = 1;
