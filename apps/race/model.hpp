@@ -72,6 +72,16 @@ evaluation evaluate_examples(const dataset& d, std::size_t limit, const float* p
   return e;
 }
 
+/// Throws invalid_parameter_error "MODEL::WHO: dataset has F features and C classes, the model
+/// F' and C'" unless d fits a model with `features` inputs and `classes` outputs (MODEL as
+/// "cadence::train::mlp").
+inline void check_fits(const dataset& d, std::size_t features, std::size_t classes, const char* model, const char* who) {
+  if (d.features() != features || d.classes > classes)
+    throw invalid_parameter_error(std::string(model) + "::" + who + ": dataset has " + std::to_string(d.features()) +
+                                  " features and " + std::to_string(d.classes) + " classes, the model " +
+                                  std::to_string(features) + " and " + std::to_string(classes));
+}
+
 }  // namespace detail
 
 /// Softmax regression with `features` inputs and `classes` outputs. Parameters live in one
@@ -149,11 +159,7 @@ private:
       throw invalid_parameter_error(std::string("cadence::train::softmax_regression::") + who + ": weights have " +
                                     std::to_string(w.size()) + " values, expected " +
                                     std::to_string(parameter_count()));
-    if (d.features() != features_ || d.classes > classes_)
-      throw invalid_parameter_error(std::string("cadence::train::softmax_regression::") + who + ": dataset has " +
-                                    std::to_string(d.features()) + " features and " + std::to_string(d.classes) +
-                                    " classes, the model " + std::to_string(features_) + " and " +
-                                    std::to_string(classes_));
+    detail::check_fits(d, features_, classes_, "cadence::train::softmax_regression", who);
   }
 
   /// Leaves the softmax probabilities of x in logits_ and returns -log p(label).

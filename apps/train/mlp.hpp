@@ -108,11 +108,7 @@ private:
   }
   void check(span<const float> w, const dataset& d, const char* who) const {
     check_size(w.size(), who);
-    if (d.features() != features_ || d.classes > classes_)
-      throw invalid_parameter_error(std::string("cadence::train::mlp::") + who + ": dataset has " +
-                                    std::to_string(d.features()) + " features and " + std::to_string(d.classes) +
-                                    " classes, the model " + std::to_string(features_) + " and " +
-                                    std::to_string(classes_));
+    detail::check_fits(d, features_, classes_, "cadence::train::mlp", who);
   }
 
   /// Leaves pre-activations in pre_, activations in act_, softmax probabilities in out_;
