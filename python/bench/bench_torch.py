@@ -1,20 +1,22 @@
 """What cadence.torch costs, measured on this machine over gloo, interleaved (ours, theirs, ours,
 theirs, ...) as nccl-tests does, median of blocks:
 
-1. per training step, on 4 processes and a 1M-parameter model: the ElasticBSP averager against
-   torch's own PeriodicModelAverager at the same number of merges (torch's period set to the
-   local steps per merge that ElasticBSP chose), both called through PostLocalSGDOptimizer;
-   target: at most 5% more time per step;
+1. per training step, on 2 and 4 processes and a 1M-parameter model, every variant through
+   PostLocalSGDOptimizer: our PeriodicModelAverager against torch's at the same period;
+   ElasticBSP against torch's at the period ElasticBSP chose in the same block; and DDP (a
+   gradient all-reduce every step) beside them; target: at most 5% more time per step than
+   torch's averager at an equal period;
 2. one ParameterServer round trip (PSWorker.push_pull, policy "asp" and a no-op update, so the
    time is the protocol's) vs a raw send/recv ping-pong of the same bytes (2 processes);
 3. one ElasticModelAverager.sync and one PeriodicModelAverager.sync vs one raw all_reduce of
    the same parameters (2 processes).
 
-    python python/bench/bench_torch.py [--quick] [--only step|ps|sync]
+    python python/bench/bench_torch.py [--quick] [--only step|ps|sync] [--ranks 2,4] [--period 4]
 """
 import argparse
 import datetime
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -30,7 +32,7 @@ def run(rank, n, init, quick, results):
     import cadence.torch as ct
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=n,
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n,
                             timeout=datetime.timedelta(seconds=120))
     blocks = 3 if quick else 7
     out = {}
@@ -95,76 +97,113 @@ def run(rank, n, init, quick, results):
     dist.destroy_process_group()
 
 
-def step_overhead(rank, n, init, quick, results):
-    """Part 1: time per training step, ElasticBSP vs torch's periodic averager, same merges."""
+VARIANTS = ("ddp", "torch", "ours", "elastic", "torch@elastic")
+
+
+def step_overhead(rank, n, init, quick, results, period):
+    """Part 1: time per training step of each way of training, blocks interleaved in one run:
+    DDP (a gradient all-reduce every step); torch's PeriodicModelAverager and ours at the same
+    period, each through PostLocalSGDOptimizer; ElasticBSP through PostLocalSGDOptimizer, and
+    torch's averager again at the period ElasticBSP chose in the same block."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.algorithms.model_averaging.averagers import \
+        PeriodicModelAverager as TorchPeriodic
     from torch.distributed.optim import PostLocalSGDOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     import cadence.torch as ct
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=n,
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n,
                             timeout=datetime.timedelta(seconds=300))
     torch.manual_seed(0)
     model = torch.nn.Linear(1000, 1000)  # 1,001,000 parameters
+    ddp_model = torch.nn.Linear(1000, 1000)  # DDP's own copy: its hooks stay on its parameters
+    ddp = DDP(ddp_model)
     x = torch.randn(32, 1000)
     y = torch.randn(32, 1000)
 
-    def step(opt):
+    def step(opt, net, timed_by=None):
         opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        if timed_by is not None:
+            # ElasticBSP, told that every step of every rank takes as long: its plan is then a
+            # fixed period (the ranks here are equally fast; a measured time would carry the
+            # gaps between blocks and this machine's noise into the plan), so its cost is
+            # compared with torch's at exactly the same period
+            timed_by.step_done(1e-3)
         opt.step()
 
-    eavg = ct.ElasticModelAverager("elastic:8", timeout=120)
+    merges = 4 if quick else 8
+    blocks = 3 if quick else 9
+    ddp_opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    tavg = TorchPeriodic(period, 0)
+    topt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), tavg)
+    oavg = ct.PeriodicModelAverager(period, 0, timeout=120)
+    oopt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), oavg)
+    eavg = ct.ElasticModelAverager(f"elastic:{period}", timeout=120)
     eopt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), eavg)
-    merges = 8 if quick else 24
-    # ElasticBSP's warm-up (BSP until its predictor has the history it needs) before timing
-    while eavg.barriers < 6:
-        step(eopt)
-    blocks = 3 if quick else 7
-    ela, per, steps_per_merge = [], [], []
-    for _ in range(blocks):
-        dist.barrier()
-        b0, s0 = eavg.barriers, eavg.total_steps
-        t0 = time.perf_counter()
-        while eavg.barriers < b0 + merges:
-            step(eopt)
-        secs = time.perf_counter() - t0
-        mine = eavg.total_steps - s0
-        # every rank's steps in this block, to set torch's period and to divide the time: the
-        # work rate of the job, not of this rank (under ElasticBSP a fast rank runs more steps)
-        counts = torch.tensor([mine], dtype=torch.int64)
-        dist.all_reduce(counts)
-        mean_steps = int(counts) / n
-        ela.append(secs / mean_steps)
-        period = max(1, round(mean_steps / merges))
-        steps_per_merge.append(period)
-        tavg = PeriodicModelAverager(period, 0)
-        topt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), tavg)
+    while eavg.barriers < 6:  # ElasticBSP's warm-up (BSP until its predictor has a history)
+        step(eopt, model, eavg)
+    times = {v: [] for v in VARIANTS}
+    chosen = []
+
+    def timed(opt, net, steps):
         dist.barrier()
         t0 = time.perf_counter()
-        for _ in range(period * merges):  # torch averages at its first step: `merges` merges
-            step(topt)
-        per.append((time.perf_counter() - t0) / (period * merges))
+        for _ in range(steps):
+            step(opt, net)
+        return (time.perf_counter() - t0) / steps
+
+    for b in range(blocks):
+        order = ["ddp", "torch", "ours", "elastic"]
+        order = order[b % 4:] + order[:b % 4]  # every variant in every position
+        for v in order:
+            if v == "ddp":
+                times[v].append(timed(ddp_opt, ddp, period * merges))
+            elif v == "torch":
+                times[v].append(timed(topt, model, period * merges))
+            elif v == "ours":
+                times[v].append(timed(oopt, model, period * merges))
+            else:
+                dist.barrier()
+                b0, s0 = eavg.barriers, eavg.total_steps
+                t0 = time.perf_counter()
+                while eavg.barriers < b0 + merges:
+                    step(eopt, model, eavg)
+                secs = time.perf_counter() - t0
+                # the job's work rate: every rank's steps (a fast rank runs more under ElasticBSP)
+                counts = torch.tensor([eavg.total_steps - s0], dtype=torch.int64)
+                dist.all_reduce(counts)
+                mean_steps = int(counts) / n
+                times[v].append(secs / mean_steps)
+                k = max(1, round(mean_steps / merges))
+                chosen.append(k)
+                t = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), TorchPeriodic(k, 0))
+                times["torch@elastic"].append(timed(t, model, k * merges))
     if rank == 0:
-        results.put((rank, {f"step{n}": (statistics.median(per), statistics.median(ela),
-                                         statistics.median(steps_per_merge), merges)}))
+        results.put((rank, {f"step{n}": ({v: statistics.median(ts) for v, ts in times.items()},
+                                         statistics.median(chosen), merges)}))
     else:
         results.put((rank, {}))
     dist.destroy_process_group()
 
 
-def spawn(target, n, quick):
+def spawn(target, n, quick, *extra):
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     got = {}
     with tempfile.TemporaryDirectory() as tmp:
-        init = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=target, args=(r, n, init, quick, q)) for r in range(n)]
+        # a TCP store, as torchrun's: the averagers count arrivals in the group's store, and a
+        # FileStore (file://) rewrites a growing file at every count, a cost no real job pays
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        init = f"tcp://127.0.0.1:{port}"
+        procs = [ctx.Process(target=target, args=(r, n, init, quick, q) + extra) for r in range(n)]
         for pr in procs:
             pr.start()
         for _ in range(n):
@@ -179,16 +218,26 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     p.add_argument("--only", choices=("step", "ps", "sync"), help="one part only")
+    p.add_argument("--ranks", default="2,4", help="process counts of part 1 (default 2,4)")
+    p.add_argument("--period", type=int, default=4, help="the averagers' period in part 1 (default 4)")
     args = p.parse_args()
     if args.only in (None, "step"):
-        print("per training step, 1,001,000 parameters (Linear 1000x1000, batch 32), gloo,")
-        print("PostLocalSGDOptimizer, torch's period = ElasticBSP's local steps per merge; time per")
-        print("step = a block's time / the mean steps per rank (target: elastic at most 1.05x torch)")
-        print(f"{'ranks':>5} {'merges':>7} {'period':>7} {'torch ms/step':>14} {'elastic ms/step':>16} "
-              f"{'elastic/torch':>14}")
-        for n in (4, 1):  # 1 rank: the bookkeeping alone, no waiting and no transfer
-            per, ela, period, merges = spawn(step_overhead, n, args.quick)[f"step{n}"]
-            print(f"{n:>5} {merges:>7} {period:>7} {per * 1e3:14.3f} {ela * 1e3:16.3f} {ela / per:14.3f}")
+        import torch
+
+        print(f"torch {torch.__version__}; per training step, 1,001,000 parameters (Linear 1000x1000, "
+              "batch 32), gloo,")
+        print(f"one thread per rank; each averager through PostLocalSGDOptimizer; period {args.period} "
+              f"(torch's and ours); ElasticBSP elastic:{args.period} with equal step times (its plan is")
+        print("then a fixed period k), torch's averager beside it at k (torch@k); median of the "
+              "blocks' ms per step (a block's time / the mean steps per rank)")
+        print(f"{'ranks':>5} {'ddp':>8} {'torch':>8} {'ours':>8} {'ours/torch':>10} {'elastic':>8} "
+              f"{'k':>3} {'torch@k':>8} {'elastic/torch@k':>15} {'ours/ddp':>8}")
+        for n in [int(r) for r in args.ranks.split(",")]:
+            med, k, merges = spawn(step_overhead, n, args.quick, args.period)[f"step{n}"]
+            print(f"{n:>5} {med['ddp'] * 1e3:8.2f} {med['torch'] * 1e3:8.2f} {med['ours'] * 1e3:8.2f} "
+                  f"{med['ours'] / med['torch']:10.3f} {med['elastic'] * 1e3:8.2f} {k:>3.0f} "
+                  f"{med['torch@elastic'] * 1e3:8.2f} {med['elastic'] / med['torch@elastic']:15.3f} "
+                  f"{med['ours'] / med['ddp']:8.3f}", flush=True)
         if args.only == "step":
             return 0
         print()

@@ -3,10 +3,13 @@
 # result or its formatted exception; a rank still running at the deadline is killed and the
 # test fails naming it. post()/wait() are named events between the ranks of a run (empty files
 # in that directory), so a fault test waits for the state it needs instead of sleeping;
-# roundtrip() passes a state_dict through torch.save and torch.load as a checkpoint file would.
+# roundtrip() passes a state_dict through torch.save and torch.load as a checkpoint file would;
+# torchrun() runs an example under torchrun.
 import datetime
 import io
 import os
+import subprocess
+import sys
 import queue
 import tempfile
 import time
@@ -38,17 +41,30 @@ def wait(name, timeout=60.0):
 
 def roundtrip(sd):
     """`sd` as a checkpoint file gives it back: torch.save, then torch.load(weights_only=True)
-    (plain data only) where torch has the argument (2.x)."""
+    (plain data and tensors only) on torch 2."""
     import torch
 
     buf = io.BytesIO()
     torch.save(sd, buf)
     buf.seek(0)
-    try:
+    if int(torch.__version__.split(".")[0]) >= 2:
         return torch.load(buf, weights_only=True)
-    except TypeError:  # torch 1.13: no weights_only
-        buf.seek(0)
-        return torch.load(buf)
+    return torch.load(buf)  # 1.13's weights_only reads no float
+
+
+def torchrun(script, nproc, *args, timeout=240, cwd=None):
+    """`torchrun --standalone --nproc_per_node nproc script args...` (through this interpreter),
+    one thread per rank; the finished process (stdout, stderr, returncode)."""
+    import torch
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    if int(torch.__version__.split(".")[0]) < 2 and sys.version_info >= (3, 11):
+        # torch 1.13's torchrun cannot parse its own default "--redirects 0" under Python 3.11
+        # (enum.IntFlag no longer iterates over 0); any explicit non-zero value works
+        cmd += ["-r", "2", "-t", "2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(cmd + [str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
 
 
 def _entry(fn, rank, n, init_file, pg_timeout, results, args):
