@@ -20,6 +20,7 @@ four original .gz files; --synthetic trains on generated data instead (for a smo
 data set is missing). --smoke: a few steps per policy, only to check that everything runs.
 """
 import argparse
+import contextlib
 import datetime
 import os
 import sys
@@ -132,17 +133,23 @@ def train_policy(torch, args, policy, data, rank, world, device):
             reached = run.seconds()
         return reached is not None or any_over
 
+    def step(net, opt, context=contextlib.nullcontext):
+        """One step of this rank: a batch, forward and backward (inside context()), the
+        optimizer, the straggler's sleep."""
+        xb, yb = batch()
+        with context():
+            loss_fn(net(xb), yb).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if straggle:
+            time.sleep(straggle)
+        run.steps += 1
+
     if policy == "ddp":
         net = DDP(model, device_ids=ids)
         opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
         while True:
-            xb, yb = batch()
-            loss_fn(net(xb), yb).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if straggle:
-                time.sleep(straggle)
-            run.steps += 1
+            step(net, opt)
             if run.steps % every == 0 and checkpoint(model):
                 break
         merges = run.steps
@@ -162,13 +169,7 @@ def train_policy(torch, args, policy, data, rank, world, device):
                                     PeriodicModelAverager(period, warmup))
         next_eval = every
         while True:
-            xb, yb = batch()
-            loss_fn(net(xb), yb).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if straggle:
-                time.sleep(straggle)
-            run.steps += 1
+            step(net, opt)
             s = run.steps - 1  # the step just taken, counted from 0 as torch counts
             averaged = s >= warmup and (s - warmup) % period == 0
             merges += averaged
@@ -188,14 +189,7 @@ def train_policy(torch, args, policy, data, rank, world, device):
                                            timeout=args.timeout)
         next_check = every * world
         while True:
-            xb, yb = batch()
-            with avg.local_step(net):  # no_sync(): no gradient all-reduce, no collective
-                loss_fn(net(xb), yb).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if straggle:
-                time.sleep(straggle)
-            run.steps += 1
+            step(net, opt, lambda: avg.local_step(net))  # no_sync(): no all-reduce, no collective
             if avg.step_done():  # timed on the device (CUDA events) when it is a GPU
                 avg.sync(net)
                 # ranks run their own step counts: checkpoints go by the steps of all ranks

@@ -113,12 +113,7 @@ def load_sociopatterns(path: str) -> TemporalEdges:
                 continue
             if len(fields) != 5:
                 raise DataError(f"{path}:{line_no}: expected 5 fields 't i j Ci Cj', got {len(fields)}")
-            vals = []
-            for name, text in zip(("t", "i", "j"), fields[:3]):
-                try:
-                    vals.append(int(text))
-                except ValueError:
-                    raise DataError(f"{path}:{line_no}: field '{name}' is not an integer: {text!r}") from None
+            vals = _integers(path, line_no, "field", zip(("t", "i", "j"), fields[:3]))
             if vals[1] < 0 or vals[2] < 0:
                 raise DataError(f"{path}:{line_no}: negative node id")
             for node, cls in ((vals[1], fields[3]), (vals[2], fields[4])):
@@ -130,6 +125,18 @@ def load_sociopatterns(path: str) -> TemporalEdges:
     if not src:
         raise DataError(f"{path}:1: no contact lines")
     return _finish(path, src, dst, ts, labels)
+
+
+def _integers(path, line, what, named) -> list:
+    """The integers of (name, text) pairs; DataError naming the file, line and the first that is
+    not one."""
+    vals = []
+    for name, text in named:
+        try:
+            vals.append(int(text))
+        except ValueError:
+            raise DataError(f"{path}:{line}: {what} '{name}' is not an integer: {text!r}") from None
+    return vals
 
 
 def load_temporal_csv(path: str, src_col: str = "u", dst_col: str = "i", ts_col: str = "ts") -> TemporalEdges:
@@ -158,13 +165,7 @@ def load_temporal_csv(path: str, src_col: str = "u", dst_col: str = "i", ts_col:
                 continue
             if len(row) != width:
                 raise DataError(f"{path}:{line}: expected {width} fields, got {len(row)}")
-            vals = []
-            for name in (src_col, dst_col, ts_col):
-                text = row[cols[name]].strip()
-                try:
-                    vals.append(int(text))
-                except ValueError:
-                    raise DataError(f"{path}:{line}: column '{name}' is not an integer: {text!r}") from None
+            vals = _integers(path, line, "column", ((n, row[cols[n]].strip()) for n in (src_col, dst_col, ts_col)))
             if vals[0] < 0 or vals[1] < 0:
                 raise DataError(f"{path}:{line}: negative node id")
             src.append(vals[0])

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import datetime
-import os
-import queue
-import tempfile
 import time
-import traceback
 
 import numpy as np
 import torch
@@ -79,8 +74,9 @@ def _batches(walks: np.ndarray, batch: int, seed: int):
             yield torch.from_numpy(walks[perm[i:i + batch]])
 
 
-def _rank_main(rank, world, init_file, spec, counters, results):
-    """One process of the run: rank 0 serves the parameter-server policies, ranks 1..W work.
+def _rank_main(rank, world, counters, spec):
+    """One process of the run (in cadence._spawn's process group): rank 0 serves the
+    parameter-server policies, ranks 1..W work.
 
     The processes start once and run every policy in turn (process start costs more than a
     short run on a loaded machine): each parameter-server policy on its own tags, the averager
@@ -88,30 +84,20 @@ def _rank_main(rank, world, init_file, spec, counters, results):
     """
     import torch.distributed as dist
 
-    out = None
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=spec["timeout"]))
-        workers_group = dist.new_group(list(range(1, world)))  # every rank must create it
-        rows = []
-        for i, policy in enumerate(spec["policies"]):
-            dist.barrier()
-            torch.manual_seed(spec["seed"])
-            model = WalkAutoencoder(spec["n"], spec["token_dim"], spec["dim"], spec["negatives"])
-            if policy.startswith("elastic-avg"):
-                rows.append(None if rank == 0 else
-                            _averager_rank(rank, model, spec, policy.replace("elastic-avg", "elastic"),
-                                           counters[i], workers_group))
-            else:
-                rows.append(_ps_rank(rank, model, spec, policy, counters[i], DEFAULT_TAG_BASE + 16 * i))
-        out = ("ok", rows)
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        out = ("error", traceback.format_exc())
-    results.put((rank, out))
-    results.close()
-    results.join_thread()
-    os._exit(0)  # skip process-group teardown: a failed peer could block it
+    torch.set_num_threads(1)
+    workers_group = dist.new_group(list(range(1, world)))  # every rank must create it
+    rows = []
+    for i, policy in enumerate(spec["policies"]):
+        dist.barrier()
+        torch.manual_seed(spec["seed"])
+        model = WalkAutoencoder(spec["n"], spec["token_dim"], spec["dim"], spec["negatives"])
+        if policy.startswith("elastic-avg"):
+            rows.append(None if rank == 0 else
+                        _averager_rank(rank, model, spec, policy.replace("elastic-avg", "elastic"),
+                                       counters[i], workers_group))
+        else:
+            rows.append(_ps_rank(rank, model, spec, policy, counters[i], DEFAULT_TAG_BASE + 16 * i))
+    return rows
 
 
 DEFAULT_TAG_BASE = 0x1D000
@@ -132,6 +118,28 @@ def _claim(counter) -> int:
         return counter.value
 
 
+class _Worker:
+    """What a worker rank of either kind keeps: its batches, its speed, the shared budget, and
+    worker 0's checkpoints (time, flat parameters) every budget / checkpoints steps."""
+
+    def __init__(self, rank, model, spec, counter):
+        self.w = rank - 1
+        self.model = model
+        self.counter = counter
+        self.batches = _batches(shard(spec["walks"], self.w, spec["workers"]), spec["batch"], spec["seed"] + rank)
+        self.mult = spec["profile"][self.w % len(spec["profile"])]
+        self.budget = spec["steps"]
+        self.every = max(1, self.budget // spec["checkpoints"])
+        self.next_ck = self.every
+        self.checkpoints = []
+        self.start = time.perf_counter()
+
+    def checkpoint(self, force=False):
+        if self.w == 0 and (self.counter.value >= self.next_ck or force):
+            self.checkpoints.append((time.perf_counter() - self.start, _flat(self.model)))
+            self.next_ck = self.counter.value + self.every
+
+
 def _ps_rank(rank, model, spec, policy, counter, tag_base):
     import cadence.torch as ct
 
@@ -143,34 +151,24 @@ def _ps_rank(rank, model, spec, policy, counter, tag_base):
         # the run's result: the server's weights once every push is applied
         return {"role": "server", "pushes": list(stats.pushes), "max_staleness": list(stats.max_start_staleness),
                 "weights": server.weights.numpy().copy()}
-    w = rank - 1
     worker = ct.PSWorker(params, reply_timeout=spec["timeout"], tag_base=tag_base)
     worker.pull_into(params)  # the start: a worker's clock runs from its first pull
-    walks = shard(spec["walks"], w, spec["workers"])
-    it = _batches(walks, spec["batch"], spec["seed"] + rank)
-    mult = spec["profile"][w % len(spec["profile"])]
-    checkpoints = []
-    budget = spec["steps"]
-    every = max(1, budget // spec["checkpoints"])
-    next_ck = every
-    start = time.perf_counter()
+    me = _Worker(rank, model, spec, counter)
     steps = 0
     # equal total work: the workers share one budget of steps, so a fast worker that a relaxed
     # policy does not hold back does more of them
-    while _claim(counter) <= budget:
+    while _claim(counter) <= me.budget:
         t0 = time.perf_counter()
         for p in params:
             p.grad = None
-        model.loss(next(it)).backward()
-        _stretch(t0, mult)
+        model.loss(next(me.batches)).backward()
+        _stretch(t0, me.mult)
         worker.step(params)
         steps += 1
-        if w == 0 and counter.value >= next_ck:
-            checkpoints.append((time.perf_counter() - start, _flat(model)))
-            next_ck = counter.value + every
-    seconds = time.perf_counter() - start
+        me.checkpoint()
+    seconds = time.perf_counter() - me.start
     worker.finish()
-    return {"role": "worker", "seconds": seconds, "checkpoints": checkpoints, "steps": steps}
+    return {"role": "worker", "seconds": seconds, "checkpoints": me.checkpoints, "steps": steps}
 
 
 def _averager_rank(rank, model, spec, config, counter, group):
@@ -182,74 +180,38 @@ def _averager_rank(rank, model, spec, config, counter, group):
         dist.broadcast(p.data, 1, group=group)
     avg = ct.ElasticModelAverager(config, process_group=group, timeout=spec["timeout"])
     opt = torch.optim.Adam(params, lr=spec["lr"])
-    w = rank - 1
-    walks = shard(spec["walks"], w, spec["workers"])
-    it = _batches(walks, spec["batch"], spec["seed"] + rank)
-    mult = spec["profile"][w % len(spec["profile"])]
-    checkpoints = []
-    budget = spec["steps"]
-    every = max(1, budget // spec["checkpoints"])
-    next_ck = every
     dist.barrier(group=group)
-    start = time.perf_counter()
+    me = _Worker(rank, model, spec, counter)
     k = 0
     while True:
         t0 = time.perf_counter()
         opt.zero_grad()
-        model.loss(next(it)).backward()
+        model.loss(next(me.batches)).backward()
         opt.step()
         k += 1
-        done = _claim(counter) >= budget  # past the budget a rank still runs to the next barrier
-        if avg.step_done(_stretch(t0, mult)):
+        done = _claim(counter) >= me.budget  # past the budget a rank still runs to the next barrier
+        if avg.step_done(_stretch(t0, me.mult)):
             stop = avg.sync(params, stop=done)
-            if w == 0 and (counter.value >= next_ck or stop):
-                checkpoints.append((time.perf_counter() - start, _flat(model)))
-                next_ck = counter.value + every
+            me.checkpoint(force=stop)
             if stop:
                 break
-    return {"role": "worker", "seconds": time.perf_counter() - start, "checkpoints": checkpoints,
+    return {"role": "worker", "seconds": time.perf_counter() - me.start, "checkpoints": me.checkpoints,
             "steps": k, "barriers": avg.barriers}
 
 
 def _spawn(world, spec, timeout):
-    import torch.multiprocessing as mp
+    from .. import _spawn as harness
 
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    counters = [ctx.Value("q", 0) for _ in spec["policies"]]
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_rank_main, args=(r, world, init_file, spec, counters, results), daemon=True)
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        got = {}
-        deadline = time.monotonic() + timeout
-        try:
-            while len(got) < world:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    r, out = results.get(timeout=min(left, 1.0))
-                    got[r] = out
-                except queue.Empty:
-                    if all(not p.is_alive() for p in procs) and results.empty():
-                        break
-        finally:
-            for p in procs:
-                p.join(timeout=2.0)
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=2.0)
-    missing = [r for r in range(world) if r not in got]
-    if missing:
+    out, hung = harness.run(_rank_main, world, spec, timeout=timeout, pg_timeout=spec["timeout"],
+                            shared=lambda ctx: ([ctx.Value("q", 0) for _ in spec["policies"]],))
+    missing = [r for r, o in enumerate(out) if o is None]
+    if missing or hung:
         raise RuntimeError(f"lstm_node2vec.distributed: policies {spec['policies']}: ranks {missing} did not "
                            f"report within {timeout:g} s")
-    errors = [f"rank {r}:\n{out[1]}" for r, out in sorted(got.items()) if out[0] != "ok"]
+    errors = [f"rank {r}:\n{o[1]}" for r, o in enumerate(out) if o[0] != "ok"]
     if errors:
         raise RuntimeError(f"lstm_node2vec.distributed: policies {spec['policies']} failed:\n" + "\n".join(errors))
-    return {r: out[1] for r, out in got.items()}
+    return {r: o[1] for r, o in enumerate(out)}
 
 
 def run_policies(policies, walks: np.ndarray, score, n: int, cfg, workers: int = 4, profile="hetero2",

@@ -1,33 +1,45 @@
-# Runs a function on n processes joined by a gloo process group (file:// rendezvous in a fresh
-# temporary directory, so no port can collide), with every wait bounded: returns each rank's
-# result or its formatted exception; a rank still running at the deadline is killed and the
-# test fails naming it. post()/wait() are named events between the ranks of a run (empty files
-# in that directory), so a fault test waits for the state it needs instead of sleeping;
-# roundtrip() passes a state_dict through torch.save and torch.load as a checkpoint file would;
-# torchrun() runs an example under torchrun.
-import datetime
+# What the cadence.torch tests share. run() runs a function on n processes joined by a gloo
+# process group (cadence._spawn, the package's own harness: file:// rendezvous in a fresh
+# temporary directory, every wait bounded) and fails the test naming the ranks that returned
+# nothing or hung; values() gives their results or every rank's traceback. post()/wait() are
+# named events between the ranks of a run (empty files in the run's directory), so a fault test
+# waits for the state it needs instead of sleeping. roundtrip() passes a state_dict through
+# torch.save and torch.load as a checkpoint file would; torchrun() runs an example under
+# torchrun; error() turns a call's exception into plain data a rank can return; need_gloo()
+# skips a test module, saying why, where torch, its gloo backend or the bindings are missing;
+# stalled_sync() and check_torch_recipe() are scenarios two test files share.
 import io
 import os
 import subprocess
 import sys
-import queue
-import tempfile
 import time
-import traceback
 
-import torch.multiprocessing as mp
+import pytest
 
 
-_EVENTS = "CADENCE_TEST_EVENTS"
+def _events():
+    from cadence._spawn import DIR_ENV  # the run's directory, set in every rank
+
+    return os.environ[DIR_ENV]
+
+
+def need_gloo():
+    """The torch module, or a module-level skip naming what is missing (no conftest.py here:
+    tests/python/conftest.py is imported as "conftest" by the binding tests)."""
+    torch = pytest.importorskip("torch", reason="cadence.torch tests need PyTorch (Debian: python3-torch)")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("this PyTorch build has no torch.distributed gloo backend", allow_module_level=True)
+    pytest.importorskip("cadence", reason="the cadence bindings are not installed (pip install .)")
+    return torch
 
 
 def post(name):
     """Posts event `name` for every rank of this run (idempotent)."""
-    open(os.path.join(os.environ[_EVENTS], name), "w").close()
+    open(os.path.join(_events(), name), "w").close()
 
 
 def posted(name):
-    return os.path.exists(os.path.join(os.environ[_EVENTS], name))
+    return os.path.exists(os.path.join(_events(), name))
 
 
 def wait(name, timeout=60.0):
@@ -37,6 +49,49 @@ def wait(name, timeout=60.0):
         if time.monotonic() > until:
             raise AssertionError(f"event {name!r} was not posted within {timeout} s")
         time.sleep(0.002)
+
+
+def error(fn):
+    """(exception type name, whether it is a ValueError, message) of what fn() raised; None if
+    it returned."""
+    try:
+        fn()
+        return None
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, isinstance(e, ValueError), str(e))
+
+
+def stalled_sync(rank, n, sync, stalled=2):
+    """sync() on every rank, rank `stalled` joining only after every other rank's sync raised
+    (a rank that stalls past their timeout): (exception type name, message, seconds it took),
+    or None when it returned. The late rank's call either fails on its own timeout or completes
+    against the others' abandoned collective; never a hang."""
+    if rank == stalled:
+        for r in range(n):
+            if r != stalled:
+                wait(f"stall.threw.{r}")
+    t0 = time.monotonic()
+    try:
+        sync()
+        out = None
+    except Exception as e:  # noqa: BLE001
+        out = (type(e).__name__, str(e), time.monotonic() - t0)
+    if rank != stalled:
+        post(f"stall.threw.{rank}")
+    return out
+
+
+def check_torch_recipe(seen, steps=10, warmup=4, merges=(4, 7)):
+    """`seen`, per rank, is (merged, digest of the parameters) after each step of a DDP model
+    under a PeriodicModelAverager(3, warmup) in torch's post-local SGD recipe: the same steps
+    merge on every rank (torch's schedule), and the ranks hold the same parameters exactly in
+    the warm-up (DDP's gradient all-reduce) and after a merge."""
+    for step in range(steps):
+        merged = seen[0][step][0]
+        assert all(s[step][0] == merged for s in seen)
+        assert merged == (step in merges), step
+        same = len({s[step][1] for s in seen}) == 1
+        assert same == (step < warmup or step in merges), step
 
 
 def roundtrip(sd):
@@ -67,68 +122,18 @@ def torchrun(script, nproc, *args, timeout=240, cwd=None):
                           timeout=timeout, env=env, cwd=cwd)
 
 
-def _entry(fn, rank, n, init_file, pg_timeout, results, args):
-    import torch.distributed as dist
-
-    os.environ[_EVENTS] = os.path.dirname(init_file)
-    out = None
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=n,
-                                timeout=datetime.timedelta(seconds=pg_timeout))
-        out = ("ok", fn(rank, n, *args))
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        out = ("error", traceback.format_exc())
-    results.put((rank, out))
-    results.close()
-    results.join_thread()
-    # Skip the interpreter's teardown of the process group: after a test kills or stalls a rank
-    # it can block on the dead peer, and nothing here needs it.
-    os._exit(0)
-
-
 def run(fn, n, *args, timeout=60.0, pg_timeout=30.0, expect_killed=()):
     """fn(rank, n, *args) on n processes; returns a list of ("ok", value) or ("error", text),
     or ("killed", exitcode) for the ranks in expect_killed."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_entry, args=(fn, r, n, init_file, pg_timeout, results, args),
-                             daemon=True) for r in range(n)]
-        for p in procs:
-            p.start()
-        got = {}
-        deadline = time.monotonic() + timeout
-        expected = n - len(expect_killed)
-        try:
-            while len(got) < expected:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    rank, out = results.get(timeout=min(left, 1.0))
-                    got[rank] = out
-                except queue.Empty:
-                    if all(not p.is_alive() for p in procs) and results.empty():
-                        break
-        finally:
-            for p in procs:
-                p.join(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
-            hung = [r for r, p in enumerate(procs) if p.is_alive()]
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
-    missing = [r for r in range(n) if r not in got and r not in expect_killed]
+    from cadence import _spawn
+
+    out, hung = _spawn.run(fn, n, *args, timeout=timeout, pg_timeout=pg_timeout,
+                           expect_killed=expect_killed)
+    missing = [r for r, o in enumerate(out) if o is None]
     if hung or missing:
+        got = {r: o for r, o in enumerate(out) if o is not None}
         raise AssertionError(f"ranks {missing} returned nothing; ranks {hung} were still running "
                              f"after {timeout} s and were killed; results: {got}")
-    out = []
-    for r in range(n):
-        if r in expect_killed and r not in got:
-            out.append(("killed", procs[r].exitcode))
-        else:
-            out.append(got[r])
     return out
 
 

@@ -2,18 +2,11 @@
 # inputs, identical plans on every rank, warm-up, the PostLocalSGDOptimizer path, bad input, a
 # plan disagreement and a stalled rank turned into errors. One spawn runs every scenario (process
 # start-up dominates the cost); the tests below check its parts.
-import time
-
 import pytest
 
-# Skip, saying why, where torch, its gloo backend or the bindings are missing (no conftest.py
-# here: tests/python/conftest.py is imported as "conftest" by the binding tests).
-torch = pytest.importorskip("torch", reason="cadence.torch tests need PyTorch (Debian: python3-torch)")
-if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-    pytest.skip("this PyTorch build has no torch.distributed gloo backend", allow_module_level=True)
-pytest.importorskip("cadence", reason="the cadence bindings are not installed (pip install .)")
+import _torch_spawn as _spawn
 
-import _torch_spawn as _spawn  # noqa: E402
+torch = _spawn.need_gloo()  # or skip, saying what is missing
 
 N = 3
 R = 4
@@ -170,18 +163,7 @@ def _scenarios(rank, n):
     dist.barrier()
     a = ct.PeriodicModelAverager(1, timeout=1.5)
     a.step_done()
-    if rank == 2:  # joins only after every other rank's timeout has passed
-        for r in range(n):
-            if r != 2:
-                _spawn.wait(f"stall.threw.{r}")
-    t0 = time.monotonic()
-    try:
-        a.sync([torch.zeros(1)])
-        out["stall"] = None
-    except cadence.TransportError as e:
-        out["stall"] = (str(e), time.monotonic() - t0)
-    if rank != 2:
-        _spawn.post(f"stall.threw.{rank}")
+    out["stall"] = _spawn.stalled_sync(rank, n, lambda: a.sync([torch.zeros(1)]))
     return out
 
 
@@ -296,7 +278,8 @@ def test_plan_disagreement_is_an_error(results):
 
 def test_stalled_rank_is_named(results):
     for rank in (0, 1):
-        text, waited = results[rank]["stall"]
+        kind, text, waited = results[rank]["stall"]
+        assert kind == "TransportError"
         assert "rank(s) 2 did not arrive" in text, text
         assert waited < 20.0  # bounded by the 1.5 s timeout; 20 s only catches a hang
     # The late rank returns instead of hanging: it joins after the others gave up, while their

@@ -9,12 +9,9 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="cadence.torch tests need PyTorch (Debian: python3-torch)")
-if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-    pytest.skip("this PyTorch build has no torch.distributed gloo backend", allow_module_level=True)
-pytest.importorskip("cadence", reason="the cadence bindings are not installed (pip install .)")
+import _torch_spawn as _spawn
 
-import _torch_spawn as _spawn  # noqa: E402
+torch = _spawn.need_gloo()  # or skip, saying what is missing
 
 N = 3
 DIM = 16
@@ -43,13 +40,6 @@ def _digest(module):
         h.update(t.detach().contiguous().numpy().tobytes())
     return h.hexdigest()
 
-
-def _error(fn):
-    try:
-        fn()
-        return None
-    except Exception as e:  # noqa: BLE001
-        return (type(e).__name__, isinstance(e, ValueError), str(e))
 
 
 def _scenarios(rank, n):
@@ -99,8 +89,8 @@ def _scenarios(rank, n):
     #    how this torch spells the fix (no communication before the error).
     bad = DDP(_bn_model())
     out["spelling"] = ", ".join(f"{k}={v}" for k, v in ct.no_buffer_sync().items())
-    out["buffer_sync"] = _error(lambda: ct.ElasticModelAverager("elastic:4", module=bad))
-    out["buffer_sync_periodic"] = _error(
+    out["buffer_sync"] = _spawn.error(lambda: ct.ElasticModelAverager("elastic:4", module=bad))
+    out["buffer_sync_periodic"] = _spawn.error(
         lambda: ct.PeriodicModelAverager(2).local_step(bad).__enter__())
 
     # 3. torch's recipe with our periodic averager: DDP averages the gradients during the
@@ -138,7 +128,7 @@ def _scenarios(rank, n):
                             momentum=None if bufs[0] is None else
                             hashlib.sha1(torch.cat([b.reshape(-1) for b in bufs]).numpy().tobytes()).hexdigest(),
                             params=_digest(m))
-    states["bad"] = _error(lambda: ct.PeriodicModelAverager(2, optimizer_state="average"))
+    states["bad"] = _spawn.error(lambda: ct.PeriodicModelAverager(2, optimizer_state="average"))
     out["optimizer_state"] = states
 
     # 5. broadcast_parameters: rank 1's parameters and buffers (integer ones too) everywhere.
@@ -150,7 +140,7 @@ def _scenarios(rank, n):
     t = [torch.full((3,), float(rank))]
     ct.broadcast_parameters(t, src=2)
     out["broadcast"] = dict(before=before, after=_digest(m), tracked=int(m[1].num_batches_tracked),
-                            list=t[0].tolist(), bad=_error(lambda: ct.broadcast_parameters(t, src=3)))
+                            list=t[0].tolist(), bad=_spawn.error(lambda: ct.broadcast_parameters(t, src=3)))
 
     # 6. Fake CUDA over gloo: parameters "on cuda:0"; step_done() times steps with events that are
     #    read only at sync(); the control tensors stay on the host (gloo); merges are exact.
@@ -186,7 +176,7 @@ def _scenarios(rank, n):
     #    (never the current device), and sync() without any tensor has no device to use.
     fake = _fake_cuda.install(backend="nccl")
     avg = ct.ElasticModelAverager("elastic:4", timeout=30)
-    none = _error(lambda: (avg.step_done(0.001), avg.sync([])))
+    none = _spawn.error(lambda: (avg.step_done(0.001), avg.sync([])))
     avg = ct.ElasticModelAverager("elastic:4", timeout=30)
     p = [fake.put(torch.full((2,), float(rank)))]
     avg.step_done(0.001)
@@ -199,18 +189,7 @@ def _scenarios(rank, n):
     a = ct.PeriodicModelAverager(1, process_group=sub, timeout=1.5)
     a.step_done()
     q = [fake.put(torch.zeros(1))]
-    if rank == 2:  # joins only after every other rank's timeout has passed
-        for r in range(n):
-            if r != 2:
-                _spawn.wait(f"stall.threw.{r}")
-    t0 = time.monotonic()
-    try:
-        a.sync(q)
-        out["stall"] = None
-    except Exception as e:  # noqa: BLE001
-        out["stall"] = (type(e).__name__, str(e), time.monotonic() - t0)
-    if rank != 2:
-        _spawn.post(f"stall.threw.{rank}")
+    out["stall"] = _spawn.stalled_sync(rank, n, lambda: a.sync(q))
     _fake_cuda.uninstall()
     return out
 
@@ -247,14 +226,7 @@ def test_ddp_forward_buffer_sync_is_refused_saying_why(results):
 
 
 def test_ddp_periodic_follows_torchs_recipe(results):
-    seen = [r["ddp_periodic"] for r in results]
-    for step in range(10):
-        merged = seen[0][step][0]
-        assert all(s[step][0] == merged for s in seen)
-        # steps 0-3: DDP's gradient all-reduce (warm-up); 4 and 7: merges; others: local steps
-        assert merged == (step in (4, 7)), step
-        same = len({s[step][1] for s in seen}) == 1
-        assert same == (step < 4 or step in (4, 7)), step
+    _spawn.check_torch_recipe([r["ddp_periodic"] for r in results])
 
 
 def test_optimizer_state_choices(results):

@@ -10,14 +10,9 @@ import time
 
 import pytest
 
-# Skip, saying why, where torch, its gloo backend or the bindings are missing (no conftest.py
-# here: tests/python/conftest.py is imported as "conftest" by the binding tests).
-torch = pytest.importorskip("torch", reason="cadence.torch tests need PyTorch (Debian: python3-torch)")
-if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-    pytest.skip("this PyTorch build has no torch.distributed gloo backend", allow_module_level=True)
-pytest.importorskip("cadence", reason="the cadence bindings are not installed (pip install .)")
+import _torch_spawn as _spawn
 
-import _torch_spawn as _spawn  # noqa: E402
+torch = _spawn.need_gloo()  # or skip, saying what is missing
 
 N = 4            # 1 server + 3 workers
 SIZE = 10
@@ -48,12 +43,30 @@ def _initial():
     return torch.arange(SIZE, dtype=torch.float32)
 
 
-def _error(fn):
-    try:
-        fn()
-        return None
-    except Exception as e:  # noqa: BLE001
-        return (type(e).__name__, isinstance(e, ValueError), str(e))
+
+def _falls_silent(ct, w, name, at, tries):
+    """A worker of an eviction scenario `name`: worker 2 falls silent at its iteration `at`
+    until the server has evicted it, then pushes `tries` times; the others keep training (never
+    silent themselves) until worker 2's late push was refused, so the server still runs when it
+    comes back. The refusals this worker got, and its iterations."""
+    import cadence
+
+    wk = ct.PSWorker(SIZE, reply_timeout=20)
+    wk.pull()
+    errors = []
+    for k in range(1, 100000):  # the bound only catches a refusal that never comes
+        if w == 2 and k == at:
+            _spawn.wait(f"{name}.evicted.2")
+        elif w != 2 and k > at and _spawn.posted(f"{name}.refused.2"):
+            break
+        try:
+            wk.push_pull(_grad(w, k))
+        except cadence.WorkerError as e:
+            errors.append(str(e))
+            if len(errors) == tries:
+                break
+    wk.finish()
+    return errors, wk.iteration
 
 
 def _scenarios(rank, n):
@@ -139,25 +152,8 @@ def _scenarios(rank, n):
         t0 = time.monotonic()
         out["stall"] = dict(stats=s.run(), seconds=time.monotonic() - t0, weights=s.weights.tolist())
     else:
-        wk = ct.PSWorker(SIZE, reply_timeout=20)
-        wk.pull()
-        errors = []
-        for k in range(1, 100000):  # the bound only catches a refusal that never comes
-            if w == 2 and k == 3:
-                _spawn.wait("stall.evicted.2")
-            elif w != 2 and k > 3 and _spawn.posted("stall.refused.2"):
-                break
-            try:
-                wk.push_pull(_grad(w, k))
-            except cadence.WorkerError as e:
-                errors.append(str(e))
-                try:
-                    wk.push_pull(_grad(w, k))  # sticky: refused again at once
-                except cadence.WorkerError as e2:
-                    errors.append(str(e2))
-                break
-        wk.finish()
-        out["stall"] = dict(errors=errors, iteration=wk.iteration)
+        errors, iteration = _falls_silent(ct, w, "stall", at=3, tries=2)  # refused twice: sticky
+        out["stall"] = dict(errors=errors, iteration=iteration)
     dist.barrier()
 
     # 5. ElasticBSP's monitoring phase, when nobody waits: worker 2 falls silent at its 2nd
@@ -168,21 +164,8 @@ def _scenarios(rank, n):
                                observer=lambda kind, worker, _: _spawn.post(f"monitor.{kind}.{worker}"))
         out["monitor"] = dict(stats=s.run())
     else:
-        wk = ct.PSWorker(SIZE, reply_timeout=20)
-        wk.pull()
-        err = None
-        for k in range(1, 100000):  # the bound only catches a refusal that never comes
-            if w == 2 and k == 2:
-                _spawn.wait("monitor.evicted.2")
-            elif w != 2 and k > 2 and _spawn.posted("monitor.refused.2"):
-                break
-            try:
-                wk.push_pull(_grad(w, k))
-            except cadence.WorkerError as e:
-                err = str(e)
-                break
-        wk.finish()
-        out["monitor"] = dict(error=err, iteration=wk.iteration)
+        errors, iteration = _falls_silent(ct, w, "monitor", at=2, tries=1)
+        out["monitor"] = dict(error=errors[0] if errors else None, iteration=iteration)
     dist.barrier()
 
     # 6. Rejoin under BSP: worker 2 falls silent until it is evicted; its next push is refused;
@@ -322,7 +305,7 @@ def _scenarios(rank, n):
         st = s.run()
         out["restart"] = dict(first_log=first_log, stats=st, weights=s.weights.tolist(),
                               at_checkpoint=weights_at_checkpoint,
-                              bad=_error(lambda: ct.ParameterServer("ssp:1", _initial()).load_state_dict(saved["sd"])))
+                              bad=_spawn.error(lambda: ct.ParameterServer("ssp:1", _initial()).load_state_dict(saved["sd"])))
     else:
         wk = ct.PSWorker(SIZE, reply_timeout=20)
         wk.load_state_dict(saved)
@@ -332,7 +315,7 @@ def _scenarios(rank, n):
             wk.push_pull(_grad(w, k))
         wk.finish()
         out["restart"] = dict(resumed_at=resumed_at, iteration=wk.iteration,
-                              bad=_error(lambda: ct.PSWorker(SIZE + 1).load_state_dict(saved)))
+                              bad=_spawn.error(lambda: ct.PSWorker(SIZE + 1).load_state_dict(saved)))
     dist.barrier()
 
     # 11. Last: worker 1 (rank 2) is killed at its 4th iteration. Its connection closes; the

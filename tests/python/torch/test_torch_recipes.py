@@ -8,12 +8,9 @@ import hashlib
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="cadence.torch tests need PyTorch (Debian: python3-torch)")
-if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-    pytest.skip("this PyTorch build has no torch.distributed gloo backend", allow_module_level=True)
-pytest.importorskip("cadence", reason="the cadence bindings are not installed (pip install .)")
+import _torch_spawn as _spawn
 
-import _torch_spawn as _spawn  # noqa: E402
+torch = _spawn.need_gloo()  # or skip, saying what is missing
 
 N = 4
 DIM = 8
@@ -49,13 +46,6 @@ def _batch(rank, step):
     g = torch.Generator().manual_seed(1000 * rank + step)
     return torch.randn(16, DIM, generator=g), torch.randint(0, 2, (16,), generator=g)
 
-
-def _error(fn):
-    try:
-        fn()
-        return None
-    except Exception as e:  # noqa: BLE001
-        return (type(e).__name__, isinstance(e, ValueError), str(e))
 
 
 def _hierarchy(ct, rank, model, wrapped, avg, seconds, budget):
@@ -118,7 +108,7 @@ def _scenarios(rank, n):
     avg = ct.ElasticModelAverager("elastic:4", process_group=groups.cross, replica_group=groups.replica,
                                   module=ddp, warmup_steps=2, timeout=30)
     out["ddp"] = _hierarchy(ct, rank, model, ddp, avg, seconds, budget=24)
-    out["ddp_wrong_group"] = _error(lambda: ct.ElasticModelAverager(
+    out["ddp_wrong_group"] = _spawn.error(lambda: ct.ElasticModelAverager(
         "elastic:4", process_group=groups.cross, replica_group=groups.replica, module=DDP(_model())))
 
     # 2. FSDP2 inside each replica group (its DTensor shards averaged shard by shard).
@@ -133,7 +123,7 @@ def _scenarios(rank, n):
         out["fsdp2"] = _hierarchy(ct, rank, model, model, avg, seconds, budget=24)
         flat = ct.PeriodicModelAverager(1, timeout=30)
         flat.step_done()
-        out["fsdp2_flat"] = _error(lambda: flat.sync(model))
+        out["fsdp2_flat"] = _spawn.error(lambda: flat.sync(model))
 
     # 3. The communication-hook form. Periodic: the hook all-reduces the gradients in torch's
     #    warm-up (steps 0-3), then hands back local ones; merges at steps 4 and 7.
@@ -174,9 +164,9 @@ def _scenarios(rank, n):
             if stop:
                 break
     out["hook_elastic"] = dict(digests=digests, between=between)
-    out["hook_unused"] = _error(lambda: ct.ElasticModelAverager("elastic:4").register_comm_hook(
+    out["hook_unused"] = _spawn.error(lambda: ct.ElasticModelAverager("elastic:4").register_comm_hook(
         DDP(_model(), find_unused_parameters=True, **ct.no_buffer_sync())))
-    out["hook_hierarchy"] = _error(lambda: ct.PeriodicModelAverager(
+    out["hook_hierarchy"] = _spawn.error(lambda: ct.PeriodicModelAverager(
         2, process_group=groups.cross, replica_group=groups.replica).register_comm_hook(
         DDP(_model(), process_group=groups.replica)))
 
@@ -201,7 +191,7 @@ def _scenarios(rank, n):
                     break
                 digests.append(_digest(model.parameters()))
         out["compile"] = dict(digests=digests, steps=step,
-                              refused=_error(lambda: ct.ElasticModelAverager("elastic:4", module=compiled)))
+                              refused=_spawn.error(lambda: ct.ElasticModelAverager("elastic:4", module=compiled)))
 
     # 5. Checkpoints: an ElasticBSP run (summed deltas: the anchors are saved too) stopped at
     #    barrier 5 and resumed by new averagers goes on exactly as an uninterrupted run; so
@@ -214,9 +204,9 @@ def _scenarios(rank, n):
     _, _, rest = _elastic_run(ct, rank, 10, avg=fresh, params=params)
     out["checkpoint_elastic"] = dict(whole=whole, resumed=first + rest)
     out["checkpoint_bad"] = dict(
-        config=_error(lambda: ct.ElasticModelAverager("elastic:6", merge="summed_deltas", warmup_steps=2)
+        config=_spawn.error(lambda: ct.ElasticModelAverager("elastic:6", merge="summed_deltas", warmup_steps=2)
                       .load_state_dict(sd)),
-        kind=_error(lambda: ct.PeriodicModelAverager(2).load_state_dict(sd)))
+        kind=_spawn.error(lambda: ct.PeriodicModelAverager(2).load_state_dict(sd)))
     per = ct.PeriodicModelAverager(3, 2, timeout=30)
     q = [torch.zeros(2)]
     merges = []
@@ -268,13 +258,7 @@ def test_hierarchy_fsdp2_shards_inside_replica_groups_elastic_across(results):
 
 
 def test_comm_hook_periodic_follows_torchs_recipe(results):
-    seen = [r["hook_periodic"] for r in results]
-    for step in range(10):
-        merged = seen[0][step][0]
-        assert all(s[step][0] == merged for s in seen)
-        assert merged == (step in (4, 7)), step
-        same = len({s[step][1] for s in seen}) == 1
-        assert same == (step < 4 or step in (4, 7)), step  # the hook all-reduced in the warm-up
+    _spawn.check_torch_recipe([r["hook_periodic"] for r in results])  # the hook all-reduced in the warm-up
 
 
 def test_comm_hook_elastic_lets_ranks_run_their_own_steps(results):

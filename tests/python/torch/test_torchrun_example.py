@@ -4,14 +4,9 @@
 import pathlib
 import re
 
-import pytest
+import _torch_spawn as _spawn
 
-torch = pytest.importorskip("torch", reason="cadence.torch tests need PyTorch (Debian: python3-torch)")
-if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-    pytest.skip("this PyTorch build has no torch.distributed gloo backend", allow_module_level=True)
-pytest.importorskip("cadence", reason="the cadence bindings are not installed (pip install .)")
-
-import _torch_spawn as _spawn  # noqa: E402
+torch = _spawn.need_gloo()  # or skip, saying what is missing
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "python" / "torchrun_fashion_mnist.py"
