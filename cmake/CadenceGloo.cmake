@@ -139,7 +139,12 @@ target_compile_definitions(cadence_gloo INTERFACE
   CADENCE_GLOO_TCP_PEEK=${_cadence_gloo_peek})
 target_sources(cadence_gloo INTERFACE
   FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include
-  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/communicator.hpp)
+  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/communicator.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/options.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/detail/link.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/detail/p2p.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/detail/rendezvous.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/detail/wire.hpp)
 if(_cadence_gloo_needs_compat)
   target_include_directories(cadence_gloo SYSTEM INTERFACE
     $<BUILD_INTERFACE:${_cadence_gloo_compat_dir}>

@@ -12,6 +12,7 @@
 #include <cadence/transport/engine/latch.hpp>
 #include <cadence/transport/engine/operation.hpp>
 #include <cadence/transport/engine/signature.hpp>
+#include <cadence/transport/engine/work.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -26,7 +27,7 @@
 #include <vector>
 
 namespace cadence::transport {
-template <class Engine, class Op>
+template <class Engine, class Op, class Handle>
 class basic_work;
 }
 
@@ -69,6 +70,8 @@ class progress_engine {
 public:
   using op_type = Op;
   using op_ptr = std::shared_ptr<Op>;
+  /// Its work handles can wait until a time that is no failure (basic_work::wait_until).
+  static constexpr bool work_has_wait_until = true;
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -292,8 +295,12 @@ protected:
 
   // ---- what the work handle calls ----
 
-  template <class, class>
+  template <class, class, class>
   friend class cadence::transport::basic_work;
+  template <class Work>
+  Work work(const op_ptr& o) {
+    return work_access::make<Work>(&derived(), o);
+  }
 
   bool work_test(Op& o) {
     enter(o.c);

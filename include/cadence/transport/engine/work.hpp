@@ -13,21 +13,37 @@
 
 namespace cadence::transport {
 
-/// Models the work handle of communicator.hpp (requirements 1-5) for a communicator `Engine`
-/// derived from detail::progress_engine, whose operations are `Op`. Only the communicator's
-/// owning thread uses it, and only while the communicator lives: a handle of a destroyed
-/// communicator throws from test() and wait(), and cancel() returns true. Movable, not
-/// copyable; a default-constructed or moved-from handle is complete; destroying an incomplete
-/// one cancels it.
-template <class Engine, class Op>
+template <class Engine, class Op, class Handle>
+class basic_work;
+
+namespace detail {
+/// How a backend makes its work handles (their constructor is not for users).
+struct work_access {
+  template <class Work, class Handle, class OpPtr>
+  static Work make(Handle engine, OpPtr op) {
+    return Work(std::move(engine), std::move(op));
+  }
+};
+}  // namespace detail
+
+/// Models the work handle of communicator.hpp (requirements 1-5) for an engine `Engine` whose
+/// operations are `Op`, reached through `Handle` (a plain pointer to a communicator derived
+/// from detail::progress_engine, or a shared pointer that keeps the engine alive). The engine
+/// provides work_test(op), work_wait(op, d), work_cancel(op) and, where
+/// Engine::work_has_wait_until, work_wait_until(op, t); Op provides done, cancelled, orphan,
+/// finished(), its call `c` and source_or_peer(). Only the communicator's owning thread uses
+/// it, and only while the communicator lives: a handle of a destroyed communicator throws from
+/// test() and wait(), and cancel() returns true. Movable, not copyable; a default-constructed
+/// or moved-from handle is complete; destroying an incomplete one cancels it.
+template <class Engine, class Op, class Handle = Engine*>
 class basic_work {
 public:
   basic_work() = default;
-  basic_work(basic_work&& o) noexcept : engine_(std::exchange(o.engine_, nullptr)), op_(std::move(o.op_)) {}
+  basic_work(basic_work&& o) noexcept : engine_(std::exchange(o.engine_, Handle{})), op_(std::move(o.op_)) {}
   basic_work& operator=(basic_work&& o) noexcept {
     if (this != &o) {
       cancel();
-      engine_ = std::exchange(o.engine_, nullptr);
+      engine_ = std::exchange(o.engine_, Handle{});
       op_ = std::move(o.op_);
     }
     return *this;
@@ -54,6 +70,7 @@ public:
   /// Progresses until the operation completes or `t` comes (beyond the concept): true once it
   /// completed; false at `t`, which, unlike wait()'s deadline, is no failure. For a caller whose
   /// thread is otherwise idle (its accelerator computes).
+  template <class E = Engine, std::enable_if_t<E::work_has_wait_until, int> = 0>
   bool wait_until(deadline::clock::time_point t) {
     if (complete()) return true;
     live();
@@ -71,15 +88,15 @@ public:
   }
 
 private:
-  friend Engine;
-  basic_work(Engine* e, std::shared_ptr<Op> op) noexcept : engine_(e), op_(std::move(op)) {}
+  friend struct detail::work_access;
+  basic_work(Handle e, std::shared_ptr<Op> op) noexcept : engine_(std::move(e)), op_(std::move(op)) {}
 
   bool complete() const noexcept { return !op_ || op_->done || op_->cancelled; }
   void live() const {
     if (op_->orphan) throw transport_error(detail::describe(op_->c) + ": its communicator was destroyed");
   }
 
-  Engine* engine_ = nullptr;
+  Handle engine_{};
   std::shared_ptr<Op> op_;
 };
 

@@ -185,19 +185,19 @@ public:
 
   /// The asynchronous forms (communicator.hpp): they start the operation and return at once.
   mpi_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
-    return mpi_work(this, start_allreduce("allreduce", buf, count, t, op, false, nullptr));
+    return work<mpi_work>(start_allreduce("allreduce", buf, count, t, op, false, nullptr));
   }
   mpi_work iallreduce_average(void* buf, std::size_t count, dtype t) {
-    return mpi_work(this, start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, nullptr));
+    return work<mpi_work>(start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, nullptr));
   }
   mpi_work ibroadcast(void* buf, std::size_t bytes, int root) {
-    return mpi_work(this, start_broadcast(buf, bytes, root, nullptr));
+    return work<mpi_work>(start_broadcast(buf, bytes, root, nullptr));
   }
   mpi_work isend(const void* buf, std::size_t bytes, int dst, int tag) {
-    return mpi_work(this, start_send(buf, bytes, dst, tag, nullptr));
+    return work<mpi_work>(start_send(buf, bytes, dst, tag, nullptr));
   }
   mpi_work irecv(void* buf, std::size_t bytes, int src, int tag) {
-    return mpi_work(this, start_recv("recv", buf, bytes, src, tag, nullptr));
+    return work<mpi_work>(start_recv("recv", buf, bytes, src, tag, nullptr));
   }
 
 private:

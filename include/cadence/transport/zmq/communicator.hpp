@@ -8,6 +8,8 @@
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/call.hpp>
 #include <cadence/transport/detail/reduce.hpp>
+#include <cadence/transport/engine/arguments.hpp>
+#include <cadence/transport/engine/work.hpp>
 #include <cadence/transport/zmq/detail/collectives.hpp>
 #include <cadence/transport/zmq/detail/engine.hpp>
 #include <cadence/transport/zmq/options.hpp>
@@ -24,53 +26,14 @@ namespace cadence::transport {
 
 // ---- the work handle ----
 
-/// A started operation (iallreduce, ibroadcast, isend, irecv): models the work handle of
-/// communicator.hpp. cancel() withdraws a send that has not started to stream and any receive
-/// (pieces of a large message still on their way are then dropped); it cannot withdraw a large
-/// send whose data ZeroMQ is reading from the buffer, nor a collective (it runs on, for its
-/// peers' sake, in later calls): for those it returns false and the buffer must stay valid until
-/// the communicator is destroyed. Only the communicator's owning thread uses it.
-class zmq_work {
-public:
-  zmq_work() = default;
-  zmq_work(zmq_work&&) noexcept = default;
-  zmq_work& operator=(zmq_work&& other) noexcept {
-    if (this != &other) {
-      cancel();
-      engine_ = std::move(other.engine_);
-      op_ = std::move(other.op_);
-    }
-    return *this;
-  }
-  zmq_work(const zmq_work&) = delete;
-  zmq_work& operator=(const zmq_work&) = delete;
-  ~zmq_work() { cancel(); }
-
-  /// Makes progress without blocking; true once complete. Throws what the blocking call would.
-  bool test() { return !op_ || engine_->test(*op_); }
-
-  /// Returns once complete; when d passes first, throws the deadline's error naming whom the
-  /// operation waits for and fails the communicator (a lost peer fails only this operation).
-  void wait(deadline d = {}) {
-    if (op_) engine_->wait(*op_, d, /*poll=*/false);
-  }
-
-  /// The sender of a completed irecv (any_source); the peer otherwise.
-  int source() const noexcept {
-    if (!op_) return -1;
-    if (op_->what == detail::zmq_op::kind::recv) return static_cast<const detail::zmq_recv_op&>(*op_).from;
-    return op_->peer;
-  }
-
-  bool cancel() noexcept { return !op_ || engine_->cancel(*op_); }
-
-private:
-  friend class zmq_communicator;
-  zmq_work(std::shared_ptr<detail::zmq_engine> e, std::shared_ptr<detail::zmq_op> op)
-      : engine_(std::move(e)), op_(std::move(op)) {}
-  std::shared_ptr<detail::zmq_engine> engine_;
-  std::shared_ptr<detail::zmq_op> op_;
-};
+/// A started operation (iallreduce, ibroadcast, isend, irecv): the engine's work handle
+/// (engine/work.hpp), which keeps the ZeroMQ engine alive. cancel() withdraws a send that has
+/// not started to stream and any receive (pieces of a large message still on their way are then
+/// dropped); it cannot withdraw a large send whose data ZeroMQ is reading from the buffer, nor a
+/// collective (it runs on, for its peers' sake, in later calls): for those it returns false and
+/// the buffer must stay valid until the communicator is destroyed. Only the communicator's
+/// owning thread uses it.
+using zmq_work = basic_work<detail::zmq_engine, detail::zmq_op, std::shared_ptr<detail::zmq_engine>>;
 
 // ---- the communicator ----
 
@@ -185,16 +148,16 @@ public:
 
   /// The asynchronous forms (communicator.hpp): they start the call and return at once.
   zmq_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
-    return zmq_work(engine_, start_allreduce(buf, count, t, op, nullptr));
+    return make_work(start_allreduce(buf, count, t, op, nullptr));
   }
   zmq_work ibroadcast(void* buf, std::size_t bytes, int root) {
-    return zmq_work(engine_, start_broadcast(buf, bytes, root, nullptr));
+    return make_work(start_broadcast(buf, bytes, root, nullptr));
   }
   zmq_work isend(const void* buf, std::size_t bytes, int dst, int tag) {
-    return zmq_work(engine_, start_send(buf, bytes, dst, tag, nullptr));
+    return make_work(start_send(buf, bytes, dst, tag, nullptr));
   }
   zmq_work irecv(void* buf, std::size_t bytes, int src, int tag) {
-    return zmq_work(engine_, start_recv("recv", buf, bytes, src, tag, nullptr));
+    return make_work(start_recv("recv", buf, bytes, src, tag, nullptr));
   }
 
   /// Marks the communicator failed (idempotent; any thread): a call blocked on the owning thread
@@ -234,6 +197,10 @@ public:
 private:
   using op_kind = detail::zmq_op::kind;
 
+  zmq_work make_work(std::shared_ptr<detail::zmq_op> op) {
+    return detail::work_access::make<zmq_work>(engine_, std::move(op));
+  }
+
   void check_rank(const char* what, int peer) const {
     if (peer < 0 || peer >= size())
       throw invalid_parameter_error(std::string("cadence::transport[zmq]: ") + what + " on rank " +
@@ -245,13 +212,7 @@ private:
                                                        const deadline* d) {
     const detail::call_info c = engine_->begin("allreduce");
     engine_->enter(c);
-    const std::size_t bytes = detail::checked_bytes(c, count, t);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_op(c, op);
-    if (!detail::host_reducible(t))
-      detail::bad_argument(c, std::string("dtype ") + dtype_name(t) +
-                                  " has no host arithmetic (it is for device backends such as NCCL)");
-    if (d) detail::check_deadline(c, *d);
+    const std::size_t bytes = detail::check_allreduce(c, buf, count, t, op, false, d);
     const auto n = static_cast<std::size_t>(size());
     const bool ring = n > 1 && count >= n && bytes > std::max(engine_->options().eager_bytes, 8 * n);
     std::shared_ptr<detail::zmq_coll_op> o;
@@ -267,9 +228,7 @@ private:
   std::shared_ptr<detail::zmq_coll_op> start_broadcast(void* buf, std::size_t bytes, int root, const deadline* d) {
     const detail::call_info c = engine_->begin("broadcast");
     engine_->enter(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, root, "root");
-    if (d) detail::check_deadline(c, *d);
+    detail::check_broadcast(c, buf, bytes, root, d);
     auto o = std::make_shared<detail::zmq_broadcast>(c, buf, bytes, root);
     o->sig = {2, 0, 0, root, bytes};
     engine_->submit_coll(o);
@@ -280,12 +239,7 @@ private:
                                                   const deadline* d) {
     const detail::call_info c = engine_->begin("send");
     engine_->enter(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, dst, "destination");
-    detail::check_tag(c, tag);
-    if (d) detail::check_deadline(c, *d);
-    if (dst == rank())
-      detail::bad_argument(c, "a send to itself (rank " + std::to_string(dst) + ") is not supported by the zmq backend");
+    detail::check_send(c, buf, bytes, dst, tag, d);
     auto o = std::make_shared<detail::zmq_send_op>(op_kind::send, c);
     o->buf = static_cast<const unsigned char*>(buf);
     o->bytes = bytes;
@@ -299,15 +253,7 @@ private:
                                                   const deadline* d) {
     const detail::call_info c = engine_->begin(name);
     engine_->enter(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, src, "source", /*allow_any=*/true);
-    detail::check_tag(c, tag);
-    if (d) detail::check_deadline(c, *d);
-    if (src == rank())
-      detail::bad_argument(c, std::string("a ") + name + " from itself (rank " + std::to_string(src) +
-                                  ") is not supported by the zmq backend");
-    if (src == any_source && size() == 1)
-      detail::bad_argument(c, "any_source on a communicator of one rank would wait forever");
+    detail::check_recv(c, buf, bytes, src, tag, d);
     auto o = std::make_shared<detail::zmq_recv_op>(op_kind::recv, c);
     o->buf = static_cast<unsigned char*>(buf);
     o->bytes = bytes;

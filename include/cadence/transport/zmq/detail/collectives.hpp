@@ -8,6 +8,7 @@
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/call.hpp>
 #include <cadence/transport/detail/reduce.hpp>
+#include <cadence/transport/algorithms/ring.hpp>
 #include <cadence/transport/zmq/detail/engine.hpp>
 
 #include <algorithm>
@@ -131,15 +132,11 @@ public:
         esize_(dtype_size(t)) {}
 
   void start(zmq_engine& e) override {
-    n_ = e.size();
-    r_ = e.rank();
-    left_ = (r_ + n_ - 1) % n_;
-    right_ = (r_ + 1) % n_;
-    chunk_ = std::max<std::size_t>(e.options().chunk_bytes / 8 * 8, 8);
-    noticed_.assign(static_cast<std::size_t>(n_), false);
-    noticed_[static_cast<std::size_t>(r_)] = true;
+    g_ = {e.size(), e.rank(), count_, esize_, std::max<std::size_t>(e.options().chunk_bytes / 8 * 8, 8)};
+    noticed_.assign(static_cast<std::size_t>(g_.n), false);
+    noticed_[static_cast<std::size_t>(g_.r)] = true;
     for (int p : e.others()) e.coll_send_copy(*this, p, e.coll_header(*this, p, zmq_notice_step, 0, 0), nullptr, 0);
-    for (std::size_t k = 0; k < chunks(seg_out(0)); ++k) send_chunk(e, 0, k);
+    for (std::size_t k = 0; k < g_.pieces(g_.seg_out(0)); ++k) send_chunk(e, 0, k);
   }
 
   void advance(zmq_engine& e) override {
@@ -153,22 +150,22 @@ public:
           box.pop_front();
           continue;
         }
-        if (p != left_ || s_ >= steps()) {  // only the left neighbour sends data
+        if (p != g_.left() || s_ >= g_.steps()) {  // only the left neighbour sends data
           box.pop_front();
           continue;
         }
-        const int seg = seg_in(s_);
-        const std::size_t len = chunk_len(seg, k_);
-        if (m.h.step != static_cast<std::uint32_t>(s_) || m.h.offset != k_ * chunk_ || m.size() != len) {
+        const int seg = g_.seg_in(s_);
+        const std::size_t len = g_.piece_len(seg, k_);
+        if (m.h.step != static_cast<std::uint32_t>(s_) || m.h.offset != k_ * g_.piece || m.size() != len) {
           e.mark_failed(transport_error(describe(c) + ": rank " + std::to_string(p) + " sent ring step " +
                                         std::to_string(m.h.step) + " offset " + std::to_string(m.h.offset) +
                                         " (" + std::to_string(m.size()) + " bytes) where step " +
-                                        std::to_string(s_) + " offset " + std::to_string(k_ * chunk_) + " (" +
+                                        std::to_string(s_) + " offset " + std::to_string(k_ * g_.piece) + " (" +
                                         std::to_string(len) + " bytes) was due (the ranks' chunk_bytes differ?)"));
           return;
         }
-        unsigned char* at = buf_ + first(seg) * esize_ + k_ * chunk_;
-        if (s_ < n_ - 1) {
+        unsigned char* at = buf_ + g_.offset(seg, k_);
+        if (g_.reduces(s_)) {
           reduce_into(at, zmq_aligned(m.data(), len, t_, scratch_), len / esize_, t_, op_);
         } else {
           // The reduce-scatter sent this segment's partial sums from here: ZeroMQ must be done.
@@ -176,14 +173,14 @@ public:
           std::memcpy(at, m.data(), len);
         }
         box.pop_front();
-        if (s_ + 1 < steps()) send_chunk(e, s_ + 1, k_);  // seg_in(s) is seg_out(s + 1)
-        if (++k_ == chunks(seg)) {
+        if (s_ + 1 < g_.steps()) send_chunk(e, s_ + 1, k_);  // seg_in(s) is seg_out(s + 1)
+        if (++k_ == g_.pieces(seg)) {
           ++s_;
           k_ = 0;
         }
       }
     }
-    if (s_ < steps() || outstanding() != 0 || queued != 0) return;
+    if (s_ < g_.steps() || outstanding() != 0 || queued != 0) return;
     for (bool b : noticed_)
       if (!b) return;
     done = true;
@@ -192,7 +189,7 @@ public:
   // Only while something is still to come to this rank: pieces it sent to a rank that has since
   // gone are dropped (and released) with that rank's socket.
   bool needs(int) const override {
-    if (done || s_ < steps()) return !done;
+    if (done || s_ < g_.steps()) return !done;
     for (bool b : noticed_)
       if (!b) return true;
     return false;
@@ -205,41 +202,26 @@ public:
       note = zmq_never_started(e, who);
       return;
     }
-    if (s_ < steps()) {
-      who = {left_};
+    if (s_ < g_.steps()) {
+      who = {g_.left()};
       note = "in the ring all-reduce";
       return;
     }
-    who = {right_};
+    who = {g_.right()};
     note = "it has not taken the ring all-reduce's data";
   }
 
 private:
-  int steps() const { return 2 * (n_ - 1); }
-  std::size_t first(int seg) const {
-    return count_ * static_cast<std::size_t>(seg) / static_cast<std::size_t>(n_);
-  }
-  std::size_t seg_bytes(int seg) const { return (first(seg + 1) - first(seg)) * esize_; }
-  std::size_t chunks(int seg) const { return (seg_bytes(seg) + chunk_ - 1) / chunk_; }
-  std::size_t chunk_len(int seg, std::size_t k) const { return std::min(chunk_, seg_bytes(seg) - k * chunk_); }
-  // Reduce-scatter step s < n - 1 sends segment r - s and reduces segment r - s - 1; after it
-  // rank r owns segment r + 1; allgather step j = s - (n - 1) sends r + 1 - j, receives r - j.
-  int seg_out(int s) const {
-    return s < n_ - 1 ? (r_ - s + n_) % n_ : (r_ + 1 - (s - (n_ - 1)) + 2 * n_) % n_;
-  }
-  int seg_in(int s) const {
-    return s < n_ - 1 ? (r_ - s - 1 + 2 * n_) % n_ : (r_ - (s - (n_ - 1)) + 2 * n_) % n_;
-  }
   bool seg_pending(int seg) const {
     const auto i = static_cast<std::size_t>(seg);
     return i < rels.size() && rels[i].outstanding() != 0;
   }
   void send_chunk(zmq_engine& e, int s, std::size_t k) {
-    const int seg = seg_out(s);
-    const std::size_t len = chunk_len(seg, k);
-    e.coll_send_zero_copy(*this, static_cast<std::size_t>(seg), right_,
-                          e.coll_header(*this, right_, static_cast<std::uint32_t>(s), k * chunk_, len),
-                          buf_ + first(seg) * esize_ + k * chunk_, len);
+    const int seg = g_.seg_out(s);
+    const std::size_t len = g_.piece_len(seg, k);
+    e.coll_send_zero_copy(*this, static_cast<std::size_t>(seg), g_.right(),
+                          e.coll_header(*this, g_.right(), static_cast<std::uint32_t>(s), k * g_.piece, len),
+                          buf_ + g_.offset(seg, k), len);
   }
 
   unsigned char* buf_;
@@ -247,8 +229,7 @@ private:
   dtype t_;
   reduce_op op_;
   std::size_t esize_;
-  int n_ = 1, r_ = 0, left_ = 0, right_ = 0;
-  std::size_t chunk_ = 8;
+  ring_schedule g_;
   std::vector<bool> noticed_;
   int s_ = 0;          // the step whose data comes next from the left
   std::size_t k_ = 0;  // its next chunk

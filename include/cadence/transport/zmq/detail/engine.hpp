@@ -6,6 +6,7 @@
 #include <cadence/core/error.hpp>
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/call.hpp>
+#include <cadence/transport/engine/latch.hpp>
 #include <cadence/transport/zmq/detail/ops.hpp>
 #include <cadence/transport/zmq/detail/sockets.hpp>
 #include <cadence/transport/zmq/detail/wire.hpp>
@@ -45,7 +46,7 @@ class zmq_engine {
 public:
   // Map of this class. Everything below is touched by the owning thread only (the thread that
   // constructs the communicator and makes its calls), except:
-  //  - aborted_ and failed_ (atomics): abort() and failed() read or set them from any thread;
+  //  - latch_'s atomics: abort() and failed() read or set them from any thread;
   //    abort() also writes wake_fd_ (an eventfd) to wake a zmq_poll in progress.
   //  - wake_fd_ is also written by ZeroMQ's I/O thread, through zc_release, when it lets go of
   //    a piece of a caller's buffer; it is closed only after zmq_ctx_term, after which ZeroMQ
@@ -57,7 +58,7 @@ public:
   // announced); slots_ (rank 0 only: incarnations issued, rendezvous ids); the matching state
   // (posted_ receives, unexpected_ messages, large messages announced_ or streaming in and
   // out); the collectives (colls_ in progress, coll_in_ their inboxes, coll_failed_ failures
-  // peers reported, done_sigs_ recent signatures); failure_ (the first failure).
+  // peers reported, done_sigs_ recent signatures); latch_ (the first failure).
 
   zmq_engine(int rank, int size, zmq_options options)
       : rank_(rank), size_(size), o_(std::move(options)), peers_(static_cast<std::size_t>(size)) {}
@@ -81,24 +82,17 @@ public:
 
   /// Contract b: after a failure every call rethrows it; after abort() each call says so.
   void enter(const call_info& c) const {
-    if (failure_) throw *failure_;
-    if (aborted_.load(std::memory_order_acquire))
-      throw transport_error(describe(c) + ": the communicator was aborted (abort())");
+    latch_.enter(c);
     if (closed_) throw transport_error(describe(c) + ": the communicator was destroyed");
   }
 
-  void mark_failed(transport_error e) {
-    if (!failure_) failure_ = std::move(e);
-    failed_.store(true, std::memory_order_release);
-  }
+  void mark_failed(transport_error e) { latch_.record(std::move(e)); }
 
   void abort() noexcept {
-    aborted_.store(true, std::memory_order_release);
+    latch_.abort();
     wake();
   }
-  bool failed() const noexcept {
-    return failed_.load(std::memory_order_acquire) || aborted_.load(std::memory_order_acquire);
-  }
+  bool failed() const noexcept { return latch_.failed(); }
 
   // ---- construction: sockets and rendezvous ----
 
@@ -146,7 +140,7 @@ public:
     }
     if (o_.wait_for == zmq_wait_for::all) {
       for (;;) {
-        if (failure_) throw *failure_;
+        if (latch_.has_failure()) latch_.rethrow();
         std::vector<int> absent;
         for (int p = 0; p < size_; ++p)
           if (p != rank_ && peer_at(p).state == zmq_peer_state::absent) absent.push_back(p);
@@ -164,7 +158,7 @@ public:
     // is not waited for past the heartbeat timeout (it will be lost).
     const auto connect_until = std::min(d.time_point(), zclock::now() + o_.heartbeat_timeout);
     for (;;) {
-      if (failure_) throw *failure_;
+      if (latch_.has_failure()) latch_.rethrow();
       bool pending = false;
       for (int p = 0; p < size_; ++p) {
         const zmq_peer& q = peer_at(p);
@@ -303,6 +297,12 @@ public:
     return false;  // a collective: its contribution is made and its peers wait for the rest
   }
 
+  /// For the work handle (engine/work.hpp): test, wait and cancel above.
+  static constexpr bool work_has_wait_until = false;
+  bool work_test(zmq_op& op) { return test(op); }
+  void work_wait(zmq_op& op, const deadline& d) { wait(op, d, /*poll=*/false); }
+  bool work_cancel(zmq_op& op) noexcept { return cancel(op); }
+
   /// Closes everything (see close_all); idempotent. The communicator's destructor calls it.
   void shutdown() noexcept { close_all(); }
 
@@ -318,7 +318,7 @@ public:
   /// everything that arrived (registrations, messages, monitor events) and advances the
   /// operations. Does nothing once the communicator failed or was aborted.
   void progress(zclock::time_point until) {
-    if (closed_ || failure_ || aborted_.load(std::memory_order_acquire)) return;
+    if (closed_ || latch_.has_failure() || latch_.aborted()) return;
     flush_all();
     const auto due = check_lost(zclock::now());  // may close sockets: before the poll list
     // The sockets we read from are polled by their ZMQ_FD, as plain descriptors: cheaper than
@@ -1275,7 +1275,7 @@ private:
       }
       ++it;
     }
-    for (std::size_t i = 0; i < colls_.size() && !failure_; ++i) {
+    for (std::size_t i = 0; i < colls_.size() && !latch_.has_failure(); ++i) {
       const std::shared_ptr<zmq_coll_op> op = colls_[i];
       if (!op->finished()) op->advance(*this);
     }
@@ -1290,7 +1290,7 @@ private:
   // receives from its left neighbour.
   void fail_colls_on_lost() {
     for (const auto& op : colls_) {
-      if (op->finished() || failure_) continue;
+      if (op->finished() || latch_.has_failure()) continue;
       for (int p = 0; p < size_; ++p) {
         const zmq_peer& q = peer_at(p);
         if (p == rank_ || q.state != zmq_peer_state::lost || !op->needs(p)) continue;
@@ -1321,19 +1321,18 @@ private:
       settle(op);
       throw *op.isolated;
     }
-    if (failure_) {
+    if (latch_.has_failure()) {
       withdraw(op);
       settle(op);
-      throw *failure_;
+      latch_.rethrow();
     }
-    if (aborted_.load(std::memory_order_acquire)) {
+    if (latch_.aborted()) {
       withdraw(op);
       settle(op);
       std::vector<int> who;
       std::string note;
-      awaited(op, who, note);
-      throw transport_error(describe(op.c) + ": the communicator was aborted (abort())" +
-                            (op.done || who.empty() ? std::string() : " while waiting for " + rank_list(who)));
+      if (!op.done) awaited(op, who, note);
+      throw failure_latch::aborted_while(op.c, who);
     }
     if (closed_) throw transport_error(describe(op.c) + ": the communicator was destroyed");
   }
@@ -1342,7 +1341,7 @@ private:
     mark_failed(std::move(e));
     withdraw(op);
     settle(op);
-    throw *failure_;
+    latch_.rethrow();
   }
 
   // Nothing of op stays where the engine could still write into (or read from) the caller's
@@ -1538,9 +1537,7 @@ private:
   std::map<std::uint64_t, std::string> coll_failed_;
   std::deque<std::pair<std::uint64_t, std::pair<zmq_coll_sig, call_info>>> done_sigs_;
   std::uint64_t calls_ = 0;
-  std::optional<transport_error> failure_;
-  std::atomic<bool> failed_{false};
-  std::atomic<bool> aborted_{false};
+  failure_latch latch_;
   bool closed_ = false;
 };
 

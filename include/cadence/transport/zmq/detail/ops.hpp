@@ -5,6 +5,7 @@
 #include <cadence/core/error.hpp>
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/call.hpp>
+#include <cadence/transport/engine/signature.hpp>
 #include <cadence/transport/zmq/detail/wire.hpp>
 
 #include <cstddef>
@@ -32,6 +33,7 @@ struct zmq_op : std::enable_shared_from_this<zmq_op> {
   int peer = -1;  // send: destination; recv: source as passed; broadcast: root
   bool done = false;
   bool cancelled = false;
+  bool orphan = false;  // never: a work handle keeps the engine alive
   std::optional<transport_error> isolated;
   std::vector<zc_ref> rels;    // pieces of the caller's buffer ZeroMQ still holds, by group
   std::vector<int> rel_peers;  // whom those pieces go to
@@ -40,6 +42,8 @@ struct zmq_op : std::enable_shared_from_this<zmq_op> {
   // stops calling would leave them there.
   std::size_t queued = 0;
   bool finished() const noexcept { return done || cancelled || isolated.has_value(); }
+  /// For the work handle: the sender of a completed receive, the peer otherwise.
+  inline int source_or_peer() const noexcept;
   /// Pieces of the caller's buffer ZeroMQ holds: the operation is not over while any remain.
   std::size_t outstanding() const noexcept {
     std::size_t n = 0;
@@ -76,6 +80,10 @@ struct zmq_recv_op : zmq_op {
   std::size_t got = 0;
 };
 
+inline int zmq_op::source_or_peer() const noexcept {
+  return what == kind::recv ? static_cast<const zmq_recv_op*>(this)->from : peer;
+}
+
 /// A message that arrived on the data socket: its sender, header and the frame with its data.
 struct zmq_incoming {
   int src = -1;
@@ -102,11 +110,7 @@ struct zmq_coll_sig {
     return {h.coll, h.type, h.op, h.tag, h.bytes};
   }
   std::string text() const {
-    if (coll == 1)
-      return signature("allreduce", static_cast<std::size_t>(count), static_cast<dtype>(type),
-                       static_cast<reduce_op>(op));
-    if (coll == 2) return signature("broadcast", static_cast<std::size_t>(count), static_cast<int>(root));
-    return "an unknown collective";
+    return collective_signature{0, coll, static_cast<std::int64_t>(count), type, op, root}.describe();
   }
 };
 
