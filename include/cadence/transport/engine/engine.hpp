@@ -50,6 +50,10 @@ struct poll_outcome {
 };
 
 // A backend `B : progress_engine<B, Op>` (Op derives from `operation`) provides, for `Op& o`:
+//  0. start_allreduce(name, buf, count, t, op, average, d*), start_broadcast(buf, bytes, root,
+//     d*), start_send(buf, bytes, dst, tag, d*), start_recv(name, buf, bytes, src, tag, d*):
+//     each checks (new_allreduce, ...), posts what is native and enqueues, returning the
+//     operation (d is null for the asynchronous forms).
 //  1. progress_p2p(o): advances a send or receive as far as it goes without blocking.
 //  2. activate(o), progress_collective(o): starts a collective once the one before it is done
 //     (activate runs once, with o.active already set), then advances it. Collectives run one at
@@ -75,6 +79,57 @@ public:
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+
+  using work_type = basic_work<Derived, Op>;
+
+  // ---- the communicator concept (communicator.hpp): every blocking call is its asynchronous
+  // form waited at once. The backend starts each (start_allreduce, start_broadcast, start_send,
+  // start_recv: checks, record, native post), the engine waits. ----
+
+  void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
+    wait_op(*derived().start_allreduce("allreduce", buf, count, t, op, false, &d), d);
+  }
+  /// The mean over ranks, in place (f32, f64): divided in the ring's last reduce step or the
+  /// small path's copy out (communicator.hpp, "averaging all-reduce").
+  void allreduce_average(void* buf, std::size_t count, dtype t, deadline d = {}) {
+    wait_op(*derived().start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, &d), d);
+  }
+  void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
+    wait_op(*derived().start_broadcast(buf, bytes, root, &d), d);
+  }
+  void send(const void* buf, std::size_t bytes, int dst, int tag, deadline d = {}) {
+    wait_op(*derived().start_send(buf, bytes, dst, tag, &d), d);
+  }
+  int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
+    auto o = derived().start_recv("recv", buf, bytes, src, tag, &d);
+    wait_op(*o, d);
+    return o->source;
+  }
+  /// recv() that treats a deadline with no matching message as "nothing yet": returns
+  /// std::nullopt and the communicator stays usable (communicator.hpp, try_recv); a deadline
+  /// already passed polls once. The backend's class comment says how its receive is withdrawn.
+  std::optional<int> try_recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
+    auto o = derived().start_recv("try_recv", buf, bytes, src, tag, nullptr);
+    if (!wait_op(*o, d, /*poll=*/true)) return std::nullopt;
+    return o->source;
+  }
+
+  /// The asynchronous forms (communicator.hpp): they start the operation and return at once.
+  work_type iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
+    return work(derived().start_allreduce("allreduce", buf, count, t, op, false, nullptr));
+  }
+  work_type iallreduce_average(void* buf, std::size_t count, dtype t) {
+    return work(derived().start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, nullptr));
+  }
+  work_type ibroadcast(void* buf, std::size_t bytes, int root) {
+    return work(derived().start_broadcast(buf, bytes, root, nullptr));
+  }
+  work_type isend(const void* buf, std::size_t bytes, int dst, int tag) {
+    return work(derived().start_send(buf, bytes, dst, tag, nullptr));
+  }
+  work_type irecv(void* buf, std::size_t bytes, int src, int tag) {
+    return work(derived().start_recv("recv", buf, bytes, src, tag, nullptr));
+  }
 
   /// Any thread. A call blocked on the owning thread wakes and throws; later calls throw.
   void abort() noexcept {
@@ -297,10 +352,7 @@ protected:
 
   template <class, class, class>
   friend class cadence::transport::basic_work;
-  template <class Work>
-  Work work(const op_ptr& o) {
-    return work_access::make<Work>(&derived(), o);
-  }
+  work_type work(op_ptr o) { return work_access::make<work_type>(&derived(), std::move(o)); }
 
   bool work_test(Op& o) {
     enter(o.c);

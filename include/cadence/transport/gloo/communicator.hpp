@@ -71,7 +71,8 @@ using gloo_work = basic_work<gloo_communicator, detail::gloo_op>;
 /// std::nullopt and the receive stays posted in gloo, to serve the next receive of that source
 /// and tag (docs/transports.md, "try_recv"), so a parameter server runs over gloo. gloo cannot
 /// cancel a receive, and its own wait timeout closes every connection of the context, so no
-/// wait here lets gloo time out: a timer thread wakes the wait at the deadline instead.
+/// wait here lets gloo time out: a timer thread wakes the wait at the deadline instead. A large
+/// message whose header came just before the deadline gets options.body_wait more for its data.
 ///
 /// A failure while an operation on a caller's buffer is posted (the ring, a large message)
 /// closes the connections at once, so gloo never touches that buffer afterwards; the peers
@@ -148,7 +149,8 @@ public:
     link_.close();
   }
 
-  // ---- the communicator concept: collectives, point to point, abort (the engine's) ----
+  // ---- the communicator concept: the engine's calls (allreduce, ..., try_recv, iallreduce,
+  // ..., abort, failed), this backend's capabilities ----
 
   /// The gloo context, e.g. to run gloo's own algorithms beside ours (the benchmark does).
   const std::shared_ptr<::gloo::Context>& context() const noexcept { return link_.context(); }
@@ -160,56 +162,6 @@ public:
     f.survives_lost_peer = true;  // survivors continue, and may rendezvous anew without it
     f.device_buffers = false;
     return f;
-  }
-
-  void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
-    wait_op(*start_allreduce("allreduce", buf, count, t, op, false, &d), d);
-  }
-  /// The mean over ranks, in place (f32, f64): divided in the ring's last reduce step or the
-  /// small path's copy out (communicator.hpp, "averaging all-reduce").
-  void allreduce_average(void* buf, std::size_t count, dtype t, deadline d = {}) {
-    wait_op(*start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, &d), d);
-  }
-  void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
-    wait_op(*start_broadcast(buf, bytes, root, &d), d);
-  }
-  void send(const void* buf, std::size_t bytes, int dst, int tag, deadline d = {}) {
-    wait_op(*start_send(buf, bytes, dst, tag, &d), d);
-  }
-  int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
-    auto o = start_recv("recv", buf, bytes, src, tag, &d);
-    wait_op(*o, d);
-    return o->source;
-  }
-
-  /// recv() that treats a deadline with no matching message as "nothing yet": returns
-  /// std::nullopt and the communicator stays usable (see try_recv in communicator.hpp); a
-  /// deadline already passed polls once. The receive stays posted in gloo: the next receive
-  /// whose (source, tag) it matches waits on that same receive instead of posting a second one,
-  /// and a message it takes for another caller's source is kept until a receive asks for it,
-  /// so nothing is lost or reordered. A large message whose header came just before the
-  /// deadline gets options.body_wait more for its data.
-  std::optional<int> try_recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
-    auto o = start_recv("try_recv", buf, bytes, src, tag, nullptr);  // a passed deadline polls once
-    if (!wait_op(*o, d, /*poll=*/true)) return std::nullopt;
-    return o->source;
-  }
-
-  /// The asynchronous forms (communicator.hpp): they start the operation and return at once.
-  gloo_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
-    return work<gloo_work>(start_allreduce("allreduce", buf, count, t, op, false, nullptr));
-  }
-  gloo_work iallreduce_average(void* buf, std::size_t count, dtype t) {
-    return work<gloo_work>(start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, nullptr));
-  }
-  gloo_work ibroadcast(void* buf, std::size_t bytes, int root) {
-    return work<gloo_work>(start_broadcast(buf, bytes, root, nullptr));
-  }
-  gloo_work isend(const void* buf, std::size_t bytes, int dst, int tag) {
-    return work<gloo_work>(start_send(buf, bytes, dst, tag, nullptr));
-  }
-  gloo_work irecv(void* buf, std::size_t bytes, int src, int tag) {
-    return work<gloo_work>(start_recv("recv", buf, bytes, src, tag, nullptr));
   }
 
 private:

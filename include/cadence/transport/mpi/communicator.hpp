@@ -75,6 +75,9 @@ using mpi_work = basic_work<mpi_communicator, detail::mpi_op>;
 /// survivable: Open MPI's runtime kills the whole job (capabilities().survives_lost_peer is
 /// false), and before it does, only the deadline sees the loss.
 ///
+/// try_recv posts its receive and cancels it at the deadline; MPI either cancels it or completes
+/// it, never half of it, so a message is never lost between two calls.
+///
 /// After a failed all-reduce Open MPI may still read (never write: receives are cancelled) the
 /// caller's buffer, until the process ends, for the ring's sends it cannot withdraw: collectives
 /// are fail-stop, so keep the buffer allocated for the rest of the job.
@@ -124,13 +127,7 @@ public:
   /// was aborted, had operations in flight or abandoned one leaks its duplicates and buffers
   /// instead. Handles still held become orphans: they throw, or cancel() returns true.
   ~mpi_communicator() {
-    bool collective = false;
-    for (auto& o : ops_) {
-      if (o->finished()) continue;
-      abandon(*o);
-      collective = collective || (o->what == detail::op_kind::allreduce && o->active);
-    }
-    if (collective) wire_.abandon();
+    on_fail(ops_);
     const bool idle = orphan_all();
     const bool clean = idle && !dirty_ && !wire_.dirty() && !latch_.has_failure() && !latch_.aborted() &&
                        wire_.drained();
@@ -142,7 +139,8 @@ public:
     }
   }
 
-  // ---- the communicator concept: collectives, point to point, abort (the engine's) ----
+  // ---- the communicator concept: the engine's calls (allreduce, ..., try_recv, iallreduce,
+  // ..., abort, failed), this backend's capabilities ----
 
   capability_flags capabilities() const noexcept {
     capability_flags f;
@@ -151,53 +149,6 @@ public:
     f.survives_lost_peer = false;  // Open MPI 4.1 takes the job down with it
     f.device_buffers = false;
     return f;
-  }
-
-  void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
-    wait_op(*start_allreduce("allreduce", buf, count, t, op, false, &d), d);
-  }
-  /// The mean over ranks, in place (f32, f64): divided in the ring's last reduce step or the
-  /// small path's copy out (communicator.hpp, "averaging all-reduce").
-  void allreduce_average(void* buf, std::size_t count, dtype t, deadline d = {}) {
-    wait_op(*start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, &d), d);
-  }
-  void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
-    wait_op(*start_broadcast(buf, bytes, root, &d), d);
-  }
-  void send(const void* buf, std::size_t bytes, int dst, int tag, deadline d = {}) {
-    wait_op(*start_send(buf, bytes, dst, tag, &d), d);
-  }
-  int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
-    auto o = start_recv("recv", buf, bytes, src, tag, &d);
-    wait_op(*o, d);
-    return o->source;
-  }
-
-  /// recv() that treats a deadline with no matching message as "nothing yet": returns
-  /// std::nullopt and the communicator stays usable (see try_recv in communicator.hpp). The
-  /// receive is posted and cancelled at the deadline; MPI either cancels it or completes it,
-  /// never half of it, so a message is never lost between two calls.
-  std::optional<int> try_recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
-    auto o = start_recv("try_recv", buf, bytes, src, tag, nullptr);  // a passed deadline polls once
-    if (!wait_op(*o, d, /*poll=*/true)) return std::nullopt;
-    return o->source;
-  }
-
-  /// The asynchronous forms (communicator.hpp): they start the operation and return at once.
-  mpi_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
-    return work<mpi_work>(start_allreduce("allreduce", buf, count, t, op, false, nullptr));
-  }
-  mpi_work iallreduce_average(void* buf, std::size_t count, dtype t) {
-    return work<mpi_work>(start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, nullptr));
-  }
-  mpi_work ibroadcast(void* buf, std::size_t bytes, int root) {
-    return work<mpi_work>(start_broadcast(buf, bytes, root, nullptr));
-  }
-  mpi_work isend(const void* buf, std::size_t bytes, int dst, int tag) {
-    return work<mpi_work>(start_send(buf, bytes, dst, tag, nullptr));
-  }
-  mpi_work irecv(void* buf, std::size_t bytes, int src, int tag) {
-    return work<mpi_work>(start_recv("recv", buf, bytes, src, tag, nullptr));
   }
 
 private:
