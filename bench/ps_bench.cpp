@@ -169,9 +169,7 @@ void print(const std::vector<row>& rows, const config& cfg, int workers) {
                number_column("ours us", 12, "ours_us", "%.2f"),
                number_column("raw GB/s", 10, "raw_gbps", "%.3f"),
                number_column("ours GB/s", 10, "ours_gbps", "%.3f"),
-               {"ours/raw", 9, [](const cadence_bench::row& j) {
-                  return formatted("%.2f", j.at("raw_us").get<double>() / j.at("ours_us").get<double>());
-                }},
+               cadence_bench::ratio_column("ours/raw", 9, "raw_us", "ours_us", "%.2f"),
                {"added us", 10, [](const cadence_bench::row& j) {
                   return formatted("%.2f", j.at("ours_us").get<double>() - j.at("raw_us").get<double>());
                 }}};

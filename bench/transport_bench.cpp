@@ -191,9 +191,7 @@ int print(const std::vector<row>& rows, const config& cfg) {
                number_column("ours us", 12, "ours_us", "%.2f"),
                number_column("raw busbw", 10, "raw_busbw", "%.3f"),
                number_column("ours busbw", 10, "ours_busbw", "%.3f"),
-               {"ours/raw", 8, [](const cadence_bench::row& j) {
-                  return cadence_bench::formatted("%.2f", j.at("ours_us").get<double>() / j.at("raw_us").get<double>());
-                }}};
+               cadence_bench::ratio_column("ours/raw", 8, "ours_us", "raw_us", "%.2f")};
   cadence_bench::print(out, cfg, t);
   return 0;
 }

@@ -39,6 +39,15 @@ inline column number_column(std::string header, int width, std::string key, cons
   return {std::move(header), width, [key, fmt](const row& r) { return formatted(fmt, r.at(key).get<double>()); }};
 }
 
+/// A column that prints scale * row[top] / row[bottom] with printf's `fmt`: a ratio of two
+/// measurements ("ours/raw").
+inline column ratio_column(std::string header, int width, std::string top, std::string bottom, const char* fmt,
+                           double scale = 1) {
+  return {std::move(header), width, [=](const row& r) {
+            return formatted(fmt, scale * r.at(top).get<double>() / r.at(bottom).get<double>());
+          }};
+}
+
 /// A column that prints row[key] as it is (a string, or an integer).
 inline column text_column(std::string header, int width, std::string key) {
   return {std::move(header), width, [key](const row& r) {
