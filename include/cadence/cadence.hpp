@@ -1,8 +1,10 @@
-// Cadence: synchronization policies for distributed deep-learning training.
-// The umbrella header: what a trainer needs (controllers, the blocking runtime, predictors,
-// ZipLine). It includes no CUDA, Thrust, MPI or NCCL. Opt-in: <cadence/sim.hpp> (the cluster
-// simulator), <cadence/io.hpp> (push-history files), <cadence/thrust/zipline.hpp>
-// (cadence::thrust).
+/// \file
+/// \ingroup core
+/// Cadence: synchronization policies for distributed deep-learning training.
+/// The umbrella header: what a trainer needs (controllers, the blocking runtime, predictors,
+/// ZipLine). It includes no CUDA, Thrust, MPI or NCCL. Opt-in: <cadence/sim.hpp> (the cluster
+/// simulator), <cadence/io.hpp> (push-history files), <cadence/thrust/zipline.hpp>
+/// (cadence::thrust).
 #pragma once
 
 #include <cadence/core/error.hpp>

@@ -1,5 +1,7 @@
-// The cluster simulator, opt-in (not part of <cadence/cadence.hpp>): scenarios, the
-// discrete-event simulator that drives the real controllers, its metrics and reports.
+/// \file
+/// \ingroup sim
+/// The cluster simulator, opt-in (not part of <cadence/cadence.hpp>): scenarios, the
+/// discrete-event simulator that drives the real controllers, its metrics and reports.
 #pragma once
 
 #include <cadence/sim/collective.hpp>

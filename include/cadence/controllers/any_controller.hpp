@@ -1,5 +1,7 @@
-// A type-erased synchronization controller, for trainers that choose the policy at run time
-// (from a config string, see make_controller.hpp) rather than at compile time.
+/// \file
+/// \ingroup controllers
+/// A type-erased synchronization controller, for trainers that choose the policy at run time
+/// (from a config string, see make_controller.hpp) rather than at compile time.
 #pragma once
 
 #include <cadence/controllers/controller.hpp>
@@ -14,6 +16,8 @@
 #include <vector>
 
 namespace cadence {
+/// \addtogroup controllers
+/// @{
 
 /// Where a controller that synchronises in supersteps stands (ElasticBSP: free-running
 /// monitoring, then a planned barrier). Read it with supersteps(c), for any controller.
@@ -61,9 +65,11 @@ std::optional<superstep_status> supersteps(const C& c) {
 
 /// Holds any synchronization_controller by value. One virtual call per push on top of the
 /// policy's own cost; use the concrete class directly when the policy is fixed at compile time.
-/// Copying deep-copies the held controller.
+/// Copying deep-copies the held controller. The concept's calls and supersteps() forward to
+/// the held controller and throw what it throws, or invalid_parameter_error when empty.
 class any_controller {
 public:
+  /// Empty, until a controller is assigned.
   any_controller() = default;
 
   /// Takes any synchronization_controller by value. Constrained (not a static_assert) so
@@ -73,6 +79,9 @@ public:
   any_controller(C&& controller)  // NOLINT: implicit on purpose, like std::function
       : self_(std::make_unique<model<std::decay_t<C>>>(std::forward<C>(controller))) {}
 
+  ///@{
+  /// A copy holds its own copy of the controller, state included; a moved-from
+  /// any_controller is empty.
   any_controller(const any_controller& other) : self_(other.self_ ? other.self_->clone() : nullptr) {}
   any_controller(any_controller&&) noexcept = default;
   any_controller& operator=(const any_controller& other) {
@@ -80,30 +89,46 @@ public:
     return *this;
   }
   any_controller& operator=(any_controller&&) noexcept = default;
+  ///@}
 
+  /// True when it holds a controller.
   explicit operator bool() const noexcept { return self_ != nullptr; }
 
+  /// Worker p finished an iteration at time t: whether p proceeds, and whom the push released.
   decision push(worker_id p, timestamp t) { return self().push(p, t); }
   /// Forwards the hint that p will push soon (cadence::prefetch); a no-op when empty or when
   /// the held controller takes no hint.
   void prefetch(worker_id p) const noexcept {
     if (self_) self_->prefetch(p);
   }
+  /// Removes worker p (it left or died); returns whom that released.
   span<const worker_id> remove_worker(worker_id p) { return self().remove_worker(p); }
+  /// Adds a worker; returns its id, the next unused one.
   worker_id add_worker() { return self().add_worker(); }
+  /// Worker ids issued so far, active or removed.
   std::size_t worker_capacity() const { return self().worker_capacity(); }
+  /// Pushes worker p has made (a joiner starts at the slowest active clock).
   clock_value clock(worker_id p) const { return self().clock(p); }
+  /// Whether p was issued and not removed.
   bool is_active(worker_id p) const { return self().is_active(p); }
+  /// Whether p pushed and waits to be released.
   bool is_waiting(worker_id p) const { return self().is_waiting(p); }
+  /// Workers issued and not removed.
   std::size_t active_workers() const { return self().active_workers(); }
+  /// The slowest active worker's clock.
   clock_value min_clock() const { return self().min_clock(); }
+  /// clock(p) - min_clock(): how far p is ahead of the slowest active worker.
   clock_value staleness(worker_id p) const { return self().staleness(p); }
+  /// The largest staleness over active workers now.
   clock_value max_staleness() const { return self().max_staleness(); }
+  /// Whom the waiting worker p waits for, so a timeout can name the stragglers.
   std::vector<worker_id> waiting_for(worker_id p) const { return self().waiting_for(p); }
+  /// The config string that make_controller() parses back into this policy.
   std::string config() const { return self().config(); }
   /// The held controller's superstep status (see cadence::supersteps), nullopt if it has none.
   std::optional<superstep_status> supersteps() const { return self().supersteps(); }
 
+  ///@{
   /// The held controller if it is a C (as std::function::target), else nullptr.
   template <class C>
   C* target() noexcept {
@@ -115,6 +140,7 @@ public:
     auto* m = dynamic_cast<const model<C>*>(self_.get());
     return m ? &m->value : nullptr;
   }
+  ///@}
 
 private:
   struct concept_base;
@@ -172,4 +198,5 @@ private:
   std::unique_ptr<concept_base> self_;
 };
 
+/// @}
 }  // namespace cadence

@@ -1,5 +1,7 @@
-// The synchronization-controller concept: what a policy must offer so that trainers, the
-// blocking wrapper, any_controller and the simulator can drive it interchangeably.
+/// \file
+/// \ingroup controllers
+/// The synchronization-controller concept: what a policy must offer so that trainers, the
+/// blocking wrapper, any_controller and the simulator can drive it interchangeably.
 #pragma once
 
 #include <cadence/core/types.hpp>
@@ -11,6 +13,8 @@
 #include <vector>
 
 namespace cadence {
+/// \addtogroup controllers
+/// @{
 
 // Bounds on the parameters that size a controller's memory. Every controller checks them
 // where it accepts the parameter (constructor, add_worker, make_controller), so a typo fails
@@ -33,27 +37,6 @@ inline constexpr std::size_t max_history = 1024;
 /// max_workers with the default history of 16 fits exactly; only a long history on a very
 /// large cluster reaches it.
 inline constexpr std::size_t max_history_entries = std::size_t{1} << 24;
-
-// A type C is a synchronization controller when, for `C& c`, `const C& cc`, worker_id p and
-// timestamp t:
-//  1. c.push(p, t) -> decision. The only hot-path call: after worker p's push at time t, whether
-//     p proceeds and whom the push released. Time is an argument so decisions replay exactly.
-//  2. c.remove_worker(p) -> span<const worker_id>. A dead or departing worker must release
-//     whoever waited only for it, or training deadlocks.
-//  3. c.add_worker() -> worker_id. Elastic clusters grow; the new id is returned, not chosen,
-//     so ids stay dense and per-worker state can live in vectors.
-//  4. cc.worker_capacity() (ids issued so far), cc.clock(p), cc.is_active(p), cc.is_waiting(p), cc.active_workers(), cc.min_clock(),
-//     cc.staleness(p), cc.max_staleness(): introspection for tests, metrics and debugging.
-//  5. cc.waiting_for(p) -> std::vector<worker_id>: whom a waiting worker waits for, so a
-//     timeout can name the stragglers instead of just failing.
-//  6. cc.config() -> std::string: the string make_controller() parses back into this policy,
-//     so a run can be reported and reproduced.
-// Optional, not part of the concept: cc.prefetch(p), a hint that p will push soon (every
-// shipped controller has it; call it through cadence::prefetch below, which accepts any
-// controller).
-// The shipped controllers also promise, without the concept being able to check it: a call
-// that throws (push, remove_worker, add_worker) leaves the controller exactly as it was, so a
-// trainer that catches the error can report it and carry on, or retry.
 
 namespace detail {
 template <class C, class = void>
@@ -103,18 +86,42 @@ void prefetch(const C& c, worker_id p) noexcept {
   if constexpr (detail::has_prefetch<C>::value) c.prefetch(p);
 }
 
-/// C++17 form of the concept.
+/// True when C is a synchronization controller: for `C& c`, `const C& cc`, worker_id p and
+/// timestamp t,
+///  1. c.push(p, t) -> decision. The only hot-path call: after worker p's push at time t, whether
+///     p proceeds and whom the push released. Time is an argument so decisions replay exactly.
+///  2. c.remove_worker(p) -> span<const worker_id>. A dead or departing worker must release
+///     whoever waited only for it, or training deadlocks.
+///  3. c.add_worker() -> worker_id. Elastic clusters grow; the new id is returned, not chosen,
+///     so ids stay dense and per-worker state can live in vectors.
+///  4. cc.worker_capacity() (ids issued so far), cc.clock(p), cc.is_active(p), cc.is_waiting(p),
+///     cc.active_workers(), cc.min_clock(), cc.staleness(p), cc.max_staleness(): introspection
+///     for tests, metrics and debugging.
+///  5. cc.waiting_for(p) -> std::vector<worker_id>: whom a waiting worker waits for, so a
+///     timeout can name the stragglers instead of just failing.
+///  6. cc.config() -> std::string: the string make_controller() parses back into this policy,
+///     so a run can be reported and reproduced.
+///
+/// Optional, not part of the concept: cc.prefetch(p), a hint that p will push soon (every
+/// shipped controller has it; call it through cadence::prefetch, which accepts any
+/// controller).
+/// The shipped controllers also promise, without the concept being able to check it: a call
+/// that throws (push, remove_worker, add_worker) leaves the controller exactly as it was, so a
+/// trainer that catches the error can report it and carry on, or retry.
 template <class C>
 inline constexpr bool is_synchronization_controller_v = detail::is_controller_impl<C>::value;
 
 #if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+/// C++20 spelling of is_synchronization_controller_v (same numbered requirements).
 template <class C>
 concept synchronization_controller = is_synchronization_controller_v<C>;
 #endif
 
+/// @}
 }  // namespace cadence
 
 /// Use in templates that take a controller: names the library and the misused type.
+/// \ingroup controllers
 #define CADENCE_REQUIRE_CONTROLLER(C)                                                          \
   static_assert(::cadence::is_synchronization_controller_v<C>,                                 \
                 "cadence: " #C " does not model synchronization_controller (see "              \

@@ -1,9 +1,11 @@
-// Dynamic Stale Synchronous Parallel (Zhao, An, Liu, Chen; ICDCS 2019): SSP whose threshold
-// adapts at run time within [s_L, s_U] from the workers' latest iteration intervals.
-//
-// When to pick it: workers of different speeds and no good guess for SSP's s. The fastest
-// worker, once s_L ahead, is granted r* extra iterations chosen so that its next push lands
-// as close as possible to a push of the slowest worker, which shortens its wait.
+/// \file
+/// \ingroup controllers
+/// Dynamic Stale Synchronous Parallel (Zhao, An, Liu, Chen; ICDCS 2019): SSP whose threshold
+/// adapts at run time within [s_L, s_U] from the workers' latest iteration intervals.
+///
+/// When to pick it: workers of different speeds and no good guess for SSP's s. The fastest
+/// worker, once s_L ahead, is granted r* extra iterations chosen so that its next push lands
+/// as close as possible to a push of the slowest worker, which shortens its wait.
 #pragma once
 
 #include <cadence/controllers/detail/controller_base.hpp>
@@ -20,6 +22,8 @@
 #include <vector>
 
 namespace cadence {
+/// \addtogroup controllers
+/// @{
 
 namespace detail {
 
@@ -195,10 +199,13 @@ public:
   }
   /// How many times the synchronization controller granted r* > 0.
   std::size_t grants() const noexcept { return grants_; }
+  /// s_L: a worker at most this far ahead of the slowest always proceeds.
   clock_value lower_bound() const noexcept { return s_lower_; }
+  /// s_U: the bound the extra iterations never take a worker past.
   clock_value upper_bound() const noexcept { return s_upper_; }
   /// The staleness no worker ever exceeds when it starts an iteration: s_U.
   clock_value staleness_bound() const noexcept { return s_upper_; }
+  /// The predictor of push times, shared by every worker.
   const P& predictor() const noexcept { return predictor_; }
   /// "dssp:<s_L>:<s_U>", followed by ":<predictor>" unless it is the default last_interval.
   std::string config() const {
@@ -287,4 +294,5 @@ private:
 /// DSSP with the paper's last-interval predictor.
 using dssp = basic_dssp<last_interval>;
 
+/// @}
 }  // namespace cadence

@@ -1,10 +1,12 @@
-// ElasticBSP (Zhao et al., ICDM 2019): workers run asynchronously between barriers, and each
-// barrier is placed where the predicted spread of arrival times is smallest (ZipLine).
-//
-// When to pick it: heterogeneous or jittery workers where BSP wastes time waiting and ASP's
-// unbounded staleness hurts accuracy. It bounds the work between two barriers (monitoring
-// pushes plus at most R), not the clock gap: a worker twice as fast runs about twice as many
-// iterations per superstep, so c_p - c_min grows without bound, as under ASP.
+/// \file
+/// \ingroup controllers
+/// ElasticBSP (Zhao et al., ICDM 2019): workers run asynchronously between barriers, and each
+/// barrier is placed where the predicted spread of arrival times is smallest (ZipLine).
+///
+/// When to pick it: heterogeneous or jittery workers where BSP wastes time waiting and ASP's
+/// unbounded staleness hurts accuracy. It bounds the work between two barriers (monitoring
+/// pushes plus at most R), not the clock gap: a worker twice as fast runs about twice as many
+/// iterations per superstep, so c_p - c_min grows without bound, as under ASP.
 #pragma once
 
 #include <cadence/controllers/detail/controller_base.hpp>
@@ -19,15 +21,19 @@
 #include <vector>
 
 namespace cadence {
+/// \addtogroup controllers
+/// @{
 
 /// The current ElasticBSP plan, for observability.
 struct elastic_plan {
   /// False during monitoring (no barrier planned yet).
   bool planned = false;
+  ///@{
   /// Predicted time of the barrier (the latest chosen push) and the predicted spread of the
   /// chosen pushes (the fastest worker's predicted wait).
   timestamp barrier = 0;
   timestamp spread = 0;
+  ///@}
   /// Time at which the plan was made.
   timestamp planned_at = 0;
   /// Per worker id: pushes still to make before waiting at the barrier (0 for a worker that
@@ -252,10 +258,15 @@ public:
   }
   /// The largest per-superstep iteration count of any worker so far.
   std::size_t max_superstep_iterations() const noexcept { return max_superstep_; }
+  /// True while no barrier is planned: every push proceeds (see cadence::supersteps).
   bool is_monitoring() const noexcept { return !planned_; }
+  /// R: the most pushes predicted per worker, so the farthest a barrier is planned ahead.
   std::size_t lookahead() const noexcept { return lookahead_; }
+  /// The predictor of push times, shared by every worker.
   const P& predictor() const noexcept { return predictor_; }
+  /// The ZipLine variant that places the barriers.
   zipline_variant variant() const noexcept { return variant_; }
+  /// "elastic:<R>:<predictor>:<variant>", every field spelled out, for make_controller().
   std::string config() const {
     return "elastic:" + std::to_string(lookahead_) + ":" + std::string(predictor_.name()) + ":" +
            std::string(to_string(variant_));
@@ -411,4 +422,5 @@ private:
 /// ElasticBSP with a predictor chosen at run time (the form make_controller builds).
 using elastic_bsp = basic_elastic_bsp<any_predictor<timestamp>>;
 
+/// @}
 }  // namespace cadence

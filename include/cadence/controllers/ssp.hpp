@@ -1,11 +1,13 @@
-// Stale Synchronous Parallel (Ho et al., NIPS 2013) and its two limits: BSP = SSP(0), a
-// barrier every iteration, and ASP = SSP(infinity), no waiting at all.
-//
-// When to pick which:
-// - bsp: the model is sensitive to staleness or workers are nearly identical (waiting is cheap).
-// - ssp: workers differ a little and you know a staleness your model tolerates.
-// - asp: throughput matters most and the model tolerates arbitrarily stale weights.
-// If you cannot guess s, prefer dssp (adapts within [s_L, s_U]) or elastic (predicts barriers).
+/// \file
+/// \ingroup controllers
+/// Stale Synchronous Parallel (Ho et al., NIPS 2013) and its two limits: BSP = SSP(0), a
+/// barrier every iteration, and ASP = SSP(infinity), no waiting at all.
+///
+/// When to pick which:
+/// - bsp: the model is sensitive to staleness or workers are nearly identical (waiting is cheap).
+/// - ssp: workers differ a little and you know a staleness your model tolerates.
+/// - asp: throughput matters most and the model tolerates arbitrarily stale weights.
+/// If you cannot guess s, prefer dssp (adapts within [s_L, s_U]) or elastic (predicts barriers).
 #pragma once
 
 #include <cadence/controllers/detail/controller_base.hpp>
@@ -14,6 +16,8 @@
 #include <vector>
 
 namespace cadence {
+/// \addtogroup controllers
+/// @{
 
 /// SSP(s): after its push, worker p proceeds iff c_p - c_min <= s; otherwise it waits and is
 /// released as soon as c_min rises enough. Every push and removal is O(1) amortised.
@@ -71,6 +75,7 @@ public:
   }
 
 protected:
+  /// For bsp and asp: the bound s, and the name config() reports instead of "ssp:<s>".
   ssp(std::size_t workers, clock_value s, const char* kind) : controller_base(kind, workers), s_(s) {
     if (s < 0)
       throw invalid_parameter_error("cadence::ssp: staleness bound s must be >= 0, got " +
@@ -84,6 +89,7 @@ private:
 /// Bulk Synchronous Parallel: a barrier after every iteration. Decides exactly like ssp(0).
 class bsp : public ssp {
 public:
+  /// n workers with ids 0..n-1, all at clock 0.
   explicit bsp(std::size_t workers) : ssp(workers, 0, "bsp") {}
 };
 
@@ -91,7 +97,9 @@ public:
 /// and still tracks clocks so staleness can be observed.
 class asp : public ssp {
 public:
+  /// n workers with ids 0..n-1, all at clock 0.
   explicit asp(std::size_t workers) : ssp(workers, unbounded_staleness, "asp") {}
 };
 
+/// @}
 }  // namespace cadence

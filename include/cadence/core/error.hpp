@@ -1,11 +1,15 @@
-// Cadence's exception hierarchy: every error the library throws derives from cadence::error,
-// and each message carries the context a user needs to act (worker, clock, bound, file:line).
+/// \file
+/// \ingroup core
+/// Cadence's exception hierarchy: every error the library throws derives from cadence::error,
+/// and each message carries the context a user needs to act (worker, clock, bound, file:line).
 #pragma once
 
 #include <stdexcept>
 #include <string>
 
 namespace cadence {
+/// \addtogroup core
+/// @{
 
 /// Base of every exception Cadence throws.
 class error : public std::runtime_error {
@@ -70,4 +74,5 @@ public:
   using error::error;
 };
 
+/// @}
 }  // namespace cadence

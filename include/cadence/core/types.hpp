@@ -1,5 +1,7 @@
-// Vocabulary types shared by every controller: worker ids, clocks, timestamps, and the
-// decision a controller returns after each event.
+/// \file
+/// \ingroup core
+/// Vocabulary types shared by every controller: worker ids, clocks, timestamps, and the
+/// decision a controller returns after each event.
 #pragma once
 
 #include <cadence/core/span.hpp>
@@ -8,6 +10,8 @@
 #include <limits>
 
 namespace cadence {
+/// \addtogroup core
+/// @{
 
 /// Dense worker id: a controller built for n workers issues ids 0..n-1, add_worker() the next.
 using worker_id = std::uint32_t;
@@ -31,4 +35,5 @@ struct decision {
   span<const worker_id> released;
 };
 
+/// @}
 }  // namespace cadence

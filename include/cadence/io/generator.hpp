@@ -1,5 +1,7 @@
-// A synthetic push-history generator like the ElasticBSP authors' published one: each worker
-// pushes at its own constant interval from a random start. Seeded and library-independent.
+/// \file
+/// \ingroup io
+/// A synthetic push-history generator like the ElasticBSP authors' published one: each worker
+/// pushes at its own constant interval from a random start. Seeded and library-independent.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -13,6 +15,8 @@
 #include <vector>
 
 namespace cadence {
+/// \addtogroup io
+/// @{
 
 /// Parameters of generate_push_history.
 struct generator_options {
@@ -70,4 +74,5 @@ inline push_history<std::int64_t> generate_push_history(const generator_options&
   return h;
 }
 
+/// @}
 }  // namespace cadence

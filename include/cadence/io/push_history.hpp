@@ -1,6 +1,8 @@
-// Reading and writing push histories in the ElasticBSP authors' published generator format:
-// one worker per line, `id:t1,t2,...,tk,` with integer millisecond timestamps (or decimal
-// numbers, read as floating point). Reading is bounded, so any input fails fast or fits.
+/// \file
+/// \ingroup io
+/// Reading and writing push histories in the ElasticBSP authors' published generator format:
+/// one worker per line, `id:t1,t2,...,tk,` with integer millisecond timestamps (or decimal
+/// numbers, read as floating point). Reading is bounded, so any input fails fast or fits.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -27,6 +29,8 @@
 #include <vector>
 
 namespace cadence {
+/// \addtogroup io
+/// @{
 
 /// Push timestamps of n workers, ordered by ascending worker id; rows may differ in length
 /// (each has at least one timestamp). Stored ragged: values plus n + 1 offsets, so rows()
@@ -40,8 +44,10 @@ class push_history {
                 "milliseconds) or a floating-point type (decimal timestamps)");
 
 public:
+  /// The timestamp type.
   using value_type = T;
 
+  /// No workers.
   push_history() = default;
 
   /// Takes ragged storage directly: ids strictly ascending, offsets.size() == ids.size() + 1,
@@ -84,6 +90,7 @@ public:
 
   /// Number of workers.
   std::size_t size() const noexcept { return ids_.size(); }
+  /// True when it holds no worker.
   bool empty() const noexcept { return ids_.empty(); }
   /// Worker ids, ascending; ids()[p] is the id of row p.
   const std::vector<std::int64_t>& ids() const noexcept { return ids_; }
@@ -91,17 +98,23 @@ public:
   span<const T> row(std::size_t p) const noexcept {
     return span<const T>(values_.data() + offsets_[p], offsets_[p + 1] - offsets_[p]);
   }
+  ///@{
+  /// The ragged storage: row p is values()[offsets()[p]] up to values()[offsets()[p + 1]].
   const std::vector<T>& values() const noexcept { return values_; }
   const std::vector<std::size_t>& offsets() const noexcept { return offsets_; }
+  ///@}
   /// All rows as a ragged rows_view (valid while this object lives and is not modified).
   rows_view<T> rows() const noexcept {
     return rows_view<T>::ragged(values_.data(), offsets_.data(), ids_.size());
   }
 
+  ///@{
+  /// Equal when a and b hold the same ids with the same timestamps.
   friend bool operator==(const push_history& a, const push_history& b) {
     return a.ids_ == b.ids_ && a.values_ == b.values_ && a.offsets_ == b.offsets_;
   }
   friend bool operator!=(const push_history& a, const push_history& b) { return !(a == b); }
+  ///@}
 
 private:
   std::vector<std::int64_t> ids_;
@@ -122,7 +135,7 @@ inline constexpr std::size_t push_history_max_timestamps = 200'000'000;
 /// and the bound.
 struct push_history_read_options {
   std::size_t max_line_length = push_history_max_line_length;  ///< bytes, line end excluded
-  std::size_t max_workers = push_history_max_workers;
+  std::size_t max_workers = push_history_max_workers;  ///< lines that hold a worker
   std::size_t max_timestamps = push_history_max_timestamps;  ///< over all workers
   /// Fewest timestamps a worker may have (>= 1); a predictor needs min_history() of them.
   std::size_t min_timestamps = 1;
@@ -515,4 +528,5 @@ void write_push_history_file(const std::string& path, const push_history<T>& h) 
   if (!out) throw parse_error("cadence::write_push_history: error writing '" + path + "'");
 }
 
+/// @}
 }  // namespace cadence

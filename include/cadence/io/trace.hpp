@@ -1,5 +1,7 @@
-// Iteration traces: per-worker, per-iteration compute times (and optionally push and pull
-// costs) recorded on a real cluster, as CSV; the reader, the writer, and the push times they imply.
+/// \file
+/// \ingroup io
+/// Iteration traces: per-worker, per-iteration compute times (and optionally push and pull
+/// costs) recorded on a real cluster, as CSV; the reader, the writer, and the push times they imply.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -21,27 +23,33 @@
 #include <vector>
 
 namespace cadence {
+/// \addtogroup io
+/// @{
 
-/// One iteration of one worker, in seconds. `start` is when the worker began computing it
-/// (since the run began, on that worker's clock); `compute` how long computing took, without
-/// any waiting; `push` the time from the end of compute to the push's arrival at the server;
-/// `pull` the time from the server's go-ahead to the worker starting its next compute. The
-/// gap start[k+1] - (start[k] + compute[k] + push[k] + pull[k]) is the wait the policy of the
+/// One iteration of one worker, in seconds. The gap
+/// start[k+1] - (start[k] + compute[k] + push[k] + pull[k]) is the wait the policy of the
 /// recorded run imposed: replays ignore it and let the replayed policy decide the waits.
 struct trace_iteration {
+  /// When the worker began computing it (since the run began, on that worker's clock).
   double start = 0;
+  /// How long computing took, without any waiting.
   double compute = 0;
+  /// From the end of compute to the push's arrival at the server.
   double push = 0;
+  /// From the server's go-ahead to the worker starting its next compute.
   double pull = 0;
 };
 
-/// What a cluster's workers did per iteration: workers 0..n-1, each with at least one
-/// iteration, in the order they ran. has_costs: the trace records push and pull per iteration
-/// (otherwise they are 0 here and a replay takes them from elsewhere).
+/// What a cluster's workers did per iteration.
 struct iteration_trace {
+  /// workers[p]: worker p's iterations in the order it ran them (at least one), for workers
+  /// 0..n-1.
   std::vector<std::vector<trace_iteration>> workers;
+  /// The trace records push and pull per iteration (otherwise they are 0 here and a replay
+  /// takes them from elsewhere).
   bool has_costs = false;
 
+  /// Number of workers.
   std::size_t size() const noexcept { return workers.size(); }
   /// Iterations of all workers together.
   std::size_t iterations() const noexcept {
@@ -58,8 +66,10 @@ struct trace_read_options {
   std::size_t max_iterations = 100'000'000;  ///< rows of all workers together
 };
 
-/// The two header lines the reader accepts (the writer writes the second when has_costs).
+/// The header line of a trace without push and pull costs; the reader accepts it and
+/// trace_header_with_costs.
 inline constexpr std::string_view trace_header = "worker,start,compute";
+/// The header line of a trace with costs, which the writer writes when has_costs.
 inline constexpr std::string_view trace_header_with_costs = "worker,start,compute,push,pull";
 
 namespace detail {
@@ -278,4 +288,5 @@ inline push_history<double> trace_push_times(const iteration_trace& tr) {
   return h;
 }
 
+/// @}
 }  // namespace cadence

@@ -1,5 +1,7 @@
-// any_predictor: a type-erased predictor with value semantics, and make_predictor, which
-// builds one from a config string ("last", "mean:k", "median:k", "ewma:alpha").
+/// \file
+/// \ingroup predict
+/// any_predictor: a type-erased predictor with value semantics, and make_predictor, which
+/// builds one from a config string ("last", "mean:k", "median:k", "ewma:alpha").
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -17,6 +19,8 @@
 #include <utility>
 
 namespace cadence {
+/// \addtogroup predict
+/// @{
 
 /// Holds any predictor of T timestamps (is_predictor_v<P, T>) by value: copies copy the
 /// predictor. Construction and copies allocate; predict() does not (one virtual call).
@@ -43,10 +47,14 @@ class any_predictor {
   };
 
 public:
+  /// The timestamp type it predicts.
   using value_type = T;
 
+  /// last_interval, the paper's predictor.
   any_predictor() : self_(std::make_unique<model_t<last_interval>>(last_interval{})) {}
 
+  /// Holds a copy of predictor p; a P that is not a predictor of T fails to compile with a
+  /// static_assert naming the requirements.
   template <class P, class D = std::decay_t<P>,
             class = std::enable_if_t<!std::is_same_v<D, any_predictor>>>
   any_predictor(P&& p) : self_(std::make_unique<model_t<D>>(std::forward<P>(p))) {
@@ -55,6 +63,9 @@ public:
                   "(predict(span<const T>, size_t, T*) const, min_history(), name(), copyable)");
   }
 
+  ///@{
+  /// A copy holds its own copy of the predictor. A moved-from any_predictor may only be
+  /// assigned to or destroyed.
   any_predictor(const any_predictor& o) : self_(o.self_->clone()) {}
   any_predictor(any_predictor&& o) noexcept = default;
   any_predictor& operator=(const any_predictor& o) {
@@ -62,13 +73,16 @@ public:
     return *this;
   }
   any_predictor& operator=(any_predictor&& o) noexcept = default;
+  ///@}
   ~any_predictor() = default;
 
   /// Writes the next r push times after history into out[0..r); see is_predictor_v.
   void predict(span<const T> history, std::size_t r, T* out) const {
     self_->predict(history, r, out);
   }
+  /// The held predictor's min_history().
   std::size_t min_history() const { return self_->min_history(); }
+  /// The held predictor's config string ("last", "median:5", ...).
   std::string name() const { return self_->name(); }
 
 private:
@@ -125,4 +139,5 @@ any_predictor<T> make_predictor(std::string_view spec) {
   detail::bad_predictor_spec(spec, "unknown predictor");
 }
 
+/// @}
 }  // namespace cadence

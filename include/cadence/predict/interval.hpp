@@ -1,5 +1,7 @@
-// The interval predictors: the paper's last_interval and the robust mean_interval,
-// median_interval and ewma. Each extrapolates the worker's push interval linearly.
+/// \file
+/// \ingroup predict
+/// The interval predictors: the paper's last_interval and the robust mean_interval,
+/// median_interval and ewma. Each extrapolates the worker's push interval linearly.
 #pragma once
 
 #include <cadence/core/detail/bits.hpp>
@@ -19,6 +21,8 @@
 #include <type_traits>
 
 namespace cadence {
+/// \addtogroup predict
+/// @{
 
 namespace detail {
 
@@ -64,6 +68,9 @@ inline std::string format_double(double v) {
 /// but also to a single outlier).
 class last_interval {
 public:
+  /// Writes the r push times after history (oldest first) into out[0..r), as is_predictor_v
+  /// requires: throws invalid_parameter_error for fewer than min_history() times, time_error
+  /// for a non-finite or decreasing history or a prediction T cannot hold.
   template <class T>
   void predict(span<const T> history, std::size_t r, T* out) const {
     detail::check_history(history, min_history(), "last_interval");
@@ -73,7 +80,9 @@ public:
     for (std::size_t i = 0; i < r; ++i) out[i] = detail::advance(t, i + 1, step, "last_interval");
     detail::make_strictly_increasing(t, out, r, "last_interval");
   }
+  /// Two push times: the fewest that hold an interval.
   static constexpr std::size_t min_history() noexcept { return 2; }
+  /// "last": the config string make_predictor parses back into this predictor.
   std::string name() const { return "last"; }
 };
 
@@ -83,9 +92,13 @@ public:
 /// stationary iteration times.
 class mean_interval {
 public:
+  /// Averages the last k intervals; throws invalid_parameter_error for k = 0.
   explicit mean_interval(std::size_t k) : k_(k) {
     if (k == 0) throw invalid_parameter_error("cadence::mean_interval: k must be >= 1, got 0");
   }
+  /// Writes the r push times after history (oldest first) into out[0..r), as is_predictor_v
+  /// requires: throws invalid_parameter_error for fewer than min_history() times, time_error
+  /// for a non-finite or decreasing history or a prediction T cannot hold.
   template <class T>
   void predict(span<const T> history, std::size_t r, T* out) const {
     detail::check_history(history, min_history(), "mean_interval");
@@ -118,8 +131,11 @@ public:
     }
     detail::make_strictly_increasing(t, out, r, "mean_interval");
   }
+  /// Two push times: the fewest that hold an interval.
   static constexpr std::size_t min_history() noexcept { return 2; }
+  /// "mean:K": the config string make_predictor parses back into this predictor.
   std::string name() const { return "mean:" + std::to_string(k_); }
+  /// The most intervals averaged.
   std::size_t k() const noexcept { return k_; }
 
 private:
@@ -133,13 +149,18 @@ private:
 /// predict never allocates.
 class median_interval {
 public:
+  /// The largest k: the size of the stack buffer predict sorts in.
   static constexpr std::size_t max_k = 64;
 
+  /// The median of the last k intervals; throws invalid_parameter_error unless 1 <= k <= max_k.
   explicit median_interval(std::size_t k) : k_(k) {
     if (k == 0 || k > max_k)
       throw invalid_parameter_error("cadence::median_interval: k must be in [1, " +
                                     std::to_string(max_k) + "], got " + std::to_string(k));
   }
+  /// Writes the r push times after history (oldest first) into out[0..r), as is_predictor_v
+  /// requires: throws invalid_parameter_error for fewer than min_history() times, time_error
+  /// for a non-finite or decreasing history or a prediction T cannot hold.
   template <class T>
   void predict(span<const T> history, std::size_t r, T* out) const {
     detail::check_history(history, min_history(), "median_interval");
@@ -160,8 +181,11 @@ public:
       out[i] = detail::advance_half(t, i + 1, a, b, "median_interval");
     detail::make_strictly_increasing(t, out, r, "median_interval");
   }
+  /// Two push times: the fewest that hold an interval.
   static constexpr std::size_t min_history() noexcept { return 2; }
+  /// "median:K": the config string make_predictor parses back into this predictor.
   std::string name() const { return "median:" + std::to_string(k_); }
+  /// The most intervals whose median is taken.
   std::size_t k() const noexcept { return k_; }
 
 private:
@@ -174,11 +198,16 @@ private:
 /// Pick it when iteration times drift (alpha near 1 follows fast, near 0 smooths hard).
 class ewma {
 public:
+  /// Weight alpha on the newest interval; throws invalid_parameter_error unless
+  /// 0 < alpha <= 1 (alpha = 1 is last_interval computed in floating point).
   explicit ewma(double alpha) : alpha_(alpha) {
     if (!(alpha > 0.0 && alpha <= 1.0))
       throw invalid_parameter_error("cadence::ewma: alpha must be in (0, 1], got " +
                                     detail::format_double(alpha));
   }
+  /// Writes the r push times after history (oldest first) into out[0..r), as is_predictor_v
+  /// requires: throws invalid_parameter_error for fewer than min_history() times, time_error
+  /// for a non-finite or decreasing history or a prediction T cannot hold.
   template <class T>
   void predict(span<const T> history, std::size_t r, T* out) const {
     using F = std::conditional_t<std::is_same_v<T, long double>, long double, double>;
@@ -206,8 +235,12 @@ public:
     }
     detail::make_strictly_increasing(t, out, r, "ewma");
   }
+  /// Two push times: the fewest that hold an interval.
   static constexpr std::size_t min_history() noexcept { return 2; }
+  /// "ewma:ALPHA" with the shortest decimal that reads back as alpha, so make_predictor
+  /// rebuilds this predictor exactly.
   std::string name() const { return "ewma:" + detail::format_double(alpha_); }
+  /// The weight on the newest interval.
   double alpha() const noexcept { return alpha_; }
 
 private:
@@ -218,4 +251,5 @@ static_assert(is_predictor_v<last_interval, double> && is_predictor_v<mean_inter
                   is_predictor_v<median_interval, float> && is_predictor_v<ewma, int>,
               "cadence: the built-in predictors must satisfy is_predictor_v");
 
+/// @}
 }  // namespace cadence

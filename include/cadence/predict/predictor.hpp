@@ -1,5 +1,7 @@
-// What a push-time predictor is: the C++17 trait is_predictor_v and the C++20 concept
-// cadence::predictor, plus the checks and the strictly-increasing rule every predictor shares.
+/// \file
+/// \ingroup predict
+/// What a push-time predictor is: the C++17 trait is_predictor_v and the C++20 concept
+/// cadence::predictor, plus the checks and the strictly-increasing rule every predictor shares.
 #pragma once
 
 #include <cadence/core/detail/bits.hpp>
@@ -19,6 +21,8 @@
 #endif
 
 namespace cadence {
+/// \addtogroup predict
+/// @{
 
 namespace detail {
 
@@ -133,4 +137,5 @@ void make_strictly_increasing(T last, T* out, std::size_t r, const char* who) {
 }
 
 }  // namespace detail
+/// @}
 }  // namespace cadence

@@ -1,6 +1,8 @@
-// A thread-safe wrapper that turns a pure controller into a blocking one for in-process
-// training: each worker thread calls push() after its update and blocks until released, and
-// finish() when it is done; optionally, a worker that falls silent is evicted.
+/// \file
+/// \ingroup runtime
+/// A thread-safe wrapper that turns a pure controller into a blocking one for in-process
+/// training: each worker thread calls push() after its update and blocks until released, and
+/// finish() when it is done; optionally, a worker that falls silent is evicted.
 #pragma once
 
 #include <cadence/controllers/controller.hpp>
@@ -18,6 +20,8 @@
 #include <vector>
 
 namespace cadence {
+/// \addtogroup runtime
+/// @{
 
 /// How a blocking_controller watches over its workers.
 struct blocking_options {
@@ -31,6 +35,7 @@ struct blocking_options {
 
 /// A worker blocking_controller evicted for silence.
 struct eviction {
+  /// The evicted worker.
   worker_id worker = 0;
   /// Its clock (pushes made) when it was evicted.
   clock_value clock = 0;
@@ -68,8 +73,11 @@ class blocking_controller {
   CADENCE_REQUIRE_CONTROLLER(C);
 
 public:
+  /// The clock of the controller's timestamps and of the silence deadlines.
   using clock_type = Clock;
 
+  /// Takes the controller; its timestamps, and its workers' silence, count from now on Clock.
+  /// Throws invalid_parameter_error for an evict_after that is not positive.
   explicit blocking_controller(C controller, blocking_options options = {})
       : controller_(std::move(controller)), options_(options), start_(Clock::now()) {
     if (options_.evict_after) {
@@ -172,6 +180,7 @@ public:
     return evictions_;
   }
 
+  /// The options it was built with.
   const blocking_options& options() const noexcept { return options_; }
 
   /// Calls f(const C&) under the lock: consistent introspection while workers run.
@@ -344,4 +353,5 @@ private:
   std::vector<eviction> evictions_;
 };
 
+/// @}
 }  // namespace cadence

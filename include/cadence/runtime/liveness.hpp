@@ -1,6 +1,8 @@
-// Who has gone silent: per-worker last-heard times and the workers silent past a deadline.
-// Pure (time is an argument), so the in-process blocking wrapper and a server that hears from
-// workers over a network apply one liveness rule, and tests can replay it exactly.
+/// \file
+/// \ingroup runtime
+/// Who has gone silent: per-worker last-heard times and the workers silent past a deadline.
+/// Pure (time is an argument), so the in-process blocking wrapper and a server that hears from
+/// workers over a network apply one liveness rule, and tests can replay it exactly.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -16,6 +18,8 @@
 #include <vector>
 
 namespace cadence {
+/// \addtogroup runtime
+/// @{
 
 /// Where a worker stands with a liveness_tracker.
 enum class liveness_state : unsigned char {
@@ -72,7 +76,9 @@ Time add_saturated(const Time& t, const D& d) {
 template <class Time = timestamp>
 class liveness_tracker {
 public:
+  /// The time type of heard() and silent().
   using time_type = Time;
+  /// A difference of two times: what the deadline is.
   using duration = std::decay_t<decltype(std::declval<const Time&>() - std::declval<const Time&>())>;
 
   /// Workers silent for at least `deadline` (> 0) are reported.
@@ -82,6 +88,7 @@ public:
                                     std::to_string(detail::liveness_seconds(deadline)) + " s");
   }
 
+  /// The silence after which a watched worker is reported.
   duration deadline() const noexcept { return deadline_; }
 
   /// Worker p was heard from at t: it is watched, and its silence counts from t.
@@ -120,6 +127,7 @@ public:
     state_[p] = liveness_state::untracked;
   }
 
+  /// Where p stands; untracked for an id never heard from.
   liveness_state state(worker_id p) const noexcept {
     return p < state_.size() ? state_[p] : liveness_state::untracked;
   }
@@ -189,4 +197,5 @@ private:
   std::optional<Time> latest_;
 };
 
+/// @}
 }  // namespace cadence

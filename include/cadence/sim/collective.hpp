@@ -1,5 +1,7 @@
-// A simulated all-reduce cluster for the collective adapters: BSP, periodic averaging and
-// ElasticBSP over collectives (the elastic_planner the averager runs) on a scenario's step times.
+/// \file
+/// \ingroup sim
+/// A simulated all-reduce cluster for the collective adapters: BSP, periodic averaging and
+/// ElasticBSP over collectives (the elastic_planner the averager runs) on a scenario's step times.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -21,29 +23,36 @@
 #include <vector>
 
 namespace cadence::sim {
+/// \addtogroup sim
+/// @{
 
 /// Totals of one collective mode on one scenario. Times are simulated seconds.
 struct collective_metrics {
   std::string mode;      ///< "bsp", "periodic:<k>" or the elastic planner's canonical config
-  std::string scenario;
-  std::uint64_t seed = 0;
-  std::size_t workers = 0;
+  std::string scenario;      ///< scenario name
+  std::uint64_t seed = 0;    ///< the scenario's seed, so the run can be repeated
+  std::size_t workers = 0;   ///< ranks
   double simulated_seconds = 0;  ///< from t = 0 to the end of the last merge counted
   std::uint64_t steps = 0;       ///< local steps of all ranks
-  double steps_per_second = 0;
+  double steps_per_second = 0;   ///< steps / simulated_seconds
+  ///@{
   /// Seconds ranks sat at a barrier waiting for the slowest, and its share of rank time.
   double wait_seconds = 0;
   double wait_fraction = 0;
+  ///@}
   /// Share of rank time inside the merge all-reduces (barriers x allreduce_seconds).
   double allreduce_fraction = 0;
-  std::uint64_t barriers = 0;
+  std::uint64_t barriers = 0;  ///< merges (one all-reduce each)
+  ///@{
   /// Mean local steps per rank between two barriers, and the most any rank ran.
   double steps_per_barrier = 0;
   std::int64_t max_local_steps = 0;
+  ///@}
   /// ElasticBSP: barriers planned as BSP (warm-up and fallbacks).
   std::uint64_t bsp_barriers = 0;
 };
 
+/// How simulate_collective runs, beside the mode and the scenario.
 struct collective_options {
   /// Seconds of one merge all-reduce; negative: the links' cost (link_allreduce_seconds).
   double allreduce_seconds = -1;
@@ -195,6 +204,8 @@ inline void write_collective_table(std::ostream& os, const std::vector<collectiv
   }
 }
 
+/// One JSON array, one object per run with every field of collective_metrics under its own
+/// name; ends with a newline.
 inline void write_collective_json(std::ostream& os, const std::vector<collective_metrics>& runs) {
   using detail::format_number;
   os << "[";
@@ -213,6 +224,7 @@ inline void write_collective_json(std::ostream& os, const std::vector<collective
   os << "\n]\n";
 }
 
+/// A header row and one row per run, the same fields as write_collective_json.
 inline void write_collective_csv(std::ostream& os, const std::vector<collective_metrics>& runs) {
   using detail::format_number;
   os << "mode,scenario,seed,workers,simulated_seconds,steps,steps_per_second,wait_seconds,"
@@ -225,4 +237,5 @@ inline void write_collective_csv(std::ostream& os, const std::vector<collective_
        << format_number(r.steps_per_barrier) << "," << r.max_local_steps << "," << r.bsp_barriers << "\n";
 }
 
+/// @}
 }  // namespace cadence::sim

@@ -1,5 +1,7 @@
-// The simulator's future-event list: a binary min-heap ordered by (time, insertion order), a
-// total order, so the pop sequence and hence every run is the same under any standard library.
+/// \file
+/// \ingroup sim
+/// The simulator's future-event list: a binary min-heap ordered by (time, insertion order), a
+/// total order, so the pop sequence and hence every run is the same under any standard library.
 #pragma once
 
 #include <cadence/core/types.hpp>
@@ -8,6 +10,8 @@
 #include <vector>
 
 namespace cadence::sim {
+/// \addtogroup sim
+/// @{
 
 /// What happens at an event.
 enum class event_kind : std::uint8_t {
@@ -16,21 +20,28 @@ enum class event_kind : std::uint8_t {
   worker_removed,  ///< the server notices the death and removes the worker from the controller
 };
 
+/// One scheduled event.
 struct event {
-  double time;
-  std::uint64_t seq;  // insertion order: equal times are handled first-in, first-out
-  worker_id worker;
-  event_kind kind;
+  double time;        ///< when it happens, in simulated seconds
+  std::uint64_t seq;  ///< insertion order: equal times are handled first-in, first-out
+  worker_id worker;   ///< whom it happens to
+  event_kind kind;    ///< what happens
 };
 
 /// Min-heap of events. O(log size) per push and pop; nothing allocated once warmed up.
 class event_queue {
 public:
+  /// Room for n events, so a run of at most n pending events never allocates.
   void reserve(std::size_t n) { heap_.reserve(n); }
+  /// True when no event is pending.
   bool empty() const noexcept { return heap_.empty(); }
+  /// Events pending.
   std::size_t size() const noexcept { return heap_.size(); }
+  /// The earliest pending event (the first pushed among equal times); the queue must not be
+  /// empty.
   const event& top() const noexcept { return heap_.front(); }
 
+  /// Schedules event k of worker w at time.
   void push(double time, worker_id w, event_kind k) {
     heap_.push_back(event{time, next_seq_++, w, k});
     std::size_t i = heap_.size() - 1;
@@ -44,6 +55,7 @@ public:
     heap_[i] = e;
   }
 
+  /// Removes and returns top(); the queue must not be empty.
   event pop() {
     const event out = heap_.front();
     const event last = heap_.back();
@@ -73,4 +85,5 @@ private:
   std::uint64_t next_seq_ = 0;
 };
 
+/// @}
 }  // namespace cadence::sim

@@ -1,5 +1,7 @@
-// What a simulated run measures, per run and per worker: throughput, waiting, staleness (the
-// clock gap at start, and updates behind), barriers, superstep sizes, the controller's cost.
+/// \file
+/// \ingroup sim
+/// What a simulated run measures, per run and per worker: throughput, waiting, staleness (the
+/// clock gap at start, and updates behind), barriers, superstep sizes, the controller's cost.
 #pragma once
 
 #include <cadence/core/types.hpp>
@@ -10,9 +12,12 @@
 #include <vector>
 
 namespace cadence::sim {
+/// \addtogroup sim
+/// @{
 
 /// Per-worker totals. Times are simulated seconds.
 struct worker_metrics {
+  /// The worker's group in the scenario (worker_model::label), for reports.
   std::string label;
   /// Pushes the worker made (completed iterations).
   std::uint64_t iterations = 0;
@@ -36,9 +41,9 @@ struct worker_metrics {
 struct run_metrics {
   std::string policy;    ///< controller.config()
   std::string scenario;  ///< scenario name
-  std::uint64_t seed = 0;
+  std::uint64_t seed = 0;    ///< the scenario's seed, so the run can be repeated
   std::size_t workers = 0;  ///< workers at the start
-  std::size_t removed_workers = 0;
+  std::size_t removed_workers = 0;  ///< workers that died and were removed during the run
 
   /// The run's length: the horizon for time-limited runs, else the time of the last push.
   double simulated_seconds = 0;
@@ -71,8 +76,8 @@ struct run_metrics {
   /// n - 1; under asp about n - 1 on average and more behind a straggler.
   /// histogram[k] = pushes k updates behind (bucketed like start_staleness_histogram).
   std::vector<std::uint64_t> updates_behind_histogram;
-  std::uint64_t max_updates_behind = 0;
-  double mean_updates_behind = 0;
+  std::uint64_t max_updates_behind = 0;  ///< the largest k with a push k updates behind
+  double mean_updates_behind = 0;        ///< updates behind, averaged over every push
 
   /// Barriers the policy completed during the run, for policies that count their own
   /// (ElasticBSP, through cadence::supersteps); empty for the others, whose waits end in
@@ -82,6 +87,7 @@ struct run_metrics {
   /// Under bsp every global barrier is one release event (the last arrival releases everyone).
   std::uint64_t release_events = 0;
 
+  ///@{
   /// Superstep policies only (0 otherwise), over every (completed superstep, live worker) pair:
   /// the pushes the worker made between the two barriers, as mean, min and max; the most of
   /// them it made while the superstep was monitoring; and the most it made after the barrier
@@ -92,15 +98,21 @@ struct run_metrics {
   std::uint64_t superstep_iterations_max = 0;
   std::uint64_t superstep_monitoring_max = 0;
   std::uint64_t superstep_planned_max = 0;
+  ///@}
 
+  ///@{
   /// Wall-clock time spent inside controller.push() (not deterministic), and per push.
   double controller_seconds = 0;
   double controller_ns_per_push = 0;
+  ///@}
+  ///@{
   /// Wall-clock time of the whole simulation (not deterministic) and simulated push events
   /// handled per wall-clock second: the simulator's own speed.
   double wall_seconds = 0;
   double events_per_second = 0;
+  ///@}
 
+  /// per_worker[p]: worker p's totals.
   std::vector<worker_metrics> per_worker;
 };
 
@@ -118,4 +130,5 @@ inline std::size_t histogram_quantile(const std::vector<std::uint64_t>& h, doubl
   return h.size() - 1;
 }
 
+/// @}
 }  // namespace cadence::sim

@@ -1,5 +1,7 @@
-// Seeded random numbers for the cluster simulator, with the distributions written out here
-// (Box-Muller and friends) so a seed gives the same run under every standard library.
+/// \file
+/// \ingroup sim
+/// Seeded random numbers for the cluster simulator, with the distributions written out here
+/// (Box-Muller and friends) so a seed gives the same run under every standard library.
 #pragma once
 
 #include <cmath>
@@ -7,6 +9,8 @@
 #include <random>
 
 namespace cadence::sim {
+/// \addtogroup sim
+/// @{
 
 /// SplitMix64's finaliser: spreads one seed into well-separated seeds for independent streams.
 inline std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t stream) noexcept {
@@ -20,6 +24,7 @@ inline std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t stream) noexcept
 /// standard, but std::normal_distribution and the others are not, so they are done by hand.
 class random_stream {
 public:
+  /// The stream a seed names: the same seed gives the same numbers on every platform.
   explicit random_stream(std::uint64_t seed) : engine_(seed) {}
 
   /// Uniform on [0, 1), 53 random bits.
@@ -58,4 +63,5 @@ private:
   bool has_spare_ = false;
 };
 
+/// @}
 }  // namespace cadence::sim

@@ -1,5 +1,7 @@
-// Writes simulation results as a human-readable table, one JSON array, or CSV; the formats
-// cadence-sim prints and docs/plots/*.py read.
+/// \file
+/// \ingroup sim
+/// Writes simulation results as a human-readable table, one JSON array, or CSV; the formats
+/// cadence-sim prints and docs/plots/*.py read.
 #pragma once
 
 #include <cadence/sim/metrics.hpp>
@@ -12,6 +14,8 @@
 #include <vector>
 
 namespace cadence::sim {
+/// \addtogroup sim
+/// @{
 
 namespace detail {
 
@@ -155,4 +159,5 @@ inline void write_table(std::ostream& os, const std::vector<run_metrics>& runs) 
   }
 }
 
+/// @}
 }  // namespace cadence::sim

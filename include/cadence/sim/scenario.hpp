@@ -1,5 +1,7 @@
-// A simulated parameter-server cluster: its workers' iteration-time models, the cost of push
-// and pull, failure detection, how long to run, and the seed.
+/// \file
+/// \ingroup sim
+/// A simulated parameter-server cluster: its workers' iteration-time models, the cost of push
+/// and pull, failure detection, how long to run, and the seed.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -11,6 +13,8 @@
 #include <vector>
 
 namespace cadence::sim {
+/// \addtogroup sim
+/// @{
 
 /// Everything a run depends on except the policy. Physics of one iteration of worker p:
 /// compute (its worker_model), push (push_seconds_of(s, p)) after which the server calls
@@ -18,8 +22,9 @@ namespace cadence::sim {
 /// and computes again; otherwise it idles until an event releases it, then pulls and computes.
 /// All workers start computing at t = 0 from the initial weights.
 struct scenario {
-  std::string name;
-  std::string description;
+  std::string name;         ///< what tools and reports call it
+  std::string description;  ///< one line on what it models
+  /// workers[p]: worker p's iteration-time model; the cluster's size is workers.size().
   std::vector<worker_model> workers;
   /// Time from the end of a worker's compute to the push's arrival at the server, for every
   /// worker without a link of its own (worker_model::push_seconds).
@@ -33,6 +38,7 @@ struct scenario {
   double seconds = 0.0;
   /// ... or, when seconds == 0, until the cluster has made iterations * workers pushes.
   std::uint64_t iterations = 0;
+  /// Seeds every worker's random stream: the same scenario and seed give the same run.
   std::uint64_t seed = 1;
 };
 
@@ -77,4 +83,5 @@ inline void validate(const scenario& s) {
   if (!survivor) fail("every worker fails; at least one must survive the run");
 }
 
+/// @}
 }  // namespace cadence::sim

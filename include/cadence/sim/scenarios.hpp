@@ -1,5 +1,7 @@
-// The named scenarios shared by cadence-sim, the tests, the benchmark and docs/results.md:
-// homogeneous, heterogeneous GPUs, transient stragglers, a 1000-worker cluster, drift, failure.
+/// \file
+/// \ingroup sim
+/// The named scenarios shared by cadence-sim, the tests, the benchmark and docs/results.md:
+/// homogeneous, heterogeneous GPUs, transient stragglers, a 1000-worker cluster, drift, failure.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -11,12 +13,14 @@
 #include <vector>
 
 namespace cadence::sim {
+/// \addtogroup sim
+/// @{
 
 /// One entry of the catalog: its name, default size and what it models.
 struct scenario_info {
-  std::string name;
-  std::size_t default_workers;
-  std::string description;
+  std::string name;             ///< what make_scenario and the tools' --scenario take
+  std::size_t default_workers;  ///< workers when none is asked for
+  std::string description;      ///< one line on what it models
 };
 
 /// The scenario every tool uses when none is named.
@@ -143,4 +147,5 @@ inline scenario make_scenario(std::string_view name, std::size_t workers = 0, st
   return s;
 }
 
+/// @}
 }  // namespace cadence::sim

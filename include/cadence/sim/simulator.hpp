@@ -1,5 +1,7 @@
-// A deterministic discrete-event simulator of a parameter-server cluster that drives a real
-// synchronization controller through its public interface and measures what the policy costs.
+/// \file
+/// \ingroup sim
+/// A deterministic discrete-event simulator of a parameter-server cluster that drives a real
+/// synchronization controller through its public interface and measures what the policy costs.
 #pragma once
 
 #include <cadence/controllers/any_controller.hpp>
@@ -25,6 +27,8 @@
 #include <vector>
 
 namespace cadence::sim {
+/// \addtogroup sim
+/// @{
 
 /// Knobs of a run that do not change its simulated outcome.
 struct run_options {
@@ -85,9 +89,9 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = 
 /// The cost of one iteration of one worker: compute, then push (compute end to the push's
 /// arrival), then, once released, pull (go-ahead to the next compute's start).
 struct iteration_costs {
-  double compute = 0;
-  double push = 0;
-  double pull = 0;
+  double compute = 0;  ///< seconds computing
+  double push = 0;     ///< seconds from the end of compute to the push's arrival
+  double pull = 0;     ///< seconds from the go-ahead to the next compute's start
 };
 
 /// Where the simulated workers' iteration costs come from: each worker's worker_model drawn
@@ -98,10 +102,13 @@ struct iteration_costs {
 /// (a recorded trace that ran out), which ends the run at `now`.
 class model_source {
 public:
+  /// Workers as scenario s models them, each seeded from s.seed; s must outlive the source.
   explicit model_source(const scenario& s) : s_(&s) {
     sampler_.reserve(s.workers.size());
     for (std::size_t p = 0; p < s.workers.size(); ++p) sampler_.emplace_back(s.workers[p], mix_seed(s.seed, p));
   }
+  /// Writes the costs of p's iteration that starts computing at now into out; always true (a
+  /// model never runs out).
   bool next(worker_id p, double now, iteration_costs& out) {
     out.compute = sampler_[p].next(now);
     out.push = push_seconds_of(*s_, p);
@@ -366,4 +373,5 @@ inline run_metrics simulate(std::string_view policy, const scenario& s, const ru
   return simulate(c, s, opt);
 }
 
+/// @}
 }  // namespace cadence::sim

@@ -1,5 +1,7 @@
-// Trace replay: simulated workers whose iteration costs come from a recorded iteration trace
-// (cadence-train --trace, or a user's own cluster logs), so every policy can run on them.
+/// \file
+/// \ingroup sim
+/// Trace replay: simulated workers whose iteration costs come from a recorded iteration trace
+/// (cadence-train --trace, or a user's own cluster logs), so every policy can run on them.
 #pragma once
 
 #include <cadence/controllers/make_controller.hpp>
@@ -17,6 +19,8 @@
 #include <vector>
 
 namespace cadence::sim {
+/// \addtogroup sim
+/// @{
 
 /// How a replay uses the trace.
 struct replay_options {
@@ -24,10 +28,12 @@ struct replay_options {
   /// iterations, at the moment it would start another. true: a worker that has used them all
   /// starts again from its first (the run then needs a length: seconds or iterations).
   bool wrap = false;
+  ///@{
   /// Push and pull cost of every iteration when the trace records none (has_costs false),
   /// or, when >= 0, instead of the recorded ones. < 0: the trace's (0 if it has none).
   double push_seconds = -1;
   double pull_seconds = -1;
+  ///@}
 };
 
 /// The worker model fed from a trace: worker p's k-th iteration computes for the trace's
@@ -37,8 +43,11 @@ struct replay_options {
 /// trace must outlive it.
 class trace_source {
 public:
+  /// Replays trace tr as options o say; tr must outlive the source.
   trace_source(const iteration_trace& tr, const replay_options& o) : tr_(&tr), o_(o), next_(tr.size(), 0) {}
 
+  /// Writes the costs of p's next recorded iteration into out; false when p has used them all
+  /// and o.wrap is false, which ends the run.
   bool next(worker_id p, double /*now*/, iteration_costs& out) {
     const auto& rows = tr_->workers[p];
     std::size_t& k = next_[p];
@@ -136,4 +145,5 @@ inline run_metrics simulate_trace(std::string_view policy, const scenario& s, co
   return simulate_trace(c, s, tr, ro, opt);
 }
 
+/// @}
 }  // namespace cadence::sim

@@ -1,6 +1,8 @@
-// How long a simulated worker takes per iteration: a base time, optional jitter, transient
-// straggler episodes, gradual drift, its own link's push and pull cost and a failure time; and
-// the sampler that draws the iteration times.
+/// \file
+/// \ingroup sim
+/// How long a simulated worker takes per iteration: a base time, optional jitter, transient
+/// straggler episodes, gradual drift, its own link's push and pull cost and a failure time; and
+/// the sampler that draws the iteration times.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -13,6 +15,8 @@
 #include <string>
 
 namespace cadence::sim {
+/// \addtogroup sim
+/// @{
 
 /// Shape of the per-iteration noise around the base time.
 enum class jitter_kind : unsigned char {
@@ -28,6 +32,7 @@ enum class jitter_kind : unsigned char {
 struct worker_model {
   /// Mean compute time of one iteration at t = 0 (a 1080 Ti at 0.10 s, a 1060 at 0.17 s, ...).
   double iteration_seconds = 0.1;
+  /// The shape of the noise (none: every iteration takes the base time).
   jitter_kind jitter = jitter_kind::none;
   /// Standard deviation of the noise relative to the mean (0.05: 5 %).
   double jitter_cv = 0.0;
@@ -43,6 +48,7 @@ struct worker_model {
   /// Simulated time at which the worker dies (infinity: never). A dead worker stops pushing;
   /// the server removes it from the controller after the scenario's failure-detection delay.
   double fails_at = HUGE_VAL;
+  ///@{
   /// This worker's own link, when it differs from the cluster's: seconds for its push to reach
   /// the server and for its pull (a host on a slower link: a network straggler, which is slow
   /// without computing slowly). Unset: the scenario's push_seconds and pull_seconds. Each is
@@ -51,6 +57,7 @@ struct worker_model {
   /// (simulate_collective).
   std::optional<double> push_seconds;
   std::optional<double> pull_seconds;
+  ///@}
   /// Free-form label for reports ("1080Ti", "1060", ...).
   std::string label;
 };
@@ -91,6 +98,7 @@ inline void validate(const worker_model& m, std::size_t p) {
 /// depend on the order in which the simulator handles other workers' events.
 class iteration_sampler {
 public:
+  /// Iterations of model m, drawn from the stream of seed; m must outlive the sampler.
   iteration_sampler(const worker_model& m, std::uint64_t seed) : model_(&m), rng_(seed) {}
 
   /// Compute time of an iteration that starts at simulated time `now`.
@@ -128,4 +136,5 @@ private:
   double straggle_until_ = -HUGE_VAL;
 };
 
+/// @}
 }  // namespace cadence::sim

@@ -1,6 +1,8 @@
-// Which Thrust device system this translation unit targets, and the small portable pieces
-// (host/device macro, stream handle, error translation) that let one source build for CUDA,
-// OpenMP and serial C++. Include a cadence/thrust header only from code built with cadence::thrust.
+/// \file
+/// \ingroup thrust
+/// Which Thrust device system this translation unit targets, and the small portable pieces
+/// (host/device macro, stream handle, error translation) that let one source build for CUDA,
+/// OpenMP and serial C++. Include a cadence/thrust header only from code built with cadence::thrust.
 #pragma once
 
 #include <cadence/core/detail/host_device.hpp>
@@ -23,6 +25,8 @@
 #endif
 
 namespace cadence {
+/// \addtogroup thrust
+/// @{
 
 /// The stream device work is queued on: a cudaStream_t under CUDA (nullptr: the default
 /// stream), and an ignored placeholder on the CPU systems so the same call compiles everywhere.
@@ -55,4 +59,5 @@ inline void cuda_check(cudaError_t status, const char* operation) {
 #endif
 
 }  // namespace detail
+/// @}
 }  // namespace cadence

@@ -1,5 +1,7 @@
-// Device memory a caller keeps between Thrust ZipLine solves, so a controller that re-plans
-// every iteration allocates once: the solver's arrays and Thrust's temporary storage.
+/// \file
+/// \ingroup thrust
+/// Device memory a caller keeps between Thrust ZipLine solves, so a controller that re-plans
+/// every iteration allocates once: the solver's arrays and Thrust's temporary storage.
 #pragma once
 
 #include <cadence/thrust/config.hpp>
@@ -8,6 +10,8 @@
 #include <cstddef>
 
 namespace cadence {
+/// \addtogroup thrust
+/// @{
 
 namespace detail {
 struct thrust_zipline_workspace_access;
@@ -18,9 +22,13 @@ struct thrust_zipline_workspace_access;
 /// further allocation happens. Movable, not copyable; not safe for concurrent use.
 class thrust_zipline_workspace {
 public:
+  /// Holds nothing until the first solve.
   thrust_zipline_workspace() = default;
+  ///@{
+  /// Takes over the memory; the moved-from workspace holds nothing and may be reused.
   thrust_zipline_workspace(thrust_zipline_workspace&&) noexcept = default;
   thrust_zipline_workspace& operator=(thrust_zipline_workspace&&) noexcept = default;
+  ///@}
 
   /// Bytes of device memory currently held.
   std::size_t bytes_reserved() const noexcept {
@@ -52,4 +60,5 @@ struct thrust_zipline_workspace_access {
 };
 }  // namespace detail
 
+/// @}
 }  // namespace cadence

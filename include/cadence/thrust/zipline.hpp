@@ -1,7 +1,9 @@
-// Data-parallel ZipLine on Thrust (sort, scan, search, reduce): one source that runs on the
-// device system of the including translation unit (CUDA, OpenMP or serial C++) and returns
-// exactly zipline_brute_force's answer. Not part of the umbrella header; link cadence::thrust.
-// Every entry point takes its input, then the workspace, then the result, then the stream.
+/// \file
+/// \ingroup thrust
+/// Data-parallel ZipLine on Thrust (sort, scan, search, reduce): one source that runs on the
+/// device system of the including translation unit (CUDA, OpenMP or serial C++) and returns
+/// exactly zipline_brute_force's answer. Not part of the umbrella header; link cadence::thrust.
+/// Every entry point takes its input, then the workspace, then the result, then the stream.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -23,6 +25,8 @@
 #include <vector>
 
 namespace cadence {
+/// \addtogroup thrust
+/// @{
 
 namespace detail {
 /// All of a separate() view's points, row after row, in staging.
@@ -242,4 +246,5 @@ zipline_result<T> zipline_thrust_predicted(const T* previous_push, const T* last
   return out;
 }
 
+/// @}
 }  // namespace cadence

@@ -1,5 +1,7 @@
-// The ZipLine oracle: tries every point as the barrier. Slow (O(N n log R)) and obviously
-// correct, it defines the exact answer (ties included) that every fast variant must return.
+/// \file
+/// \ingroup zipline
+/// The ZipLine oracle: tries every point as the barrier. Slow (O(N n log R)) and obviously
+/// correct, it defines the exact answer (ties included) that every fast variant must return.
 #pragma once
 
 #include <cadence/zipline/result.hpp>
@@ -8,7 +10,11 @@
 #include <algorithm>
 
 namespace cadence {
+/// \addtogroup zipline
+/// @{
 
+/// The exact ZipLine answer for rows, by trying every point as the barrier. For tests and
+/// for checking a faster variant; throws zipline_input_error for input validate() rejects.
 template <class T>
 zipline_result<T> zipline_brute_force(rows_view<T> rows) {
   validate(rows);
@@ -49,4 +55,5 @@ zipline_result<T> zipline_brute_force(rows_view<T> rows) {
   return best;
 }
 
+/// @}
 }  // namespace cadence

@@ -1,7 +1,9 @@
-// cadence::zipline, the ZipLine to call, and zipline_fast, the library's own algorithm that it
-// runs: trim the points that cannot matter, sort the rest in linear time (radix sort on exact
-// integer keys, else a bucket sort), one sliding window. Returns exactly
-// zipline_brute_force's answer. The paper's algorithms are in paper.hpp.
+/// \file
+/// \ingroup zipline
+/// cadence::zipline, the ZipLine to call, and zipline_fast, the library's own algorithm that it
+/// runs: trim the points that cannot matter, sort the rest in linear time (radix sort on exact
+/// integer keys, else a bucket sort), one sliding window. Returns exactly
+/// zipline_brute_force's answer. The paper's algorithms are in paper.hpp.
 #pragma once
 
 #include <cadence/zipline/detail/common.hpp>
@@ -14,6 +16,8 @@
 #include <cadence/zipline/workspace.hpp>
 
 namespace cadence {
+/// \addtogroup zipline
+/// @{
 
 /// The fastest single-core ZipLine: O(N) time when the timestamps have exact keys (below) or
 /// are spread out, O(N log N) worst case on clustered ones; O(N) workspace memory.
@@ -88,4 +92,5 @@ zipline_result<T> zipline(rows_view<T> rows) {
   return zipline_fast(rows);
 }
 
+/// @}
 }  // namespace cadence

@@ -1,8 +1,10 @@
-// The published ZipLine algorithms (Zhao et al., Machine Learning 2021) under their paper's
-// names: zipline_paper (ZipLine, Algorithm 2), zipline_paper_opt (ZipLineOpt, its
-// leftmost-row pruning) and zipline_paper_opt_bs (ZipLineOptBS, binary search through an
-// n x R matrix). They are the reference points for speed ratios; for answers call
-// cadence::zipline (fast.hpp), which returns the same result much faster.
+/// \file
+/// \ingroup zipline
+/// The published ZipLine algorithms (Zhao et al., Machine Learning 2021) under their paper's
+/// names: zipline_paper (ZipLine, Algorithm 2), zipline_paper_opt (ZipLineOpt, its
+/// leftmost-row pruning) and zipline_paper_opt_bs (ZipLineOptBS, binary search through an
+/// n x R matrix). They are the reference points for speed ratios; for answers call
+/// cadence::zipline (fast.hpp), which returns the same result much faster.
 #pragma once
 
 #include <cadence/zipline/detail/common.hpp>
@@ -12,6 +14,8 @@
 #include <cadence/zipline/workspace.hpp>
 
 namespace cadence {
+/// \addtogroup zipline
+/// @{
 
 /// ZipLine as published (Algorithm 2): merge all points on one timeline and scan it with a
 /// set Z of at most one point per row; an arriving point replaces its row's old point, found
@@ -61,4 +65,5 @@ zipline_result<T> zipline_paper_opt_bs(rows_view<T> rows) {
   return detail::solve_with_fresh_workspace<T>(rows, zipline_paper_opt_bs<T>);
 }
 
+/// @}
 }  // namespace cadence

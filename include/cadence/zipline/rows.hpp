@@ -1,6 +1,8 @@
-// Input of a ZipLine search: n rows of strictly increasing predicted push times, stored as a
-// dense n x R matrix, as ragged rows (values plus n+1 offsets) or as separately allocated rows
-// (one pointer per row), and the contract check.
+/// \file
+/// \ingroup zipline
+/// Input of a ZipLine search: n rows of strictly increasing predicted push times, stored as a
+/// dense n x R matrix, as ragged rows (values plus n+1 offsets) or as separately allocated rows
+/// (one pointer per row), and the contract check.
 #pragma once
 
 #include <cadence/core/detail/bits.hpp>
@@ -17,9 +19,10 @@
 #include <string>
 #include <type_traits>
 
-// SSE2 is part of every x86-64 target, so this needs no flag; other targets take the scalar
-// loop. Define CADENCE_ZIPLINE_SSE2 to 0 to force the scalar loop (in every translation unit
-// of a program alike: the inline functions differ).
+/// 1 where the ZipLine searches use SSE2, 0 for the scalar loop. SSE2 is part of every x86-64
+/// target, so this needs no flag; other targets take the scalar loop. Define it to 0 to force
+/// the scalar loop (in every translation unit of a program alike: the inline functions differ).
+/// \ingroup zipline
 #ifndef CADENCE_ZIPLINE_SSE2
 #if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
 #define CADENCE_ZIPLINE_SSE2 1
@@ -32,6 +35,8 @@
 #endif
 
 namespace cadence {
+/// \addtogroup zipline
+/// @{
 
 /// Non-owning view of n rows of timestamps. Rows may have unequal lengths (>= 1 each).
 /// Three layouts share one type so every ZipLine variant takes all of them:
@@ -47,10 +52,14 @@ class rows_view {
                 "cadence::rows_view<T>: T must be an integer or floating-point timestamp type");
 
 public:
+  /// The timestamp type.
   using value_type = T;
 
+  /// No rows (validate() rejects it).
   constexpr rows_view() noexcept = default;
 
+  /// n rows of r points each, row after row in data (n * r points). data must outlive the
+  /// view.
   static constexpr rows_view matrix(const T* data, std::size_t n, std::size_t r) noexcept {
     rows_view v;
     v.values_ = data;
@@ -59,6 +68,9 @@ public:
     return v;
   }
 
+  /// Rows of different lengths in one array: row p is values[offsets[p]] up to
+  /// values[offsets[p+1]] (n + 1 non-decreasing offsets). values and offsets must outlive the
+  /// view.
   static constexpr rows_view ragged(const T* values, const std::size_t* offsets,
                                     std::size_t n) noexcept {
     rows_view v;
@@ -97,6 +109,7 @@ public:
   constexpr const T* row_data(std::size_t p) const noexcept {
     return rows_ ? rows_[p] : values_ + (offsets_ ? offsets_[p] : p * width_);
   }
+  /// Row p, whatever the layout.
   constexpr span<const T> operator[](std::size_t p) const noexcept {
     return span<const T>(row_data(p), row_size(p));
   }
@@ -364,4 +377,5 @@ void validate(rows_view<T> rows) {
                               ", a range the timestamp type cannot represent");
 }
 
+/// @}
 }  // namespace cadence

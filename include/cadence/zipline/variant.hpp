@@ -1,5 +1,7 @@
-// Choosing a ZipLine variant by name at run time (tools, configs, benchmarks) and one
-// dispatcher, zipline_solve, that ElasticBSP calls to plan each barrier without allocating.
+/// \file
+/// \ingroup zipline
+/// Choosing a ZipLine variant by name at run time (tools, configs, benchmarks) and one
+/// dispatcher, zipline_solve, that ElasticBSP calls to plan each barrier without allocating.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -13,6 +15,8 @@
 #include <string_view>
 
 namespace cadence {
+/// \addtogroup zipline
+/// @{
 
 /// The CPU ZipLine variants. All return identical results; they differ only in speed. The
 /// run-time names (to_string, parse_zipline_variant) are the ones configs and command lines
@@ -68,4 +72,5 @@ zipline_result<T> zipline_solve(zipline_variant v, rows_view<T> rows) {
   return out;
 }
 
+/// @}
 }  // namespace cadence

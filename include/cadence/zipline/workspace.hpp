@@ -1,5 +1,7 @@
-// Scratch memory shared by every ZipLine variant, so a controller that plans a barrier per
-// superstep reuses one workspace and its hot loop stops allocating after the first call.
+/// \file
+/// \ingroup zipline
+/// Scratch memory shared by every ZipLine variant, so a controller that plans a barrier per
+/// superstep reuses one workspace and its hot loop stops allocating after the first call.
 #pragma once
 
 #include <cadence/zipline/detail/buffers.hpp>
@@ -7,6 +9,8 @@
 #include <cstddef>
 
 namespace cadence {
+/// \addtogroup zipline
+/// @{
 
 namespace detail {
 struct zipline_workspace_access;
@@ -46,4 +50,5 @@ struct zipline_workspace_access {
 };
 }  // namespace detail
 
+/// @}
 }  // namespace cadence
