@@ -269,30 +269,44 @@ class _Averager(ModelAverager):
     def _merge(self, ps, extras, rule: str, deadline: Deadline, mine: int = 1, total: int = 1,
                anchors: Optional[list] = None) -> list:
         """One all-reduce per (dtype, device) bucket, all started before any is waited for.
-        Parameters come first in each bucket; extras are averaged (or step-weighted) whatever
-        the rule, since a sum of deltas has no meaning for running statistics. Returns each
-        bucket's merged parameter slice (summed_deltas keeps them as the next anchors)."""
+        Returns each bucket's merged parameter slice (summed_deltas keeps them as the next
+        anchors)."""
+        return self._reduce(self._buckets(ps, extras, rule, mine, anchors), rule, deadline, total, anchors)
+
+    def _buckets(self, ps, extras, rule: str, mine: int = 1, anchors: Optional[list] = None) -> list:
+        """The merge's local half, before any communication: the tensors grouped by (dtype,
+        device) and each group flattened into one buffer, parameters first, with this rank's
+        weight (step_weighted) or its delta from the anchor (summed_deltas) applied. Extras
+        are averaged (or step-weighted) whatever the rule, since a sum of deltas has no meaning
+        for running statistics. ElasticBSP builds them while its record all-gather is in
+        flight."""
         ops = _device.ops
-        n = self.world_size
-        buckets: Dict[tuple, list] = {}
+        groups: Dict[tuple, list] = {}
         for role, ts in ((0, ps), (1, extras)):
             for t in ts:
-                b = buckets.setdefault((t.dtype, ops.device_of(t)), [[], 0])
+                b = groups.setdefault((t.dtype, ops.device_of(t)), [[], 0])
                 b[0].append(t)
                 if role == 0:
                     b[1] += t.numel()
-        started = []
-        for bi, ((_, device), (ts, np_)) in enumerate(buckets.items()):
+        out = []
+        for bi, ((_, device), (ts, np_)) in enumerate(groups.items()):
             flat = torch.cat([t.detach().reshape(-1) for t in ts])
             if rule == "step_weighted":
                 flat.mul_(mine)
             elif rule == "summed_deltas":
                 flat[:np_].sub_(anchors[bi])
-            work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group,
-                                   async_op=True)
-            started.append((ts, np_, flat, work, device, bi))
+            out.append((ts, np_, flat, device))
+        return out
+
+    def _reduce(self, buckets, rule: str, deadline: Deadline, total: int = 1,
+                anchors: Optional[list] = None) -> list:
+        """The merge's collective half: every bucket's all-reduce started, then each waited
+        for and written back."""
+        n = self.world_size
+        works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
+                 for _, _, flat, _ in buckets]
         merged = []
-        for ts, np_, flat, work, device, bi in started:
+        for bi, ((ts, np_, flat, device), work) in enumerate(zip(buckets, works)):
             self._wait(work, f"merge all_reduce ({rule})", deadline, device)
             if rule == "step_weighted":
                 flat.div_(total)

@@ -281,8 +281,13 @@ class ElasticModelAverager(_Averager):
         ops = _device.ops
         mine = ops.tensor(row, torch.int64, device)
         gathered = [ops.empty(w + 3, torch.int64, device) for _ in range(self.world_size)]
-        self._wait(dist.all_gather(gathered, mine, group=self.process_group, async_op=True),
-                   "all_gather of the timing records", deadline, device)
+        work = dist.all_gather(gathered, mine, group=self.process_group, async_op=True)
+        # The merge's local half while the records travel (nothing is merged before the checks)
+        rule = self.merge
+        if rule == "summed_deltas" and self._anchor is None:
+            rule = "average"
+        buckets = self._buckets(ps, extras, rule, mine=row[0], anchors=self._anchor)
+        self._wait(work, "all_gather of the timing records", deadline, device)
         rows = torch.stack(gathered).cpu().numpy()
         hashes = rows[:, w]
         if (hashes != hashes[0]).any():
@@ -302,11 +307,8 @@ class ElasticModelAverager(_Averager):
         records = np.ascontiguousarray(rows[:, :w], dtype=np.int64).reshape(-1)
 
         # 2. The merge.
-        rule = self.merge
-        if rule == "summed_deltas" and self._anchor is None:
-            rule = "average"
-        merged = self._merge(ps, extras, rule, deadline, mine=int(records[self.rank * w]),
-                             total=int(records[0::w].sum()), anchors=self._anchor)
+        merged = self._reduce(buckets, rule, deadline, total=int(records[0::w].sum()),
+                              anchors=self._anchor)
         if self.merge == "summed_deltas":
             self._anchor = merged
             self._anchor_sig = [(t.shape, t.dtype, t.device) for t in ps]
