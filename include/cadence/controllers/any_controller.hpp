@@ -72,8 +72,9 @@ public:
   /// Empty, until a controller is assigned.
   any_controller() = default;
 
-  /// Takes any synchronization_controller by value. Constrained (not a static_assert) so
-  /// overloads taking any_controller or, say, a config string resolve as expected.
+  /// Holds controller, any synchronization_controller, by value. Constrained (not a
+  /// static_assert) so overloads taking any_controller or, say, a config string resolve as
+  /// expected.
   template <class C, class = std::enable_if_t<!std::is_same_v<std::decay_t<C>, any_controller> &&
                                               is_synchronization_controller_v<std::decay_t<C>>>>
   any_controller(C&& controller)  // NOLINT: implicit on purpose, like std::function

@@ -80,6 +80,8 @@ public:
   /// (dssp:3:15, r_max = 12); a wider range is ASP in all but name.
   static constexpr clock_value max_extension = clock_value{1} << 16;
 
+  /// `workers` workers at clock 0 under thresholds s_lower (s_L >= 0) and s_upper (s_U >= s_L,
+  /// at most max_extension above it), with `predictor` for every worker.
   /// `history` in [2, cadence::max_history]: how many of each worker's latest push times the
   /// predictor sees (default: 2 for last_interval, which needs no more, else 16); workers x
   /// history <= cadence::max_history_entries. Throws invalid_parameter_error naming the

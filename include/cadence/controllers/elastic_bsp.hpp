@@ -68,6 +68,8 @@ public:
   /// under about 1 GiB; cadence::max_workers with R <= 16 fits.
   static constexpr std::size_t max_plan_points = std::size_t{1} << 24;
 
+  /// `workers` workers at clock 0, their pushes predicted by `predictor` and the barrier placed
+  /// by ZipLine `variant`.
   /// `lookahead` R in [1, max_lookahead] predicted pushes per worker; `history` in
   /// [2, cadence::max_history] is how many of a worker's latest pushes since the barrier the
   /// predictor sees; workers x R <= max_plan_points and workers x history <=
@@ -211,7 +213,8 @@ public:
     return p;
   }
 
-  /// During running: the participating workers that have not reached the barrier yet.
+  /// Whom p waits for during running: the participating workers that have not reached the
+  /// barrier yet.
   std::vector<worker_id> waiting_for(worker_id p) const {
     check_active(p, "waiting_for");
     std::vector<worker_id> out;

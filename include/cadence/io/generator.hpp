@@ -43,8 +43,8 @@ inline std::uint64_t uniform_below(std::mt19937_64& rng, std::uint64_t bound) {
 
 /// Worker p (id p, for p = 0..n-1) draws its interval I_p uniformly from
 /// [interval_lo, interval_hi] and its start S_p uniformly from [0, I_p), in that order, then
-/// pushes at S_p + j * I_p for j = 0..pushes-1. Throws invalid_parameter_error for bad
-/// options (naming the field).
+/// pushes at S_p + j * I_p for j = 0..pushes-1, all fields read from o. Throws
+/// invalid_parameter_error for bad options (naming the field).
 inline push_history<std::int64_t> generate_push_history(const generator_options& o) {
   if (o.workers == 0)
     throw invalid_parameter_error("cadence::generate_push_history: workers must be >= 1");

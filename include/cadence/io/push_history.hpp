@@ -421,6 +421,7 @@ using any_push_history = std::variant<push_history<std::int64_t>, push_history<d
 /// push_history<std::int64_t>; as soon as one timestamp is written as a decimal (with a '.'
 /// or an exponent: `1.25`, `2e3`) every timestamp is read as a double. One pass, so pipes
 /// work too. An integer that does not fit 64 bits is an error in an integer file only.
+/// `source` names the input in messages; `options` bound it as for read_push_history.
 inline any_push_history read_any_push_history(std::istream& in,
                                               std::string_view source = "<stream>",
                                               const push_history_read_options& options = {}) {
@@ -477,8 +478,8 @@ inline any_push_history read_any_push_history(std::istream& in,
   return detail::sort_push_history(s, entries, std::move(integers));
 }
 
-/// Reads a push history from a file; messages name the file. Throws parse_error when the
-/// file cannot be opened.
+/// Reads a push history from the file at path, within options' bounds; messages name the
+/// file. Throws parse_error when the file cannot be opened.
 template <class T = std::int64_t>
 push_history<T> read_push_history_file(const std::string& path,
                                        const push_history_read_options& options = {}) {
@@ -487,8 +488,8 @@ push_history<T> read_push_history_file(const std::string& path,
   return read_push_history<T>(in, path, options);
 }
 
-/// read_any_push_history from a file; messages name the file. Throws parse_error when the
-/// file cannot be opened.
+/// read_any_push_history from the file at path, within options' bounds; messages name the
+/// file. Throws parse_error when the file cannot be opened.
 inline any_push_history read_any_push_history_file(const std::string& path,
                                                    const push_history_read_options& options = {}) {
   std::ifstream in(path);
@@ -496,7 +497,7 @@ inline any_push_history read_any_push_history_file(const std::string& path,
   return read_any_push_history(in, path, options);
 }
 
-/// Writes h in the published format (`id:t1,...,tk,` per line, ascending id), which
+/// Writes h to out in the published format (`id:t1,...,tk,` per line, ascending id), which
 /// read_push_history<T> reads back unchanged: floating-point values in their shortest
 /// round-trip form (a whole number as an integer, so read_any_push_history may read it back
 /// as integers).
@@ -519,7 +520,8 @@ void write_push_history(std::ostream& out, const push_history<T>& h) {
   }
 }
 
-/// Writes h to a file; throws parse_error when the file cannot be written.
+/// Writes h to the file at path (replacing it); throws parse_error when the file cannot be
+/// written.
 template <class T>
 void write_push_history_file(const std::string& path, const push_history<T>& h) {
   std::ofstream out(path);

@@ -101,7 +101,8 @@ inline std::string trace_number(double v) {
 /// iteration must not start before the previous one's compute ended (1 ns of slack for
 /// rounding). Blanks around fields and CRLF line ends are accepted. Throws parse_error
 /// "cadence::read_iteration_trace: SOURCE:LINE: what was wrong" for every violation, and
-/// "SOURCE: ..." for a missing worker or an empty trace.
+/// "SOURCE: ..." for a missing worker or an empty trace, where SOURCE is `source`; `options`
+/// bound the input.
 inline iteration_trace read_iteration_trace(std::istream& in, std::string_view source = "<stream>",
                                             const trace_read_options& options = {}) {
   iteration_trace tr;
@@ -219,14 +220,15 @@ inline iteration_trace read_iteration_trace(std::istream& in, std::string_view s
   return tr;
 }
 
-/// Reads a trace from a file; messages name the file. Throws parse_error when it cannot be opened.
+/// Reads a trace from the file at path, within options' bounds; messages name the file.
+/// Throws parse_error when it cannot be opened.
 inline iteration_trace read_iteration_trace_file(const std::string& path, const trace_read_options& options = {}) {
   std::ifstream in(path);
   if (!in) throw parse_error("cadence::read_iteration_trace: cannot open '" + path + "'");
   return read_iteration_trace(in, path, options);
 }
 
-/// Writes tr in the format read_iteration_trace reads (header, then each worker's rows in
+/// Writes tr to out in the format read_iteration_trace reads (header, then each worker's rows in
 /// order, worker 0 first), every time in its shortest round-trip form, so it reads back
 /// unchanged.
 inline void write_iteration_trace(std::ostream& out, const iteration_trace& tr) {
@@ -256,7 +258,8 @@ inline void write_iteration_trace(std::ostream& out, const iteration_trace& tr) 
   out << text;
 }
 
-/// Writes tr to a file; throws parse_error when the file cannot be written.
+/// Writes tr to the file at path (replacing it); throws parse_error when the file cannot be
+/// written.
 inline void write_iteration_trace_file(const std::string& path, const iteration_trace& tr) {
   std::ofstream out(path);
   if (!out) throw parse_error("cadence::write_iteration_trace: cannot open '" + path + "'");
@@ -264,7 +267,7 @@ inline void write_iteration_trace_file(const std::string& path, const iteration_
   if (!out) throw parse_error("cadence::write_iteration_trace: error writing '" + path + "'");
 }
 
-/// The push times the trace records, as a push history in seconds (worker ids 0..n-1): each
+/// The push times trace tr records, as a push history in seconds (worker ids 0..n-1): each
 /// iteration's push arrives at start + compute + push. They include the waits of the policy
 /// the recorded run used, as any push history from a real run does. Throws time_error if a
 /// worker's push times would decrease (a push cost longer than the next iteration's start

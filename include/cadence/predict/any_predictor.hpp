@@ -108,7 +108,7 @@ inline std::size_t parse_predictor_k(std::string_view spec, std::string_view arg
 
 }  // namespace detail
 
-/// Builds a predictor from its config string, the same string name() returns:
+/// Builds a predictor from its config string spec, the same string name() returns:
 /// "last", "mean:K", "median:K" (K >= 1; median K <= 64) or "ewma:ALPHA" (0 < ALPHA <= 1).
 /// Throws parse_error for malformed strings and invalid_parameter_error for values out of
 /// range (mean:0, ewma:1.5, ...).

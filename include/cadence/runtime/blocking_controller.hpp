@@ -76,8 +76,9 @@ public:
   /// The clock of the controller's timestamps and of the silence deadlines.
   using clock_type = Clock;
 
-  /// Takes the controller; its timestamps, and its workers' silence, count from now on Clock.
-  /// Throws invalid_parameter_error for an evict_after that is not positive.
+  /// Takes the controller, run as options say; its timestamps, and its workers' silence,
+  /// count from now on Clock. Throws invalid_parameter_error for an evict_after that is not
+  /// positive.
   explicit blocking_controller(C controller, blocking_options options = {})
       : controller_(std::move(controller)), options_(options), start_(Clock::now()) {
     if (options_.evict_after) {
@@ -129,7 +130,8 @@ public:
     evict_silent(now);
   }
 
-  /// Resumes waiting after a timeout.
+  /// Resumes waiting after a timeout: blocks until p is released, with push()'s timeout and
+  /// errors; returns at once if p no longer waits.
   void wait_for_release(worker_id p, std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
     std::unique_lock<std::mutex> lock(mutex_);
     const time_point now = Clock::now();

@@ -102,7 +102,8 @@ inline std::size_t fixed_period(std::string_view mode) {
 /// starts after it. ElasticBSP plans with exchange::elastic_planner on the rounded-up integer
 /// microseconds of each step, exactly what elastic_averager does on a real cluster. Worker failures are not modelled (collectives are
 /// fail-stop: the adapters throw). Runs until the scenario's seconds or iterations per worker.
-/// Throws parse_error or invalid_parameter_error for a bad mode or scenario.
+/// `opt` sets the all-reduce cost and a progress callback. Throws parse_error or
+/// invalid_parameter_error for a bad mode or scenario.
 inline collective_metrics simulate_collective(std::string_view mode, const scenario& s,
                                               const collective_options& opt = {}) {
   validate(s);
@@ -189,7 +190,8 @@ inline collective_metrics simulate_collective(std::string_view mode, const scena
   return m;
 }
 
-/// One row per run: mode, steps/s, wait %, all-reduce %, barriers, steps per barrier.
+/// Writes runs to os as an aligned table, one row per run: mode, steps/s, wait %,
+/// all-reduce %, barriers, steps per barrier.
 inline void write_collective_table(std::ostream& os, const std::vector<collective_metrics>& runs) {
   char line[256];
   std::snprintf(line, sizeof line, "%-26s %10s %7s %7s %9s %10s %9s\n", "mode", "steps/s", "wait%",
@@ -204,8 +206,8 @@ inline void write_collective_table(std::ostream& os, const std::vector<collectiv
   }
 }
 
-/// One JSON array, one object per run with every field of collective_metrics under its own
-/// name; ends with a newline.
+/// Writes runs to os as one JSON array, one object per run with every field of
+/// collective_metrics under its own name; ends with a newline.
 inline void write_collective_json(std::ostream& os, const std::vector<collective_metrics>& runs) {
   using detail::format_number;
   os << "[";
@@ -224,7 +226,8 @@ inline void write_collective_json(std::ostream& os, const std::vector<collective
   os << "\n]\n";
 }
 
-/// A header row and one row per run, the same fields as write_collective_json.
+/// Writes runs to os as CSV: a header row and one row per run, the same fields as
+/// write_collective_json.
 inline void write_collective_csv(std::ostream& os, const std::vector<collective_metrics>& runs) {
   using detail::format_number;
   os << "mode,scenario,seed,workers,simulated_seconds,steps,steps_per_second,wait_seconds,"

@@ -116,7 +116,7 @@ struct run_metrics {
   std::vector<worker_metrics> per_worker;
 };
 
-/// The smallest k such that at least fraction q of the histogram's mass is at or below k.
+/// The smallest k such that at least fraction q of histogram h's mass is at or below k.
 inline std::size_t histogram_quantile(const std::vector<std::uint64_t>& h, double q) {
   std::uint64_t total = 0;
   for (auto v : h) total += v;

@@ -12,7 +12,8 @@ namespace cadence::sim {
 /// \addtogroup sim
 /// @{
 
-/// SplitMix64's finaliser: spreads one seed into well-separated seeds for independent streams.
+/// SplitMix64's finaliser: the seed of independent stream number `stream` under one `seed`,
+/// well separated from the others.
 inline std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t stream) noexcept {
   std::uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (stream + 1);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -45,7 +46,7 @@ public:
     return r * std::cos(theta);
   }
 
-  /// Log-normal with the given mean and coefficient of variation (stddev / mean).
+  /// Log-normal with the given mean and coefficient of variation cv (stddev / mean).
   double lognormal(double mean, double cv) noexcept {
     const double sigma2 = std::log1p(cv * cv);
     return mean * std::exp(std::sqrt(sigma2) * normal() - 0.5 * sigma2);

@@ -98,7 +98,8 @@ inline std::string updates_behind_cell(const run_metrics& m) {
 
 }  // namespace detail
 
-/// One JSON array, one object per run, fields as in detail::fields; ends with a newline.
+/// Writes runs to os as one JSON array, one object per run with the keys of cadence-sim --json
+/// (docs/tools.md); ends with a newline.
 inline void write_json(std::ostream& os, const std::vector<run_metrics>& runs) {
   os << "[";
   for (std::size_t i = 0; i < runs.size(); ++i) {
@@ -111,7 +112,8 @@ inline void write_json(std::ostream& os, const std::vector<run_metrics>& runs) {
   os << (runs.empty() ? "]\n" : "\n]\n");
 }
 
-/// A header row and one row per run, same columns as the JSON; null becomes an empty cell.
+/// Writes runs to os as CSV: a header row and one row per run, the same columns as
+/// write_json; null becomes an empty cell.
 inline void write_csv(std::ostream& os, const std::vector<run_metrics>& runs) {
   const auto header = detail::fields(run_metrics{});
   for (std::size_t k = 0; k < header.size(); ++k) os << (k ? "," : "") << header[k].first;
@@ -128,7 +130,8 @@ inline void write_csv(std::ostream& os, const std::vector<run_metrics>& runs) {
   }
 }
 
-/// An aligned comparison table for a terminal; columns as cadence-sim --help explains them.
+/// Writes runs to os as an aligned comparison table for a terminal; columns as cadence-sim
+/// --help explains them.
 /// "-" where a column does not apply to the policy.
 inline void write_table(std::ostream& os, const std::vector<run_metrics>& runs) {
   char line[256];

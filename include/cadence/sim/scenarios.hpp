@@ -76,7 +76,8 @@ inline scenario base_scenario(std::string_view name, std::string description, do
 
 }  // namespace detail
 
-/// Builds the named scenario with `workers` workers (0: its default size). Throws
+/// Builds the named scenario with `workers` workers (0: its default size), its random
+/// streams drawn from `seed`. Throws
 /// invalid_parameter_error for an unknown name (listing the known ones) or a bad size.
 inline scenario make_scenario(std::string_view name, std::size_t workers = 0, std::uint64_t seed = 1) {
   const auto catalog = scenario_catalog();

@@ -81,7 +81,7 @@ enum class phase : unsigned char { working, waiting, dead };
 /// c.remove_worker(p) and resumes whoever it releases. Everything in the result except the controller's wall-clock time is a pure
 /// function of (s, policy). Throws invalid_parameter_error for a bad scenario or a controller
 /// of the wrong size, deadlock_error if the run stops with workers waiting and nothing left to
-/// release them, and whatever the controller throws.
+/// release them, and whatever the controller throws. `opt`: what to measure and report.
 template <class Controller,
           std::enable_if_t<!std::is_convertible_v<Controller&, std::string_view>, int> = 0>
 run_metrics simulate(Controller& c, const scenario& s, const run_options& opt = {});
@@ -121,11 +121,11 @@ private:
   std::vector<iteration_sampler> sampler_;
 };
 
-/// simulate with the iteration costs taken from `source` (model_source, sim::trace_source or
-/// a caller's own) instead of the scenario's worker models; the scenario still gives the
-/// workers' count, labels and failures, the failure-detection delay and the run length. A
-/// source that runs out ends the run when that worker would start its next iteration (or at
-/// the scenario's length, if that comes first).
+/// simulate(c, s, opt) with the iteration costs taken from `source` (model_source,
+/// sim::trace_source or a caller's own) instead of the scenario's worker models; the scenario
+/// still gives the workers' count, labels and failures, the failure-detection delay and the
+/// run length. A source that runs out ends the run when that worker would start its next
+/// iteration (or at the scenario's length, if that comes first).
 template <class Controller, class Source>
 run_metrics simulate_with(Controller& c, const scenario& s, Source& source, const run_options& opt = {}) {
   CADENCE_REQUIRE_CONTROLLER(Controller);
@@ -366,7 +366,8 @@ run_metrics simulate(Controller& c, const scenario& s, const run_options& opt) {
   return simulate_with(c, s, source, opt);
 }
 
-/// Builds the policy from its config string (see make_controller) and runs scenario s.
+/// Builds the policy from its config string (see make_controller) and runs scenario s as
+/// simulate(c, s, opt) does.
 inline run_metrics simulate(std::string_view policy, const scenario& s, const run_options& opt = {}) {
   validate(s);
   any_controller c = make_controller(policy, s.workers.size());

@@ -80,7 +80,7 @@ private:
 /// and pull seconds are the trace's mean costs, and each worker's own push_seconds and
 /// pull_seconds its mean recorded ones (informational for a replay, which pays each row's own;
 /// what simulate would use on this scenario, so a worker on a slow link stays slow there).
-/// Throws invalid_parameter_error for an empty trace.
+/// The scenario is called `name`. Throws invalid_parameter_error for an empty trace.
 inline scenario trace_scenario(const iteration_trace& tr, std::string name = "trace") {
   if (tr.size() == 0) throw invalid_parameter_error("cadence::sim::trace_scenario: the trace has no workers");
   scenario s;
@@ -118,7 +118,8 @@ inline scenario trace_scenario(const iteration_trace& tr, std::string name = "tr
 }
 
 /// Runs controller c (freshly built for s.workers.size() workers) on scenario s with the
-/// iteration costs replayed from tr (see trace_source and replay_options). s is usually
+/// iteration costs replayed from tr as ro says (see trace_source), measured as opt says
+/// (see simulate). s is usually
 /// trace_scenario(tr) with its run length adjusted; the run ends at s's length or, without
 /// wrap, when the first worker runs out, whichever comes first. Throws
 /// invalid_parameter_error when tr and s have different worker counts, or as simulate does.
@@ -137,7 +138,8 @@ run_metrics simulate_trace(Controller& c, const scenario& s, const iteration_tra
   return simulate_with(c, s, source, opt);
 }
 
-/// Builds the policy from its config string (see make_controller) and replays tr on s.
+/// Builds the policy from its config string (see make_controller) and replays tr on s, with
+/// ro and opt as for simulate_trace(c, s, tr, ro, opt).
 inline run_metrics simulate_trace(std::string_view policy, const scenario& s, const iteration_trace& tr,
                                   const replay_options& ro = {}, const run_options& opt = {}) {
   validate(s);

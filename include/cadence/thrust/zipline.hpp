@@ -54,7 +54,8 @@ void zl_rows_to_device(T* dst, rows_view<T> rows, std::vector<T>& staging, devic
 /// exactly zipline_brute_force(rows). Input that breaks the contract throws
 /// zipline_input_error naming the row and index (checked in the solve's first pass, then
 /// reported by validate); device failures throw device_error. Reuses ws's memory; work is
-/// queued on stream (CUDA). On the CPU systems contiguous rows are read in place, not copied.
+/// queued on stream (CUDA); the answer is written to out. On the CPU systems contiguous rows
+/// are read in place, not copied.
 template <class T>
 void zipline_thrust(rows_view<T> rows, thrust_zipline_workspace& ws, zipline_result<T>& out,
                     device_stream stream = nullptr) {
@@ -94,7 +95,7 @@ void zipline_thrust(rows_view<T> rows, thrust_zipline_workspace& ws, zipline_res
   });
 }
 
-/// Convenience form: a fresh workspace, the default stream.
+/// Convenience form: solves rows with a fresh workspace on the default stream.
 template <class T>
 zipline_result<T> zipline_thrust(rows_view<T> rows) {
   thrust_zipline_workspace ws;
@@ -105,7 +106,8 @@ zipline_result<T> zipline_thrust(rows_view<T> rows) {
 
 /// ZipLine on an n x r matrix already in device memory (row p at device_values[p*r ..]); on
 /// the CPU systems "device memory" is ordinary memory. Validated on the device; a violation is
-/// reported as cadence::validate would report it.
+/// reported as cadence::validate would report it. Workspace ws, result out and stream as for
+/// zipline_thrust.
 template <class T>
 void zipline_thrust_device(const T* device_values, std::size_t n, std::size_t r,
                            thrust_zipline_workspace& ws, zipline_result<T>& out,
@@ -117,7 +119,8 @@ void zipline_thrust_device(const T* device_values, std::size_t n, std::size_t r,
 
 /// Solves count independent instances in one pass (one segmented sort by instance, time, row);
 /// out[k] equals zipline_thrust(instances[k]). Pays off for many small instances, where a
-/// single solve is dominated by launch and transfer latency.
+/// single solve is dominated by launch and transfer latency. Workspace ws and stream as for
+/// zipline_thrust.
 template <class T>
 void zipline_thrust_batched(const rows_view<T>* instances, std::size_t count,
                             thrust_zipline_workspace& ws, std::vector<zipline_result<T>>& out,
@@ -191,7 +194,8 @@ void zipline_thrust_batched(const rows_view<T>* instances, std::size_t count,
   });
 }
 
-/// Convenience form of the batched solve.
+/// Convenience form of the batched solve: the count instances with a fresh workspace on the
+/// default stream.
 template <class T>
 std::vector<zipline_result<T>> zipline_thrust_batched(const rows_view<T>* instances,
                                                       std::size_t count) {
@@ -207,6 +211,7 @@ std::vector<zipline_result<T>> zipline_thrust_batched(const rows_view<T>* instan
 /// a prediction not above the one before it (last_push[p] for the first; equal pushes give
 /// a zero interval) becomes the next representable value above that one. The result equals
 /// cadence::last_interval's predictions solved by zipline_thrust; choice[p] = i - 1.
+/// Workspace ws, result out and stream as for zipline_thrust.
 template <class T>
 void zipline_thrust_predicted(const T* previous_push, const T* last_push, std::size_t n,
                               std::size_t r, thrust_zipline_workspace& ws, zipline_result<T>& out,
@@ -236,7 +241,8 @@ void zipline_thrust_predicted(const T* previous_push, const T* last_push, std::s
   detail::zl_solve_device_matrix(static_cast<const T*>(vals), n, r, ws, out, stream, ctx);
 }
 
-/// Convenience form of the predicted solve.
+/// Convenience form of the predicted solve: the r pushes after previous_push and last_push of
+/// n workers, with a fresh workspace on the default stream.
 template <class T>
 zipline_result<T> zipline_thrust_predicted(const T* previous_push, const T* last_push,
                                            std::size_t n, std::size_t r) {

@@ -50,7 +50,8 @@ namespace cadence {
 /// has a later point inside; a window covering every row and ending at B has spread
 /// B - left, which equals d(B) once all points equal to B are in (earlier positions with
 /// the same time only overestimate).
-/// Call it by this name to pin the algorithm (benchmarks); otherwise call cadence::zipline.
+/// Call it by this name to pin the algorithm (benchmarks); otherwise call cadence::zipline,
+/// which takes rows, ws and out alike.
 template <class T>
 void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
   auto& buf = detail::zipline_workspace_access::buffers(ws);
@@ -70,7 +71,7 @@ void zipline_fast(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>
   out.barrier = best.barrier;
 }
 
-/// Convenience overload: allocates a workspace and a result.
+/// Convenience overload: solves rows with a workspace and a result it allocates.
 template <class T>
 zipline_result<T> zipline_fast(rows_view<T> rows) {
   return detail::solve_with_fresh_workspace<T>(rows, zipline_fast<T>);
@@ -86,7 +87,8 @@ void zipline(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out
   zipline_fast(rows, ws, out);
 }
 
-/// Convenience overload: allocates a workspace and a result (reuse them in loops).
+/// Convenience overload: solves rows with a workspace and a result it allocates (reuse them
+/// in loops).
 template <class T>
 zipline_result<T> zipline(rows_view<T> rows) {
   return zipline_fast(rows);

@@ -22,13 +22,14 @@ namespace cadence {
 /// by linear search; when Z holds every row its spread is evaluated and its leftmost point is
 /// dropped. O(N log N + N n) time for N points in n rows (O(R n^2) for n rows of R points).
 /// Pick it only as the reference that other variants are measured against.
+/// Takes rows, ws and out as cadence::zipline does.
 template <class T>
 void zipline_paper(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
   detail::zipline_paper_scan<false>(rows, detail::zipline_workspace_access::buffers(ws), out,
                                     "zipline_paper");
 }
 
-/// Convenience overload: allocates a workspace and a result.
+/// Convenience overload: solves rows with a workspace and a result it allocates.
 template <class T>
 zipline_result<T> zipline_paper(rows_view<T> rows) {
   return detail::solve_with_fresh_workspace<T>(rows, zipline_paper<T>);
@@ -37,13 +38,14 @@ zipline_result<T> zipline_paper(rows_view<T> rows) {
 /// zipline_paper with the paper's pruning: when the arriving point's row owns Z's leftmost
 /// point, that point is popped in O(1) instead of searched for. Same worst case; faster when
 /// rows advance in lock step (equal intervals), where the pruning fires on most arrivals.
+/// Takes rows, ws and out as cadence::zipline does.
 template <class T>
 void zipline_paper_opt(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
   detail::zipline_paper_scan<true>(rows, detail::zipline_workspace_access::buffers(ws), out,
                                    "zipline_paper_opt");
 }
 
-/// Convenience overload: allocates a workspace and a result.
+/// Convenience overload: solves rows with a workspace and a result it allocates.
 template <class T>
 zipline_result<T> zipline_paper_opt(rows_view<T> rows) {
   return detail::solve_with_fresh_workspace<T>(rows, zipline_paper_opt<T>);
@@ -54,12 +56,13 @@ zipline_result<T> zipline_paper_opt(rows_view<T> rows) {
 /// time-ordered Z is found by binary search and marked removed (Z is compacted when its
 /// buffer fills), so each arrival costs O(log n): O(N log N) in all, O(R n log n) for n rows
 /// of R points.
+/// Takes rows, ws and out as cadence::zipline does.
 template <class T>
 void zipline_paper_opt_bs(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
   detail::zipline_paper_opt_bs_scan(rows, detail::zipline_workspace_access::buffers(ws), out);
 }
 
-/// Convenience overload: allocates a workspace and a result.
+/// Convenience overload: solves rows with a workspace and a result it allocates.
 template <class T>
 zipline_result<T> zipline_paper_opt_bs(rows_view<T> rows) {
   return detail::solve_with_fresh_workspace<T>(rows, zipline_paper_opt_bs<T>);

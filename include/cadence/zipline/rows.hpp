@@ -341,9 +341,10 @@ bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps,
 
 }  // namespace detail
 
-/// Checks the ZipLine input contract and throws zipline_input_error naming the offending row
-/// and index: n >= 1, every row non-empty, finite, strictly increasing, and the whole input's
-/// span (largest minus smallest value) representable in T so spreads cannot overflow.
+/// Checks rows against the ZipLine input contract and throws zipline_input_error naming the
+/// offending row and index: n >= 1, every row non-empty, finite, strictly increasing, and the
+/// whole input's span (largest minus smallest value) representable in T so spreads cannot
+/// overflow.
 template <class T>
 void validate(rows_view<T> rows) {
   if (rows.size() == 0) throw zipline_input_error("cadence::zipline: no rows (n = 0)");

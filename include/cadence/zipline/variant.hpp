@@ -39,7 +39,8 @@ constexpr std::string_view to_string(zipline_variant v) noexcept {
   return "unknown";
 }
 
-/// Parses "zipline", "opt", "opt-bs" or "fast" (exact, case-sensitive); throws parse_error
+/// The variant that name spells: "zipline", "opt", "opt-bs" or "fast" (exact,
+/// case-sensitive); throws parse_error
 /// listing the valid names otherwise.
 inline zipline_variant parse_zipline_variant(std::string_view name) {
   for (const auto v : {zipline_variant::paper, zipline_variant::paper_opt,
@@ -63,7 +64,7 @@ void zipline_solve(zipline_variant v, rows_view<T> rows, zipline_workspace<T>& w
   throw invalid_parameter_error("cadence::zipline_solve: invalid zipline_variant value");
 }
 
-/// Convenience overload: allocates a workspace and a result.
+/// Convenience overload: runs variant v on rows with a workspace and a result it allocates.
 template <class T>
 zipline_result<T> zipline_solve(zipline_variant v, rows_view<T> rows) {
   zipline_workspace<T> ws;
