@@ -86,8 +86,8 @@ void prefetch(const C& c, worker_id p) noexcept {
   if constexpr (detail::has_prefetch<C>::value) c.prefetch(p);
 }
 
-/// True when C is a synchronization controller: for `C& c`, `const C& cc`, worker_id p and
-/// timestamp t,
+/// True when C is a synchronization controller. Requirements, each with its reason, for
+/// `C& c`, `const C& cc`, worker_id p and timestamp t:
 ///  1. c.push(p, t) -> decision. The only hot-path call: after worker p's push at time t, whether
 ///     p proceeds and whom the push released. Time is an argument so decisions replay exactly.
 ///  2. c.remove_worker(p) -> span<const worker_id>. A dead or departing worker must release

@@ -110,7 +110,7 @@ inline const char* policy_grammar() {
 }  // namespace detail
 
 /// Builds the policy named by `config` for `workers` workers (ids 0..workers-1):
-/// \verbatim
+/// ```
 ///   bsp                   Bulk Synchronous Parallel
 ///   asp                   Asynchronous Parallel
 ///   ssp:<s>               Stale Synchronous Parallel with staleness bound s >= 0
@@ -121,7 +121,7 @@ inline const char* policy_grammar() {
 ///                         ElasticBSP with lookahead R >= 1; predictor last (default), mean:<k>,
 ///                         median:<k> or ewma:<alpha>; ZipLine variant fast (default), opt-bs,
 ///                         opt or zipline. Example: elastic:15:median:5:opt-bs
-/// \endverbatim
+/// ```
 /// Throws parse_error (unknown policy, wrong field count, non-numbers) or
 /// invalid_parameter_error (values out of range, including the bounds on memory-sizing
 /// parameters such as cadence::max_workers), both naming the offending string.
@@ -176,10 +176,10 @@ inline any_controller make_controller(std::string_view config, std::size_t worke
 
 /// Whether `config` names a collective mode (an averager over all-reduce among the workers)
 /// rather than a parameter-server controller:
-/// \verbatim
+/// ```
 ///   periodic:<k>                               periodic_averager: average every k local steps
 ///   elastic-avg:<R>[:<predictor>][:<variant>]  elastic_averager: ElasticBSP over collectives
-/// \endverbatim
+/// ```
 /// Anything else is make_controller's grammar (which rejects what it does not know). Only the
 /// kind is read here: the fields are checked by what builds the mode.
 inline bool is_collective_config(std::string_view config) noexcept {
