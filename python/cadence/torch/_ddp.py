@@ -12,6 +12,8 @@ import inspect
 import torch
 import torch.distributed as dist
 
+from ._common import InvalidParameterError
+
 DDP = torch.nn.parallel.DistributedDataParallel
 
 # ---- DDP's buffer sync --------------------------------------------------------------------------
@@ -55,20 +57,17 @@ def check_wrapper(here: str, module) -> None:
     """Refuses, by name, the wrappers an averager cannot see through."""
     name = type(module).__name__
     if name == "OptimizedModule":  # what torch.compile(m) returns
-        raise _invalid(f"{here}got the wrapper torch.compile() returned (OptimizedModule): pass "
-                       "the module you compiled (the DDP model, or the plain one) to the averager "
-                       "(module=, sync(), local_step(), register_comm_hook()) and call the "
-                       "compiled one in your step; they share their parameters")
+        raise InvalidParameterError(
+            f"{here}got the wrapper torch.compile() returned (OptimizedModule): pass the module "
+            "you compiled (the DDP model, or the plain one) to the averager (module=, sync(), "
+            "local_step(), register_comm_hook()) and call the compiled one in your step; they "
+            "share their parameters")
     fsdp1 = getattr(getattr(torch.distributed, "fsdp", None), "FullyShardedDataParallel", None)
     if fsdp1 is not None and isinstance(module, fsdp1):
-        raise _invalid(f"{here}FullyShardedDataParallel (FSDP1) is not supported: shard the model "
-                       "with FSDP2's fully_shard() inside each replica group (replica_group=) "
-                       "instead; its DTensor shards are averaged shard by shard across the groups")
-
-
-def _invalid(text: str):
-    from ._common import InvalidParameterError
-    return InvalidParameterError(text)
+        raise InvalidParameterError(
+            f"{here}FullyShardedDataParallel (FSDP1) is not supported: shard the model with "
+            "FSDP2's fully_shard() inside each replica group (replica_group=) instead; its DTensor "
+            "shards are averaged shard by shard across the groups")
 
 
 # ---- DTensor shards -----------------------------------------------------------------------------

@@ -124,6 +124,10 @@ def _scenarios(rank, n):
         flat = ct.PeriodicModelAverager(1, timeout=30)
         flat.step_done()
         out["fsdp2_flat"] = _spawn.error(lambda: flat.sync(model))
+        # FSDP1 needs an accelerator to be built; an instance left unbuilt is enough to be refused
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        out["fsdp1"] = _spawn.error(lambda: ct.ElasticModelAverager(
+            "elastic:4", module=FullyShardedDataParallel.__new__(FullyShardedDataParallel)))
 
     # 3. The communication-hook form. Periodic: the hook all-reduces the gradients in torch's
     #    warm-up (steps 0-3), then hands back local ones; merges at steps 4 and 7.
@@ -251,10 +255,13 @@ def test_hierarchy_ddp_inside_replica_groups_elastic_across(results):
 
 
 @pytest.mark.skipif(not HAS_FSDP2, reason="this torch has no FSDP2 (fully_shard, DeviceMesh) that imports")
-def test_hierarchy_fsdp2_shards_inside_replica_groups_elastic_across(results):
+def test_hierarchy_fsdp2_shards_inside_replica_groups_elastic_across_fsdp1_refused(results):
     _check_hierarchy(results, "fsdp2")
     err = results[0]["fsdp2_flat"]
     assert err is not None and err[1] and "DTensor" in err[2] and "replica_group=" in err[2]
+    err = results[0]["fsdp1"]
+    assert err is not None and err[1] and "FullyShardedDataParallel (FSDP1) is not supported" in err[2]
+    assert "fully_shard()" in err[2]
 
 
 def test_comm_hook_periodic_follows_torchs_recipe(results):
