@@ -4,7 +4,7 @@
 //
 //   ---- the model ----                    any_model: the MLP or softmax regression
 //   ---- the bookkeeping of an exchange -- worker_summary, server_side, push_log, ps options
-//   ---- what a rank keeps ----            the profile, the data and each rank's part of it
+//   ---- what a rank keeps ----            the profile, the data, each rank's part (rank_setup)
 //   ---- the start of a policy ----        its communicator; every rank's start together
 //   ---- serve ----                        rank 0 under a parameter-server policy
 //   ---- work ----                         a worker under a parameter-server policy
