@@ -56,8 +56,12 @@ target_sources(cadence_zmq INTERFACE
   FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/communicator.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/options.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/collectives.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/colls.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/engine.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/ops.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/p2p.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/peers.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/rendezvous.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/sockets.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/wire.hpp)
 

@@ -9,7 +9,7 @@
 #include <cadence/transport/detail/call.hpp>
 #include <cadence/transport/detail/reduce.hpp>
 #include <cadence/transport/algorithms/ring.hpp>
-#include <cadence/transport/zmq/detail/engine.hpp>
+#include <cadence/transport/zmq/detail/colls.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -28,7 +28,7 @@ inline const void* zmq_aligned(const unsigned char* p, std::size_t n, dtype t, s
   return scratch.data();
 }
 
-inline std::string zmq_never_started(const zmq_engine& e, const std::vector<int>& who) {
+inline std::string zmq_never_started(const zmq_colls& e, const std::vector<int>& who) {
   bool absent = false;
   for (int p : who) absent = absent || e.state_of(p) == zmq_peer_state::absent;
   if (absent) return "some have not registered at the rendezvous; the others never started this collective";
@@ -46,13 +46,13 @@ public:
       : zmq_coll_op(kind::allreduce, ci), buf_(static_cast<unsigned char*>(buf)), count_(count), t_(t), op_(op),
         bytes_(count * dtype_size(t)) {}
 
-  void start(zmq_engine& e) override {
+  void start(zmq_colls& e) override {
     got_.resize(static_cast<std::size_t>(e.size()));
     missing_ = e.size() - 1;
     for (int p : e.others()) e.coll_send_copy(*this, p, e.coll_header(*this, p, 0, 0, bytes_), buf_, bytes_);
   }
 
-  void advance(zmq_engine& e) override {
+  void advance(zmq_colls& e) override {
     for (int p = 0; p < e.size() && missing_ > 0; ++p) {
       auto& slot = got_[static_cast<std::size_t>(p)];
       if (p == e.rank() || slot.src >= 0) continue;
@@ -94,7 +94,7 @@ public:
     return !done && p >= 0 && static_cast<std::size_t>(p) < got_.size() && got_[static_cast<std::size_t>(p)].src < 0;
   }
 
-  void awaited(const zmq_engine& e, std::vector<int>& who, std::string& note) const override {
+  void awaited(const zmq_colls& e, std::vector<int>& who, std::string& note) const override {
     for (int p : e.others())
       if (got_[static_cast<std::size_t>(p)].src < 0) who.push_back(p);
     if (who.empty()) {
@@ -131,7 +131,7 @@ public:
       : zmq_coll_op(kind::allreduce, ci), buf_(static_cast<unsigned char*>(buf)), count_(count), t_(t), op_(op),
         esize_(dtype_size(t)) {}
 
-  void start(zmq_engine& e) override {
+  void start(zmq_colls& e) override {
     g_ = {e.size(), e.rank(), count_, esize_, std::max<std::size_t>(e.options().chunk_bytes / 8 * 8, 8)};
     noticed_.assign(static_cast<std::size_t>(g_.n), false);
     noticed_[static_cast<std::size_t>(g_.r)] = true;
@@ -139,7 +139,7 @@ public:
     for (std::size_t k = 0; k < g_.pieces(g_.seg_out(0)); ++k) send_chunk(e, 0, k);
   }
 
-  void advance(zmq_engine& e) override {
+  void advance(zmq_colls& e) override {
     for (int p : e.others()) {
       auto& box = e.inbox(index, p);
       while (!box.empty()) {
@@ -195,7 +195,7 @@ public:
     return false;
   }
 
-  void awaited(const zmq_engine& e, std::vector<int>& who, std::string& note) const override {
+  void awaited(const zmq_colls& e, std::vector<int>& who, std::string& note) const override {
     for (int p : e.others())
       if (!noticed_[static_cast<std::size_t>(p)]) who.push_back(p);
     if (!who.empty()) {
@@ -216,7 +216,7 @@ private:
     const auto i = static_cast<std::size_t>(seg);
     return i < rels.size() && rels[i].outstanding() != 0;
   }
-  void send_chunk(zmq_engine& e, int s, std::size_t k) {
+  void send_chunk(zmq_colls& e, int s, std::size_t k) {
     const int seg = g_.seg_out(s);
     const std::size_t len = g_.piece_len(seg, k);
     e.coll_send_zero_copy(*this, static_cast<std::size_t>(seg), g_.right(),
@@ -250,7 +250,7 @@ public:
     peer = root;
   }
 
-  void start(zmq_engine& e) override {
+  void start(zmq_colls& e) override {
     root_ = e.rank() == peer;
     if (!root_) return;
     const std::size_t chunk = std::max<std::size_t>(e.options().chunk_bytes, 1);
@@ -266,7 +266,7 @@ public:
     }
   }
 
-  void advance(zmq_engine& e) override {
+  void advance(zmq_colls& e) override {
     for (int p : e.others()) {
       if (p == peer) continue;
       auto& box = e.inbox(index, p);
@@ -301,7 +301,7 @@ public:
   // what it sent to a rank that has since gone is dropped, and released, with that rank's socket).
   bool needs(int p) const override { return !done && p == peer && !root_; }
 
-  void awaited(const zmq_engine& e, std::vector<int>& who, std::string& note) const override {
+  void awaited(const zmq_colls& e, std::vector<int>& who, std::string& note) const override {
     if (e.rank() != peer) {
       who = {peer};
       note = e.state_of(peer) == zmq_peer_state::absent ? "it has not registered at the rendezvous"

@@ -114,7 +114,7 @@ struct zmq_coll_sig {
   }
 };
 
-class zmq_engine;
+class zmq_colls;
 
 /// Counts a message in its operation's `queued` while it waits in a queue of the communicator;
 /// it uncounts when the message is taken by ZeroMQ or dropped (destroyed with it).
@@ -146,20 +146,20 @@ private:
 };
 
 /// A collective as a state machine the engine advances on every progress pass: it reads its
-/// messages from the engine's inbox for its index and sends through the engine.
+/// messages from its inbox (zmq_colls, by its index) and sends through it.
 class zmq_coll_op : public zmq_op {
 public:
   zmq_coll_op(kind k, const call_info& ci) : zmq_op(k, ci) {}
   std::uint64_t index = 0;  // 1-based, in issue order: the k-th collective of every rank
   zmq_coll_sig sig;
   /// First step, when the engine takes it (after the index is set).
-  virtual void start(zmq_engine& e) = 0;
+  virtual void start(zmq_colls& e) = 0;
   /// Uses what has arrived; sets done when complete. May mark the communicator failed.
-  virtual void advance(zmq_engine& e) = 0;
+  virtual void advance(zmq_colls& e) = 0;
   /// Whether losing `peer` now leaves it unable to complete.
   virtual bool needs(int peer) const = 0;
   /// Whom it still waits for, for a deadline's message.
-  virtual void awaited(const zmq_engine& e, std::vector<int>& who, std::string& note) const = 0;
+  virtual void awaited(const zmq_colls& e, std::vector<int>& who, std::string& note) const = 0;
 };
 
 }  // namespace cadence::transport::detail

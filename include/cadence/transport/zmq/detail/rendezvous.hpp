@@ -1,0 +1,231 @@
+// The ZeroMQ backend's rendezvous and membership: rank 0 binds a ROUTER where every process
+// registers in its rank slot (hello), gets the slot's next incarnation and the table of the
+// others (welcome), and every live rank hears of each registration (update); a process whose
+// slot a newer one took is told it is cut off (replaced).
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/transport/communicator.hpp>
+#include <cadence/transport/detail/call.hpp>
+#include <cadence/transport/engine/latch.hpp>
+#include <cadence/transport/zmq/detail/peers.hpp>
+#include <cadence/transport/zmq/detail/sockets.hpp>
+#include <cadence/transport/zmq/detail/wire.hpp>
+#include <cadence/transport/zmq/options.hpp>
+
+#include <zmq.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cadence::transport::detail {
+
+/// Owning thread only. Map of its state: rdv_ (rank 0: the ROUTER every process registers at;
+/// elsewhere: a DEALER to it), endpoint_ (its address), slots_ (rank 0: per slot, incarnations
+/// issued and the registered process's rendezvous id), welcomed_ / refused_ (this process's
+/// registration), dirty_ (rdv_ must be read to EAGAIN before its descriptor is trusted).
+class zmq_rendezvous {
+public:
+  zmq_rendezvous(int rank, int size, const zmq_options& o, zmq_sockets& sockets, zmq_peer_table& peers,
+                 failure_latch& latch)
+      : rank_(rank), size_(size), o_(&o), sockets_(&sockets), peers_(&peers), latch_(&latch) {}
+  zmq_rendezvous(const zmq_rendezvous&) = delete;
+  zmq_rendezvous& operator=(const zmq_rendezvous&) = delete;
+
+  /// A process now holds slot p under incarnation `inc` (alive false: rank 0 reported it lost
+  /// already): the engine's adopt().
+  std::function<void(int, std::uint64_t, const std::string&, bool)> adopt;
+  /// This process's welcome came: the engine replays what peers sent before it.
+  std::function<void()> on_welcome;
+
+  /// Rank 0 binds the rendezvous and is registered at once (incarnation 1); every other rank
+  /// connects and registers with its data endpoint.
+  void open(const call_info& c, const std::string& data_endpoint) {
+    data_endpoint_ = data_endpoint;
+    if (rank_ == 0) {
+      rdv_ = sockets_->open(c, ZMQ_ROUTER);
+      zmq_bind_endpoint(c, rdv_, o_->rendezvous, "the rendezvous");
+      endpoint_ = zmq_last_endpoint(rdv_);
+      peers_->set_incarnation(1);
+      slots_.assign(static_cast<std::size_t>(size_), zmq_slot{});
+      slots_[0].issued = 1;
+      welcomed_ = true;
+      if (o_->on_rendezvous_bound) o_->on_rendezvous_bound(endpoint_);
+      return;
+    }
+    rdv_ = sockets_->open(c, ZMQ_DEALER);
+    endpoint_ = o_->rendezvous;
+    if (zmq_connect(rdv_, o_->rendezvous.c_str()) != 0)
+      bad_argument(c, "cannot connect to the rendezvous \"" + o_->rendezvous + "\": " + zmq_reason());
+    zmq_writer w(zmq_rdv_kind::hello);
+    w.put(static_cast<std::int32_t>(rank_)).put(static_cast<std::int32_t>(size_)).put_string(data_endpoint_);
+    send({}, w);
+  }
+
+  void* socket() const noexcept { return rdv_; }
+  bool dirty() const noexcept { return dirty_; }
+  bool welcomed() const noexcept { return welcomed_; }
+  const std::optional<std::string>& refused() const noexcept { return refused_; }
+  const std::string& endpoint() const noexcept { return endpoint_; }
+  void close(int linger) noexcept { sockets_->close(rdv_, linger); }
+
+  /// Takes in every registration (rank 0) or answer and news from rank 0 (the others).
+  void drain() {
+    dirty_ = false;
+    for (;;) {
+      zmq_message first;
+      if (zmq_msg_recv(first.get(), rdv_, ZMQ_DONTWAIT) < 0) return;
+      std::string from;
+      zmq_message body;
+      if (rank_ == 0) {  // ROUTER: the sender's id first
+        if (!first.more()) continue;
+        from.assign(reinterpret_cast<const char*>(first.data()), first.size());
+        if (zmq_msg_recv(body.get(), rdv_, ZMQ_DONTWAIT) < 0) return;
+      } else {
+        body = std::move(first);
+      }
+      while (body.more()) {
+        zmq_message extra;
+        if (zmq_msg_recv(extra.get(), rdv_, ZMQ_DONTWAIT) < 0) break;
+        if (!extra.more()) break;
+      }
+      zmq_reader rd(body.data(), body.size());
+      const auto kind = rd.kind();
+      if (!kind) continue;
+      if (rank_ == 0) {
+        if (*kind == zmq_rdv_kind::hello) on_hello(from, rd);
+      } else {
+        on_news(*kind, rd);
+      }
+    }
+  }
+
+private:
+  struct zmq_slot {
+    std::uint64_t issued = 0;
+    std::string rdv_id;
+  };
+
+  void send(const std::string& to, const zmq_writer& w) {
+    if (rank_ == 0) {
+      zmq_message id(to.size());
+      std::memcpy(id.data(), to.data(), to.size());
+      if (zmq_msg_send(id.get(), rdv_, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) return;
+    }
+    zmq_message m(w.bytes().size());
+    std::memcpy(m.data(), w.bytes().data(), w.bytes().size());
+    zmq_msg_send(m.get(), rdv_, ZMQ_DONTWAIT);
+    dirty_ = true;  // a send may take the descriptor's signal of a message that came in
+  }
+
+  // Rank 0: a process registers in a rank slot. It gets the slot's next incarnation and the
+  // table; every other live rank is told.
+  void on_hello(const std::string& from, zmq_reader& rd) {
+    std::int32_t r = -1, n = -1;
+    std::string endpoint;
+    if (!rd.get(r) || !rd.get(n) || !rd.get_string(endpoint)) return;
+    auto refuse = [&](const std::string& why) {
+      zmq_writer w(zmq_rdv_kind::refused);
+      w.put_string(why);
+      send(from, w);
+    };
+    if (n != size_)
+      return refuse("rank " + std::to_string(r) + " was constructed with size " + std::to_string(n) +
+                    ", rank 0 with size " + std::to_string(size_) +
+                    " (arguments differ across ranks in construction)");
+    if (r <= 0 || r >= size_)
+      return refuse("rank " + std::to_string(r) + " is out of range [1, " + std::to_string(size_) +
+                    ") for a registration (rank 0 is the rendezvous itself)");
+    zmq_slot& slot = slots_[static_cast<std::size_t>(r)];
+    const std::uint64_t inc = ++slot.issued;
+    if (!slot.rdv_id.empty() && slot.rdv_id != from) {
+      zmq_writer w(zmq_rdv_kind::replaced);
+      w.put(inc);
+      send(slot.rdv_id, w);
+    }
+    slot.rdv_id = from;
+    adopt(r, inc, endpoint, true);
+    zmq_writer w(zmq_rdv_kind::welcome);
+    w.put(inc).put(static_cast<std::int32_t>(size_));
+    for (int p = 0; p < size_; ++p) {
+      const bool self = p == 0;
+      w.put(self ? peers_->incarnation() : peers_->at(p).inc);
+      w.put(static_cast<std::uint8_t>(self ? zmq_peer_state::alive : peers_->at(p).state));
+      w.put_string(self ? data_endpoint_ : peers_->at(p).endpoint);
+    }
+    send(from, w);
+    zmq_writer up(zmq_rdv_kind::update);
+    up.put(static_cast<std::int32_t>(r)).put(inc).put_string(endpoint);
+    for (int p = 1; p < size_; ++p)
+      if (p != r && peers_->at(p).state == zmq_peer_state::alive) send(slots_[static_cast<std::size_t>(p)].rdv_id, up);
+  }
+
+  // Ranks other than 0: rank 0's answers and news.
+  void on_news(zmq_rdv_kind kind, zmq_reader& rd) {
+    switch (kind) {
+      case zmq_rdv_kind::welcome: {
+        if (welcomed_) return;
+        std::uint64_t inc = 0;
+        std::int32_t n = 0;
+        if (!rd.get(inc) || !rd.get(n) || n != size_) return;
+        std::vector<std::uint64_t> incs(static_cast<std::size_t>(n));
+        std::vector<std::uint8_t> states(static_cast<std::size_t>(n));
+        std::vector<std::string> endpoints(static_cast<std::size_t>(n));
+        for (std::size_t p = 0; p < incs.size(); ++p)
+          if (!rd.get(incs[p]) || !rd.get(states[p]) || !rd.get_string(endpoints[p])) return;
+        peers_->set_incarnation(inc);
+        welcomed_ = true;
+        for (int p = 0; p < size_; ++p) {
+          const auto i = static_cast<std::size_t>(p);
+          if (incs[i] != 0 && static_cast<zmq_peer_state>(states[i]) != zmq_peer_state::absent)
+            adopt(p, incs[i], endpoints[i], static_cast<zmq_peer_state>(states[i]) == zmq_peer_state::alive);
+        }
+        on_welcome();
+        return;
+      }
+      case zmq_rdv_kind::refused: {
+        std::string why;
+        if (rd.get_string(why)) refused_ = why;
+        return;
+      }
+      case zmq_rdv_kind::update: {
+        std::int32_t r = -1;
+        std::uint64_t inc = 0;
+        std::string endpoint;
+        if (welcomed_ && rd.get(r) && rd.get(inc) && rd.get_string(endpoint)) adopt(r, inc, endpoint, true);
+        return;
+      }
+      case zmq_rdv_kind::replaced: {
+        std::uint64_t inc = 0;
+        if (!rd.get(inc)) return;
+        latch_->record(transport_error("cadence::transport[zmq]: rank " + std::to_string(rank_) + " of " +
+                                       std::to_string(size_) + ": a newer process registered in this rank slot "
+                                       "(incarnation " + std::to_string(inc) + "); this one (incarnation " +
+                                       std::to_string(peers_->incarnation()) + ") is cut off"));
+        return;
+      }
+      case zmq_rdv_kind::hello: return;
+    }
+  }
+
+  const int rank_;
+  const int size_;
+  const zmq_options* o_;
+  zmq_sockets* sockets_;
+  zmq_peer_table* peers_;
+  failure_latch* latch_;
+  void* rdv_ = nullptr;
+  std::string endpoint_;
+  std::string data_endpoint_;
+  std::vector<zmq_slot> slots_;  // rank 0
+  bool welcomed_ = false;
+  bool dirty_ = false;
+  std::optional<std::string> refused_;
+};
+
+}  // namespace cadence::transport::detail
