@@ -1,21 +1,35 @@
 // A trainer that moves bytes over ZeroMQ through the exported cadence::zmq: two ranks as threads,
-// rank 0's rendezvous on a port the system picks, TCP on 127.0.0.1 (started as the benchmarks
-// start theirs: bench/support/backends.hpp, which needs nothing but the standard library).
+// rank 0's rendezvous on a port the system picks, TCP on 127.0.0.1.
 #include <cadence/transport/collectives.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
 
-#include "../../bench/support/backends.hpp"
-
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
+#include <string>
 #include <thread>
 
 int main() {
-  cadence_bench::thread_rendezvous meet;
+  std::mutex m;
+  std::condition_variable bound;
+  std::string rendezvous;
   int ok[2] = {0, 0};
   auto rank = [&](int r) {
     try {
-      const auto options = cadence_bench::zmq_thread_options<cadence::transport::zmq_options>(r, meet);
+      cadence::transport::zmq_options options;
+      if (r == 0) {
+        options.rendezvous = "tcp://127.0.0.1:0";
+        options.on_rendezvous_bound = [&](const std::string& a) {
+          std::lock_guard<std::mutex> lock(m);
+          rendezvous = a;
+          bound.notify_all();
+        };
+      } else {
+        std::unique_lock<std::mutex> lock(m);
+        bound.wait(lock, [&] { return !rendezvous.empty(); });
+        options.rendezvous = rendezvous;
+      }
       cadence::transport::zmq_communicator comm(r, 2, options, std::chrono::seconds(30));
       float g[2] = {2.0f + 2.0f * static_cast<float>(r), 4.0f};
       cadence::transport::allreduce_avg(comm, g, 2, cadence::transport::dtype::f32, std::chrono::seconds(10));
