@@ -83,7 +83,7 @@ TEST_CASE("f16 and bf16 are refused: the host cannot reduce them" * doctest::tim
   auto c = world.join(0);
   std::uint16_t h = 0;
   CHECK_THROWS_WITH_AS(c.allreduce(&h, 1, dtype::bf16, reduce_op::sum, 5s),
-                       doctest::Contains("dtype bf16 has no host reduction"), invalid_parameter_error);
+                       doctest::Contains("dtype bf16 has no host arithmetic"), invalid_parameter_error);
   CHECK_FALSE(c.failed());
 }
 
