@@ -8,8 +8,8 @@
 #include <cadence/core/error.hpp>
 #include <cadence/core/span.hpp>
 #include <cadence/core/types.hpp>
-#include <cadence/exchange/detail/ps_protocol.hpp>
-#include <cadence/exchange/detail/ps_transfer.hpp>
+#include <cadence/exchange/ps/detail/protocol.hpp>
+#include <cadence/exchange/ps/detail/transfer.hpp>
 #include <cadence/runtime/liveness.hpp>
 #include <cadence/transport/communicator.hpp>
 
