@@ -3,7 +3,7 @@
 // the same steps and hash, bit for bit; cadence.torch's averager is built on it.
 #include "bindings.hpp"
 
-#include <cadence/exchange/elastic_averager.hpp>
+#include <cadence/controllers/elastic_planner.hpp>
 
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>

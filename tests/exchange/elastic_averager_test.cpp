@@ -1,6 +1,7 @@
 // cadence/exchange/elastic_averager.hpp over in-process ranks: the shared suite
-// (exchange/collective_suite.hpp; the backends run it too), the planner on its own, and what
-// needs fault injection (a rank stalled by the world, deterministically).
+// (exchange/collective_suite.hpp; the backends run it too) and what needs fault injection (a
+// rank stalled by the world, deterministically). The planner on its own:
+// tests/controllers/elastic_planner_test.cpp.
 #include <cadence/exchange/elastic_averager.hpp>
 #include <cadence/transport/inproc.hpp>
 
@@ -91,29 +92,6 @@ TEST_CASE("the elastic averager on one rank runs R local steps between merges" *
     CHECK(syncs == 1 + 8);  // one warm-up step, then every 5
     CHECK(x[0] == 1.5f);
   });
-}
-
-TEST_CASE("the elastic planner gives a 3x faster rank 3 steps per step of the slow one") {
-  elastic_planner planner("elastic:6", 2, 4);
-  CHECK(planner.record_words() == 6);
-  // Rank 0: 1 step since the barrier, durations 100 us; rank 1: 300 us.
-  const std::vector<std::int64_t> records{1, 2, 100, 100, 0, 0, 1, 2, 300, 300, 0, 0};
-  const elastic_round r = planner.plan(records, 5);
-  CHECK_FALSE(r.warmup);
-  CHECK(r.barrier == 5);
-  CHECK(r.steps == std::vector<std::int64_t>{3, 1});  // both predicted to end at 300 us
-  CHECK(r.predicted_barrier_us == 300);
-  CHECK(r.predicted_spread_us == 0);
-  // Identical inputs, identical plan and hash; any change changes the hash.
-  elastic_planner other("elastic:6", 2, 4);
-  CHECK(other.plan(records, 5).hash == r.hash);
-  CHECK(other.plan(records, 6).hash != r.hash);
-  elastic_planner longer("elastic:7", 2, 4);
-  CHECK(longer.plan(records, 5).hash != r.hash);
-  // Without history on one rank it stays BSP.
-  const std::vector<std::int64_t> cold{1, 0, 0, 0, 0, 0, 1, 2, 300, 300, 0, 0};
-  CHECK(planner.plan(cold, 1).warmup);
-  CHECK_THROWS_AS(planner.plan(span<const std::int64_t>(records.data(), 5), 1), invalid_parameter_error);
 }
 
 TEST_CASE("a sync without tensors still plans" * doctest::timeout(30)) {

@@ -4,8 +4,8 @@
 /// ElasticBSP over collectives (the elastic_planner the averager runs) on a scenario's step times.
 #pragma once
 
+#include <cadence/controllers/elastic_planner.hpp>
 #include <cadence/core/error.hpp>
-#include <cadence/exchange/elastic_averager.hpp>
 #include <cadence/sim/random.hpp>
 #include <cadence/sim/report.hpp>
 #include <cadence/sim/scenario.hpp>
