@@ -271,15 +271,15 @@ class _Averager(ModelAverager):
         """One all-reduce per (dtype, device) bucket, all started before any is waited for.
         Returns each bucket's merged parameter slice (summed_deltas keeps them as the next
         anchors)."""
-        return self._reduce(self._buckets(ps, extras, rule, mine, anchors), rule, deadline, total, anchors)
+        buckets = self._buckets(ps, extras, rule, mine, anchors)
+        return self._reduce(buckets, self._start(buckets), rule, deadline, total, anchors)
 
     def _buckets(self, ps, extras, rule: str, mine: int = 1, anchors: Optional[list] = None) -> list:
-        """The merge's local half, before any communication: the tensors grouped by (dtype,
-        device) and each group flattened into one buffer, parameters first, with this rank's
-        weight (step_weighted) or its delta from the anchor (summed_deltas) applied. Extras
-        are averaged (or step-weighted) whatever the rule, since a sum of deltas has no meaning
-        for running statistics. ElasticBSP builds them while its record all-gather is in
-        flight."""
+        """The merge's local half: the tensors grouped by (dtype, device) and each group
+        flattened into one buffer, parameters first, with this rank's weight (step_weighted) or
+        its delta from the anchor (summed_deltas) applied. Extras are averaged (or
+        step-weighted) whatever the rule, since a sum of deltas has no meaning for running
+        statistics."""
         ops = _device.ops
         groups: Dict[tuple, list] = {}
         for role, ts in ((0, ps), (1, extras)):
@@ -298,13 +298,16 @@ class _Averager(ModelAverager):
             out.append((ts, np_, flat, device))
         return out
 
-    def _reduce(self, buckets, rule: str, deadline: Deadline, total: int = 1,
+    def _start(self, buckets) -> list:
+        """Every bucket's all-reduce, started (none waited for)."""
+        return [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
+                for _, _, flat, _ in buckets]
+
+    def _reduce(self, buckets, works, rule: str, deadline: Deadline, total: int = 1,
                 anchors: Optional[list] = None) -> list:
-        """The merge's collective half: every bucket's all-reduce started, then each waited
-        for and written back."""
+        """The merge's last half: each bucket's all-reduce waited for, scaled and written back
+        into its tensors."""
         n = self.world_size
-        works = [dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
-                 for _, _, flat, _ in buckets]
         merged = []
         for bi, ((ts, np_, flat, device), work) in enumerate(zip(buckets, works)):
             self._wait(work, f"merge all_reduce ({rule})", deadline, device)

@@ -261,8 +261,9 @@ class ElasticModelAverager(_Averager):
         #    latest durations...], then the hash of the plan it followed, its stop flag and the
         #    number of elements it merges. The hash check rides on this all-gather instead of
         #    an all-reduce of its own: the plan made at barrier b is checked at barrier b + 1,
-        #    before anything is merged (the collectives of a sync are the same whatever the
-        #    plan, so a divergent plan cannot mismatch them; it only moves where ranks sync).
+        #    before any merged value is written back (the collectives of a sync are the same
+        #    whatever the plan, so a divergent plan cannot mismatch them; it only moves where
+        #    ranks sync).
         #    In a hierarchy, the members of a replica group first agree on one record and one
         #    stop flag (element-wise maximum: the slowest member's durations), so that the
         #    cross groups, which all-gather the same records, compute the same plan.
@@ -282,11 +283,15 @@ class ElasticModelAverager(_Averager):
         mine = ops.tensor(row, torch.int64, device)
         gathered = [ops.empty(w + 3, torch.int64, device) for _ in range(self.world_size)]
         work = dist.all_gather(gathered, mine, group=self.process_group, async_op=True)
-        # The merge's local half while the records travel (nothing is merged before the checks)
+        # The merge starts while the records travel, so a barrier blocks once, not twice (each
+        # blocking wait costs a wake-up, milliseconds on a loaded machine); nothing merged is
+        # written back before the checks below, and the collectives are the same whatever the
+        # plan, so ranks that disagree still post matching ones.
         rule = self.merge
         if rule == "summed_deltas" and self._anchor is None:
             rule = "average"
         buckets = self._buckets(ps, extras, rule, mine=row[0], anchors=self._anchor)
+        works = self._start(buckets)
         self._wait(work, "all_gather of the timing records", deadline, device)
         rows = torch.stack(gathered).cpu().numpy()
         hashes = rows[:, w]
@@ -307,7 +312,7 @@ class ElasticModelAverager(_Averager):
         records = np.ascontiguousarray(rows[:, :w], dtype=np.int64).reshape(-1)
 
         # 2. The merge.
-        merged = self._reduce(buckets, rule, deadline, total=int(records[0::w].sum()),
+        merged = self._reduce(buckets, works, rule, deadline, total=int(records[0::w].sum()),
                               anchors=self._anchor)
         if self.merge == "summed_deltas":
             self._anchor = merged

@@ -223,6 +223,14 @@ def _scenarios(rank, n):
         if per.average_parameters(q):
             merges.append((step, q[0].tolist()))
     out["checkpoint_periodic"] = dict(merges=merges, barriers=per.barriers, step=per.step)
+
+    # 6. Last (its merge is abandoned in flight: the group is not used after it): ranks that
+    #    would merge different numbers of elements all raise, naming the counts, and their
+    #    tensors are left as they were.
+    a = ct.ElasticModelAverager("elastic:4", timeout=30)
+    a.step_done(0.001)
+    t = [torch.full((3 + rank % 2,), float(rank))]
+    out["sizes"] = (_spawn.error(lambda: a.sync(t)), t[0].tolist())
     return out
 
 
@@ -306,3 +314,11 @@ def test_a_resumed_periodic_run_merges_at_the_same_steps(results):
         assert [s for s, _ in c["merges"]] == [2, 5, 8, 11] and c["barriers"] == 4 and c["step"] == 12
         for s, v in c["merges"]:
             assert v == [float(1.5 + s)] * 2  # the mean of rank + s over 4 ranks
+
+
+def test_ranks_merging_different_sizes_all_raise_and_keep_their_tensors(results):
+    for rank, r in enumerate(results):
+        err, values = r["sizes"]
+        assert err is not None and err[0] == "TransportError", err
+        assert "different numbers of elements at barrier 1 (by rank: 3, 4, 3, 4)" in err[2], err
+        assert values == [float(rank)] * (3 + rank % 2)
