@@ -59,7 +59,8 @@ target_link_libraries(cadence_nccl INTERFACE cadence::cadence CUDA::cudart
   $<INSTALL_INTERFACE:cadence::nccl_library>)
 target_sources(cadence_nccl INTERFACE
   FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include
-  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/nccl/protocol.hpp
+  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/nccl/api.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/nccl/protocol.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/nccl/communicator.hpp)
 
 if(CADENCE_BUILD_TESTS)

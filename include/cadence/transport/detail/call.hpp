@@ -33,6 +33,20 @@ inline std::string describe(const call_info& c) {
          std::to_string(c.rank) + " of " + std::to_string(c.size);
 }
 
+/// Every rank of `size` but `rank`: whom a collective waits for.
+inline std::vector<int> ranks_except(int rank, int size) {
+  std::vector<int> v;
+  for (int p = 0; p < size; ++p)
+    if (p != rank) v.push_back(p);
+  return v;
+}
+/// The same, or this rank alone on a world of one: a timeout that names nobody is a bug.
+inline std::vector<int> others_or_self(int rank, int size) {
+  auto v = ranks_except(rank, size);
+  if (v.empty()) v.push_back(rank);
+  return v;
+}
+
 /// "rank 3", "ranks 1, 3"
 inline std::string rank_list(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";

@@ -47,6 +47,8 @@ inline void check_broadcast(const call_info& c, const void* buf, std::size_t byt
 struct p2p_rules {
   /// A send to (or receive from) this rank itself; the network backends have no loopback.
   bool self = false;
+  /// A receive from any_source (capabilities().any_source): NCCL names its peer.
+  bool any_source = true;
 };
 
 inline void check_send(const call_info& c, const void* buf, std::size_t bytes, int dst, int tag, const deadline* d,
@@ -63,7 +65,7 @@ inline void check_send(const call_info& c, const void* buf, std::size_t bytes, i
 inline void check_recv(const call_info& c, const void* buf, std::size_t bytes, int src, int tag, const deadline* d,
                        p2p_rules rules = {}) {
   check_buffer(c, buf, bytes);
-  check_peer(c, src, "source", /*allow_any=*/true);
+  check_peer(c, src, "source", rules.any_source);
   check_tag(c, tag);
   if (d) check_deadline(c, *d);
   if (!rules.self && src == c.rank)

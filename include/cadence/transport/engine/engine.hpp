@@ -336,17 +336,8 @@ protected:
     return idle;
   }
 
-  std::vector<int> others() const {
-    std::vector<int> v;
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_) v.push_back(p);
-    return v;
-  }
-  std::vector<int> others_or_self() const {
-    auto v = others();
-    if (v.empty()) v.push_back(rank_);
-    return v;
-  }
+  std::vector<int> others() const { return ranks_except(rank_, size_); }
+  std::vector<int> others_or_self() const { return detail::others_or_self(rank_, size_); }
 
   // ---- what the work handle calls ----
 

@@ -1,12 +1,16 @@
-// The NCCL backend's logic without NCCL: the function table (nccl_api) through which it reaches
-// NCCL and the CUDA runtime, and nccl_communicator. Includes no CUDA header, so the protocol is
-// unit-tested on CPU against a fake table; nccl/communicator.hpp adds the real one.
+// The NCCL backend's logic without NCCL: nccl_communicator and its work handle, over the function
+// table of nccl/api.hpp. Includes no CUDA header, so the protocol is unit-tested on CPU against a
+// fake table; nccl/communicator.hpp adds the real one.
 #pragma once
 
 #include <cadence/core/error.hpp>
 #include <cadence/transport/collectives.hpp>
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/call.hpp>
+#include <cadence/transport/engine/arguments.hpp>
+#include <cadence/transport/engine/latch.hpp>
+#include <cadence/transport/engine/pacing.hpp>
+#include <cadence/transport/nccl/api.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -21,98 +25,6 @@
 #include <vector>
 
 namespace cadence::transport {
-
-/// NCCL's unique id (NCCL_UNIQUE_ID_BYTES = 128 bytes), which rank 0 creates and the bootstrap
-/// communicator broadcasts.
-struct nccl_unique_id {
-  char bytes[128];
-};
-
-/// Result codes as the table returns them: the values of ncclResult_t and cudaError_t that the
-/// protocol tells apart (the rest are errors, named by the table's error-string functions).
-namespace nccl_codes {
-inline constexpr int success = 0;        // ncclSuccess, cudaSuccess
-inline constexpr int in_progress = 7;    // ncclInProgress: a non-blocking call still running
-inline constexpr int cuda_not_ready = 600;  // cudaErrorNotReady: an event not yet reached
-inline constexpr int op_avg = 4;         // ncclAvg, for all_reduce_op
-}  // namespace nccl_codes
-
-/// Every NCCL and CUDA runtime call the backend makes, as plain function pointers. Handles are
-/// opaque: `comm` is an ncclComm_t, `stream` a cudaStream_t, `event` a cudaEvent_t. NCCL calls
-/// return ncclResult_t values, CUDA calls cudaError_t values (see nccl_codes). real_nccl_api()
-/// (cadence/transport/nccl/communicator.hpp) fills it with NCCL and the CUDA runtime; the tests
-/// fill it with a host-memory fake whose ranks are threads.
-struct nccl_api {
-  /// Passed to the calls that take no handle (get_unique_id, get_device_count): the fake's
-  /// world; null for the real table.
-  void* context = nullptr;
-  // ---- NCCL ----
-  int (*get_unique_id)(void* context, nccl_unique_id* id) = nullptr;
-  /// ncclCommInitRankConfig with config.blocking = 0: returns at once (success or in_progress);
-  /// comm_get_async_error says when the communicator is ready.
-  int (*comm_init_rank_nonblocking)(void** comm, int nranks, const nccl_unique_id* id,
-                                    int rank) = nullptr;
-  int (*comm_get_async_error)(void* comm, int* async_error) = nullptr;
-  int (*comm_abort)(void* comm) = nullptr;
-  int (*comm_finalize)(void* comm) = nullptr;
-  int (*comm_destroy)(void* comm) = nullptr;
-  int (*all_reduce)(const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
-                    void* comm, void* stream) = nullptr;
-  int (*broadcast)(const void* send, void* recv, std::size_t bytes, int root, void* comm,
-                   void* stream) = nullptr;
-  int (*send)(const void* buf, std::size_t bytes, int peer, void* comm, void* stream) = nullptr;
-  int (*recv)(void* buf, std::size_t bytes, int peer, void* comm, void* stream) = nullptr;
-  const char* (*get_error_string)(int result) = nullptr;
-  // ---- NCCL, for the collective adapters' device path (cadence/exchange/). Optional: a table
-  // without them builds a communicator whose device helpers throw invalid_parameter_error. ----
-  /// ncclAllReduce with a raw ncclRedOp_t: nccl_codes::op_avg or one red_op_create_premul_sum
-  /// made.
-  int (*all_reduce_op)(const void* send, void* recv, std::size_t count, dtype t, int op,
-                       void* comm, void* stream) = nullptr;
-  /// ncclRedOpCreatePreMulSum with a host scalar (ncclScalarHostImmediate) of the element type
-  /// (f32 or f64): every rank's input is multiplied by its own scalar before the sum.
-  int (*red_op_create_premul_sum)(int* op, double scalar, dtype t, void* comm) = nullptr;
-  int (*red_op_destroy)(int op, void* comm) = nullptr;
-  // ---- CUDA runtime ----
-  int (*get_device_count)(void* context, int* count) = nullptr;
-  int (*set_device)(int device) = nullptr;
-  int (*stream_create)(void** stream) = nullptr;  // a non-blocking stream
-  int (*stream_destroy)(void* stream) = nullptr;
-  int (*event_create)(void** event) = nullptr;  // timing disabled
-  int (*event_record)(void* event, void* stream) = nullptr;
-  int (*event_query)(void* event) = nullptr;  // success, cuda_not_ready or an error
-  int (*event_destroy)(void* event) = nullptr;
-  /// cudaStreamWaitEvent: work enqueued on `stream` from now on waits for `event` (as recorded
-  /// when this call is made). How the communicator orders its stream after the caller's.
-  int (*stream_wait_event)(void* stream, void* event) = nullptr;
-  const char* (*cuda_error_string)(int error) = nullptr;
-  // ---- CUDA runtime, for the collective adapters' device path. Optional, as above. ----
-  int (*memcpy_async)(void* dst, const void* src, std::size_t bytes, void* stream) = nullptr;
-  int (*memset_async)(void* p, int value, std::size_t bytes, void* stream) = nullptr;
-  int (*device_malloc)(void** p, std::size_t bytes) = nullptr;  // on the current device
-  int (*device_free)(void* p) = nullptr;
-};
-
-struct nccl_options {
-  /// The stream (a cudaStream_t) the calls without an explicit stream enqueue on. Null: the
-  /// communicator creates a non-blocking stream of its own on its device.
-  void* stream = nullptr;
-  /// The caller's stream: the calls without an explicit stream first make `stream` wait for
-  /// everything enqueued here before the call (an event recorded here, cudaStreamWaitEvent on
-  /// `stream`), as PyTorch's ProcessGroupNCCL waits on the current stream. Null: the legacy
-  /// default stream, where kernels launched without a stream run.
-  void* caller_stream = nullptr;
-  /// How long starting an operation may wait for a non-blocking communicator to finish issuing
-  /// the previous one (ncclInProgress) when the call has no deadline of its own (the
-  /// asynchronous forms).
-  std::chrono::milliseconds issue_timeout{60000};
-  /// Polling: the first waits spin (a small all-reduce completes in microseconds); a call
-  /// still waiting after spin_for sleeps poll_sleep between queries.
-  std::chrono::microseconds spin_for{20000};
-  std::chrono::microseconds poll_sleep{50};
-  /// How long the destructor waits for ncclCommFinalize before it aborts instead.
-  std::chrono::milliseconds shutdown_wait{2000};
-};
 
 namespace detail {
 // The events work handles wait on, shared by the communicator and its handles: a handle gives
@@ -477,11 +389,9 @@ public:
 
   /// Any thread; never enters NCCL. The owning thread's call in progress (or its next call)
   /// sees the flag, calls ncclCommAbort and throws.
-  void abort() noexcept { aborted_.store(true, std::memory_order_release); }
+  void abort() noexcept { latch_.abort(); }
 
-  bool failed() const noexcept {
-    return failed_.load(std::memory_order_acquire) || aborted_.load(std::memory_order_acquire);
-  }
+  bool failed() const noexcept { return latch_.failed(); }
 
 private:
   friend class nccl_work;
@@ -602,7 +512,7 @@ private:
   // Never throws: the destructor and failed constructions run it.
   void release() noexcept {
     if (comm_ != nullptr) {
-      if (failure_ || aborted_.load(std::memory_order_acquire)) {
+      if (latch_.has_failure() || latch_.aborted()) {
         abort_backend();
       } else {
         // in_progress is the usual answer of a non-blocking finalize; the poll below waits.
@@ -653,18 +563,14 @@ private:
     if (std::this_thread::get_id() != owner_)
       detail::bad_argument(c, "called from a thread that does not own the communicator "
                               "(only the constructing thread may call NCCL through it)");
-    if (failure_) throw *failure_;
-    if (aborted_.load(std::memory_order_acquire)) {
-      abort_backend();
-      throw transport_error(detail::describe(c) + ": the communicator was aborted (abort())");
-    }
+    if (!latch_.has_failure() && latch_.aborted()) abort_backend();
+    latch_.enter(c);
   }
 
   [[noreturn]] void fail(transport_error e) {
-    if (!failure_) failure_ = std::move(e);
+    latch_.record(std::move(e));
     abort_backend();
-    failed_.store(true, std::memory_order_release);
-    throw *failure_;
+    latch_.rethrow();
   }
 
   // An enqueue's result: in_progress means a non-blocking NCCL call still being issued, which
@@ -694,9 +600,7 @@ private:
                             void** explicit_stream, const deadline* d) {
     const detail::call_info c = begin(name);
     enter(c);
-    const std::size_t bytes = detail::checked_bytes(c, count, t);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_op(c, op);
+    const std::size_t bytes = detail::check_allreduce(c, buf, count, t, op, false, nullptr, {/*host_arithmetic=*/false});
     if (average) {
       require(c, api_.all_reduce_op != nullptr, "all_reduce_op");
       if (t != dtype::f32 && t != dtype::f64 && t != dtype::f16 && t != dtype::bf16)
@@ -715,9 +619,7 @@ private:
   nccl_work start_broadcast(void* buf, std::size_t bytes, int root, void** explicit_stream, const deadline* d) {
     const detail::call_info c = begin("broadcast");
     enter(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, root, "root");
-    if (d) detail::check_deadline(c, *d);
+    detail::check_broadcast(c, buf, bytes, root, d);
     if (bytes == 0) return nccl_work::completed(root);
     void* stream = stream_for(c, explicit_stream);
     settle(c, d);
@@ -731,10 +633,10 @@ private:
     const bool is_send = name[0] == 's';
     const detail::call_info c = begin(name);
     enter(c);
-    detail::check_buffer(c, buf, bytes);
-    detail::check_peer(c, peer, is_send ? "destination" : "source");  // no any_source: NCCL names its peer
-    detail::check_tag(c, tag);
-    if (d) detail::check_deadline(c, *d);
+    if (is_send)
+      detail::check_send(c, buf, bytes, peer, tag, d, {/*self=*/true});
+    else  // no any_source: NCCL names its peer
+      detail::check_recv(c, buf, bytes, peer, tag, d, {/*self=*/true, /*any_source=*/false});
     if (bytes == 0) return nccl_work::completed(peer);
     void* stream = stream_for(c, explicit_stream);
     settle(c, d);
@@ -756,7 +658,7 @@ private:
         fail(transport_error(detail::describe(c) + ": NCCL reported an asynchronous error while waiting for " +
                              detail::rank_list(awaited.empty() ? others_or_self() : awaited) + ": " +
                              nccl_error(state) + " (aborted with ncclCommAbort)"));
-      if (aborted_.load(std::memory_order_acquire))
+      if (latch_.aborted())
         fail(transport_error(detail::describe(c) + ": the communicator was aborted (abort())"));
       if (limit.passed())
         fail(detail::deadline_error(c, others_or_self(), "NCCL did not finish issuing the previous operation; "
@@ -820,7 +722,7 @@ private:
     if (e != nccl_codes::cuda_not_ready)
       fail(transport_error(detail::describe(w.c_) + ": cudaEventQuery failed while waiting for " +
                            detail::rank_list(w.awaited_) + ": " + cuda_error(e) + " (aborted with ncclCommAbort)"));
-    if (aborted_.load(std::memory_order_acquire))
+    if (latch_.aborted())
       fail(transport_error(detail::describe(w.c_) + ": the communicator was aborted (abort()) while waiting for " +
                            detail::rank_list(w.awaited_)));
     return false;
@@ -839,25 +741,12 @@ private:
   }
 
   void pause(deadline::clock::time_point since) const {
-    if (deadline::clock::now() - since >= options_.spin_for)
-      std::this_thread::sleep_for(options_.poll_sleep);
-    else
-      std::this_thread::yield();
+    detail::polling_pace{options_.spin_for, options_.poll_sleep, /*yield_while_spinning=*/true}.pause(since);
   }
 
-  std::vector<int> others() const {
-    std::vector<int> v;
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_) v.push_back(p);
-    return v;
-  }
   // Whom a collective or an init waits for: the others; on a single rank, the device itself,
   // named as this rank (a timeout that names nobody is a bug).
-  std::vector<int> others_or_self() const {
-    auto v = others();
-    if (v.empty()) v.push_back(rank_);
-    return v;
-  }
+  std::vector<int> others_or_self() const { return detail::others_or_self(rank_, size_); }
 
   std::string nccl_error(int rc) const {
     const char* s = api_.get_error_string ? api_.get_error_string(rc) : nullptr;
@@ -881,9 +770,7 @@ private:
   void* event_ = nullptr;                // orders stream() after the caller's stream
   std::shared_ptr<detail::nccl_events> events_ = std::make_shared<detail::nccl_events>();
   std::uint64_t calls_ = 0;
-  std::optional<transport_error> failure_;  // owning thread only
-  std::atomic<bool> failed_{false};         // mirrors failure_ for failed() on other threads
-  std::atomic<bool> aborted_{false};
+  detail::failure_latch latch_;
 };
 
 inline void nccl_work::check_alive() const {

@@ -176,10 +176,7 @@ private:
 
   std::vector<int> wanted_from(int src) const {
     if (src != any_source) return {src};
-    std::vector<int> v;
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_) v.push_back(p);
-    return v;
+    return ranks_except(rank_, size_);
   }
 
   // The next header for (src, tag), if one has come: one taken earlier, or from the posted

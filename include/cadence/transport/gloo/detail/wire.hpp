@@ -259,12 +259,7 @@ private:
   };
   using piece_queues = std::vector<std::deque<piece>>;
 
-  std::vector<int> others_of() const {
-    std::vector<int> v;
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_) v.push_back(p);
-    return v;
-  }
+  std::vector<int> others_of() const { return ranks_except(rank_, size_); }
 
   void post_in(const call_info& c, int p) {
     auto& b = in_[static_cast<std::size_t>(p)];

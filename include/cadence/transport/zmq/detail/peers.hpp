@@ -98,12 +98,7 @@ public:
     const zmq_peer& q = at(p);
     return q.state == zmq_peer_state::alive ? q.inc : 0;
   }
-  std::vector<int> others() const {
-    std::vector<int> v;
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_) v.push_back(p);
-    return v;
-  }
+  std::vector<int> others() const { return ranks_except(rank_, size_); }
 
   // ---- a new process in a slot, and its DEALER ----
 
