@@ -1,6 +1,7 @@
-// What the parameter server keeps in flight: a send or receive posted without waiting (the
-// communicator's work handle where it has the asynchronous operations, else the blocking call
-// done at once), and the copy-on-write versions of a server's slice that replies read.
+// The parameter server's two mechanisms under its traffic: a send or receive posted without
+// waiting (the communicator's work handle where it has the asynchronous operations, else the
+// blocking call done at once), and the copy-on-write versions of a server's slice that replies
+// read.
 #pragma once
 
 #include <cadence/transport/communicator.hpp>
@@ -41,24 +42,12 @@ public:
   ps_transfer() = default;
 
   static ps_transfer send(C& c, const void* buf, std::size_t bytes, int dst, int tag, transport::deadline d) {
-    ps_transfer t;
-    if constexpr (async) {
-      (void)d;
-      t.work_ = c.isend(buf, bytes, dst, tag);
-    } else {
-      c.send(buf, bytes, dst, tag, d);
-    }
-    return t;
+    return post(c, [&](auto& cc) { return cc.isend(buf, bytes, dst, tag); },
+                [&](auto& cc) { cc.send(buf, bytes, dst, tag, d); });
   }
   static ps_transfer recv(C& c, void* buf, std::size_t bytes, int src, int tag, transport::deadline d) {
-    ps_transfer t;
-    if constexpr (async) {
-      (void)d;
-      t.work_ = c.irecv(buf, bytes, src, tag);
-    } else {
-      c.recv(buf, bytes, src, tag, d);
-    }
-    return t;
+    return post(c, [&](auto& cc) { return cc.irecv(buf, bytes, src, tag); },
+                [&](auto& cc) { cc.recv(buf, bytes, src, tag, d); });
   }
 
   /// True once complete; throws the transfer's transport_error once it failed.
@@ -67,6 +56,18 @@ public:
   bool cancel() noexcept { return work_.cancel(); }
 
 private:
+  // `start` posts the asynchronous form where C has it; else `block` is the blocking call with
+  // its deadline, complete when it returns. Generic lambdas: the form C lacks is never compiled.
+  template <class Start, class Block>
+  static ps_transfer post(C& c, Start&& start, Block&& block) {
+    ps_transfer t;
+    if constexpr (async)
+      t.work_ = start(c);
+    else
+      block(c);
+    return t;
+  }
+
   typename ps_work_of<C>::type work_{};
 };
 
