@@ -472,39 +472,3 @@ TEST_CASE("requests that make no sense are refused with the reason; the server s
   CHECK(stats.refused == 6);
   CHECK(stats.evictions.empty());
 }
-
-TEST_CASE("without keep_log a server keeps counts and a bounded staleness histogram, not the run's "
-          "history" * doctest::timeout(60)) {
-  inproc_world world(3);
-  ps_stats stats;
-  std::thread server([&] {
-    auto c = world.join(0);
-    const auto w0 = cadence_ps_suite::initial<float>(model);
-    parameter_server<inproc_communicator, any_controller> s(c, model, w0.data(), make_controller("ssp:2", 2));
-    s.run();
-    stats = s.stats();
-  });
-  std::vector<std::thread> workers;
-  for (int r : {1, 2}) {
-    workers.emplace_back([&, r] {
-      auto c = world.join(r);
-      ps_worker<inproc_communicator> w(c, model);
-      std::vector<float> weights(model), g(model, 0.25f);
-      w.pull(weights.data());
-      for (int k = 0; k < 50; ++k) w.push_pull(g.data(), weights.data());
-      w.finish();
-    });
-  }
-  for (auto& t : workers) t.join();
-  server.join();
-  CHECK(stats.log.empty());
-  CHECK(stats.start_staleness.empty());
-  REQUIRE(stats.staleness_histogram.size() == ps_histogram_top + 1);
-  std::int64_t releases = 0;
-  for (auto v : stats.staleness_histogram) releases += v;
-  CHECK(releases == 100);
-  CHECK(histogram_percentile(stats.staleness_histogram, 100.0) <= 2);
-  CHECK(histogram_percentile({0, 3, 1}, 50.0) == 1);
-  CHECK(histogram_percentile({0, 3, 1}, 100.0) == 2);
-  CHECK(histogram_percentile({}, 99.0) == 0);
-}

@@ -1,7 +1,8 @@
 // The parameter server over in-process ranks: the shared suite (ps_suite.hpp: every policy's
 // guarantee, exactly-once application, replay of the log; a stalled worker evicted and refused
 // when it comes back), then what needs this backend: 2 servers, more worker counts, eviction of a
-// silent or killed worker under several policies, a dead server, bad input.
+// silent or killed worker under several policies, a dead server. Each end on its own:
+// tests/exchange/ps/ (options, worker, server).
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/exchange/parameter_server.hpp>
 #include <cadence/transport/inproc.hpp>
@@ -151,22 +152,6 @@ void check_replay(const run_result& r, int servers) {
 
 }  // namespace
 
-TEST_CASE("ps_slice_of cuts a model into contiguous slices that cover it") {
-  for (std::size_t size : {0u, 1u, 7u, 1000u, 1001u}) {
-    for (int servers : {1, 2, 3, 5}) {
-      std::size_t next = 0;
-      for (int s = 0; s < servers; ++s) {
-        const ps_slice sl = ps_slice_of(size, servers, s);
-        CHECK(sl.offset == next);
-        CHECK(sl.count + 1 >= size / static_cast<std::size_t>(servers));
-        next += sl.count;
-      }
-      CHECK(next == size);
-    }
-  }
-  CHECK_THROWS_AS(ps_slice_of(10, 2, 2), invalid_parameter_error);
-}
-
 TEST_CASE("every policy over 1 and 2 servers: guarantee, exactly-once, replay" * doctest::timeout(120)) {
   struct policy_case {
     const char* config;
@@ -234,80 +219,6 @@ TEST_CASE("BSP over two servers: weights at the start of an iteration contain th
     }
   }
   CHECK(r.servers[0].parked > 0);
-}
-
-namespace {
-
-// The shipped SGD, and an event per push it applied: "applied.<worker>.<its n-th push>". It runs
-// on server 0's thread before the controller sees the push, so a worker that waits for another's
-// "applied" knows the server has parked (or released) that push before it reads this one.
-struct announcing_sgd {
-  const cadence_test::events* ev;
-  std::vector<std::int64_t>* applied;  // per worker; server 0's thread only
-  void operator()(float* w, const float* g, std::size_t n, worker_id from) const {
-    sgd<float>{0.125f}(w, g, n, from);
-    ev->post("applied." + std::to_string(from) + "." + std::to_string(++(*applied)[from]));
-  }
-};
-
-}  // namespace
-
-TEST_CASE("server 0 counts how long each worker's pushes stayed parked: the wait for a slow worker "
-          "is the fast ones', and a push released at once adds nothing" *
-          doctest::timeout(60)) {
-  // Worker 2 is the straggler: it pushes iteration k only after the server has applied (and
-  // under BSP parked) the others' k-th pushes, so its own push always completes the round. The
-  // fast workers' pushes are all parked until then; worker 2's never are. No clock is compared
-  // with a deadline: the order is forced by the events.
-  constexpr int workers = 3;
-  constexpr std::int64_t iterations = 6;
-  for (const char* policy : {"bsp", "asp"}) {
-    CAPTURE(policy);
-    const bool bsp = std::string(policy) == "bsp";
-    inproc_world world(1 + workers);
-    const cadence_test::events ev;
-    std::vector<std::int64_t> applied(workers, 0);
-    ps_stats stats;
-    std::vector<double> blocked(workers, 0.0);  // per worker: seconds inside push_pull
-    cadence_test::run_inproc_ranks(world, [&](inproc_communicator& comm) {
-      const std::vector<float> w0 = initial();
-      if (comm.rank() == 0) {
-        parameter_server<inproc_communicator, any_controller, float, announcing_sgd> server(
-            comm, model, w0.data(), make_controller(policy, workers), announcing_sgd{&ev, &applied});
-        server.run();
-        stats = server.stats();
-        return;
-      }
-      ps_worker<inproc_communicator> worker(comm, model);
-      const worker_id w = worker.id();
-      std::vector<float> weights(model), g(model);
-      worker.pull(weights.data());
-      for (std::int64_t k = 1; k <= iterations; ++k) {
-        if (w == 2)
-          for (int v = 0; v < 2; ++v) CHECK(ev.wait("applied." + std::to_string(v) + "." + std::to_string(k)));
-        gradient(w, k, g);
-        const auto t0 = std::chrono::steady_clock::now();
-        worker.push_pull(g.data(), weights.data());
-        blocked[w] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      }
-      worker.finish();
-    });
-    REQUIRE(stats.parked_seconds.size() == workers);
-    REQUIRE(stats.parked_pushes.size() == workers);
-    CHECK(stats.parked_pushes[2] == 0);
-    CHECK(stats.parked_seconds[2] == 0.0);
-    for (int w = 0; w < 2; ++w) {
-      CAPTURE(w);
-      CHECK(stats.parked_pushes[w] == (bsp ? iterations : 0));
-      if (bsp)
-        CHECK(stats.parked_seconds[w] > 0.0);
-      else
-        CHECK(stats.parked_seconds[w] == 0.0);
-      // The server's park lies inside the worker's push_pull (one clock, one process).
-      CHECK(stats.parked_seconds[w] <= blocked[w]);
-    }
-    CHECK(stats.parked == stats.parked_pushes[0] + stats.parked_pushes[1] + stats.parked_pushes[2]);
-  }
 }
 
 TEST_CASE("a worker that falls silent is evicted; the others finish; nothing they pushed is lost" *
@@ -478,75 +389,4 @@ TEST_CASE("an evicted worker that comes back gets a clear error" * doctest::time
   CHECK(r.iterations[0] < sc.iterations);
   CHECK(r.servers[0].pushes[0] == r.iterations[0]);
   check_replay(r, 1);
-}
-
-TEST_CASE("bad input: a rank in the wrong role, push after finish, a wrong-size gradient" *
-          doctest::timeout(60)) {
-  inproc_world world(3);
-  std::vector<float> w0(10, 1.0f);
-  std::string server_error, worker_error_text, role_error_text;
-  std::thread server([&] {
-    auto comm = world.join(0);
-    try {
-      parameter_server<inproc_communicator, any_controller> s(comm, 10, w0.data(), make_controller("asp", 2));
-      s.run();
-    } catch (const std::exception& e) {
-      server_error = e.what();
-    }
-  });
-  std::thread wrong_size([&] {
-    auto comm = world.join(2);
-    ps_worker<inproc_communicator> w(comm, 12);  // the servers' model has 10 elements
-    std::vector<float> g(12, 0.5f), weights(12);
-    try {
-      w.push_pull(g.data(), weights.data());
-    } catch (const worker_error& e) {
-      worker_error_text = e.what();
-    }
-    w.finish();
-  });
-  auto comm = world.join(1);
-  try {
-    parameter_server<inproc_communicator, any_controller> s(comm, 10, w0.data(), make_controller("asp", 2));
-  } catch (const invalid_parameter_error& e) {
-    role_error_text = e.what();
-  }
-  {
-    ps_worker<inproc_communicator> w(comm, 10);
-    std::vector<float> g(10, 0.5f), weights(10);
-    CHECK_THROWS_AS(w.push_pull(nullptr, weights.data()), invalid_parameter_error);
-    w.push_pull(g.data(), weights.data());
-    CHECK(weights[0] == doctest::Approx(1.0f - 0.01f * 0.5f));
-    w.finish();
-    CHECK_THROWS_WITH_AS(w.push_pull(g.data(), weights.data()),
-                         doctest::Contains("after finish()"), worker_error);
-  }
-  server.join();
-  wrong_size.join();
-  CHECK(server_error.empty());
-  CHECK(role_error_text.find("rank 1 is a worker") != std::string::npos);
-  // Its first push pulls first (it becomes a member there), and the pull is refused.
-  CHECK(worker_error_text.find("a model of 12 elements") != std::string::npos);
-  CHECK(worker_error_text.find("serves one of 10") != std::string::npos);
-  CHECK_THROWS_AS(ps_slice_of(1, 0, 0), invalid_parameter_error);
-}
-
-TEST_CASE("options are checked" ) {
-  inproc_world world(2);
-  auto c0 = world.join(0);
-  std::vector<float> w0(4);
-  ps_options o;
-  o.servers = 2;  // no worker left
-  CHECK_THROWS_WITH_AS((ps_worker<inproc_communicator>(c0, 4, o)), doctest::Contains("leaves no worker"),
-                       invalid_parameter_error);
-  o.servers = 1;
-  o.evict_after = std::chrono::nanoseconds(0);
-  CHECK_THROWS_AS((parameter_server<inproc_communicator, any_controller>(c0, 4, w0.data(),
-                                                                         make_controller("bsp", 1), {}, o)),
-                  invalid_parameter_error);
-  o.evict_after.reset();
-  CHECK_THROWS_WITH_AS((parameter_server<inproc_communicator, any_controller>(c0, 4, w0.data(),
-                                                                              make_controller("bsp", 3), {}, o)),
-                       doctest::Contains("the controller has 3 workers but the world has 1 initial ones"),
-                       invalid_parameter_error);
 }

@@ -1,0 +1,114 @@
+// cadence/exchange/ps/worker.hpp: what a worker checks itself and what it reports when a server
+// refuses it, over in-process ranks. The worker's part in every policy and fault scenario is
+// tested with the server's, in tests/exchange/parameter_server*_test.cpp and ps_suite.hpp.
+#include <cadence/controllers/make_controller.hpp>
+#include <cadence/exchange/parameter_server.hpp>
+#include <cadence/transport/inproc.hpp>
+
+#include <doctest/doctest.h>
+
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace cadence;
+using namespace cadence::exchange;
+using namespace cadence::transport;
+
+TEST_CASE("bad input: a rank in the wrong role, push after finish, a wrong-size gradient" *
+          doctest::timeout(60)) {
+  inproc_world world(3);
+  std::vector<float> w0(10, 1.0f);
+  std::string server_error, worker_error_text, role_error_text;
+  std::thread server([&] {
+    auto comm = world.join(0);
+    try {
+      parameter_server<inproc_communicator, any_controller> s(comm, 10, w0.data(), make_controller("asp", 2));
+      s.run();
+    } catch (const std::exception& e) {
+      server_error = e.what();
+    }
+  });
+  std::thread wrong_size([&] {
+    auto comm = world.join(2);
+    ps_worker<inproc_communicator> w(comm, 12);  // the servers' model has 10 elements
+    std::vector<float> g(12, 0.5f), weights(12);
+    try {
+      w.push_pull(g.data(), weights.data());
+    } catch (const worker_error& e) {
+      worker_error_text = e.what();
+    }
+    w.finish();
+  });
+  auto comm = world.join(1);
+  try {
+    parameter_server<inproc_communicator, any_controller> s(comm, 10, w0.data(), make_controller("asp", 2));
+  } catch (const invalid_parameter_error& e) {
+    role_error_text = e.what();
+  }
+  {
+    ps_worker<inproc_communicator> w(comm, 10);
+    std::vector<float> g(10, 0.5f), weights(10);
+    CHECK_THROWS_AS(w.push_pull(nullptr, weights.data()), invalid_parameter_error);
+    w.push_pull(g.data(), weights.data());
+    CHECK(weights[0] == doctest::Approx(1.0f - 0.01f * 0.5f));
+    w.finish();
+    CHECK_THROWS_WITH_AS(w.push_pull(g.data(), weights.data()),
+                         doctest::Contains("after finish()"), worker_error);
+  }
+  server.join();
+  wrong_size.join();
+  CHECK(server_error.empty());
+  CHECK(role_error_text.find("rank 1 is a worker") != std::string::npos);
+  // Its first push pulls first (it becomes a member there), and the pull is refused.
+  CHECK(worker_error_text.find("a model of 12 elements") != std::string::npos);
+  CHECK(worker_error_text.find("serves one of 10") != std::string::npos);
+  CHECK_THROWS_AS(ps_slice_of(1, 0, 0), invalid_parameter_error);
+}
+
+TEST_CASE("a worker refuses its own misuse before it sends anything: a server rank, null buffers, "
+          "calls after finish()" * doctest::timeout(60)) {
+  inproc_world world(2);
+  std::vector<float> w0(6, 2.0f);
+  std::string server_error;
+  std::thread server([&] {
+    auto comm = world.join(0);
+    try {
+      parameter_server<inproc_communicator, any_controller> s(comm, 6, w0.data(), make_controller("asp", 1));
+      s.run();
+    } catch (const std::exception& e) {
+      server_error = e.what();
+    }
+  });
+  {
+    auto c1 = world.join(1);
+    ps_options two_servers;
+    two_servers.servers = 2;
+    inproc_world bigger(3);
+    auto b1 = bigger.join(1);
+    CHECK_THROWS_WITH_AS((ps_worker<inproc_communicator>(b1, 6, two_servers)),
+                         doctest::Contains("rank 1 is a server (ranks [0, 2) serve)"), invalid_parameter_error);
+    ps_worker<inproc_communicator> w(c1, 6);
+    CHECK(w.id() == 0);  // an initial member's id before its first pull: rank - servers
+    CHECK(w.iteration() == 0);
+    std::vector<float> weights(6, 0.0f), g(6, 1.0f);
+    CHECK_THROWS_WITH_AS(w.pull(nullptr), doctest::Contains("pull: null weights for a model of 6 elements"),
+                         invalid_parameter_error);
+    CHECK_THROWS_WITH_AS(w.push_pull(g.data(), nullptr), doctest::Contains("push_pull: null weights"),
+                         invalid_parameter_error);
+    w.pull(weights.data());
+    CHECK(weights == w0);
+    w.push_pull(g.data(), weights.data());
+    CHECK(w.iteration() == 1);
+    CHECK(weights[0] == doctest::Approx(2.0f - 0.01f));
+    w.finish();
+    CHECK_THROWS_WITH_AS(w.finish(), doctest::Contains("finish() called twice"), worker_error);
+    CHECK_THROWS_WITH_AS(w.pull(weights.data()), doctest::Contains("pull after finish()"), worker_error);
+    CHECK_THROWS_WITH_AS(w.rejoin(weights.data()), doctest::Contains("rejoin after finish()"), worker_error);
+    CHECK_THROWS_WITH_AS(w.push_pull(g.data(), weights.data()), doctest::Contains("(worker 0, rank 1)"),
+                         worker_error);
+  }
+  server.join();
+  CHECK(server_error.empty());
+}
