@@ -167,25 +167,30 @@ def step_overhead(rank, n, init, quick, results, period, merges):
             elif v == "ours":
                 times[v].append(timed(oopt, model, period * merges))
             else:
+                # as many steps as the others' blocks, then on to the next barrier
                 dist.barrier()
-                b0, s0 = eavg.barriers, eavg.total_steps
+                s0 = eavg.total_steps
                 t0 = time.perf_counter()
-                while eavg.barriers < b0 + merges:
+                while eavg.total_steps - s0 < period * merges or eavg.local_steps:
                     step(eopt, model, eavg)
                 secs = time.perf_counter() - t0
                 # the job's work rate: every rank's steps (a fast rank runs more under ElasticBSP)
-                counts = torch.tensor([eavg.total_steps - s0], dtype=torch.int64)
+                counts = torch.tensor([eavg.total_steps - s0, eavg.barriers], dtype=torch.int64)
                 dist.all_reduce(counts)
-                mean_steps = int(counts) / n
+                mean_steps = int(counts[0]) / n
                 times[v].append(secs / mean_steps)
-                k = max(1, round(mean_steps / merges))
+                k = max(1, round(mean_steps * n / int(counts[1])))  # steps per barrier
                 chosen.append(k)
                 t = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), TorchPeriodic(k, 0))
-                times["torch@elastic"].append(timed(t, model, k * merges))
+                times["torch@elastic"].append(timed(t, model, period * merges))
     if rank == 0:
-        # the best block of each: this machine's other load only ever adds time
-        results.put((rank, {f"step{n}": ({v: min(ts) for v, ts in times.items()},
-                                         statistics.median(chosen), merges)}))
+        # absolute times: each variant's best block (this machine's other load only ever adds
+        # time); ratios: the median over blocks of the ratio of two variants timed one after
+        # the other, which cancels the load that drifts from block to block
+        best = {v: min(ts) for v, ts in times.items()}
+        paired = {f"{a}/{b}": statistics.median(x / y for x, y in zip(times[a], times[b]))
+                  for a, b in (("ours", "torch"), ("elastic", "torch@elastic"), ("ours", "ddp"))}
+        results.put((rank, {f"step{n}": (best, paired, statistics.median(chosen), merges)}))
     else:
         results.put((rank, {}))
     dist.destroy_process_group()
@@ -221,7 +226,8 @@ def main():
     p.add_argument("--only", choices=("step", "ps", "sync"), help="one part only")
     p.add_argument("--ranks", default="2,4", help="process counts of part 1 (default 2,4)")
     p.add_argument("--period", type=int, default=4, help="the averagers' period in part 1 (default 4)")
-    p.add_argument("--merges", type=int, default=16, help="merges per timed block in part 1 (default 16)")
+    p.add_argument("--merges", type=int, default=16,
+                   help="a block's steps in part 1: period x merges (default 16)")
     args = p.parse_args()
     if args.only in (None, "step"):
         import torch
@@ -230,16 +236,17 @@ def main():
               "batch 32), gloo,")
         print(f"one thread per rank; each averager through PostLocalSGDOptimizer; period {args.period} "
               f"(torch's and ours); ElasticBSP elastic:{args.period} with equal step times (its plan is")
-        print("then a fixed period k), torch's averager beside it at k (torch@k); the best block's "
-              "ms per step (a block's time / the mean steps per rank; blocks interleaved)")
+        print("then a fixed period k), torch's averager beside it at k (torch@k). ms per step: each "
+              "variant's best block (a block's time / the mean steps per rank); ratios: the median "
+              "over blocks of two variants timed one after the other")
         print(f"{'ranks':>5} {'ddp':>8} {'torch':>8} {'ours':>8} {'ours/torch':>10} {'elastic':>8} "
               f"{'k':>3} {'torch@k':>8} {'elastic/torch@k':>15} {'ours/ddp':>8}")
         for n in [int(r) for r in args.ranks.split(",")]:
-            med, k, merges = spawn(step_overhead, n, args.quick, args.period, args.merges)[f"step{n}"]
-            print(f"{n:>5} {med['ddp'] * 1e3:8.2f} {med['torch'] * 1e3:8.2f} {med['ours'] * 1e3:8.2f} "
-                  f"{med['ours'] / med['torch']:10.3f} {med['elastic'] * 1e3:8.2f} {k:>3.0f} "
-                  f"{med['torch@elastic'] * 1e3:8.2f} {med['elastic'] / med['torch@elastic']:15.3f} "
-                  f"{med['ours'] / med['ddp']:8.3f}", flush=True)
+            best, ratio, k, merges = spawn(step_overhead, n, args.quick, args.period, args.merges)[f"step{n}"]
+            print(f"{n:>5} {best['ddp'] * 1e3:8.2f} {best['torch'] * 1e3:8.2f} {best['ours'] * 1e3:8.2f} "
+                  f"{ratio['ours/torch']:10.3f} {best['elastic'] * 1e3:8.2f} {k:>3.0f} "
+                  f"{best['torch@elastic'] * 1e3:8.2f} {ratio['elastic/torch@elastic']:15.3f} "
+                  f"{ratio['ours/ddp']:8.3f}", flush=True)
         if args.only == "step":
             return 0
         print()
