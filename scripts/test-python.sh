@@ -65,7 +65,11 @@ run_pytest() {
   local junit=$dir/pytest-$slug.xml t0 rc total=0 bad=0 skipped=0 ok
   rm -f "$junit"
   t0=$(date +%s)
-  timeout 900 "$vpy" -m pytest -q -p no:cacheprovider --junitxml="$junit" "$@"
+  # One intra-op thread per process, as Debian's torch has by default: PyPI's takes one per core,
+  # and on a busy 2-core machine its OpenMP threads spin against the spawned ranks (the LSTM
+  # tests took 110 s instead of 4 at a load of 6).
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} \
+    timeout 900 "$vpy" -m pytest -q -p no:cacheprovider --junitxml="$junit" "$@"
   rc=$?
   if [[ -f $junit ]]; then
     read -r total bad skipped < <("$vpy" - "$junit" <<'PY'
