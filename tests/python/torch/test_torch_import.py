@@ -1,5 +1,6 @@
 # cadence works without torch; cadence.torch and cadence.lstm_node2vec say what is missing (and
-# the extra that installs it) when torch is absent; the source tree without its compiled part says to install the package.
+# the extra that installs it) when torch is absent; the source tree without its compiled part
+# says to install the package.
 import pathlib
 import subprocess
 import sys
