@@ -2,7 +2,7 @@
 # kinds and reply statuses, the 6-word header, the element-type codes, the four tags, who serves
 # and who works in a group, the tensor helpers of the public API, the default update rule.
 #
-# A second implementation of the C++ protocol (include/cadence/exchange/detail/ps_protocol.hpp,
+# A second implementation of the C++ protocol (include/cadence/exchange/ps/detail/protocol.hpp,
 # used by cadence::exchange::parameter_server), over torch.distributed point-to-point calls
 # instead of a Cadence communicator. It keeps the C++ names, and the C++ numbers where the two
 # mean the same thing; the two never talk to each other. Where they differ:
