@@ -1,11 +1,14 @@
-// BSP gradient all-reduce over any communicator: registered tensors fused into buckets (as
-// PyTorch DDP does), each bucket averaged as soon as its last gradient is ready, so communication
-// overlaps the rest of the backward pass.
+/// \file
+/// \ingroup exchange
+/// BSP gradient all-reduce over any communicator: registered tensors fused into buckets (as
+/// PyTorch DDP does), each bucket averaged as soon as its last gradient is ready, so
+/// communication overlaps the rest of the backward pass.
 #pragma once
 
 #include <cadence/core/error.hpp>
 #include <cadence/exchange/detail/device.hpp>
 #include <cadence/exchange/detail/tensor.hpp>
+#include <cadence/exchange/tensor_ref.hpp>
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/reduce.hpp>
 
@@ -22,7 +25,10 @@
 #include <vector>
 
 namespace cadence::exchange {
+/// \addtogroup exchange
+/// @{
 
+/// How a bucketed_allreducer groups and waits.
 struct bucketed_allreducer_options {
   /// Most bytes fused into one bucket (DDP's bucket_cap_mb, 25 MiB by default). A tensor
   /// larger than this travels alone, in place.
@@ -78,6 +84,9 @@ class bucketed_allreducer {
   CADENCE_REQUIRE_COMMUNICATOR(C);
 
 public:
+  /// An all-reducer over `comm` with `options` (no tensors yet: add() them). Throws
+  /// invalid_parameter_error for a zero bucket_bytes, a timeout <= 0, or a stream over a host
+  /// communicator.
   explicit bucketed_allreducer(C& comm, bucketed_allreducer_options options = {})
       : comm_(&comm), options_(options),
         device_(detail::uses_device(comm, "bucketed_allreducer", options.stream)),
@@ -87,10 +96,12 @@ public:
     detail::check_timeout("bucketed_allreducer", options.timeout);
   }
 
+  /// Not copyable: the buckets in flight point into it.
   bucketed_allreducer(const bucketed_allreducer&) = delete;
+  /// Not copyable.
   bucketed_allreducer& operator=(const bucketed_allreducer&) = delete;
 
-  /// Registers a tensor (f32 or f64; a zero count is allowed and moves nothing); returns its
+  /// Registers tensor `t` (f32 or f64; a zero count is allowed and moves nothing); returns its
   /// index. Buckets are planned again at the next step. Not during a step.
   std::size_t add(tensor_ref t) {
     check_between_steps("add()");
@@ -100,7 +111,9 @@ public:
     planned_ = false;
     return tensors_.size() - 1;
   }
+  /// Registers the `n` floats at `p`, as add(tensor_ref).
   std::size_t add(float* p, std::size_t n) { return add(tensor_ref(p, n)); }
+  /// Registers the `n` doubles at `p`, as add(tensor_ref).
   std::size_t add(double* p, std::size_t n) { return add(tensor_ref(p, n)); }
 
   /// Registers a tensor that lives inside a bucket (DDP's gradient_as_bucket_view): returns
@@ -253,7 +266,9 @@ public:
     plan();
     return index < owner_.size() ? owner_[index] : npos;
   }
+  /// Tensors registered (views included).
   std::size_t tensors() const noexcept { return tensors_.size(); }
+  /// The options it was built with.
   const bucketed_allreducer_options& options() const noexcept { return options_; }
   /// Whether the tensors are device buffers (the communicator's capabilities say so).
   bool on_device() const noexcept { return device_; }
@@ -469,4 +484,5 @@ private:
   bool planned_ = false;
 };
 
+/// @}
 }  // namespace cadence::exchange

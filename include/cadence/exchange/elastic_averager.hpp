@@ -1,6 +1,8 @@
-// ElasticBSP over collectives: ranks run local steps between merge all-reduces placed where a
-// plan, computed identically on every rank by ZipLine from exchanged step times, says arrivals
-// are closest.
+/// \file
+/// \ingroup exchange
+/// ElasticBSP over collectives: ranks run local steps between merge all-reduces placed where a
+/// plan, computed identically on every rank by ZipLine from exchanged step times, says arrivals
+/// are closest. The plan itself is cadence::elastic_planner (controllers/elastic_planner.hpp).
 #pragma once
 
 #include <cadence/controllers/elastic_planner.hpp>
@@ -8,6 +10,7 @@
 #include <cadence/exchange/detail/device.hpp>
 #include <cadence/exchange/detail/merge.hpp>
 #include <cadence/exchange/detail/tensor.hpp>
+#include <cadence/exchange/tensor_ref.hpp>
 #include <cadence/transport/collectives.hpp>
 #include <cadence/transport/communicator.hpp>
 
@@ -22,6 +25,8 @@
 #include <vector>
 
 namespace cadence::exchange {
+/// \addtogroup exchange
+/// @{
 
 /// How a barrier merges the ranks' parameters.
 enum class merge_rule : std::uint8_t {
@@ -36,6 +41,7 @@ enum class merge_rule : std::uint8_t {
   step_weighted,
 };
 
+/// The name of merge rule `m`: "average", "summed_deltas" or "step_weighted".
 constexpr const char* merge_rule_name(merge_rule m) noexcept {
   switch (m) {
     case merge_rule::average: return "average";
@@ -45,7 +51,9 @@ constexpr const char* merge_rule_name(merge_rule m) noexcept {
   return "unknown merge_rule";
 }
 
+/// How an elastic_averager merges, what it records, and how long a barrier may take.
 struct elastic_averager_options {
+  /// How a barrier merges the ranks' parameters.
   merge_rule merge = merge_rule::average;
   /// Step durations each rank keeps and sends (the predictor sees the latest ones): the timing
   /// record is 8 * (history + 2) bytes per rank. In [2, 1024].
@@ -72,11 +80,12 @@ struct elastic_averager_options {
 /// a min/max all-reduce of the plan's hash turns any divergence into an error instead of a hang.
 ///
 /// Use:
-///   elastic_averager<C> avg(comm, "elastic:8");      // the controller's config strings
-///   for (;;) {
-///     local_sgd_step(params);
-///     if (avg.step_done(measured_us)) avg.sync(params);  // barrier: merge, plan the next one
-///   }
+///
+///     elastic_averager<C> avg(comm, "elastic:8");      // the controller's config strings
+///     for (;;) {
+///       local_sgd_step(params);
+///       if (avg.step_done(measured_us)) avg.sync(params);  // barrier: merge, plan the next one
+///     }
 ///
 /// Guarantee: no rank runs more than max(R, 1) local steps between two barriers (exactly 1
 /// during warm-up). Every rank issues the same collectives in the same order on every sync():
@@ -95,8 +104,11 @@ struct elastic_averager_options {
 /// kernel; it costs one more all-reduce of the tensors). sync() returns when the merged values
 /// are in the tensors. A stalled rank is named by the control communicator's all-gather, which
 /// comes first in every sync().
+///
+/// sync() takes the tensors as a span, a braced list (`sync({a, b})`), one by one
+/// (`sync(a, b)`), or none (`sync()`: the timing exchange and the plan still run).
 template <class C, class Bulk = C>
-class elastic_averager {
+class elastic_averager : public detail::tensor_sync<elastic_averager<C, Bulk>> {
   CADENCE_REQUIRE_COMMUNICATOR(C);
   CADENCE_REQUIRE_COMMUNICATOR(Bulk);
 
@@ -104,15 +116,17 @@ public:
   /// Most durations one step may take: about 12.7 days. Keeps every sum of a history in range.
   static constexpr std::int64_t max_duration_us = std::int64_t{1} << 40;
 
-  /// `config`: "elastic:<R>[:<predictor>][:<variant>]", as make_controller parses it.
-  /// Throws parse_error or invalid_parameter_error naming the string.
+  /// An averager over `comm` (records, hash check and tensors). `config`:
+  /// "elastic:<R>[:<predictor>][:<variant>]", as make_controller parses it; `options`: the
+  /// merge rule, the history, the warm-up, the deadline. Throws parse_error or
+  /// invalid_parameter_error naming the string.
   explicit elastic_averager(C& comm, std::string_view config = "elastic:15",
                             elastic_averager_options options = {})
       : elastic_averager(comm, bulk_of(comm), config, options) {}
 
   /// Records and hash check on `control` (host memory), tensors on `bulk` (device buffers when
-  /// its capabilities say so); both of the same ranks. Throws invalid_parameter_error when
-  /// control takes device buffers or the ranks differ.
+  /// its capabilities say so); both of the same ranks. `config` and `options` as above. Throws
+  /// invalid_parameter_error when control takes device buffers or the ranks differ.
   elastic_averager(C& control, Bulk& bulk, std::string_view config = "elastic:15",
                    elastic_averager_options options = {})
       : comm_(&control), bulk_(&bulk), options_(options), config_(config),
@@ -154,6 +168,8 @@ public:
     ++total_steps_;
     return due();
   }
+  /// step_done() with the step's duration `d` as a std::chrono duration (rounded up to whole
+  /// microseconds).
   template <class Rep, class Period>
   bool step_done(std::chrono::duration<Rep, Period> d) {
     return step_done(static_cast<std::int64_t>(
@@ -163,24 +179,15 @@ public:
   /// Whether the plan says this rank must sync now.
   bool due() const noexcept { return local_steps_ >= planned(); }
 
-  /// The barrier: merges the tensors across ranks (merge rule of the options), exchanges the
+  // sync({a, b}), sync(a, b, ...) and sync() (a barrier without tensors: the timing exchange
+  // and the plan still run) call the form below.
+  using detail::tensor_sync<elastic_averager>::sync;
+  /// The barrier: merges the `tensors` across ranks (merge rule of the options), exchanges the
   /// timing records and puts the next plan in force. Every rank passes the same tensors (count
   /// and dtype) in the same order. Throws invalid_parameter_error, before communicating, when
   /// the plan does not call for a barrier yet or a tensor is bad; transport_error when a peer
   /// fails or stalls, or when the ranks computed different plans. After a transport_error the
   /// communicator has failed: the job ends (collectives are fail-stop).
-  void sync(std::initializer_list<tensor_ref> tensors) {
-    sync(span<const tensor_ref>(tensors.begin(), tensors.size()));
-  }
-  template <class... T,
-            class = std::enable_if_t<(sizeof...(T) > 0) &&
-                                     (std::is_constructible_v<tensor_ref, T&&> && ...)>>
-  void sync(T&&... tensors) {
-    const tensor_ref list[] = {tensor_ref(tensors)...};
-    sync(span<const tensor_ref>(list, sizeof...(T)));
-  }
-  /// A barrier without tensors (the timing exchange and the plan still run).
-  void sync() { sync(span<const tensor_ref>()); }
   void sync(span<const tensor_ref> tensors) {
     if (!due())
       throw invalid_parameter_error(here() + "sync() before the plan calls for it: " +
@@ -236,18 +243,23 @@ public:
 
   /// The plan in force (the same on every rank).
   const elastic_round& round() const noexcept { return round_; }
-  /// Local steps this rank runs before its next barrier, and how many it has done.
+  /// Local steps this rank runs before its next barrier.
   std::int64_t planned() const noexcept {
     return round_.steps[static_cast<std::size_t>(comm_->rank())];
   }
+  /// Local steps this rank has run since its last barrier.
   std::int64_t local_steps() const noexcept { return local_steps_; }
+  /// Local steps this rank has run since it was built.
   std::uint64_t total_steps() const noexcept { return total_steps_; }
   /// Barriers completed, and plans that fell back to one step because prediction failed.
   std::uint64_t barriers() const noexcept { return round_.barrier; }
+  /// Plans that fell back to one step per rank because prediction failed.
   std::uint64_t fallbacks() const noexcept { return planner_.fallbacks(); }
   /// The most local steps any rank ran between two barriers so far (from the records).
   std::int64_t max_local_steps() const noexcept { return max_local_steps_; }
+  /// R: the most local steps a plan gives a rank.
   std::size_t lookahead() const noexcept { return planner_.lookahead(); }
+  /// BSP steps before the first plan (elastic_planner::warmup_steps).
   std::size_t warmup_steps() const noexcept { return planner_.warmup_steps(); }
   /// "elastic:<R>:<predictor>:<variant>", canonical.
   std::string config() const { return planner_.config(); }
@@ -324,4 +336,5 @@ private:
   std::vector<std::int64_t> records_;               // every rank's record, as exchanged
 };
 
+/// @}
 }  // namespace cadence::exchange

@@ -1,11 +1,14 @@
-// Periodic model averaging over any communicator: every rank averages its parameters every k
-// local steps (PyTorch's post-local SGD), the baseline for elastic_averager.
+/// \file
+/// \ingroup exchange
+/// Periodic model averaging over any communicator: every rank averages its parameters every k
+/// local steps (PyTorch's post-local SGD), the baseline for elastic_averager.
 #pragma once
 
 #include <cadence/core/error.hpp>
 #include <cadence/exchange/detail/device.hpp>
 #include <cadence/exchange/detail/merge.hpp>
 #include <cadence/exchange/detail/tensor.hpp>
+#include <cadence/exchange/tensor_ref.hpp>
 #include <cadence/transport/communicator.hpp>
 
 #include <chrono>
@@ -16,6 +19,8 @@
 #include <type_traits>
 
 namespace cadence::exchange {
+/// \addtogroup exchange
+/// @{
 
 /// Local SGD with a fixed period: each rank runs k local steps, then every rank calls sync(),
 /// which replaces the parameters with their average: one all-reduce per dtype, in place where the
@@ -28,14 +33,19 @@ namespace cadence::exchange {
 /// Over a communicator with device buffers (nccl_communicator) the tensors are device pointers,
 /// averaged by NCCL (ncclAvg) on the communicator's stream after an event on the caller's stream
 /// (the constructor's `stream`; null: the legacy default stream).
+///
+/// sync() also takes the tensors as a braced list (`sync({a, b})`), one by one (`sync(a, b)`),
+/// or none (`sync()`: a barrier without tensors).
 template <class C>
-class periodic_averager {
+class periodic_averager : public detail::tensor_sync<periodic_averager<C>> {
   CADENCE_REQUIRE_COMMUNICATOR(C);
 
 public:
-  /// `period` k >= 1 local steps between barriers (1: BSP model averaging); `timeout` bounds
-  /// one sync(). `stream`: device communicators only, the caller's cudaStream_t whose earlier
-  /// work the merge waits for (null: the legacy default stream).
+  /// An averager over `comm`: `period` k >= 1 local steps between barriers (1: BSP model
+  /// averaging); `timeout` bounds one sync(). `stream`: device communicators only, the caller's
+  /// cudaStream_t whose earlier work the merge waits for (null: the legacy default stream).
+  /// Throws invalid_parameter_error for a period of 0, a timeout <= 0, or a stream over a host
+  /// communicator.
   periodic_averager(C& comm, std::size_t period,
                     std::chrono::milliseconds timeout = std::chrono::seconds(60),
                     void* stream = nullptr)
@@ -57,23 +67,14 @@ public:
     ++local_steps_;
     return due();
   }
+  /// Whether this rank must sync() now (period() local steps since the last barrier).
   bool due() const noexcept { return local_steps_ >= period_; }
 
-  /// A barrier without tensors.
-  void sync() { sync(span<const tensor_ref>()); }
-  /// Averages the tensors across ranks (the same tensors, in the same order, on every rank).
+  // sync({a, b}), sync(a, b, ...) and sync() (a barrier without tensors) call the one below.
+  using detail::tensor_sync<periodic_averager>::sync;
+  /// Averages the `tensors` across ranks (the same tensors, in the same order, on every rank).
   /// Throws invalid_parameter_error before communicating when sync() is not due or a tensor is
   /// bad; transport_error when a peer fails or stalls.
-  void sync(std::initializer_list<tensor_ref> tensors) {
-    sync(span<const tensor_ref>(tensors.begin(), tensors.size()));
-  }
-  template <class... T,
-            class = std::enable_if_t<(sizeof...(T) > 0) &&
-                                     (std::is_constructible_v<tensor_ref, T&&> && ...)>>
-  void sync(T&&... tensors) {
-    const tensor_ref list[] = {tensor_ref(tensors)...};
-    sync(span<const tensor_ref>(list, sizeof...(T)));
-  }
   void sync(span<const tensor_ref> tensors) {
     if (!due())
       throw invalid_parameter_error(detail::where("periodic_averager", comm_->rank(), comm_->size()) +
@@ -87,8 +88,11 @@ public:
     ++barriers_;
   }
 
+  /// k: local steps between barriers.
   std::size_t period() const noexcept { return period_; }
+  /// Local steps since the last barrier.
   std::size_t local_steps() const noexcept { return local_steps_; }
+  /// Barriers completed.
   std::uint64_t barriers() const noexcept { return barriers_; }
 
 private:
@@ -102,4 +106,5 @@ private:
   std::uint64_t barriers_ = 0;
 };
 
+/// @}
 }  // namespace cadence::exchange

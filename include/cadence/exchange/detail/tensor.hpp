@@ -1,40 +1,21 @@
-// What the collective adapters share: a caller's tensor as (pointer, count, dtype), the
-// tensor and deadline checks, and the host-side averaging.
+// What the collective adapters share: the tensor and deadline checks, the host-side averaging,
+// and the sync() overloads of the two averagers. The tensor itself: exchange/tensor_ref.hpp.
 #pragma once
 
 #include <cadence/core/error.hpp>
 #include <cadence/core/span.hpp>
+#include <cadence/exchange/tensor_ref.hpp>
 #include <cadence/transport/collectives.hpp>
 #include <cadence/transport/communicator.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <initializer_list>
 #include <string>
-#include <vector>
+#include <type_traits>
 
-namespace cadence::exchange {
-
-/// A caller-owned tensor of f32 or f64 elements: host memory, or device memory over a
-/// communicator with device buffers (NCCL). Adapters never own or resize it; they read and
-/// write `count` elements at `data` during the call that takes it.
-struct tensor_ref {
-  void* data = nullptr;
-  std::size_t count = 0;
-  transport::dtype type = transport::dtype::f32;
-
-  tensor_ref() = default;
-  tensor_ref(float* p, std::size_t n) noexcept : data(p), count(n), type(transport::dtype::f32) {}
-  tensor_ref(double* p, std::size_t n) noexcept : data(p), count(n), type(transport::dtype::f64) {}
-  tensor_ref(span<float> s) noexcept : tensor_ref(s.data(), s.size()) {}    // NOLINT: implicit
-  tensor_ref(span<double> s) noexcept : tensor_ref(s.data(), s.size()) {}   // NOLINT: implicit
-  tensor_ref(std::vector<float>& v) noexcept : tensor_ref(v.data(), v.size()) {}   // NOLINT
-  tensor_ref(std::vector<double>& v) noexcept : tensor_ref(v.data(), v.size()) {}  // NOLINT
-
-  std::size_t bytes() const noexcept { return count * transport::dtype_size(type); }
-};
-
-namespace detail {
+namespace cadence::exchange::detail {
 
 /// "cadence::exchange::elastic_averager on rank 2 of 4: "
 inline std::string where(const char* adapter, int rank, int size) {
@@ -84,6 +65,27 @@ inline void divide(const tensor_ref& t, double by) {
     divide_into(static_cast<double*>(t.data), static_cast<const double*>(t.data), t.count, by);
 }
 
+// The forms of sync() periodic_averager and elastic_averager both offer (a braced list, the
+// tensors one by one, none), each forwarding to Derived::sync(span<const tensor_ref>). Derived
+// brings them in with a using-declaration beside its own span form.
+template <class Derived>
+class tensor_sync {
+public:
+  void sync(std::initializer_list<tensor_ref> tensors) {
+    self().sync(span<const tensor_ref>(tensors.begin(), tensors.size()));
+  }
+  template <class... T,
+            class = std::enable_if_t<(sizeof...(T) > 0) && (std::is_constructible_v<tensor_ref, T&&> && ...)>>
+  void sync(T&&... tensors) {
+    const tensor_ref list[] = {tensor_ref(tensors)...};
+    self().sync(span<const tensor_ref>(list, sizeof...(T)));
+  }
+  void sync() { self().sync(span<const tensor_ref>()); }
+
+private:
+  Derived& self() { return static_cast<Derived&>(*this); }
+};
+
 inline void scale(const tensor_ref& t, double by) {
   if (t.type == transport::dtype::f32) {
     auto* p = static_cast<float*>(t.data);
@@ -95,5 +97,4 @@ inline void scale(const tensor_ref& t, double by) {
   }
 }
 
-}  // namespace detail
-}  // namespace cadence::exchange
+}  // namespace cadence::exchange::detail
