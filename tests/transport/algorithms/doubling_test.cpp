@@ -30,9 +30,9 @@ struct doubling_case {
 
   std::string describe() const {
     return "n " + std::to_string(n) + ", " + cadence::transport::dtype_name(type) + ", " +
-           cadence::transport::reduce_op_name(op) + (average ? " (average)" : "") + ", count " +
-           std::to_string(count) + ", " + flavour_name(wire) + ", " + std::to_string(calls) + " calls" + (seed % 3 == 0 ? ", no eager sends" : "") + ", seed " +
-           std::to_string(seed);
+           cadence::transport::reduce_op_name(op) + (average ? " (average)" : "") + ", count " + std::to_string(count) +
+           ", " + flavour_name(wire) + ", " + std::to_string(calls) + " calls" +
+           (seed % 3 == 0 ? ", no eager sends" : "") + ", seed " + std::to_string(seed);
   }
 };
 
@@ -58,11 +58,11 @@ void check_doubling(const doubling_case& c) {
   REQUIRE(out.all_completed(c.calls));
   CHECK(sim.net().quiet());
   for (int k = 0; k < c.calls; ++k) {
-    const auto want = expected_bytes(inputs[static_cast<std::size_t>(k)], [&](const auto& x, std::size_t) {
-      return doubling_oracle(x, c.op, c.average);
-    });
+    const auto want = expected_bytes(inputs[static_cast<std::size_t>(k)],
+                                     [&](const auto& x, std::size_t) { return doubling_oracle(x, c.op, c.average); });
     const int bad = first_differing(data[static_cast<std::size_t>(k)], want);
-    INFO("call " << k << ": " << (bad < 0 ? std::string() : first_difference(data[static_cast<std::size_t>(k)], bad, want)));
+    INFO("call " << k << ": "
+                 << (bad < 0 ? std::string() : first_difference(data[static_cast<std::size_t>(k)], bad, want)));
     CHECK(bad == -1);
   }
 }
@@ -73,9 +73,9 @@ cadence::transport::detail::collective_signature sig_of(const call& c, std::int6
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-
-
-TEST_CASE("the doubling pairs ranks as MPICH does: p the largest power of two, the extra even ranks hand over to the odd rank above, partners mutual") {
+TEST_CASE(
+    "the doubling pairs ranks as MPICH does: p the largest power of two, the extra even ranks hand over to the odd "
+    "rank above, partners mutual") {
   for (int n = 1; n <= 64; ++n) {
     const cd::doubling g(n);
     INFO("n " << n);
@@ -102,7 +102,9 @@ TEST_CASE("the doubling pairs ranks as MPICH does: p the largest power of two, t
   }
 }
 
-TEST_CASE("recursive doubling gives every rank the bits of a brute-force reduction in its own order, for 1 to 9 ranks, every dtype, op and averaging") {
+TEST_CASE(
+    "recursive doubling gives every rank the bits of a brute-force reduction in its own order, for 1 to 9 ranks, every "
+    "dtype, op and averaging") {
   std::uint64_t seed = 100;
   for (int n = 1; n <= 9; ++n)
     for (dtype t : all_dtypes)
@@ -110,8 +112,10 @@ TEST_CASE("recursive doubling gives every rank the bits of a brute-force reducti
         for (int avg = 0; avg < 2; ++avg) {
           if (avg && (op != reduce_op::sum || !cd::averageable(t))) continue;
           // Fewer elements than ranks, as many, more, and the most the wire takes inline.
-          const std::size_t most = std::max<std::size_t>(64, 8 * static_cast<std::size_t>(n)) / cadence::transport::dtype_size(t);
-          for (std::size_t count : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(n), static_cast<std::size_t>(n) + 3, most}) {
+          const std::size_t most =
+              std::max<std::size_t>(64, 8 * static_cast<std::size_t>(n)) / cadence::transport::dtype_size(t);
+          for (std::size_t count :
+               {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(n), static_cast<std::size_t>(n) + 3, most}) {
             if (count > most) continue;
             doubling_case c;
             c.n = n;
@@ -129,7 +133,9 @@ TEST_CASE("recursive doubling gives every rank the bits of a brute-force reducti
         }
 }
 
-TEST_CASE("over hundreds of seeded delivery schedules, every rank ends every all-reduce of a sequence with the oracle's bits") {
+TEST_CASE(
+    "over hundreds of seeded delivery schedules, every rank ends every all-reduce of a sequence with the oracle's "
+    "bits") {
   for (std::uint64_t seed = 0; seed < 300; ++seed) {
     std::mt19937_64 rng(seed * 7919 + 13);
     doubling_case c;
@@ -137,7 +143,8 @@ TEST_CASE("over hundreds of seeded delivery schedules, every rank ends every all
     c.type = all_dtypes[rng() % 5];
     c.op = all_ops[rng() % 3];
     c.average = c.op == reduce_op::sum && cd::averageable(c.type) && rng() % 2 == 0;
-    const std::size_t most = std::max<std::size_t>(64, 8 * static_cast<std::size_t>(c.n)) / cadence::transport::dtype_size(c.type);
+    const std::size_t most =
+        std::max<std::size_t>(64, 8 * static_cast<std::size_t>(c.n)) / cadence::transport::dtype_size(c.type);
     c.count = std::uniform_int_distribution<std::size_t>(0, most)(rng);
     c.wire = static_cast<int>(rng() % 3);
     c.calls = 3;
@@ -149,7 +156,8 @@ TEST_CASE("over hundreds of seeded delivery schedules, every rank ends every all
   }
 }
 
-TEST_CASE("arguments that differ on one rank fail every rank with a message naming both sides, and no buffer is written") {
+TEST_CASE(
+    "arguments that differ on one rank fail every rank with a message naming both sides, and no buffer is written") {
   int cases = 0;
   for (std::uint64_t seed = 0; seed < 120; ++seed) {
     std::mt19937_64 rng(seed);
@@ -165,7 +173,8 @@ TEST_CASE("arguments that differ on one rank fail every rank with a message nami
       case 3: other.op = reduce_op::max; break;
       case 4: other.average = true; break;
     }
-    INFO("n " << n << ", rank " << odd << " differs (case " << seed % 5 << "), " << flavour_name(wire) << ", seed " << seed);
+    INFO("n " << n << ", rank " << odd << " differs (case " << seed % 5 << "), " << flavour_name(wire) << ", seed "
+              << seed);
     simulation<false> sim(n, flavour(wire));
     sim.watch_buffers = true;
     rank_data data(n, 8, dtype::f64, rng);  // room for any of the calls
@@ -194,7 +203,9 @@ TEST_CASE("arguments that differ on one rank fail every rank with a message nami
   CHECK(cases == 120);
 }
 
-TEST_CASE("a rank on another collective index fails its peers where they compare its message, and looks absent where notices are kept by index") {
+TEST_CASE(
+    "a rank on another collective index fails its peers where they compare its message, and looks absent where notices "
+    "are kept by index") {
   for (int n = 2; n <= 6; ++n)
     for (int wire = 0; wire < 3; ++wire) {
       INFO("n " << n << ", " << flavour_name(wire));
@@ -230,14 +241,17 @@ TEST_CASE("a rank on another collective index fails its peers where they compare
           CHECK_FALSE(x.failed);
           REQUIRE(x.unfinished);
           CHECK(x.awaited.note == "they never started this collective");
-          if (r != odd) CHECK(x.awaited.peers == std::vector<int>{odd});
-          else CHECK(x.awaited.peers.size() == static_cast<std::size_t>(n - 1));
+          if (r != odd)
+            CHECK(x.awaited.peers == std::vector<int>{odd});
+          else
+            CHECK(x.awaited.peers.size() == static_cast<std::size_t>(n - 1));
         }
       }
     }
 }
 
-TEST_CASE("a rank that never starts is named by every rank that waits for it, with the point a blocked wait would block on") {
+TEST_CASE(
+    "a rank that never starts is named by every rank that waits for it, with the point a blocked wait would block on") {
   for (int n = 2; n <= 9; ++n)
     for (int wire = 0; wire < 3; ++wire) {
       std::mt19937_64 rng(static_cast<std::uint64_t>(n * 3 + wire));
@@ -268,14 +282,17 @@ TEST_CASE("a rank that never starts is named by every rank that waits for it, wi
     }
 }
 
-TEST_CASE("a rank that stops mid-collective leaves every rank still waiting naming a peer, and those that finished hold the right sum") {
+TEST_CASE(
+    "a rank that stops mid-collective leaves every rank still waiting naming a peer, and those that finished hold the "
+    "right sum") {
   for (std::uint64_t seed = 0; seed < 150; ++seed) {
     std::mt19937_64 rng(seed + 5000);
     const int n = std::uniform_int_distribution<int>(2, 9)(rng);
     const int stopped = std::uniform_int_distribution<int>(0, n - 1)(rng);
     const int steps = std::uniform_int_distribution<int>(1, 6)(rng);
     const int wire = static_cast<int>(seed % 3);
-    INFO("n " << n << ", rank " << stopped << " stops after " << steps << " steps, " << flavour_name(wire) << ", seed " << seed);
+    INFO("n " << n << ", rank " << stopped << " stops after " << steps << " steps, " << flavour_name(wire) << ", seed "
+              << seed);
     simulation<false> sim(n, flavour(wire));
     rank_data data(n, 6, dtype::i64, rng);
     const rank_data in = data;
@@ -284,7 +301,8 @@ TEST_CASE("a rank that stops mid-collective leaves every rank still waiting nami
     const outcome out = sim.run(rng());
     INFO(out.describe());
     CHECK(out.misuse.empty());
-    const auto want = expected_bytes(in, [](const auto& x, std::size_t) { return doubling_oracle(x, reduce_op::sum, false); });
+    const auto want =
+        expected_bytes(in, [](const auto& x, std::size_t) { return doubling_oracle(x, reduce_op::sum, false); });
     bool someone_names_it = false;
     int waiting = 0;
     for (int r = 0; r < n; ++r) {
@@ -305,7 +323,9 @@ TEST_CASE("a rank that stops mid-collective leaves every rank still waiting nami
   }
 }
 
-TEST_CASE("while one rank's notices are held back no rank writes its buffer; once they move, the all-reduce completes with the oracle's bits") {
+TEST_CASE(
+    "while one rank's notices are held back no rank writes its buffer; once they move, the all-reduce completes with "
+    "the oracle's bits") {
   for (int n = 3; n <= 9; ++n)
     for (int wire = 0; wire < 3; ++wire) {
       INFO("n " << n << ", " << flavour_name(wire));
@@ -329,9 +349,45 @@ TEST_CASE("while one rank's notices are held back no rank writes its buffer; onc
       out = sim.run(rng());
       INFO(out.describe());
       REQUIRE(out.all_completed(1));
-      const auto want = expected_bytes(in, [](const auto& x, std::size_t) { return doubling_oracle(x, reduce_op::sum, false); });
+      const auto want =
+          expected_bytes(in, [](const auto& x, std::size_t) { return doubling_oracle(x, reduce_op::sum, false); });
       CHECK(first_differing(data, want) == -1);
     }
+}
+
+TEST_CASE(
+    "a rank completes only once every peer's notice is in, partner or not, so none is left over for the next "
+    "collective") {
+  // Over four ranks rank 3 is never rank 0's partner (rank 0 exchanges with 1, then 2).
+  for (int wire = 0; wire < 3; ++wire) {
+    INFO(flavour_name(wire));
+    std::mt19937_64 rng(static_cast<std::uint64_t>(wire) + 70);
+    simulation<false> sim(4, flavour(wire));
+    sim.watch_buffers = true;
+    rank_data data(4, 5, dtype::f64, rng);
+    const rank_data in = data;
+    for (int r = 0; r < 4; ++r) sim.add(r, {algorithm::doubling, data.buf(r), 5, dtype::f64, reduce_op::sum, false});
+    sim.net().hold = [](const message& m, step_kind) { return m.notice && m.from == 3 && m.to == 0; };
+    outcome out = sim.run(rng());
+    INFO(out.describe());
+    CHECK(out.misuse.empty());
+    REQUIRE(out.ranks[0].unfinished);
+    CHECK(out.ranks[0].awaited.peers == std::vector<int>{3});
+    CHECK(out.ranks[0].awaited.note == "they never started this collective");
+    CHECK(out.ranks[1].completed == 1);
+    CHECK(out.ranks[2].completed == 1);
+    // Rank 3's notice has not left either: it waits for rank 0 to take it.
+    REQUIRE(out.ranks[3].unfinished);
+    CHECK(out.ranks[3].awaited.peers == std::vector<int>{0});
+    CHECK(out.ranks[3].awaited.note == "it did not take this collective's notice");
+    sim.net().hold = nullptr;
+    out = sim.run(rng());
+    INFO(out.describe());
+    REQUIRE(out.all_completed(1));
+    const auto want =
+        expected_bytes(in, [](const auto& x, std::size_t) { return doubling_oracle(x, reduce_op::sum, false); });
+    CHECK(first_differing(data, want) == -1);
+  }
 }
 
 TEST_CASE("a message longer than the receive a wire posted for it fails the rank that takes it, naming the sender") {
@@ -371,7 +427,8 @@ TEST_CASE("a message longer than the receive a wire posted for it fails the rank
       int named = 0;
       for (int r = 0; r < n; ++r)
         if (out.ranks[static_cast<std::size_t>(r)].failed) {
-          CHECK(contains(out.ranks[static_cast<std::size_t>(r)].error, "rank 1 sent a longer message in collective #1 than allreduce(count 4, i32, sum)"));
+          CHECK(contains(out.ranks[static_cast<std::size_t>(r)].error,
+                         "rank 1 sent a longer message in collective #1 than allreduce(count 4, i32, sum)"));
           ++named;
         }
       CHECK(named >= 1);

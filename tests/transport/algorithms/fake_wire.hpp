@@ -116,19 +116,19 @@ struct message {
   std::uint64_t id = 0;
   int from = 0, to = 0;
   lane on = lane::data;
-  bool notice = false;      // a notice (no data)
-  std::int64_t index = 0;   // the collective it belongs to (the sender's, for a bulk piece)
-  std::string where;        // what it reads from, for messages
+  bool notice = false;     // a notice (no data)
+  std::int64_t index = 0;  // the collective it belongs to (the sender's, for a bulk piece)
+  std::string where;       // what it reads from, for messages
   const unsigned char* src = nullptr;
   std::size_t len = 0;
   std::vector<unsigned char> own;      // a notice's own words (the MPI wire keeps them apart)
   std::vector<unsigned char> posted;   // the bytes when it was posted
   std::vector<unsigned char> payload;  // what travels, read when it is captured
-  bool eager = false;      // may complete before it is received
-  bool captured = false;   // its bytes have been read
-  bool delivered = false;  // they are in the receiver's memory
-  bool completed = false;  // the sender's wire would say so when asked
-  bool reported = false;   // the sender's wire has said so
+  bool eager = false;                  // may complete before it is received
+  bool captured = false;               // its bytes have been read
+  bool delivered = false;              // they are in the receiver's memory
+  bool completed = false;              // the sender's wire would say so when asked
+  bool reported = false;               // the sender's wire has said so
 };
 
 /// The kinds of events the scheduler fires.
@@ -159,8 +159,8 @@ public:
   void attach(std::vector<wire_core*> wires) { wires_ = std::move(wires); }
   wire_core& wire(int r) { return *wires_[static_cast<std::size_t>(r)]; }
 
-  message& post(int from, int to, lane on, bool notice, std::int64_t index, const unsigned char* src,
-                std::size_t len, std::string where, std::size_t eager_bytes) {
+  message& post(int from, int to, lane on, bool notice, std::int64_t index, const unsigned char* src, std::size_t len,
+                std::string where, std::size_t eager_bytes) {
     auto m = std::make_unique<message>();
     m->id = ++ids_;
     m->from = from;
@@ -294,7 +294,8 @@ public:
 
   unsigned char* out_data(std::size_t n) {
     if (out_.size() < head + n) {
-      if (!out_sends_.empty()) misuse("out_data(" + std::to_string(n) + ") grows the outgoing message while its sends are in flight");
+      if (!out_sends_.empty())
+        misuse("out_data(" + std::to_string(n) + ") grows the outgoing message while its sends are in flight");
       out_.resize(head + n, poison);
     }
     return out_.data() + head;
@@ -431,8 +432,7 @@ public:
   void bulk_recv(const cd::call_info&, int p, cd::bulk_region r, std::size_t offset, std::size_t capacity) {
     check_peer(p, "bulk_recv");
     check_region(r, offset, capacity, "bulk_recv");
-    if (r == cd::bulk_region::caller && !exposed_)
-      misuse("a receive posted on the caller's buffer before expose()");
+    if (r == cd::bulk_region::caller && !exposed_) misuse("a receive posted on the caller's buffer before expose()");
     unsigned char* at = bulk_base(r) + offset;
     if (!net_->over_delivered())
       for (const auto& q : sends_)
@@ -463,8 +463,8 @@ public:
     ++net_->activity;
     if (x.got > x.capacity)
       throw cadence::transport_error(cd::describe(c) + ": rank " + std::to_string(p) + " sent a piece of " +
-                                     std::to_string(x.got) + " bytes into a receive of " +
-                                     std::to_string(x.capacity) + " (fake wire)");
+                                     std::to_string(x.got) + " bytes into a receive of " + std::to_string(x.capacity) +
+                                     " (fake wire)");
     got = o_.knows_sizes ? x.got : cd::coll_message::unknown;
     return true;
   }
@@ -615,7 +615,8 @@ private:
     return caller_bytes_;
   }
   void check_region(cd::bulk_region r, std::size_t offset, std::size_t n, const char* call) const {
-    if (r == cd::bulk_region::caller && caller_ == nullptr) misuse(std::string(call) + " on the caller's buffer outside bulk_begin/bulk_end");
+    if (r == cd::bulk_region::caller && caller_ == nullptr)
+      misuse(std::string(call) + " on the caller's buffer outside bulk_begin/bulk_end");
     if (offset > region_size(r) || n > region_size(r) - offset)
       misuse(std::string(call) + " of " + std::to_string(n) + " bytes at " + std::to_string(offset) + " of " +
              region_name(r) + ", which holds " + std::to_string(region_size(r)));
@@ -767,11 +768,11 @@ struct call {
 
 /// What one rank did in a run.
 struct rank_report {
-  int completed = 0;      // calls completed
-  bool failed = false;    // a call threw transport_error
-  std::string error;      // its message
+  int completed = 0;        // calls completed
+  bool failed = false;      // a call threw transport_error
+  std::string error;        // its message
   bool unfinished = false;  // a started call neither completed nor failed
-  cd::waiting awaited;    // for an unfinished call: whom the algorithm says it waits for
+  cd::waiting awaited;      // for an unfinished call: whom the algorithm says it waits for
 };
 
 struct outcome {
@@ -792,7 +793,9 @@ struct outcome {
       const auto& x = ranks[r];
       s += "\n  rank " + std::to_string(r) + ": completed " + std::to_string(x.completed);
       if (x.failed) s += ", failed: " + x.error;
-      if (x.unfinished) s += ", waits for " + (x.awaited.peers.empty() ? std::string("nobody") : cd::rank_list(x.awaited.peers)) + " (" + x.awaited.note + ")";
+      if (x.unfinished)
+        s += ", waits for " + (x.awaited.peers.empty() ? std::string("nobody") : cd::rank_list(x.awaited.peers)) +
+             " (" + x.awaited.note + ")";
     }
     for (const auto& m : misuse) s += "\n  misuse: " + m;
     return s;
@@ -806,8 +809,10 @@ class simulation {
 public:
   using wire_type = fake_wire<OverDelivered>;
 
-  explicit simulation(int n, wire_options o = {}) : simulation(n, std::vector<wire_options>(static_cast<std::size_t>(n), o)) {}
-  explicit simulation(int n, const std::vector<wire_options>& per_rank) : net_(n, OverDelivered), ranks_(static_cast<std::size_t>(n)) {
+  explicit simulation(int n, wire_options o = {})
+      : simulation(n, std::vector<wire_options>(static_cast<std::size_t>(n), o)) {}
+  explicit simulation(int n, const std::vector<wire_options>& per_rank)
+      : net_(n, OverDelivered), ranks_(static_cast<std::size_t>(n)) {
     std::vector<wire_core*> v;
     for (int r = 0; r < n; ++r) {
       wires_.push_back(std::make_unique<wire_type>(net_, r, per_rank[static_cast<std::size_t>(r)]));
@@ -841,11 +846,16 @@ public:
     outcome out;
     std::size_t steps = 0;
     for (; steps < max_steps; ++steps) {
-      const auto& events = net_.enabled();  // until the next call
       std::vector<int>& movable = movable_;
       movable.clear();
       for (int r = 0; r < size(); ++r)
         if (can_act(r)) movable.push_back(r);
+      if (!movable.empty() && std::bernoulli_distribution(p_rank)(rng)) {
+        act(movable[std::uniform_int_distribution<std::size_t>(0, movable.size() - 1)(rng)]);
+        watch();
+        continue;
+      }
+      const auto& events = net_.enabled();  // until the next call
       if (events.empty() && movable.empty()) break;
       if (events.empty()) {
         // Only the ranks can move: one round over all of them tells whether anything still can.
@@ -856,10 +866,7 @@ public:
         if (net_.activity == before && net_.enabled().empty()) break;
         continue;
       }
-      if (!movable.empty() && std::bernoulli_distribution(p_rank)(rng))
-        act(movable[std::uniform_int_distribution<std::size_t>(0, movable.size() - 1)(rng)]);
-      else
-        net_.fire(events[std::uniform_int_distribution<std::size_t>(0, events.size() - 1)(rng)]);
+      net_.fire(events[std::uniform_int_distribution<std::size_t>(0, events.size() - 1)(rng)]);
       watch();
     }
     out.steps = steps;
@@ -1086,13 +1093,15 @@ T doubling_oracle(const std::vector<T>& x, reduce_op op, bool average) {
   std::vector<T> v(static_cast<std::size_t>(g.p));
   for (int in = 0; in < g.p; ++in) {
     const int r = g.outer(in);
-    v[static_cast<std::size_t>(in)] = r < 2 * g.extra ? cd::combine(x[static_cast<std::size_t>(r)], x[static_cast<std::size_t>(r - 1)], op)
-                                                      : x[static_cast<std::size_t>(r)];
+    v[static_cast<std::size_t>(in)] =
+        r < 2 * g.extra ? cd::combine(x[static_cast<std::size_t>(r)], x[static_cast<std::size_t>(r - 1)], op)
+                        : x[static_cast<std::size_t>(r)];
   }
   for (int bit = 1; bit < g.p; bit *= 2) {
     std::vector<T> next(v.size());
     for (int in = 0; in < g.p; ++in)
-      next[static_cast<std::size_t>(in)] = cd::combine(v[static_cast<std::size_t>(in)], v[static_cast<std::size_t>(in ^ bit)], op);
+      next[static_cast<std::size_t>(in)] =
+          cd::combine(v[static_cast<std::size_t>(in)], v[static_cast<std::size_t>(in ^ bit)], op);
     v = next;
   }
   T s = v[0];
@@ -1123,7 +1132,8 @@ std::vector<unsigned char> expected_bytes(const rank_data& in, F&& oracle) {
     using T = decltype(zero);
     std::vector<T> x(in.words.size());
     for (std::size_t i = 0; i < in.count; ++i) {
-      for (std::size_t r = 0; r < x.size(); ++r) std::memcpy(&x[r], in.bytes_of(static_cast<int>(r)) + i * sizeof(T), sizeof(T));
+      for (std::size_t r = 0; r < x.size(); ++r)
+        std::memcpy(&x[r], in.bytes_of(static_cast<int>(r)) + i * sizeof(T), sizeof(T));
       const T v = oracle(x, i);
       std::memcpy(out.data() + i * sizeof(T), &v, sizeof v);
     }

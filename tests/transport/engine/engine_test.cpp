@@ -37,8 +37,6 @@ std::string error_of(F&& f) {
   return "";
 }
 
-
-
 TEST_CASE("collectives activate one at a time in issue order while point-to-point operations complete beside them") {
   scripted b(0, 3);
   float buf[4] = {};
@@ -84,7 +82,8 @@ TEST_CASE("a later collective waits for the earlier one whichever handle is wait
   CHECK(first.test());
 }
 
-TEST_CASE("a failure sticks: the call throws it, and every handle in flight and every later call rethrows it (contract b)") {
+TEST_CASE(
+    "a failure sticks: the call throws it, and every handle in flight and every later call rethrows it (contract b)") {
   scripted b(1, 4);
   float buf[4] = {};
   auto r = b.irecv(buf, 16, 0, 1);
@@ -104,7 +103,7 @@ TEST_CASE("a failure sticks: the call throws it, and every handle in flight and 
   CHECK(error_of([&] { (void)b.try_recv(buf, 4, 0, 0, std::chrono::seconds(1)); }) == first);
   b.abort();
   CHECK(error_of([&] { b.broadcast(buf, 4, 0); }) == first);  // and before "aborted"
-  CHECK(b.started.size() == 2);  // nothing started after the failure
+  CHECK(b.started.size() == 2);                               // nothing started after the failure
 }
 
 TEST_CASE("after abort() with no failure before it, every call and every handle in flight throws naming itself") {
@@ -116,15 +115,17 @@ TEST_CASE("after abort() with no failure before it, every call and every handle 
   b.abort();  // idempotent
   CHECK(b.failed());
   CHECK(b.aborts_seen.load() == 2);
-  CHECK(error_of([&] { w.test(); }) == "cadence::transport[scripted]: allreduce #1 on rank 0 of 2: the communicator was aborted (abort())");
+  CHECK(error_of([&] { w.test(); }) ==
+        "cadence::transport[scripted]: allreduce #1 on rank 0 of 2: the communicator was aborted (abort())");
   CHECK(error_of([&] { b.allreduce(&x, 1, dtype::i32, reduce_op::sum); }) ==
         "cadence::transport[scripted]: allreduce #2 on rank 0 of 2: the communicator was aborted (abort())");
   CHECK(error_of([&] { (void)b.isend(&x, 4, 1, 3); }) ==
         "cadence::transport[scripted]: send #3 on rank 0 of 2: the communicator was aborted (abort())");
 }
 
-TEST_CASE("abort() from another thread wakes a call waiting on the owning thread, which throws naming whom it waited for" *
-          doctest::timeout(60)) {
+TEST_CASE(
+    "abort() from another thread wakes a call waiting on the owning thread, which throws naming whom it waited for" *
+    doctest::timeout(60)) {
   scripted b(0, 3);
   b.waits_for = {{2}, "scripted wait"};
   float buf[2] = {};
@@ -134,7 +135,9 @@ TEST_CASE("abort() from another thread wakes a call waiting on the owning thread
   });
   const std::string e = error_of([&] { b.recv(buf, 8, 2, 0, std::chrono::hours(1)); });
   watchdog.join();
-  CHECK(e == "cadence::transport[scripted]: recv #1 on rank 0 of 3: the communicator was aborted (abort()) while waiting for rank 2");
+  CHECK(e ==
+        "cadence::transport[scripted]: recv #1 on rank 0 of 3: the communicator was aborted (abort()) while waiting "
+        "for rank 2");
   CHECK(b.failed());
   CHECK(b.aborts_seen.load() == 1);
   CHECK(error_of([&] { b.send(buf, 8, 1, 0); }) == e);  // the interrupted wait failed the communicator
@@ -154,13 +157,15 @@ TEST_CASE("a deadline that passes names whom the operation waits for and why, an
   SUBCASE("nobody named: every other rank") {
     scripted b(1, 4);
     b.waits_for = {{}, ""};
-    const std::string e = error_of([&] { b.allreduce(buf, 2, dtype::f32, reduce_op::sum, std::chrono::milliseconds(2)); });
+    const std::string e =
+        error_of([&] { b.allreduce(buf, 2, dtype::f32, reduce_op::sum, std::chrono::milliseconds(2)); });
     CHECK(ends_with(e, " s after the call while waiting for ranks 0, 2, 3"));
   }
   SUBCASE("nobody named on one rank: the rank itself (a timeout that names nobody is a bug)") {
     scripted b(0, 1);
     b.waits_for = {{}, ""};
-    const std::string e = error_of([&] { b.allreduce(buf, 2, dtype::f32, reduce_op::sum, std::chrono::milliseconds(2)); });
+    const std::string e =
+        error_of([&] { b.allreduce(buf, 2, dtype::f32, reduce_op::sum, std::chrono::milliseconds(2)); });
     CHECK(ends_with(e, " s after the call while waiting for rank 0"));
   }
   SUBCASE("a handle's wait") {
@@ -174,11 +179,14 @@ TEST_CASE("a deadline that passes names whom the operation waits for and why, an
   }
 }
 
-TEST_CASE("try_recv whose receive is withdrawn at its deadline returns nothing and leaves the communicator usable; a deadline already passed polls once") {
+TEST_CASE(
+    "try_recv whose receive is withdrawn at its deadline returns nothing and leaves the communicator usable; a "
+    "deadline already passed polls once") {
   scripted b(0, 2);
   float buf[2] = {};
   b.poll_outcomes.push_back({true, false, std::nullopt});
-  const std::optional<int> got = b.try_recv(buf, 8, 1, 4, ct::deadline::at(clock_type::now() - std::chrono::seconds(1)));
+  const std::optional<int> got =
+      b.try_recv(buf, 8, 1, 4, ct::deadline::at(clock_type::now() - std::chrono::seconds(1)));
   CHECK_FALSE(got.has_value());
   CHECK(b.log == std::vector<std::string>{"poll deadline"});
   CHECK(b.started[0]->cancelled);
@@ -199,7 +207,9 @@ TEST_CASE("try_recv completes a message that won the race with its deadline (ret
   CHECK_FALSE(b.failed());
 }
 
-TEST_CASE("try_recv waits longer for data already arriving (extend), and fails at the extended deadline if it still does not come") {
+TEST_CASE(
+    "try_recv waits longer for data already arriving (extend), and fails at the extended deadline if it still does not "
+    "come") {
   float buf[2] = {};
   SUBCASE("it comes") {
     scripted b(0, 3);
@@ -234,7 +244,9 @@ TEST_CASE("wait_until returns false at its time, which is no failure, and a late
   CHECK(w.source() == 1);
 }
 
-TEST_CASE("handles of a destroyed communicator throw from test, wait and wait_until; cancel() returns true; completed ones stay complete") {
+TEST_CASE(
+    "handles of a destroyed communicator throw from test, wait and wait_until; cancel() returns true; completed ones "
+    "stay complete") {
   std::optional<scripted> b;  // destroyed in place: the handles must not reach it again
   b.emplace(2, 3);
   float buf[2] = {};
@@ -244,7 +256,8 @@ TEST_CASE("handles of a destroyed communicator throw from test, wait and wait_un
   auto s = b->isend(buf, 8, 1, 1);
   REQUIRE(s.test());
   b.reset();
-  CHECK(error_of([&] { r.test(); }) == "cadence::transport[scripted]: recv #1 on rank 2 of 3: its communicator was destroyed");
+  CHECK(error_of([&] { r.test(); }) ==
+        "cadence::transport[scripted]: recv #1 on rank 2 of 3: its communicator was destroyed");
   CHECK(error_of([&] { a.wait(std::chrono::minutes(1)); }) ==
         "cadence::transport[scripted]: allreduce #2 on rank 2 of 3: its communicator was destroyed");
   CHECK(error_of([&] { (void)a.wait_until(clock_type::now() + std::chrono::hours(1)); }) ==
@@ -256,25 +269,34 @@ TEST_CASE("handles of a destroyed communicator throw from test, wait and wait_un
   s.wait(std::chrono::minutes(1));
 }
 
-TEST_CASE("bad arguments throw invalid_parameter_error naming the call before anything starts, and leave the communicator usable (contract d)") {
+TEST_CASE(
+    "bad arguments throw invalid_parameter_error naming the call before anything starts, and leave the communicator "
+    "usable (contract d)") {
   scripted b(0, 2);
   float buf[2] = {};
   const std::string head = "cadence::transport[scripted]: ";
   CHECK_THROWS_WITH_AS(b.allreduce(nullptr, 2, dtype::f32, reduce_op::sum),
                        (head + "allreduce #1 on rank 0 of 2: null buffer with 8 bytes").c_str(),
                        cadence::invalid_parameter_error);
-  CHECK_THROWS_WITH_AS(b.iallreduce_average(buf, 2, dtype::i32),
-                       (head + "allreduce_average #2 on rank 0 of 2: dtype i32 is not f32 or f64 (an integer average would have to round)").c_str(),
+  CHECK_THROWS_WITH_AS(
+      b.iallreduce_average(buf, 2, dtype::i32),
+      (head +
+       "allreduce_average #2 on rank 0 of 2: dtype i32 is not f32 or f64 (an integer average would have to round)")
+          .c_str(),
+      cadence::invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(b.broadcast(buf, 8, 2),
+                       (head + "broadcast #3 on rank 0 of 2: root rank 2 is out of range [0, 2)").c_str(),
                        cadence::invalid_parameter_error);
-  CHECK_THROWS_WITH_AS(b.broadcast(buf, 8, 2), (head + "broadcast #3 on rank 0 of 2: root rank 2 is out of range [0, 2)").c_str(),
-                       cadence::invalid_parameter_error);
-  CHECK_THROWS_WITH_AS(b.send(buf, 8, 0, 1),
-                       (head + "send #4 on rank 0 of 2: a send to itself (rank 0) is not supported by the scripted backend").c_str(),
-                       cadence::invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(
+      b.send(buf, 8, 0, 1),
+      (head + "send #4 on rank 0 of 2: a send to itself (rank 0) is not supported by the scripted backend").c_str(),
+      cadence::invalid_parameter_error);
   CHECK_THROWS_WITH_AS(b.recv(buf, 8, 1, -1), (head + "recv #5 on rank 0 of 2: tag -1 is outside [0, 32767]").c_str(),
                        cadence::invalid_parameter_error);
   CHECK_THROWS_WITH_AS(b.ibroadcast(buf, 8, -1),
-                       (head + "broadcast #6 on rank 0 of 2: root rank -1 is out of range [0, 2) (any_source is only for recv on a backend with capabilities().any_source)").c_str(),
+                       (head + "broadcast #6 on rank 0 of 2: root rank -1 is out of range [0, 2) (any_source is only "
+                               "for recv on a backend with capabilities().any_source)")
+                           .c_str(),
                        cadence::invalid_parameter_error);
   std::string late;
   try {
@@ -282,7 +304,8 @@ TEST_CASE("bad arguments throw invalid_parameter_error naming the call before an
   } catch (const cadence::invalid_parameter_error& e) {
     late = e.what();
   }
-  CHECK(starts_with(late, head + "allreduce #7 on rank 0 of 2: its deadline had already passed when it was called (2."));
+  CHECK(
+      starts_with(late, head + "allreduce #7 on rank 0 of 2: its deadline had already passed when it was called (2."));
   CHECK_FALSE(b.failed());
   CHECK(b.started.empty());
   CHECK(b.collectives() == 0);  // no collective index taken: the ranks still meet on #1
@@ -297,7 +320,8 @@ TEST_CASE("the backend's rules reach the checks: host arithmetic, its own dtype 
   float buf[2] = {};
   scripted b(1, 2);
   CHECK_THROWS_WITH_AS(b.allreduce(buf, 1, dtype::f16, reduce_op::sum),
-                       "cadence::transport[scripted]: allreduce #1 on rank 1 of 2: dtype f16 has no host arithmetic (it is for device backends such as NCCL)",
+                       "cadence::transport[scripted]: allreduce #1 on rank 1 of 2: dtype f16 has no host arithmetic "
+                       "(it is for device backends such as NCCL)",
                        cadence::invalid_parameter_error);
   b.rules.host_arithmetic = false;
   b.rules.native_type = [](const cd::call_info& c, dtype t) {
@@ -306,7 +330,8 @@ TEST_CASE("the backend's rules reach the checks: host arithmetic, its own dtype 
   b.complete_on = 1;
   b.allreduce(buf, 1, dtype::f16, reduce_op::sum);  // a device backend's dtype passes
   CHECK_THROWS_WITH_AS(b.allreduce(buf, 1, dtype::u8, reduce_op::sum),
-                       "cadence::transport[scripted]: allreduce #3 on rank 1 of 2: no native u8", cadence::invalid_parameter_error);
+                       "cadence::transport[scripted]: allreduce #3 on rank 1 of 2: no native u8",
+                       cadence::invalid_parameter_error);
   b.p2p.self = true;
   b.send(buf, 8, 1, 0);
   CHECK(b.recv(buf, 8, 1, 0) == 1);

@@ -26,8 +26,6 @@ std::string message_of(F&& f) {
   return "";
 }
 
-
-
 TEST_CASE("a fresh latch lets every call through") {
   cd::failure_latch l;
   CHECK_FALSE(l.failed());
@@ -85,7 +83,8 @@ TEST_CASE("a failure recorded on the owning thread is seen by failed() on anothe
 TEST_CASE("a wait that abort() interrupted names the peers it waited for, or nobody") {
   const auto c = a_call("allreduce", 3);
   CHECK(std::string(cd::failure_latch::aborted_while(c, {0, 2}).what()) ==
-        "cadence::transport[latched]: allreduce #3 on rank 1 of 3: the communicator was aborted (abort()) while waiting for ranks 0, 2");
+        "cadence::transport[latched]: allreduce #3 on rank 1 of 3: the communicator was aborted (abort()) while "
+        "waiting for ranks 0, 2");
   CHECK(std::string(cd::failure_latch::aborted_while(c, {}).what()) ==
         "cadence::transport[latched]: allreduce #3 on rank 1 of 3: the communicator was aborted (abort())");
 }

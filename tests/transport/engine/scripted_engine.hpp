@@ -27,9 +27,9 @@ namespace ct = cadence::transport;
 namespace cd = cadence::transport::detail;
 
 struct scripted_op : cd::operation {
-  int passes = 0;           // progress passes that reached it
-  int complete_on = -1;     // the pass on which it completes (-1: not until the test says)
-  bool fail_next = false;   // its next pass throws transport_error
+  int passes = 0;          // progress passes that reached it
+  int complete_on = -1;    // the pass on which it completes (-1: not until the test says)
+  bool fail_next = false;  // its next pass throws transport_error
 };
 
 class scripted : public cd::progress_engine<scripted, scripted_op> {

@@ -24,9 +24,9 @@ cd::collective_signature random_signature(std::mt19937_64& rng, std::int64_t ind
   return {index, 1 + pick(2), pick(3), pick(2), pick(2), pick(2)};
 }
 
-
-
-TEST_CASE("a signature is six 64-bit words and a summary two signatures and two ranks, trivially copyable: they travel as they are") {
+TEST_CASE(
+    "a signature is six 64-bit words and a summary two signatures and two ranks, trivially copyable: they travel as "
+    "they are") {
   static_assert(std::is_trivially_copyable_v<cd::collective_signature>, "sent as bytes");
   static_assert(std::is_trivially_copyable_v<cd::collective_summary>, "sent as bytes");
   static_assert(sizeof(cd::collective_signature) == 48, "six words");
@@ -40,9 +40,12 @@ TEST_CASE("a signature is six 64-bit words and a summary two signatures and two 
 }
 
 TEST_CASE("describe() names every kind of collective as the error messages do") {
-  CHECK(cd::collective_signature::allreduce(3, 16, dtype::f32, reduce_op::sum, false).describe() == "allreduce(count 16, f32, sum)");
-  CHECK(cd::collective_signature::allreduce(3, 7, dtype::i64, reduce_op::max, false).describe() == "allreduce(count 7, i64, max)");
-  CHECK(cd::collective_signature::allreduce(3, 16, dtype::f64, reduce_op::sum, true).describe() == "allreduce_average(count 16, f64)");
+  CHECK(cd::collective_signature::allreduce(3, 16, dtype::f32, reduce_op::sum, false).describe() ==
+        "allreduce(count 16, f32, sum)");
+  CHECK(cd::collective_signature::allreduce(3, 7, dtype::i64, reduce_op::max, false).describe() ==
+        "allreduce(count 7, i64, max)");
+  CHECK(cd::collective_signature::allreduce(3, 16, dtype::f64, reduce_op::sum, true).describe() ==
+        "allreduce_average(count 16, f64)");
   CHECK(cd::collective_signature::broadcast(3, 64, 2).describe() == "broadcast(64 bytes, root 2)");
   const cd::collective_signature hello{0, static_cast<std::int64_t>(cd::collective_kind::construction), 4, 0, 0, 0};
   CHECK(hello.describe() == "construction(size 4)");
@@ -102,7 +105,9 @@ TEST_CASE("arguments_before is a strict order whose ties are exactly the equal a
     }
 }
 
-TEST_CASE("merged in any order, a summary holds the lowest and highest arguments of every rank, and agrees only when all are equal") {
+TEST_CASE(
+    "merged in any order, a summary holds the lowest and highest arguments of every rank, and agrees only when all are "
+    "equal") {
   for (std::uint64_t seed = 0; seed < 400; ++seed) {
     std::mt19937_64 rng(seed);
     const int n = 1 + static_cast<int>(seed % 9);

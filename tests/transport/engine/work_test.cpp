@@ -22,16 +22,16 @@ struct no_timed_engine {
 template <class W, class = void>
 struct has_wait_until : std::false_type {};
 template <class W>
-struct has_wait_until<W, std::void_t<decltype(std::declval<W&>().wait_until(ct::deadline::clock::now()))>> : std::true_type {};
-
-
+struct has_wait_until<W, std::void_t<decltype(std::declval<W&>().wait_until(ct::deadline::clock::now()))>>
+    : std::true_type {};
 
 TEST_CASE("the engine's handle models the concept's work handle: movable, not copyable, with a noexcept cancel") {
   static_assert(ct::is_work_v<work>, "scripted::work_type is a work handle");
   static_assert(ct::has_async_v<scripted> && ct::has_try_recv_v<scripted> && ct::is_communicator_v<scripted>,
                 "a backend on the engine is a communicator with the optional extensions");
   static_assert(!std::is_copy_constructible_v<work> && !std::is_copy_assignable_v<work>, "handles are not copyable");
-  static_assert(std::is_nothrow_move_constructible_v<work> && std::is_nothrow_move_assignable_v<work>, "moves never throw");
+  static_assert(std::is_nothrow_move_constructible_v<work> && std::is_nothrow_move_assignable_v<work>,
+                "moves never throw");
   static_assert(has_wait_until<work>::value, "the engine offers wait_until");
   static_assert(!has_wait_until<ct::basic_work<no_timed_engine, scripted_op>>::value,
                 "an engine without work_has_wait_until gives its handles no wait_until");
@@ -85,7 +85,9 @@ TEST_CASE("move-assigning over an incomplete handle cancels the operation it hel
   CHECK_FALSE(w.test());
 }
 
-TEST_CASE("cancel() withdraws a receive (true) but not a send or a collective (false); once complete it is true without asking") {
+TEST_CASE(
+    "cancel() withdraws a receive (true) but not a send or a collective (false); once complete it is true without "
+    "asking") {
   scripted b(0, 2);
   float buf[2] = {};
   work r = b.irecv(buf, 8, 1, 0);
