@@ -16,20 +16,31 @@ using namespace cadence;
 using namespace cadence::exchange;
 using namespace cadence::transport;
 
+namespace ps_worker_test {
+
+// Server rank 0 of `world` under ASP for `workers` workers, on its own thread; what it threw
+// lands in `error`.
+std::thread serve(inproc_world& world, const std::vector<float>& w0, std::size_t workers, std::string& error) {
+  return std::thread([&world, &w0, workers, &error] {
+    auto comm = world.join(0);
+    try {
+      parameter_server<inproc_communicator, any_controller> s(comm, w0.size(), w0.data(),
+                                                              make_controller("asp", workers));
+      s.run();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+}
+
+}  // namespace ps_worker_test
+
 TEST_CASE("bad input: a rank in the wrong role, push after finish, a wrong-size gradient" *
           doctest::timeout(60)) {
   inproc_world world(3);
   std::vector<float> w0(10, 1.0f);
   std::string server_error, worker_error_text, role_error_text;
-  std::thread server([&] {
-    auto comm = world.join(0);
-    try {
-      parameter_server<inproc_communicator, any_controller> s(comm, 10, w0.data(), make_controller("asp", 2));
-      s.run();
-    } catch (const std::exception& e) {
-      server_error = e.what();
-    }
-  });
+  std::thread server = ps_worker_test::serve(world, w0, 2, server_error);
   std::thread wrong_size([&] {
     auto comm = world.join(2);
     ps_worker<inproc_communicator> w(comm, 12);  // the servers' model has 10 elements
@@ -72,15 +83,7 @@ TEST_CASE("a worker refuses its own misuse before it sends anything: a server ra
   inproc_world world(2);
   std::vector<float> w0(6, 2.0f);
   std::string server_error;
-  std::thread server([&] {
-    auto comm = world.join(0);
-    try {
-      parameter_server<inproc_communicator, any_controller> s(comm, 6, w0.data(), make_controller("asp", 1));
-      s.run();
-    } catch (const std::exception& e) {
-      server_error = e.what();
-    }
-  });
+  std::thread server = ps_worker_test::serve(world, w0, 1, server_error);
   {
     auto c1 = world.join(1);
     ps_options two_servers;
