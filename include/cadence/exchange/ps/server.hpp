@@ -8,9 +8,9 @@
 /// The parts of this file, in order: the public face (construction, run(), what a server
 /// reports); the map of its state; messages in (dispatch, admission, pushes, finish); releases
 /// (server 0's, and how the other servers follow them); messages out (replies, refusals, notices
-/// to the other servers); transfers in flight; liveness and evictions; the state. The wire
-/// format is in ps/detail/protocol.hpp, the per-worker tables in ps/detail/roster.hpp, the
-/// transfers in flight in ps/detail/flights.hpp.
+/// to the other servers); transfers in flight; liveness and evictions; the state. Beside it in
+/// ps/detail/: the wire format (protocol.hpp), the per-worker tables (roster.hpp), the
+/// transfers in flight (flights.hpp), the statistics (record.hpp).
 #pragma once
 
 #include <cadence/controllers/controller.hpp>
