@@ -263,15 +263,10 @@ TEST_CASE(
     }
 }
 
-// Skipped: a known bug, reported to the lead. root_broadcast's receiver takes a message longer
-// than the receive it asked for (m.too_long) as a signature that differs and names m.sig, which
-// a wire whose truncation hides the head (MPI's wire does) leaves blank: "rank 0 called an
-// unknown collective (kind 0) as collective #0". The small all-reduce has its own wording for
-// it. Neither real wire gets there today (MPI's broadcast is MPI_Ibcast; MPI's wire and gloo's
-// take a whole inline message), so it waits for a wire that posts exactly what it is asked.
+// A regression test: a message longer than the receive, on a wire that hides its head, once
+// read "rank 0 called an unknown collective (kind 0) as collective #0".
 TEST_CASE(
-    "a receiver that takes fewer bytes than the root sends fails naming the root and the sizes, not a blank call" *
-    doctest::skip()) {
+    "a receiver that takes fewer bytes than the root sends fails naming the root and the sizes, not a blank call") {
   wire_options strict = mpi_like();
   strict.posts_inline = false;
   std::mt19937_64 rng(2);
@@ -306,18 +301,9 @@ TEST_CASE("with the root's head handed over, a receiver that takes fewer bytes t
         "called broadcast(20 bytes, root 0), rank 1 called broadcast(12 bytes, root 0)");
 }
 
-// Skipped: a known bug, reported to the lead. root_broadcast<W>::advance never compares the bytes
-// a piece brought with the piece it posted for (the ring does: "the ranks' piece sizes differ"),
-// so a receiver whose wire cuts pieces of another size than the root's (a per-process option:
-// gloo's chunk_bytes, MPI's ring_piece_bytes) completes with the root's pieces at the wrong
-// offsets and poison between them, while the root waits for pieces nobody posts for. Inputs: n 2,
-// root 0, 256 bytes, root piece 16, receiver piece 32, mpi_like, run seed 1.
-TEST_CASE("ranks whose piece sizes differ fail the broadcast instead of placing the root's pieces at other offsets" *
-          doctest::skip()) {
-  // Skipped: a known bug, reported to the lead. root_broadcast<W>::advance never compares the
-  // bytes a piece brought with the piece it posted for (the ring does: "the ranks' piece sizes
-  // differ"), so a receiver whose wire cuts pieces of another size than the root's completes
-  // with the root's pieces at the wrong offsets and garbage between them.
+// A regression test: a receiver whose wire cuts pieces of another size than the root's once
+// placed the root's pieces at its own offsets; the root's head now gives its piece size.
+TEST_CASE("ranks whose piece sizes differ fail the broadcast instead of placing the root's pieces at other offsets") {
   std::mt19937_64 rng(1);
   std::vector<wire_options> o(2, mpi_like());
   o[0].piece = 16;  // the root cuts 16-byte pieces

@@ -361,12 +361,9 @@ TEST_CASE("a rank that never starts keeps every other rank in the ring's agreeme
     }
 }
 
-// Skipped: a known bug, reported to the lead. ring_allreduce::advance's phase 0 returns at the
-// first peer whose notice has not come, so the notices of the peers after it stay untaken and
-// awaited() lists them too: a deadline then says "waiting for ranks 0, 2 (they never started
-// this collective; in the ring all-reduce)" where rank 2 did start (n 3, rank 0 absent, every
-// flavour, any schedule). Taking every notice that has come (continue, not return) would fix it.
-TEST_CASE("a rank that never starts is the only rank the others name in the ring's agreement" * doctest::skip()) {
+// A regression test: phase 0 once returned at the first missing notice, so the deadline named
+// ranks that had started too.
+TEST_CASE("a rank that never starts is the only rank the others name in the ring's agreement") {
   for (int n = 2; n <= 9; ++n)
     for (int wire = 0; wire < 3; ++wire) {
       std::mt19937_64 rng(static_cast<std::uint64_t>(n * 5 + wire));
@@ -406,7 +403,7 @@ TEST_CASE(
     CHECK(out.misuse.empty());
     CHECK_FALSE(sim.wire(to).exposed_ever());
     const auto& named = out.ranks[static_cast<std::size_t>(to)].awaited.peers;
-    CHECK(std::find(named.begin(), named.end(), from) != named.end());  // exactly {from}: the skipped case above
+    CHECK(named == std::vector<int>{from});
     CHECK(std::memcmp(data.bytes_of(to), in.bytes_of(to), data.bytes()) == 0);
     sim.net().hold = nullptr;
     out = sim.run(rng());
@@ -508,15 +505,9 @@ TEST_CASE("a piece of another length than due fails the rank that receives it, n
   }
 }
 
-// Skipped: a known bug, reported to the lead. With fewer elements than ranks some segments are
-// empty, and ring_allreduce::start still sends piece 0 of seg_out(0) (zero bytes) from staging,
-// which the right neighbour never posts a receive for: the empty piece completes the next
-// receive posted. Where sizes are reported the call fails with "rank 0 sent a piece of 0 bytes
-// where 4 were due (the ranks' piece sizes differ)"; where they are not (gloo) it completes with
-// wrong sums or hangs (hybrid flavour, n 4, count 1 to 3, i32 sum, run seed 5). The backends
-// never get there (the ring only runs above inline_capacity() >= 8 * size bytes), but ring.hpp
-// states no precondition; the ZeroMQ ring shares ring_schedule.
-TEST_CASE("the ring sums correctly with fewer elements than ranks, some segments empty" * doctest::skip()) {
+// A regression test: an empty segment once sent a zero-byte piece nobody posted for (a false
+// "piece sizes differ", or wrong sums over a wire that cannot tell sizes).
+TEST_CASE("the ring sums correctly with fewer elements than ranks, some segments empty") {
   for (int n = 2; n <= 6; ++n)
     for (std::size_t count = 1; count < static_cast<std::size_t>(n); ++count)
       for (int wire = 0; wire < 3; ++wire) {
@@ -534,11 +525,8 @@ TEST_CASE("the ring sums correctly with fewer elements than ranks, some segments
       }
 }
 
-// Skipped: a known bug, reported to the lead. On one rank steps() is 0 and sent_by is empty, yet
-// ring_allreduce::start sends the first piece to its right neighbour (itself) and writes
-// sent_by[0] past the end of the vector. The backends finish a one-rank collective before the
-// algorithm starts (activate: size_ == 1), but ring.hpp states no precondition.
-TEST_CASE("the ring on one rank completes and leaves the buffer as it was" * doctest::skip()) {
+// A regression test: on one rank the ring once sent to itself and wrote past sent_by.
+TEST_CASE("the ring on one rank completes and leaves the buffer as it was") {
   std::mt19937_64 rng(1);
   simulation<false> sim(1, mpi_like());
   rank_data data(1, 10, dtype::f32, rng);

@@ -1,7 +1,8 @@
 // The broadcast, written once over a wire (algorithms/wire.hpp): the root sends its signature
 // and, up to the wire's inline capacity, its data in one message to every rank; a larger
-// buffer follows in pieces. A receiver checks the root's signature before anything is posted on
-// its buffer. As MPI_Bcast: the root is done once its data has left; a receiver that never takes
+// buffer follows in pieces, whose size that message gives (piece sizes are each process's
+// option: the root's rule). A receiver checks the root's signature before anything is posted
+// on its buffer, and each piece's length where the wire can tell it. As MPI_Bcast: the root is done once its data has left; a receiver that never takes
 // it is named.
 #pragma once
 
@@ -13,6 +14,7 @@
 #include <cadence/transport/engine/operation.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -32,16 +34,20 @@ struct root_broadcast {
     std::vector<int> others;
     for (int p = 0; p < w.size(); ++p)
       if (p != w.rank()) others.push_back(p);
-    const std::size_t n = inline_data ? o.bytes : 0;
+    const std::size_t piece = w.piece_bytes(1), pieces = chunk_count(o.bytes, piece);
+    const std::size_t n = inline_data ? o.bytes : sizeof(std::uint64_t);
     unsigned char* out = w.out_data(n);
-    if (n != 0) std::memcpy(out, o.buf, n);
+    if (inline_data && n != 0) std::memcpy(out, o.buf, n);
+    if (!inline_data) {
+      const std::uint64_t announced = piece;
+      std::memcpy(out, &announced, sizeof announced);
+    }
     w.send_out(o.c, others, o.sig, collective_summary::of(o.sig, w.rank()), n);
     o.phase = 1;
     o.sent_by.assign(static_cast<std::size_t>(w.size()), 0);
     if (inline_data) return;
     w.bulk_begin(o.c, o.buf, o.bytes, 0);
     w.expose();
-    const std::size_t piece = w.piece_bytes(1), pieces = chunk_count(o.bytes, piece);
     for (int p : others)
       for (std::size_t k = 0; k < pieces; ++k) {
         w.bulk_send(o.c, p, bulk_region::caller, k * piece, chunk_length(o.bytes, piece, k));
@@ -63,11 +69,16 @@ struct root_broadcast {
       o.done = true;
       return;
     }
-    const std::size_t piece = w.piece_bytes(1), pieces = chunk_count(o.bytes, piece);
     if (o.phase == 0) {
       const bool inline_data = o.bytes <= w.inline_capacity();
+      const std::size_t head = sizeof(std::uint64_t);
       coll_message m;
-      if (!w.take(o.c, o.peer, coll_stream::data, o.sig.index, inline_data ? o.bytes : 0, m)) return;
+      if (!w.take(o.c, o.peer, coll_stream::data, o.sig.index, inline_data ? o.bytes : head, m)) return;
+      if (m.too_long && m.sig.kind == 0)  // a wire that truncates hid the head: name the sizes
+        throw transport_error(describe(o.c) + ": arguments differ across ranks in collective #" +
+                              std::to_string(o.sig.index) + ": rank " + std::to_string(o.peer) +
+                              " (the root) sent more than rank " + std::to_string(w.rank()) + "'s " +
+                              o.sig.describe() + " takes");
       if (m.sig != o.sig || m.too_long)
         throw transport_error(describe(o.c) + ": " + arguments_differ(o.sig, w.rank(), m.sig, o.peer));
       if (inline_data) {
@@ -76,17 +87,30 @@ struct root_broadcast {
         o.done = true;
         return;
       }
+      std::uint64_t announced = 0;
+      if (m.bytes == coll_message::unknown || m.bytes == head) std::memcpy(&announced, m.data, head);
       w.release(o.c, o.peer, coll_stream::data);
+      if (announced == 0)
+        throw transport_error(describe(o.c) + ": rank " + std::to_string(o.peer) +
+                              " (the root) sent a broadcast's head without its piece size");
+      o.root_piece = static_cast<std::size_t>(announced);
+      const std::size_t pieces = chunk_count(o.bytes, o.root_piece);
       w.bulk_begin(o.c, o.buf, o.bytes, 0);
       w.expose();
       for (std::size_t k = 0; k < pieces; ++k)
-        w.bulk_recv(o.c, o.peer, bulk_region::caller, k * piece, chunk_length(o.bytes, piece, k));
+        w.bulk_recv(o.c, o.peer, bulk_region::caller, k * o.root_piece, chunk_length(o.bytes, o.root_piece, k));
       o.piece = pieces;
       o.phase = 2;
     }
+    const std::size_t pieces = chunk_count(o.bytes, o.root_piece);
     while (o.piece > 0) {
       std::size_t got = coll_message::unknown;
       if (!w.bulk_recv_done(o.c, o.peer, got)) return;
+      const std::size_t k = pieces - o.piece, due = chunk_length(o.bytes, o.root_piece, k);
+      if (got != coll_message::unknown && got != due)
+        throw transport_error(describe(o.c) + ": in the broadcast, rank " + std::to_string(o.peer) + " sent piece " +
+                              std::to_string(k) + " of " + std::to_string(got) + " bytes where " +
+                              std::to_string(due) + " were due");
       --o.piece;
     }
     w.bulk_end(o.c);

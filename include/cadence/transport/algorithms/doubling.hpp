@@ -12,6 +12,7 @@
 #include <cadence/transport/engine/operation.hpp>
 #include <cadence/transport/engine/signature.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -184,7 +185,8 @@ private:
   [[noreturn]] static void refuse(const W& w, const operation& o, int p, const collective_signature& theirs) {
     if (theirs.is(collective_kind::shutdown)) {
       // A partner that left: the likelier cause is a peer that never started, if one is known.
-      const std::vector<int> absent = missing(w, o);
+      std::vector<int> absent = missing(w, o);
+      absent.erase(std::remove(absent.begin(), absent.end(), p), absent.end());  // it did start: it left
       throw transport_error(describe(o.c) + ": rank " + std::to_string(p) +
                             " destroyed its communicator (it called shutdown) while this rank waited for it" +
                             (absent.empty() ? std::string()

@@ -56,7 +56,8 @@ struct ring_schedule {
 /// arguments that differ can garble scratch but never overrun a buffer), and the first piece
 /// leaves from a copy. A mismatch therefore fails the call before anything reaches the caller's
 /// buffer. Phase 1 runs the steps, each step's receives posted a step ahead; phase 2 waits for
-/// the last sends.
+/// the last sends. Any rank count and element count: one rank is done at once, and a segment
+/// left empty (fewer elements than ranks) moves no piece.
 template <class W>
 struct ring_allreduce {
   static ring_schedule schedule(const W& w, const operation& o) {
@@ -66,6 +67,10 @@ struct ring_allreduce {
 
   static void start(W& w, operation& o) {
     const ring_schedule g = schedule(w, o);
+    if (g.n == 1) {  // the buffer is the result: nothing to send, nobody to wait for
+      o.done = true;
+      return;
+    }
     w.bulk_begin(o.c, o.buf, o.bytes, g.scratch_bytes());
     o.sent_by.assign(static_cast<std::size_t>(g.steps()), 0);
     o.sends_done = 0;
@@ -73,10 +78,12 @@ struct ring_allreduce {
     post(w, o, g, 0);
     if (g.steps() > 1 && g.reduces(1)) post(w, o, g, 1);
     const int seg = g.seg_out(0);
-    const std::size_t len = g.piece_len(seg, 0);
-    std::memcpy(w.bulk_base(bulk_region::staging), w.bulk_base(bulk_region::caller) + g.offset(seg, 0), len);
-    w.bulk_send(o.c, g.right(), bulk_region::staging, 0, len);
-    o.sent_by[0] = 1;
+    if (g.pieces(seg) > 0) {  // fewer elements than ranks leave some segments empty: no piece
+      const std::size_t len = g.piece_len(seg, 0);
+      std::memcpy(w.bulk_base(bulk_region::staging), w.bulk_base(bulk_region::caller) + g.offset(seg, 0), len);
+      w.bulk_send(o.c, g.right(), bulk_region::staging, 0, len);
+      o.sent_by[0] = 1;
+    }
     o.awaiting.assign(static_cast<std::size_t>(g.n), 1);
     o.awaiting[static_cast<std::size_t>(g.r)] = 0;
     std::vector<int> others;
@@ -89,14 +96,21 @@ struct ring_allreduce {
   static void advance(W& w, operation& o) {
     const ring_schedule g = schedule(w, o);
     if (o.phase == 0) {
+      // Every notice that has come is taken, so that a deadline names only the ranks whose
+      // notice is still missing.
+      bool missing = false;
       for (int p = 0; p < g.n; ++p) {
         if (!o.awaiting[static_cast<std::size_t>(p)]) continue;
         coll_message m;
-        if (!w.take(o.c, p, coll_stream::notice, o.sig.index, 0, m)) return;
+        if (!w.take(o.c, p, coll_stream::notice, o.sig.index, 0, m)) {
+          missing = true;
+          continue;
+        }
         if (m.sig != o.sig) throw transport_error(describe(o.c) + ": " + arguments_differ(o.sig, g.r, m.sig, p));
         o.awaiting[static_cast<std::size_t>(p)] = 0;
         w.release(o.c, p, coll_stream::notice);
       }
+      if (missing) return;
       w.expose();  // from here on the wire reads and writes the caller's buffer
       const int seg = g.seg_out(0);
       for (std::size_t k = 1; k < g.pieces(seg); ++k) send(w, o, g, 0, seg, k);

@@ -44,6 +44,7 @@ struct operation {
   int step = 0;                      // ring: the step whose pieces come next
   int posted_step = -1;              // ring: the last step whose receives are posted
   std::size_t piece = 0;             // ring: the next piece of that step; broadcast: pieces left
+  std::size_t root_piece = 0;        // broadcast: the root's piece size (its message says it)
   std::size_t sends_done = 0;        // ring: sends completed, in order
   std::vector<std::size_t> sent_by;  // ring: sends posted up to and including each step
   std::vector<char> awaiting;        // per rank: a notice still to come from it
