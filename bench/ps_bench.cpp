@@ -341,6 +341,8 @@ int run_zmq_process(const config& cfg) {
   zmq_options options;
   options.rendezvous = "tcp://" + cfg.rendezvous;
   options.endpoint = "tcp://" + cfg.address + ":0";
+  // Processes of one job hold one secret: the launcher's, in the environment.
+  options.secret = cadence_bench::process_secret();
   zmq_communicator comm(r, cfg.ranks, options, std::chrono::seconds(120));
   raw_zmq_echo raw;
   char endpoint[256] = {};

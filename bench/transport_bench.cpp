@@ -262,6 +262,7 @@ std::vector<row> run_inproc(const config& cfg) {
 std::vector<row> run_gloo_process(const config& cfg) {
   gloo_options options;
   options.rendezvous = cfg.rendezvous;
+  options.store.secret = cadence_bench::process_secret();  // the TCP store proves it
   options.hostname = cfg.address;
   options.prefix = "cadence-bench-transport";
   gloo_communicator comm(cfg.rank, cfg.ranks, options, std::chrono::seconds(120));

@@ -57,6 +57,7 @@ target_sources(cadence_zmq INTERFACE
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/options.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/collectives.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/colls.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/curve.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/engine.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/ops.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/p2p.hpp

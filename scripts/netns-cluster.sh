@@ -22,7 +22,9 @@
 # COMMAND runs once per host, in its namespace, with these in its environment:
 #   CADENCE_HOST (i), CADENCE_HOSTS (N), CADENCE_HOST_ADDR (its address),
 #   CADENCE_HOST0_ADDR (host 0's address: a rendezvous), CADENCE_NETNS (the namespace's name),
-#   CADENCE_HOST_NETNS (every host's namespace, in host order, separated by spaces)
+#   CADENCE_HOST_NETNS (every host's namespace, in host order, separated by spaces),
+#   CADENCE_JOB_SECRET (the caller's, else one generated for this run: every host's the same,
+#   as a job's processes need it; docs/transports.md, "Security")
 # and with "{host}", "{addr}" and "{host0}" in ARGS replaced by i, its address and host 0's
 # address. Each host's stdout and stderr go to the terminal prefixed with "[host i]". The exit
 # status is the first non-zero status of a host's command (0 if all succeed).
@@ -159,6 +161,10 @@ done
 all_ns=""
 for ((i = 0; i < hosts; i++)); do all_ns+="${all_ns:+ }${prefix}h$i"; done
 export CADENCE_HOSTS=$hosts CADENCE_HOST0_ADDR=10.77.0.1 CADENCE_HOST_NETNS=$all_ns
+if [[ -z ${CADENCE_JOB_SECRET:-} ]]; then
+  CADENCE_JOB_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n') || fail "no random bytes for the job secret"
+fi
+export CADENCE_JOB_SECRET
 pid_host=()
 for ((i = 0; i < hosts; i++)); do
   ((${#run_on[@]} == 0)) || [[ -n ${run_on[$i]:-} ]] || continue

@@ -50,6 +50,10 @@ private:
 template <class Options>
 Options zmq_thread_options(int rank, thread_rendezvous& meet) {
   Options options;
+  // One job secret for the ranks of this process (threads): authenticated and encrypted, as a
+  // job runs by default.
+  static const auto secret = decltype(options.secret)::generate();
+  options.secret = secret;
   if (rank == 0) {
     options.rendezvous = "tcp://127.0.0.1:0";
     options.on_rendezvous_bound = [&meet](const std::string& address) { meet.publish(address); };

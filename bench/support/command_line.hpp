@@ -7,6 +7,8 @@
 
 #include "flags.hpp"  // tools/flags.hpp (the include path names tools/)
 
+#include <cadence/transport/secret.hpp>
+
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -77,6 +79,17 @@ inline void add_common_flags(cadence::tools::command_line& cli, common_config& c
       throw std::logic_error("cadence_bench::add_common_flags: no shared flag " + f.name);
   }
   cli.at_most_one_of({"--json", "--csv"});
+}
+
+/// The job secret of ranks as processes (--rendezvous): every process of one run holds the
+/// same, from CADENCE_JOB_SECRET (the launcher's). Throws usage_error saying how to set it.
+inline cadence::transport::job_secret process_secret() {
+  auto secret = cadence::transport::job_secret::from_environment();
+  if (secret.empty())
+    throw cadence::tools::usage_error(
+        "--rendezvous: set CADENCE_JOB_SECRET to the same hexadecimal secret in every process (e.g. "
+        "$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'))");
+  return secret;
 }
 
 /// Reads argv with cli (the shared flags and the benchmark's own). Returns false when --help

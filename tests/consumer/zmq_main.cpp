@@ -1,5 +1,6 @@
-// A trainer that moves bytes over ZeroMQ through the exported cadence::zmq: two ranks as threads,
-// rank 0's rendezvous on a port the system picks, TCP on 127.0.0.1.
+// A trainer that moves bytes over ZeroMQ through the exported cadence::zmq: two ranks as threads
+// holding one job secret (authenticated and encrypted), rank 0's rendezvous on a port the system
+// picks, TCP on 127.0.0.1.
 #include <cadence/transport/collectives.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
 
@@ -15,9 +16,11 @@ int main() {
   std::condition_variable bound;
   std::string rendezvous;
   int ok[2] = {0, 0};
+  const auto secret = cadence::transport::job_secret::generate();
   auto rank = [&](int r) {
     try {
       cadence::transport::zmq_options options;
+      options.secret = secret;
       if (r == 0) {
         options.rendezvous = "tcp://127.0.0.1:0";
         options.on_rendezvous_bound = [&](const std::string& a) {

@@ -74,5 +74,19 @@ public:
   using error::error;
 };
 
+/// A point-to-point call failed because of one peer alone (it sent a message of another size
+/// than the receive, or one this rank refused), on a backend that isolates such faults: the
+/// communicator stays usable and peer() names the rank, so a server can drop that one worker.
+class peer_error : public transport_error {
+public:
+  /// `what` as every transport error words it; `peer` the rank at fault.
+  peer_error(const std::string& what, int peer) : transport_error(what), peer_(peer) {}
+  /// The rank whose message failed the call.
+  int peer() const noexcept { return peer_; }
+
+private:
+  int peer_;
+};
+
 /// @}
 }  // namespace cadence

@@ -95,8 +95,10 @@ struct capability_flags {
   /// Losing a peer fails only the point-to-point calls that need it (sends to it, receives
   /// from it, an any_source receive whose every candidate is lost), not the communicator:
   /// failed() stays false and traffic with the other ranks goes on, so a parameter server
-  /// drops a crashed worker and serves the others. A collective that loses a peer still fails
-  /// the communicator (rule b). The in-process backend does this; gloo and MPI do not (yet).
+  /// drops a crashed worker and serves the others. A message of another size than its receive
+  /// fails that receive alone too (peer_error naming the sender). A collective that loses a
+  /// peer still fails the communicator (rule b). The in-process and ZeroMQ backends do this;
+  /// gloo and MPI do not (yet).
   bool isolates_lost_peer = false;
   /// Buffers are device pointers (NCCL); host-side helpers refuse such communicators.
   bool device_buffers = false;
@@ -174,9 +176,10 @@ private:
 //     error at once. Nothing retries silently. After abort() (with no failure before it) every
 //     call throws transport_error naming itself.
 //     One exception, where capabilities().isolates_lost_peer: a point-to-point call that
-//     fails only because its peer is lost throws without marking the communicator failed
-//     (failed() stays false, calls with the other ranks go on), so one crashed process does
-//     not take a parameter server down with it.
+//     fails only because of its peer (the peer is lost, or its message has another size than
+//     the receive: peer_error, naming it) throws without marking the communicator failed
+//     (failed() stays false, calls with the other ranks go on), so one crashed or broken
+//     process does not take a parameter server down with it.
 //  c. No call outlives its deadline by more than a polling interval.
 //  d. Bad arguments (null buffer with a nonzero size, rank or root out of range, a negative
 //     tag, a deadline already passed) throw invalid_parameter_error naming the operation and

@@ -54,7 +54,7 @@ public:
   ~inproc_work() { cancel(); }
 
   bool test() {
-    if (op_ && op_->error) throw *op_->error;
+    if (op_ && op_->error) op_->error.rethrow();
     if (!op_ || op_->done || op_->cancelled) return true;
     std::unique_lock<std::mutex> lock(op_->state->mutex);
     auto wake = detail::inproc_clock::time_point::max();
@@ -66,7 +66,7 @@ public:
   }
 
   void wait(deadline d = {}) {
-    if (op_ && op_->error) throw *op_->error;
+    if (op_ && op_->error) op_->error.rethrow();
     if (!op_ || op_->done || op_->cancelled) return;
     std::unique_lock<std::mutex> lock(op_->state->mutex);
     op_->wait(lock, d, /*poll=*/false);

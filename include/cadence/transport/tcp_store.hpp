@@ -1,10 +1,20 @@
 // A rendezvous store over TCP: one process serves a small key-value table on a known
 // host:port and every rank of a job sets and reads keys there, so processes on hosts that share
-// no file system can find each other (what gloo's file store needs a shared folder for).
+// no file system can find each other (what gloo's file store needs a shared folder for). Every
+// connection proves it holds the job secret before it is served, and every request and answer
+// carries a code only a holder of the secret can make (docs/transports.md, "Security").
+//
+//   ---- options ----      tcp_store_options, tcp_store_stats
+//   ---- the wire ----     the greeting, the challenge, message codes (detail)
+//   ---- the server ----   tcp_store_server: one thread, bounded connections and table
+//   ---- the client ----   tcp_store: every call with a deadline, reconnecting as needed
 #pragma once
 
+#include <cadence/core/detail/sha256.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/transport/communicator.hpp>
+#include <cadence/transport/detail/posix.hpp>
+#include <cadence/transport/secret.hpp>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -21,6 +31,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,119 +43,112 @@
 
 namespace cadence::transport {
 
+// ---- options ----
+
 /// Largest key and value the store accepts; a request above them closes its connection.
 inline constexpr std::size_t tcp_store_max_key = 4096;
 inline constexpr std::size_t tcp_store_max_value = std::size_t{64} << 20;
 
+/// How a store (server or client) guards its connections, and the server's bounds.
+struct tcp_store_options {
+  /// The job secret every connection must prove it holds (the default security). Empty with
+  /// `security == authenticated` is refused: give one, or ask for an open store by name.
+  job_secret secret;
+  /// `open` serves (or talks to) anyone who reaches the port, without codes: only when asked
+  /// for by name, and only on loopback unless `force_open_on_network`.
+  wire_security security = wire_security::authenticated;
+  bool force_open_on_network = false;
+  /// The server binds a wildcard address (0.0.0.0, [::]) only when told to: peers must be
+  /// given one of its real addresses anyway.
+  bool allow_wildcard = false;
+  /// Server bounds: connections at once (more are closed on accept), keys and bytes held (a set
+  /// beyond them is refused, not stored), how long a connection may take to authenticate, and
+  /// how long one may stay silent (a client that comes back reconnects by itself).
+  std::size_t max_connections = 1024;
+  std::size_t max_keys = std::size_t{1} << 16;
+  std::size_t max_bytes = std::size_t{256} << 20;
+  std::chrono::milliseconds handshake_timeout{5000};
+  std::chrono::milliseconds idle_timeout{60000};
+  /// Called on the server's thread for every connection it refuses or closes for cause, with a
+  /// line that names the peer's address and what was wrong (for a program's log).
+  std::function<void(const std::string&)> on_event;
+};
+
+/// What a server refused, by cause (each also reported through tcp_store_options::on_event).
+struct tcp_store_stats {
+  std::size_t auth_failures = 0;        // a wrong code in the challenge, or on a request
+  std::size_t protocol_errors = 0;      // a request of an unknown kind, or larger than allowed
+  std::size_t handshake_timeouts = 0;   // connected, never authenticated in time
+  std::size_t idle_closed = 0;          // silent past idle_timeout
+  std::size_t refused_connections = 0;  // beyond max_connections
+  std::size_t refused_sets = 0;         // a set beyond max_keys or max_bytes
+  std::size_t accept_errors = 0;        // accept() failed (EMFILE, ...): the server paused accepting
+  std::size_t poll_errors = 0;
+};
+
+// ---- the wire ----
+
 namespace detail {
 
-// "host:port", "tcp://host:port" or "[v6 address]:port".
-struct host_port {
-  std::string host, port;
-};
-
-inline host_port parse_host_port(const std::string& address, const std::string& who) {
-  std::string a = address;
-  if (a.rfind("tcp://", 0) == 0) a = a.substr(6);
-  host_port hp;
-  std::size_t colon;
-  if (!a.empty() && a.front() == '[') {
-    const auto close = a.find(']');
-    if (close == std::string::npos || close + 1 >= a.size() || a[close + 1] != ':')
-      throw invalid_parameter_error(who + ": the address \"" + address + "\" is not [host]:port");
-    hp.host = a.substr(1, close - 1);
-    colon = close + 1;
-  } else {
-    colon = a.rfind(':');
-    if (colon == std::string::npos)
-      throw invalid_parameter_error(who + ": the address \"" + address + "\" has no port (host:port)");
-    hp.host = a.substr(0, colon);
-  }
-  hp.port = a.substr(colon + 1);
-  if (hp.host.empty())
-    throw invalid_parameter_error(who + ": the address \"" + address + "\" has no host (host:port)");
-  const bool digits = !hp.port.empty() && hp.port.size() <= 5 &&
-                      std::all_of(hp.port.begin(), hp.port.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits || std::stol(hp.port) > 65535)
-    throw invalid_parameter_error(who + ": the port of \"" + address + "\" is not a number in 0..65535");
-  return hp;
-}
-
-struct addrinfo_list {
-  addrinfo* head = nullptr;
-  addrinfo_list() = default;
-  addrinfo_list(const addrinfo_list&) = delete;
-  addrinfo_list& operator=(const addrinfo_list&) = delete;
-  ~addrinfo_list() {
-    if (head != nullptr) ::freeaddrinfo(head);
-  }
-};
-
-inline void resolve(const host_port& hp, bool passive, addrinfo_list& out, const std::string& who) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
-  const int rc = ::getaddrinfo(hp.host.c_str(), hp.port.c_str(), &hints, &out.head);
-  if (rc != 0)
-    throw invalid_parameter_error(who + ": cannot resolve \"" + hp.host + "\": " + ::gai_strerror(rc));
-}
-
-inline int poll_ms(const deadline& d, std::chrono::milliseconds cap = std::chrono::milliseconds(1000)) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining());
-  return static_cast<int>(std::clamp<std::chrono::milliseconds::rep>(left.count() + 1, 0, cap.count()));
-}
-
-// Waits until fd is ready for `events`; false when d passes first. Throws nothing.
-inline bool wait_fd(int fd, short events, const deadline& d) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int rc = ::poll(&p, 1, poll_ms(d));
-    if (rc > 0) return true;
-    if (rc < 0 && errno != EINTR) return true;  // the next read or write reports the error
-    if (d.passed()) return false;
-  }
-}
-
-// The store's wire: a request is op (1 byte), key length and value length (4 bytes each, big
-// endian), the key, the value; an answer is a status byte and a value length, then the value.
+// The server greets every connection with the magic, its mode and a fresh nonce; in the
+// authenticated mode the client answers with its own nonce and a code proving the secret, the
+// server with a code proving it too (a stranger can neither be served nor pose as the store).
+// Then a request is op (1 byte), key length and value length (4 bytes each, big endian), the
+// key, the value; an answer is a status byte, a value length and the value; authenticated, each
+// ends with a 32-byte code over its sequence number and contents, under a key of the session.
 enum store_op : unsigned char { op_set = 'S', op_get = 'G', op_check = 'C' };
+enum store_status : unsigned char { status_absent = 0, status_ok = 1, status_refused = 2 };
+inline constexpr char store_magic[4] = {'C', 'D', 'S', '2'};
+inline constexpr std::size_t store_nonce = 32;
+inline constexpr std::size_t store_code = 32;
+inline constexpr std::size_t store_greeting = 4 + 1 + store_nonce;
 
-inline void put_u32(std::string& s, std::uint32_t v) {
-  const std::uint32_t n = htonl(v);
-  s.append(reinterpret_cast<const char*>(&n), 4);
-}
-inline std::uint32_t get_u32(const char* p) {
-  std::uint32_t n;
-  std::memcpy(&n, p, 4);
-  return ntohl(n);
-}
-
-class fd_guard {
+/// The codes of one connection: derived from the job secret and both nonces.
+class store_session {
 public:
-  explicit fd_guard(int fd = -1) noexcept : fd_(fd) {}
-  fd_guard(fd_guard&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  fd_guard& operator=(fd_guard&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
+  store_session() = default;
+  store_session(const job_secret& secret, const unsigned char* server_nonce, const unsigned char* client_nonce) {
+    const cadence::detail::sha256_digest k = secret.derive("tcp-store");
+    auto tag = [&](const char* what) {
+      cadence::detail::hmac_sha256 h(k.data(), k.size());
+      h.update(what, std::strlen(what)).update(server_nonce, store_nonce).update(client_nonce, store_nonce);
+      return h.finish();
+    };
+    client_proof_ = tag("client");
+    server_proof_ = tag("server");
+    key_ = tag("session");
+    on_ = true;
   }
-  fd_guard(const fd_guard&) = delete;
-  fd_guard& operator=(const fd_guard&) = delete;
-  ~fd_guard() { reset(); }
-  int get() const noexcept { return fd_; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
+  bool on() const noexcept { return on_; }
+  const cadence::detail::sha256_digest& client_proof() const noexcept { return client_proof_; }
+  const cadence::detail::sha256_digest& server_proof() const noexcept { return server_proof_; }
+  /// The code of the message `data` sent in direction `dir` ('Q' request, 'A' answer) as the
+  /// seq-th in that direction.
+  cadence::detail::sha256_digest code(char dir, std::uint64_t seq, const std::string& data) const {
+    cadence::detail::hmac_sha256 h(key_.data(), key_.size());
+    unsigned char s[9];
+    s[0] = static_cast<unsigned char>(dir);
+    for (int i = 0; i < 8; ++i) s[1 + i] = static_cast<unsigned char>(seq >> (56 - 8 * i));
+    h.update(s, sizeof s).update(data);
+    return h.finish();
   }
 
 private:
-  int fd_;
+  bool on_ = false;
+  cadence::detail::sha256_digest client_proof_{}, server_proof_{}, key_{};
 };
 
-inline std::string errno_text(int e) { return std::strerror(e); }
+/// The checks both ends make of their options, naming the end (`who`) and its address.
+inline void check_store_security(const std::string& who, const host_port& hp, const tcp_store_options& o) {
+  if (o.security == wire_security::authenticated && o.secret.empty())
+    throw invalid_parameter_error(who + ": no job secret: set tcp_store_options::secret (job_secret::generate() "
+                                        "on one process, handed to the others), or ask for "
+                                        "wire_security::open by name");
+  if (o.security == wire_security::open && !is_loopback_host(hp.host) && !o.force_open_on_network)
+    throw invalid_parameter_error(who + ": an open store on " + hp.host +
+                                  " would serve anyone who reaches it: use a job secret, or set "
+                                  "force_open_on_network");
+}
 
 }  // namespace detail
 
@@ -152,14 +156,18 @@ inline std::string errno_text(int e) { return std::strerror(e); }
 
 /// Serves the store on `address` ("host:port"; port 0 lets the system choose, address() then
 /// says which) from a thread of its own until destroyed. One process of the job runs it
-/// (usually rank 0, see gloo_options::rendezvous); it holds what the ranks set in memory and
-/// never ends a connection except one that breaks the protocol. Anyone who can reach the port
-/// can read and write the table: serve it on a network the job's hosts trust.
+/// (usually rank 0, see gloo_options::rendezvous); it holds what the ranks set in memory, within
+/// the bounds of its options. A connection that fails to authenticate, breaks the protocol or
+/// stays silent is closed (counted in stats(), reported through on_event); the others go on.
 class tcp_store_server {
 public:
-  explicit tcp_store_server(const std::string& address) {
+  tcp_store_server(const std::string& address, tcp_store_options options) : o_(std::move(options)) {
     const std::string who = "cadence::transport::tcp_store_server";
     const detail::host_port hp = detail::parse_host_port(address, who);
+    detail::check_store_security(who, hp, o_);
+    if (!o_.allow_wildcard && (hp.host == "0.0.0.0" || hp.host == "::" || hp.host == "*"))
+      throw invalid_parameter_error(who + ": \"" + address + "\" binds every interface: name the address the "
+                                          "ranks reach this host by (or set allow_wildcard)");
     detail::addrinfo_list ai;
     detail::resolve(hp, true, ai, who);
     int last_error = 0;
@@ -185,13 +193,9 @@ public:
     sockaddr_storage bound{};
     socklen_t len = sizeof bound;
     ::getsockname(listen_.get(), reinterpret_cast<sockaddr*>(&bound), &len);
-    char host[NI_MAXHOST], port[NI_MAXSERV];
-    ::getnameinfo(reinterpret_cast<sockaddr*>(&bound), len, host, sizeof host, port, sizeof port,
-                  NI_NUMERICHOST | NI_NUMERICSERV);
-    address_ = (bound.ss_family == AF_INET6 ? "[" + std::string(host) + "]" : std::string(host)) + ":" + port;
+    address_ = name_of(bound, len);
     int wake[2];
-    if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0)
-      throw transport_error(who + ": pipe: " + detail::errno_text(errno));
+    if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) throw transport_error(who + ": pipe: " + detail::errno_text(errno));
     wake_read_ = detail::fd_guard(wake[0]);
     wake_write_ = detail::fd_guard(wake[1]);
     ::fcntl(listen_.get(), F_SETFL, O_NONBLOCK);
@@ -215,93 +219,258 @@ public:
     std::lock_guard<std::mutex> lock(mutex_);
     return table_.size();
   }
-  /// Connections that broke the protocol (a request too large or of an unknown kind); each
-  /// was closed.
-  std::size_t rejected() const noexcept { return rejected_.load(std::memory_order_relaxed); }
+  /// What it refused so far, by cause.
+  tcp_store_stats stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+  /// Connections closed for breaking the protocol or failing authentication.
+  std::size_t rejected() const {
+    const auto s = stats();
+    return s.protocol_errors + s.auth_failures;
+  }
 
 private:
+  using clock = std::chrono::steady_clock;
+
+  // One connection: where its handshake is, its session, what of the current message came.
   struct client {
     detail::fd_guard fd;
+    std::string peer;
+    bool authenticated = false;
+    unsigned char nonce[detail::store_nonce] = {};
+    detail::store_session session;
+    std::uint64_t seq_in = 0, seq_out = 0;
     std::string in;
+    clock::time_point since, last;
   };
+
+  static std::string name_of(const sockaddr_storage& a, socklen_t len) {
+    char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
+    ::getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, port, sizeof port,
+                  NI_NUMERICHOST | NI_NUMERICSERV);
+    return (a.ss_family == AF_INET6 ? "[" + std::string(host) + "]" : std::string(host)) + ":" + port;
+  }
+
+  // Counts a refusal and reports it (outside the table's lock).
+  void report(std::size_t tcp_store_stats::*counter, const std::string& line) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++(stats_.*counter);
+    }
+    if (o_.on_event) {
+      try {
+        o_.on_event("cadence::transport::tcp_store_server at " + address_ + ": " + line);
+      } catch (...) {
+      }
+    }
+  }
 
   void serve() {
     std::vector<client> clients;
     std::vector<pollfd> fds;
+    auto accept_paused_until = clock::time_point{};
     while (!stop_.load(std::memory_order_acquire)) {
+      const auto now = clock::now();
+      const bool accepting = now >= accept_paused_until;
       fds.clear();
       fds.push_back({wake_read_.get(), POLLIN, 0});
-      fds.push_back({listen_.get(), POLLIN, 0});
+      fds.push_back({accepting ? listen_.get() : -1, POLLIN, 0});
       for (const client& c : clients) fds.push_back({c.fd.get(), POLLIN, 0});
-      if (::poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) return;
-      if ((fds[1].revents & POLLIN) != 0)
-        for (;;) {
-          const int fd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-          if (fd < 0) break;
-          const int one = 1;
-          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-          clients.push_back({detail::fd_guard(fd), {}});
+      // Wake at least every 100 ms to close connections whose time is up.
+      if (::poll(fds.data(), fds.size(), 100) < 0) {
+        if (errno != EINTR) {
+          report(&tcp_store_stats::poll_errors, "poll failed: " + detail::errno_text(errno));
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
+        continue;
+      }
+      if (accepting && (fds[1].revents & POLLIN) != 0) accept_all(clients, accept_paused_until);
       // fds[2 + i] is clients[i] as they were before the accepts above.
       const std::size_t polled = fds.size() - 2;
       for (std::size_t i = 0; i < polled; ++i)
         if (fds[2 + i].revents != 0 && !serve_one(clients[i])) clients[i].fd.reset();
+      expire(clients, clock::now());
       clients.erase(std::remove_if(clients.begin(), clients.end(), [](const client& c) { return c.fd.get() < 0; }),
                     clients.end());
     }
   }
 
-  // Reads what c sent and answers every whole request; false when c is gone or broke the wire.
+  void accept_all(std::vector<client>& clients, clock::time_point& paused_until) {
+    for (;;) {
+      sockaddr_storage from{};
+      socklen_t len = sizeof from;
+      const int fd = ::accept4(listen_.get(), reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) return;
+        // Out of descriptors (EMFILE, ENFILE) or memory: the pending connection stays queued in
+        // the kernel; stop polling the listener for a moment instead of spinning on it.
+        report(&tcp_store_stats::accept_errors,
+               "accept failed: " + detail::errno_text(errno) + "; pausing new connections for 100 ms");
+        paused_until = clock::now() + std::chrono::milliseconds(100);
+        return;
+      }
+      detail::fd_guard guard(fd);
+      const std::string peer = name_of(from, len);
+      if (clients.size() >= o_.max_connections) {
+        report(&tcp_store_stats::refused_connections,
+               "refused a connection from " + peer + ": " + std::to_string(o_.max_connections) + " are open");
+        continue;
+      }
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      client c;
+      c.fd = std::move(guard);
+      c.peer = peer;
+      c.since = c.last = clock::now();
+      std::string greeting(detail::store_magic, 4);
+      const bool auth = o_.security == wire_security::authenticated;
+      greeting.push_back(auth ? 1 : 0);
+      cadence::detail::random_bytes(c.nonce, sizeof c.nonce);
+      greeting.append(reinterpret_cast<const char*>(c.nonce), sizeof c.nonce);
+      c.authenticated = !auth;
+      if (!send_all(c.fd.get(), greeting)) continue;
+      clients.push_back(std::move(c));
+    }
+  }
+
+  // Closes what is past its time: a handshake not done, a connection silent too long.
+  void expire(std::vector<client>& clients, clock::time_point now) {
+    for (client& c : clients) {
+      if (c.fd.get() < 0) continue;
+      if (!c.authenticated && now - c.since > o_.handshake_timeout) {
+        report(&tcp_store_stats::handshake_timeouts,
+               "closed " + c.peer + ": it did not authenticate within " +
+                   std::to_string(o_.handshake_timeout.count()) + " ms");
+        c.fd.reset();
+      } else if (c.authenticated && now - c.last > o_.idle_timeout) {
+        report(&tcp_store_stats::idle_closed,
+               "closed " + c.peer + ": silent for " + std::to_string(o_.idle_timeout.count()) + " ms");
+        c.fd.reset();
+      }
+    }
+  }
+
+  // How many bytes the message c is reading needs in all, from what has come (0: not known yet).
+  std::size_t needed(const client& c, std::string& why) const {
+    const bool auth = o_.security == wire_security::authenticated;
+    if (!c.authenticated) return detail::store_nonce + detail::store_code;
+    if (c.in.size() < 9) return 9;
+    const auto op = static_cast<unsigned char>(c.in[0]);
+    const std::size_t klen = detail::get_u32(c.in.data() + 1), vlen = detail::get_u32(c.in.data() + 5);
+    if (op != detail::op_set && op != detail::op_get && op != detail::op_check) {
+      why = "a request of unknown kind " + std::to_string(op);
+      return 0;
+    }
+    if (klen == 0 || klen > tcp_store_max_key || vlen > tcp_store_max_value || (op != detail::op_set && vlen != 0)) {
+      why = "a request with a " + std::to_string(klen) + "-byte key and a " + std::to_string(vlen) + "-byte value";
+      return 0;
+    }
+    return 9 + klen + vlen + (auth ? detail::store_code : 0);
+  }
+
+  // Reads what c sent, never more than the message it is in needs, and answers every whole
+  // one; false when c is gone or is to be closed.
   bool serve_one(client& c) {
     char buf[65536];
     for (;;) {
-      const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
+      std::string why;
+      const std::size_t want = needed(c, why);
+      if (want == 0) {
+        report(&tcp_store_stats::protocol_errors, "closed " + c.peer + ": " + why);
+        return false;
+      }
+      if (c.in.size() >= want) {
+        if (!handle(c, want)) return false;
+        c.in.erase(0, want);
+        continue;
+      }
+      const std::size_t room = std::min(sizeof buf, want - c.in.size());
+      const ssize_t n = ::recv(c.fd.get(), buf, room, 0);
       if (n > 0) {
         c.in.append(buf, static_cast<std::size_t>(n));
+        c.last = clock::now();
         continue;
       }
       if (n == 0) return false;
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      return false;
+      return errno == EAGAIN || errno == EWOULDBLOCK;
     }
-    std::size_t at = 0;
-    while (c.in.size() - at >= 9) {
-      const char* h = c.in.data() + at;
-      const auto op = static_cast<unsigned char>(h[0]);
-      const std::size_t klen = detail::get_u32(h + 1), vlen = detail::get_u32(h + 5);
-      if ((op != detail::op_set && op != detail::op_get && op != detail::op_check) || klen > tcp_store_max_key ||
-          vlen > tcp_store_max_value || (op != detail::op_set && vlen != 0)) {
-        rejected_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // One whole message of c (the first `n` bytes of c.in).
+  bool handle(client& c, std::size_t n) {
+    const bool auth = o_.security == wire_security::authenticated;
+    if (!c.authenticated) {  // the client's nonce and its proof
+      const auto* nonce = reinterpret_cast<const unsigned char*>(c.in.data());
+      c.session = detail::store_session(o_.secret, c.nonce, nonce);
+      if (!cadence::detail::equal_in_constant_time(c.in.data() + detail::store_nonce, c.session.client_proof().data(),
+                                          detail::store_code)) {
+        report(&tcp_store_stats::auth_failures, "closed " + c.peer + ": it does not hold the job secret");
+        // A proof of zeros tells an honest client of another job why, before the close.
+        send_all(c.fd.get(), std::string(detail::store_code, '\0'));
         return false;
       }
-      if (c.in.size() - at < 9 + klen + vlen) break;
-      std::string key(h + 9, klen);
-      std::string answer;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (op == detail::op_set) {
-          table_[std::move(key)] = std::string(h + 9 + klen, vlen);
-          answer.push_back(1);
-          detail::put_u32(answer, 0);
-        } else {
-          const auto it = table_.find(key);
-          answer.push_back(it != table_.end() ? 1 : 0);
-          const bool with_value = op == detail::op_get && it != table_.end();
-          detail::put_u32(answer, with_value ? static_cast<std::uint32_t>(it->second.size()) : 0);
-          if (with_value) answer += it->second;
-        }
-      }
-      at += 9 + klen + vlen;
-      if (!send_answer(c.fd.get(), answer)) return false;
+      c.authenticated = true;
+      return send_all(c.fd.get(), std::string(reinterpret_cast<const char*>(c.session.server_proof().data()),
+                                              detail::store_code));
     }
-    c.in.erase(0, at);
-    return true;
+    const std::size_t body = n - (auth ? detail::store_code : 0);
+    const std::string request(c.in.data(), body);
+    if (auth) {
+      const auto code = c.session.code('Q', c.seq_in++, request);
+      if (!cadence::detail::equal_in_constant_time(c.in.data() + body, code.data(), detail::store_code)) {
+        report(&tcp_store_stats::auth_failures, "closed " + c.peer + ": a request's code is wrong");
+        return false;
+      }
+    }
+    const auto op = static_cast<unsigned char>(request[0]);
+    const std::size_t klen = detail::get_u32(request.data() + 1), vlen = detail::get_u32(request.data() + 5);
+    std::string key(request.data() + 9, klen);
+    std::string answer;
+    bool refused = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (op == detail::op_set) {
+        const auto it = table_.find(key);
+        const std::size_t old = it == table_.end() ? 0 : it->first.size() + it->second.size();
+        const bool room = (it != table_.end() || table_.size() < o_.max_keys) &&
+                          bytes_ - old + klen + vlen <= o_.max_bytes;
+        if (room) {
+          bytes_ = bytes_ - old + klen + vlen;
+          table_[std::move(key)] = request.substr(9 + klen, vlen);
+          answer.push_back(static_cast<char>(detail::status_ok));
+        } else {
+          ++stats_.refused_sets;
+          refused = true;
+          answer.push_back(static_cast<char>(detail::status_refused));
+        }
+        detail::put_u32(answer, 0);
+      } else {
+        const auto it = table_.find(key);
+        answer.push_back(static_cast<char>(it != table_.end() ? detail::status_ok : detail::status_absent));
+        const bool with_value = op == detail::op_get && it != table_.end();
+        detail::put_u32(answer, with_value ? static_cast<std::uint32_t>(it->second.size()) : 0);
+        if (with_value) answer += it->second;
+      }
+    }
+    if (refused && o_.on_event)
+      try {
+        o_.on_event("cadence::transport::tcp_store_server at " + address_ + ": refused a set from " + c.peer +
+                    ": the table is full (" + std::to_string(o_.max_keys) + " keys, " + std::to_string(o_.max_bytes) +
+                    " bytes)");
+      } catch (...) {
+      }
+    if (auth) {
+      const auto code = c.session.code('A', c.seq_out++, answer);
+      answer.append(reinterpret_cast<const char*>(code.data()), code.size());
+    }
+    return send_all(c.fd.get(), answer);
   }
 
   // A client that stops reading its answers for a second is dropped rather than stall the
   // others (answers are small; a healthy client reads each one before its next request).
-  bool send_answer(int fd, const std::string& a) {
+  static bool send_all(int fd, const std::string& a) {
     std::size_t sent = 0;
     const deadline d(std::chrono::seconds(1));
     while (sent < a.size()) {
@@ -318,12 +487,14 @@ private:
     return true;
   }
 
+  tcp_store_options o_;
   detail::fd_guard listen_, wake_read_, wake_write_;
   std::string address_;
   std::atomic<bool> stop_{false};
-  std::atomic<std::size_t> rejected_{0};
-  mutable std::mutex mutex_;
+  mutable std::mutex mutex_;  // guards table_, bytes_ and stats_
   std::map<std::string, std::string> table_;
+  std::size_t bytes_ = 0;
+  tcp_store_stats stats_;
   std::thread thread_;
 };
 
@@ -331,49 +502,59 @@ private:
 
 /// One rank's connection to a tcp_store_server. Every call has a deadline; a server that is not
 /// up yet (connection refused) is retried until then, and a connection that breaks (the server
-/// restarted, or a server of an earlier communicator went away) is opened again and this
-/// client's own keys are set again before the call goes on, so ranks may start in any order.
-/// One thread uses a client at a time.
+/// restarted, or a server of an earlier communicator went away, or closed it as idle) is opened
+/// again and this client's own keys are set again before the call goes on, so ranks may start
+/// in any order. A server that does not prove the job secret, or that answers with a wrong code,
+/// is never believed. One thread uses a client at a time.
 class tcp_store {
 public:
   /// Connects to `address` ("host:port"), retrying every `retry` until `d`. Throws
-  /// invalid_parameter_error for an address it cannot parse or resolve, and transport_error
-  /// naming the address when nothing answers there before `d`.
-  explicit tcp_store(std::string address, deadline d = {},
-                     std::chrono::milliseconds retry = std::chrono::milliseconds(20))
-      : address_(std::move(address)), retry_(retry) {
+  /// invalid_parameter_error for an address it cannot parse or resolve or options it refuses,
+  /// and transport_error naming the address when nothing answers there before `d`, or when the
+  /// store there does not prove the job secret (or demands one this client lacks).
+  tcp_store(std::string address, tcp_store_options options, deadline d = {},
+            std::chrono::milliseconds retry = std::chrono::milliseconds(20))
+      : address_(std::move(address)), o_(std::move(options)), retry_(retry) {
     const detail::host_port hp = detail::parse_host_port(address_, who());
+    detail::check_store_security(who(), hp, o_);
     detail::resolve(hp, false, peer_, who());
     connect(d);
   }
 
   const std::string& address() const noexcept { return address_; }
 
-  /// Sets `key` to `value` (replacing an earlier value).
+  /// Sets `key` to `value` (replacing an earlier value). Throws transport_error when the store
+  /// refuses it (its table is full).
   void set(const std::string& key, const std::string& value, deadline d = {}) {
     check_key(key);
     if (value.size() > tcp_store_max_value)
       throw invalid_parameter_error(who() + ": the value of \"" + key + "\" has " + std::to_string(value.size()) +
                                     " bytes, more than the store's " + std::to_string(tcp_store_max_value));
     mine_[key] = value;
-    ask(detail::op_set, key, value, d);
+    if (ask(detail::op_set, key, value, d) == detail::status_refused)
+      throw transport_error(who() + ": the store at " + address_ + " refused \"" + key + "\": its table is full");
   }
 
   /// The value of `key`, or nothing when no rank has set it yet.
   std::optional<std::string> try_get(const std::string& key, deadline d = {}) {
     check_key(key);
     std::string value;
-    if (!ask(detail::op_get, key, {}, d, &value)) return std::nullopt;
+    if (ask(detail::op_get, key, {}, d, &value) != detail::status_ok) return std::nullopt;
     return value;
   }
 
   /// The value of `key`, waiting (polling every `poll`) until some rank sets it. Throws
   /// transport_error naming the key when `d` passes first.
-  std::string get(const std::string& key, deadline d = {},
-                  std::chrono::milliseconds poll = std::chrono::milliseconds(5)) {
+  std::string get(const std::string& key, deadline d = {}, std::chrono::milliseconds poll = std::chrono::milliseconds(5)) {
+    const auto late = [&] { return transport_error(who() + ": no rank set \"" + key + "\" at " + address_ + " in time"); };
     for (;;) {
-      if (auto v = try_get(key, d)) return std::move(*v);
-      if (d.passed()) throw transport_error(who() + ": no rank set \"" + key + "\" at " + address_ + " in time");
+      try {
+        if (auto v = try_get(key, d)) return std::move(*v);
+      } catch (const transport_error&) {
+        if (d.passed()) throw late();  // the deadline passed with a request in flight
+        throw;
+      }
+      if (d.passed()) throw late();
       std::this_thread::sleep_for(poll);
     }
   }
@@ -383,7 +564,7 @@ public:
     std::vector<std::string> out;
     for (const std::string& k : keys) {
       check_key(k);
-      if (!ask(detail::op_check, k, {}, d)) out.push_back(k);
+      if (ask(detail::op_check, k, {}, d) != detail::status_ok) out.push_back(k);
     }
     return out;
   }
@@ -393,15 +574,21 @@ public:
   void wait(const std::vector<std::string>& keys, deadline d = {},
             std::chrono::milliseconds poll = std::chrono::milliseconds(5)) {
     std::vector<std::string> left = keys;
+    const auto late = [&] {
+      std::string names;
+      for (std::size_t i = 0; i < left.size() && i < 8; ++i) names += (i ? ", \"" : "\"") + left[i] + "\"";
+      if (left.size() > 8) names += " and " + std::to_string(left.size() - 8) + " more";
+      return transport_error(who() + ": nobody set " + names + " at " + address_ + " in time");
+    };
     for (;;) {
-      left = missing(left, d);
-      if (left.empty()) return;
-      if (d.passed()) {
-        std::string names;
-        for (std::size_t i = 0; i < left.size() && i < 8; ++i) names += (i ? ", \"" : "\"") + left[i] + "\"";
-        if (left.size() > 8) names += " and " + std::to_string(left.size() - 8) + " more";
-        throw transport_error(who() + ": nobody set " + names + " at " + address_ + " in time");
+      try {
+        left = missing(left, d);
+      } catch (const transport_error&) {
+        if (d.passed()) throw late();  // the deadline passed with a request in flight: as last seen
+        throw;
       }
+      if (left.empty()) return;
+      if (d.passed()) throw late();
       std::this_thread::sleep_for(poll);
     }
   }
@@ -415,6 +602,9 @@ private:
                                     " bytes, not " + std::to_string(key.size()));
   }
 
+  // Opens a connection and completes the greeting (and, authenticated, the challenge). A store
+  // that cannot prove the secret, or whose mode differs from ours, is an error at once: waiting
+  // would not change it.
   void connect(const deadline& d) {
     int last_error = 0;
     for (;;) {
@@ -445,7 +635,9 @@ private:
         const int one = 1;
         ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         fd_ = std::move(fd);
-        return;
+        if (greet(d)) return;
+        fd_.reset();
+        last_error = ECONNRESET;
       }
       if (d.passed())
         throw transport_error(who() + ": nothing answered at " + address_ + " in time (last error: " +
@@ -454,27 +646,59 @@ private:
     }
   }
 
+  // False when the connection broke during the greeting (the caller retries).
+  bool greet(const deadline& d) {
+    char g[detail::store_greeting];
+    if (!read_all(g, sizeof g, d)) return false;
+    if (std::memcmp(g, detail::store_magic, 4) != 0)
+      throw transport_error(who() + ": what answers at " + address_ + " is not a Cadence store (or an older one)");
+    const bool theirs = g[4] != 0, ours = o_.security == wire_security::authenticated;
+    if (theirs != ours)
+      throw transport_error(who() + ": the store at " + address_ +
+                            (theirs ? " demands a job secret; this process has none (an open client)"
+                                    : " is open (it authenticates nobody); this process holds a job secret and will not "
+                                      "trust it"));
+    seq_out_ = seq_in_ = 0;
+    if (!ours) {
+      session_ = {};
+      return true;
+    }
+    unsigned char nonce[detail::store_nonce];
+    cadence::detail::random_bytes(nonce, sizeof nonce);
+    session_ = detail::store_session(o_.secret, reinterpret_cast<const unsigned char*>(g + 5), nonce);
+    std::string hello(reinterpret_cast<const char*>(nonce), sizeof nonce);
+    hello.append(reinterpret_cast<const char*>(session_.client_proof().data()), detail::store_code);
+    if (!write_all(hello.data(), hello.size(), d)) return false;
+    char proof[detail::store_code];
+    if (!read_all(proof, sizeof proof, d)) return false;
+    if (!cadence::detail::equal_in_constant_time(proof, session_.server_proof().data(), detail::store_code))
+      throw transport_error(who() + ": the store at " + address_ +
+                            " and this process hold different job secrets (another job's store, or a stranger)");
+    return true;
+  }
+
   // Sends one request and reads its answer; returns the status byte. A broken connection is
   // opened again (setting this client's keys again first) until `d`.
-  bool ask(detail::store_op op, const std::string& key, const std::string& value, const deadline& d,
-           std::string* out = nullptr) {
+  unsigned char ask(detail::store_op op, const std::string& key, const std::string& value, const deadline& d,
+                    std::string* out = nullptr) {
     for (;;) {
       if (fd_.get() < 0) {
         connect(d);
         if (!replay(d)) continue;
       }
-      bool status = false;
+      unsigned char status = 0;
       if (exchange(op, key, value, d, status, out)) return status;
       fd_.reset();
-      if (d.passed())
-        throw transport_error(who() + ": the connection to " + address_ + " broke and did not come back in time");
+      if (d.passed())  // mid-request: the answer did not come in time, or the connection broke
+        throw transport_error(who() + ": the store at " + address_ + " did not answer in time (no answer, or the "
+                              "connection broke and did not come back)");
       std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(retry_, d.remaining()));
     }
   }
 
   bool replay(const deadline& d) {
     for (const auto& [k, v] : mine_) {
-      bool status = false;
+      unsigned char status = 0;
       if (!exchange(detail::op_set, k, v, d, status, nullptr)) {
         fd_.reset();
         return false;
@@ -483,25 +707,36 @@ private:
     return true;
   }
 
-  // False when the connection broke (or d passed) mid-request.
+  // False when the connection broke (or d passed) mid-request, or the answer's code is wrong.
   bool exchange(detail::store_op op, const std::string& key, const std::string& value, const deadline& d,
-                bool& status, std::string* out) {
+                unsigned char& status, std::string* out) {
     std::string req;
-    req.reserve(9 + key.size() + value.size());
+    req.reserve(9 + key.size() + value.size() + detail::store_code);
     req.push_back(static_cast<char>(op));
     detail::put_u32(req, static_cast<std::uint32_t>(key.size()));
     detail::put_u32(req, static_cast<std::uint32_t>(value.size()));
     req += key;
     req += value;
+    if (session_.on()) {
+      const auto code = session_.code('Q', seq_out_++, req);
+      req.append(reinterpret_cast<const char*>(code.data()), code.size());
+    }
     if (!write_all(req.data(), req.size(), d)) return false;
     char head[5];
     if (!read_all(head, 5, d)) return false;
-    status = head[0] != 0;
+    status = static_cast<unsigned char>(head[0]);
     const std::size_t len = detail::get_u32(head + 1);
     if (len > tcp_store_max_value) return false;
-    std::string v(len, '\0');
-    if (len > 0 && !read_all(v.data(), len, d)) return false;
-    if (out != nullptr) *out = std::move(v);
+    std::string answer(head, 5);
+    answer.resize(5 + len);
+    if (len > 0 && !read_all(answer.data() + 5, len, d)) return false;
+    if (session_.on()) {
+      char code[detail::store_code];
+      if (!read_all(code, sizeof code, d)) return false;
+      const auto want = session_.code('A', seq_in_++, answer);
+      if (!cadence::detail::equal_in_constant_time(code, want.data(), detail::store_code)) return false;
+    }
+    if (out != nullptr) *out = answer.substr(5);
     return true;
   }
 
@@ -540,9 +775,12 @@ private:
   }
 
   std::string address_;
+  tcp_store_options o_;
   std::chrono::milliseconds retry_;
   detail::addrinfo_list peer_;
   detail::fd_guard fd_;
+  detail::store_session session_;
+  std::uint64_t seq_out_ = 0, seq_in_ = 0;
   std::map<std::string, std::string> mine_;  // what this client set, for a new connection
 };
 

@@ -21,17 +21,29 @@ using cadence_conformance::expect_throw;
 
 namespace {
 
+// One job's secret, shared by every rank of these tests (as a launcher hands it to its processes).
+const job_secret& the_secret() {
+  static const job_secret s = job_secret::generate();
+  return s;
+}
+tcp_store_options store_options() {
+  tcp_store_options o;
+  o.secret = the_secret();
+  return o;
+}
+
 gloo_options tcp_options(const std::string& address, const std::string& prefix, bool serve) {
   gloo_options o;
   o.rendezvous = address;
   o.serve_rendezvous = serve;
   o.prefix = prefix;
+  o.store = store_options();
   return o;
 }
 
 // A port that nothing serves once the probe is gone (SO_REUSEADDR lets rank 0 bind it again).
 std::string free_address() {
-  tcp_store_server probe("127.0.0.1:0");
+  tcp_store_server probe("127.0.0.1:0", store_options());
   return probe.address();
 }
 
@@ -66,7 +78,7 @@ TEST_CASE("gloo over a TCP rendezvous rank 0 serves: communicators one after ano
 
 TEST_CASE("gloo over a TCP store the job serves: two worlds under different prefixes at once" *
           doctest::timeout(120)) {
-  tcp_store_server store("127.0.0.1:0");
+  tcp_store_server store("127.0.0.1:0", store_options());
   std::vector<std::int64_t> sums(4, -1);
   cadence_test::run_threads(4, [&](int r) {
     // {0, 1} under "a", {2, 3} under "b"; nobody serves but `store`.
@@ -81,7 +93,7 @@ TEST_CASE("gloo over a TCP store the job serves: two worlds under different pref
 
 TEST_CASE("gloo TCP rendezvous failures name the rank and the store" * doctest::timeout(60)) {
   SUBCASE("ranks that never arrive") {
-    tcp_store_server store("127.0.0.1:0");
+    tcp_store_server store("127.0.0.1:0", store_options());
     expect_throw<transport_error>(
         0, [&] { gloo_communicator c(0, 3, tcp_options(store.address(), "lonely", false), 500ms); },
         {"construction on rank 0 of 3", "deadline passed", "ranks 1, 2", "the store at " + store.address(),
@@ -101,8 +113,15 @@ TEST_CASE("gloo TCP rendezvous failures name the rank and the store" * doctest::
         {"construction on rank 1 of 2", "\"127.0.0.1\" has no port"});
     CHECK(std::chrono::steady_clock::now() - t0 < 10s);
   }
+  SUBCASE("a rank without the job secret is refused by the job's store, naming why") {
+    tcp_store_server store("127.0.0.1:0", store_options());
+    gloo_options o = tcp_options(store.address(), "p", false);
+    o.store.secret = job_secret::generate();
+    expect_throw<transport_error>(0, [&] { gloo_communicator c(1, 2, o, 5s); },
+                                  {"construction on rank 1 of 2", "hold different job secrets"});
+  }
   SUBCASE("rank 0 cannot serve on a port another holds") {
-    tcp_store_server other("127.0.0.1:0");
+    tcp_store_server other("127.0.0.1:0", store_options());
     expect_throw<transport_error>(
         0, [&] { gloo_communicator c(0, 2, tcp_options(other.address(), "p", true), 2s); },
         {"construction on rank 0 of 2", "cannot listen on " + other.address()});

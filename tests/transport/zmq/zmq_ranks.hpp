@@ -25,11 +25,21 @@ namespace cadence_zmq_test {
 
 using namespace std::chrono_literals;
 
+/// The job secret of these tests: every rank of every world holds the same one, as a launcher
+/// hands one to every process of a job. Fixed, so that ranks forked as processes agree on it.
+inline const cadence::transport::job_secret& test_secret() {
+  static const cadence::transport::job_secret s =
+      cadence::transport::job_secret::from_hex("00112233445566778899aabbccddeeff0f1e2d3c4b5a69788796a5b4c3d2e1f0");
+  return s;
+}
+
 /// Heartbeats fast enough that a stopped peer is lost within a second (the fault tests wait for
-/// that), loose enough that a busy CI machine does not lose a live one.
+/// that), loose enough that a busy CI machine does not lose a live one; authenticated with the
+/// process's secret.
 inline cadence::transport::zmq_options options_for(const std::string& rendezvous,
                                                    std::chrono::milliseconds heartbeat_timeout = 3000ms) {
   cadence::transport::zmq_options o;
+  o.secret = test_secret();
   o.rendezvous = rendezvous;
   o.heartbeat_interval = heartbeat_timeout / 10;
   o.heartbeat_timeout = heartbeat_timeout;

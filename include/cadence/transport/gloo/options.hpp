@@ -3,6 +3,8 @@
 // bounds on what is held, and the waits of construction and shutdown.
 #pragma once
 
+#include <cadence/transport/tcp_store.hpp>
+
 #include <chrono>
 #include <cstddef>
 #include <string>
@@ -17,6 +19,10 @@ struct gloo_options {
   /// Rendezvous over TCP instead of a folder, for hosts that share no file system: the
   /// "host:port" of a tcp_store_server (transport/tcp_store.hpp) every rank can reach.
   std::string rendezvous;
+  /// How the TCP rendezvous is guarded: the job secret every rank holds (the store then serves
+  /// only holders of it), or an open store asked for by name (tcp_store_options). gloo's own
+  /// data connections are not authenticated by gloo: see docs/transports.md, "Security".
+  tcp_store_options store;
   /// With `rendezvous`: rank 0 serves the store itself, binding that address (so its host
   /// must be one of rank 0's addresses, or 0.0.0.0 with the others given rank 0's), for the
   /// construction only: it closes the port once every rank has connected. Clear it when the

@@ -7,11 +7,13 @@
 #include <cadence/core/error.hpp>
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/call.hpp>
+#include <cadence/transport/detail/posix.hpp>
 #include <cadence/transport/detail/reduce.hpp>
 #include <cadence/transport/engine/arguments.hpp>
 #include <cadence/transport/engine/work.hpp>
 #include <cadence/transport/zmq/detail/collectives.hpp>
 #include <cadence/transport/zmq/detail/engine.hpp>
+#include <cadence/transport/secret.hpp>
 #include <cadence/transport/zmq/options.hpp>
 
 #include <algorithm>
@@ -85,6 +87,7 @@ public:
       detail::bad_argument(c, "credit_bytes (" + std::to_string(options.credit_bytes) +
                                   ") must be at least 4 * (eager_bytes + 64) = " +
                                   std::to_string(4 * (options.eager_bytes + 64)));
+    check_security(c, options);
     engine_ = std::make_shared<detail::zmq_engine>(rank, size, std::move(options));
     engine_->start(c, d);
   }
@@ -189,6 +192,11 @@ public:
   /// call after a failure or abort().
   void poll() { engine_->poll(engine_->begin("poll")); }
 
+  /// What this rank refused so far: malformed messages, peers dropped for breaking the
+  /// protocol, connections that did not prove the job secret (each also reported through
+  /// zmq_options::on_event).
+  zmq_stats stats() const noexcept { return engine_->stats(); }
+
   /// The data endpoint this rank bound (port 0 resolved).
   const std::string& endpoint() const noexcept { return engine_->endpoint(); }
   /// The rendezvous address: the one rank 0 bound (port 0 resolved), or the one others dialled.
@@ -196,6 +204,30 @@ public:
 
 private:
   using op_kind = detail::zmq_op::kind;
+
+  // Authenticated by default (CURVE from the job secret); open only by name, and then only on
+  // loopback unless forced: a stranger on the network could otherwise register, take a slot or
+  // send a message.
+  static void check_security(const detail::call_info& c, const zmq_options& o) {
+    if (o.security == wire_security::authenticated) {
+      if (o.secret.empty())
+        detail::bad_argument(c, "no job secret: set zmq_options::secret (job_secret::generate() on one process, "
+                                "handed to the others), or ask for wire_security::open by name");
+      if (zmq_has("curve") == 0)
+        detail::bad_argument(c, "this libzmq cannot authenticate (built without CURVE, that is without "
+                                "libsodium): install one that can, or ask for wire_security::open by name");
+      return;
+    }
+    if (o.force_open_on_network) return;
+    for (const std::string* address : {&o.endpoint, &o.rendezvous}) {
+      if (address->rfind("tcp://", 0) != 0) continue;  // ipc:// and inproc:// stay on this host
+      const detail::host_port hp = detail::parse_host_port(*address, detail::describe(c));
+      if (!detail::is_loopback_host(hp.host))
+        detail::bad_argument(c, "an open (unauthenticated) communicator on " + *address +
+                                    " would take anyone who reaches it: use a job secret, or set "
+                                    "force_open_on_network");
+    }
+  }
 
   zmq_work make_work(std::shared_ptr<detail::zmq_op> op) {
     return detail::work_access::make<zmq_work>(engine_, std::move(op));

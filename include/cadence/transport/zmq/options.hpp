@@ -2,6 +2,8 @@
 // a silent peer counts as lost, and the bounds on what a peer may queue here.
 #pragma once
 
+#include <cadence/transport/secret.hpp>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +31,13 @@ constexpr const char* zmq_peer_state_name(zmq_peer_state s) noexcept {
 /// backends). `self`: this rank's own registration only, so a parameter server starts before its
 /// workers and workers join a running job; calls then wait for the peers they need.
 enum class zmq_wait_for : std::uint8_t { all, self };
+
+/// What a rank refused so far (zmq_communicator::stats()).
+struct zmq_stats {
+  std::size_t malformed = 0;            // messages that failed their own checks
+  std::size_t dropped_peers = 0;        // peers dropped for such a message, or beyond an allowance
+  std::size_t refused_connections = 0;  // connections that did not prove the job secret
+};
 
 struct zmq_options {
   /// Rank 0 binds it, every other rank connects to it to register: a TCP address all ranks
@@ -70,6 +79,27 @@ struct zmq_options {
   std::chrono::milliseconds body_wait{10000};
   /// ZeroMQ I/O threads of this communicator's context (ZMQ_IO_THREADS).
   int io_threads = 1;
+  /// The job secret every rank holds. Every socket authenticates its peers with CURVE keys
+  /// derived from it and encrypts what it sends (the default security): a process without it
+  /// cannot connect, register, take a slot or send a message. Empty with `security ==
+  /// authenticated` is refused: give one, or ask for wire_security::open by name.
+  job_secret secret;
+  /// `open`: no authentication, no encryption; only when asked for by name, and only with
+  /// loopback endpoints unless `force_open_on_network`.
+  wire_security security = wire_security::authenticated;
+  bool force_open_on_network = false;
+  /// Per peer: the bytes of collective messages held for collectives this rank has not started
+  /// yet (a root's broadcasts issued ahead of this rank's calls). A peer that sends more is
+  /// dropped (lost, with the reason); raise it where a root broadcasts more than this ahead of
+  /// slow receivers. For a collective in progress the bound is its own: twice its bytes. The
+  /// other bounds on what a peer may make this rank hold are credit_bytes (point to point) and
+  /// the largest legal frame, which every socket enforces (ZMQ_MAXMSGSIZE: a larger one closes
+  /// the connection).
+  std::size_t max_inbox_bytes = std::size_t{1} << 30;
+  /// Called on the owning thread, inside a call, for each peer dropped for a malformed or
+  /// excessive message and each connection the authentication refused, with a line that names
+  /// the peer (or address) and what was wrong: for a program's log.
+  std::function<void(const std::string&)> on_event;
   /// Called on rank 0 with the rendezvous address it bound (port 0 resolved), before it waits
   /// for anyone: a launcher publishes it there.
   std::function<void(const std::string&)> on_rendezvous_bound;

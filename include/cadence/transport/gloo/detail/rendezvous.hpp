@@ -103,8 +103,8 @@ inline std::shared_ptr<::gloo::Context> gloo_rendezvous(const call_info& c, cons
   std::optional<tcp_store> store;
   if (tcp) {
     try {
-      if (rank == 0 && o.serve_rendezvous) server.emplace(o.rendezvous);
-      store.emplace(o.rendezvous, d, o.store_poll);
+      if (rank == 0 && o.serve_rendezvous) server.emplace(o.rendezvous, o.store);
+      store.emplace(o.rendezvous, o.store, d, o.store_poll);
     } catch (const invalid_parameter_error& e) {
       bad_argument(c, e.what());
     } catch (const transport_error& e) {

@@ -7,6 +7,7 @@
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/call.hpp>
 #include <cadence/transport/detail/reduce.hpp>
+#include <cadence/transport/engine/latch.hpp>
 #include <cadence/transport/inproc/options.hpp>
 
 #include <algorithm>
@@ -130,7 +131,7 @@ struct inproc_op {
   bool entered = false;
   bool done = false;
   bool cancelled = false;
-  std::optional<transport_error> error;  // a point-to-point op that lost its peer (alone)
+  held_error error;  // a point-to-point op that failed alone: its peer lost, or a size mismatch
   // send
   const void* cbuf = nullptr;
   int peer = -1;  // send: destination; recv: source as passed; broadcast: root
@@ -313,12 +314,15 @@ struct inproc_op {
           lost.push_back(peer);
           return false;
         }
-        if (!msg->size_mismatch.empty()) fail(transport_error(describe(c) + ": " + msg->size_mismatch));
+        if (!msg->size_mismatch.empty()) {  // the receiver's fault or ours: this send alone fails
+          error = peer_error(describe(c) + ": " + msg->size_mismatch, peer);
+          error.rethrow();
+        }
         if (done || msg->taken) return done = true;
         if (!msg->discarded.empty()) {
           error = lost_peer_error(c, {peer}, msg->discarded);  // isolates_lost_peer
           cancelled = true;
-          throw *error;
+          error.rethrow();
         }
         waiting.push_back(peer);
         if (!state->at(peer).lost.empty()) lost.push_back(peer);
@@ -328,8 +332,10 @@ struct inproc_op {
       case kind::recv: {
         match_posted(now);
         if (posted->matched) {
-          if (!posted->size_mismatch.empty())
-            fail(transport_error(describe(c) + ": " + posted->size_mismatch));
+          if (!posted->size_mismatch.empty()) {  // fails alone, naming the sender (peer_error)
+            error = peer_error(describe(c) + ": " + posted->size_mismatch, posted->from);
+            error.rethrow();
+          }
           return done = true;
         }
         // Nothing yet: whom we wait for, whether they can still send, what is in flight.
@@ -396,7 +402,7 @@ struct inproc_op {
     if (what == kind::send || what == kind::recv) {
       withdraw();
       error = lost_peer_error(c, lost, how);  // isolates_lost_peer: the communicator goes on
-      throw *error;
+      error.rethrow();
     }
     fail(lost_peer_error(c, lost, how));
   }

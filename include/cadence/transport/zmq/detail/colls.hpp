@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,6 +39,10 @@ public:
   zmq_colls& operator=(const zmq_colls&) = delete;
 
   void set_wake_fd(int fd) noexcept { wake_fd_ = fd; }
+
+  /// Called when a peer sends more collective data than this rank holds for it
+  /// (options.max_inbox_bytes): the engine drops it, after the current message.
+  std::function<void(int, const std::string&)> on_bad_peer;
 
   // ---- what a collective sees ----
 
@@ -109,6 +114,8 @@ public:
   /// Takes the next index and starts: collectives of every rank meet by index.
   void submit(const std::shared_ptr<zmq_coll_op>& op) {
     op->index = ++issued_;
+    if (const auto it = charged_.find(op->index); it != charged_.end())  // no longer ahead of this rank
+      for (std::size_t p = 0; p < it->second.size(); ++p) held_[p] -= it->second[p];
     if (auto f = failed_early_.find(op->index); f != failed_early_.end()) {
       mark_failed(transport_error(describe(op->c) + ": " + f->second));
       failed_early_.erase(f);
@@ -131,11 +138,29 @@ public:
   }
 
   /// A collective message arrived: into its inbox, or, for one this rank completed, a check.
+  /// What it holds is charged to its sender: for a collective in progress here, against twice
+  /// that collective's bytes (more than any of its algorithms sends one peer); for one this rank
+  /// has not started, against max_inbox_bytes. A sender beyond either is dropped.
   void on_coll(zmq_incoming in) {
     const std::uint64_t k = in.h.id;
-    const bool active = std::any_of(colls_.begin(), colls_.end(), [&](const auto& op) { return op->index == k; });
+    const auto op = std::find_if(colls_.begin(), colls_.end(), [&](const auto& c) { return c->index == k; });
+    const bool active = op != colls_.end();
     if (active || k > issued_) {
       const int src = in.src;
+      const std::size_t cost = sizeof(zmq_header) + in.size();
+      auto& charged = charge_of(k)[static_cast<std::size_t>(src)];
+      auto& future = held_[static_cast<std::size_t>(src)];
+      const std::size_t allowance = active ? budget((*op)->sig) : o_->max_inbox_bytes;
+      const std::size_t used = active ? charged : future;
+      if (cost > allowance || used > allowance - cost) {
+        on_bad_peer(src, active ? "more collective data for collective #" + std::to_string(k) +
+                                      " than its arguments allow (" + std::to_string(allowance) + " bytes)"
+                                : "more than max_inbox_bytes (" + std::to_string(o_->max_inbox_bytes) +
+                                      ") of messages for collectives this rank has not started");
+        return;
+      }
+      charged += cost;
+      if (!active) future += cost;
       inbox(k, src).push_back(std::move(in));
       return;
     }
@@ -199,14 +224,33 @@ private:
       done_.emplace_back(k, std::make_pair((*it)->sig, (*it)->c));
       if (done_.size() > 64) done_.pop_front();
       inbox_.erase(k);
+      charged_.erase(k);
       it = colls_.erase(it);
     }
+  }
+
+  std::vector<std::size_t>& charge_of(std::uint64_t k) {
+    auto& c = charged_[k];
+    if (c.empty()) c.resize(static_cast<std::size_t>(size()));
+    return c;
+  }
+
+  // What one peer may send for a collective in progress: twice its bytes (the ring's
+  // reduce-scatter and all-gather), a header for each piece, a notice, and slack.
+  std::size_t budget(const zmq_coll_sig& sig) const {
+    const std::size_t bytes = sig.coll == 1 ? sig.count * dtype_size(static_cast<dtype>(sig.type)) : sig.count;
+    const std::size_t piece = std::max<std::size_t>(o_->chunk_bytes / 8 * 8, 8);
+    const std::size_t messages = 2 * (bytes / piece) + 4 * static_cast<std::size_t>(size()) + 8;
+    return 2 * bytes + messages * sizeof(zmq_header);
   }
 
   const zmq_options* o_;
   zmq_peer_table* peers_;
   failure_latch* latch_;
   int wake_fd_ = -1;
+  // Per sender: bytes held for collectives this rank has not started.
+  std::vector<std::size_t> held_ = std::vector<std::size_t>(static_cast<std::size_t>(peers_->size()), 0);
+  std::map<std::uint64_t, std::vector<std::size_t>> charged_;  // per collective, per sender
   std::uint64_t issued_ = 0;
   std::deque<std::shared_ptr<zmq_coll_op>> colls_;
   std::map<std::uint64_t, std::vector<std::deque<zmq_incoming>>> inbox_;

@@ -56,8 +56,11 @@ public:
 
   zmq_engine(int rank, int size, zmq_options options)
       : rank_(rank), size_(size), o_(std::move(options)), peers_(rank, size, o_, sockets_),
-        rdv_(rank, size, o_, sockets_, peers_, latch_), p2p_(o_, peers_, latch_), colls_(o_, peers_, latch_) {
+        rdv_(rank, size, o_, sockets_, peers_, latch_), p2p_(o_, peers_), colls_(o_, peers_, latch_) {
     peers_.on_lost = [this](int p, const std::string& how) { lose(p, how); };
+    // A peer that breaks the protocol is dropped once the message at hand is done with.
+    p2p_.on_bad_peer = [this](int p, const std::string& why) { bad_.emplace_back(p, why); };
+    colls_.on_bad_peer = p2p_.on_bad_peer;
     rdv_.adopt = [this](int p, std::uint64_t inc, const std::string& endpoint, bool alive) {
       adopt(p, inc, endpoint, alive);
     };
@@ -95,6 +98,14 @@ public:
   }
   bool failed() const noexcept { return latch_.failed(); }
 
+  /// What this rank refused so far: malformed messages, peers dropped for them (or for sending
+  /// beyond their allowances), connections the authentication turned away.
+  zmq_stats stats() const noexcept {
+    zmq_stats s = stats_;
+    s.refused_connections = refused_connections();
+    return s;
+  }
+
   // ---- construction: sockets and rendezvous ----
 
   /// Binds, registers with rank 0 (rank 0: opens the rendezvous) and waits for whom
@@ -104,7 +115,10 @@ public:
     if (wake_fd_ < 0) throw transport_error(describe(c) + ": eventfd: " + std::strerror(errno));
     p2p_.set_wake_fd(wake_fd_);
     colls_.set_wake_fd(wake_fd_);
-    sockets_.create(c, o_);
+    // The largest legal frame: a header and the most data one message carries (an eager
+    // message, a piece, a small all-reduce's contribution), and room for a text or a welcome.
+    const std::size_t most = std::max({o_.eager_bytes, o_.chunk_bytes, std::size_t{8} * static_cast<std::size_t>(size_)});
+    sockets_.create(c, o_, sizeof(zmq_header) + most + 4096 + 600 * static_cast<std::size_t>(size_));
 
     router_ = sockets_.open(c, ZMQ_ROUTER);
     zmq_set_int(router_, ZMQ_ROUTER_HANDOVER, 1);
@@ -116,11 +130,19 @@ public:
     rdv_.open(c, endpoint_);
 
     // Rank 0 answers registrations from here on, in every progress pass.
+    // The rendezvous socket's monitor is not polled: a look every 100 ms names a failing
+    // handshake when the deadline passes.
     while (!rdv_.welcomed()) {
       if (rdv_.refused()) throw transport_error(describe(c) + ": rank 0 refused the registration: " + *rdv_.refused());
-      if (d.passed()) throw deadline_error(c, {0}, "rank 0 never answered at the rendezvous " + o_.rendezvous);
-      progress(d.time_point());
+      if (d.passed()) {
+        const std::string trouble = rdv_.trouble();
+        throw deadline_error(c, {0}, "rank 0 never answered at the rendezvous " + o_.rendezvous +
+                                         (trouble.empty() ? std::string() : ": " + trouble));
+      }
+      progress(std::min(d.time_point(), zclock::now() + std::chrono::milliseconds(100)));
+      if (rank_ != 0) rdv_.trouble();
     }
+    rdv_.stop_watching();
     if (o_.wait_for == zmq_wait_for::all) {
       for (;;) {
         if (latch_.has_failure()) latch_.rethrow();
@@ -198,7 +220,7 @@ public:
   bool test(zmq_op& op) {
     if (op.isolated) {
       settle(op);
-      throw *op.isolated;
+      op.isolated.rethrow();
     }
     if (op.done || op.cancelled) return true;
     check(op);
@@ -267,6 +289,7 @@ public:
     items_.push_back({nullptr, zmq_fd_of(router_), ZMQ_POLLIN, 0});
     items_.push_back({nullptr, zmq_fd_of(rdv_.socket()), ZMQ_POLLIN, 0});
     items_.push_back({nullptr, zmq_fd_of(peers_.router_monitor()), ZMQ_POLLIN, 0});
+    items_.push_back({nullptr, rdv_.monitor() != nullptr ? zmq_fd_of(rdv_.monitor()) : -1, ZMQ_POLLIN, 0});
     poll_peers_.clear();
     peers_.poll_items(items_, poll_peers_);
     const int rc = rdv_.dirty() ? 0
@@ -278,13 +301,15 @@ public:
                                     std::to_string(size_) + ": zmq_poll: " + zmq_reason()));
       return;
     }
+    notice_refusals();
     if (rc > 0 || rdv_.dirty()) {
       if (items_[0].revents != 0) drain_wake();
       if (items_[2].revents != 0 || rdv_.dirty()) rdv_.drain();
       // Monitors before the ROUTER: a connection reported closed has its last messages queued.
-      for (std::size_t i = 4; i < items_.size(); ++i)
-        if (poll_peers_[i - 4] >= 0 && items_[i].revents != 0) peers_.drain_monitor(poll_peers_[i - 4]);
+      for (std::size_t i = 5; i < items_.size(); ++i)
+        if (poll_peers_[i - 5] >= 0 && items_[i].revents != 0) peers_.drain_monitor(poll_peers_[i - 5]);
       if (items_[3].revents != 0) peers_.drain_router_monitor();
+      if (items_[4].revents != 0) rdv_.drain_monitor();
       if (items_[1].revents != 0) drain_router();
     }
     peers_.check_lost(zclock::now());
@@ -328,10 +353,17 @@ private:
           if (!extra.more()) break;
         }
       }
-      zmq_incoming in;
-      if (!zmq_parse_identity(id.data(), id.size(), in.src, in.inc) || first.size() < sizeof(zmq_header))
+      const std::size_t second_len = second ? second->size() : 0;
+      const zmq_parsed parsed =
+          zmq_parse(id.data(), id.size(), first.data(), first.size(), second ? &second_len : nullptr, rank_, size_);
+      if (!parsed.why.empty()) {
+        malformed(parsed);
         continue;
-      std::memcpy(&in.h, first.data(), sizeof in.h);
+      }
+      zmq_incoming in;
+      in.src = parsed.src;
+      in.inc = parsed.inc;
+      in.h = parsed.h;
       if (static_cast<zmq_kind>(in.h.kind) == zmq_kind::hello) {
         // Which of our ROUTER's connections is this peer's (ZeroMQ's "__fd" metadata).
         if (const char* fd = zmq_msg_gets(first.get(), "__fd")) peers_.note_hello(std::atoi(fd), in.src, in.inc);
@@ -343,8 +375,62 @@ private:
         in.frame = std::move(first);
         in.at = sizeof(zmq_header);
       }
-      if (in.size() != in.h.length) continue;
       arrive(std::move(in));
+    }
+  }
+
+  // ---- peers that break the protocol ----
+
+  // A message that fails its own checks: counted; its sender, when it names the live process
+  // of a slot, is dropped (what it sent before stays deliverable, as for any lost peer).
+  void malformed(const zmq_parsed& m) {
+    ++stats_.malformed;
+    if (m.src >= 0 && m.src < size_ && m.src != rank_) {
+      const zmq_peer& q = peers_.at(m.src);
+      if (q.state == zmq_peer_state::alive && q.inc == m.inc) {
+        drop(m.src, m.why);
+        return;
+      }
+    }
+    report("dropped a malformed message: " + m.why);
+  }
+
+  void drop(int p, const std::string& why) {
+    if (peers_.at(p).state != zmq_peer_state::alive) return;
+    ++stats_.dropped_peers;
+    report("dropped rank " + std::to_string(p) + ": it sent " + why);
+    lose(p, "it sent " + why + " (dropped for breaking the protocol)");
+  }
+
+  // What the handling of one message found wrong with its sender.
+  void drop_bad() {
+    while (!bad_.empty()) {
+      const auto [p, why] = bad_.front();
+      bad_.pop_front();
+      drop(p, why);
+    }
+  }
+
+  // Connections whose handshake failed at the ROUTER or (rank 0) the rendezvous: the count
+  // and a line for on_event, once per new batch.
+  std::size_t refused_connections() const noexcept { return peers_.refused() + rdv_.refused_connections(); }
+  void notice_refusals() {
+    const std::size_t refused = refused_connections();
+    if (refused == reported_refusals_) return;
+    const std::size_t fresh = refused - reported_refusals_;
+    reported_refusals_ = refused;
+    report("refused " + std::to_string(fresh) + " connection" + (fresh == 1 ? "" : "s") +
+           " that did not prove the job secret (their handshake failed: another secret, another security mode, "
+           "or not ZeroMQ)");
+  }
+
+
+  void report(const std::string& line) {
+    if (!o_.on_event) return;
+    try {
+      o_.on_event("cadence::transport[zmq]: rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " +
+                  line);
+    } catch (...) {
     }
   }
 
@@ -367,6 +453,7 @@ private:
     }
     if (q.state != zmq_peer_state::alive) return;  // what a lost peer still sends is dropped
     handle(std::move(in));
+    drop_bad();
   }
 
   void handle(zmq_incoming in) {
@@ -435,6 +522,7 @@ private:
       q.future_inc = 0;
     }
     for (auto& m : early) handle(std::move(m));
+    drop_bad();
     p2p_.hand_over(p);
     peers_.flush(p);
   }
@@ -445,7 +533,7 @@ private:
   void check(zmq_op& op) {
     if (op.isolated) {
       settle(op);
-      throw *op.isolated;
+      op.isolated.rethrow();
     }
     if (latch_.has_failure()) {
       p2p_.withdraw(op);
@@ -588,6 +676,9 @@ private:
   std::deque<zmq_incoming> early_;  // arrived before our welcome
   std::vector<zmq_pollitem_t> items_;
   std::vector<int> poll_peers_;
+  std::deque<std::pair<int, std::string>> bad_;  // peers found breaking the protocol, to drop
+  zmq_stats stats_;
+  std::size_t reported_refusals_ = 0;
   std::uint64_t calls_ = 0;
   bool closed_ = false;
 };

@@ -5,6 +5,7 @@
 #include <cadence/core/error.hpp>
 #include <cadence/transport/communicator.hpp>
 #include <cadence/transport/detail/call.hpp>
+#include <cadence/transport/engine/latch.hpp>
 #include <cadence/transport/engine/signature.hpp>
 #include <cadence/transport/zmq/detail/wire.hpp>
 
@@ -34,7 +35,7 @@ struct zmq_op : std::enable_shared_from_this<zmq_op> {
   bool done = false;
   bool cancelled = false;
   bool orphan = false;  // never: a work handle keeps the engine alive
-  std::optional<transport_error> isolated;
+  held_error isolated;  // thrown with its own type (a peer_error stays one)
   std::vector<zc_ref> rels;    // pieces of the caller's buffer ZeroMQ still holds, by group
   std::vector<int> rel_peers;  // whom those pieces go to
   // Its messages still in the communicator's own queues, not yet taken by ZeroMQ (a peer whose

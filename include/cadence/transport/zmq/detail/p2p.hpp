@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -35,13 +36,16 @@ namespace cadence::transport::detail {
 /// copy waits for a connection). The peers' queues and credit are the peer table's.
 class zmq_p2p {
 public:
-  zmq_p2p(const zmq_options& o, zmq_peer_table& peers, failure_latch& latch)
-      : o_(&o), peers_(&peers), latch_(&latch) {}
+  zmq_p2p(const zmq_options& o, zmq_peer_table& peers) : o_(&o), peers_(&peers) {}
   zmq_p2p(const zmq_p2p&) = delete;
   zmq_p2p& operator=(const zmq_p2p&) = delete;
 
   /// The descriptor ZeroMQ's I/O thread writes to when it lets go of a piece of a caller's buffer.
   void set_wake_fd(int fd) noexcept { wake_fd_ = fd; }
+
+  /// Called when a peer breaks the protocol (more than its credit, a piece out of place, a
+  /// credit beyond the window): the engine drops it, after the current message.
+  std::function<void(int, const std::string&)> on_bad_peer;
 
   // ---- starting ----
 
@@ -64,6 +68,7 @@ public:
       if (!matches(*op, *it)) continue;
       zmq_incoming m = std::move(*it);
       unexpected_.erase(it);
+      peers_->at(m.src).held -= charge(m);
       take(op, std::move(m));
       return;
     }
@@ -131,7 +136,8 @@ public:
 
   // ---- arriving ----
 
-  /// An eager, stream or announce message: the oldest matching receive takes it, else it waits.
+  /// An eager, stream or announce message: the oldest matching receive takes it, else it waits,
+  /// within what the sender's credit allows.
   void on_message(zmq_incoming in) {
     for (auto it = posted_.begin(); it != posted_.end(); ++it) {
       if (!matches(**it, in)) continue;
@@ -140,7 +146,14 @@ public:
       take(op, std::move(in));
       return;
     }
-    if (static_cast<zmq_kind>(in.h.kind) == zmq_kind::stream) early_pieces_[{in.src, in.h.id}];
+    zmq_peer& q = peers_->at(in.src);
+    q.held += charge(in);
+    if (q.held > o_->credit_bytes) {
+      on_bad_peer(in.src, "more than its credit window of " + std::to_string(o_->credit_bytes) +
+                              " bytes in messages no receive has taken");
+      return;
+    }
+    if (static_cast<zmq_kind>(in.h.kind) == zmq_kind::stream) early_pieces_[{in.src, in.h.id}].bytes = in.h.bytes;
     unexpected_.push_back(std::move(in));
   }
 
@@ -153,25 +166,38 @@ public:
     send_pieces(p, op);
   }
 
+  /// The receiver refused our announced message (its receive has another size): the send
+  /// fails alone, naming the receiver.
   void on_refuse(int p, std::uint64_t id, const std::string& text) {
     const auto it = announced_.find({p, id});
     if (it == announced_.end()) return;
     const std::shared_ptr<zmq_send_op> op = it->second;
     announced_.erase(it);
-    latch_->record(transport_error(describe(op->c) + ": " + text));
+    op->isolated = peer_error(describe(op->c) + ": " + text, p);
   }
 
+  /// A piece of a large message. Pieces come in order (the sender sends them so, and a
+  /// connection keeps order): one out of place, or beyond the message, breaks the protocol.
   void on_piece(zmq_incoming& in) {
     const auto it = streaming_in_.find({in.src, in.h.id});
     if (it == streaming_in_.end()) {
-      // A streamed message no receive has taken yet keeps its pieces (within the credit window);
+      // A streamed message no receive has taken yet keeps its pieces (they count in its credit);
       // otherwise its receive was cancelled.
       const auto early = early_pieces_.find({in.src, in.h.id});
-      if (early != early_pieces_.end()) early->second.push_back(std::move(in));
+      if (early == early_pieces_.end()) return;
+      if (in.h.offset != early->second.got || early->second.bytes - early->second.got < in.size()) {
+        on_bad_peer(in.src, piece_out_of_place(in, early->second.got, early->second.bytes));
+        return;
+      }
+      early->second.got += in.size();
+      early->second.pieces.push_back(std::move(in));
       return;
     }
     zmq_recv_op& op = *it->second;
-    if (in.h.offset > op.bytes || op.bytes - in.h.offset < in.size()) return;
+    if (in.h.offset != op.got || op.bytes - op.got < in.size()) {
+      on_bad_peer(in.src, piece_out_of_place(in, op.got, op.bytes));
+      return;
+    }
     std::memcpy(op.buf + in.h.offset, in.data(), in.size());
     op.got += in.size();
     if (op.got >= op.bytes) {
@@ -183,6 +209,7 @@ public:
   void on_withdraw(int p, std::uint64_t id) {
     for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
       if (it->src != p || it->h.id != id || static_cast<zmq_kind>(it->h.kind) != zmq_kind::announce) continue;
+      peers_->at(p).held -= charge(*it);
       unexpected_.erase(it);
       owe(p, zmq_overhead);
       return;
@@ -195,8 +222,15 @@ public:
     streaming_in_.erase(it);
   }
 
+  /// The receiver took n more of our bytes: more credit, never beyond the window.
   void on_credit(int p, std::uint64_t n) {
-    peers_->at(p).credit += static_cast<std::int64_t>(n);
+    zmq_peer& q = peers_->at(p);
+    if (n > o_->credit_bytes || q.credit + static_cast<std::int64_t>(n) > static_cast<std::int64_t>(o_->credit_bytes)) {
+      on_bad_peer(p, "a credit of " + std::to_string(n) + " bytes beyond the window of " +
+                         std::to_string(o_->credit_bytes));
+      return;
+    }
+    q.credit += static_cast<std::int64_t>(n);
     hand_over(p);
   }
 
@@ -301,6 +335,7 @@ public:
     unexpected_.erase(std::remove_if(unexpected_.begin(), unexpected_.end(),
                                      [&](const zmq_incoming& m) { return m.src == p; }),
                       unexpected_.end());
+    peers_->at(p).held = 0;
     for (auto it = early_pieces_.begin(); it != early_pieces_.end();)
       it = it->first.first == p ? early_pieces_.erase(it) : std::next(it);
   }
@@ -369,6 +404,24 @@ public:
   }
 
 private:
+  // The pieces of a streamed message no receive has taken yet, and how much of it came.
+  struct early_stream {
+    std::uint64_t bytes = 0;
+    std::uint64_t got = 0;
+    std::deque<zmq_incoming> pieces;
+  };
+
+  // What an unmatched message holds of its sender's credit (what the sender charged for it).
+  static std::uint64_t charge(const zmq_incoming& m) {
+    return zmq_overhead + (static_cast<zmq_kind>(m.h.kind) == zmq_kind::announce ? 0 : m.h.bytes);
+  }
+
+  static std::string piece_out_of_place(const zmq_incoming& in, std::uint64_t due, std::uint64_t bytes) {
+    return "a piece of message " + std::to_string(in.h.id) + " at offset " + std::to_string(in.h.offset) + " (" +
+           std::to_string(in.size()) + " bytes) where offset " + std::to_string(due) + " of " +
+           std::to_string(bytes) + " was due";
+  }
+
   static bool matches(const zmq_recv_op& r, const zmq_incoming& m) {
     if (m.h.tag != r.tag) return false;
     if (r.peer == any_source) return true;
@@ -387,17 +440,18 @@ private:
     if (kind == zmq_kind::stream) {
       const auto it = early_pieces_.find({m.src, m.h.id});
       if (it != early_pieces_.end()) {
-        early = std::move(it->second);
+        early = std::move(it->second.pieces);
         early_pieces_.erase(it);
       }
     }
     if (m.h.bytes != op->bytes) {
+      // The receive fails alone (the communicator goes on); a large message's sender is told.
       const std::string what = "rank " + std::to_string(m.src) + " sent " + std::to_string(m.h.bytes) +
                                " bytes with tag " + std::to_string(op->tag) + " but rank " +
                                std::to_string(peers_->rank()) + " received into " + std::to_string(op->bytes) +
                                " bytes";
       if (kind == zmq_kind::announce) peers_->send_control(m.src, zmq_kind::refuse, m.h.id, 0, what);
-      latch_->record(transport_error(describe(op->c) + ": " + what));
+      op->isolated = peer_error(describe(op->c) + ": " + what, m.src);
       return;
     }
     if (kind == zmq_kind::eager) {
@@ -451,13 +505,12 @@ private:
 
   const zmq_options* o_;
   zmq_peer_table* peers_;
-  failure_latch* latch_;
   int wake_fd_ = -1;
   std::deque<std::shared_ptr<zmq_recv_op>> posted_;
   std::deque<zmq_incoming> unexpected_;
   std::map<std::pair<int, std::uint64_t>, std::shared_ptr<zmq_send_op>> announced_;
   std::map<std::pair<int, std::uint64_t>, std::shared_ptr<zmq_recv_op>> streaming_in_;
-  std::map<std::pair<int, std::uint64_t>, std::deque<zmq_incoming>> early_pieces_;  // of unexpected streams
+  std::map<std::pair<int, std::uint64_t>, early_stream> early_pieces_;  // of unexpected streams
   std::deque<std::shared_ptr<zmq_send_op>> streaming_out_;
   std::deque<std::shared_ptr<zmq_send_op>> waiting_eager_;  // eager sends whose copy waits for a connection
 };

@@ -53,6 +53,7 @@ struct zmq_peer {
   std::deque<zmq_outgoing> out;                    // prepared, not yet taken by ZeroMQ
   std::int64_t credit = 0;                         // bytes we may still send it eagerly
   std::uint64_t owed = 0;                          // its bytes taken here, not yet credited back
+  std::uint64_t held = 0;                          // its bytes here no receive has taken (<= credit)
   std::uint64_t next_id = 0;
   std::deque<zmq_incoming> future;  // from an incarnation we have not been told of yet
   std::uint64_t future_inc = 0;
@@ -109,6 +110,7 @@ public:
     q.endpoint = endpoint;
     q.credit = static_cast<std::int64_t>(o_->credit_bytes);
     q.owed = 0;
+    q.held = 0;
     q.next_id = 0;
     q.connected = q.hello_seen = false;
     q.broken_at = q.inbound_closed_at = zclock::time_point{};
@@ -177,6 +179,9 @@ public:
                                         ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | zmq_handshake_failed);
   }
   void* router_monitor() const noexcept { return router_monitor_; }
+  /// Connections to our ROUTER whose handshake failed: without the job secret, of another
+  /// security mode, or not ZeroMQ at all.
+  std::size_t refused() const noexcept { return refused_; }
   void close_router_monitor(void* router) noexcept {
     if (router_monitor_ != nullptr && router != nullptr) zmq_socket_monitor(router, nullptr, 0);
     sockets_->close(router_monitor_, 0);
@@ -203,9 +208,11 @@ public:
               std::to_string(o_->heartbeat_timeout.count()) + " ms)";
       else if (event == ZMQ_EVENT_CONNECT_RETRIED)
         how = "connecting to its endpoint " + q.endpoint + " failed";
+      else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        how = "it refused this rank's credentials (it holds another job secret)";
       else if ((event & zmq_handshake_failed) != 0)
         how = "its ZeroMQ handshake failed (no answer within " + std::to_string(o_->heartbeat_timeout.count()) +
-              " ms, or not a Cadence peer)";
+              " ms, not a Cadence peer, or one of another security mode)";
       if (how.empty() || q.broken_at != zclock::time_point{}) continue;
       q.broken_at = zclock::now();
       q.broken_how = std::move(how);
@@ -218,12 +225,16 @@ public:
     std::uint16_t event = 0;
     std::uint32_t value = 0;
     while (router_monitor_ != nullptr && zmq_read_event(router_monitor_, event, value)) {
+      if ((event & zmq_handshake_failed) != 0) {  // its value is an error, not the descriptor
+        ++refused_;  // a DISCONNECTED for the connection follows
+        continue;
+      }
       const int fd = static_cast<int>(value);
       if (event == ZMQ_EVENT_ACCEPTED) {
         unknown_inbound_.insert(fd);  // whose it is, its hello will say
         continue;
       }
-      if (event != ZMQ_EVENT_DISCONNECTED && (event & zmq_handshake_failed) == 0) continue;
+      if (event != ZMQ_EVENT_DISCONNECTED) continue;
       unknown_inbound_.erase(fd);
       const auto it = inbound_fds_.find(fd);
       if (it == inbound_fds_.end()) continue;
@@ -357,6 +368,7 @@ private:
   std::vector<zmq_peer> peers_;
   std::uint64_t incarnation_ = 0;
   void* router_monitor_ = nullptr;
+  std::size_t refused_ = 0;
   std::map<int, std::pair<int, std::uint64_t>> inbound_fds_;  // our ROUTER's connection fd -> (rank, incarnation)
   std::set<int> unknown_inbound_;  // connections accepted whose hello has not been read yet
   std::uint64_t monitors_ = 0;

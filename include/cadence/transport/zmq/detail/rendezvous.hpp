@@ -49,6 +49,8 @@ public:
     data_endpoint_ = data_endpoint;
     if (rank_ == 0) {
       rdv_ = sockets_->open(c, ZMQ_ROUTER);
+      // For its whole life: the connections whose handshake fails are counted (stats()).
+      monitor_ = sockets_->monitor(c, rdv_, "inproc://cadence-rendezvous-monitor", zmq_handshake_failed);
       zmq_bind_endpoint(c, rdv_, o_->rendezvous, "the rendezvous");
       endpoint_ = zmq_last_endpoint(rdv_);
       peers_->set_incarnation(1);
@@ -59,6 +61,10 @@ public:
       return;
     }
     rdv_ = sockets_->open(c, ZMQ_DEALER);
+    // Until the welcome: how the handshakes with rank 0 fail, for the error a wait ends with
+    // (a process without the job secret is refused without a word, and retries).
+    monitor_ = sockets_->monitor(c, rdv_, "inproc://cadence-rendezvous-monitor",
+                                 zmq_handshake_failed | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED);
     endpoint_ = o_->rendezvous;
     if (zmq_connect(rdv_, o_->rendezvous.c_str()) != 0)
       bad_argument(c, "cannot connect to the rendezvous \"" + o_->rendezvous + "\": " + zmq_reason());
@@ -66,6 +72,50 @@ public:
     w.put(static_cast<std::int32_t>(rank_)).put(static_cast<std::int32_t>(size_)).put_string(data_endpoint_);
     send({}, w);
   }
+
+  /// Ranks other than 0, before the welcome: why this process's connection to rank 0 has not
+  /// worked so far (empty: nothing went wrong that a socket could see). Reads the rendezvous
+  /// socket's monitor, which nothing polls.
+  std::string trouble() {
+    std::uint16_t event = 0;
+    std::uint32_t value = 0;
+    const std::string other = ": it uses another security mode or job secret, or is not a Cadence rendezvous";
+    // The most telling so far: a refusal over a closed connection over no listener.
+    auto note = [&](int level, std::string what) {
+      if (level < trouble_level_) return;
+      trouble_level_ = level;
+      trouble_ = std::move(what);
+    };
+    while (rank_ != 0 && monitor_ != nullptr && zmq_read_event(monitor_, event, value)) {
+      if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        note(3, "rank 0 refused this process's credentials (ZAP status " + std::to_string(value) +
+                    "): it holds another job secret");
+      else if ((event & zmq_handshake_failed) != 0)
+        note(3, "the handshake with rank 0 failed" + other);
+      else if (event == ZMQ_EVENT_DISCONNECTED)
+        note(2, "rank 0 closed the connection before answering" + other);
+      else if (event == ZMQ_EVENT_CONNECT_RETRIED)
+        note(1, "nothing accepts connections at " + o_->rendezvous + " yet");
+    }
+    return trouble_;
+  }
+
+  /// Ranks other than 0, after the welcome: the monitor is no longer read.
+  void stop_watching() noexcept {
+    if (rank_ == 0 || monitor_ == nullptr) return;
+    zmq_socket_monitor(rdv_, nullptr, 0);
+    sockets_->close(monitor_, 0);
+  }
+
+  /// Rank 0: the monitor of the rendezvous, polled with the other sockets, and what it counted.
+  void* monitor() const noexcept { return rank_ == 0 ? monitor_ : nullptr; }
+  void drain_monitor() {
+    std::uint16_t event = 0;
+    std::uint32_t value = 0;
+    while (rank_ == 0 && monitor_ != nullptr && zmq_read_event(monitor_, event, value))
+      if ((event & zmq_handshake_failed) != 0) ++refused_connections_;
+  }
+  std::size_t refused_connections() const noexcept { return refused_connections_; }
 
   void* socket() const noexcept { return rdv_; }
   bool dirty() const noexcept { return dirty_; }
@@ -220,6 +270,10 @@ private:
   zmq_peer_table* peers_;
   failure_latch* latch_;
   void* rdv_ = nullptr;
+  void* monitor_ = nullptr;  // rank 0: for its life; the others: until the welcome
+  std::string trouble_;
+  int trouble_level_ = 0;
+  std::size_t refused_connections_ = 0;  // rank 0
   std::string endpoint_;
   std::string data_endpoint_;
   std::vector<zmq_slot> slots_;  // rank 0

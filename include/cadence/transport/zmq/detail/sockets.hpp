@@ -5,6 +5,7 @@
 
 #include <cadence/core/error.hpp>
 #include <cadence/transport/detail/call.hpp>
+#include <cadence/transport/zmq/detail/curve.hpp>
 #include <cadence/transport/zmq/detail/wire.hpp>
 #include <cadence/transport/zmq/options.hpp>
 
@@ -92,19 +93,31 @@ public:
   zmq_sockets& operator=(const zmq_sockets&) = delete;
   ~zmq_sockets() { terminate(); }
 
-  /// The context: `io_threads` I/O threads, room for a DEALER and a monitor per peer.
-  void create(const call_info& c, const zmq_options& o) {
+  /// The context: `io_threads` I/O threads, room for a DEALER and a monitor per peer; with
+  /// authentication, the CURVE keys from the job secret and the ZAP handler, before any socket.
+  /// `max_frame` bounds every frame a listening socket accepts (ZMQ_MAXMSGSIZE).
+  void create(const call_info& c, const zmq_options& o, std::size_t max_frame) {
     heartbeat_interval_ = zmq_clamp_ms(o.heartbeat_interval);
     heartbeat_timeout_ = zmq_clamp_ms(o.heartbeat_timeout);
+    max_frame_ = max_frame;
     ctx_ = zmq_ctx_new();
     if (ctx_ == nullptr) throw transport_error(describe(c) + ": zmq_ctx_new: " + zmq_reason());
     zmq_ctx_set(ctx_, ZMQ_IO_THREADS, std::max(1, o.io_threads));
     // ZeroMQ's default of 1023 sockets would cap the world.
     zmq_ctx_set(ctx_, ZMQ_MAX_SOCKETS, std::max(1024, 2 * c.size + 64));
+    if (o.security == wire_security::authenticated) {
+      keys_ = zmq_derive_keys(o.secret);
+      zap_.start(ctx_, keys_.client_public_bytes);
+      secured_ = true;
+    }
   }
 
+  /// Whether the sockets authenticate their peers (CURVE).
+  bool secured() const noexcept { return secured_; }
+
   /// A socket with the options every socket of the backend has: linger 0 until it closes, no
-  /// high-water marks, ZMTP heartbeats.
+  /// high-water marks, ZMTP heartbeats; a ROUTER listens (CURVE server, frames bounded), a
+  /// DEALER dials (CURVE client); the monitors' PAIRs are in-process and need neither.
   void* open(const call_info& c, int type) {
     void* s = zmq_socket(ctx_, type);
     if (s == nullptr) throw transport_error(describe(c) + ": zmq_socket: " + zmq_reason());
@@ -119,6 +132,12 @@ public:
     zmq_set_int(s, ZMQ_HEARTBEAT_TIMEOUT, heartbeat_timeout_);
     zmq_set_int(s, ZMQ_HEARTBEAT_TTL, std::min(heartbeat_timeout_, 6553500));  // deciseconds on the wire
     zmq_set_int(s, ZMQ_HANDSHAKE_IVL, heartbeat_timeout_);
+    if (type == ZMQ_ROUTER) {
+      const auto limit = static_cast<std::int64_t>(max_frame_);
+      zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &limit, sizeof limit);
+    }
+    if (secured_ && type == ZMQ_ROUTER) zmq_secure_server(s, keys_);
+    if (secured_ && type == ZMQ_DEALER) zmq_secure_client(s, keys_);
     return s;
   }
 
@@ -163,6 +182,7 @@ public:
       zmq_close(s);
     }
     open_.clear();
+    zap_.stop();  // its socket closes in its thread: before the context terminates
     if (ctx_ == nullptr) return;
     while (zmq_ctx_term(ctx_) != 0 && errno == EINTR) {
     }
@@ -174,6 +194,10 @@ private:
   std::vector<void*> open_;
   int heartbeat_interval_ = 1000;
   int heartbeat_timeout_ = 5000;
+  std::size_t max_frame_ = 0;
+  bool secured_ = false;
+  zmq_curve_keys keys_;
+  zmq_zap zap_;
 };
 
 }  // namespace cadence::transport::detail

@@ -216,6 +216,98 @@ inline bool zmq_parse_identity(const unsigned char* p, std::size_t n, int& rank,
   return true;
 }
 
+/// Longest text a refuse or coll_fail message may carry.
+inline constexpr std::size_t zmq_max_text = 4096;
+
+/// One data-path message as it came off our ROUTER: who sent it (the routing id), its header,
+/// and where its data starts in which frame; `why` says what is malformed (empty: nothing).
+struct zmq_parsed {
+  int src = -1;
+  std::uint64_t inc = 0;
+  zmq_header h{};
+  bool in_second = false;  // the data is the second frame (a piece sent without a copy)
+  std::size_t data_len = 0;
+  std::string why;
+};
+
+/// Checks a message against itself before anything acts on it: the routing id, a whole header,
+/// a known kind, a sender and destination in range, data exactly as long as the header says,
+/// and per kind what its fields allow. `second_len` is the second frame's size (null: one
+/// frame). Pure, so that a fuzz target drives it (tests/fuzz/zmq_message_fuzz.cpp).
+inline zmq_parsed zmq_parse(const unsigned char* id, std::size_t id_len, const unsigned char* first,
+                            std::size_t first_len, const std::size_t* second_len, int rank, int size) {
+  zmq_parsed m;
+  if (!zmq_parse_identity(id, id_len, m.src, m.inc)) {
+    m.src = -1;
+    m.why = "a routing id that names no rank (" + std::to_string(id_len) + " bytes)";
+    return m;
+  }
+  if (first_len < sizeof(zmq_header)) {
+    m.why = "a " + std::to_string(first_len) + "-byte frame, shorter than a header";
+    return m;
+  }
+  std::memcpy(&m.h, first, sizeof m.h);
+  m.in_second = second_len != nullptr;
+  m.data_len = m.in_second ? *second_len : first_len - sizeof(zmq_header);
+  if (m.in_second && first_len != sizeof(zmq_header)) {
+    m.why = "a header frame of " + std::to_string(first_len) + " bytes before a data frame";
+    return m;
+  }
+  const auto& h = m.h;
+  if (m.src < 0 || m.src >= size || m.src == rank || h.src != m.src) {
+    m.why = "a sender of rank " + std::to_string(h.src) + " on the connection of rank " + std::to_string(m.src);
+    return m;
+  }
+  if (h.dst != rank) {
+    m.why = "a message for rank " + std::to_string(h.dst);
+    return m;
+  }
+  if (h.length != m.data_len) {
+    m.why = "a header that claims " + std::to_string(h.length) + " bytes of data where " + std::to_string(m.data_len) +
+            " came";
+    return m;
+  }
+  const auto no_data = [&](const char* kind) {
+    if (m.data_len != 0) m.why = std::string("a ") + kind + " message with " + std::to_string(m.data_len) + " bytes of data";
+  };
+  switch (static_cast<zmq_kind>(h.kind)) {
+    case zmq_kind::eager:
+      if (h.bytes != m.data_len)
+        m.why = "an eager message of " + std::to_string(h.bytes) + " bytes carrying " + std::to_string(m.data_len);
+      else if (h.tag < 0 || h.tag > 32767)
+        m.why = "tag " + std::to_string(h.tag);
+      return m;
+    case zmq_kind::announce:
+    case zmq_kind::stream:
+      no_data(h.kind == static_cast<std::uint8_t>(zmq_kind::announce) ? "announce" : "stream");
+      if (m.why.empty() && (h.tag < 0 || h.tag > 32767)) m.why = "tag " + std::to_string(h.tag);
+      return m;
+    case zmq_kind::piece:
+      if (m.data_len == 0) m.why = "an empty piece";
+      else if (h.offset > ~std::uint64_t{0} - m.data_len) m.why = "a piece whose offset overflows";
+      return m;
+    case zmq_kind::credit:
+      no_data("credit");
+      if (m.why.empty() && h.offset == 0) m.why = "a credit of 0 bytes";
+      return m;
+    case zmq_kind::refuse:
+    case zmq_kind::coll_fail:
+      if (m.data_len > zmq_max_text) m.why = "a text of " + std::to_string(m.data_len) + " bytes";
+      return m;
+    case zmq_kind::coll:
+      if (h.step == zmq_notice_step) no_data("collective notice");
+      if (m.why.empty() && h.id == 0) m.why = "a collective of index 0";
+      if (m.why.empty() && (h.coll < 1 || h.coll > 2)) m.why = "a collective of kind " + std::to_string(h.coll);
+      return m;
+    case zmq_kind::clear: no_data("clear"); return m;
+    case zmq_kind::bye: no_data("bye"); return m;
+    case zmq_kind::withdraw: no_data("withdraw"); return m;
+    case zmq_kind::hello: no_data("hello"); return m;
+  }
+  m.why = "a message of unknown kind " + std::to_string(h.kind);
+  return m;
+}
+
 // ---- rendezvous messages ----
 
 enum class zmq_rdv_kind : std::uint8_t {
@@ -270,9 +362,10 @@ public:
     pos_ += sizeof v;
     return true;
   }
-  bool get_string(std::string& s) {
+  /// A length-prefixed string of at most `limit` bytes (a longer claim is refused unread).
+  bool get_string(std::string& s, std::uint32_t limit = 4096) {
     std::uint32_t len = 0;
-    if (!get(len) || n_ - pos_ < len) return false;
+    if (!get(len) || len > limit || n_ - pos_ < len) return false;
     s.assign(reinterpret_cast<const char*>(p_ + pos_), len);
     pos_ += len;
     return true;
