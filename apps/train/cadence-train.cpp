@@ -4,6 +4,8 @@
 // prediction of the same run against what it measured. Its parts: options.hpp (the command
 // line), roles.hpp (what each rank does under a policy), run.hpp (the run, phase by phase) and
 // report.hpp (what rank 0 prints); here, the job each transport makes and main.
+#include <cadence/transport/detail/posix.hpp>
+
 #include "options.hpp"
 #include "run.hpp"
 
@@ -59,9 +61,37 @@ int guarded_run(Job& job, const train_options& o, const std::optional<std::strin
 // A process of a gloo or zmq job (Job: train::gloo_job, train::zmq_job) meeting the others at
 // `meet`: its whole run.
 template <class Job>
-int launched_run(const train_options& o, train::meeting_point meet, const std::optional<std::string>& parse_error) {
-  Job job(o.rank.value_or(0), o.size.value_or(1), std::move(meet), o.address);
+int launched_run(const train_options& o, train::meeting_point meet, train::job_security security,
+                 const std::optional<std::string>& parse_error) {
+  Job job(o.rank.value_or(0), o.size.value_or(1), std::move(meet), o.address, std::move(security));
   return guarded_run(job, o, parse_error);
+}
+
+// The run's security: the job secret from --secret-file or $CADENCE_JOB_SECRET (every process
+// of the run the same), or none by name (--insecure). A run that needs one (zmq, or a TCP
+// store) and has none is refused: the error says where to get it.
+train::job_security security_of(const train_options& o, std::optional<std::string>& parse_error) {
+  train::job_security s;
+  if (o.insecure) {
+    s.mode = cadence::transport::wire_security::open;
+    s.force_open_on_network = o.insecure_network;
+    if (o.rank.value_or(0) == 0)
+      std::fprintf(stderr, "cadence-train: warning: --insecure: nothing is authenticated or encrypted; anyone who "
+                           "reaches the run's ports can join it, read its keys or send it messages\n");
+    return s;
+  }
+  try {
+    s.secret = o.secret_file.empty() ? cadence::transport::job_secret::from_environment("CADENCE_JOB_SECRET")
+                                     : cadence::transport::job_secret::from_file(o.secret_file);
+  } catch (const cadence::error& e) {
+    if (!parse_error) parse_error = std::string(o.secret_file.empty() ? "$CADENCE_JOB_SECRET" : "--secret-file") + ": " +
+                                    e.what();
+  }
+  const bool needed = o.transport == "zmq" || !o.rendezvous.empty();
+  if (needed && s.secret.empty() && !parse_error)
+    parse_error = "no job secret: set $CADENCE_JOB_SECRET (the same hex on every process; launch-gloo.sh generates "
+                  "one) or --secret-file, or run --insecure on one host";
+  return s;
 }
 
 // --transport T where this build lacks its library: the error, exit status 2.
@@ -112,13 +142,23 @@ int main_launched(train_options o, std::optional<std::string> parse_error) {
   }
   if (o.address.empty()) o.address = from_env("CADENCE_TRAIN_ADDR");
   if (o.address.empty()) o.address = "127.0.0.1";
+  // A malformed --rendezvous is named before a missing secret (it is the likelier typo).
+  if (!parse_error && !o.rendezvous.empty()) {
+    try {
+      cadence::transport::detail::parse_host_port(o.rendezvous, "cadence-train");
+    } catch (const std::exception& e) {
+      parse_error = "--rendezvous " + o.rendezvous + ": " + e.what();
+    }
+  }
+  train::job_security security = security_of(o, parse_error);
   // Where the processes meet. Rank 0 serves the TCP store from here to its exit; a store it
   // cannot serve (the port is taken, the address is not its own) is its error to report.
   std::optional<train::meeting_point> meet;
   if (!parse_error) {
     try {
-      meet = o.rendezvous.empty() ? train::meeting_point::folder(o.store)
-                                  : train::meeting_point::tcp(o.rendezvous, o.rank.value_or(0) == 0 && !o.rejoin);
+      meet = o.rendezvous.empty()
+                 ? train::meeting_point::folder(o.store)
+                 : train::meeting_point::tcp(o.rendezvous, o.rank.value_or(0) == 0 && !o.rejoin, security);
     } catch (const std::exception& e) {
       parse_error = "--rendezvous " + o.rendezvous + ": " + e.what();
     }
@@ -126,13 +166,13 @@ int main_launched(train_options o, std::optional<std::string> parse_error) {
   if (!meet) meet = train::meeting_point::folder(o.store);  // unused: the run reports parse_error
   if (o.transport == "zmq") {
 #if CADENCE_TRAIN_HAS_ZMQ
-    return launched_run<train::zmq_job>(o, std::move(*meet), parse_error);
+    return launched_run<train::zmq_job>(o, std::move(*meet), std::move(security), parse_error);
 #else
     return lacking("zmq", "ZeroMQ", "libzmq3-dev");
 #endif
   }
 #if CADENCE_TRAIN_HAS_GLOO
-  return launched_run<train::gloo_job>(o, std::move(*meet), parse_error);
+  return launched_run<train::gloo_job>(o, std::move(*meet), std::move(security), parse_error);
 #else
   return lacking("gloo", "gloo", "libgloo-dev");
 #endif

@@ -212,6 +212,31 @@ private:
 };
 #endif
 
+/// How the processes of a gloo or zmq run guard their connections: the job secret (every process
+/// of the run holds the same), or a run without one asked for by name (--insecure).
+struct job_security {
+  transport::job_secret secret;
+  transport::wire_security mode = transport::wire_security::authenticated;
+  bool force_open_on_network = false;
+
+  transport::tcp_store_options store() const {
+    transport::tcp_store_options o;
+    o.secret = secret;
+    o.security = mode;
+    o.force_open_on_network = force_open_on_network;
+    o.on_event = [](const std::string& line) { std::fprintf(stderr, "cadence-train: %s\n", line.c_str()); };
+    return o;
+  }
+#if CADENCE_TRAIN_HAS_ZMQ
+  void apply(transport::zmq_options& o) const {
+    o.secret = secret;
+    o.security = mode;
+    o.force_open_on_network = force_open_on_network;
+    o.on_event = [](const std::string& line) { std::fprintf(stderr, "cadence-train: %s\n", line.c_str()); };
+  }
+#endif
+};
+
 /// Where the processes of a gloo or zmq run meet: a folder they all share (--store), or a TCP
 /// store that rank 0 serves at a known host:port for the whole run (--rendezvous), for hosts
 /// that share no file system. Small named values (a zmq communicator's rendezvous address, the
@@ -224,18 +249,22 @@ public:
     m.folder_ = std::move(dir);
     return m;
   }
-  /// The store at `address`; `serve`: this process (rank 0) serves it until it ends. Throws
-  /// when rank 0 cannot listen there (the port is taken, the host is not its own).
-  static meeting_point tcp(std::string address, bool serve) {
+  /// The store at `address`, guarded by `security`; `serve`: this process (rank 0) serves it
+  /// until it ends. Throws when rank 0 cannot listen there (the port is taken, the host is not
+  /// its own) or the security options are refused.
+  static meeting_point tcp(std::string address, bool serve, const job_security& security) {
     meeting_point m;
     transport::detail::parse_host_port(address, "cadence::transport::tcp_store");  // the same error on every rank
     m.address_ = std::move(address);
-    if (serve) m.server_ = std::make_shared<transport::tcp_store_server>(m.address_);
+    m.store_ = security.store();
+    if (serve) m.server_ = std::make_shared<transport::tcp_store_server>(m.address_, m.store_);
     return m;
   }
 
   bool is_tcp() const noexcept { return !address_.empty(); }
   const std::string& address() const noexcept { return address_; }
+  /// How the TCP store is guarded (the secret a communicator's own rendezvous there needs).
+  const transport::tcp_store_options& store_options() const noexcept { return store_; }
   const std::string& folder_path() const noexcept { return folder_; }
 
   /// Sets `name` to `value` whole: a reader sees the old value or the new one.
@@ -273,10 +302,11 @@ public:
 
 private:
   transport::tcp_store& client() {
-    if (!client_) client_ = std::make_shared<transport::tcp_store>(address_, connect_timeout);
+    if (!client_) client_ = std::make_shared<transport::tcp_store>(address_, store_, connect_timeout);
     return *client_;
   }
   std::string folder_, address_;
+  transport::tcp_store_options store_;
   std::shared_ptr<transport::tcp_store_server> server_;
   std::shared_ptr<transport::tcp_store> client_;
   std::shared_ptr<std::mutex> mutex_ = std::make_shared<std::mutex>();
@@ -293,8 +323,9 @@ public:
   static constexpr bool joinable = false;  // gloo's mesh is fixed at rendezvous
 
   /// `address`: the one this process's gloo device binds and the others reach it by.
-  gloo_job(int rank, int size, meeting_point meet, std::string address = "127.0.0.1")
-      : rank_(rank), size_(size), meet_(std::move(meet)), address_(std::move(address)) {}
+  gloo_job(int rank, int size, meeting_point meet, std::string address = "127.0.0.1", job_security security = {})
+      : rank_(rank), size_(size), meet_(std::move(meet)), address_(std::move(address)),
+        security_(std::move(security)) {}
 
   const char* name() const noexcept { return "gloo"; }
   int rank() const noexcept { return rank_; }
@@ -330,6 +361,7 @@ private:
     if (meet_.is_tcp()) {
       o.rendezvous = meet_.address();
       o.serve_rendezvous = false;  // rank 0 serves the run's store (meeting_point)
+      o.store = meet_.store_options();
     } else {
       o.store_path = meet_.folder_path();
     }
@@ -340,6 +372,7 @@ private:
   int rank_ = 0, size_ = 1;
   meeting_point meet_;
   std::string address_;
+  job_security security_;
   std::unique_ptr<comm_type> world_, control_;
 };
 #endif
@@ -358,8 +391,9 @@ public:
   using comm_type = transport::zmq_communicator;
   static constexpr bool joinable = true;
 
-  zmq_job(int rank, int size, meeting_point meet, std::string address)
-      : rank_(rank), size_(size), meet_(std::move(meet)), address_(std::move(address)) {}
+  zmq_job(int rank, int size, meeting_point meet, std::string address, job_security security = {})
+      : rank_(rank), size_(size), meet_(std::move(meet)), address_(std::move(address)),
+        security_(std::move(security)) {}
 
   const char* name() const noexcept { return "zmq"; }
   int rank() const noexcept { return rank_; }
@@ -419,6 +453,7 @@ private:
     transport::zmq_options o;
     o.endpoint = "tcp://" + address_ + ":0";
     o.wait_for = wait_for;
+    security_.apply(o);
     if (rank == 0) {
       o.rendezvous = "tcp://" + address_ + ":0";
       meeting_point* meet = &meet_;
@@ -443,6 +478,7 @@ private:
   int rank_ = 0, size_ = 1;
   meeting_point meet_;
   std::string address_;
+  job_security security_;
   std::unique_ptr<comm_type> world_, control_;
 };
 #endif

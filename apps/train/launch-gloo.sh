@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts N processes of a program as one gloo job on this host: a fresh rendezvous folder
 # (gloo's file store) in a temporary directory, CADENCE_TRAIN_RANK/SIZE/STORE set for each
-# process, the same arguments to all. Rank 0's stdout is this script's stdout (for
+# process, the same arguments to all, and one job secret for all of them in CADENCE_JOB_SECRET
+# (32 random bytes, in hex) unless the caller set one. Rank 0's stdout is this script's stdout (for
 # cadence-train --json: the one JSON array); every rank's stderr is passed through. When one
 # process fails, the others are stopped; the exit status is the first failure's (or 0). With
 # --survive-workers, a process other than rank 0 that fails or is killed is only reported and
@@ -40,6 +41,10 @@ case "$limit" in
 esac
 
 store=$(mktemp -d "${TMPDIR:-/tmp}/cadence-gloo-XXXXXX") || exit 1
+if [ -z "${CADENCE_JOB_SECRET:-}" ]; then
+  CADENCE_JOB_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n') || exit 1
+fi
+export CADENCE_JOB_SECRET
 out0="$store/rank0.out"
 pids=()
 cleanup() {

@@ -45,6 +45,9 @@ struct train_options {
   std::string store;              // gloo, zmq: a shared folder ...
   std::string rendezvous;         // ... or rank 0's TCP store
   std::string address;            // gloo, zmq
+  std::string secret_file;        // gloo, zmq: the job secret's key file (else $CADENCE_JOB_SECRET)
+  bool insecure = false;          // gloo, zmq: no authentication, loopback only ...
+  bool insecure_network = false;  // ... unless this too
 };
 
 namespace detail {
@@ -196,7 +199,20 @@ inline train_options parse_options(int argc, char** argv) {
                  "gloo, zmq: the address this process binds and the others reach it by\n"
                  "(default: $CADENCE_TRAIN_ADDR, else 127.0.0.1)")
       ->option_text("A");
-  cli.at_most_one_of({"--json", "--csv"}).at_most_one_of({"--store", "--rendezvous"});
+  cli.add_option("--secret-file", o.secret_file,
+                 "gloo, zmq: the job secret, a key file (mode 600) holding its hex; every\n"
+                 "process of a run gives the same (default: $CADENCE_JOB_SECRET, which\n"
+                 "launch-gloo.sh generates). zmq authenticates and encrypts every connection\n"
+                 "with it, the TCP store (--rendezvous) every request")
+      ->option_text("F");
+  cli.add_flag("--insecure", o.insecure,
+               "gloo, zmq: no job secret: nothing is authenticated or encrypted; on\n"
+               "loopback addresses only, unless --insecure-network");
+  cli.add_flag("--insecure-network", o.insecure_network,
+               "with --insecure: allow it on network addresses too (anyone who reaches\n"
+               "the ports can join, read keys or send messages)");
+  cli.at_most_one_of({"--json", "--csv"}).at_most_one_of({"--store", "--rendezvous"}).at_most_one_of(
+      {"--secret-file", "--insecure"});
   if (!cli.read(argc, argv)) {
     o.help = cli.help();
     return o;
@@ -211,6 +227,8 @@ inline train_options parse_options(int argc, char** argv) {
   if (o.join_after && !(*o.join_after < o.seconds))
     throw usage_error("--join-after: " + tools::detail::number_text(*o.join_after) + " s must be less than --seconds " +
                       tools::detail::number_text(o.seconds) + " (the late worker joins the running policy)");
+  if (o.insecure_network && !o.insecure)
+    throw usage_error("--insecure-network: goes with --insecure (it only widens where an insecure run may listen)");
   if (o.seconds / o.eval_every > 10000)
     throw usage_error("--eval-every: " + std::to_string(o.eval_every) + " s over a " + std::to_string(o.seconds) +
                       " s run means more than 10000 snapshots; use --eval-every >= " +

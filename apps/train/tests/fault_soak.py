@@ -286,7 +286,8 @@ class Trial:
                     argv = [a.decode() for a in f.read().split(b"\0") if a]
                 with open("/proc/%d/environ" % pids[rank], "rb") as f:
                     env = dict(kv.decode().split("=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-                launched[rank] = (argv, {k: v for k, v in env.items() if k.startswith("CADENCE_TRAIN_")})
+                launched[rank] = (argv, {k: v for k, v in env.items()
+                                         if k.startswith("CADENCE_TRAIN_") or k == "CADENCE_JOB_SECRET"})
             except (FileNotFoundError, ProcessLookupError):
                 pass  # it died already (the run ended): nothing to restart
         t0 = time.monotonic()

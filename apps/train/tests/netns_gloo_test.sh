@@ -9,6 +9,8 @@
 # Needs root and network namespaces; without them it prints SKIP and exits 77. Usage:
 #   netns_gloo_test.sh scripts/netns-cluster.sh build/bin/cadence-train
 set -u
+# One job secret for the run's processes in every namespace (as launch-gloo.sh does on one host).
+export CADENCE_JOB_SECRET=${CADENCE_JOB_SECRET:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
 # shellcheck source=netns_support.sh
 . "$(dirname "$0")/netns_support.sh"
 netns_args netns_gloo_test.sh "$@"
