@@ -7,7 +7,10 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <cstdint>
 #include <exception>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -114,4 +117,38 @@ TEST_CASE("a worker refuses its own misuse before it sends anything: a server ra
   }
   server.join();
   CHECK(server_error.empty());
+}
+
+TEST_CASE("a reply that claims a refusal text longer than any reason is refused before the worker "
+          "allocates for it (found by tests/fuzz/ps_protocol_fuzz.cpp)" *
+          doctest::timeout(60)) {
+  // A server rank 0 that answers the worker's first pull with a refusal whose header claims
+  // 2^62 bytes of text (the worker used to size its buffer by that count: std::length_error,
+  // or an allocation as large as the count), then one that claims a negative length.
+  namespace pd = cadence::exchange::detail;
+  for (const std::int64_t claimed : {std::int64_t{1} << 62, std::int64_t{-5}}) {
+    CAPTURE(claimed);
+    inproc_world world(2);
+    const pd::ps_tags tags(ps_options{}.tag_base);
+    std::promise<void> checked;  // the rogue stays until the worker has read its reply
+    std::thread rogue([&] {
+      auto c0 = world.join(0);
+      pd::ps_header request;
+      c0.recv(&request, sizeof request, 1, tags.control, std::chrono::seconds(10));  // the pull
+      const auto h = pd::make_header(pd::ps_kind::reply, -1, 0, claimed, request.request,
+                                         pd::ps_status::error);
+      c0.send(&h, sizeof h, 1, tags.reply, std::chrono::seconds(10));
+      checked.get_future().wait();
+    });
+    {
+      auto c1 = world.join(1);
+      ps_worker<inproc_communicator> w(c1, 6);
+      std::vector<float> weights(6);
+      const std::string want = "server rank 0 sent a refusal with a text of " + std::to_string(claimed) +
+                               " bytes (at most 65536): a malformed reply";
+      CHECK_THROWS_WITH_AS(w.pull(weights.data()), doctest::Contains(want.c_str()), transport_error);
+      checked.set_value();
+    }
+    rogue.join();
+  }
 }

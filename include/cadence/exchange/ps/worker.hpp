@@ -230,7 +230,11 @@ private:
       const auto status = static_cast<detail::ps_status>(h.status);
       std::string text;
       if (status != detail::ps_status::ok) {
-        text.assign(static_cast<std::size_t>(std::max<std::int64_t>(h.count, 0)), '\0');
+        if (h.count < 0 || h.count > detail::ps_max_text)
+          throw transport_error(who() + ": server rank " + std::to_string(s) + " sent a refusal with a text of " +
+                                std::to_string(h.count) + " bytes (at most " + std::to_string(detail::ps_max_text) +
+                                "): a malformed reply");
+        text.assign(static_cast<std::size_t>(h.count), '\0');
         comm_.recv(text.data(), text.size(), s, tags_.reply_data, options_.transfer_timeout);
       }
       if (h.request != request_ || !pending[static_cast<std::size_t>(s)]) {

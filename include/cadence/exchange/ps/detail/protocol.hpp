@@ -66,6 +66,10 @@ struct ps_header {
   std::int64_t request = 0;
 };
 
+// The longest text a refusal may carry (a reason is a sentence or two): a worker refuses a
+// reply that claims more before it allocates anything for it.
+inline constexpr std::int64_t ps_max_text = std::int64_t{1} << 16;
+
 inline ps_header make_header(ps_kind kind, std::int64_t worker, std::int64_t iteration = 0, std::int64_t count = 0,
                              std::int64_t request = 0, ps_status status = ps_status::ok) {
   return {static_cast<std::int64_t>(kind), worker, iteration, count, static_cast<std::int64_t>(status), request};
