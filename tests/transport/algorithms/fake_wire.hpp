@@ -74,6 +74,8 @@ struct wire_options {
   std::size_t inline_bytes = 64;  // inline_capacity() is max(this, 8 * size)
   std::size_t piece = 24;         // piece_bytes(e) is the largest multiple of e up to this
   std::size_t eager_bytes = 200;  // a send up to this many bytes may complete before it is received
+  /// reads_caller_early() (wire.hpp, 8): MPI's wire says yes, gloo's no.
+  bool reads_caller_early = true;
 };
 
 inline wire_options mpi_like() { return {}; }
@@ -83,12 +85,14 @@ inline wire_options gloo_like() {
   o.posts_on_demand = false;
   o.knows_sizes = false;
   o.eager_bytes = 0;  // a gloo send completes once written into the peer's posted receive
+  o.reads_caller_early = false;
   return o;
 }
 inline wire_options hybrid() {
   wire_options o;
   o.posts_on_demand = false;
   o.knows_sizes = false;
+  o.reads_caller_early = false;
   return o;
 }
 /// One of the three, by number (for seeded choices).
@@ -356,6 +360,7 @@ public:
       m.sig = q.front().sig;
       m.summary = q.front().summary;
       m.bytes = 0;
+      count_take(stream);
       return true;
     }
     coll_in* in = nullptr;
@@ -381,6 +386,7 @@ public:
     }
     in->posted = false;
     in->taken = true;
+    count_take(stream);
     ++net_->activity;
     return true;
   }
@@ -411,6 +417,7 @@ public:
     caller_ = static_cast<unsigned char*>(buf);
     caller_bytes_ = bytes;
     exposed_ = false;
+    early_ = false;
     for (auto& s : scratch_) {
       if (s.size() < scratch) s.resize(scratch);
       std::fill(s.begin(), s.end(), poison);
@@ -433,6 +440,10 @@ public:
     check_peer(p, "bulk_recv");
     check_region(r, offset, capacity, "bulk_recv");
     if (r == cd::bulk_region::caller && !exposed_) misuse("a receive posted on the caller's buffer before expose()");
+    fresh_counts();
+    if (r == cd::bulk_region::caller && early_ && notices_taken_ < static_cast<std::size_t>(size_ - 1))
+      misuse("a receive posted on the caller's buffer, exposed early for reading, before every rank's notice was "
+             "taken");
     unsigned char* at = bulk_base(r) + offset;
     if (!net_->over_delivered())
       for (const auto& q : sends_)
@@ -481,6 +492,8 @@ public:
   }
 
   void expose() noexcept {
+    fresh_counts();
+    early_ = taken_ == 0;  // before anything of this collective was taken: for reading only
     exposed_ = true;
     exposed_ever_ = true;
     ++net_->activity;
@@ -508,6 +521,7 @@ public:
   std::int64_t current_index = 0;
   /// Whether expose() was called since the simulation last cleared it (a new collective).
   bool exposed_ever() const noexcept { return exposed_ever_; }
+  bool reads_caller_early() const noexcept { return o_.reads_caller_early; }
   void clear_exposed_ever() noexcept { exposed_ever_ = false; }
 
   /// The rank failed: its receives are withdrawn (nothing lands in its memory any more); its
@@ -687,6 +701,20 @@ private:
   unsigned char* caller_ = nullptr;
   std::size_t caller_bytes_ = 0;
   bool exposed_ = false, exposed_ever_ = false, abandoned_ = false;
+  bool early_ = false;  // exposed before anything of this collective was taken
+  std::size_t taken_ = 0, notices_taken_ = 0;  // messages of collective counted_for_ taken
+  std::int64_t counted_for_ = -1;
+
+  void fresh_counts() noexcept {
+    if (counted_for_ == current_index) return;
+    counted_for_ = current_index;
+    taken_ = notices_taken_ = 0;
+  }
+  void count_take(cd::coll_stream stream) noexcept {
+    fresh_counts();
+    ++taken_;
+    if (stream == cd::coll_stream::notice) ++notices_taken_;
+  }
   std::vector<std::deque<piece_recv>> recvs_;  // per peer, oldest first
   std::vector<std::deque<message*>> sends_;    // per peer, oldest first, until reported
   std::vector<char> tokens_;                   // native() handles

@@ -51,11 +51,12 @@ struct ring_schedule {
 };
 
 /// The algorithm over a wire W; its state lives in the operation. Every rank sends every other
-/// rank a notice and takes theirs before the caller's buffer is touched (phase 0): until then
-/// receives go into scratch, each posted for a whole piece (the longest any rank sends, so
-/// arguments that differ can garble scratch but never overrun a buffer), and the first piece
-/// leaves from a copy. A mismatch therefore fails the call before anything reaches the caller's
-/// buffer. Phase 1 runs the steps, each step's receives posted a step ahead; phase 2 waits for
+/// rank a notice and takes theirs before anything is written into the caller's buffer (phase
+/// 0): until then receives go into scratch, each posted for a whole piece (the longest any rank
+/// sends, so arguments that differ can garble scratch but never overrun a buffer). A mismatch
+/// therefore fails the call before anything reaches the caller's buffer. Step 0's pieces leave
+/// from the caller's buffer at once where the wire reads it early (wire.hpp, 8); elsewhere the
+/// first piece leaves from a staging copy and the rest once the ranks agreed. Phase 1 runs the steps, each step's receives posted a step ahead; phase 2 waits for
 /// the last sends. Any rank count and element count: one rank is done at once, and a segment
 /// left empty (fewer elements than ranks) moves no piece.
 template <class W>
@@ -78,7 +79,10 @@ struct ring_allreduce {
     post(w, o, g, 0);
     if (g.steps() > 1 && g.reduces(1)) post(w, o, g, 1);
     const int seg = g.seg_out(0);
-    if (g.pieces(seg) > 0) {  // fewer elements than ranks leave some segments empty: no piece
+    if (w.reads_caller_early()) {
+      w.expose();
+      for (std::size_t k = 0; k < g.pieces(seg); ++k) send(w, o, g, 0, seg, k);
+    } else if (g.pieces(seg) > 0) {  // fewer elements than ranks leave some segments empty: no piece
       const std::size_t len = g.piece_len(seg, 0);
       std::memcpy(w.bulk_base(bulk_region::staging), w.bulk_base(bulk_region::caller) + g.offset(seg, 0), len);
       w.bulk_send(o.c, g.right(), bulk_region::staging, 0, len);
@@ -111,9 +115,11 @@ struct ring_allreduce {
         w.release(o.c, p, coll_stream::notice);
       }
       if (missing) return;
-      w.expose();  // from here on the wire reads and writes the caller's buffer
-      const int seg = g.seg_out(0);
-      for (std::size_t k = 1; k < g.pieces(seg); ++k) send(w, o, g, 0, seg, k);
+      if (!w.reads_caller_early()) {
+        w.expose();  // from here on the wire reads and writes the caller's buffer
+        const int seg = g.seg_out(0);
+        for (std::size_t k = 1; k < g.pieces(seg); ++k) send(w, o, g, 0, seg, k);
+      }
       o.phase = 1;
       o.step = 0;
       o.piece = 0;

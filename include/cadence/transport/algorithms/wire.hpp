@@ -66,6 +66,13 @@ struct coll_message {
 //     still counted as pending reads, once the data that receive will get proves the send was
 //     delivered (gloo: yes; MPI: no, a send buffer is the send's until it completes).
 //  7. w.native(point, p) -> the handle a blocked wait on that point blocks on (null: poll).
+//  8. w.reads_caller_early(): whether the ring may send from the caller's buffer before every
+//     rank's notice has agreed (it exposes the buffer at its start, and still writes into it
+//     only after agreement). True where a failure leaves a send reading the caller's buffer
+//     anyway (MPI: a send cannot be withdrawn; the buffer stays the send's, as documented):
+//     step 0 then moves at once instead of waiting a notice round. False where a failure with
+//     the buffer exposed costs more than the copy (gloo: it closes every connection): the first
+//     piece then leaves from the staging copy and the rest once the ranks agreed.
 // Every member may throw transport_error (a lost peer, a refused post): the engine then fails
 // the communicator. What a wire does with what is in flight when that happens is its own.
 

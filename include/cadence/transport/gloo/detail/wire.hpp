@@ -186,6 +186,9 @@ public:
   /// Any failure from now on closes the connections at once, so gloo never touches the
   /// caller's buffer afterwards (the peers then see this rank as lost).
   void expose() noexcept { exposed_ = true; }
+  /// No: a failure with the caller's buffer exposed closes every connection, so the ring's first
+  /// piece leaves from the staging copy and the caller's buffer is exposed after agreement.
+  bool reads_caller_early() const noexcept { return false; }
   void bulk_end(const call_info&) {
     if (caller_) link_->forget(caller_.get());
     caller_.reset();

@@ -37,7 +37,7 @@ namespace cadence::transport::detail {
 ///    pieces (ring_tag: receives and sends per peer, in recvs_ and sends_, completed in order).
 ///  - out_: the outgoing data message [head | data] (the small all-reduce's accumulator), with
 ///    its sends in out_reqs_; notice_sends_: notices in flight with their own words.
-///  - scratch_, staging_, caller_: the ring's regions.
+///  - scratch_, caller_: the ring's regions (no staging: reads_caller_early()).
 ///  - dirty_: something was abandoned inside MPI (its buffers are then never freed).
 class mpi_wire {
 public:
@@ -75,6 +75,10 @@ public:
     const std::size_t below_ring = o_.ring_min_bytes == 0 ? 0 : o_.ring_min_bytes - 1;
     return std::max(below_ring, std::size_t{8} * static_cast<std::size_t>(size_));
   }
+  /// The ring's step 0 leaves from the caller's buffer at once: a failed MPI send cannot be
+  /// withdrawn in any case (the buffer stays the send's; docs/transports.md, mpi).
+  bool reads_caller_early() const noexcept { return true; }
+
   std::size_t piece_bytes(std::size_t esize) const noexcept {
     return element_limit(std::min(o_.ring_piece_bytes, o_.max_message_bytes), esize);
   }
@@ -182,13 +186,12 @@ public:
       grow(scratch_[0], scratch_size_[0], scratch);
       if (size_ > 2) grow(scratch_[1], scratch_size_[1], scratch);
     }
-    grow(staging_, staging_size_, piece_bytes(1));
   }
   unsigned char* bulk_base(bulk_region r) noexcept {
     switch (r) {
       case bulk_region::scratch0: return scratch_[0].get();
       case bulk_region::scratch1: return scratch_[1].get();
-      case bulk_region::staging: return staging_.get();
+      case bulk_region::staging: return nullptr;  // never used: reads_caller_early()
       case bulk_region::caller: break;
     }
     return caller_;
@@ -289,7 +292,6 @@ public:
     }
     out_.release();
     in_.release();
-    staging_.release();
     scratch_[0].release();
     scratch_[1].release();
   }
@@ -418,8 +420,6 @@ private:
   MPI_Request data_req_ = MPI_REQUEST_NULL;
   std::unique_ptr<unsigned char[]> scratch_[2];  // the ring's incoming pieces, by step parity
   std::size_t scratch_size_[2] = {0, 0};
-  std::unique_ptr<unsigned char[]> staging_;     // the ring's first piece, sent before the check
-  std::size_t staging_size_ = 0;
   unsigned char* caller_ = nullptr;
   std::vector<std::deque<MPI_Request>> recvs_;   // per peer: ring receives, oldest first
   std::vector<std::deque<MPI_Request>> sends_;   // per peer: ring sends, oldest first
