@@ -97,7 +97,11 @@ inline diloco_config parse_diloco_config(std::string_view config) {
     if (eq == std::string_view::npos) detail::bad_diloco(config, "'" + std::string(item) + "' is not key=value");
     const std::string_view key = item.substr(0, eq), v = item.substr(eq + 1);
     if (key == "outer") {
-      (void)make_outer_optimizer(v);  // checked now, named with the config
+      try {
+        (void)make_outer_optimizer(v);  // checked now, named with the config
+      } catch (const parse_error& e) {
+        detail::bad_diloco(config, e.what());
+      }
       out.outer = std::string(v);
     } else if (key == "fragments") {
       out.options.fragments = detail::diloco_count(config, key, v);

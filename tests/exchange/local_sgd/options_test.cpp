@@ -1,0 +1,128 @@
+// cadence/exchange/local_sgd/options.hpp: the local-SGD config string (every key, its default,
+// the canonical form read back) and check_diloco_options (each combination it refuses, with the
+// option, its value and the bound in the message).
+#include <cadence/exchange/local_sgd/options.hpp>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+
+using namespace cadence;
+using namespace cadence::exchange;
+
+TEST_CASE("a bare schedule is DiLoCo as published: nesterov 0.7/0.9, one fragment, f32, steps weights") {
+  const diloco_config c = parse_diloco_config("fixed:50");
+  CHECK(c.options.schedule == "fixed:50");
+  CHECK(c.outer == "nesterov:0.7:0.9");
+  CHECK(c.options.fragments == 1);
+  CHECK(c.options.delay == 0);
+  CHECK(c.options.alpha == 0.0f);
+  CHECK(c.options.codec == outer_codec::f32);
+  CHECK(c.options.error_feedback);
+  CHECK(c.options.weight_by_steps);
+  CHECK(diloco_config_string(c.options, c.outer) == "fixed:50");
+}
+
+TEST_CASE("every key parses, and the canonical string reads back to the same options") {
+  const diloco_config c = parse_diloco_config(
+      "fixed:40,outer=adam:0.01,fragments=4,delay=2,alpha=0.5,codec=int4,feedback=0,weights=uniform");
+  CHECK(c.outer == "adam:0.01");
+  CHECK(c.options.fragments == 4);
+  CHECK(c.options.delay == 2);
+  CHECK(c.options.alpha == 0.5f);
+  CHECK(c.options.codec == outer_codec::int4);
+  CHECK_FALSE(c.options.error_feedback);
+  CHECK_FALSE(c.options.weight_by_steps);
+  const std::string s = diloco_config_string(c.options, c.outer);
+  CHECK(s == "fixed:40,outer=adam:0.01,fragments=4,delay=2,alpha=0.5,codec=int4,feedback=0,weights=uniform");
+  const diloco_config back = parse_diloco_config(s);
+  CHECK(diloco_config_string(back.options, back.outer) == s);
+  // A timed schedule's own colons stay with the schedule.
+  CHECK(parse_diloco_config("quorum:3:20:0.25:2:last,codec=bf16").options.schedule == "quorum:3:20:0.25:2:last");
+}
+
+TEST_CASE("a bad config string is refused naming the string and the key") {
+  auto refused = [](const char* config, const char* part) {
+    try {
+      (void)parse_diloco_config(config);
+    } catch (const parse_error& e) {
+      const std::string what = e.what();
+      CHECK_MESSAGE(what.find(config) != std::string::npos, what);
+      CHECK_MESSAGE(what.find(part) != std::string::npos, what);
+      return;
+    }
+    FAIL("accepted: " << config);
+  };
+  refused(",codec=int8", "no schedule");
+  refused("fixed:10,fragments", "is not key=value");
+  refused("fixed:10,fragments=-1", "fragments '-1'");
+  refused("fixed:10,delay=x", "delay 'x'");
+  refused("fixed:10,alpha=1", "alpha '1'");
+  refused("fixed:10,codec=int2", "unknown codec 'int2'");
+  refused("fixed:10,feedback=yes", "feedback must be 0 or 1");
+  refused("fixed:10,weights=rank", "weights must be steps or uniform");
+  refused("fixed:10,outer=momentum", "unknown kind 'momentum'");
+  refused("fixed:10,colour=red", "unknown key 'colour'");
+  refused("fixed:10,", "'' is not key=value");
+}
+
+TEST_CASE("check_diloco_options refuses combinations the schedule cannot run, naming the option and the bound") {
+  auto refused = [](diloco_options o, std::size_t ranks, const char* part) {
+    const outer_schedule s(o.schedule, ranks, 16);
+    try {
+      check_diloco_options(o, s, "here: ");
+    } catch (const invalid_parameter_error& e) {
+      const std::string what = e.what();
+      CHECK_MESSAGE(what.rfind("here: ", 0) == 0, what);
+      CHECK_MESSAGE(what.find(part) != std::string::npos, what);
+      return;
+    }
+    FAIL("accepted: " << diloco_config_string(o, "sgd:1"));
+  };
+  diloco_options o;
+  o.schedule = "fixed:8";
+  o.fragments = 4;
+  o.delay = 3;
+  CHECK_NOTHROW(check_diloco_options(o, outer_schedule(o.schedule, 4), ""));
+  {
+    diloco_options b = o;
+    b.fragments = 0;
+    refused(b, 4, "fragments must be >= 1");
+  }
+  {
+    diloco_options b = o;
+    b.fragments = 9;
+    refused(b, 4, "fragments 9 exceed H = 8");
+  }
+  {
+    diloco_options b = o;
+    b.delay = 8;
+    refused(b, 4, "delay 8 must be less than H = 8");
+  }
+  {
+    diloco_options b = o;
+    b.schedule = "quorum:3:8";
+    refused(b, 4, "need the fixed schedule");
+  }
+  {
+    diloco_options b = o;
+    b.alpha = 1.5f;
+    refused(b, 4, "alpha must be in [0, 1), got 1.5");
+  }
+  {
+    diloco_options b = o;
+    b.history = 1;
+    refused(b, 4, "history must be in [2, 1024], got 1");
+  }
+  {
+    diloco_options b = o;
+    b.timeout = std::chrono::milliseconds(0);
+    refused(b, 4, "timeout must be > 0");
+  }
+  {
+    diloco_options b = o;
+    b.tag = 32766;
+    refused(b, 4, "are not all in [0, 32767]");
+  }
+}
