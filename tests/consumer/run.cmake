@@ -128,14 +128,19 @@ elseif(MODE STREQUAL "find_package")
 
 elseif(MODE STREQUAL "add_subdirectory" OR MODE STREQUAL "fetchcontent")
   cmake_consumer(-DCONSUMER_MODE=${MODE} -DCADENCE_SOURCE_DIR=${CADENCE_SOURCE_DIR})
-  if(MODE STREQUAL "add_subdirectory")
-    run_step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-    run_programs(${WORK_DIR}/build thrust mpi nccl gloo zmq)
-  else()
-    # The backends come in as with add_subdirectory (tested there): the core only, to save time.
-    run_step(${CMAKE_COMMAND} --build ${WORK_DIR}/build --target consumer)
-    run_programs(${WORK_DIR}/build)
-  endif()
+  # The core program is built and run. The backends' targets must exist (the consumer defines
+  # consumer_<backend> only where cadence::<backend> is, and lists them at configure time),
+  # checked without compiling them: the main build's own tests compile and run every backend
+  # target in-tree, and find_package and pkg_config compile and run each program.
+  run_step(${CMAKE_COMMAND} --build ${WORK_DIR}/build --target consumer)
+  run_programs(${WORK_DIR}/build)
+  file(READ ${WORK_DIR}/build/offered-backends.txt offered)
+  foreach(backend IN LISTS BACKENDS)
+    if(NOT backend IN_LIST offered)
+      message(FATAL_ERROR "consumer.${MODE}: no cadence::${backend} came in, though this build of "
+                          "Cadence has it (the consumer saw: '${offered}')")
+    endif()
+  endforeach()
 
 elseif(MODE STREQUAL "pkg_config")
   # What a Makefile or a shell does: nothing but the compiler and pkg-config's flags.
