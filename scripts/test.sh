@@ -10,6 +10,8 @@
 #   build-asan/  clang++ with AddressSanitizer + UndefinedBehaviorSanitizer at C++20: every
 #                test, the Thrust tests on the OMP system (libomp), the examples and the
 #                tools' command-line tests
+#   build-fuzz/  libFuzzer targets (tests/fuzz: clang, ASan + UBSan), each decoder fuzzed 2 s
+#                from its committed corpus (skipped with a message without libFuzzer)
 #   build-tsan/  ThreadSanitizer, the concurrent tests (blocking runtime, liveness, the
 #                in-process transport and exchange adapters, the NCCL protocol over its fake)
 #   build-cuda/  the Thrust sources and GPU benchmark compiled with nvcc for sm_90 (compile
@@ -165,6 +167,30 @@ if configure build-asan asan "${asan_cxx[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C
      -DCADENCE_BUILD_BENCHMARKS=OFF &&
    build build-asan asan; then
   run_ctest build-asan
+fi
+
+section "libFuzzer: the decoders, 2 s each (tests/fuzz)"
+# Every decoder of bytes or text from outside a process, fuzzed briefly from its committed corpus
+# with clang's -fsanitize=fuzzer,address,undefined (docs/testing.md, "Fuzzing", has the long
+# command). A project of its own; it says so and builds nothing where libFuzzer is missing.
+if command -v clang++ >/dev/null 2>&1; then
+  if [[ -f build-fuzz/CMakeCache.txt ]] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=${generator[1]:-Unix Makefiles}\$" build-fuzz/CMakeCache.txt; then
+    rm -rf build-fuzz
+  fi
+  if cmake -S tests/fuzz -B build-fuzz "${generator[@]}" -DCMAKE_CXX_COMPILER=clang++ -DCADENCE_FUZZ_SECONDS=2; then
+    if build build-fuzz fuzz; then
+      if [[ -n $(ctest --test-dir build-fuzz -N | grep -E '^ *Test +#') ]]; then
+        run_ctest build-fuzz
+      else
+        echo "clang++ cannot link -fsanitize=fuzzer (install libclang-rt-14-dev): fuzzing skipped"
+      fi
+    fi
+  else
+    failed=$((failed + 1))
+    echo "fuzz: configure FAILED"
+  fi
+else
+  echo "clang++ not installed: fuzzing skipped"
 fi
 
 section "ThreadSanitizer (concurrent parts)"

@@ -37,6 +37,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -137,6 +138,43 @@ private:
   bool on_ = false;
   cadence::detail::sha256_digest client_proof_{}, server_proof_{}, key_{};
 };
+
+/// One request as the server reads it: the operation and views of its key and value.
+struct store_request {
+  unsigned char op = 0;
+  std::string_view key, value;
+};
+
+/// How many bytes the request at `p` (`have` of them came so far) takes in all, its code
+/// included when `auth`: 9 until its head has come, then the whole request. 0 when the head
+/// already says it is malformed (an unknown operation, an empty or too long key, a value too
+/// long, or a value on a get or check); `why` then says what. Pure: the server calls it on
+/// every head before it reads further, and tests/fuzz/tcp_store_request_fuzz.cpp drives it.
+inline std::size_t store_request_size(const char* p, std::size_t have, bool auth, std::string& why) {
+  if (have < 9) return 9;
+  const auto op = static_cast<unsigned char>(p[0]);
+  const std::size_t klen = get_u32(p + 1), vlen = get_u32(p + 5);
+  if (op != op_set && op != op_get && op != op_check) {
+    why = "a request of unknown kind " + std::to_string(op);
+    return 0;
+  }
+  if (klen == 0 || klen > tcp_store_max_key || vlen > tcp_store_max_value || (op != op_set && vlen != 0)) {
+    why = "a request with a " + std::to_string(klen) + "-byte key and a " + std::to_string(vlen) + "-byte value";
+    return 0;
+  }
+  return 9 + klen + vlen + (auth ? store_code : 0);
+}
+
+/// The request in the first bytes at `p`, of which store_request_size accepted the head and
+/// at least its size came (views into `p`, valid while those bytes are).
+inline store_request store_parse_request(const char* p) {
+  store_request r;
+  r.op = static_cast<unsigned char>(p[0]);
+  const std::size_t klen = get_u32(p + 1), vlen = get_u32(p + 5);
+  r.key = std::string_view(p + 9, klen);
+  r.value = std::string_view(p + 9 + klen, vlen);
+  return r;
+}
 
 /// The checks both ends make of their options, naming the end (`who`) and its address.
 inline void check_store_security(const std::string& who, const host_port& hp, const tcp_store_options& o) {
@@ -351,22 +389,10 @@ private:
     }
   }
 
-  // How many bytes the message c is reading needs in all, from what has come (0: not known yet).
+  // How many bytes the message c is reading needs in all, from what has come (0: malformed).
   std::size_t needed(const client& c, std::string& why) const {
-    const bool auth = o_.security == wire_security::authenticated;
     if (!c.authenticated) return detail::store_nonce + detail::store_code;
-    if (c.in.size() < 9) return 9;
-    const auto op = static_cast<unsigned char>(c.in[0]);
-    const std::size_t klen = detail::get_u32(c.in.data() + 1), vlen = detail::get_u32(c.in.data() + 5);
-    if (op != detail::op_set && op != detail::op_get && op != detail::op_check) {
-      why = "a request of unknown kind " + std::to_string(op);
-      return 0;
-    }
-    if (klen == 0 || klen > tcp_store_max_key || vlen > tcp_store_max_value || (op != detail::op_set && vlen != 0)) {
-      why = "a request with a " + std::to_string(klen) + "-byte key and a " + std::to_string(vlen) + "-byte value";
-      return 0;
-    }
-    return 9 + klen + vlen + (auth ? detail::store_code : 0);
+    return detail::store_request_size(c.in.data(), c.in.size(), o_.security == wire_security::authenticated, why);
   }
 
   // Reads what c sent, never more than the message it is in needs, and answers every whole
@@ -424,9 +450,10 @@ private:
         return false;
       }
     }
-    const auto op = static_cast<unsigned char>(request[0]);
-    const std::size_t klen = detail::get_u32(request.data() + 1), vlen = detail::get_u32(request.data() + 5);
-    std::string key(request.data() + 9, klen);
+    const detail::store_request q = detail::store_parse_request(request.data());
+    const unsigned char op = q.op;
+    const std::size_t klen = q.key.size(), vlen = q.value.size();
+    std::string key(q.key);
     std::string answer;
     bool refused = false;
     {
@@ -438,7 +465,7 @@ private:
                           bytes_ - old + klen + vlen <= o_.max_bytes;
         if (room) {
           bytes_ = bytes_ - old + klen + vlen;
-          table_[std::move(key)] = request.substr(9 + klen, vlen);
+          table_[std::move(key)] = std::string(q.value);
           answer.push_back(static_cast<char>(detail::status_ok));
         } else {
           ++stats_.refused_sets;
