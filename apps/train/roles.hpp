@@ -24,6 +24,7 @@
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/exchange/elastic_averager.hpp>
+#include <cadence/exchange/local_sgd/diloco.hpp>
 #include <cadence/exchange/parameter_server.hpp>
 #include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/sim/collective.hpp>
@@ -47,6 +48,14 @@
 namespace cadence::train {
 
 using clock_type = std::chrono::steady_clock;
+
+// "diloco:<local-SGD config>" (exchange/local_sgd/options.hpp): DiLoCo among the workers, a
+// collective mode of its own (the simulator's collective modes do not model it).
+inline bool is_diloco_mode(std::string_view policy) noexcept { return policy.rfind("diloco:", 0) == 0; }
+// Any mode over all-reduce among the workers: periodic:, elastic-avg: or diloco:.
+inline bool is_collective_run(std::string_view policy) noexcept {
+  return is_collective_config(policy) || is_diloco_mode(policy);
+}
 
 // ---- the model ----
 
@@ -244,7 +253,11 @@ inline cadence::sim::scenario checked_profile(const train_options& o, std::size_
   }
   for (const auto& p : o.policies) {
     try {
-      if (is_collective_config(p)) {
+      if (is_diloco_mode(p)) {
+        const auto c = cadence::exchange::parse_diloco_config(std::string_view(p).substr(7));
+        cadence::exchange::check_diloco_options(c.options, cadence::exchange::outer_schedule(c.options.schedule, workers),
+                                                "'" + p + "': ");
+      } else if (is_collective_config(p)) {
         cadence::sim::scenario tiny = prof;
         tiny.seconds = 0.5;
         (void)cadence::sim::simulate_collective(collective_mode(p), tiny);  // parses the mode
@@ -258,7 +271,7 @@ inline cadence::sim::scenario checked_profile(const train_options& o, std::size_
   if (o.join_after && workers < 2)
     throw tools::usage_error("--join-after: needs at least 2 workers (the last one joins late), got " +
                              std::to_string(workers));
-  if (o.join_after && is_collective_config(o.policies.front()))
+  if (o.join_after && is_collective_run(o.policies.front()))
     throw tools::usage_error("--join-after: the first policy must be a parameter-server one (a worker joins the server), "
                              "got '" + o.policies.front() + "'");
   return prof;
@@ -514,18 +527,25 @@ worker_summary work_collective(Job& job, std::size_t index, const train_options&
     const auto id = static_cast<std::size_t>(comm.rank());
     const std::size_t params = model.parameter_count();
     const float lr = static_cast<float>(o.lr * static_cast<double>(comm.size()));
-    const std::string mode = collective_mode(policy);
+    const std::string mode = is_diloco_mode(policy) ? policy : collective_mode(policy);
     std::optional<cadence::exchange::periodic_averager<comm_type>> periodic;
     std::optional<cadence::exchange::elastic_averager<comm_type>> elastic;
-    if (mode.rfind("periodic:", 0) == 0)
-      periodic.emplace(comm, static_cast<std::size_t>(std::stoull(mode.substr(9))));
-    else
-      elastic.emplace(comm, mode);
+    std::optional<cadence::exchange::diloco<comm_type>> dl;
     cadence::sim::iteration_sampler sampler(prof.workers[id], cadence::sim::mix_seed(o.seed, id));
     train::detail::shard_walk walk(0, static_cast<std::uint32_t>(shard.size()), o.batch,
                                    cadence::sim::mix_seed(o.seed + 1, id));
     std::vector<float> w(params), g(params), stop(1);
     model.initialize(w, o.seed);
+    if (is_diloco_mode(policy)) {  // DiLoCo: rank 0 of the workers broadcasts its weights
+      const auto c = cadence::exchange::parse_diloco_config(std::string_view(policy).substr(7));
+      dl.emplace(comm, std::initializer_list<cadence::exchange::tensor_ref>{w},
+                 cadence::exchange::make_outer_optimizer(c.outer), c.options);
+    } else if (mode.rfind("periodic:", 0) == 0) {
+      periodic.emplace(comm, static_cast<std::size_t>(std::stoull(mode.substr(9))));
+    } else {
+      elastic.emplace(comm, mode);
+    }
+    std::uint64_t merges = 0;
     std::vector<float> merged = w;  // the model of the last merge
     std::vector<double> snap_times;
     std::vector<float> snaps;
@@ -550,18 +570,29 @@ worker_summary work_collective(Job& job, std::size_t index, const train_options&
       const auto until = t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(d));
       if (clock_type::now() > until) sum.overruns += 1;
       std::this_thread::sleep_until(until);
+      // DiLoCo's inner optimizer is the same SGD, at the same rate, as the averagers' steps.
       for (std::size_t k = 0; k < params; ++k) w[k] -= lr * g[k];
       sum.iterations += 1;
       ++local;
-      const bool due = periodic ? periodic->step_done() : elastic->step_done(clock_type::now() - t0);
+      const bool due = periodic ? periodic->step_done()
+                       : elastic ? elastic->step_done(clock_type::now() - t0)
+                                 : dl->step_done(clock_type::now() - t0);
       if (!due) continue;
       const auto s0 = clock_type::now();
       const double s_at = std::chrono::duration<double>(s0 - start).count();
       stop[0] = s_at >= o.seconds ? 1.0f : 0.0f;
-      if (periodic)
+      ++merges;
+      if (periodic) {
         periodic->sync(w, stop);
-      else
+      } else if (elastic) {
         elastic->sync(w, stop);
+      } else {
+        // Every rank syncs at the same points (the plan is collective), so the stop vote follows.
+        dl->sync(w);
+        comm.allreduce(stop.data(), 1, cadence::transport::dtype::f32, cadence::transport::reduce_op::max,
+                       cadence::transport::deadline(train::connect_timeout));
+        if (stop[0] > 0) dl->finish({w});
+      }
       const double end = since(start);
       timings.push_back({s_at, since(s0)});
       sum.max_local_steps = std::max(sum.max_local_steps, static_cast<double>(local));
@@ -569,10 +600,21 @@ worker_summary work_collective(Job& job, std::size_t index, const train_options&
       local = 0;
       if (id == 0) {
         snapshot_until(end);
-        merged = w;
+        if (dl)
+          merged.assign(dl->global_weights().begin(), dl->global_weights().end());
+        else
+          merged = w;
       }
       if (stop[0] > 0) break;
     }
+    // What this worker sent in merges (DiLoCo: counted by the adapter; the averagers: a ring
+    // all-reduce of the weights per merge, 2 (n - 1) / n of them), for docs/local-sgd.md.
+    const std::uint64_t sent =
+        dl ? dl->bytes_sent()
+           : merges * cadence::exchange::detail::ring_bytes(params * sizeof(float), static_cast<std::size_t>(comm.size()));
+    std::fprintf(stderr, "cadence-train: %s: worker %zu sent %llu bytes in %llu merges, %.0f inner steps\n",
+                 policy.c_str(), id, static_cast<unsigned long long>(sent), static_cast<unsigned long long>(merges),
+                 sum.iterations);
     if (id == 0) {
       snapshot_until(o.seconds);
       // The curve and the final model go to rank 0, which has the test set.
@@ -649,7 +691,7 @@ int replace_worker(Job& job, const train_options& o) {
       throw cadence::error("--rejoin: no policy has started (nothing published as 'running' in the rendezvous folder "
                            "or store): nothing to rejoin");
   }
-  if (k >= o.policies.size() || is_collective_config(o.policies[k]))
+  if (k >= o.policies.size() || is_collective_run(o.policies[k]))
     throw cadence::error("--rejoin: the running policy (number " + std::to_string(k + 1) +
                          ") is not a parameter-server policy of this command line");
   const double left = start + o.seconds - epoch_seconds();

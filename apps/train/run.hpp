@@ -62,7 +62,7 @@ template <class Job>
 policy_part run_policy(Job& job, std::size_t k, const train_options& o, any_model& model, const rank_data& data,
                        const cadence::sim::scenario& prof, std::size_t workers, push_log& log) {
   const std::string& policy = o.policies[k];
-  const bool collective = is_collective_config(policy);
+  const bool collective = is_collective_run(policy);
   policy_part part;
   if (job.rank() == 0)
     part.report = collective ? observe_collective(job, k, o, policy, model, data.test, workers)
@@ -128,7 +128,7 @@ bool share_verdict(Job& job, std::vector<int>& gone) {
 // (r.parked_seconds, found by the worker id in its record); collective modes: one merge cost.
 inline void add_measurements(train::policy_report& r, std::vector<std::vector<double>>& records, const std::vector<int>& gone,
                       const train_options& o, const std::string& policy, std::size_t workers) {
-  const bool collective = is_collective_config(policy);
+  const bool collective = is_collective_run(policy);
   const auto size = static_cast<int>(workers + 1);
   constexpr std::size_t head = 1 + summary_words;
   for (const int q : gone) {  // no iterations known, no worker id
@@ -189,6 +189,7 @@ inline void add_measurements(train::policy_report& r, std::vector<std::vector<do
 // a slow link is slow in the simulator too; under a collective mode the one merge cost.
 inline void add_simulated(train::policy_report& r, const cadence::sim::scenario& prof, const std::string& policy) {
   cadence::sim::scenario s = prof;
+  if (is_diloco_mode(policy)) return;  // not modelled by the collective simulator
   if (is_collective_config(policy)) {
     cadence::sim::collective_options co;
     co.allreduce_seconds = r.transfer_seconds;

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -223,6 +224,11 @@ public:
     const transport::deadline d(options_.timeout);
     for (std::size_t f = 0; f < frags_.size(); ++f)
       if (frags_[f].in_flight) complete(f, weights, d);
+  }
+
+  /// finish() with the tensors `weights` as a braced list.
+  void finish(std::initializer_list<tensor_ref> weights) {
+    finish(span<const tensor_ref>(weights.begin(), weights.size()));
   }
 
   /// The membership seam: after a failure, every member of the new communicator `comm` calls
