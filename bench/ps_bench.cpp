@@ -44,6 +44,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -66,6 +67,7 @@ struct config : cadence_bench::common_config {
   bool bounce = true;
   bool sgd = false;
   bool throughput = false;
+  bool security_cost = false;  // zmq: raw is the same push_pull over an open communicator
 };
 
 struct no_update {
@@ -163,7 +165,10 @@ void print(const std::vector<row>& rows, const config& cfg, int workers) {
   using cadence_bench::number_column;
   cadence_bench::table t;
   t.title = std::string(op) + ", backend " + cfg.backend + ", 1 server, " + std::to_string(workers) + " worker(s)" +
-            (cfg.sgd ? ", sgd update" : ", no-op update") + " (GB/s both ways, all workers)";
+            (cfg.sgd ? ", sgd update" : ", no-op update") + " (GB/s both ways, all workers)" +
+            (cfg.security_cost ? "; --security-cost: raw = the same push_pull over an open communicator, ours = "
+                                 "authenticated and encrypted (CURVE)"
+                               : "");
   t.columns = {cadence_bench::text_column("bytes", 12, "bytes"),
                number_column("raw us", 12, "raw_us", "%.2f"),
                number_column("ours us", 12, "ours_us", "%.2f"),
@@ -307,22 +312,56 @@ ps_rank zmq_rank(int r, int workers, raw_zmq_echo& raw, Comm& comm, bool sgd, st
   return me;
 }
 
+// --security-cost: the raw side is the same push_pull block over an open communicator.
+template <class Comm>
+std::function<double(std::vector<float>&, int)> zmq_open_block(Comm& open, int workers, bool sgd,
+                                                                std::function<double(double)> sum) {
+  return [=, &open](std::vector<float>& buf, int iters) {
+    sum(0);
+    return ours_block(open, workers, buf, iters, sgd);
+  };
+}
+
+// --security-cost: what making a communicator took (mean over the ranks), open and
+// authenticated, on stderr from rank 0: the handshakes' cost, each rank connecting to n - 1.
+void report_connect(int rank, int ranks, double open_ms, double authenticated_ms) {
+  if (rank != 0) return;
+  std::fprintf(stderr,
+               "cadence-bench-ps: connecting (a communicator, mean over %d ranks, each with %d peers): open %.2f ms, "
+               "authenticated %.2f ms, %.2f ms more per peer\n",
+               ranks, ranks - 1, open_ms, authenticated_ms, (authenticated_ms - open_ms) / (ranks - 1));
+}
+
 // Ranks as threads: rank 0 publishes its raw echo server's endpoint and the communicator's
 // rendezvous; the others wait for both.
 int run_zmq(const config& cfg) {
   if (cfg.ranks < 2) throw usage_error("--ranks: the zmq backend needs at least 2 (a server and a worker)");
   const int workers = cfg.throughput ? cfg.ranks - 1 : 1;
   cadence_bench::summing_barrier sync(cfg.ranks);
-  cadence_bench::thread_rendezvous meet, echo_server;
+  cadence_bench::thread_rendezvous meet, meet_open, echo_server;
   const auto rows = cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     raw_zmq_echo raw;
     if (r == 0)
       echo_server.publish(raw.serve());
     else
       raw.dial(echo_server.wait());
+    const auto t0 = steady::now();
     zmq_communicator comm(r, cfg.ranks, cadence_bench::zmq_thread_options<zmq_options>(r, meet),
                           std::chrono::seconds(60));
+    const double authenticated_ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
     ps_rank me = zmq_rank(r, workers, raw, comm, cfg.sgd, [&sync](double v) { return sync.arrive_and_sum(v); });
+    std::unique_ptr<zmq_communicator> open;
+    if (cfg.security_cost) {
+      auto o = cadence_bench::zmq_thread_options<zmq_options>(r, meet_open);
+      o.secret = {};
+      o.security = wire_security::open;
+      const auto t1 = steady::now();
+      open = std::make_unique<zmq_communicator>(r, cfg.ranks, o, std::chrono::seconds(60));
+      const double open_ms = std::chrono::duration<double, std::milli>(steady::now() - t1).count();
+      report_connect(r, cfg.ranks, sync.arrive_and_sum(open_ms) / cfg.ranks,
+                     sync.arrive_and_sum(authenticated_ms) / cfg.ranks);
+      me.raw_block = zmq_open_block(*open, workers, cfg.sgd, [&sync](double v) { return sync.arrive_and_sum(v); });
+    }
     auto mine = measure(me, cfg, sizes_for(cfg));
     sync.arrive_and_sum(0);  // nobody closes while another still runs
     return mine;
@@ -343,7 +382,9 @@ int run_zmq_process(const config& cfg) {
   options.endpoint = "tcp://" + cfg.address + ":0";
   // Processes of one job hold one secret: the launcher's, in the environment.
   options.secret = cadence_bench::process_secret();
+  const auto t0 = steady::now();
   zmq_communicator comm(r, cfg.ranks, options, std::chrono::seconds(120));
+  const double authenticated_ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
   raw_zmq_echo raw;
   char endpoint[256] = {};
   if (r == 0) {
@@ -357,6 +398,22 @@ int run_zmq_process(const config& cfg) {
     return v;
   };
   ps_rank me = zmq_rank(r, workers, raw, comm, cfg.sgd, sum);
+  std::unique_ptr<zmq_communicator> open;
+  if (cfg.security_cost) {
+    // A second communicator, open: its rendezvous on the next port, on a network address by name.
+    const auto colon = cfg.rendezvous.rfind(':');
+    zmq_options o = options;
+    o.rendezvous = "tcp://" + cfg.rendezvous.substr(0, colon) + ":" +
+                   std::to_string(std::stoi(cfg.rendezvous.substr(colon + 1)) + 1);
+    o.secret = {};
+    o.security = wire_security::open;
+    o.force_open_on_network = true;
+    const auto t1 = steady::now();
+    open = std::make_unique<zmq_communicator>(r, cfg.ranks, o, std::chrono::seconds(120));
+    const double open_ms = std::chrono::duration<double, std::milli>(steady::now() - t1).count();
+    report_connect(r, cfg.ranks, sum(open_ms) / cfg.ranks, sum(authenticated_ms) / cfg.ranks);
+    me.raw_block = zmq_open_block(*open, workers, cfg.sgd, sum);
+  }
   const auto rows = measure(me, cfg, sizes_for(cfg));
   sum(0);  // nobody closes while another still runs
   if (r == 0) print(rows, cfg, workers);
@@ -371,7 +428,7 @@ int run(int argc, char** argv) {
       "         [--max-bytes B] [--no-bounce] [--sgd]\n"
       "       mpirun -np W+1 cadence-bench-ps --backend mpi --throughput\n"
       "       cadence-bench-ps --backend zmq [--ranks W+1] [--json | --csv] [--reps R] [--max-bytes B]\n"
-      "         [--sgd] [--throughput]\n"
+      "         [--sgd] [--throughput] [--security-cost]\n"
       "       cadence-bench-ps --backend zmq --ranks W+1 --rank R --rendezvous H:P [--address A] ...\n",
       "", 17);
   cadence_bench::add_common_flags(
@@ -390,9 +447,14 @@ int run(int argc, char** argv) {
   cli.add_flag("--throughput", cfg.throughput, "every worker pushes at once (sizes 64 KiB, 1 MiB, 4 MiB)");
   cli.add_flag_callback("--no-bounce", [&cfg] { cfg.bounce = false; }, "mpi_options::bounce_buffers = false");
   cli.add_flag("--sgd", cfg.sgd, "apply SGD on the server (default: a no-op update rule)");
+  cli.add_flag("--security-cost", cfg.security_cost,
+               "zmq: raw = the same push_pull over an open communicator (ours:\n"
+               "authenticated); with --rank its rendezvous is the next port");
   if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
   if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
     throw usage_error("--max-bytes: must be a multiple of 4, at least 4096, got " + std::to_string(cfg.max_bytes));
+  if (cfg.security_cost && cfg.backend != "zmq")
+    throw usage_error("--security-cost: only for --backend zmq (the others have no wire security)");
   if (cfg.processes() && cfg.backend != "zmq")
     throw usage_error("--rendezvous: ranks as processes are for --backend zmq (mpi: mpirun starts them)");
   return cadence_bench::run_backend(

@@ -50,6 +50,9 @@
 #include <zmq.h>
 
 #include "support/raw_zmq.hpp"
+#if defined(CADENCE_BENCH_WITH_SODIUM)
+#include <sodium.h>
+#endif
 #endif
 #if defined(CADENCE_BENCH_WITH_GLOO)
 #include <cadence/transport/gloo/communicator.hpp>
@@ -89,6 +92,7 @@ struct config : cadence_bench::common_config {
   bool bounce = true;
   bool verify = true;
   bool ring = true;
+  bool security_cost = false;  // zmq: raw is the same all-reduce over an open communicator
 };
 
 struct row {
@@ -185,7 +189,10 @@ int print(const std::vector<row>& rows, const config& cfg) {
   using cadence_bench::number_column;
   cadence_bench::table t;
   t.title = "all-reduce f32 sum, backend " + cfg.backend + ", " + std::to_string(rows.empty() ? 0 : rows.front().ranks) +
-            " ranks (busbw in GB/s)";
+            " ranks (busbw in GB/s)" +
+            (cfg.security_cost ? "; --security-cost: raw = the same all-reduce over an open communicator, ours = "
+                                 "authenticated and encrypted (CURVE)"
+                               : "");
   t.columns = {cadence_bench::text_column("bytes", 12, "bytes"),
                number_column("raw us", 12, "raw_us", "%.2f"),
                number_column("ours us", 12, "ours_us", "%.2f"),
@@ -428,15 +435,62 @@ private:
   std::string endpoint_;
 };
 
+// --security-cost: how fast libsodium encrypts and authenticates on this machine
+// (crypto_secretbox_easy, XSalsa20-Poly1305, what CURVE does to every message after its
+// handshake), one thread, 1 MiB messages, on stderr: the ceiling an encrypted link can reach.
+void report_sodium_rate() {
+#if defined(CADENCE_BENCH_WITH_SODIUM)
+  if (sodium_init() < 0) throw std::runtime_error("sodium_init failed");
+  const std::size_t n = std::size_t{1} << 20;
+  std::vector<unsigned char> plain(n, 7), boxed(n + crypto_secretbox_MACBYTES);
+  unsigned char key[crypto_secretbox_KEYBYTES], nonce[crypto_secretbox_NONCEBYTES] = {};
+  randombytes_buf(key, sizeof key);
+  int iters = 0;
+  const auto t0 = steady::now();
+  double seconds = 0;
+  do {
+    for (int i = 0; i < 16; ++i, ++iters) {
+      sodium_increment(nonce, sizeof nonce);
+      crypto_secretbox_easy(boxed.data(), plain.data(), n, nonce, key);
+    }
+    seconds = std::chrono::duration<double>(steady::now() - t0).count();
+  } while (seconds < 0.5);
+  std::fprintf(stderr, "cadence-bench-transport: libsodium crypto_secretbox_easy (XSalsa20-Poly1305), 1 MiB "
+                       "messages, one thread: %.3f GB/s\n",
+               static_cast<double>(n) * iters / seconds / 1e9);
+#else
+  std::fprintf(stderr, "cadence-bench-transport: built without libsodium's header: its rate not measured\n");
+#endif
+}
+
 std::vector<row> run_zmq(const config& cfg) {
+  if (cfg.security_cost) report_sodium_rate();
   cadence_bench::summing_barrier sync(cfg.ranks);
-  cadence_bench::thread_rendezvous meet;
+  cadence_bench::thread_rendezvous meet, meet_open;
   std::mutex m;
   std::vector<std::string> raw_endpoints(static_cast<std::size_t>(cfg.ranks));
   return cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     const auto options = cadence_bench::zmq_thread_options<zmq_options>(r, meet);
+    const auto t0 = steady::now();
     zmq_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
+    const double authenticated_ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
     raw_zmq_allreduce raw(r, cfg.ranks, options.chunk_bytes);
+    std::unique_ptr<zmq_communicator> open;
+    if (cfg.security_cost) {
+      auto o = cadence_bench::zmq_thread_options<zmq_options>(r, meet_open);
+      o.secret = {};
+      o.security = wire_security::open;
+      const auto t1 = steady::now();
+      open = std::make_unique<zmq_communicator>(r, cfg.ranks, o, std::chrono::seconds(60));
+      const double open_ms = std::chrono::duration<double, std::milli>(steady::now() - t1).count();
+      const double open_mean = sync.arrive_and_sum(open_ms) / cfg.ranks;
+      const double auth_mean = sync.arrive_and_sum(authenticated_ms) / cfg.ranks;
+      if (r == 0)
+        std::fprintf(stderr,
+                     "cadence-bench-transport: connecting (a communicator, mean over %d ranks, each with %d peers): "
+                     "open %.2f ms, authenticated %.2f ms, %.2f ms more per peer\n",
+                     cfg.ranks, cfg.ranks - 1, open_mean, auth_mean, (auth_mean - open_mean) / (cfg.ranks - 1));
+    }
     {
       std::lock_guard<std::mutex> lock(m);
       raw_endpoints[static_cast<std::size_t>(r)] = raw.endpoint();
@@ -445,6 +499,10 @@ std::vector<row> run_zmq(const config& cfg) {
     raw.connect(raw_endpoints);
     rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
     ops.raw = [&](float* b, std::size_t n) { raw.run(b, n); };
+    if (open)
+      ops.raw = [&](float* b, std::size_t n) {
+        open->allreduce(b, n, dtype::f32, reduce_op::sum, std::chrono::seconds(60));
+      };
     auto mine = run_rank(ops, cfg);
     sync.arrive_and_sum(0);  // nobody closes while another still runs
     return mine;
@@ -530,7 +588,7 @@ int run(int argc, char** argv) {
   config cfg;
   cadence::tools::command_line cli(
       "usage: cadence-bench-transport --backend inproc|mpi|gloo|nccl|zmq [--ranks N] [--json | --csv]\n"
-      "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring]\n"
+      "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring] [--security-cost]\n"
       "       cadence-bench-transport --backend gloo --ranks N --rank R --rendezvous H:P [--address A] ...\n",
       "", 17);
   cadence_bench::add_common_flags(
@@ -551,11 +609,16 @@ int run(int argc, char** argv) {
                         "mpi: mpi_options::bounce_buffers = false (broadcasts and sends)");
   cli.add_flag_callback("--no-verify", [&cfg] { cfg.verify = false; },
                         "mpi: mpi_options::verify_before_posting = false (broadcasts)");
+  cli.add_flag("--security-cost", cfg.security_cost,
+               "zmq: raw = the same all-reduce over an open communicator (ours:\n"
+               "authenticated); also libsodium's rate and the connect time");
   cli.add_flag_callback("--no-ring", [&cfg] { cfg.ring = false; },
                         "mpi: every all-reduce by recursive doubling (no ring)");
   if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
   if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
     throw usage_error("--max-bytes: must be a multiple of 4, at least 8, got " + std::to_string(cfg.max_bytes));
+  if (cfg.security_cost && cfg.backend != "zmq")
+    throw usage_error("--security-cost: only for --backend zmq (the others have no wire security)");
   if (cfg.processes() && cfg.backend != "gloo")
     throw usage_error("--rendezvous: ranks as processes are for --backend gloo (mpi: mpirun starts them)");
   return cadence_bench::run_backend(
