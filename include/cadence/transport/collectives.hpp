@@ -1,5 +1,7 @@
-// Collectives derived from the communicator concept, so every backend has them without writing
-// them: barrier, allgather (fixed size per rank) and an averaging all-reduce.
+/// \file
+/// \ingroup transport
+/// Collectives derived from the communicator concept, so every backend has them without writing
+/// them: barrier, allgather (fixed size per rank) and an averaging all-reduce.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -14,6 +16,8 @@
 #include <vector>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
 namespace detail {
 template <class C>
@@ -26,8 +30,9 @@ void require_host_buffers(const C& c, const char* helper) {
 }
 }  // namespace detail
 
-/// Returns once every rank has called barrier (or throws transport_error naming the ranks that
-/// did not arrive by the deadline). One all-reduce of a single byte: errors name that call.
+/// Returns once every rank of `c` has called barrier (or throws transport_error naming the ranks
+/// that did not arrive by the deadline `d`). One all-reduce of a single byte: errors name that
+/// call.
 template <class C>
 void barrier(C& c, deadline d = {}) {
   CADENCE_REQUIRE_COMMUNICATOR(C);
@@ -36,12 +41,12 @@ void barrier(C& c, deadline d = {}) {
   c.allreduce(&token, 1, dtype::u8, reduce_op::max, d);
 }
 
-/// Gathers `bytes_per_rank` bytes from every rank into `recv` (size() * bytes_per_rank bytes,
-/// rank r's block at offset r * bytes_per_rank) on every rank. `send` may be rank()'s own block
-/// inside `recv` (in place) but must not overlap any other block. Implemented as one sum
-/// all-reduce of u8 blocks that are zero except the caller's own: with a single nonzero term
-/// per byte the sum is that byte, exactly, and it is one collective with one deadline instead
-/// of size() broadcasts. It moves size() times the data of a ring allgather: meant for records
+/// Gathers `bytes_per_rank` bytes from `send` on every rank of `c` into `recv` within deadline
+/// `d` (size() * bytes_per_rank bytes, rank r's block at offset r * bytes_per_rank) on every
+/// rank. `send` may be rank()'s own block inside `recv` (in place) but must not overlap any
+/// other block. Implemented as one sum all-reduce of u8 blocks that are zero except the
+/// caller's own: with a single nonzero term per byte the sum is that byte, exactly, and it is
+/// one collective with one deadline instead of size() broadcasts. It moves size() times the data of a ring allgather: meant for records
 /// and plans (kilobytes), not tensors.
 template <class C>
 void allgather(C& c, const void* send, void* recv, std::size_t bytes_per_rank, deadline d = {}) {
@@ -71,10 +76,11 @@ void allgather(C& c, const void* send, void* recv, std::size_t bytes_per_rank, d
   c.allreduce(out, total, dtype::u8, reduce_op::sum, d);
 }
 
-/// All-reduce then divide by size(): the gradient average of data-parallel training. Only f32
-/// and f64: an integer average would have to round, and callers disagree on how. Where the
-/// backend offers allreduce_average (communicator.hpp), the division happens inside it, in its
-/// last pass over the data; otherwise a sum all-reduce is followed by a pass dividing by size().
+/// Replaces the `count` elements of dtype `t` at `buf` by their mean over the ranks of `c`,
+/// within deadline `d`: the gradient average of data-parallel training. Only f32 and f64: an
+/// integer average would have to round, and callers disagree on how. Where the backend offers
+/// allreduce_average (communicator.hpp), the division happens inside it, in its last pass over
+/// the data; otherwise a sum all-reduce is followed by a pass dividing by size().
 /// Either way the result is the sum divided by size(), correctly rounded.
 template <class C>
 void allreduce_avg(C& c, void* buf, std::size_t count, dtype t, deadline d = {}) {
@@ -92,4 +98,5 @@ void allreduce_avg(C& c, void* buf, std::size_t count, dtype t, deadline d = {})
   }
 }
 
+/// @}
 }  // namespace cadence::transport

@@ -1,5 +1,10 @@
-// The communicator concept: what a transport backend (in-process threads, MPI, gloo, NCCL) must
-// offer so that exchange adapters are written once and run over any of them.
+/// \file
+/// \ingroup transport
+/// The communicator concept: what a transport backend (in-process threads, MPI, gloo, NCCL,
+/// ZeroMQ) must offer so that exchange adapters are written once and run over any of them. The
+/// numbered requirements, the failure contract every backend obeys and the optional extensions
+/// (try_recv, the asynchronous operations, the averaging all-reduce, peer_lost) are written out
+/// in this header beside the trait that checks each; the guide is `docs/transports.md`.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -12,6 +17,8 @@
 #include <utility>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
 /// Element types of all-reduce. Host backends reduce f32, f64, i32, i64 and u8; f16 and bf16
 /// exist for backends whose buffers live on the device (NCCL), where the reduction runs there.
@@ -31,6 +38,7 @@ constexpr std::size_t dtype_size(dtype t) noexcept {
   return 0;
 }
 
+/// The name of `t` as error messages write it ("f32"), or "unknown dtype".
 constexpr const char* dtype_name(dtype t) noexcept {
   switch (t) {
     case dtype::f32: return "f32";
@@ -58,6 +66,7 @@ template <>
 struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
 template <>
 struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
+/// The dtype of element type T (dtype_of<T>::value).
 template <class T>
 inline constexpr dtype dtype_of_v = dtype_of<T>::value;
 
@@ -65,6 +74,7 @@ inline constexpr dtype dtype_of_v = dtype_of<T>::value;
 /// (allreduce_avg in collectives.hpp), as c10d does on backends without a native average.
 enum class reduce_op : std::uint8_t { sum, min, max };
 
+/// The name of `op` as error messages write it ("sum"), or "unknown op".
 constexpr const char* reduce_op_name(reduce_op op) noexcept {
   switch (op) {
     case reduce_op::sum: return "sum";
@@ -112,20 +122,28 @@ struct capability_flags {
 /// invalid_parameter_error before touching the network.
 class deadline {
 public:
+  /// The steady clock deadlines are points on: a change of the wall clock moves no deadline.
   using clock = std::chrono::steady_clock;
+  /// How far away a default-constructed deadline is.
   static constexpr std::chrono::seconds default_timeout{60};
 
+  /// A deadline default_timeout (60 s) from now.
   deadline() : at_(clock::now() + default_timeout) {}
+  /// A deadline `from_now` after now; a duration too long for the clock (hours::max()) gives
+  /// the clock's last point instead of overflowing into the past.
   template <class Rep, class Period>
   deadline(std::chrono::duration<Rep, Period> from_now)  // NOLINT: implicit on purpose
       : at_(after(clock::now(), from_now)) {}
 
-  /// A deadline at an absolute time, shared by several calls ("all of this within 10 s").
+  /// A deadline at the absolute time `when`, shared by several calls ("all of this within
+  /// 10 s").
   static deadline at(clock::time_point when) noexcept { return deadline(when, 0); }
 
+  /// The point on the steady clock at which it passes.
   clock::time_point time_point() const noexcept { return at_; }
+  /// Whether it has passed at time `now`.
   bool passed(clock::time_point now = clock::now()) const noexcept { return now >= at_; }
-  /// Time left, zero once passed.
+  /// Time left at time `now`, zero once passed.
   clock::duration remaining(clock::time_point now = clock::now()) const noexcept {
     return now >= at_ ? clock::duration::zero() : at_ - now;
   }
@@ -219,11 +237,13 @@ struct is_communicator_impl<
                          capability_flags>> {};
 }  // namespace detail
 
-/// C++17 form of the concept.
+/// Whether C models the communicator concept (requirements 1-6 above in this header, as far as
+/// types can say): the C++17 form of the concept.
 template <class C>
 inline constexpr bool is_communicator_v = detail::is_communicator_impl<C>::value;
 
 #if defined(__cpp_concepts) && __cpp_concepts >= 201907L
+/// C++20 spelling of is_communicator_v (same numbered requirements).
 template <class C>
 concept communicator = is_communicator_v<C>;
 #endif
@@ -376,9 +396,11 @@ struct has_peer_lost_impl<C, std::void_t<decltype(std::declval<const C&>().peer_
 template <class C>
 inline constexpr bool has_peer_lost_v = detail::has_peer_lost_impl<C>::value;
 
+/// @}
 }  // namespace cadence::transport
 
 /// Use in templates that take a communicator: names the library and the misused type.
+/// \ingroup transport
 #define CADENCE_REQUIRE_COMMUNICATOR(C)                                                        \
   static_assert(::cadence::transport::is_communicator_v<C>,                                    \
                 "cadence: " #C " does not model transport::communicator (see "                 \

@@ -1,8 +1,10 @@
-// The in-process backend: n ranks as threads of one process sharing a world, with the network
-// backends' matching and failure semantics plus fault injection (stall, kill, delay a link, a
-// fault at a chosen protocol step), so adapters are tested deterministically, without a
-// cluster, and under ThreadSanitizer. Its parts: inproc/options.hpp, inproc/detail/state.hpp (the
-// shared world and one operation's steps).
+/// \file
+/// \ingroup transport
+/// The in-process backend: n ranks as threads of one process sharing a world, with the network
+/// backends' matching and failure semantics plus fault injection (stall, kill, delay a link, a
+/// fault at a chosen protocol step), so adapters are tested deterministically, without a
+/// cluster, and under ThreadSanitizer. Its parts: inproc/options.hpp, inproc/detail/state.hpp
+/// (the shared world and one operation's steps).
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -30,6 +32,8 @@
 #include <vector>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
 class inproc_world;
 
@@ -40,8 +44,11 @@ class inproc_world;
 /// it, though a collective's contribution, once made, still counts for the other ranks.
 class inproc_work {
 public:
+  /// A complete handle of no operation.
   inproc_work() = default;
+  /// Takes over another handle's operation, which leaves that handle complete.
   inproc_work(inproc_work&&) noexcept = default;
+  /// Cancels this handle's own operation (as destroying it would), then takes over `other`'s.
   inproc_work& operator=(inproc_work&& other) noexcept {
     if (this != &other) {
       cancel();
@@ -53,6 +60,7 @@ public:
   inproc_work& operator=(const inproc_work&) = delete;
   ~inproc_work() { cancel(); }
 
+  /// Makes progress without blocking; true once complete. Throws what the blocking call would.
   bool test() {
     if (op_ && op_->error) op_->error.rethrow();
     if (!op_ || op_->done || op_->cancelled) return true;
@@ -65,6 +73,8 @@ public:
     return false;
   }
 
+  /// Returns once complete; when deadline `d` passes first, throws the deadline's error naming
+  /// whom the operation waits for.
   void wait(deadline d = {}) {
     if (op_ && op_->error) op_->error.rethrow();
     if (!op_ || op_->done || op_->cancelled) return;
@@ -72,11 +82,13 @@ public:
     op_->wait(lock, d, /*poll=*/false);
   }
 
+  /// The sender of a completed receive (any_source); the peer otherwise.
   int source() const noexcept {
     if (!op_) return -1;
     return op_->what == detail::inproc_op::kind::recv && op_->posted ? op_->posted->from : op_->peer;
   }
 
+  /// Withdraws the operation; always true here (nothing touches the buffer afterwards).
   bool cancel() noexcept {
     if (!op_ || op_->done || op_->cancelled) return true;
     std::lock_guard<std::mutex> lock(op_->state->mutex);
@@ -100,9 +112,12 @@ private:
 /// tells the peers this rank is gone.
 class inproc_communicator {
 public:
+  /// Takes over `other`'s rank; `other` may then only be destroyed or assigned.
   inproc_communicator(inproc_communicator&& other) noexcept
       : state_(std::move(other.state_)), rank_(other.rank_), incarnation_(other.incarnation_),
         calls_(other.calls_), collectives_(other.collectives_) {}
+  /// Leaves this communicator's own rank (peers see it gone, as after destruction), then takes
+  /// over `other`'s.
   inproc_communicator& operator=(inproc_communicator&& other) noexcept {
     if (this != &other) {
       leave();
@@ -118,9 +133,13 @@ public:
   inproc_communicator& operator=(const inproc_communicator&) = delete;
   ~inproc_communicator() { leave(); }
 
+  /// This rank, in [0, size()).
   int rank() const noexcept { return rank_; }
+  /// The number of ranks in the world.
   int size() const noexcept { return state_->size; }
 
+  /// What this backend offers beyond the concept: all of it but device buffers (any_source,
+  /// and lost peers detected at once, survived and isolated to the calls that need them).
   capability_flags capabilities() const noexcept {
     capability_flags f;
     f.any_source = true;
@@ -131,28 +150,36 @@ public:
     return f;
   }
 
+  /// Reduces the `count` elements of dtype `t` at `buf` with `op` across all ranks, in place,
+  /// within deadline `d`.
   void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
     wait_now(start_allreduce("allreduce", buf, count, t, op, &d), d);
   }
-  /// The mean over ranks, in place (f32, f64): the sum divided by size() as it is copied out of
-  /// the shared accumulator (communicator.hpp, "averaging all-reduce").
+  /// Replaces the `count` elements of dtype `t` (f32, f64) at `buf` by their mean over ranks,
+  /// within deadline `d`: the sum divided by size() as it is copied out of the shared
+  /// accumulator (communicator.hpp, "averaging all-reduce").
   void allreduce_average(void* buf, std::size_t count, dtype t, deadline d = {}) {
     wait_now(start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, &d, true), d);
   }
+  /// Copies `bytes` bytes from rank `root`'s `buf` into every rank's `buf`, within deadline `d`.
   void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
     wait_now(start_broadcast("broadcast", buf, bytes, root, &d), d);
   }
+  /// Sends `bytes` bytes from `buf` to rank `dst` with tag `tag`, within deadline `d`.
   void send(const void* buf, std::size_t bytes, int dst, int tag, deadline d = {}) {
     wait_now(start_send("send", buf, bytes, dst, tag, &d), d);
   }
+  /// Receives `bytes` bytes into `buf` from rank `src` (or any_source) with tag `tag`, within
+  /// deadline `d`, and returns the sender's rank.
   int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
     auto op = start_recv("recv", buf, bytes, src, tag, &d);
     wait_now(op, d);
     return op->posted->from;
   }
 
-  /// recv() that treats a deadline with no matching message as "nothing yet": returns
-  /// std::nullopt and the communicator stays usable (see try_recv in communicator.hpp).
+  /// recv(buf, bytes, src, tag, d) that treats a deadline `d` with no matching message as
+  /// "nothing yet": returns std::nullopt and the communicator stays usable (see try_recv in
+  /// communicator.hpp).
   std::optional<int> try_recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
     auto op = start_recv("try_recv", buf, bytes, src, tag, nullptr);  // a passed deadline polls once
     std::unique_lock<std::mutex> lock(state_->mutex);
@@ -160,19 +187,24 @@ public:
     return op->posted->from;
   }
 
-  /// The asynchronous forms (communicator.hpp): they start the call and return at once.
+  /// Starts allreduce(buf, count, t, op) and returns its work handle at once (the asynchronous
+  /// forms of communicator.hpp).
   inproc_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
     return inproc_work(start_allreduce("allreduce", buf, count, t, op, nullptr));
   }
+  /// Starts allreduce_average(buf, count, t) and returns its work handle at once.
   inproc_work iallreduce_average(void* buf, std::size_t count, dtype t) {
     return inproc_work(start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, nullptr, true));
   }
+  /// Starts broadcast(buf, bytes, root) and returns its work handle at once.
   inproc_work ibroadcast(void* buf, std::size_t bytes, int root) {
     return inproc_work(start_broadcast("broadcast", buf, bytes, root, nullptr));
   }
+  /// Starts send(buf, bytes, dst, tag) and returns its work handle at once.
   inproc_work isend(const void* buf, std::size_t bytes, int dst, int tag) {
     return inproc_work(start_send("send", buf, bytes, dst, tag, nullptr));
   }
+  /// Starts recv(buf, bytes, src, tag) and returns its work handle at once.
   inproc_work irecv(void* buf, std::size_t bytes, int src, int tag) {
     return inproc_work(start_recv("recv", buf, bytes, src, tag, nullptr));
   }
@@ -199,6 +231,8 @@ public:
     return !state_->ranks[static_cast<std::size_t>(peer)].lost.empty();
   }
 
+  /// Whether the communicator has failed, was aborted, or lost its slot to a restart (any
+  /// thread).
   bool failed() const {
     std::lock_guard<std::mutex> lock(state_->mutex);
     const auto& self = state_->ranks[static_cast<std::size_t>(rank_)];
@@ -329,6 +363,8 @@ private:
 /// from any thread, at any time, and takes effect at the ranks' next wait.
 class inproc_world {
 public:
+  /// A world of `size` ranks (at least 1) with `options`; throws invalid_parameter_error for a
+  /// smaller size.
   explicit inproc_world(int size, inproc_options options = {}) {
     if (size < 1)
       throw invalid_parameter_error("cadence::transport::inproc_world: size " +
@@ -336,9 +372,10 @@ public:
     state_ = std::make_shared<detail::inproc_state>(size, options);
   }
 
+  /// The number of ranks.
   int size() const noexcept { return state_->size; }
 
-  /// Rank r's communicator, once per rank: two owners of one rank would break its ordering.
+  /// Rank `rank`'s communicator, once per rank: two owners of one rank would break its ordering.
   inproc_communicator join(int rank) {
     std::lock_guard<std::mutex> lock(state_->mutex);
     check_rank("join", rank);
@@ -350,9 +387,9 @@ public:
     return inproc_communicator(state_, rank);
   }
 
-  /// A new process in the slot of rank r, which must be gone (killed, or its communicator
-  /// destroyed): a fresh communicator for r, with its own sequence numbers. What was sent to the
-  /// old process and never taken is discarded; peers that saw r as lost see it alive again. A
+  /// A new process in the slot of rank `rank`, which must be gone (killed, or its communicator
+  /// destroyed): a fresh communicator for it, with its own sequence numbers. What was sent to
+  /// the old process and never taken is discarded; peers that saw it as lost see it alive again. A
   /// collective cannot span the restart (the others' collective count moved on): this is for
   /// point-to-point protocols that admit returning peers, such as the parameter server.
   inproc_communicator restart(int rank) {
@@ -371,12 +408,13 @@ public:
     return inproc_communicator(state_, rank);
   }
 
-  /// Rank r stops taking part: its next call waits without contributing until resume(), or
-  /// until its deadline. Its peers see it miss theirs and name it.
+  /// Rank `rank` stops taking part: its next call waits without contributing until resume(),
+  /// or until its deadline. Its peers see it miss theirs and name it.
   void stall(int rank) { set_stalled(rank, true); }
+  /// Rank `rank`, stalled, takes part again.
   void resume(int rank) { set_stalled(rank, false); }
 
-  /// Rank r crashes: peers waiting for it (or starting to) throw transport_error naming it, and
+  /// Rank `rank` crashes: peers waiting for it (or starting to) throw transport_error naming it, and
   /// its own calls throw. Messages it sent before the kill are still delivered.
   void kill(int rank) {
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -385,12 +423,12 @@ public:
     state_->changed.notify_all();
   }
 
-  /// Fault injection at a protocol step: `action(world)` runs once, on rank r's thread, when r
-  /// enters the call `at` names, before that call takes part. It may kill, stall or delay any
-  /// rank (r itself too: r's call then throws, or waits, as for a fault injected from outside)
-  /// and tell the test where the run is, so a test injects "while the server sends worker 2's
-  /// reply" or "while worker 0 waits for its reply" without guessing at times. Traps fire in
-  /// the order they were set.
+  /// Fault injection at a protocol step: `action(world)` runs once, on rank `rank`'s thread,
+  /// when that rank enters the call `at` names, before that call takes part. It may kill, stall
+  /// or delay any rank (that one too: its call then throws, or waits, as for a fault injected
+  /// from outside) and tell the test where the run is, so a test injects "while the server
+  /// sends worker 2's reply" or "while worker 0 waits for its reply" without guessing at times.
+  /// Traps fire in the order they were set.
   void on_step(int rank, inproc_step at, std::function<void(inproc_world&)> action) {
     std::lock_guard<std::mutex> lock(state_->mutex);
     check_rank("on_step", rank);
@@ -401,7 +439,7 @@ public:
     state_->traps.push_back({rank, std::move(at), std::move(action)});
   }
 
-  /// Everything rank src sends to rank dst, messages and collective contributions, arrives
+  /// Everything rank `src` sends to rank `dst`, messages and collective contributions, arrives
   /// `delay` later (zero restores the link). Applies to what is sent from now on.
   void delay_link(int src, int dst, std::chrono::nanoseconds delay) {
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -433,6 +471,8 @@ private:
 
   std::shared_ptr<detail::inproc_state> state_;
 };
+
+/// @}
 
 inline void inproc_communicator::fire(std::unique_lock<std::mutex>& lock, const detail::call_info& c,
                                       int peer, int tag) {

@@ -1,7 +1,10 @@
-// The job secret: one key that every process of a job holds and a stranger does not. Every
-// listener of a job authenticates its peers with keys derived from it (the TCP store's
-// challenge and message codes, ZeroMQ's CURVE keys), so a peer without it cannot complete a
-// handshake, read a key, join, take a slot or send a message. See docs/transports.md, "Security".
+/// \file
+/// \ingroup transport
+/// The job secret: one key that every process of a job holds and a stranger does not. Every
+/// listener of a job authenticates its peers with keys derived from it (the TCP store's
+/// challenge and message codes, ZeroMQ's CURVE keys), so a peer without it cannot complete a
+/// handshake, read a key, join, take a slot or send a message. See docs/transports.md,
+/// "Security".
 #pragma once
 
 #include <cadence/core/detail/sha256.hpp>
@@ -18,6 +21,8 @@
 #include <vector>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
 /// Whether a listener demands the job secret of every peer (the default) or serves anyone who
 /// reaches it (`open`: only when asked for by name, and only on loopback unless forced).
@@ -70,8 +75,9 @@ public:
     return s;
   }
 
-  /// A key file's first line, in hexadecimal (as hex() writes it). The file must be a regular
-  /// file that neither its group nor others may read or write (as ssh insists for its keys).
+  /// The first line of the key file at `path`, in hexadecimal (as hex() writes it). The file
+  /// must be a regular file that neither its group nor others may read or write (as ssh
+  /// insists for its keys).
   static job_secret from_file(const std::string& path) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
@@ -94,6 +100,7 @@ public:
     return from_hex(v, std::string("$") + name);
   }
 
+  /// Whether there is no secret (default-constructed, or an unset environment variable).
   bool empty() const noexcept { return bytes_.empty(); }
   /// The secret in hexadecimal, for a launcher to hand to its processes.
   std::string hex() const { return cadence::detail::to_hex(bytes_.data(), bytes_.size()); }
@@ -110,11 +117,15 @@ public:
     return h.finish();
   }
 
+  ///@{
+  /// Whether `a` and `b` are the same key, compared in constant time (no timing tells how much
+  /// of a guess was right).
   friend bool operator==(const job_secret& a, const job_secret& b) noexcept {
     return a.bytes_.size() == b.bytes_.size() &&
            cadence::detail::equal_in_constant_time(a.bytes_.data(), b.bytes_.data(), a.bytes_.size());
   }
   friend bool operator!=(const job_secret& a, const job_secret& b) noexcept { return !(a == b); }
+  ///@}
 
 private:
   std::vector<unsigned char> bytes_;
@@ -127,4 +138,5 @@ inline bool is_loopback_host(const std::string& host) {
 }
 }  // namespace detail
 
+/// @}
 }  // namespace cadence::transport

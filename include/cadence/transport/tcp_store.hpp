@@ -1,13 +1,15 @@
-// A rendezvous store over TCP: one process serves a small key-value table on a known
-// host:port and every rank of a job sets and reads keys there, so processes on hosts that share
-// no file system can find each other (what gloo's file store needs a shared folder for). Every
-// connection proves it holds the job secret before it is served, and every request and answer
-// carries a code only a holder of the secret can make (docs/transports.md, "Security").
-//
-//   ---- options ----      tcp_store_options, tcp_store_stats
-//   ---- the wire ----     the greeting, the challenge, message codes (detail)
-//   ---- the server ----   tcp_store_server: one thread, bounded connections and table
-//   ---- the client ----   tcp_store: every call with a deadline, reconnecting as needed
+/// \file
+/// \ingroup transport
+/// A rendezvous store over TCP: one process serves a small key-value table on a known
+/// host:port and every rank of a job sets and reads keys there, so processes on hosts that
+/// share no file system can find each other (what gloo's file store needs a shared folder for).
+/// Every connection proves it holds the job secret before it is served, and every request and
+/// answer carries a code only a holder of the secret can make (docs/transports.md, "Security").
+///
+///     ---- options ----      tcp_store_options, tcp_store_stats
+///     ---- the wire ----     the greeting, the challenge, message codes (detail)
+///     ---- the server ----   tcp_store_server: one thread, bounded connections and table
+///     ---- the client ----   tcp_store: every call with a deadline, reconnecting as needed
 #pragma once
 
 #include <cadence/core/detail/sha256.hpp>
@@ -43,11 +45,14 @@
 #include <vector>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
 // ---- options ----
 
-/// Largest key and value the store accepts; a request above them closes its connection.
+/// Largest key the store accepts; a request above it closes its connection.
 inline constexpr std::size_t tcp_store_max_key = 4096;
+/// Largest value the store accepts; a request above it closes its connection.
 inline constexpr std::size_t tcp_store_max_value = std::size_t{64} << 20;
 
 /// How a store (server or client) guards its connections, and the server's bounds.
@@ -58,17 +63,21 @@ struct tcp_store_options {
   /// `open` serves (or talks to) anyone who reaches the port, without codes: only when asked
   /// for by name, and only on loopback unless `force_open_on_network`.
   wire_security security = wire_security::authenticated;
+  /// With `open`: serve (or talk to) an address other than loopback too.
   bool force_open_on_network = false;
   /// The server binds a wildcard address (0.0.0.0, [::]) only when told to: peers must be
   /// given one of its real addresses anyway.
   bool allow_wildcard = false;
-  /// Server bounds: connections at once (more are closed on accept), keys and bytes held (a set
-  /// beyond them is refused, not stored), how long a connection may take to authenticate, and
-  /// how long one may stay silent (a client that comes back reconnects by itself).
+  /// Server bound: connections at once (more are closed on accept).
   std::size_t max_connections = 1024;
+  /// Server bound: keys held (a set beyond it is refused, not stored).
   std::size_t max_keys = std::size_t{1} << 16;
+  /// Server bound: bytes of keys and values held (a set beyond it is refused, not stored).
   std::size_t max_bytes = std::size_t{256} << 20;
+  /// Server bound: how long a connection may take to authenticate.
   std::chrono::milliseconds handshake_timeout{5000};
+  /// Server bound: how long a connection may stay silent before it is closed (a client that
+  /// comes back reconnects by itself).
   std::chrono::milliseconds idle_timeout{60000};
   /// Called on the server's thread for every connection it refuses or closes for cause, with a
   /// line that names the peer's address and what was wrong (for a program's log).
@@ -77,14 +86,14 @@ struct tcp_store_options {
 
 /// What a server refused, by cause (each also reported through tcp_store_options::on_event).
 struct tcp_store_stats {
-  std::size_t auth_failures = 0;        // a wrong code in the challenge, or on a request
-  std::size_t protocol_errors = 0;      // a request of an unknown kind, or larger than allowed
-  std::size_t handshake_timeouts = 0;   // connected, never authenticated in time
-  std::size_t idle_closed = 0;          // silent past idle_timeout
-  std::size_t refused_connections = 0;  // beyond max_connections
-  std::size_t refused_sets = 0;         // a set beyond max_keys or max_bytes
-  std::size_t accept_errors = 0;        // accept() failed (EMFILE, ...): the server paused accepting
-  std::size_t poll_errors = 0;
+  std::size_t auth_failures = 0;        ///< a wrong code in the challenge, or on a request
+  std::size_t protocol_errors = 0;      ///< a request of an unknown kind, or larger than allowed
+  std::size_t handshake_timeouts = 0;   ///< connected, never authenticated in time
+  std::size_t idle_closed = 0;          ///< silent past idle_timeout
+  std::size_t refused_connections = 0;  ///< beyond max_connections
+  std::size_t refused_sets = 0;         ///< a set beyond max_keys or max_bytes
+  std::size_t accept_errors = 0;        ///< accept() failed (EMFILE, ...): the server paused accepting
+  std::size_t poll_errors = 0;          ///< poll() failed: the server waited a moment and went on
 };
 
 // ---- the wire ----
@@ -199,6 +208,10 @@ inline void check_store_security(const std::string& who, const host_port& hp, co
 /// stays silent is closed (counted in stats(), reported through on_event); the others go on.
 class tcp_store_server {
 public:
+  /// Listens on `address` and serves under `options` until destroyed. Throws
+  /// invalid_parameter_error for an address it cannot parse or resolve, a wildcard address
+  /// without allow_wildcard, or options it refuses, and transport_error when it cannot listen
+  /// there (the port is taken, or the host is not an address of this machine).
   tcp_store_server(const std::string& address, tcp_store_options options) : o_(std::move(options)) {
     const std::string who = "cadence::transport::tcp_store_server";
     const detail::host_port hp = detail::parse_host_port(address, who);
@@ -548,10 +561,11 @@ public:
     connect(d);
   }
 
+  /// The server's address, as given ("host:port").
   const std::string& address() const noexcept { return address_; }
 
-  /// Sets `key` to `value` (replacing an earlier value). Throws transport_error when the store
-  /// refuses it (its table is full).
+  /// Sets `key` to `value` (replacing an earlier value) within deadline `d`. Throws
+  /// transport_error when the store refuses it (its table is full).
   void set(const std::string& key, const std::string& value, deadline d = {}) {
     check_key(key);
     if (value.size() > tcp_store_max_value)
@@ -562,7 +576,7 @@ public:
       throw transport_error(who() + ": the store at " + address_ + " refused \"" + key + "\": its table is full");
   }
 
-  /// The value of `key`, or nothing when no rank has set it yet.
+  /// The value of `key`, or nothing when no rank has set it yet; asked within deadline `d`.
   std::optional<std::string> try_get(const std::string& key, deadline d = {}) {
     check_key(key);
     std::string value;
@@ -586,7 +600,7 @@ public:
     }
   }
 
-  /// The keys among `keys` that nobody has set yet, in their order.
+  /// The keys among `keys` that nobody has set yet, in their order, asked within deadline `d`.
   std::vector<std::string> missing(const std::vector<std::string>& keys, deadline d = {}) {
     std::vector<std::string> out;
     for (const std::string& k : keys) {
@@ -596,8 +610,8 @@ public:
     return out;
   }
 
-  /// Waits until every key in `keys` is set; throws transport_error naming those still
-  /// missing when `d` passes.
+  /// Waits until every key in `keys` is set, asking again every `poll`; throws transport_error
+  /// naming those still missing when `d` passes.
   void wait(const std::vector<std::string>& keys, deadline d = {},
             std::chrono::milliseconds poll = std::chrono::milliseconds(5)) {
     std::vector<std::string> left = keys;
@@ -811,4 +825,5 @@ private:
   std::map<std::string, std::string> mine_;  // what this client set, for a new connection
 };
 
+/// @}
 }  // namespace cadence::transport

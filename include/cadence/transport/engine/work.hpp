@@ -1,6 +1,10 @@
-// The work handle of the host backends built on the progress engine (mpi_work, gloo_work): a
-// started operation the caller tests, waits for (with a deadline, or until a time that is no
-// failure) or cancels; every test and wait drives all the communicator's operations.
+/// \file
+/// \ingroup transport
+/// The work handle of the backends built on the progress engine (mpi_work, gloo_work,
+/// zmq_work): a started operation the caller tests, waits for (with a deadline, or until a time
+/// that is no failure) or cancels; every test and wait drives all the communicator's
+/// operations. The one public header of `transport/engine/`: the rest of that folder is the
+/// backends' shared implementation (docs/compatibility.md). Include the backend's header.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -12,6 +16,8 @@
 #include <utility>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
 template <class Engine, class Op, class Handle>
 class basic_work;
@@ -38,8 +44,11 @@ struct work_access {
 template <class Engine, class Op, class Handle = Engine*>
 class basic_work {
 public:
+  /// A complete handle of no operation.
   basic_work() = default;
+  /// Takes over `o`'s operation; `o` is left complete.
   basic_work(basic_work&& o) noexcept : engine_(std::exchange(o.engine_, Handle{})), op_(std::move(o.op_)) {}
+  /// Cancels this handle's own operation (as destroying it would), then takes over `o`'s.
   basic_work& operator=(basic_work&& o) noexcept {
     if (this != &o) {
       cancel();
@@ -100,4 +109,5 @@ private:
   std::shared_ptr<Op> op_;
 };
 
+/// @}
 }  // namespace cadence::transport

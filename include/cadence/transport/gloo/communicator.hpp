@@ -1,9 +1,11 @@
-// The gloo backend (target cadence::gloo): a communicator over a gloo TCP context, found by a
-// file-store rendezvous or a TCP store (transport/tcp_store.hpp), whose every wait has a
-// deadline and names the peer it waits for, and whose operations run in the background (work
-// handles), driven by the calling thread through the shared progress engine. Its parts:
-// options.hpp, detail/rendezvous.hpp (finding the peers), detail/link.hpp (gloo's buffers and
-// waits), detail/wire.hpp (the collectives' messages), detail/p2p.hpp (point to point).
+/// \file
+/// \ingroup transport
+/// The gloo backend (target cadence::gloo): a communicator over a gloo TCP context, found by a
+/// file-store rendezvous or a TCP store (transport/tcp_store.hpp), whose every wait has a
+/// deadline and names the peer it waits for, and whose operations run in the background (work
+/// handles), driven by the calling thread through the shared progress engine. Its parts:
+/// options.hpp, detail/rendezvous.hpp (finding the peers), detail/link.hpp (gloo's buffers and
+/// waits), detail/wire.hpp (the collectives' messages), detail/p2p.hpp (point to point).
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -35,6 +37,8 @@
 #include <vector>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
 class gloo_communicator;
 
@@ -91,7 +95,8 @@ class gloo_communicator : public detail::progress_engine<gloo_communicator, deta
 public:
   // ---- construction and shutdown ----
 
-  /// Rendezvous through options.store_path, or over TCP at options.rendezvous. Throws
+  /// Rank `rank` of `size` ranks, found through options.store_path, or over TCP at
+  /// options.rendezvous, within deadline `d`. Throws
   /// invalid_parameter_error for a store folder that does not exist or is not writable, or a
   /// rendezvous address that does not parse or resolve (before waiting), and transport_error
   /// naming the missing ranks when the others do not all arrive before `d` (rank 0, when the
@@ -111,8 +116,8 @@ public:
     setup(c, d);
   }
 
-  /// Over a connected gloo context the caller made (any transport, any rendezvous). The
-  /// communicator takes it over: it posts receives on its own slots (above gloo's collectives,
+  /// Over a connected gloo `context` the caller made (any transport, any rendezvous), with
+  /// `options` and setup finished within deadline `d`. The communicator takes it over: it posts receives on its own slots (above gloo's collectives,
   /// so gloo's algorithms may still share it) and closes its connections when it fails or is
   /// destroyed.
   explicit gloo_communicator(std::shared_ptr<::gloo::Context> context, gloo_options options = {}, deadline d = {})
@@ -155,6 +160,8 @@ public:
   /// The gloo context, e.g. to run gloo's own algorithms beside ours (the benchmark does).
   const std::shared_ptr<::gloo::Context>& context() const noexcept { return link_.context(); }
 
+  /// What this backend offers beyond the concept: any_source, and lost peers detected (a
+  /// closed connection) and survived; a lost peer fails the communicator.
   capability_flags capabilities() const noexcept {
     capability_flags f;
     f.any_source = true;
@@ -317,4 +324,5 @@ private:
   detail::gloo_p2p p2p_;
 };
 
+/// @}
 }  // namespace cadence::transport

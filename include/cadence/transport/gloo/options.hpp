@@ -1,6 +1,9 @@
-// The gloo backend's options (target cadence::gloo): the rendezvous (a folder or a TCP store),
-// the address to bind, the sizes that choose between inline messages, the ring and chunks, the
-// bounds on what is held, and the waits of construction and shutdown.
+/// \file
+/// \ingroup transport
+/// The gloo backend's options (target cadence::gloo): the rendezvous (a folder or a TCP store),
+/// the address to bind, the sizes that choose between inline messages, the ring and chunks, the
+/// bounds on what is held, and the waits of construction and shutdown. Include
+/// `<cadence/transport/gloo/communicator.hpp>`, which includes this.
 #pragma once
 
 #include <cadence/transport/tcp_store.hpp>
@@ -10,7 +13,11 @@
 #include <string>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
+/// What a gloo_communicator is built with: where the ranks meet, the address it binds, the
+/// message sizes that choose its protocols, and its waits.
 struct gloo_options {
   /// The rendezvous folder (gloo::rendezvous::FileStore) every rank can reach, typically on a
   /// shared file system or, on one host, a temporary folder. It must exist and be writable.
@@ -69,4 +76,5 @@ struct gloo_options {
   bool ignore_sigpipe = true;
 };
 
+/// @}
 }  // namespace cadence::transport

@@ -1,8 +1,10 @@
-// The MPI backend (target cadence::mpi): a communicator over a caller-owned MPI_Comm whose every
-// operation is non-blocking MPI driven by the shared progress engine on the owning thread, so no
-// call can hang on a peer and any operation can run in the background (work handles). The
-// all-reduces are the shared algorithms (transport/algorithms/) over MPI point to point; the
-// broadcast is MPI_Ibcast, posted once the root's announcement agrees.
+/// \file
+/// \ingroup transport
+/// The MPI backend (target cadence::mpi): a communicator over a caller-owned MPI_Comm whose
+/// every operation is non-blocking MPI driven by the shared progress engine on the owning
+/// thread, so no call can hang on a peer and any operation can run in the background (work
+/// handles). The all-reduces are the shared algorithms (transport/algorithms/) over MPI point
+/// to point; the broadcast is MPI_Ibcast, posted once the root's announcement agrees.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -33,6 +35,8 @@
 #include <vector>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
 class mpi_communicator;
 
@@ -90,6 +94,10 @@ class mpi_communicator : public detail::progress_engine<mpi_communicator, detail
 public:
   // ---- construction and shutdown ----
 
+  /// This rank's communicator over `comm` with `options`, set up within deadline `d`
+  /// (collective: every rank of `comm` constructs one). Throws invalid_parameter_error when MPI
+  /// is not initialized, its thread level is too low for the calling thread, or an option is
+  /// out of range.
   explicit mpi_communicator(MPI_Comm comm, mpi_options options = {}, deadline d = {})
       : base("mpi"), options_(options), pace_{options.spin_for, options.poll_sleep},
         owner_(std::this_thread::get_id()), wire_(options_) {
@@ -142,6 +150,8 @@ public:
   // ---- the communicator concept: the engine's calls (allreduce, ..., try_recv, iallreduce,
   // ..., abort, failed), this backend's capabilities ----
 
+  /// What this backend offers beyond the concept: any_source only (a crashed rank is seen by
+  /// the deadline alone, and Open MPI takes the job down with it).
   capability_flags capabilities() const noexcept {
     capability_flags f;
     f.any_source = true;
@@ -522,4 +532,5 @@ private:
   unsigned char dummy_ = 0;  // MPI wants a valid address even for zero bytes
 };
 
+/// @}
 }  // namespace cadence::transport

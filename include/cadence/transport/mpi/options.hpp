@@ -1,12 +1,19 @@
-// The MPI backend's options (target cadence::mpi): copies, when the ring starts, its pieces, the
-// largest single message, polling and shutdown.
+/// \file
+/// \ingroup transport
+/// The MPI backend's options (target cadence::mpi): copies, when the ring starts, its pieces,
+/// the largest single message, polling and shutdown. Include
+/// `<cadence/transport/mpi/communicator.hpp>`, which includes this.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
+/// What an mpi_communicator is built with: its copies, its all-reduce protocols' sizes, its
+/// polling and its shutdown wait.
 struct mpi_options {
   /// Broadcasts (MPI_Ibcast) and sends run on a buffer the communicator owns, copied from and
   /// back to the caller's. MPI can cancel neither a collective nor (in Open MPI) a send: when
@@ -36,10 +43,12 @@ struct mpi_options {
   /// Polling: the first waits spin on MPI_Test (latency); a call still waiting after this long
   /// sleeps `poll_sleep` between tests so a stalled job does not burn its cores.
   std::chrono::microseconds spin_for{200000};
+  /// How long a wait sleeps between two MPI_Test once spin_for has passed.
   std::chrono::microseconds poll_sleep{50};
   /// How long the destructor waits for the peers' last announcements before it gives up and
   /// leaks the duplicated communicators rather than free them with messages in flight.
   std::chrono::milliseconds shutdown_wait{2000};
 };
 
+/// @}
 }  // namespace cadence::transport

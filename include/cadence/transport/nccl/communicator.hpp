@@ -1,6 +1,9 @@
-// The NCCL backend (target cadence::nccl): real_nccl_api(), the function table filled with NCCL
-// and the CUDA runtime, for nccl_communicator (cadence/transport/nccl/protocol.hpp). Host code:
-// any C++17 compiler builds it with the CUDA toolkit's headers, no nvcc needed.
+/// \file
+/// \ingroup transport
+/// The NCCL backend (target cadence::nccl): real_nccl_api(), the function table filled with
+/// NCCL and the CUDA runtime, for nccl_communicator (cadence/transport/nccl/protocol.hpp). Host
+/// code: any C++17 compiler builds it with the CUDA toolkit's headers, no nvcc needed. The
+/// header to include for NCCL.
 #pragma once
 
 #include <cadence/transport/communicator.hpp>
@@ -50,6 +53,9 @@ inline cudaStream_t cuda_stream(void* s) noexcept { return static_cast<cudaStrea
 inline cudaEvent_t cuda_event(void* e) noexcept { return static_cast<cudaEvent_t>(e); }
 
 }  // namespace detail
+
+/// \addtogroup transport
+/// @{
 
 /// The table of the real NCCL and CUDA runtime functions (see nccl_api).
 inline nccl_api real_nccl_api() {
@@ -174,6 +180,8 @@ inline nccl_api real_nccl_api() {
   a.device_free = [](void* p) -> int { return static_cast<int>(cudaFree(p)); };
   return a;
 }
+
+/// @}
 
 static_assert(nccl_codes::success == ncclSuccess && nccl_codes::success == cudaSuccess,
               "cadence: nccl_codes::success must mirror ncclSuccess and cudaSuccess");

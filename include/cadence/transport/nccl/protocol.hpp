@@ -1,6 +1,8 @@
-// The NCCL backend's logic without NCCL: nccl_communicator and its work handle, over the function
-// table of nccl/api.hpp. Includes no CUDA header, so the protocol is unit-tested on CPU against a
-// fake table; nccl/communicator.hpp adds the real one.
+/// \file
+/// \ingroup transport
+/// The NCCL backend's logic without NCCL: nccl_communicator and its work handle, over the
+/// function table of nccl/api.hpp. Includes no CUDA header, so the protocol is unit-tested on
+/// CPU against a fake table; nccl/communicator.hpp adds the real one.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -40,6 +42,9 @@ struct nccl_events {
 };
 }  // namespace detail
 
+/// \addtogroup transport
+/// @{
+
 class nccl_communicator;
 
 // ---- nccl_work: the work handle ----
@@ -52,8 +57,12 @@ class nccl_communicator;
 /// is aborted and destroyed). Only the communicator's owning thread may use it.
 class nccl_work {
 public:
+  /// A complete handle of no operation.
   nccl_work() = default;
+  /// Takes over `o`'s operation; `o` is left complete.
   nccl_work(nccl_work&& o) noexcept { *this = std::move(o); }
+  /// Lets go of this handle's own operation (it goes on: NCCL cannot withdraw it), then takes
+  /// over `o`'s; `o` is left complete.
   nccl_work& operator=(nccl_work&& o) noexcept {
     if (this != &o) {
       release();
@@ -72,9 +81,17 @@ public:
   nccl_work& operator=(const nccl_work&) = delete;
   ~nccl_work() { release(); }
 
+  /// Polls the operation's event and NCCL's asynchronous error without blocking; true once
+  /// complete. Throws what the blocking call would.
   inline bool test();
+  /// Returns once complete; when deadline `d` passes first, aborts the communicator and throws
+  /// transport_error naming whom the operation waited for.
   inline void wait(deadline d = {});
+  /// The peer of the operation (send: the destination; recv: the source asked for; broadcast:
+  /// the root).
   int source() const noexcept { return source_; }
+  /// True once the operation is done; false before (NCCL cannot withdraw it: the buffer must
+  /// stay valid).
   bool cancel() noexcept { return done_; }
 
 private:
@@ -150,6 +167,11 @@ private:
 /// thread. Neither copyable nor movable: hold it in a std::unique_ptr to hand it around.
 class nccl_communicator {
 public:
+  /// This rank's communicator on CUDA device `device`, reaching NCCL through `api`, built with
+  /// `options` over the host communicator `bootstrap` (this rank's rank and size are its own)
+  /// within deadline `d`, as described above. Throws invalid_parameter_error for a table without
+  /// a required function or a bootstrap with device buffers, and transport_error when a rank's
+  /// setup or NCCL's init fails or does not complete in time.
   template <class Bootstrap>
   nccl_communicator(const nccl_api& api, Bootstrap& bootstrap, int device,
                     nccl_options options = {}, deadline d = {})
@@ -180,12 +202,17 @@ public:
   /// whose finalize does not complete in time is aborted.
   ~nccl_communicator() { release(); }
 
+  /// This rank, the bootstrap communicator's.
   int rank() const noexcept { return rank_; }
+  /// The number of ranks, the bootstrap communicator's.
   int size() const noexcept { return size_; }
+  /// The CUDA device this communicator's buffers and streams are on.
   int device() const noexcept { return device_; }
   /// The stream calls without an explicit stream use (a cudaStream_t).
   void* stream() const noexcept { return stream_; }
 
+  /// What this backend offers beyond the concept: device buffers only (no any_source, and a
+  /// lost peer is seen by the deadline alone and fails the communicator).
   capability_flags capabilities() const noexcept {
     capability_flags f;
     f.any_source = false;          // NCCL receives from one named peer
@@ -197,57 +224,76 @@ public:
 
   // ---- the concept's calls: on stream(), after the caller's stream ----
 
+  /// Reduces the `count` elements of dtype `t` at device buffer `buf` with `op` across all
+  /// ranks, in place, within deadline `d`.
   void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
     start_allreduce("allreduce", buf, count, t, op, false, nullptr, &d).wait(d);
   }
+  /// Copies `bytes` bytes from rank `root`'s device buffer `buf` into every rank's `buf`,
+  /// within deadline `d`.
   void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
     start_broadcast(buf, bytes, root, nullptr, &d).wait(d);
   }
+  /// Sends `bytes` bytes from device buffer `buf` to rank `dst` within deadline `d`; `tag` is
+  /// range-checked only (NCCL matches in order, not by tag).
   void send(const void* buf, std::size_t bytes, int dst, int tag, deadline d = {}) {
     start_p2p("send", const_cast<void*>(buf), bytes, dst, tag, nullptr, &d).wait(d);
   }
+  /// Receives `bytes` bytes from rank `src` (never any_source) into device buffer `buf` within
+  /// deadline `d`, and returns `src`; `tag` is range-checked only.
   int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
     start_p2p("recv", buf, bytes, src, tag, nullptr, &d).wait(d);
     return src;
   }
-  /// The mean over ranks, in place (f32, f64): ncclAvg, which multiplies every input by
-  /// 1/size() and sums (exact when size() is a power of two and the sum is exact).
+  /// Replaces the `count` elements of dtype `t` (f32, f64) at `buf` by their mean over ranks,
+  /// within deadline `d`: ncclAvg, which multiplies every input by 1/size() and sums (exact
+  /// when size() is a power of two and the sum is exact).
   void allreduce_average(void* buf, std::size_t count, dtype t, deadline d = {}) {
     start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, nullptr, &d).wait(d);
   }
 
-  /// The asynchronous forms (communicator.hpp): they enqueue and return a handle at once.
+  /// Enqueues allreduce(buf, count, t, op) and returns its work handle at once (the
+  /// asynchronous forms of communicator.hpp).
   nccl_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
     return start_allreduce("allreduce", buf, count, t, op, false, nullptr, nullptr);
   }
+  /// Enqueues allreduce_average(buf, count, t) and returns its work handle at once.
   nccl_work iallreduce_average(void* buf, std::size_t count, dtype t) {
     return start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, nullptr, nullptr);
   }
+  /// Enqueues broadcast(buf, bytes, root) and returns its work handle at once.
   nccl_work ibroadcast(void* buf, std::size_t bytes, int root) {
     return start_broadcast(buf, bytes, root, nullptr, nullptr);
   }
+  /// Enqueues send(buf, bytes, dst, tag) and returns its work handle at once.
   nccl_work isend(const void* buf, std::size_t bytes, int dst, int tag) {
     return start_p2p("send", const_cast<void*>(buf), bytes, dst, tag, nullptr, nullptr);
   }
+  /// Enqueues recv(buf, bytes, src, tag) and returns its work handle at once.
   nccl_work irecv(void* buf, std::size_t bytes, int src, int tag) {
     return start_p2p("recv", buf, bytes, src, tag, nullptr, nullptr);
   }
 
   // ---- on an explicit stream (a cudaStream_t of this communicator's device) ----
 
+  /// allreduce(buf, count, t, op, d) enqueued on `stream` itself, after what is already there.
   void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, void* stream, deadline d) {
     start_allreduce("allreduce", buf, count, t, op, false, &stream, &d).wait(d);
   }
+  /// broadcast(buf, bytes, root, d) enqueued on `stream` itself, after what is already there.
   void broadcast(void* buf, std::size_t bytes, int root, void* stream, deadline d) {
     start_broadcast(buf, bytes, root, &stream, &d).wait(d);
   }
+  /// send(buf, bytes, dst, tag, d) enqueued on `stream` itself, after what is already there.
   void send(const void* buf, std::size_t bytes, int dst, int tag, void* stream, deadline d) {
     start_p2p("send", const_cast<void*>(buf), bytes, dst, tag, &stream, &d).wait(d);
   }
+  /// recv(buf, bytes, src, tag, d) enqueued on `stream` itself, after what is already there.
   int recv(void* buf, std::size_t bytes, int src, int tag, void* stream, deadline d) {
     start_p2p("recv", buf, bytes, src, tag, &stream, &d).wait(d);
     return src;
   }
+  /// iallreduce(buf, count, t, op) enqueued on `stream` itself, after what is already there.
   nccl_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op, void* stream) {
     return start_allreduce("allreduce", buf, count, t, op, false, &stream, nullptr);
   }
@@ -259,20 +305,23 @@ public:
   // the owning thread; `stream` is a cudaStream_t of this communicator's device (stream()),
   // the work is enqueued on it.
 
-  /// In place: each element becomes the mean over ranks (ncclAvg). For f32 and f64 NCCL
-  /// multiplies every input by 1/size() and sums, so the mean is exact when size() is a power
-  /// of two and the sum is exact (allreduce_avg of collectives.hpp divides instead).
+  /// allreduce_average(buf, count, t, d) enqueued on `stream` itself: in place, each element
+  /// becomes the mean over ranks (ncclAvg). For f32 and f64 NCCL multiplies every input by
+  /// 1/size() and sums, so the mean is exact when size() is a power of two and the sum is
+  /// exact (allreduce_avg of collectives.hpp divides instead).
   void allreduce_average(void* buf, std::size_t count, dtype t, void* stream, deadline d) {
     start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, &stream, &d).wait(d);
   }
+  /// iallreduce_average(buf, count, t) enqueued on `stream` itself.
   nccl_work iallreduce_average(void* buf, std::size_t count, dtype t, void* stream) {
     return start_allreduce("allreduce_average", buf, count, t, reduce_op::sum, true, &stream, nullptr);
   }
 
   /// recv = the sum over ranks r of scale_r * send_r, where scale_r is the `scale` rank r
-  /// passed (ncclRedOpCreatePreMulSum with a host scalar, converted to the element type). `send`
-  /// may be `recv` (in place), and may be another buffer on each rank: a rank that passes 0
-  /// contributes nothing. f32 and f64.
+  /// passed (ncclRedOpCreatePreMulSum with a host scalar, converted to the element type), for
+  /// `count` elements of dtype `t` (f32 or f64), enqueued on `stream` and waited for until
+  /// deadline `d`. `send` may be `recv` (in place), and may be another buffer on each rank: a
+  /// rank that passes 0 contributes nothing.
   void allreduce_scaled(const void* send, void* recv, std::size_t count, dtype t, double scale,
                         void* stream, deadline d) {
     const detail::call_info c = begin("allreduce_scaled");
@@ -360,7 +409,7 @@ public:
   }
 
   /// Returns once everything enqueued on `stream` so far has completed on the device (an event
-  /// behind it, polled as a call's), or throws transport_error at the deadline.
+  /// behind it, polled as a call's), or throws transport_error at deadline `d`.
   void synchronize(void* stream, deadline d) {
     const detail::call_info c = begin("synchronize");
     enter(c);
@@ -382,7 +431,7 @@ public:
                             " bytes failed: " + cuda_error(rc));
     return p;
   }
-  /// Frees what device_alloc returned (null: nothing); never throws.
+  /// Frees `p`, which device_alloc returned (null: nothing); never throws.
   void device_free(void* p) noexcept {
     if (p != nullptr && api_.device_free != nullptr) api_.device_free(p);
   }
@@ -391,6 +440,7 @@ public:
   /// sees the flag, calls ncclCommAbort and throws.
   void abort() noexcept { latch_.abort(); }
 
+  /// Whether the communicator has failed or was aborted (any thread).
   bool failed() const noexcept { return latch_.failed(); }
 
 private:
@@ -772,6 +822,8 @@ private:
   std::uint64_t calls_ = 0;
   detail::failure_latch latch_;
 };
+
+/// @}
 
 inline void nccl_work::check_alive() const {
   if (!events_ || !events_->alive)

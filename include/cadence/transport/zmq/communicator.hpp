@@ -1,7 +1,10 @@
-// The ZeroMQ backend (target cadence::zmq): a communicator over TCP made for a parameter server
-// that survives any worker failure and lets workers join or rejoin a running job. A lost peer
-// fails only the point-to-point calls that need it; a restarted process registers again in its
-// rank slot under a new incarnation. Layout, liveness and bounds: docs/transports.md#zmq.
+/// \file
+/// \ingroup transport
+/// The ZeroMQ backend (target cadence::zmq): a communicator over TCP made for a parameter
+/// server that survives any worker failure and lets workers join or rejoin a running job. A
+/// lost peer fails only the point-to-point calls that need it; a restarted process registers
+/// again in its rank slot under a new incarnation. Layout, liveness and bounds:
+/// `docs/transports.md#zmq`.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -25,6 +28,8 @@
 #include <utility>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
 // ---- the work handle ----
 
@@ -68,8 +73,8 @@ class zmq_communicator {
 public:
   // ---- construction ----
 
-  /// Binds options.endpoint, registers with rank 0 at options.rendezvous (rank 0: binds it) and
-  /// waits for whom options.wait_for says. Throws invalid_parameter_error for bad options (before
+  /// Rank `rank` of `size`: binds options.endpoint, registers with rank 0 at
+  /// options.rendezvous (rank 0: binds it) and waits for whom options.wait_for says. Throws invalid_parameter_error for bad options (before
   /// waiting) and transport_error naming whom it waited for when `d` passes first.
   zmq_communicator(int rank, int size, zmq_options options, deadline d = {}) {
     const detail::call_info c{"zmq", "construction", 0, rank, size, deadline::clock::now()};
@@ -92,7 +97,9 @@ public:
     engine_->start(c, d);
   }
 
+  /// Takes over another communicator's rank, which may then only be destroyed or assigned.
   zmq_communicator(zmq_communicator&&) noexcept = default;
+  /// Shuts this communicator's own rank down (as destruction does), then takes over `other`'s.
   zmq_communicator& operator=(zmq_communicator&& other) noexcept {
     if (this != &other) {
       if (engine_) engine_->shutdown();
@@ -111,9 +118,13 @@ public:
 
   // ---- the communicator concept ----
 
+  /// This rank, in [0, size()).
   int rank() const noexcept { return engine_->rank(); }
+  /// The number of rank slots of the job.
   int size() const noexcept { return engine_->size(); }
 
+  /// What this backend offers beyond the concept: all of it but device buffers (any_source,
+  /// and lost peers detected, survived and isolated to the point-to-point calls that need them).
   capability_flags capabilities() const noexcept {
     capability_flags f;
     f.any_source = true;
@@ -124,24 +135,30 @@ public:
     return f;
   }
 
+  /// Reduces the `count` elements of dtype `t` at `buf` with `op` across all ranks, in place,
+  /// within deadline `d`.
   void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline d = {}) {
     engine_->wait(*start_allreduce(buf, count, t, op, &d), d, false);
   }
+  /// Copies `bytes` bytes from rank `root`'s `buf` into every rank's `buf`, within deadline `d`.
   void broadcast(void* buf, std::size_t bytes, int root, deadline d = {}) {
     engine_->wait(*start_broadcast(buf, bytes, root, &d), d, false);
   }
+  /// Sends `bytes` bytes from `buf` to rank `dst` with tag `tag`, within deadline `d`.
   void send(const void* buf, std::size_t bytes, int dst, int tag, deadline d = {}) {
     engine_->wait(*start_send(buf, bytes, dst, tag, &d), d, false);
   }
+  /// Receives `bytes` bytes into `buf` from rank `src` (or any_source) with tag `tag`, within
+  /// deadline `d`, and returns the sender's rank.
   int recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
     const auto op = start_recv("recv", buf, bytes, src, tag, &d);
     engine_->wait(*op, d, false);
     return op->from;
   }
 
-  /// recv() that treats a deadline with no matching message as "nothing yet": returns
-  /// std::nullopt, consumes nothing and leaves the communicator usable; a deadline already
-  /// passed polls once. A large message matched just before the deadline is still taken (within
+  /// recv(buf, bytes, src, tag, d) that treats a deadline `d` with no matching message as
+  /// "nothing yet": returns std::nullopt, consumes nothing and leaves the communicator usable; a
+  /// deadline already passed polls once. A large message matched just before the deadline is still taken (within
   /// options.body_wait).
   std::optional<int> try_recv(void* buf, std::size_t bytes, int src, int tag, deadline d = {}) {
     const auto op = start_recv("try_recv", buf, bytes, src, tag, nullptr);
@@ -149,16 +166,20 @@ public:
     return op->from;
   }
 
-  /// The asynchronous forms (communicator.hpp): they start the call and return at once.
+  /// Starts allreduce(buf, count, t, op) and returns its work handle at once (the asynchronous
+  /// forms of communicator.hpp).
   zmq_work iallreduce(void* buf, std::size_t count, dtype t, reduce_op op) {
     return make_work(start_allreduce(buf, count, t, op, nullptr));
   }
+  /// Starts broadcast(buf, bytes, root) and returns its work handle at once.
   zmq_work ibroadcast(void* buf, std::size_t bytes, int root) {
     return make_work(start_broadcast(buf, bytes, root, nullptr));
   }
+  /// Starts send(buf, bytes, dst, tag) and returns its work handle at once.
   zmq_work isend(const void* buf, std::size_t bytes, int dst, int tag) {
     return make_work(start_send(buf, bytes, dst, tag, nullptr));
   }
+  /// Starts recv(buf, bytes, src, tag) and returns its work handle at once.
   zmq_work irecv(void* buf, std::size_t bytes, int src, int tag) {
     return make_work(start_recv("recv", buf, bytes, src, tag, nullptr));
   }
@@ -168,6 +189,7 @@ public:
   void abort() noexcept {
     if (engine_) engine_->abort();
   }
+  /// Whether the communicator has failed or was aborted (any thread).
   bool failed() const noexcept { return engine_->failed(); }
 
   // ---- peers: liveness, incarnations, the rendezvous ----
@@ -298,4 +320,5 @@ private:
   std::shared_ptr<detail::zmq_engine> engine_;
 };
 
+/// @}
 }  // namespace cadence::transport

@@ -1,5 +1,8 @@
-// The ZeroMQ backend's options and peer states: what a rank binds, where it registers, how fast
-// a silent peer counts as lost, and the bounds on what a peer may queue here.
+/// \file
+/// \ingroup transport
+/// The ZeroMQ backend's options and peer states: what a rank binds, where it registers, how
+/// fast a silent peer counts as lost, and the bounds on what a peer may queue here. Include
+/// `<cadence/transport/zmq/communicator.hpp>`, which includes this.
 #pragma once
 
 #include <cadence/transport/secret.hpp>
@@ -11,6 +14,8 @@
 #include <string>
 
 namespace cadence::transport {
+/// \addtogroup transport
+/// @{
 
 /// What this rank knows of a peer. A rank slot starts absent (no process registered in it yet),
 /// is alive from its registration, and lost once its connection closed, fell silent past the
@@ -18,6 +23,7 @@ namespace cadence::transport {
 /// alive again under a new incarnation. Lost is final for an incarnation: nothing retries.
 enum class zmq_peer_state : std::uint8_t { absent, alive, lost };
 
+/// The name of `s` as messages write it ("alive"), or "unknown".
 constexpr const char* zmq_peer_state_name(zmq_peer_state s) noexcept {
   switch (s) {
     case zmq_peer_state::absent: return "absent";
@@ -34,11 +40,13 @@ enum class zmq_wait_for : std::uint8_t { all, self };
 
 /// What a rank refused so far (zmq_communicator::stats()).
 struct zmq_stats {
-  std::size_t malformed = 0;            // messages that failed their own checks
-  std::size_t dropped_peers = 0;        // peers dropped for such a message, or beyond an allowance
-  std::size_t refused_connections = 0;  // connections that did not prove the job secret
+  std::size_t malformed = 0;            ///< messages that failed their own checks
+  std::size_t dropped_peers = 0;        ///< peers dropped for such a message, or beyond an allowance
+  std::size_t refused_connections = 0;  ///< connections that did not prove the job secret
 };
 
+/// What a zmq_communicator is built with: where it binds and registers, whom construction waits
+/// for, its heartbeats, message sizes and bounds, and how its connections are guarded.
 struct zmq_options {
   /// Rank 0 binds it, every other rank connects to it to register: a TCP address all ranks
   /// reach, "tcp://10.0.0.1:29500". Rank 0 may give port 0 ("tcp://127.0.0.1:0", tests) and
@@ -48,6 +56,7 @@ struct zmq_options {
   /// takes any free port. It must name an address the peers reach this host by: a wildcard
   /// host (*, 0.0.0.0) is refused, since peers cannot connect to it.
   std::string endpoint = "tcp://127.0.0.1:0";
+  /// Whom construction waits for: every rank (`all`), or this rank's registration (`self`).
   zmq_wait_for wait_for = zmq_wait_for::all;
   /// ZMTP heartbeats on every connection (ZMQ_HEARTBEAT_IVL): ZeroMQ's I/O thread pings each
   /// peer this often, whether or not the application calls the communicator.
@@ -87,6 +96,7 @@ struct zmq_options {
   /// `open`: no authentication, no encryption; only when asked for by name, and only with
   /// loopback endpoints unless `force_open_on_network`.
   wire_security security = wire_security::authenticated;
+  /// With `open`: endpoints other than loopback too.
   bool force_open_on_network = false;
   /// Per peer: the bytes of collective messages held for collectives this rank has not started
   /// yet (a root's broadcasts issued ahead of this rank's calls). A peer that sends more is
@@ -105,4 +115,5 @@ struct zmq_options {
   std::function<void(const std::string&)> on_rendezvous_bound;
 };
 
+/// @}
 }  // namespace cadence::transport
