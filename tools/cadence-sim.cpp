@@ -5,6 +5,7 @@
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/core/error.hpp>
 #include <cadence/sim/collective.hpp>
+#include <cadence/sim/local_sgd.hpp>
 #include <cadence/sim/report.hpp>
 #include <cadence/sim/scenarios.hpp>
 #include <cadence/sim/simulator.hpp>
@@ -28,6 +29,8 @@ namespace {
 
 constexpr const char* default_policies[] = {"bsp", "asp", "ssp:3", "dssp:3:15", "elastic:15", "elastic:60"};
 constexpr const char* default_collective_modes[] = {"bsp", "periodic:4", "elastic:4", "periodic:15", "elastic:15"};
+constexpr const char* default_local_sgd[] = {"fixed:1,outer=sgd:1", "fixed:20", "fixed:20,fragments=4,delay=2,codec=int4",
+                                             "elastic:20", "quorum:3:20"};
 
 using cadence::tools::usage_error;
 
@@ -160,11 +163,47 @@ int run_collective(const cadence::sim::scenario& s, std::vector<std::string> mod
   return 0;
 }
 
+// --local-sgd: the local-SGD configs (exchange::diloco's) on an all-reduce cluster.
+int run_local_sgd(const cadence::sim::scenario& s, std::vector<std::string> configs,
+                  const cadence::sim::local_sgd_sim_options& opt, output format) {
+  if (configs.empty()) configs.assign(std::begin(default_local_sgd), std::end(default_local_sgd));
+  std::vector<cadence::sim::local_sgd_metrics> runs;
+  for (const auto& config : configs) {
+    try {
+      runs.push_back(cadence::sim::simulate_local_sgd(config, s, opt));
+    } catch (const cadence::parse_error& e) {
+      throw usage_error(std::string("--policy: ") + e.what());
+    } catch (const cadence::invalid_parameter_error& e) {
+      throw usage_error(std::string("--policy: ") + e.what());
+    }
+  }
+  if (format == output::json) {
+    cadence::sim::write_local_sgd_json(std::cout, runs);
+  } else if (format == output::csv) {
+    cadence::sim::write_local_sgd_csv(std::cout, runs);
+  } else {
+    std::printf("scenario %s (%zu ranks, seed %llu): %s\n", s.name.c_str(), s.workers.size(),
+                static_cast<unsigned long long>(s.seed), s.description.c_str());
+    std::printf("local SGD: %zu f32 parameters, links of %g MB/s", opt.parameters, opt.bytes_per_second / 1e6);
+    for (std::size_t p = 0; p < opt.link_scale.size(); ++p)
+      if (opt.link_scale[p] != 1.0) std::printf(" (worker %zu: x%g)", p, opt.link_scale[p]);
+    if (s.seconds > 0)
+      std::printf("; %g simulated s\n\n", s.seconds);
+    else
+      std::printf("; %llu steps per rank\n\n", static_cast<unsigned long long>(s.iterations));
+    std::fflush(stdout);
+    cadence::sim::write_local_sgd_table(std::cout, runs);
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   std::string scenario_name(cadence::sim::default_scenario_name);
   std::size_t workers = 0;
   double seconds = -1, push_cost = -1, pull_cost = -1, allreduce_cost = -1;
-  bool collective = false;
+  bool collective = false, local_sgd = false;
+  cadence::sim::local_sgd_sim_options local_opt;
+  std::vector<std::string> share_texts;
   std::uint64_t iterations = 0, seed = 1;
   std::vector<std::string> policies;
   std::string trace_path;
@@ -237,6 +276,23 @@ int run(int argc, char** argv) {
                  "pull cost; with --link, the slowest push plus the slowest pull)")
       ->option_text("S")
       ->check(cadence::tools::non_negative());
+  cli.add_flag("--local-sgd", local_sgd,
+               "simulate local SGD (DiLoCo, exchange::diloco) on an all-reduce\n"
+               "cluster instead: --policy takes its config strings (default:\n"
+               "fixed:1,outer=sgd:1 fixed:20 fixed:20,fragments=4,delay=2,codec=int4\n"
+               "elastic:20 quorum:3:20); see docs/local-sgd.md");
+  cli.add_option("--parameters", local_opt.parameters,
+                 "with --local-sgd: f32 elements of the model (default 1000000)")
+      ->option_text("N")
+      ->check(cadence::tools::integer<std::size_t>(1, std::size_t{1} << 40));
+  cli.add_option("--bandwidth", local_opt.bytes_per_second,
+                 "with --local-sgd: bytes per second of a link (default 1.25e9)")
+      ->option_text("B")
+      ->check(cadence::tools::positive(1e15));
+  cli.add_list("--link-share", share_texts,
+               "with --local-sgd: worker W's link runs at F (in (0, 1]) of\n"
+               "--bandwidth; a ring is paced by its slowest link. Repeat for others")
+      ->option_text("W=F");
   cli.add_flag("--json", json, "print one JSON array, one object per policy");
   cli.add_flag("--csv", csv, "print CSV: a header row and one row per policy; not with --json");
   cli.add_flag("--list-scenarios", list_scenarios, "list the named scenarios and exit");
@@ -299,6 +355,27 @@ int run(int argc, char** argv) {
                                                                      : "--workers");
   cadence::sim::validate(s);
 
+  if (local_sgd) {
+    for (const char* other : {"--collective", "--allreduce-cost", "--link"})
+      if (cli.given(other)) throw usage_error(std::string(other) + ": not with --local-sgd");
+    for (const auto& text : share_texts) {
+      const auto eq = text.find('=');
+      if (eq == std::string::npos)
+        throw usage_error("--link-share: expected 'W=F' (a worker and its share of --bandwidth), got '" + text + "'");
+      const auto w = cadence::tools::with_flag("--link-share", [&] {
+        return cadence::tools::parse_integer<std::size_t>(std::string_view(text).substr(0, eq), 0,
+                                                          s.workers.size() - 1, "W");
+      });
+      const double f = cadence::tools::with_flag(
+          "--link-share", [&] { return cadence::tools::parse_real(std::string_view(text).substr(eq + 1), false); });
+      if (!(f <= 1.0)) throw usage_error("--link-share: a share must be in (0, 1], got '" + text + "'");
+      local_opt.link_scale.resize(s.workers.size(), 1.0);
+      local_opt.link_scale[w] = f;
+    }
+    return run_local_sgd(s, policies, local_opt, format);
+  }
+  for (const char* only : {"--parameters", "--bandwidth", "--link-share"})
+    if (cli.given(only)) throw usage_error(std::string(only) + ": only with --local-sgd");
   if (collective) return run_collective(s, policies, allreduce_cost, format);
   if (cli.given("--allreduce-cost"))
     throw usage_error("--allreduce-cost: only with --collective");

@@ -12,6 +12,7 @@
 #include <cadence/exchange/local_sgd/options.hpp>
 #include <cadence/exchange/local_sgd/schedule.hpp>
 #include <cadence/sim/random.hpp>
+#include <cadence/sim/report.hpp>
 #include <cadence/sim/scenario.hpp>
 #include <cadence/sim/worker_model.hpp>
 
@@ -19,6 +20,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -250,6 +253,57 @@ inline local_sgd_metrics simulate_local_sgd(std::string_view config, const scena
   m.idle_fraction = rank_seconds > 0 ? idle / rank_seconds : 0;
   m.bytes_per_second = m.simulated_seconds > 0 ? static_cast<double>(m.bytes_per_worker) / m.simulated_seconds : 0;
   return m;
+}
+
+/// Writes runs to os as an aligned table, one row per run: config, steps/s, idle %, syncs,
+/// MB rank 0 sent, MB/s, stale contributions, most local steps.
+inline void write_local_sgd_table(std::ostream& os, const std::vector<local_sgd_metrics>& runs) {
+  char line[320];
+  std::snprintf(line, sizeof line, "%-44s %9s %6s %6s %11s %9s %6s %9s\n", "config", "steps/s", "idle%", "syncs",
+                "MB sent", "MB/s", "stale", "max local");
+  os << line;
+  for (const auto& r : runs) {
+    std::snprintf(line, sizeof line, "%-44s %9.1f %5.1f%% %6llu %11.2f %9.3f %6llu %9lld\n", r.config.c_str(),
+                  r.steps_per_second, 100 * r.idle_fraction, static_cast<unsigned long long>(r.syncs),
+                  static_cast<double>(r.bytes_per_worker) / 1e6, r.bytes_per_second / 1e6,
+                  static_cast<unsigned long long>(r.stale_contributions), static_cast<long long>(r.max_local_steps));
+    os << line;
+  }
+}
+
+/// Writes runs to os as one JSON array, one object per run with every field of
+/// local_sgd_metrics under its own name; ends with a newline.
+inline void write_local_sgd_json(std::ostream& os, const std::vector<local_sgd_metrics>& runs) {
+  using detail::format_number;
+  os << "[";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    os << (i ? ",\n " : "\n ") << "{\"config\": " << detail::json_string(r.config)
+       << ", \"scenario\": " << detail::json_string(r.scenario) << ", \"seed\": " << r.seed
+       << ", \"workers\": " << r.workers << ", \"simulated_seconds\": " << format_number(r.simulated_seconds)
+       << ", \"steps\": " << r.steps << ", \"steps_per_second\": " << format_number(r.steps_per_second)
+       << ", \"idle_seconds\": " << format_number(r.idle_seconds)
+       << ", \"idle_fraction\": " << format_number(r.idle_fraction) << ", \"syncs\": " << r.syncs
+       << ", \"bytes_per_worker\": " << r.bytes_per_worker
+       << ", \"bytes_per_second\": " << format_number(r.bytes_per_second)
+       << ", \"stale_contributions\": " << r.stale_contributions << ", \"max_local_steps\": " << r.max_local_steps
+       << "}";
+  }
+  os << "\n]\n";
+}
+
+/// Writes runs to os as CSV: a header row and one row per run, the same fields as
+/// write_local_sgd_json (the config quoted: it holds commas).
+inline void write_local_sgd_csv(std::ostream& os, const std::vector<local_sgd_metrics>& runs) {
+  using detail::format_number;
+  os << "config,scenario,seed,workers,simulated_seconds,steps,steps_per_second,idle_seconds,idle_fraction,syncs,"
+        "bytes_per_worker,bytes_per_second,stale_contributions,max_local_steps\n";
+  for (const auto& r : runs)
+    os << '"' << r.config << "\"," << r.scenario << "," << r.seed << "," << r.workers << ","
+       << format_number(r.simulated_seconds) << "," << r.steps << "," << format_number(r.steps_per_second) << ","
+       << format_number(r.idle_seconds) << "," << format_number(r.idle_fraction) << "," << r.syncs << ","
+       << r.bytes_per_worker << "," << format_number(r.bytes_per_second) << "," << r.stale_contributions << ","
+       << r.max_local_steps << "\n";
 }
 
 /// @}
