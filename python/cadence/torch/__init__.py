@@ -1,4 +1,5 @@
-"""PyTorch integration of Cadence: ElasticBSP and periodic model averaging over
+"""PyTorch integration of Cadence: DiLoCo (local SGD with an outer optimizer, streaming
+fragments), ElasticBSP and periodic model averaging over
 ``torch.distributed`` (a hand-written loop, ``PostLocalSGDOptimizer``, a DDP communication hook;
 plain or DDP models, or across replica groups that run DDP or FSDP2 inside; CPU or CUDA;
 checkpoints), a parameter server that runs any Cadence policy over ``torch.distributed`` point-to-point
@@ -19,6 +20,7 @@ if not _dist.is_available():  # pragma: no cover
 from ._averager_base import OPTIMIZER_STATE, ReplicaGroups, replica_groups  # noqa: E402
 from ._broadcast import broadcast_parameters  # noqa: E402
 from ._ddp import averager_hook, no_buffer_sync  # noqa: E402
+from ._diloco import DiLoCo  # noqa: E402
 from ._elastic import MERGE_RULES, ElasticModelAverager  # noqa: E402
 from ._periodic import PeriodicModelAverager  # noqa: E402
 from ._common import InvalidParameterError, TransportError, WorkerError  # noqa: E402
@@ -28,7 +30,7 @@ from ._ps_server import ParameterServer  # noqa: E402
 from ._ps_worker import PSWorker  # noqa: E402
 
 __all__ = [
-    "ElasticModelAverager", "PeriodicModelAverager", "MERGE_RULES", "OPTIMIZER_STATE",
+    "ElasticModelAverager", "PeriodicModelAverager", "MERGE_RULES", "OPTIMIZER_STATE", "DiLoCo",
     "replica_groups", "ReplicaGroups", "averager_hook", "no_buffer_sync",
     "broadcast_parameters",
     "ParameterServer", "PSWorker", "PSStats", "Eviction", "Join", "SGD",
