@@ -201,18 +201,26 @@ inline local_sgd_metrics simulate_local_sgd(std::string_view config, const scena
     double t0 = 0;
     while (!over()) {
       double last = t0;
+      std::vector<std::uint64_t> within(n, 0);  // steps that end by the run's end
       for (std::size_t p = 0; p < n; ++p) {
         clock[p] = t0;
         for (std::int64_t i = 0; i < plan.steps[p]; ++i) {
           const double d = sampler[p].next(clock[p]);
           clock[p] += d;
+          if (!timed || clock[p] <= s.seconds) ++within[p];
           ring[p][recorded[p] % history] = static_cast<std::int64_t>(std::clamp(std::ceil(d * 1e6), 1.0, 1e12));
           ++recorded[p];
         }
         last = std::max(last, clock[p]);
       }
       const double cost = records_seconds + model_seconds;
-      if (timed && last + cost > s.seconds) break;  // this round would end after the run
+      if (timed && last + cost > s.seconds) {  // the run ends inside this round: its steps so far
+        for (std::size_t p = 0; p < n; ++p) {
+          done[p] += within[p];
+          idle += clip(last) - clip(clock[p]);
+        }
+        break;
+      }
       for (std::size_t p = 0; p < n; ++p) {
         done[p] += static_cast<std::uint64_t>(plan.steps[p]);
         progress[p] += plan.steps[p];
