@@ -128,12 +128,16 @@ struct ps_log_entry {
 
 /// A worker a server dropped: silent past evict_after (server 0), lost (sending to or receiving
 /// from it failed on a backend that survives a lost peer, or its reply was not taken within
-/// transfer_timeout), or replaced by a new process on its rank.
+/// transfer_timeout), replaced by a new process on its rank, broken (it sent a message the
+/// server could not take: another size, a request out of turn), or absent at the start
+/// (parameter_server::drop_absent).
 struct ps_eviction {
   worker_id worker = 0;       ///< the worker id dropped
   std::int64_t pushes = 0;    ///< pushes applied before the eviction
   double silent_seconds = 0;  ///< how long it had been silent (0 unless evicted for silence)
-  std::string reason;         ///< "silent for ... s", "lost: <the transport error>", "replaced ..."
+  std::string reason;         ///< "silent for ... s", "lost: <the transport error>", "replaced ...",
+                              ///< "broke the protocol: ...", or drop_absent()'s reason
+  int rank = -1;              ///< the rank it was on (a worker id says it only for initial members)
 };
 
 /// A worker id issued while the server ran: to a rank that was not a member yet (joined late),

@@ -118,6 +118,23 @@ public:
   /// Not copyable.
   parameter_server& operator=(const parameter_server&) = delete;
 
+  /// Server 0, before run(): initial member `w` will not take part. The job found its process
+  /// absent or gone as the policy started (it never came, or it died while starting), so the
+  /// server drops it now as an eviction with `reason` (stats().evictions, the observer; the
+  /// other servers are told) and the policy starts without it: a BSP barrier does not wait for
+  /// it, nobody waits evict_after for its silence. A process that comes later on its rank
+  /// joins under a new id at its first pull, as a replacement does. Throws
+  /// invalid_parameter_error on a server other than 0, once run() has started, or when `w` is
+  /// not an active member.
+  void drop_absent(worker_id w, const std::string& reason) {
+    if (!coordinator() || running_)
+      throw invalid_parameter_error(who() + ": drop_absent(" + std::to_string(w) + "): only server 0 drops an absent "
+                                    "worker, and only before run()");
+    if (!roster_.active(static_cast<std::int64_t>(w)))
+      throw invalid_parameter_error(who() + ": drop_absent(" + std::to_string(w) + "): not an active member");
+    drop(w, "absent at the start: " + reason);
+  }
+
   /// Serves until every member finished or was evicted. Throws transport_error when the
   /// communicator fails (or, on a server other than 0, after server_idle_timeout of silence).
   void run() {
@@ -125,11 +142,14 @@ public:
     last_heard_ = start_;
     if (coordinator() && options_.evict_after) {
       liveness_.emplace(*options_.evict_after);
-      for (std::size_t w = 0; w < roster_.state.size(); ++w) liveness_->heard(static_cast<worker_id>(w), start_);
+      for (std::size_t w = 0; w < roster_.state.size(); ++w)
+        if (roster_.active(static_cast<std::int64_t>(w))) liveness_->heard(static_cast<worker_id>(w), start_);
     }
+    running_ = true;
     for (;;) {
       const std::size_t before = flights_.count();
       progress_transfers();
+      settle_lost();
       if (flights_.count() != before) last_activity_ = clock::now();
       // Every server hears every member's finish() (or server 0's eviction notice). Server 0
       // ends once nobody is left and its replies are delivered, telling the other servers;
@@ -143,6 +163,12 @@ public:
       try {
         src = comm_.try_recv(&h, sizeof h, transport::any_source, tags_.control,
                              transport::deadline::at(next_wake()));
+      } catch (const peer_error& e) {
+        // One rank sent a message of another size than a header: its fault alone (the
+        // communicator stays usable, and the message was taken, so its stream is in step).
+        if (comm_.failed()) throw;
+        bad_rank(e.peer(), e);
+        continue;
       } catch (const transport_error& e) {
         // Every rank that could still send is lost (the communicator survives lost peers, so
         // it is still usable): whoever has not finished never will.
@@ -195,7 +221,8 @@ private:
   //  - In flight (flights_, detail/flights.hpp): per rank the replies and refusals posted to
   //    it, each with the version of the weights it pins and its deadline, and the gradient
   //    payload being received from it. progress_transfers() finishes both and drops a worker
-  //    whose transfer failed or missed its deadline.
+  //    whose transfer failed or missed its deadline; one whose rank is lost goes to lost_
+  //    first, and settle_lost() drops it once that rank's queued messages are read (settle()).
   //  - The slice: weights_ (copy-on-write versions); pending_ (servers other than 0): releases
   //    waiting until the pushes they need are applied.
   //  - Server 0's liveness_: heard on every message from a member (heartbeats included).
@@ -424,7 +451,8 @@ private:
     try {
       flights_.receive(src, h);
     } catch (const transport_error& e) {
-      lost(w, e);
+      if (comm_.failed() || bulk_.failed()) throw;
+      fault(w, e);
       return;
     }
     // The payload usually follows its header at once: finish it here when it has.
@@ -441,7 +469,7 @@ private:
       taken = flights_.discard(src, static_cast<std::size_t>(h.count), std::max<std::size_t>(slice_.count, 1) * 4);
     } catch (const transport_error& e) {
       if (comm_.failed() || bulk_.failed()) throw;
-      if (w >= 0) lost(static_cast<worker_id>(w), e);
+      if (w >= 0) fault(static_cast<worker_id>(w), e);
       return;
     }
     if (!taken && w >= 0)
@@ -455,7 +483,7 @@ private:
     const auto in = flights_.landed(src, [&](const transport_error* err) {
       if (held < 0) return;
       if (err != nullptr)
-        lost(static_cast<worker_id>(held), *err);
+        fault(static_cast<worker_id>(held), *err);
       else
         drop(static_cast<worker_id>(held), "lost: its gradient did not arrive within transfer_timeout");
     });
@@ -547,17 +575,31 @@ private:
   }
 
   // Servers other than 0: answer every release whose required pushes are all applied here.
+  // Answering one can drop its worker (replies piled up: post()), and a drop edits pending_ and
+  // serves it again: so one release is taken out at a time, the list is searched afresh after
+  // each answer, and a call made while one is running only asks it to go round once more.
   void serve_pending() {
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (!roster_.holds(it->need)) {
-        ++it;
-        continue;
-      }
-      const worker_id w = it->worker;
-      const std::int64_t k = it->iteration, req = it->request;
-      it = pending_.erase(it);
-      if (roster_.state[static_cast<std::size_t>(w)] == worker_state::active) reply(w, req, k);
+    if (serving_) {
+      serve_again_ = true;
+      return;
     }
+    serving_ = true;
+    struct done_serving {
+      bool& flag;
+      ~done_serving() { flag = false; }
+    } guard{serving_};
+    do {
+      serve_again_ = false;
+      for (;;) {
+        const auto it = std::find_if(pending_.begin(), pending_.end(),
+                                     [&](const detail::ps_release& r) { return roster_.holds(r.need); });
+        if (it == pending_.end()) break;
+        const worker_id w = it->worker;
+        const std::int64_t k = it->iteration, req = it->request;
+        pending_.erase(it);
+        if (roster_.state[static_cast<std::size_t>(w)] == worker_state::active) reply(w, req, k);
+      }
+    } while (serve_again_);
   }
 
   // ---- messages out ----
@@ -661,10 +703,70 @@ private:
     });
   }
 
-  // A transfer to `rank` failed (its peer lost): withdraw what is queued for it, drop its worker.
+  // A transfer to `rank` failed: withdraw what is queued for it. A peer_error (its receive
+  // refused our message: another size) is that worker's fault, and it is dropped now. A lost
+  // peer may have called finish() before it left, and that message may wait here, unread,
+  // behind the transfer that found it gone (a reply whose completion the server had not seen
+  // yet: the end-of-policy race). So a lost worker is only noted here, and settle_lost() drops
+  // it once everything its rank sent has been taken, unless it finished.
   void settle(int rank, const transport_error& err) {
     const std::int64_t w = flights_.abandon(rank);
-    if (roster_.active(w)) lost(static_cast<worker_id>(w), err);
+    if (!roster_.active(w)) return;
+    if (dynamic_cast<const peer_error*>(&err) != nullptr) {
+      fault(static_cast<worker_id>(w), err);
+      return;
+    }
+    lost_.push_back({rank, w, err.what()});
+  }
+
+  // The workers settle() found lost: each rank's control messages still queued here are taken
+  // first (its finish() among them), then the worker is dropped if it still is a member. Called
+  // from run()'s loop, never from inside a transfer's progress (dispatching from there would
+  // edit the queues being walked).
+  void settle_lost() {
+    while (!lost_.empty()) {
+      const lost_rank l = std::move(lost_.front());
+      lost_.erase(lost_.begin());
+      drain_rank(l.rank);
+      if (roster_.active(l.worker) && roster_.member[static_cast<std::size_t>(l.rank)] == l.worker)
+        drop(static_cast<worker_id>(l.worker), "lost: " + l.what);
+    }
+  }
+
+  // Dispatches every control message from `rank` already here, in order (a passed deadline
+  // polls once). A rank that is lost with nothing queued throws: nothing more will come.
+  void drain_rank(int rank) {
+    for (;;) {
+      detail::ps_header h;
+      std::optional<int> src;
+      try {
+        src = comm_.try_recv(&h, sizeof h, rank, tags_.control, transport::deadline::at(clock::now()));
+      } catch (const peer_error& e) {
+        if (comm_.failed()) throw;
+        bad_rank(e.peer(), e);
+        continue;
+      } catch (const transport_error&) {
+        if (comm_.failed()) throw;
+        return;
+      }
+      if (!src) return;
+      last_heard_ = clock::now();
+      dispatch(*src, h);
+    }
+  }
+
+  // Rank `rank` sent a message that a receive could not take (peer_error: another size): a
+  // server rank is fail-stop; a worker rank's member is dropped, and nobody else.
+  void bad_rank(int rank, const transport_error& e) {
+    if (rank < options_.servers)
+      throw transport_error(who() + ": server rank " + std::to_string(rank) + " sent a malformed message: " + e.what());
+    const std::int64_t w = rank < static_cast<int>(roster_.member.size()) && rank >= 0
+                               ? roster_.member[static_cast<std::size_t>(rank)]
+                               : -1;
+    if (roster_.active(w))
+      fault(static_cast<worker_id>(w), e);
+    else
+      record_.refused();  // nobody to drop: a message from a rank with no member, counted
   }
 
   // The oldest transfer to `rank` missed its deadline: the worker is not taking its replies.
@@ -737,6 +839,17 @@ private:
 
   void lost(worker_id w, const transport_error& e) { drop(w, std::string("lost: ") + e.what()); }
 
+  // A transfer with worker w failed: its own fault when it sent or refused a message of another
+  // size (peer_error: it broke the protocol, and it is told so), else its rank is lost.
+  void fault(worker_id w, const transport_error& e) {
+    if (dynamic_cast<const peer_error*>(&e) != nullptr) {
+      record_.refused();  // its message, counted as refused
+      drop(w, std::string("broke the protocol: ") + e.what());
+    } else {
+      lost(w, e);
+    }
+  }
+
   // Removes worker w for good. Server 0 removes it from the controller (releasing whoever
   // waited only for it) and tells the other servers; a request of w's still unanswered gets an
   // "evicted" refusal, so a worker dropped mid-request learns why instead of timing out.
@@ -748,8 +861,8 @@ private:
     pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
                                   [&](const detail::ps_release& r) { return r.worker == w; }),
                    pending_.end());
-    record_.evicted(w, roster_.applied[wi], silent, reason);
     const int rank = roster_.rank_of[wi];
+    record_.evicted(w, roster_.applied[wi], silent, reason, rank);
     const bool reachable = reason.rfind("lost", 0) != 0;
     if (reachable && roster_.request[wi] > roster_.answered[wi]) {
       roster_.answered[wi] = roster_.request[wi];
@@ -790,6 +903,16 @@ private:
   clock::time_point last_activity_{};  // a message in, or a transfer finished (next_wake)
   std::vector<std::vector<detail::ps_header>> deferred_;  // per rank (servers other than 0)
   std::vector<detail::ps_release> pending_;
+  bool serving_ = false, serve_again_ = false;  // serve_pending() is running / must go round again
+  // Workers whose transfers found their rank lost, dropped by settle_lost() once that rank's
+  // queued messages are taken.
+  struct lost_rank {
+    int rank;
+    std::int64_t worker;
+    std::string what;
+  };
+  std::vector<lost_rank> lost_;
+  bool running_ = false;  // run() has started (drop_absent() comes before)
   std::optional<liveness_tracker<clock::time_point>> liveness_;
   clock::time_point start_{}, last_heard_{};
   bool shutdown_ = false;  // servers other than 0: server 0 said it is done

@@ -36,8 +36,8 @@ public:
 
   void joined(worker_id w, int rank, bool returning) { stats_.joins.push_back({w, rank, returning}); }
   void refused() { ++stats_.refused; }
-  void evicted(worker_id w, std::int64_t pushes, double silent, std::string reason) {
-    stats_.evictions.push_back({w, pushes, silent, std::move(reason)});
+  void evicted(worker_id w, std::int64_t pushes, double silent, std::string reason, int rank) {
+    stats_.evictions.push_back({w, pushes, silent, std::move(reason), rank});
   }
   // Why worker w was last dropped ("dropped" when nothing says).
   std::string eviction_reason(worker_id w) const {
