@@ -1,0 +1,334 @@
+// cadence::membership::member over in-process ranks: the first quorum, syncs that commit with
+// identical state everywhere, a member killed in and between syncs (rank 0, the leader,
+// included), retry and discard, a late joiner and a restarted rank that receive the state, and
+// the quorum rule's refusals. Every member records (committed count, state hash) in a ledger;
+// a count with two hashes is a divergent commit and fails the test.
+#include <cadence/membership/member.hpp>
+#include <cadence/transport/inproc.hpp>
+
+#include "membership/membership_ranks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cadence_membership_test {
+namespace {
+
+namespace mb = cadence::membership;
+using cadence::transport::dtype;
+using cadence::transport::inproc_communicator;
+using cadence::transport::inproc_world;
+
+/// What one rank's thread did.
+struct rank_result {
+  std::string error;  // what escaped, if anything
+  std::uint64_t committed = 0;
+  std::uint64_t hash = 0;
+  mb::member_stats stats;
+  std::vector<int> last_quorum;
+};
+
+/// One replica: a parameter vector, averaged at every sync after a local step that depends on
+/// the rank (so a sync that did not happen, or happened twice, shows in the hash).
+struct replica {
+  std::vector<double> params;
+  std::uint64_t steps = 0;  // a small state: the local steps taken, a counter an adapter would keep
+  explicit replica(std::size_t n) : params(n, 1.0) {}
+  void local_step(int rank, std::uint64_t salt) {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      params[i] += 0.001 * static_cast<double>((rank + 1) * static_cast<int>(i % 7 + 1)) + 1e-6 * static_cast<double>(salt);
+    ++steps;
+  }
+};
+
+/// Registers `r` with `m`.
+template <class C>
+void register_state(mb::member<C>& m, replica& r) {
+  m.add_state(r.params);
+  m.add_state(
+      "steps",
+      [&r] {
+        std::vector<unsigned char> out(sizeof r.steps);
+        std::memcpy(out.data(), &r.steps, sizeof r.steps);
+        return out;
+      },
+      [&r](const std::vector<unsigned char>& in) {
+        REQUIRE(in.size() == sizeof r.steps);
+        std::memcpy(&r.steps, in.data(), sizeof r.steps);
+      });
+}
+
+/// Runs syncs until the member has committed `target`; each sync is a local step then an
+/// averaging all-reduce, retried on a fault. Records every commit in `book`.
+template <class C>
+void run_syncs(mb::member<C>& m, replica& r, ledger& book, std::uint64_t target, int rank) {
+  while (m.committed() < target) {
+    r.local_step(rank, m.committed());
+    const mb::sync_report rep = m.transact(
+        [&] { m.view().allreduce_average(r.params.data(), r.params.size(), dtype::f64); }, {r.params});
+    // A healed member holds a donor's state as it stood at the donor's sync point (its local
+    // steps since the commit included): equal to the others' only after the next commit.
+    if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+  }
+}
+
+/// body(rank, comm, result) on one thread per rank; an escaping exception is kept in the result.
+template <class Body>
+std::vector<rank_result> run_ranks(inproc_world& world, int n, Body body) {
+  std::vector<rank_result> out(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        inproc_communicator c = world.join(r);
+        body(r, c, out[static_cast<std::size_t>(r)]);
+      } catch (const killed&) {
+        out[static_cast<std::size_t>(r)].error = "killed";
+      } catch (const std::exception& e) {
+        out[static_cast<std::size_t>(r)].error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+template <class C>
+void finish(mb::member<C>& m, rank_result& res) {
+  res.committed = m.committed();
+  res.hash = m.state_hash();
+  res.stats = m.stats();
+  res.last_quorum = m.current().ranks;
+}
+
+TEST_CASE("membership: four members commit syncs with identical state and no reconfiguration past the first") {
+  inproc_world world(4);
+  ledger book;
+  const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+    mb::member<inproc_communicator> m(c, test_options());
+    replica r(3000);  // above small_bytes: the ring
+    register_state(m, r);
+    m.start();
+    CHECK(m.current().size() == 4);
+    CHECK(m.current().id == 1);
+    run_syncs(m, r, book, 10, rank);
+    // A small all-reduce and a broadcast inside one sync.
+    std::vector<float> v(5, static_cast<float>(rank));
+    std::vector<std::uint8_t> b(100, static_cast<std::uint8_t>(rank));
+    m.transact([&] {
+      m.view().allreduce(v.data(), v.size(), dtype::f32, cadence::transport::reduce_op::sum);
+      m.view().broadcast(b.data(), b.size(), 2);
+    });
+    CHECK(v[0] == doctest::Approx(6.0));
+    CHECK(b[99] == 2);
+    finish(m, out);
+  });
+  for (const auto& r : res) {
+    CHECK(r.error == "");
+    CHECK(r.committed == 11);
+    CHECK(r.hash == res[0].hash);
+    CHECK(r.stats.reconfigurations == 1);
+    CHECK(r.stats.failed_syncs == 0);
+  }
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
+// A rank killed at its k-th collective call (an on_step trap on its own thread): the survivors
+// fail that sync, re-form without it and go on; every commit agrees.
+void kill_case(int victim, int at_call, std::size_t elements, mb::on_loss policy) {
+  CAPTURE(victim);
+  CAPTURE(at_call);
+  CAPTURE(elements);
+  inproc_world world(4);
+  ledger book;
+  std::atomic<int> calls{0};
+  const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+    mb::member<inproc_communicator> m(c, test_options());
+    replica r(elements);
+    register_state(m, r);
+    m.start();
+    std::uint64_t discarded = 0;
+    while (m.committed() < 12) {
+      if (rank == victim && ++calls == at_call) {
+        // Killed part-way into the sync's messages: post some, then die.
+        world.kill(rank);
+        throw killed{};
+      }
+      r.local_step(rank, m.committed());
+      const mb::sync_report rep = m.transact(
+          [&] { m.view().allreduce_average(r.params.data(), r.params.size(), dtype::f64); }, {r.params}, policy);
+      if (rep.outcome == mb::outcome::discarded) ++discarded;
+      if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+    }
+    finish(m, out);
+    out.stats.discarded = discarded;
+  });
+  std::vector<int> survivors;
+  for (int r = 0; r < 4; ++r)
+    if (r != victim) survivors.push_back(r);
+  CHECK(res[static_cast<std::size_t>(victim)].error == "killed");
+  for (int r : survivors) {
+    const auto& x = res[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(x.error == "", "rank ", r);
+    CHECK(x.committed == 12);
+    CHECK(x.hash == res[static_cast<std::size_t>(survivors[0])].hash);
+    CHECK(x.last_quorum == survivors);
+    CHECK(x.stats.reconfigurations >= 2);
+  }
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
+TEST_CASE("membership: a member killed between syncs is dropped and the rest go on (retry)") {
+  for (int victim : {0, 2, 3}) kill_case(victim, 4, 3000, mb::on_loss::retry);
+}
+
+TEST_CASE("membership: a member killed between syncs, small all-reduce, discard") {
+  for (int victim : {0, 1}) kill_case(victim, 3, 40, mb::on_loss::discard);
+}
+
+// A rank killed inside the all-reduce itself, after it sent part of its messages: the trap fires
+// on its isend of the ring's k-th piece.
+TEST_CASE("membership: a member killed inside a ring all-reduce") {
+  for (int victim : {0, 1}) {
+    for (int skip : {5, 70, 200}) {
+      CAPTURE(victim);
+      CAPTURE(skip);
+      inproc_world world(4);
+      ledger book;
+      cadence::transport::inproc_step at;
+      at.op = "send";
+      at.skip = skip;  // a sync has 63 sends here: in the first, second and fourth
+      world.on_step(victim, at, [victim](inproc_world& w) { w.kill(victim); });
+      const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+        auto o = test_options();
+        o.piece_bytes = 4096;
+        mb::member<inproc_communicator> m(c, o);
+        replica r(20000);  // 160 KB: the ring, ten pieces a segment
+        register_state(m, r);
+        m.start();
+        run_syncs(m, r, book, 8, rank);
+        finish(m, out);
+      });
+      CHECK(res[static_cast<std::size_t>(victim)].error != "");
+      std::uint64_t h = 0;
+      for (int r = 0; r < 4; ++r) {
+        if (r == victim) continue;
+        const auto& x = res[static_cast<std::size_t>(r)];
+        CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+        CHECK(x.committed == 8);
+        if (h == 0) h = x.hash;
+        CHECK(x.hash == h);
+      }
+      CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+    }
+  }
+}
+
+TEST_CASE("membership: a restarted rank joins at a sync point and receives the state") {
+  inproc_world world(4);
+  ledger book;
+  std::atomic<bool> restarted{false}, asked{false};
+  std::atomic<std::uint64_t> first_nonce{0};
+  std::vector<rank_result> res(4);
+  std::vector<std::thread> threads;
+  auto body = [&](int rank) {
+    rank_result& out = res[static_cast<std::size_t>(rank)];
+    try {
+      auto o = test_options();
+      o.transfer_bytes = 4096;
+      if (std::getenv("HC_DEBUG")) o.on_event = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
+      replica r(5000);
+      if (rank == 3 && restarted) {
+        // The new process in rank 3's slot: its state is overwritten by the quorum's.
+        inproc_communicator c = world.restart(3);
+        mb::member<inproc_communicator> m(c, o);
+        register_state(m, r);
+        r.params.assign(r.params.size(), -7.0);
+        asked = true;
+        m.join();
+        CHECK(m.current().contains(3));
+        CHECK(m.stats().healed == 1);
+        CHECK(r.steps >= 3);  // the blob came with the tensors
+        CHECK(m.committed() >= 3);
+        run_syncs(m, r, book, 12, rank);
+        finish(m, out);
+        return;
+      }
+      inproc_communicator c = world.join(rank);
+      mb::member<inproc_communicator> m(c, o);
+      register_state(m, r);
+      m.start();
+      run_syncs(m, r, book, 3, rank);
+      if (rank == 3) {
+        first_nonce = m.nonce();
+        world.kill(3);
+        throw killed{};
+      }
+      // Until the newcomer is in, then a few syncs with it.
+      // (The loss and the admission may be one reconfiguration or two.)
+      while (!(restarted && m.current().contains(3) && m.current().nonces[3] != first_nonce)) {
+        // Once rank 3 is out, the next syncs wait for its replacement to ask (so the test
+        // does not depend on how fast the thread starts), then admit it at a sync point.
+        while (!m.current().contains(3) && !asked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        REQUIRE(m.committed() < 10);  // admitted within a few syncs
+        run_syncs(m, r, book, m.committed() + 1, rank);
+      }
+      run_syncs(m, r, book, 12, rank);
+      finish(m, out);
+    } catch (const killed&) {
+      out.error = "killed";
+    } catch (const std::exception& e) {
+      out.error = e.what();
+    }
+  };
+  for (int r = 0; r < 4; ++r) threads.emplace_back(body, r);
+  threads[3].join();
+  CHECK(res[3].error == "killed");
+  res[3] = {};
+  restarted = true;
+  threads[3] = std::thread(body, 3);
+  for (auto& t : threads) t.join();
+  for (const auto& x : res) CHECK_MESSAGE(x.error == "", x.error);
+  for (const auto& x : res) CHECK(x.hash == res[0].hash);
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
+TEST_CASE("membership: misuse is refused with a message naming it") {
+  inproc_world world(2);
+  const auto res = run_ranks(world, 2, [&](int rank, inproc_communicator& c, rank_result& out) {
+    mb::member<inproc_communicator> m(c, test_options());
+    std::vector<double> p(4, 1.0);
+    m.add_state(p);
+    // A sync before start().
+    CHECK_THROWS_WITH_AS(m.transact([] {}), doctest::Contains("a sync before start() or join()"),
+                         cadence::invalid_parameter_error);
+    m.start();
+    CHECK_THROWS_WITH_AS(m.add_state(p), doctest::Contains("add_state() after start()"), cadence::invalid_parameter_error);
+    // A collective outside transact().
+    CHECK_THROWS_WITH_AS(m.view().allreduce(p.data(), p.size(), dtype::f64, cadence::transport::reduce_op::sum),
+                         doctest::Contains("outside member::transact()"), cadence::invalid_parameter_error);
+    m.transact([&] { m.view().allreduce_average(p.data(), p.size(), dtype::f64); });
+    finish(m, out);
+    (void)rank;
+  });
+  for (const auto& x : res) CHECK_MESSAGE(x.error == "", x.error);
+  mb::member_options bad = test_options();
+  bad.eligible = {0, 7};
+  cadence::transport::inproc_world w1(1);
+  auto c = w1.join(0);
+  CHECK_THROWS_WITH_AS(mb::member<inproc_communicator>(c, bad), doctest::Contains("eligible rank 7"),
+                       cadence::invalid_parameter_error);
+}
+
+}  // namespace
+}  // namespace cadence_membership_test

@@ -1,0 +1,85 @@
+// Test support for the membership layer: ranks as threads of an in-process world, each a
+// member with test-sized timeouts, and a ledger where every member writes the hash of its state
+// after every sync it commits, so a test proves that no two members ever committed different
+// states at the same count (and that the survivors of every fault agree).
+#pragma once
+
+#include <cadence/membership/member.hpp>
+#include <cadence/transport/inproc.hpp>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cadence_membership_test {
+
+using namespace std::chrono_literals;
+
+/// Timeouts a loaded CI machine meets, short enough that a test with a dozen faults stays
+/// within seconds: nothing here waits for them on the path without faults.
+inline cadence::membership::member_options test_options() {
+  cadence::membership::member_options o;
+  o.timeouts = cadence::membership::timeouts::scaled(500ms);
+  o.join_timeout = 30s;
+  return o;
+}
+
+/// Every (committed count, state hash) any member reported: a count with two hashes is a
+/// divergent commit.
+class ledger {
+public:
+  void record(int rank, std::uint64_t committed, std::uint64_t hash) {
+    std::lock_guard<std::mutex> lock(m_);
+    seen_[committed].insert(hash);
+    log_[committed].emplace_back(rank, hash);
+    by_rank_[rank] = committed;
+  }
+  /// Counts with more than one hash.
+  std::vector<std::uint64_t> divergent() const {
+    std::lock_guard<std::mutex> lock(m_);
+    std::vector<std::uint64_t> out;
+    for (const auto& s : seen_)
+      if (s.second.size() > 1) out.push_back(s.first);
+    return out;
+  }
+  /// "count: rank=hash ..." for each divergent count, for a failure message.
+  std::string describe_divergent() const {
+    std::lock_guard<std::mutex> lock(m_);
+    std::string out;
+    for (const auto& s : log_)
+      if (seen_.at(s.first).size() > 1) {
+        out += std::to_string(s.first) + ":";
+        for (const auto& e : s.second) out += " rank " + std::to_string(e.first) + "=" + std::to_string(e.second);
+        out += "\n";
+      }
+    return out;
+  }
+  std::size_t counts() const {
+    std::lock_guard<std::mutex> lock(m_);
+    return seen_.size();
+  }
+  std::uint64_t last(int rank) const {
+    std::lock_guard<std::mutex> lock(m_);
+    const auto it = by_rank_.find(rank);
+    return it == by_rank_.end() ? 0 : it->second;
+  }
+
+private:
+  mutable std::mutex m_;
+  std::map<std::uint64_t, std::set<std::uint64_t>> seen_;
+  std::map<int, std::uint64_t> by_rank_;
+  std::map<std::uint64_t, std::vector<std::pair<int, std::uint64_t>>> log_;
+};
+
+/// Thrown from an inproc fault trap on the victim's own thread: it ends that rank's body.
+struct killed {};
+
+}  // namespace cadence_membership_test

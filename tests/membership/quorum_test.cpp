@@ -1,0 +1,73 @@
+// cadence::membership::quorum and its rules, checked exhaustively over small quorums: who
+// leads, who may succeed a quorum (never two disjoint groups from the same one), positions.
+#include <cadence/membership/quorum.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace cadence_membership_quorum_test {
+namespace {
+
+namespace mb = cadence::membership;
+
+mb::quorum make(std::vector<int> ranks) {
+  mb::quorum q;
+  q.id = 5;
+  q.ranks = std::move(ranks);
+  q.nonces.assign(q.ranks.size(), 0);
+  return q;
+}
+
+TEST_CASE("membership::quorum: positions, leader, holds, describe") {
+  mb::quorum q = make({1, 4, 6});
+  q.nonces = {11, 44, 66};
+  CHECK(q.size() == 3);
+  CHECK(q.leader() == 1);
+  CHECK(q.index_of(4) == 1);
+  CHECK(q.index_of(5) == -1);
+  CHECK(q.contains(6));
+  CHECK_FALSE(q.contains(0));
+  CHECK(q.holds(4, 44));
+  CHECK_FALSE(q.holds(4, 45));  // another process in rank 4's slot
+  CHECK_FALSE(q.holds(2, 44));
+  CHECK(make({0, 1}).holds(1, 123));  // nonce 0: the first formation matches any process
+  CHECK(q.describe() == "quorum 5 {1, 4, 6}");
+  CHECK(mb::quorum{}.leader() == -1);
+}
+
+TEST_CASE("membership::may_succeed: of two disjoint groups of survivors at most one may go on") {
+  for (int n = 1; n <= 7; ++n) {
+    std::vector<int> ranks;
+    for (int r = 0; r < n; ++r) ranks.push_back(r);
+    const mb::quorum q = make(ranks);
+    // Every split of the members into two disjoint groups (a partition; non-members ignored).
+    for (unsigned mask = 0; mask < (1u << n); ++mask) {
+      std::vector<int> a, b;
+      for (int r = 0; r < n; ++r) ((mask >> r) & 1u ? a : b).push_back(r);
+      a.push_back(100);  // a newcomer does not count
+      CAPTURE(n);
+      CAPTURE(mask);
+      CHECK_FALSE((mb::may_succeed(q, a) && mb::may_succeed(q, b)));
+      // The group with more than half always may.
+      if (2 * (a.size() - 1) > static_cast<std::size_t>(n)) CHECK(mb::may_succeed(q, a));
+    }
+  }
+  CHECK(mb::may_succeed(make({0, 1, 2, 3}), {0, 1}));      // half with the leader
+  CHECK_FALSE(mb::may_succeed(make({0, 1, 2, 3}), {2, 3}));  // half without it
+  CHECK(mb::may_succeed(make({0, 1, 2}), {1, 2}));         // rank 0 lost: the rest go on
+  CHECK_FALSE(mb::may_succeed(make({0, 1, 2}), {2}));
+  CHECK_FALSE(mb::may_succeed(make({}), {}));
+}
+
+TEST_CASE("membership::candidate_leader: the lowest member not reported lost, self always alive") {
+  const mb::quorum q = make({0, 2, 3, 5});
+  CHECK(mb::candidate_leader(q, 3, [](int) { return false; }) == 0);
+  CHECK(mb::candidate_leader(q, 3, [](int r) { return r < 3; }) == 3);
+  CHECK(mb::candidate_leader(q, 5, [](int r) { return r == 0; }) == 2);
+  CHECK(mb::candidate_leader(q, 9, [](int) { return true; }) == -1);
+}
+
+}  // namespace
+}  // namespace cadence_membership_quorum_test
