@@ -48,6 +48,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -322,44 +323,40 @@ std::function<double(std::vector<float>&, int)> zmq_open_block(Comm& open, int w
   };
 }
 
-// --security-cost: what making a communicator took (mean over the ranks), open and
-// authenticated, on stderr from rank 0: the handshakes' cost, each rank connecting to n - 1.
-void report_connect(int rank, int ranks, double open_ms, double authenticated_ms) {
-  if (rank != 0) return;
-  std::fprintf(stderr,
-               "cadence-bench-ps: connecting (a communicator, mean over %d ranks, each with %d peers): open %.2f ms, "
-               "authenticated %.2f ms, %.2f ms more per peer\n",
-               ranks, ranks - 1, open_ms, authenticated_ms, (authenticated_ms - open_ms) / (ranks - 1));
-}
-
 // Ranks as threads: rank 0 publishes its raw echo server's endpoint and the communicator's
 // rendezvous; the others wait for both.
 int run_zmq(const config& cfg) {
   if (cfg.ranks < 2) throw usage_error("--ranks: the zmq backend needs at least 2 (a server and a worker)");
   const int workers = cfg.throughput ? cfg.ranks - 1 : 1;
   cadence_bench::summing_barrier sync(cfg.ranks);
-  cadence_bench::thread_rendezvous meet, meet_open, echo_server;
+  cadence_bench::thread_rendezvous meet, meet_open, meet_again, echo_server;
   const auto rows = cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     raw_zmq_echo raw;
     if (r == 0)
       echo_server.publish(raw.serve());
     else
       raw.dial(echo_server.wait());
-    const auto t0 = steady::now();
     zmq_communicator comm(r, cfg.ranks, cadence_bench::zmq_thread_options<zmq_options>(r, meet),
                           std::chrono::seconds(60));
-    const double authenticated_ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
     ps_rank me = zmq_rank(r, workers, raw, comm, cfg.sgd, [&sync](double v) { return sync.arrive_and_sum(v); });
     std::unique_ptr<zmq_communicator> open;
     if (cfg.security_cost) {
-      auto o = cadence_bench::zmq_thread_options<zmq_options>(r, meet_open);
-      o.secret = {};
-      o.security = wire_security::open;
-      const auto t1 = steady::now();
-      open = std::make_unique<zmq_communicator>(r, cfg.ranks, o, std::chrono::seconds(60));
-      const double open_ms = std::chrono::duration<double, std::milli>(steady::now() - t1).count();
-      report_connect(r, cfg.ranks, sync.arrive_and_sum(open_ms) / cfg.ranks,
-                     sync.arrive_and_sum(authenticated_ms) / cfg.ranks);
+      // Timed after the ranks line up: an open communicator, kept, and a second authenticated one.
+      const auto line_up = [&sync] { sync.arrive_and_sum(0); };
+      const auto open_options = [&] {
+        auto o = cadence_bench::zmq_thread_options<zmq_options>(r, meet_open);
+        o.secret = {};
+        o.security = wire_security::open;
+        return o;
+      };
+      double open_ms = 0;
+      std::tie(open, open_ms) = cadence_bench::timed_communicator<zmq_communicator>(r, cfg.ranks, open_options, line_up);
+      const double authenticated_ms =
+          cadence_bench::timed_communicator<zmq_communicator>(
+              r, cfg.ranks, [&] { return cadence_bench::zmq_thread_options<zmq_options>(r, meet_again); }, line_up)
+              .second;
+      cadence_bench::report_connect("cadence-bench-ps", r, cfg.ranks, sync.arrive_and_sum(open_ms) / cfg.ranks,
+                                    sync.arrive_and_sum(authenticated_ms) / cfg.ranks);
       me.raw_block = zmq_open_block(*open, workers, cfg.sgd, [&sync](double v) { return sync.arrive_and_sum(v); });
     }
     auto mine = measure(me, cfg, sizes_for(cfg));
@@ -382,9 +379,7 @@ int run_zmq_process(const config& cfg) {
   options.endpoint = "tcp://" + cfg.address + ":0";
   // Processes of one job hold one secret: the launcher's, in the environment.
   options.secret = cadence_bench::process_secret();
-  const auto t0 = steady::now();
   zmq_communicator comm(r, cfg.ranks, options, std::chrono::seconds(120));
-  const double authenticated_ms = std::chrono::duration<double, std::milli>(steady::now() - t0).count();
   raw_zmq_echo raw;
   char endpoint[256] = {};
   if (r == 0) {
@@ -400,18 +395,25 @@ int run_zmq_process(const config& cfg) {
   ps_rank me = zmq_rank(r, workers, raw, comm, cfg.sgd, sum);
   std::unique_ptr<zmq_communicator> open;
   if (cfg.security_cost) {
-    // A second communicator, open: its rendezvous on the next port, on a network address by name.
+    // Timed after the ranks line up: a second communicator, open, kept (its rendezvous on the
+    // next port, on a network address by name), and a third, authenticated (the port after).
     const auto colon = cfg.rendezvous.rfind(':');
+    const int port = std::stoi(cfg.rendezvous.substr(colon + 1));
+    const auto line_up = [&sum] { sum(0); };
     zmq_options o = options;
-    o.rendezvous = "tcp://" + cfg.rendezvous.substr(0, colon) + ":" +
-                   std::to_string(std::stoi(cfg.rendezvous.substr(colon + 1)) + 1);
+    o.rendezvous = "tcp://" + cfg.rendezvous.substr(0, colon) + ":" + std::to_string(port + 1);
     o.secret = {};
     o.security = wire_security::open;
     o.force_open_on_network = true;
-    const auto t1 = steady::now();
-    open = std::make_unique<zmq_communicator>(r, cfg.ranks, o, std::chrono::seconds(120));
-    const double open_ms = std::chrono::duration<double, std::milli>(steady::now() - t1).count();
-    report_connect(r, cfg.ranks, sum(open_ms) / cfg.ranks, sum(authenticated_ms) / cfg.ranks);
+    double open_ms = 0;
+    std::tie(open, open_ms) =
+        cadence_bench::timed_communicator<zmq_communicator>(r, cfg.ranks, [&] { return o; }, line_up);
+    zmq_options again = options;
+    again.rendezvous = "tcp://" + cfg.rendezvous.substr(0, colon) + ":" + std::to_string(port + 2);
+    const double authenticated_ms =
+        cadence_bench::timed_communicator<zmq_communicator>(r, cfg.ranks, [&] { return again; }, line_up).second;
+    cadence_bench::report_connect("cadence-bench-ps", r, cfg.ranks, sum(open_ms) / cfg.ranks,
+                                  sum(authenticated_ms) / cfg.ranks);
     me.raw_block = zmq_open_block(*open, workers, cfg.sgd, sum);
   }
   const auto rows = measure(me, cfg, sizes_for(cfg));
@@ -449,7 +451,7 @@ int run(int argc, char** argv) {
   cli.add_flag("--sgd", cfg.sgd, "apply SGD on the server (default: a no-op update rule)");
   cli.add_flag("--security-cost", cfg.security_cost,
                "zmq: raw = the same push_pull over an open communicator (ours:\n"
-               "authenticated); with --rank its rendezvous is the next port");
+               "authenticated); with --rank it also binds the next two ports");
   if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
   if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
     throw usage_error("--max-bytes: must be a multiple of 4, at least 4096, got " + std::to_string(cfg.max_bytes));

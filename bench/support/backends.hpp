@@ -10,8 +10,10 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -61,6 +63,33 @@ Options zmq_thread_options(int rank, thread_rendezvous& meet) {
     options.rendezvous = meet.wait();
   }
   return options;
+}
+
+/// --security-cost: a communicator made after the ranks line up (`line_up()`: every rank
+/// calls it, none returns before all did) with the options `make_options()` gives then (a rank
+/// of threads waits there for rank 0's rendezvous, which rank 0 binds in its constructor), and
+/// how long its constructor took here in ms; the ranks line up again before it is handed back,
+/// so that none is closed while another still connects to it.
+template <class Comm, class MakeOptions, class LineUp>
+std::pair<std::unique_ptr<Comm>, double> timed_communicator(int rank, int ranks, MakeOptions&& make_options,
+                                                            LineUp&& line_up) {
+  line_up();
+  const auto options = make_options();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto comm = std::make_unique<Comm>(rank, ranks, options, std::chrono::seconds(120));
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  line_up();
+  return {std::move(comm), ms};
+}
+
+/// --security-cost: rank 0 says on stderr what making a communicator took (each value the mean
+/// over the ranks), open and authenticated: the handshakes' cost, each rank connecting to n - 1.
+inline void report_connect(const char* program, int rank, int ranks, double open_ms, double authenticated_ms) {
+  if (rank != 0) return;
+  std::fprintf(stderr,
+               "%s: connecting (a communicator, mean over %d ranks, each with %d peers): open %.2f ms, "
+               "authenticated %.2f ms, %.2f ms more per peer\n",
+               program, ranks, ranks - 1, open_ms, authenticated_ms, (authenticated_ms - open_ms) / (ranks - 1));
 }
 
 /// A fresh folder under the system's temporary directory ("PREFIX-XXXXXX"), removed with
