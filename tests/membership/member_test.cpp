@@ -3,6 +3,8 @@
 // included), retry and discard, a late joiner and a restarted rank that receive the state, and
 // the quorum rule's refusals. Every member records (committed count, state hash) in a ledger;
 // a count with two hashes is a divergent commit and fails the test.
+#include <cadence/exchange/bucketed_allreducer.hpp>
+#include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/inproc.hpp>
 
@@ -328,6 +330,66 @@ TEST_CASE("membership: misuse is refused with a message naming it") {
   auto c = w1.join(0);
   CHECK_THROWS_WITH_AS(mb::member<inproc_communicator>(c, bad), doctest::Contains("eligible rank 7"),
                        cadence::invalid_parameter_error);
+}
+
+// The exchange adapters run unchanged on the quorum's view, each sync in a transaction: model
+// averaging retries a failed merge on the survivors (the local steps are worth keeping), BSP
+// gradients give the step up everywhere (nobody applies it). Rank 1 is killed part-way.
+TEST_CASE("membership: periodic_averager and bucketed_allreducer on the quorum view survive a killed member") {
+  for (int adapter = 0; adapter < 2; ++adapter) {
+    CAPTURE(adapter);
+    inproc_world world(4);
+    ledger book;
+    cadence::transport::inproc_step at;
+    at.op = "send";
+    at.skip = 30;
+    world.on_step(1, at, [](inproc_world& w) { w.kill(1); });
+    const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+      mb::member<inproc_communicator> m(c, test_options());
+      replica r(20000);
+      std::vector<double> grad(r.params.size());
+      register_state(m, r);
+      m.start();
+      using view_t = mb::quorum_view<inproc_communicator>;
+      cadence::exchange::periodic_averager<view_t> avg(m.view(), 2);
+      cadence::exchange::bucketed_allreducer_options bo;
+      bo.bucket_bytes = 32 * 1024;
+      cadence::exchange::bucketed_allreducer<view_t> bsp(m.view(), bo);
+      bsp.add(grad.data(), grad.size());
+      std::uint64_t discarded = 0;
+      while (m.committed() < 10) {
+        mb::sync_report rep;
+        if (adapter == 0) {
+          r.local_step(rank, m.committed());
+          if (!avg.step_done()) continue;
+          rep = m.transact([&] { avg.sync({cadence::exchange::tensor_ref(r.params.data(), r.params.size())}); },
+                           {r.params});
+          if (rep.outcome != mb::outcome::committed) avg.restart_period();  // healed: settled without it
+        } else {
+          for (std::size_t i = 0; i < grad.size(); ++i)
+            grad[i] = r.params[i] * 1e-3 + 1e-4 * static_cast<double>(rank + 1);
+          rep = m.transact([&] { bsp.finish(); }, {}, mb::on_loss::discard);
+          if (rep.outcome == mb::outcome::committed)
+            for (std::size_t i = 0; i < grad.size(); ++i) r.params[i] -= grad[i];  // the optimizer step
+        }
+        if (rep.outcome == mb::outcome::discarded) ++discarded;
+        if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+      }
+      finish(m, out);
+      out.stats.discarded = discarded;
+    });
+    CHECK(res[1].error != "");
+    for (int r : {0, 2, 3}) {
+      const auto& x = res[static_cast<std::size_t>(r)];
+      CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+      CHECK(x.committed == 10);
+      CHECK(x.hash == res[0].hash);
+      CHECK(x.last_quorum == std::vector<int>{0, 2, 3});
+      CHECK(x.stats.failed_syncs >= 1);
+      if (adapter == 1) CHECK(x.stats.discarded + x.stats.healed >= 1);
+    }
+    CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+  }
 }
 
 }  // namespace

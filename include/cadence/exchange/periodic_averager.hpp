@@ -88,6 +88,12 @@ public:
     ++barriers_;
   }
 
+  /// Starts the period again without a barrier: for a sync that did not complete here but is
+  /// settled (a fault-tolerant job's membership::member::transact() healed this rank from
+  /// another's state, or discarded the sync everywhere). The next sync() is due after period()
+  /// local steps.
+  void restart_period() noexcept { local_steps_ = 0; }
+
   /// k: local steps between barriers.
   std::size_t period() const noexcept { return period_; }
   /// Local steps since the last barrier.

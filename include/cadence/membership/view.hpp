@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -40,7 +41,7 @@ public:
   quorum_work() = default;
   /// Moves the operation.
   quorum_work(quorum_work&& o) noexcept
-      : core_(std::exchange(o.core_, nullptr)), op_(std::exchange(o.op_, nullptr)), p2p_(std::move(o.p2p_)),
+      : core_(std::exchange(o.core_, nullptr)), op_(std::move(o.op_)), p2p_(std::move(o.p2p_)),
         peer_(o.peer_) {
     o.p2p_.reset();
   }
@@ -49,7 +50,8 @@ public:
     if (this != &o) {
       cancel();
       core_ = std::exchange(o.core_, nullptr);
-      op_ = std::exchange(o.op_, nullptr);
+      op_ = std::move(o.op_);
+      o.op_.reset();
       p2p_ = std::move(o.p2p_);
       o.p2p_.reset();
       peer_ = o.peer_;
@@ -89,7 +91,7 @@ public:
 
 private:
   friend class quorum_view<C>;
-  quorum_work(detail::core<C>* c, detail::p2p_collective<C>* o) : core_(c), op_(o) {}
+  quorum_work(detail::core<C>* c, std::shared_ptr<detail::p2p_collective<C>> o) : core_(c), op_(std::move(o)) {}
   quorum_work(detail::core<C>* c, detail::work_t<C>&& w, int peer) : core_(c), p2p_(std::move(w)), peer_(peer) {}
 
   bool p2p_test() {
@@ -103,7 +105,7 @@ private:
   }
 
   detail::core<C>* core_ = nullptr;
-  detail::p2p_collective<C>* op_ = nullptr;
+  std::shared_ptr<detail::p2p_collective<C>> op_;  // shared with the member: outlives a failed sync
   std::optional<detail::work_t<C>> p2p_;
   int peer_ = -1;
 };
@@ -149,15 +151,15 @@ public:
 
   /// The all-reduce over the members (in place), within `d` and the op timeout.
   void allreduce(void* buf, std::size_t count, transport::dtype t, transport::reduce_op op, transport::deadline d = {}) {
-    core_->drive(start_allreduce("allreduce", buf, count, t, op, false, &d), d);
+    core_->drive(*start_allreduce("allreduce", buf, count, t, op, false, &d), d);
   }
   /// The mean over the members, divided in the ring's last reduce step or the small path's copy.
   void allreduce_average(void* buf, std::size_t count, transport::dtype t, transport::deadline d = {}) {
-    core_->drive(start_allreduce("allreduce_average", buf, count, t, transport::reduce_op::sum, true, &d), d);
+    core_->drive(*start_allreduce("allreduce_average", buf, count, t, transport::reduce_op::sum, true, &d), d);
   }
   /// `bytes` from member `root` (a view rank) into every member's `buf`.
   void broadcast(void* buf, std::size_t bytes, int root, transport::deadline d = {}) {
-    core_->drive(start_broadcast(buf, bytes, root, &d), d);
+    core_->drive(*start_broadcast(buf, bytes, root, &d), d);
   }
   /// To member `dst` (a view rank), tag 0..255.
   void send(const void* buf, std::size_t bytes, int dst, int tag, transport::deadline d = {}) {
@@ -171,15 +173,15 @@ public:
 
   /// The asynchronous forms (communicator.hpp).
   work_type iallreduce(void* buf, std::size_t count, transport::dtype t, transport::reduce_op op) {
-    return {core_, &start_allreduce("allreduce", buf, count, t, op, false, nullptr)};
+    return {core_, start_allreduce("allreduce", buf, count, t, op, false, nullptr)};
   }
   /// The asynchronous averaging all-reduce.
   work_type iallreduce_average(void* buf, std::size_t count, transport::dtype t) {
-    return {core_, &start_allreduce("allreduce_average", buf, count, t, transport::reduce_op::sum, true, nullptr)};
+    return {core_, start_allreduce("allreduce_average", buf, count, t, transport::reduce_op::sum, true, nullptr)};
   }
   /// The asynchronous broadcast.
   work_type ibroadcast(void* buf, std::size_t bytes, int root) {
-    return {core_, &start_broadcast(buf, bytes, root, nullptr)};
+    return {core_, start_broadcast(buf, bytes, root, nullptr)};
   }
   /// The asynchronous send.
   work_type isend(const void* buf, std::size_t bytes, int dst, int tag) {
@@ -234,7 +236,7 @@ private:
   }
   int world(int view_rank) const { return core_->current().ranks[static_cast<std::size_t>(view_rank)]; }
 
-  detail::p2p_collective<C>& start_allreduce(const char* name, void* buf, std::size_t count, transport::dtype t,
+  std::shared_ptr<detail::p2p_collective<C>> start_allreduce(const char* name, void* buf, std::size_t count, transport::dtype t,
                                              transport::reduce_op op, bool average, const transport::deadline* d) {
     const transport::detail::call_info c = call(name);
     transport::detail::check_allreduce(c, buf, count, t, op, average, d);
@@ -250,7 +252,7 @@ private:
     p.piece_bytes = core_->options().piece_bytes;
     return core_->start_op(p, name);
   }
-  detail::p2p_collective<C>& start_broadcast(void* buf, std::size_t bytes, int root, const transport::deadline* d) {
+  std::shared_ptr<detail::p2p_collective<C>> start_broadcast(void* buf, std::size_t bytes, int root, const transport::deadline* d) {
     const transport::detail::call_info c = call("broadcast");
     transport::detail::check_broadcast(c, buf, bytes, root, d);
     if (aborted_) throw transport_error(transport::detail::describe(c) + ": the view was aborted");

@@ -174,7 +174,7 @@ public:
 
   // ---- collectives of the current quorum (the view's calls) ----
 
-  op& start_op(const typename op::params& p, const char* name) {
+  std::shared_ptr<op> start_op(const typename op::params& p, const char* name) {
     if (!in_txn_) bad(std::string(name) + " on a quorum view outside member::transact()");
     if (broken_) throw *broken_;
     if (txn_failed_) throw *txn_failed_;
@@ -192,19 +192,31 @@ public:
     n.txn = txn_;
     n.seq = op_seq_;
     n.count = p.count;
-    auto o = std::make_unique<op>(*comm_, q_.ranks, view_rank(), tags_.op(q_.id, op_seq_), op_seq_, n, p);
+    auto o = std::make_shared<op>(*comm_, q_.ranks, view_rank(), tags_.op(q_.id, op_seq_), op_seq_, n, p);
     ++op_seq_;
     ++txn_ops_;
     op& ref = *o;
     op_started_[&ref] = clock::now();
-    cur_ops_.push_back(std::move(o));
+    cur_ops_.push_back(o);
     guarded(ref, [&] { ref.start(); });
-    return ref;
+    return o;
+  }
+
+  /// Whether `o` belongs to an earlier sync (a handle kept past its sync's failure).
+  bool stale(const op& o) const noexcept {
+    for (const auto& x : cur_ops_)
+      if (x.get() == &o) return false;
+    return true;
   }
 
   /// One pass: takes control frames in and advances every collective in flight; true once `o`
   /// is complete. Throws sync_failed when the quorum changed under the sync.
   bool test_op(op& o) {
+    if (o.complete()) return true;
+    if (stale(o))
+      throw sync_failed("cadence::membership: rank " + std::to_string(rank()) + ": " + o.call().describe() +
+                            " belongs to a sync that failed (its handle was kept past it)",
+                        o.call().qid);
     if (txn_failed_) throw *txn_failed_;
     pump();
     if (aborted_.count(q_.id) != 0) fail("a member left quorum " + std::to_string(q_.id) + " during this sync");
@@ -1140,7 +1152,7 @@ private:
   std::optional<sync_failed> txn_failed_;
   std::optional<transport_error> broken_;
   bool aborted_flag_ = false;
-  std::vector<std::unique_ptr<op>> cur_ops_, prev_ops_;
+  std::vector<std::shared_ptr<op>> cur_ops_, prev_ops_;  // shared with the view's handles
   std::map<const op*, clock::time_point> op_started_;
   // the control channel
   frame ctrl_in_{};
