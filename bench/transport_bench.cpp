@@ -498,7 +498,8 @@ std::vector<row> run_zmq(const config& cfg) {
         return o;
       };
       double open_ms = 0;
-      std::tie(open, open_ms) = cadence_bench::timed_communicator<zmq_communicator>(r, cfg.ranks, open_options, line_up);
+      std::tie(open, open_ms) =
+          cadence_bench::timed_communicator<zmq_communicator>(r, cfg.ranks, open_options, line_up);
       const double authenticated_ms =
           cadence_bench::timed_communicator<zmq_communicator>(
               r, cfg.ranks, [&] { return cadence_bench::zmq_thread_options<zmq_options>(r, meet_again); }, line_up)

@@ -174,7 +174,8 @@ section "libFuzzer: the decoders, 2 s each (tests/fuzz)"
 # with clang's -fsanitize=fuzzer,address,undefined (docs/testing.md, "Fuzzing", has the long
 # command). A project of its own; it says so and builds nothing where libFuzzer is missing.
 if command -v clang++ >/dev/null 2>&1; then
-  if [[ -f build-fuzz/CMakeCache.txt ]] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=${generator[1]:-Unix Makefiles}\$" build-fuzz/CMakeCache.txt; then
+  if [[ -f build-fuzz/CMakeCache.txt ]] &&
+     ! grep -q "^CMAKE_GENERATOR:INTERNAL=${generator[1]:-Unix Makefiles}\$" build-fuzz/CMakeCache.txt; then
     rm -rf build-fuzz
   fi
   if cmake -S tests/fuzz -B build-fuzz "${generator[@]}" -DCMAKE_CXX_COMPILER=clang++ -DCADENCE_FUZZ_SECONDS=2; then

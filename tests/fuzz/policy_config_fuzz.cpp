@@ -97,7 +97,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto p = cadence::make_predictor<double>(config);
     if (p.name().empty()) fail("a predictor without a name", config);
     // Its name is a spec that builds the same predictor.
-    if (cadence::make_predictor<double>(p.name()).name() != p.name()) fail("a predictor's name does not rebuild it", config);
+    if (cadence::make_predictor<double>(p.name()).name() != p.name())
+      fail("a predictor's name does not rebuild it", config);
   });
   refused_or_built(config, [&] { (void)cadence::parse_zipline_variant(config); });
   return 0;
