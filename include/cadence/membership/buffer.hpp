@@ -32,7 +32,8 @@ struct buffer {
   /// The elements `s` views.
   template <class T, class = std::enable_if_t<std::is_trivially_copyable_v<T> && !std::is_const_v<T>>>
   buffer(span<T> s) noexcept : data(s.data()), bytes(s.size() * sizeof(T)) {}  // NOLINT: implicit
-  /// Anything with a `data` pointer member and a `bytes()` function (exchange::tensor_ref).
+  /// The block of `t`: anything with a `data` pointer member and a `bytes()` function
+  /// (exchange::tensor_ref).
   template <class T, class = decltype(static_cast<void*>(std::declval<const T&>().data)),
             class = decltype(std::size_t{std::declval<const T&>().bytes()}), class = void>
   buffer(const T& t) noexcept : data(t.data), bytes(t.bytes()) {}  // NOLINT: implicit

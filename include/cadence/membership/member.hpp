@@ -84,11 +84,11 @@ public:
 
   // ---- the replica's state ----
 
-  /// Registers a block of the replica's state (parameters, optimizer moments): streamed to a
+  /// Registers block `b` of the replica's state (parameters, optimizer moments): streamed to a
   /// newcomer or a member left behind, in registration order. Every member registers the same
   /// sizes in the same order, before start() or join().
   void add_state(buffer b) { core_->add_state(b); }
-  /// Registers small state that is not a tensor (an adapter's counters, a policy clock):
+  /// Registers small state that is not a tensor, under `name` (an adapter's counters, a policy clock):
   /// `save()` runs on a member that sends the state, `load()` on the one that receives it.
   void add_state(std::string name, std::function<std::vector<unsigned char>()> save,
                  std::function<void(const std::vector<unsigned char>&)> load) {
@@ -115,7 +115,8 @@ public:
   /// The quorum's communicator, for the adapters (stable: the same object across quorums).
   quorum_view<C>& view() noexcept { return view_; }
 
-  /// Runs `body` (collectives on view()) as one sync of the quorum. `backup`: the blocks body
+  /// Runs `body` (collectives on view()) as one sync of the quorum; `policy` says what a fault
+  /// does to it (on_loss). `backup`: the blocks body
   /// changes that must be put back before a retry (the parameters of a model average); copied
   /// before the first run. On a fault: re-forms the quorum, then heals this member from one that
   /// committed the sync, or restores the backup and runs `body` again (on_loss::retry, up to
@@ -176,7 +177,8 @@ public:
       ++retries_;
     }
   }
-  /// transact() with the backup as a braced list: `m.transact(f, {params, moments})`.
+  /// transact() of `body` under `policy`, with the `backup` as a braced list:
+  /// `m.transact(f, {params, moments})`.
   template <class Body>
   sync_report transact(Body&& body, std::initializer_list<buffer> backup, on_loss policy = on_loss::retry) {
     return transact(std::forward<Body>(body), span<const buffer>(backup.begin(), backup.size()), policy);

@@ -149,41 +149,44 @@ public:
     return f;
   }
 
-  /// The all-reduce over the members (in place), within `d` and the op timeout.
+  /// The all-reduce of `count` elements of dtype `t` at `buf` over the members with `op` (in
+  /// place), within `d` and the op timeout.
   void allreduce(void* buf, std::size_t count, transport::dtype t, transport::reduce_op op, transport::deadline d = {}) {
     core_->drive(*start_allreduce("allreduce", buf, count, t, op, false, &d), d);
   }
-  /// The mean over the members, divided in the ring's last reduce step or the small path's copy.
+  /// The mean of the `count` elements of dtype `t` at `buf` over the members (in place), within
+  /// `d`: divided in the ring's last reduce step or the small path's copy.
   void allreduce_average(void* buf, std::size_t count, transport::dtype t, transport::deadline d = {}) {
     core_->drive(*start_allreduce("allreduce_average", buf, count, t, transport::reduce_op::sum, true, &d), d);
   }
-  /// `bytes` from member `root` (a view rank) into every member's `buf`.
+  /// `bytes` from member `root` (a view rank) into every member's `buf`, within `d`.
   void broadcast(void* buf, std::size_t bytes, int root, transport::deadline d = {}) {
     core_->drive(*start_broadcast(buf, bytes, root, &d), d);
   }
-  /// To member `dst` (a view rank), tag 0..255.
+  /// Sends `bytes` at `buf` to member `dst` (a view rank) with `tag` 0..255, within `d`.
   void send(const void* buf, std::size_t bytes, int dst, int tag, transport::deadline d = {}) {
     isend(buf, bytes, dst, tag).wait(d);
   }
-  /// From member `src` (a view rank), tag 0..255; returns `src`.
+  /// Receives `bytes` into `buf` from member `src` (a view rank) with `tag` 0..255, within `d`;
+  /// returns `src`.
   int recv(void* buf, std::size_t bytes, int src, int tag, transport::deadline d = {}) {
     irecv(buf, bytes, src, tag).wait(d);
     return src;
   }
 
-  /// The asynchronous forms (communicator.hpp).
+  /// allreduce() of `count` elements of dtype `t` at `buf` with `op`, started (communicator.hpp).
   work_type iallreduce(void* buf, std::size_t count, transport::dtype t, transport::reduce_op op) {
     return {core_, start_allreduce("allreduce", buf, count, t, op, false, nullptr)};
   }
-  /// The asynchronous averaging all-reduce.
+  /// allreduce_average() of `count` elements of dtype `t` at `buf`, started.
   work_type iallreduce_average(void* buf, std::size_t count, transport::dtype t) {
     return {core_, start_allreduce("allreduce_average", buf, count, t, transport::reduce_op::sum, true, nullptr)};
   }
-  /// The asynchronous broadcast.
+  /// broadcast() of `bytes` at `buf` from member `root`, started.
   work_type ibroadcast(void* buf, std::size_t bytes, int root) {
     return {core_, start_broadcast(buf, bytes, root, nullptr)};
   }
-  /// The asynchronous send.
+  /// send() of `bytes` at `buf` to member `dst` with `tag`, started.
   work_type isend(const void* buf, std::size_t bytes, int dst, int tag) {
     const transport::detail::call_info c = call("send");
     transport::detail::check_send(c, buf, bytes, dst, tag, nullptr);
@@ -195,7 +198,7 @@ public:
       core_->fail(std::string("send to member ") + std::to_string(dst) + " failed: " + e.what());
     }
   }
-  /// The asynchronous receive.
+  /// recv() of `bytes` into `buf` from member `src` with `tag`, started.
   work_type irecv(void* buf, std::size_t bytes, int src, int tag) {
     const transport::detail::call_info c = call("recv");
     transport::detail::check_recv(c, buf, bytes, src, tag, nullptr, {false, false});
