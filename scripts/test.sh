@@ -178,7 +178,8 @@ if command -v clang++ >/dev/null 2>&1; then
      ! grep -q "^CMAKE_GENERATOR:INTERNAL=${generator[1]:-Unix Makefiles}\$" build-fuzz/CMakeCache.txt; then
     rm -rf build-fuzz
   fi
-  if cmake -S tests/fuzz -B build-fuzz "${generator[@]}" -DCMAKE_CXX_COMPILER=clang++ -DCADENCE_FUZZ_SECONDS=2; then
+  if cmake -S tests/fuzz -B build-fuzz "${generator[@]}" -DCMAKE_CXX_COMPILER=clang++ -DCADENCE_FUZZ_SECONDS=2 \
+       -DCADENCE_FUZZ_OPTIMIZE=-O0; then
     if build build-fuzz fuzz; then
       if [[ -n $(ctest --test-dir build-fuzz -N | grep -E '^ *Test +#') ]]; then
         run_ctest build-fuzz
