@@ -399,15 +399,49 @@ public:
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
 
+  /// How long each start-up step may take (cadence-train --start-timeout): rank 0 waits this
+  /// long for the workers at each step; a worker waits for rank 0 worker_start_timeout().
+  void set_start_timeout(std::chrono::nanoseconds t) noexcept { start_timeout_ = t; }
+  std::chrono::nanoseconds start_timeout() const noexcept { return start_timeout_; }
+  /// A worker's wait for rank 0 at one start-up step (its rendezvous address and registration,
+  /// its go): three times start_timeout(), since rank 0 may first spend a whole
+  /// start_timeout() waiting for another worker at this step and one more answering the rest.
+  std::chrono::nanoseconds worker_start_timeout() const noexcept { return 3 * start_timeout_; }
+
+  /// The job's world and control communicators wait only for this rank's own registration
+  /// (zmq_wait_for::self): a worker that dies before it registers holds nobody, and rank 0
+  /// finds who is there point to point, within the start-up deadline (introduce_ranks).
   comm_type& world() {
-    if (!world_) world_ = connect("world", rank_, size_);
+    if (!world_) world_ = connect("world", rank_, size_, transport::zmq_wait_for::self, step_timeout());
     return *world_;
   }
   comm_type& control() {
-    if (!control_) control_ = connect("control", rank_, size_);
+    if (!control_) control_ = connect("control", rank_, size_, transport::zmq_wait_for::self, step_timeout());
     return *control_;
   }
+  /// This rank's bound on one start-up step: start_timeout() on rank 0, worker_start_timeout()
+  /// on a worker.
+  std::chrono::nanoseconds step_timeout() const noexcept {
+    return rank_ == 0 ? start_timeout_ : worker_start_timeout();
+  }
   std::unique_ptr<comm_type> connect_all(std::size_t k) { return connect("policy-" + std::to_string(k), rank_, size_); }
+  /// Rank 0, on a communicator made with zmq_wait_for::self: answers the other ranks'
+  /// registrations (rank 0 answers only inside a call) until every rank but those in `skip`
+  /// has registered or is lost, or the start-up deadline passed. Returns those still absent.
+  std::vector<int> await_registrations(comm_type& c, const std::vector<int>& skip) {
+    const transport::deadline d(start_timeout_);
+    std::vector<int> absent;
+    for (;;) {
+      c.poll();
+      absent.clear();
+      for (int q = 1; q < c.size(); ++q)
+        if (std::find(skip.begin(), skip.end(), q) == skip.end() &&
+            c.peer_state(q) == transport::zmq_peer_state::absent)
+          absent.push_back(q);
+      if (absent.empty() || d.passed()) return absent;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
   /// With `open`, construction waits only for this rank's own registration
   /// (zmq_wait_for::self): the server starts without a rank that joins later, and that rank
   /// can register while the policy runs (cadence-train --join-after), or a process replacing
@@ -479,6 +513,7 @@ private:
   meeting_point meet_;
   std::string address_;
   job_security security_;
+  std::chrono::nanoseconds start_timeout_ = connect_timeout;
   std::unique_ptr<comm_type> world_, control_;
 };
 #endif

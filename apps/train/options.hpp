@@ -40,6 +40,7 @@ struct train_options {
   std::string push_log;
   std::optional<double> join_after;  // zmq: the last rank joins the first policy this late
   bool rejoin = false;               // zmq: this process replaces a killed worker
+  double start_timeout = 60;         // zmq: the bound of each start-up step (docs/train.md, "Start-up")
   std::string transport = "mpi";
   std::optional<int> rank, size;  // gloo, zmq
   std::string store;              // gloo, zmq: a shared folder ...
@@ -163,6 +164,14 @@ inline train_options parse_options(int argc, char** argv) {
                "now running under a new worker id, trains until its end and exits; it\n"
                "takes no part in the bookkeeping after the policy, so rank 0 counts the\n"
                "rank gone then and skips the remaining policies");
+  cli.add_option("--start-timeout", o.start_timeout,
+                 "zmq: how long each start-up step may take (default 60): rank 0 waits\n"
+                 "this long for every worker to introduce itself and to be ready at the\n"
+                 "start of each parameter-server policy, drops those that were not (lost\n"
+                 "or absent) and goes on with the others; a worker waits this long for\n"
+                 "rank 0 at each step, then ends with an error naming the step")
+      ->option_text("S")
+      ->check(positive(86400));
   cli.add_option("--push-log", o.push_log,
                  "for fault tests: each rank appends to FILE.rank<r>, one line\n"
                  "\"<policy index> <worker id> <iteration>\" per push: rank 0 the pushes its\n"

@@ -43,6 +43,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace cadence::train {
@@ -237,8 +238,11 @@ inline constexpr int tag_verdict = 8;
 // policies are skipped, since each policy's communicator is made over every rank.
 inline constexpr std::chrono::seconds gone_grace{3};
 
-// Tag of the start of a policy on its communicator when a rank joins it late.
+// Tag of the start of a policy on its communicator when a rank joins it late (and of the
+// ready/go start-up over zmq: start_open).
 inline constexpr int tag_start = 9;
+// Tag of the ranks' introductions over zmq (introduce_ranks), apart from tag_collect.
+inline constexpr int tag_introduce = 10;
 
 // ---- what a rank keeps ----
 
@@ -352,9 +356,92 @@ std::unique_ptr<typename Job::comm_type> connect_policy(Job& job, const train_op
     if (joiner_left)
       return job.connect_all(k, true, std::chrono::duration_cast<std::chrono::nanoseconds>(
                                           std::chrono::duration<double>(std::max(0.0, *joiner_left) + 10.0)));
-    if (late_policy(o, k) || o.rejoin) return job.connect_all(k, true);
+    // Every rank waits only for its own registration (and rank 0's, within the start-up
+    // deadline): rank 0 then finds who is ready point to point (start_open).
+    (void)o;
+    return job.connect_all(k, true, job.step_timeout());
   }
   return job.connect_all(k);
+}
+
+// A start-up step's log line on stderr, written at once: "cadence-train (rank R, pid P): start:
+// STEP" as the step begins, and with ": done" or what it found as it ends. Process tests wait
+// for these lines before they stop or kill a rank in that step (docs/train.md, "Start-up").
+// Only over zmq, whose start-up survives a lost worker.
+template <class Job>
+void start_line(const Job& job, const std::string& step, const std::string& what = "") {
+  if (!Job::joinable) return;
+  const int rank = job.rank();
+  std::fprintf(stderr, "cadence-train (rank %d, pid %ld): start: %s%s%s\n", rank, static_cast<long>(getpid()),
+               step.c_str(), what.empty() ? "" : ": ", what.c_str());
+  std::fflush(stderr);
+}
+
+// Seconds, for messages.
+inline std::string seconds_text(std::chrono::nanoseconds t) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", std::chrono::duration<double>(t).count());
+  return b;
+}
+
+// The start of a parameter-server policy over a communicator that isolates a lost peer (zmq),
+// on rank 0: hears "ready" from every worker rank but `late` and those in `absent` (found
+// absent before), all within one deadline `timeout`, and lets the ready ones go. Returns the
+// ranks that were not ready, each with why (lost, or silent past the deadline): the caller
+// drops their workers (parameter_server::drop_absent) and the policy starts without them.
+template <class Comm>
+std::vector<std::pair<int, std::string>> start_open(Comm& comm, int late, const std::vector<int>& absent,
+                                                    std::chrono::nanoseconds timeout) {
+  std::vector<std::pair<int, std::string>> missing;
+  std::vector<int> ready;
+  const cadence::transport::deadline d(timeout);
+  for (int q = 1; q < comm.size(); ++q) {
+    if (q == late) continue;
+    if (std::find(absent.begin(), absent.end(), q) != absent.end()) {
+      missing.emplace_back(q, "it did not introduce itself within --start-timeout " + seconds_text(timeout) + " s");
+      continue;
+    }
+    unsigned char b = 0;
+    try {
+      if (comm.try_recv(&b, 1, q, tag_start, d)) {
+        ready.push_back(q);
+        continue;
+      }
+      missing.emplace_back(q, "not ready within --start-timeout " + seconds_text(timeout) + " s");
+    } catch (const cadence::transport_error& e) {
+      if (comm.failed()) throw;
+      missing.emplace_back(q, std::string("lost while starting: ") + e.what());
+    }
+  }
+  const cadence::transport::deadline go_by(timeout);
+  for (const int q : ready) {
+    unsigned char b = 1;
+    try {
+      comm.send(&b, 1, q, tag_start, go_by);
+    } catch (const cadence::transport_error& e) {
+      if (comm.failed()) throw;
+      missing.emplace_back(q, std::string("lost while starting: ") + e.what());
+    }
+  }
+  return missing;
+}
+
+// The worker's side of start_open: "ready", then rank 0's go, within `timeout` in all (a
+// worker's bound: three --start-timeout, as rank 0 may wait one for the others first). Throws
+// naming the step when rank 0 does not answer (gone, or it dropped this rank as absent: it
+// came too late).
+template <class Comm>
+void start_open_worker(Comm& comm, const std::string& step, std::chrono::nanoseconds timeout) {
+  unsigned char b = 0;
+  const cadence::transport::deadline d(timeout);
+  try {
+    comm.send(&b, 1, 0, tag_start, d);
+    comm.recv(&b, 1, 0, tag_start, d);
+  } catch (const cadence::transport_error& e) {
+    throw cadence::transport_error("start-up step '" + step + "': rank 0 did not let this worker start within " +
+                                   seconds_text(timeout) + " s (it is gone, or it dropped this rank as absent: not "
+                                   "ready within --start-timeout): " + e.what());
+  }
 }
 
 inline double epoch_seconds() {
@@ -388,10 +475,14 @@ void start_together(Comm& comm, int late) {
 // later).
 template <class Job>
 train::policy_report serve(Job& job, const train_options& o, const std::string& policy, std::size_t index, any_model& model,
-                           const train::dataset& test, std::size_t workers, push_log& log) {
+                           const train::dataset& test, std::size_t workers, push_log& log,
+                           const std::vector<int>& absent = {}) {
   using comm_type = typename Job::comm_type;
   const bool late = late_policy(o, index);
+  const std::string step = "policy " + std::to_string(index + 1);
+  start_line(job, step + " connect");
   const auto connection = connect_policy(job, o, index);
+  start_line(job, step + " connect", "done");
   comm_type& comm = *connection;
   const std::size_t params = model.parameter_count();
   std::vector<float> w0(params);
@@ -403,6 +494,7 @@ train::policy_report serve(Job& job, const train_options& o, const std::string& 
   side.params = params;
   side.tty = isatty(2) != 0;
   side.label = policy + " [" + std::to_string(index + 1) + "/" + std::to_string(o.policies.size()) + "]";
+  side.start = clock_type::now();  // events before the start (drop_absent) show as at 0 s
   // A late rank is no member at first: its first pull makes it one under the next id.
   const std::size_t initial = late ? workers - 1 : workers;
   ps_options po = make_ps_options(o, late ? std::optional<int>(static_cast<int>(initial)) : std::nullopt);
@@ -410,7 +502,21 @@ train::policy_report serve(Job& job, const train_options& o, const std::string& 
   po.keep_log = log.enabled();
   cadence::exchange::parameter_server<comm_type, cadence::any_controller, float, sgd_with_snapshots> server(
       comm, params, w0.data(), cadence::make_controller(policy, initial), sgd_with_snapshots{&side}, po);
-  start_together(comm, late ? comm.size() - 1 : -1);
+  if constexpr (Job::joinable) {
+    // Start-up over zmq: whoever is not ready in time (absent, or lost while starting) is
+    // dropped now, and the policy starts without it.
+    start_line(job, step + " ready");
+    const auto missing = start_open(comm, late ? comm.size() - 1 : -1, absent, job.start_timeout());
+    std::string dropped;
+    for (const auto& m : missing) {
+      server.drop_absent(static_cast<cadence::worker_id>(m.first - 1), "rank " + std::to_string(m.first) + ": " + m.second);
+      dropped += (dropped.empty() ? "dropped " : ", ") + std::string("rank ") + std::to_string(m.first) + " (" +
+                 m.second + ")";
+    }
+    start_line(job, step + " ready", dropped.empty() ? "done" : "done; " + dropped);
+  } else {
+    start_together(comm, late ? comm.size() - 1 : -1);
+  }
   side.start = clock_type::now();
   if constexpr (Job::joinable) job.publish_running(index, epoch_seconds());  // for --rejoin
   // Tests wait for this line before they stop or kill a worker.
@@ -468,7 +574,10 @@ worker_summary work(Job& job, std::size_t index, const train_options& o, any_mod
   if (late_me) std::this_thread::sleep_for(std::chrono::duration<double>(*o.join_after));
   const bool joining = late_me || rejoin_for.has_value();
   const double seconds = rejoin_for ? *rejoin_for : late_me ? o.seconds - *o.join_after : o.seconds;
+  const std::string step = "policy " + std::to_string(index + 1);
+  start_line(job, step + " connect");
   const auto connection = connect_policy(job, o, index, joining ? std::optional<double>(seconds) : std::nullopt);
+  start_line(job, step + " connect", "done");
   comm_type& comm = *connection;
   const ps_options po =
       make_ps_options(o, late_run ? std::optional<int>(job.size() - 2) : std::nullopt);
@@ -479,9 +588,18 @@ worker_summary work(Job& job, std::size_t index, const train_options& o, any_mod
   std::vector<float> w(model.parameter_count()), g(model.parameter_count());
   worker_summary sum;
   timings.clear();
-  if (!joining) start_together(comm, late_run ? comm.size() - 1 : -1);
+  if (!joining) {
+    start_line(job, step + " ready");
+    if constexpr (Job::joinable)
+      start_open_worker(comm, step + " ready", job.worker_start_timeout());
+    else
+      start_together(comm, late_run ? comm.size() - 1 : -1);
+    start_line(job, step + " ready", "done");
+  }
   try {
+    start_line(job, step + " first pull");
     worker.pull(w.data());  // a late or replacing process joins here
+    start_line(job, step + " first pull", "done");
     const auto start = clock_type::now();
     for (;;) {
       const auto t0 = clock_type::now();

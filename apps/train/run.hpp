@@ -29,22 +29,72 @@ namespace cadence::train {
 // ---- before the first policy ----
 
 // Every rank's pid to rank 0, which says who is who (to stop a worker by hand: see
-// docs/train.md) and what the run is; makes the job's control communicator meanwhile.
+// docs/train.md) and what the run is; makes the job's control communicator meanwhile. Over
+// zmq (a start-up that survives a lost worker) rank 0 waits at most --start-timeout for the
+// workers and returns the ranks that did not introduce themselves (lost or absent; their pid
+// shows as 0): each policy starts without them. Elsewhere every rank must come.
 template <class Job>
-void introduce_ranks(Job& job, const train_options& o, const any_model& model, std::size_t n_train, std::size_t workers) {
+std::vector<int> introduce_ranks(Job& job, const train_options& o, const any_model& model, std::size_t n_train,
+                                 std::size_t workers) {
   const int size = job.size();
-  const auto pids = train::gather_to_root(job.world(), {static_cast<double>(getpid())}, tag_collect,
-                                          train::connect_timeout);
-  (void)job.control();  // made now, while every rank is there
-  if (job.rank() != 0) return;
+  std::vector<int> absent;
+  std::vector<std::vector<double>> pids;
+  const std::vector<double> mine{static_cast<double>(getpid())};
+  if constexpr (Job::joinable) {
+    start_line(job, "introduce");
+    // One word each, on a tag of its own: a worker that introduces itself too late leaves its
+    // message unread there, never in the way of the records gathered after a policy.
+    auto& world = job.world();
+    pids.resize(static_cast<std::size_t>(size));
+    pids[0] = mine;
+    if (job.rank() != 0) {
+      world.send(mine.data(), sizeof(double), 0, tag_introduce, transport::deadline(job.step_timeout()));
+    } else {
+      const transport::deadline d(job.start_timeout());  // one for all (a passed one polls once)
+      for (int r = 1; r < size; ++r) {
+        double pid = 0;
+        try {
+          if (world.try_recv(&pid, sizeof pid, r, tag_introduce, d)) {
+            pids[static_cast<std::size_t>(r)] = {pid};
+            continue;
+          }
+        } catch (const transport_error&) {
+          if (world.failed()) throw;
+        }
+        absent.push_back(r);  // lost, or silent past the deadline
+      }
+    }
+    auto& control = job.control();  // zmq: waits only for this rank's registration
+    if (job.rank() == 0) {
+      // The workers register at the control communicator now; rank 0 answers them here.
+      for (const int r : job.await_registrations(control, absent))
+        if (std::find(absent.begin(), absent.end(), r) == absent.end()) absent.push_back(r);
+      std::sort(absent.begin(), absent.end());
+    }
+    std::string found;
+    for (const int r : absent) found += (found.empty() ? "absent: rank " : ", rank ") + std::to_string(r);
+    start_line(job, "introduce", found.empty() ? "done" : "done; " + found);
+  } else {
+    pids = train::gather_to_root(job.world(), mine, tag_collect, train::connect_timeout);
+    (void)job.control();  // made now, while every rank is there
+  }
+  if (job.rank() != 0) return absent;
   std::string list;
-  for (int r = 0; r < size; ++r)
-    list += (r ? " " : "") + std::to_string(static_cast<long long>(pids[static_cast<std::size_t>(r)].at(0)));
+  for (int r = 0; r < size; ++r) {
+    const auto& p = pids[static_cast<std::size_t>(r)];
+    list += (r ? " " : "") + std::to_string(p.empty() ? 0LL : static_cast<long long>(p[0]));
+  }
   std::fprintf(stderr,
                "cadence-train: %s on Fashion-MNIST (%zu training images in %zu shards, batch %zu, lr %g); profile "
                "%s, %g s per policy, seed %llu\ncadence-train: rank pids: %s (rank 0 serves; rank r is worker r-1)\n",
                model.describe().c_str(), n_train, workers, o.batch, o.lr, o.profile.c_str(), o.seconds,
                static_cast<unsigned long long>(o.seed), list.c_str());
+  for (const int r : absent)
+    std::fprintf(stderr,
+                 "cadence-train: rank %d did not introduce itself within --start-timeout %g s (lost or absent): its "
+                 "worker is dropped as each policy starts, and the run ends after the first policy\n",
+                 r, o.start_timeout);
+  return absent;
 }
 
 // ---- each policy ----
@@ -60,13 +110,14 @@ struct policy_part {
 
 template <class Job>
 policy_part run_policy(Job& job, std::size_t k, const train_options& o, any_model& model, const rank_data& data,
-                       const cadence::sim::scenario& prof, std::size_t workers, push_log& log) {
+                       const cadence::sim::scenario& prof, std::size_t workers, push_log& log,
+                       const std::vector<int>& absent = {}) {
   const std::string& policy = o.policies[k];
   const bool collective = is_collective_run(policy);
   policy_part part;
   if (job.rank() == 0)
     part.report = collective ? observe_collective(job, k, o, policy, model, data.test, workers)
-                             : serve(job, o, policy, k, model, data.test, workers, log);
+                             : serve(job, o, policy, k, model, data.test, workers, log, absent);
   else
     part.summary = collective ? work_collective(job, k, o, policy, model, data.shard, prof, part.timings, part.counted)
                               : work(job, k, o, model, data.shard, prof, part.timings, log);
@@ -218,19 +269,21 @@ inline void add_simulated(train::policy_report& r, const cadence::sim::scenario&
 template <class Job>
 int run(Job& job, const train_options& o) {
   if constexpr (Job::joinable) {
+    job.set_start_timeout(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(o.start_timeout)));
     if (o.rejoin) return replace_worker(job, o);
   }
   const int rank = job.rank();
   rank_setup setup(o, rank, job.size());
   const std::size_t workers = setup.workers;
-  introduce_ranks(job, o, setup.model, setup.n_train, workers);
+  const std::vector<int> absent = introduce_ranks(job, o, setup.model, setup.n_train, workers);
   // Each rank keeps only what it needs; the rest is freed here.
   const rank_data own = keep_own_part(rank, std::move(setup.data), setup.n_train, workers);
 
   std::vector<train::policy_report> reports;
   for (std::size_t k = 0; k < o.policies.size(); ++k) {
     const std::string& policy = o.policies[k];
-    policy_part part = run_policy(job, k, o, setup.model, own, setup.prof, workers, setup.log);
+    policy_part part = run_policy(job, k, o, setup.model, own, setup.prof, workers, setup.log, absent);
     std::vector<int> gone;
     auto records = gather_records(job, part, gone);
     const bool go_on = share_verdict(job, gone);

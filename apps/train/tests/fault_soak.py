@@ -18,10 +18,23 @@ runs; one that finds it over exits and counts no rejoin). Then it checks:
                         server never applied
   pushes_applied_twice  a (worker id, iteration) the server applied more than once
 
+  evicted_unfaulted     a worker the server reported evicted although no fault hit its rank (a
+                        worker that finished normally must never be listed: issue 35)
+  startup_evictions_missed  a worker hit in start-up (below) that the report does not list
+                        evicted
+
+With --startup (a fraction of the trials, default 1/3), a trial's first fault lands in start-up
+instead: on a worker, as soon as it prints the start-up line of a step drawn from introduce,
+"policy 1 connect", "policy 1 ready" and "policy 1 first pull" (cadence-train's "start: STEP"
+lines; no sleep against a deadline), kill -9 or SIGSTOP (never resumed; killed once the server
+has exited); that worker must then be evicted, and the run must still end with its report.
+With --load, one CPU hog per core runs beside the job for the whole soak (a loaded machine, as
+in issue 40).
+
 and prints ONE JSON object on stdout with those counts, what it injected, and "joined" (late
 workers the server saw join) and "rejoined" (restarted workers it saw join under a new id,
 from its "worker N joined" lines); one line per
-trial goes to stderr. The exit status is 1 when any of the four counts is not zero (the
+trial goes to stderr. The exit status is 1 when any of those counts is not zero (the
 failing trials' output is then kept and named on stderr), 2 on bad arguments, else 0.
 
   /usr/bin/python3 apps/train/tests/fault_soak.py --train build/bin/cadence-train --trials 20 --seed 1
@@ -44,6 +57,7 @@ import time
 
 WORKERS = 3
 POLICIES = ("asp", "bsp", "ssp:2")
+STARTUP_STEPS = ("introduce", "policy 1 connect", "policy 1 ready", "policy 1 first pull")
 
 
 def positive_int(text):
@@ -93,6 +107,13 @@ def parse_args(argv):
     p.add_argument("--trial-timeout", type=positive_seconds, default=90.0,
                    help="a trial still running after this long is a hang (default 90)")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST directory")
+    p.add_argument("--startup", type=float, default=1 / 3,
+                   help="fraction of the trials whose first fault lands in start-up (default 1/3; 0: none)")
+    p.add_argument("--start-timeout", type=positive_seconds, default=10.0,
+                   help="cadence-train --start-timeout in every trial (default 10): what a worker "
+                        "lost in start-up costs the run")
+    p.add_argument("--load", action="store_true",
+                   help="run one CPU hog per core beside the jobs for the whole soak")
     p.add_argument("--keep", default="",
                    help="keep every trial's output under this folder (default: only failing trials', in a "
                         "temporary folder named on stderr)")
@@ -103,6 +124,8 @@ def parse_args(argv):
         p.error("--launch: '%s' is not a file" % a.launch)
     if not os.path.isfile(os.path.join(a.data, "train-labels-idx1-ubyte.gz")):
         p.error("--data: no Fashion-MNIST in '%s' (install the Debian package dataset-fashion-mnist)" % a.data)
+    if not 0 <= a.startup <= 1:
+        p.error("--startup: expected a fraction in [0, 1], got %g" % a.startup)
     if a.keep and not os.path.isdir(a.keep):
         p.error("--keep: '%s' is not a folder" % a.keep)
     if shutil.which("bash") is None:
@@ -110,15 +133,25 @@ def parse_args(argv):
     return a
 
 
-def schedule(seed, trial, seconds):
+def schedule(seed, trial, seconds, startup_fraction=0.0):
     """The trial's policy, cadence-train seed, --join-after (None, or the seconds after which
-    the last rank joins) and faults: a list of events (time after the server's "running" line,
-    action, worker rank), sorted by time."""
+    the last rank joins), faults: a list of events (time after the server's "running" line,
+    action, worker rank), sorted by time, and the start-up fault (None, or (step, action,
+    rank)). The start-up draw comes last, so the rest of a seed's schedule is as before."""
     rng = random.Random("%d/%d" % (seed, trial))
     policy = rng.choice(POLICIES)
     join_after = round(rng.uniform(0.2, 0.6 * seconds), 2) if rng.random() < 1 / 3 else None
     victims = rng.sample(range(1, WORKERS + 1), rng.randint(1, WORKERS))
+    startup = None
+    srng = random.Random("%d/%d/startup" % (seed, trial))
+    if srng.random() < startup_fraction:
+        # On a worker that starts with the others (not --join-after's late rank).
+        rank = srng.randint(1, WORKERS - 1 if join_after is not None else WORKERS)
+        startup = (srng.choice(STARTUP_STEPS), srng.choice(("kill", "stop")), rank)
+        victims = [v for v in victims if v != rank]
     faults, events = [], []
+    if startup is not None:
+        faults.append({"kind": "startup_" + startup[1], "rank": startup[2], "at": 0.0, "step": startup[0]})
     for rank in victims:
         at = rng.uniform(0.0, seconds + 1.0)  # the run, and the bookkeeping after it
         kind = rng.choice(("kill", "stop", "restart"))
@@ -141,7 +174,7 @@ def schedule(seed, trial, seconds):
             faults.append({"kind": "stop", "rank": rank, "at": round(at, 3),
                            "resumed_after": None if resume is None else round(resume, 3)})
     events.sort(key=lambda e: (e[0], e[1], e[2]))
-    return policy, rng.randrange(1, 1 << 30), join_after, faults, events
+    return policy, rng.randrange(1, 1 << 30), join_after, faults, events, startup
 
 
 def read(path):
@@ -184,14 +217,15 @@ def push_records(path):
 class Trial:
     def __init__(self, args, number, folder):
         self.args, self.number, self.folder = args, number, folder
-        self.policy, self.train_seed, self.join_after, self.faults, self.events = schedule(args.seed, number,
-                                                                                           args.seconds)
+        (self.policy, self.train_seed, self.join_after, self.faults, self.events,
+         self.startup) = schedule(args.seed, number, args.seconds, args.startup)
         self.replacements = []  # (rank, Popen) of the processes started by --rejoin
         self.out = os.path.join(folder, "out")
         self.err = os.path.join(folder, "err")
         self.push_log = os.path.join(folder, "push")
         self.result = {"hang": False, "server_death": False, "completed": False, "lost": 0, "twice": 0,
-                       "applied": 0, "acked": 0, "evicted": [], "missed": 0, "problems": [],
+                       "applied": 0, "acked": 0, "evicted": [], "missed": 0, "unfaulted": 0, "startup_missed": 0,
+                       "problems": [],
                        "joined": 0, "rejoined": 0}
 
     def command(self):
@@ -200,7 +234,7 @@ class Trial:
                 "--model", "softmax", "--policy", self.policy, "--profile", "homogeneous",
                 "--seconds", "%g" % a.seconds, "--seed", str(self.train_seed), "--evict-after", "1",
                 "--train-limit", "3000", "--test-limit", "100", "--eval-every", "1", "--data", a.data,
-                "--json", "--push-log", self.push_log] + \
+                "--json", "--push-log", self.push_log, "--start-timeout", "%g" % a.start_timeout] + \
             ([] if self.join_after is None else ["--join-after", "%g" % self.join_after])
 
     def problem(self, text):
@@ -212,8 +246,15 @@ class Trial:
             job = subprocess.Popen(self.command(), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
         pids, stopped = [], set()
+        startup_pid = None
         try:
+            if self.startup is not None:
+                startup_pid = self.inject_startup(job, deadline)
+                if startup_pid is not None and self.startup[1] == "stop":
+                    stopped.add(self.startup[2])
             pids = self.wait_for_start(job, deadline)
+            if pids is not None and startup_pid is not None:
+                pids[self.startup[2]] = startup_pid  # 0 in the pids line when it never introduced itself
             if pids is not None:
                 self.inject(job, pids, stopped, deadline)
                 self.wait_for_server(job, pids[0], deadline)
@@ -248,6 +289,25 @@ class Trial:
         self.check_pushes()
         self.count_joins()
         return self.result
+
+    def inject_startup(self, job, deadline):
+        """The start-up fault: waits for the victim's line "start: STEP" and signals the pid that
+        line names. Returns that pid (None when the job ended or hung first)."""
+        step, action, rank = self.startup
+        pattern = re.compile(r"^cadence-train \(rank %d, pid (\d+)\): start: %s$" % (rank, re.escape(step)), re.M)
+        while time.monotonic() < deadline:
+            m = pattern.search(read(self.err))
+            if m:
+                pid = int(m.group(1))
+                signal_pid(pid, signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+                return pid
+            if job.poll() is not None:
+                self.problem("the job ended before rank %d began start-up step '%s'" % (rank, step))
+                return None
+            time.sleep(0.005)
+        self.result["hang"] = True
+        self.problem("no start-up line '%s' from rank %d within --trial-timeout" % (step, rank))
+        return None
 
     def wait_for_start(self, job, deadline):
         """Rank pids once the server prints its "running" line; None if the job ended or hung first."""
@@ -340,10 +400,25 @@ class Trial:
             return
         self.result["completed"] = not self.result["server_death"]
         self.result["evicted"] = reports[0].get("evicted", [])
+        # Every worker evicted must have been hit by a fault (issue 35: one that finished
+        # normally was reported evicted). Ids from WORKERS up are restarted processes (never hit
+        # again) and count only if their rank was restarted... and even then they must finish.
+        hit = {f["rank"] for f in self.faults}
+        for w in self.result["evicted"]:
+            if w >= WORKERS or w + 1 not in hit:
+                self.result["unfaulted"] += 1
+                self.problem("worker %d was evicted, but no fault hit it" % w)
+        # A worker hit in start-up must have been evicted (dropped as absent, or lost).
+        if self.startup is not None and self.startup[2] - 1 not in self.result["evicted"]:
+            self.result["startup_missed"] += 1
+            self.problem("worker %d (rank %d) was hit (%s) in start-up step '%s' but not evicted"
+                         % (self.startup[2] - 1, self.startup[2], self.startup[1], self.startup[0]))
         # A worker killed (or stopped for good) well before the end of the run must have been
         # evicted; one hit near or after the end may have finished first. Reported, not failed:
         # under load the margin is a guess.
         for f in self.faults:
+            if f["kind"].startswith("startup_"):
+                continue
             if f["kind"] != "stop" or f.get("resumed_after") is None:
                 if f["at"] >= self.args.seconds - 0.5 or (self.join_after is not None and f["rank"] == WORKERS):
                     continue  # may have finished first, or not joined yet
@@ -381,10 +456,27 @@ class Trial:
 def main(argv):
     args = parse_args(argv)
     root = args.keep or tempfile.mkdtemp(prefix="cadence-fault-soak-")
-    totals = {"trials": args.trials, "faults": {"kill": 0, "stop": 0, "stop_resumed": 0, "restart": 0, "late_join": 0},
+    hogs = []
+    if args.load:
+        for _ in range(os.cpu_count() or 1):
+            hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
+                                         start_new_session=True))
+    try:
+        return soak(args, root)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def soak(args, root):
+    totals = {"trials": args.trials, "faults": {"kill": 0, "stop": 0, "stop_resumed": 0, "restart": 0, "late_join": 0,
+                                                "startup_kill": 0, "startup_stop": 0},
               "server_deaths": 0, "hangs": 0, "runs_completed": 0, "pushes_lost": 0, "pushes_applied_twice": 0,
               "rejoined": 0, "joined": 0, "pushes_applied": 0, "pushes_acknowledged": 0, "evictions": 0, "evictions_missed": 0,
-              "policies": {p: 0 for p in POLICIES}, "seed": args.seed, "seconds_per_trial": args.seconds}
+              "evicted_unfaulted": 0, "startup_evictions_missed": 0, "policies": {p: 0 for p in POLICIES}, "seed": args.seed,
+              "seconds_per_trial": args.seconds, "loaded": args.load, "start_timeout": args.start_timeout,
+              "startup_steps": {step: 0 for step in STARTUP_STEPS}}
     failed = []
     started = time.monotonic()
     for number in range(args.first_trial, args.first_trial + args.trials):
@@ -411,8 +503,13 @@ def main(argv):
         totals["pushes_acknowledged"] += r["acked"]
         totals["evictions"] += len(r["evicted"])
         totals["evictions_missed"] += r["missed"]
-        bad = r["server_death"] or r["hang"] or r["lost"] or r["twice"]
+        totals["evicted_unfaulted"] += r["unfaulted"]
+        if trial.startup is not None:
+            totals["startup_steps"][trial.startup[0]] += 1
+        totals["startup_evictions_missed"] += r["startup_missed"]
+        bad = r["server_death"] or r["hang"] or r["lost"] or r["twice"] or r["unfaulted"] or r["startup_missed"]
         faults = ", ".join("%s r%d@%.2f%s" % (f["kind"], f["rank"], f["at"],
+                                              " in '%s'" % f["step"] if "step" in f else
                                               "" if f["kind"] == "kill" else
                                               " +%.2f" % f["restarted_after"] if f["kind"] == "restart" else
                                               (" never resumed" if f["resumed_after"] is None
