@@ -25,6 +25,13 @@
 //    buckets, each launched by its last mark_ready();
 //    compute in total about one all-reduce (c = comm / 16). raw_us is compute then average() in
 //    sequence, ours_us the same with overlap; hidden = (sequential - overlapped) / comm.
+// The roofline (support/roofline.hpp): the run first measures this machine's memory copy
+// bandwidth (one thread, two at once); each row's limit is raw_us + extra_bytes / copy rate,
+// extra_bytes what its path must copy beyond the native all-reduce (bsp_allreduce: its 16
+// tensors into the bucket and back, 2 x bytes; the in-place paths: 0), the copy rate the
+// two-thread rate shared by the ranks copying at once (nccl: the GPU's device-to-device copy);
+// of_native = raw/ours, of_limit = limit/ours (null for bsp_overlap, whose raw is not the
+// native call).
 // The JSON rows have the fields of cadence-bench-transport (plus compute_us, comm_us and hidden
 // for bsp_overlap). These machines are shared: read the ratios, not the times.
 #include <cadence/exchange/bucketed_allreducer.hpp>
@@ -56,6 +63,7 @@
 #include "support/command_line.hpp"
 #include "support/measure.hpp"
 #include "support/report.hpp"
+#include "support/roofline.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -82,6 +90,8 @@ struct config : cadence_bench::common_config {
     max_bytes = std::size_t{16} << 20;
   }
   bool overlap = true;
+  cadence_bench::copy_rates copy;  // the roofline's, measured before the ranks start
+  double device_copy_gbps = 0;         // nccl: a device-to-device copy's rate (0: host memory)
 };
 
 struct row {
@@ -269,6 +279,16 @@ std::vector<row> run_adapters(C& comm, rank_ops& ops, const config& cfg) {
 }
 
 double busbw(const row& r, double us) { return cadence_bench::allreduce_busbw(r.bytes, r.ranks, us); }
+
+// What the row's path must copy per all-reduce on each rank beyond the native call: the copying
+// bucket moves its tensors into the bucket and back out; the views and merges work in place.
+double extra_bytes(const row& r) { return r.op == "bsp_allreduce" ? 2.0 * static_cast<double>(r.bytes) : 0.0; }
+
+// The rate of one rank's copies while every rank copies its bucket at once (nccl: each rank's
+// own GPU).
+double copy_rate(const row& r, const config& cfg) {
+  return cfg.device_copy_gbps > 0 ? cfg.device_copy_gbps : cfg.copy.at(r.bytes).shared_rate(r.ranks);
+}
 double hidden(const row& r) { return r.comm_us > 0 ? (r.raw_us - r.ours_us) / r.comm_us : 0; }
 
 // The rows with the keys of cadence-bench-transport's (bsp_overlap adds compute_us, comm_us and
@@ -286,6 +306,10 @@ int print(const std::vector<row>& rows, const config& cfg) {
                             {"ours_us", decimals(r.ours_us, 3)},
                             {"raw_busbw", decimals(busbw(r, r.raw_us), 4)},
                             {"ours_busbw", decimals(busbw(r, r.ours_us), 4)}};
+    if (r.op == "bsp_overlap")
+      cadence_bench::add_no_roofline(j);
+    else
+      cadence_bench::add_roofline(j, r.raw_us, r.ours_us, extra_bytes(r), copy_rate(r, cfg));
     if (r.op == "bsp_overlap") {
       j["compute_us"] = decimals(r.compute_us, 3);
       j["comm_us"] = decimals(r.comm_us, 3);
@@ -297,7 +321,10 @@ int print(const std::vector<row>& rows, const config& cfg) {
   using cadence_bench::number_column;
   cadence_bench::table t;
   t.title = "collective adapters vs the native all-reduce, backend " + cfg.backend + ", " +
-            std::to_string(rows.empty() ? 0 : rows.front().ranks) + " ranks (busbw in GB/s)";
+            std::to_string(rows.empty() ? 0 : rows.front().ranks) + " ranks (busbw in GB/s); " +
+            (cfg.device_copy_gbps > 0 ? "device copy " + formatted("%.1f", cfg.device_copy_gbps) + " GB/s, host "
+                                      : std::string()) +
+            cfg.copy.note();
   t.columns = {cadence_bench::text_column("op", -20, "op"),
                cadence_bench::text_column("bytes", 10, "bytes"),
                number_column("raw us", 10, "raw_us", "%.1f"),
@@ -306,6 +333,7 @@ int print(const std::vector<row>& rows, const config& cfg) {
                number_column("ours busbw", 10, "ours_busbw", "%.3f"),
                // the ratio of bus bandwidths: the inverse of the times' ratio
                cadence_bench::ratio_column("ours/raw", 9, "raw_us", "ours_us", "%.1f%%", 100.0)};
+  for (auto& c : cadence_bench::roofline_columns()) t.columns.push_back(std::move(c));
   t.remark_after = 4;
   t.remark = [](const cadence_bench::row& j) {
     if (j.at("op") != "bsp_overlap") return std::string();
@@ -314,6 +342,7 @@ int print(const std::vector<row>& rows, const config& cfg) {
            formatted("%.0f", 100.0 * j.at("hidden").get<double>()) + "% of the communication hidden";
   };
   cadence_bench::print(out, cfg, t);
+  cfg.copy.report("cadence-bench-exchange");  // after the rows: stdout starts with them
   return 0;
 }
 
@@ -373,7 +402,9 @@ std::vector<row> run_gloo(const config& cfg) {
 
 #if defined(CADENCE_BENCH_WITH_MPI)
 int run_mpi(const config& cfg) {
+  config local = cfg;  // with the copy bandwidth rank 0 measures
   const auto measure = [&](int rank, int size, MPI_Comm raw) {
+    local.copy = cadence_bench::mpi_copy_rates(raw, cadence_bench::sizes(cfg.min_bytes, cfg.max_bytes, 4));
     mpi_communicator comm(MPI_COMM_WORLD, mpi_options{});
     rank_ops ops;
     host_buffers mem;
@@ -390,13 +421,14 @@ int run_mpi(const config& cfg) {
     MPI_Comm_free(&native);
     return rows;
   };
-  return cadence_bench::run_mpi_rows("cadence-bench-exchange", measure, [&](const auto& rows) { print(rows, cfg); });
+  return cadence_bench::run_mpi_rows("cadence-bench-exchange", measure, [&](const auto& rows) { print(rows, local); });
 }
 #endif
 
 #if defined(CADENCE_BENCH_WITH_NCCL)
-std::vector<row> run_nccl(const config& cfg) {
+std::vector<row> run_nccl(config& cfg) {
   const cadence_bench::nccl_raw_comms raw_comms(cfg.ranks);
+  cfg.device_copy_gbps = cadence_bench::measure_device_copy_gbps();
   inproc_world boot(cfg.ranks);
   cadence_bench::summing_barrier sync(cfg.ranks);
   return cadence_bench::rank0_result(cfg.ranks, [&](int r) {
@@ -461,14 +493,27 @@ int run(int argc, char** argv) {
        {"--csv", "a header row and a row per op and size, the JSON's keys as columns"}});
   cli.add_flag_callback("--no-overlap", [&cfg] { cfg.overlap = false; }, "skip the bsp_overlap rows");
   if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
+  // The roofline's copy bandwidth, before the ranks start (mpi: rank 0's, in run_mpi).
+  const auto measure_copy = [&cfg] {
+    cfg.copy = cadence_bench::copy_rates(cadence_bench::sizes(cfg.min_bytes, cfg.max_bytes, 4));
+  };
   if (cfg.max_bytes < cfg.min_bytes || cfg.min_bytes < 64 || cfg.max_bytes % 64 != 0 || cfg.min_bytes % 64 != 0)
     throw usage_error("--min-bytes and --max-bytes must be multiples of 64, min <= max, got " +
                       std::to_string(cfg.min_bytes) + " and " + std::to_string(cfg.max_bytes));
   return cadence_bench::run_backend(
-      cfg.backend, {{"inproc", [&] { return print(run_inproc(cfg), cfg); }, {}},
+      cfg.backend, {{"inproc",
+                     [&] {
+                       measure_copy();
+                       return print(run_inproc(cfg), cfg);
+                     },
+                     {}},
                     CADENCE_BENCH_MPI([&] { return run_mpi(cfg); }),
-                    CADENCE_BENCH_GLOO([&] { return print(run_gloo(cfg), cfg); }),
+                    CADENCE_BENCH_GLOO([&] {
+                      measure_copy();
+                      return print(run_gloo(cfg), cfg);
+                    }),
                     CADENCE_BENCH_NCCL([&] {
+                      measure_copy();
                       if (!cfg.ranks_given) cfg.ranks = 1;
                       return print(run_nccl(cfg), cfg);
                     })});

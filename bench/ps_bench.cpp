@@ -17,6 +17,15 @@
 // unless --sgd: it is the integrator's work, not the adapter's. Sizes 4 KiB to 16 MiB by
 // factors of 4; per size the pair of blocks with the median ratio is reported. Read the ratios,
 // not the absolute times: these machines are shared.
+//
+// The roofline (support/roofline.hpp): the run first measures this machine's memory copy
+// bandwidth; a row's limit is raw_us + extra_bytes / copy rate, extra_bytes the copies a round
+// trip makes beyond raw's: over MPI with bounce buffers (the default) the worker's gradient and
+// the server's weights each go through one (2 x bytes), with --no-bounce none; over zmq ours
+// copies each message once out of ZeroMQ on receipt and sends large ones from the caller's
+// buffer, as many copies as raw's zmq_send and zmq_recv (0 extra). A ping-pong's copies run one
+// after the other (one thread's rate); with --throughput the workers' round trips share the
+// two-thread rate.
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/exchange/parameter_server.hpp>
 #if defined(CADENCE_BENCH_WITH_MPI)
@@ -38,6 +47,7 @@
 #include "support/command_line.hpp"
 #include "support/measure.hpp"
 #include "support/report.hpp"
+#include "support/roofline.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -69,7 +79,14 @@ struct config : cadence_bench::common_config {
   bool sgd = false;
   bool throughput = false;
   bool security_cost = false;  // zmq: raw is the same push_pull over an open communicator
+  cadence_bench::copy_rates copy;  // the roofline's, measured before the ranks start
 };
+
+// The bytes one round trip copies beyond the raw ping-pong's: MPI's bounce buffers copy the
+// gradient (the worker's send) and the weights (the server's reply) once each.
+double extra_bytes(const config& cfg, std::size_t bytes) {
+  return cfg.backend == "mpi" && cfg.bounce ? 2.0 * static_cast<double>(bytes) : 0.0;
+}
 
 struct no_update {
   void operator()(float*, const float*, std::size_t, worker_id) const {}
@@ -153,7 +170,7 @@ void print(const std::vector<row>& rows, const config& cfg, int workers) {
   using cadence::tools::decimals;
   const char* op = workers == 1 ? "push_pull" : "push_pull_throughput";
   std::vector<cadence_bench::row> out;
-  for (const row& r : rows)
+  for (const row& r : rows) {
     out.push_back({{"backend", cfg.backend},
                    {"op", op},
                    {"workers", workers},
@@ -162,11 +179,17 @@ void print(const std::vector<row>& rows, const config& cfg, int workers) {
                    {"ours_us", decimals(r.ours_us, 3)},
                    {"raw_gbps", decimals(bandwidth(r.bytes, r.raw_us, workers), 4)},
                    {"ours_gbps", decimals(bandwidth(r.bytes, r.ours_us, workers), 4)}});
+    // One worker: its copies and the server's alternate (one thread's rate); W workers: the
+    // round trips in flight share the two-thread rate.
+    cadence_bench::add_roofline(out.back(), r.raw_us, r.ours_us, extra_bytes(cfg, r.bytes),
+                                cfg.copy.at(r.bytes).shared_rate(workers));
+  }
   using cadence_bench::formatted;
   using cadence_bench::number_column;
   cadence_bench::table t;
   t.title = std::string(op) + ", backend " + cfg.backend + ", 1 server, " + std::to_string(workers) + " worker(s)" +
-            (cfg.sgd ? ", sgd update" : ", no-op update") + " (GB/s both ways, all workers)" +
+            (cfg.sgd ? ", sgd update" : ", no-op update") + " (GB/s both ways, all workers); " +
+            cfg.copy.note() +
             (cfg.security_cost ? "; --security-cost: raw = the same push_pull over an open communicator, ours = "
                                  "authenticated and encrypted (CURVE)"
                                : "");
@@ -179,7 +202,9 @@ void print(const std::vector<row>& rows, const config& cfg, int workers) {
                {"added us", 10, [](const cadence_bench::row& j) {
                   return formatted("%.2f", j.at("ours_us").get<double>() - j.at("raw_us").get<double>());
                 }}};
+  for (auto& c : cadence_bench::roofline_columns()) t.columns.push_back(std::move(c));
   cadence_bench::print(out, cfg, t);
+  cfg.copy.report("cadence-bench-ps");  // after the rows: stdout starts with them
 }
 
 std::vector<std::size_t> sizes_for(const config& cfg) {
@@ -219,6 +244,8 @@ int run_mpi(const config& cfg) {
       if (rank == 0) std::fprintf(stderr, "cadence-bench-ps: run under mpirun -np 2 or more\n");
       return 2;
     }
+    config local = cfg;  // with the copy bandwidth rank 0 measures
+    local.copy = cadence_bench::mpi_copy_rates(raw, sizes_for(cfg));
     mpi_options options;
     options.bounce_buffers = cfg.bounce;
     mpi_communicator comm(MPI_COMM_WORLD, options);
@@ -236,7 +263,7 @@ int run_mpi(const config& cfg) {
       return sum / me.workers;
     };
     const auto rows = measure(me, cfg, sizes_for(cfg));
-    if (rank == 0) print(rows, cfg, me.workers);
+    if (rank == 0) print(rows, local, me.workers);
     return 0;
   });
 }
@@ -460,6 +487,11 @@ int run(int argc, char** argv) {
     throw usage_error("--security-cost: only for --backend zmq (the others have no wire security)");
   if (cfg.processes() && cfg.backend != "zmq")
     throw usage_error("--rendezvous: ranks as processes are for --backend zmq (mpi: mpirun starts them)");
+  // The roofline's copy bandwidth, before the ranks start, where the rows are printed (mpi:
+  // rank 0 measures it in run_mpi).
+  if (cfg.backend != "mpi" && (!cfg.processes() || cfg.rank == 0)) {
+    cfg.copy = cadence_bench::copy_rates(sizes_for(cfg));
+  }
   return cadence_bench::run_backend(
       cfg.backend, {CADENCE_BENCH_MPI([&] { return run_mpi(cfg); }),
                     CADENCE_BENCH_ZMQ([&] { return cfg.processes() ? run_zmq_process(cfg) : run_zmq(cfg); })});

@@ -26,7 +26,10 @@
 // argument checks or liveness. Not a
 // Google Benchmark program: it must run as one job of several MPI processes or threads, and
 // print one JSON array from one rank. These machines are shared: read the ratios, not the
-// absolute times.
+// absolute times. The roofline (support/roofline.hpp): an all-reduce through a communicator
+// must copy nothing beyond the native call, so each row's limit is raw itself (extra_bytes 0)
+// and of_limit = of_native = raw/ours; the run still measures the memory copy bandwidth (one
+// thread, two at once) and prints it, as the other two benchmarks do.
 #include <cadence/transport/inproc.hpp>
 #if defined(CADENCE_BENCH_WITH_MPI)
 #include <cadence/transport/mpi/communicator.hpp>
@@ -64,6 +67,7 @@
 #include "support/command_line.hpp"
 #include "support/measure.hpp"
 #include "support/report.hpp"
+#include "support/roofline.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -94,6 +98,7 @@ struct config : cadence_bench::common_config {
   bool verify = true;
   bool ring = true;
   bool security_cost = false;  // zmq: raw is the same all-reduce over an open communicator
+  cadence_bench::copy_rates copy;  // the roofline's (at the largest size), before the ranks start
 };
 
 struct row {
@@ -178,7 +183,7 @@ double busbw(const row& r, double us) { return cadence_bench::allreduce_busbw(r.
 int print(const std::vector<row>& rows, const config& cfg) {
   using cadence::tools::decimals;
   std::vector<cadence_bench::row> out;
-  for (const row& r : rows)
+  for (const row& r : rows) {
     out.push_back({{"backend", cfg.backend},
                    {"op", "allreduce"},
                    {"bytes", r.bytes},
@@ -187,10 +192,13 @@ int print(const std::vector<row>& rows, const config& cfg) {
                    {"ours_us", decimals(r.ours_us, 3)},
                    {"raw_busbw", decimals(busbw(r, r.raw_us), 4)},
                    {"ours_busbw", decimals(busbw(r, r.ours_us), 4)}});
+    // Nothing to copy beyond the native all-reduce: the limit is raw.
+    cadence_bench::add_roofline(out.back(), r.raw_us, r.ours_us, 0, cfg.copy.at(r.bytes).shared_rate(r.ranks));
+  }
   using cadence_bench::number_column;
   cadence_bench::table t;
   t.title = "all-reduce f32 sum, backend " + cfg.backend + ", " + std::to_string(rows.empty() ? 0 : rows.front().ranks) +
-            " ranks (busbw in GB/s)" +
+            " ranks (busbw in GB/s); " + cfg.copy.note() +
             (cfg.security_cost ? "; --security-cost: raw = the same all-reduce over an open communicator, ours = "
                                  "authenticated and encrypted (CURVE)"
                                : "");
@@ -200,7 +208,9 @@ int print(const std::vector<row>& rows, const config& cfg) {
                number_column("raw busbw", 10, "raw_busbw", "%.3f"),
                number_column("ours busbw", 10, "ours_busbw", "%.3f"),
                cadence_bench::ratio_column("ours/raw", 8, "ours_us", "raw_us", "%.2f")};
+  for (auto& c : cadence_bench::roofline_columns()) t.columns.push_back(std::move(c));
   cadence_bench::print(out, cfg, t);
+  cfg.copy.report("cadence-bench-transport");  // after the rows: stdout starts with them
   return 0;
 }
 
@@ -530,7 +540,9 @@ std::vector<row> run_zmq(const config& cfg) {
 
 #if defined(CADENCE_BENCH_WITH_MPI)
 int run_mpi(const config& cfg) {
+  config local = cfg;  // with the copy bandwidth rank 0 measures
   const auto measure = [&](int rank, int size, MPI_Comm raw) {
+    local.copy = cadence_bench::mpi_copy_rates(raw, {cfg.max_bytes});
     mpi_options options;
     options.bounce_buffers = cfg.bounce;
     options.verify_before_posting = cfg.verify;
@@ -548,7 +560,7 @@ int run_mpi(const config& cfg) {
     ops.average = [&](double v) { return cadence_bench::mpi_average(raw, v); };
     return run_rank(ops, cfg);
   };
-  return cadence_bench::run_mpi_rows("cadence-bench-transport", measure, [&](const auto& rows) { print(rows, cfg); });
+  return cadence_bench::run_mpi_rows("cadence-bench-transport", measure, [&](const auto& rows) { print(rows, local); });
 }
 #endif
 
@@ -637,6 +649,11 @@ int run(int argc, char** argv) {
     throw usage_error("--security-cost: only for --backend zmq (the others have no wire security)");
   if (cfg.processes() && cfg.backend != "gloo")
     throw usage_error("--rendezvous: ranks as processes are for --backend gloo (mpi: mpirun starts them)");
+  // The roofline's copy bandwidth, before the ranks start, where the rows are printed (mpi:
+  // rank 0 measures it in run_mpi).
+  if (cfg.backend != "mpi" && (!cfg.processes() || cfg.rank == 0)) {
+    cfg.copy = cadence_bench::copy_rates({cfg.max_bytes});  // no row copies: the largest size only
+  }
   return cadence_bench::run_backend(
       cfg.backend, {{"inproc", [&] { return print(run_inproc(cfg), cfg); }, {}},
                     CADENCE_BENCH_MPI([&] { return run_mpi(cfg); }),

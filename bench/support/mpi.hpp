@@ -4,8 +4,14 @@
 
 #include <mpi.h>
 
+#include "roofline.hpp"
+
+#include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <exception>
+#include <thread>
+#include <vector>
 
 namespace cadence_bench {
 
@@ -53,6 +59,37 @@ inline double mpi_average(MPI_Comm comm, double v) {
   double sum = 0;
   MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, comm);
   return sum / size;
+}
+
+/// A barrier that waits without spinning (MPI's own barrier may poll on a core): an
+/// MPI_Ibarrier tested every millisecond.
+inline void quiet_barrier(MPI_Comm comm) {
+  MPI_Request req;
+  MPI_Ibarrier(comm, &req);
+  int done = 0;
+  for (MPI_Test(&req, &done, MPI_STATUS_IGNORE); !done; MPI_Test(&req, &done, MPI_STATUS_IGNORE))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+/// The roofline's copy rates at `sizes`, measured by rank 0 while the other ranks wait idle
+/// (each rank returns them): on one host, ranks that spun meanwhile would take the cores it
+/// measures.
+inline copy_rates mpi_copy_rates(MPI_Comm comm, const std::vector<std::size_t>& sizes) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  std::vector<double> v(2 * sizes.size());
+  if (rank == 0) {
+    const copy_rates measured(sizes);
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      v[2 * k] = measured.all()[k].second.one_thread_gbps;
+      v[2 * k + 1] = measured.all()[k].second.two_threads_gbps;
+    }
+  }
+  quiet_barrier(comm);
+  MPI_Bcast(v.data(), static_cast<int>(v.size()), MPI_DOUBLE, 0, comm);
+  std::vector<copy_bandwidth> rates;
+  for (std::size_t k = 0; k < sizes.size(); ++k) rates.push_back({v[2 * k], v[2 * k + 1]});
+  return copy_rates(sizes, rates);
 }
 
 }  // namespace cadence_bench

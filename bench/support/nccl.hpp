@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -45,5 +46,31 @@ public:
 private:
   std::vector<ncclComm_t> comms_;
 };
+
+/// The roofline's copy rate on a GPU (bench/support/roofline.hpp): GB/s of a device-to-device
+/// cudaMemcpy of 64 MiB on the current device, timed with events, the best of 5.
+inline double measure_device_copy_gbps() {
+  const std::size_t bytes = std::size_t{64} << 20;
+  void *from = nullptr, *to = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  double best = 0;
+  const bool ok = cudaMalloc(&from, bytes) == cudaSuccess && cudaMalloc(&to, bytes) == cudaSuccess &&
+                  cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess &&
+                  cudaMemset(from, 1, bytes) == cudaSuccess && cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess;
+  for (int rep = 0; ok && rep < 5; ++rep) {
+    float ms = 0;
+    cudaEventRecord(start);
+    cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(stop);
+    if (cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) break;
+    if (ms > 0) best = std::max(best, static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
+  }
+  if (stop) cudaEventDestroy(stop);
+  if (start) cudaEventDestroy(start);
+  cudaFree(to);
+  cudaFree(from);
+  if (best <= 0) throw std::runtime_error("the device copy bandwidth could not be measured (cudaMemcpy failed)");
+  return best;
+}
 
 }  // namespace cadence_bench
