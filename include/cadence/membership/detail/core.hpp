@@ -559,11 +559,14 @@ private:
       case frame_kind::request: {
         request_info r{f.nonce, f.qid, f.committed, f.a, f.b};
         if (q_.holds(from, f.nonce)) {
-          // A member of this quorum asks for the next one: it left its sync. One that names an
-          // older quorum missed this one's announcement (its leader was lost while it
-          // announced); it is the same process and alive, so it counts as a survivor too.
+          // A member of this quorum asks for the next one. If it has not committed past this
+          // member, it left its sync (which then fails here too); if it committed one more (it
+          // saw a newcomer in the sync's notices and re-forms to admit it), this member
+          // completes that sync and follows. One that names an older quorum missed this one's
+          // announcement (its leader was lost while announcing); it is the same process and
+          // alive, so it counts as a survivor too.
           requests_[from] = r;
-          aborted_.insert(q_.id);
+          if (f.committed <= committed_ || f.qid < q_.id) aborted_.insert(q_.id);
         } else if (eligible(from)) {
           note_joiner(from, f.nonce, f.b);  // not a member (any more): a newcomer
         }

@@ -1,0 +1,142 @@
+// A collective job that survives a lost rank, over ZeroMQ (include/cadence/membership/): four
+// ranks (threads of this process, each with its own ZeroMQ communicator over 127.0.0.1) average
+// their parameters every 2 local steps with periodic_averager on a membership view. Rank 1
+// drops out abruptly after 5 merges (its communicator closes: peers see it lost at once, as
+// after kill -9); the others re-form and go on; a new communicator takes rank 1's slot, joins
+// and receives the state. Prints each rank's reconfigurations and the time the first took, and
+// fails (exit 1) when the survivors' state hashes differ or a rank did not finish.
+//
+//   build-*/bin/cadence-example-zmq_membership [state_mib]   (default 4 MiB of parameters)
+#include <cadence/exchange/periodic_averager.hpp>
+#include <cadence/membership/member.hpp>
+#include <cadence/transport/zmq/communicator.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace mb = cadence::membership;
+using cadence::transport::zmq_communicator;
+using cadence::transport::zmq_options;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int ranks = 4;
+constexpr int victim = 1;
+constexpr std::uint64_t merges = 12;
+
+struct shared {
+  std::mutex m;
+  std::condition_variable cv;
+  std::string address;
+  cadence::transport::job_secret secret = cadence::transport::job_secret::generate();
+  std::atomic<bool> left{false};
+  std::vector<std::string> lines;
+  std::vector<std::uint64_t> hash = std::vector<std::uint64_t>(ranks, 0);
+  std::vector<std::uint64_t> committed = std::vector<std::uint64_t>(ranks, 0);
+  bool failed = false;
+};
+
+zmq_options options_for(int r, shared& s, const mb::timeouts& t) {
+  zmq_options o;
+  o.secret = s.secret;
+  o.heartbeat_interval = t.heartbeat_interval;
+  o.heartbeat_timeout = t.heartbeat_timeout;
+  if (r == 0) {
+    o.rendezvous = "tcp://127.0.0.1:0";
+    o.on_rendezvous_bound = [&s](const std::string& a) {
+      std::lock_guard<std::mutex> lock(s.m);
+      s.address = a;
+      s.cv.notify_all();
+    };
+  } else {
+    std::unique_lock<std::mutex> lock(s.m);
+    s.cv.wait(lock, [&] { return !s.address.empty(); });
+    o.rendezvous = s.address;
+  }
+  return o;
+}
+
+void say(shared& s, const std::string& line) {
+  std::lock_guard<std::mutex> lock(s.m);
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+void run(int rank, bool replacement, shared& s, std::size_t elements) {
+  mb::member_options opts;
+  opts.timeouts = mb::timeouts::scaled(1000ms);  // heartbeat 1 s < op 4 s < quorum 8 s
+  opts.on_event = [&s](const std::string& line) { say(s, "  " + line); };
+  zmq_options zo = options_for(rank, s, opts.timeouts);
+  if (replacement) zo.wait_for = cadence::transport::zmq_wait_for::self;  // a running world
+  zmq_communicator comm(rank, ranks, zo, cadence::transport::deadline(30s));
+  mb::member<zmq_communicator> m(comm, opts);
+  std::vector<double> params(elements, 1.0);
+  m.add_state(params);
+  if (replacement)
+    m.join();
+  else
+    m.start();
+  cadence::exchange::periodic_averager<mb::quorum_view<zmq_communicator>> avg(m.view(), 2);
+  // At least `merges` merges, and on until the replacement is in (every rank then stops at
+  // the same merge: the one after which the quorum admitted it).
+  while (m.committed() < merges || m.current().size() < static_cast<std::size_t>(ranks)) {
+    for (std::size_t i = 0; i < params.size(); i += 97) params[i] += 0.01 * (rank + 1);  // a local step
+    if (!avg.step_done()) continue;
+    const mb::sync_report r = m.transact([&] { avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())}); },
+                                         {params});
+    if (r.outcome != mb::outcome::committed) avg.restart_period();
+    if (rank == victim && !replacement && m.committed() == 5) {
+      s.left = true;
+      return;  // the communicator closes here: the others see rank 1 lost at once
+    }
+  }
+  const mb::member_stats st = m.stats();
+  say(s, "rank " + std::to_string(rank) + (replacement ? " (replacement)" : "") + ": " +
+             std::to_string(m.committed()) + " merges, " + std::to_string(st.reconfigurations) +
+             " quorums, last reconfiguration " + std::to_string(static_cast<int>(st.last_reconfiguration_seconds * 1000)) +
+             " ms, state received " + std::to_string(st.state_received_bytes) + " bytes in " +
+             std::to_string(static_cast<int>(st.state_receive_seconds * 1000)) + " ms, hash " +
+             std::to_string(m.state_hash()));
+  std::lock_guard<std::mutex> lock(s.m);
+  s.hash[static_cast<std::size_t>(rank)] = m.state_hash();
+  s.committed[static_cast<std::size_t>(rank)] = m.committed();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double mib = argc > 1 ? std::atof(argv[1]) : 4.0;
+  const auto elements = static_cast<std::size_t>(mib * 1024 * 1024 / sizeof(double));
+  shared s;
+  auto guarded = [&](int r, bool replacement) {
+    try {
+      run(r, replacement, s, elements);
+    } catch (const std::exception& e) {
+      say(s, "rank " + std::to_string(r) + " failed: " + e.what());
+      std::lock_guard<std::mutex> lock(s.m);
+      s.failed = true;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) threads.emplace_back(guarded, r, false);
+  threads[victim].join();
+  threads[victim] = std::thread(guarded, victim, true);  // a new process in rank 1's slot
+  for (auto& t : threads) t.join();
+  bool ok = !s.failed;
+  for (int r = 0; r < ranks; ++r)
+    if (s.committed[static_cast<std::size_t>(r)] < merges || s.committed[static_cast<std::size_t>(r)] != s.committed[0] ||
+        s.hash[static_cast<std::size_t>(r)] != s.hash[0])
+      ok = false;
+  std::printf("%s\n", ok ? "ok: every rank finished with the same state" : "FAILED: the ranks differ");
+  return ok ? 0 : 1;
+}
