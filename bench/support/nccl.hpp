@@ -56,7 +56,8 @@ inline double measure_device_copy_gbps() {
   double best = 0;
   const bool ok = cudaMalloc(&from, bytes) == cudaSuccess && cudaMalloc(&to, bytes) == cudaSuccess &&
                   cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess &&
-                  cudaMemset(from, 1, bytes) == cudaSuccess && cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess;
+                  cudaMemset(from, 1, bytes) == cudaSuccess &&
+                  cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess;
   for (int rep = 0; ok && rep < 5; ++rep) {
     float ms = 0;
     cudaEventRecord(start);
