@@ -305,6 +305,52 @@ TEST_CASE("membership: a restarted rank joins at a sync point and receives the s
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
 }
 
+// A member that stops taking part (stalled: alive to the transport, no heartbeat fault) is
+// caught by the op tier: the others' sync fails at the op timeout, they re-form without it
+// after the quorum timeout and go on; resumed, it finds the quorum gone on without it and stops.
+TEST_CASE("membership: a stalled member is left out at the op timeout and stops when it resumes") {
+  inproc_world world(4);
+  ledger book;
+  std::atomic<bool> reformed{false};
+  cadence::transport::inproc_step at;
+  at.op = "send";
+  at.skip = 20;  // in the third sync (six sends a sync, after the first quorum's frames)
+  world.on_step(2, at, [](inproc_world& w) { w.stall(2); });
+  std::thread resumer([&] {
+    while (!reformed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    world.resume(2);
+  });
+  const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+    auto o = test_options();
+    o.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(250));  // op 1 s, quorum 2 s
+    if (rank == 0)
+      o.on_event = [&](const std::string& line) {
+        if (line.find("lost rank 2") != std::string::npos) reformed = true;
+      };
+    mb::member<inproc_communicator> m(c, o);
+    replica r(40);
+    register_state(m, r);
+    m.start();
+    run_syncs(m, r, book, 8, rank);
+    finish(m, out);
+  });
+  resumer.join();
+  // Whichever it meets first: the announcement without it, the leader's refusal, or (the others
+  // already finished and gone) the rule that a minority must not go on alone.
+  const std::string& e2 = res[2].error;
+  CHECK_MESSAGE((e2.find("without this member") != std::string::npos || e2.find("refused this member") != std::string::npos ||
+                 e2.find("must not go on alone") != std::string::npos),
+                e2);
+  for (int r : {0, 1, 3}) {
+    const auto& x = res[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+    CHECK(x.committed == 8);
+    CHECK(x.hash == res[0].hash);
+    CHECK(x.last_quorum == std::vector<int>{0, 1, 3});
+  }
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
 TEST_CASE("membership: misuse is refused with a message naming it") {
   inproc_world world(2);
   const auto res = run_ranks(world, 2, [&](int rank, inproc_communicator& c, rank_result& out) {
