@@ -369,22 +369,8 @@ int run_zmq(const config& cfg) {
     std::unique_ptr<zmq_communicator> open;
     if (cfg.security_cost) {
       // Timed after the ranks line up: an open communicator, kept, and a second authenticated one.
-      const auto line_up = [&sync] { sync.arrive_and_sum(0); };
-      const auto open_options = [&] {
-        auto o = cadence_bench::zmq_thread_options<zmq_options>(r, meet_open);
-        o.secret = {};
-        o.security = wire_security::open;
-        return o;
-      };
-      double open_ms = 0;
-      std::tie(open, open_ms) =
-          cadence_bench::timed_communicator<zmq_communicator>(r, cfg.ranks, open_options, line_up);
-      const double authenticated_ms =
-          cadence_bench::timed_communicator<zmq_communicator>(
-              r, cfg.ranks, [&] { return cadence_bench::zmq_thread_options<zmq_options>(r, meet_again); }, line_up)
-              .second;
-      cadence_bench::report_connect("cadence-bench-ps", r, cfg.ranks, sync.arrive_and_sum(open_ms) / cfg.ranks,
-                                    sync.arrive_and_sum(authenticated_ms) / cfg.ranks);
+      open = cadence_bench::open_beside_authenticated<zmq_communicator, zmq_options>(
+          "cadence-bench-ps", r, cfg.ranks, meet_open, meet_again, sync);
       me.raw_block = zmq_open_block(*open, workers, cfg.sgd, [&sync](double v) { return sync.arrive_and_sum(v); });
     }
     auto mine = measure(me, cfg, sizes_for(cfg));

@@ -92,6 +92,30 @@ inline void report_connect(const char* program, int rank, int ranks, double open
                program, ranks, ranks - 1, open_ms, authenticated_ms, (authenticated_ms - open_ms) / (ranks - 1));
 }
 
+/// --security-cost with ZeroMQ ranks as threads: after the ranks line up on `sync` (a
+/// summing_barrier), an open communicator (no secret, wire_security::open) meeting on `meet_open`,
+/// kept and returned for the open rows, and a second authenticated one meeting on `meet_again`,
+/// timed and closed; rank 0 reports both connect times (report_connect). Comm and Options are
+/// zmq_communicator and zmq_options.
+template <class Comm, class Options, class Sync>
+std::unique_ptr<Comm> open_beside_authenticated(const char* program, int rank, int ranks, thread_rendezvous& meet_open,
+                                                thread_rendezvous& meet_again, Sync& sync) {
+  const auto line_up = [&sync] { sync.arrive_and_sum(0); };
+  const auto open_options = [&] {
+    auto o = zmq_thread_options<Options>(rank, meet_open);
+    o.secret = {};
+    o.security = decltype(o.security)::open;
+    return o;
+  };
+  auto [open, open_ms] = timed_communicator<Comm>(rank, ranks, open_options, line_up);
+  const double authenticated_ms =
+      timed_communicator<Comm>(rank, ranks, [&] { return zmq_thread_options<Options>(rank, meet_again); }, line_up)
+          .second;
+  report_connect(program, rank, ranks, sync.arrive_and_sum(open_ms) / ranks,
+                 sync.arrive_and_sum(authenticated_ms) / ranks);
+  return std::move(open);
+}
+
 /// A fresh folder under the system's temporary directory ("PREFIX-XXXXXX"), removed with
 /// everything in it when this object goes, whether the ranks that met there succeeded or
 /// not: gloo's rendezvous store for ranks as threads.
