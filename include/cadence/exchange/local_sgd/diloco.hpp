@@ -38,7 +38,14 @@ namespace cadence::exchange {
 enum class diloco_start : std::uint8_t {
   fresh,  ///< broadcast rank 0's weights into every rank's tensors and global copy
   join,   ///< take the global weights and outer state from the ranks already running
+  /// No communication: this rank's weights are taken as the global weights as they are (the
+  /// outer state starts at zero). The caller guarantees they are identical on every rank, as
+  /// the membership layer's state transfer does (diloco_member, local_sgd/membership.hpp).
+  adopt,
 };
+
+template <class C, class O>
+class diloco_member;
 
 /// DiLoCo over a communicator (arXiv 2311.08105), with Streaming DiLoCo's fragments, overlap
 /// and mixing (2501.18512), compressed outer gradients, and the sync schedule as a policy.
@@ -81,7 +88,9 @@ enum class diloco_start : std::uint8_t {
 /// after a transport_error the surviving ranks form a new communicator and call rebind(), a
 /// rank that joins constructs with diloco_start::join at the same time, and the ranks agree on
 /// the most advanced global state: the lost rank's contribution to the failed sync is dropped,
-/// a joiner starts from the current global weights and outer state.
+/// a joiner starts from the current global weights and outer state. On the membership layer
+/// (membership::member, a quorum that re-forms by itself) use diloco_member instead
+/// (local_sgd/membership.hpp): each sync a transaction, the state carried by the member.
 ///
 /// Tensors are f32 in host memory (the outer state and the wire are f32); every sync passes
 /// the same tensors, in the same order and sizes, as the constructor.
@@ -99,7 +108,7 @@ public:
   /// An adapter over `comm` for the f32 `weights`, with outer optimizer `outer` and `options`,
   /// starting as `start` says. A collective: with diloco_start::fresh, rank 0's weights are broadcast into every rank's
   /// tensors and global copy; with diloco_start::join the ranks already running call rebind()
-  /// meanwhile. Throws parse_error or invalid_parameter_error for a bad schedule, option or
+  /// meanwhile; diloco_start::adopt does not communicate. Throws parse_error or invalid_parameter_error for a bad schedule, option or
   /// tensor, naming this rank.
   diloco(C& comm, span<const tensor_ref> weights, O outer = O(), diloco_options options = {},
          diloco_start start = diloco_start::fresh)
@@ -137,6 +146,9 @@ public:
     plan_ = schedule_.first_plan();
     if (start == diloco_start::join) {
       rejoin(weights, true);
+    } else if (start == diloco_start::adopt) {
+      gather_into(weights, global_.data());
+      if (!anchor_.empty()) anchor_ = global_;
     } else {
       const transport::deadline d(options_.timeout);
       for (std::size_t i = 0; i < weights.size(); ++i)
@@ -301,6 +313,9 @@ public:
   }
 
 private:
+  template <class, class>
+  friend class diloco_member;  // the membership layer's glue: carries and restores the state below
+
   // ---- state ----
   // comm_, options_, outer_, schedule_: configuration (rebind() replaces comm_ and schedule_).
   // counts_, total_, frag_first_: the tensors' layout and the fragments' element ranges.

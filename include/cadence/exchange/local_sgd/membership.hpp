@@ -1,0 +1,350 @@
+/// \file
+/// \ingroup exchange
+/// DiLoCo on the fault-tolerant membership layer (membership::member): every outer sync a
+/// transaction over the quorum's view, the global weights, outer state and counters carried by
+/// the member, so a worker lost during an outer sync drops out of it and a joiner starts from
+/// the current global weights and outer state.
+#pragma once
+
+#include <cadence/core/error.hpp>
+#include <cadence/core/span.hpp>
+#include <cadence/exchange/local_sgd/diloco.hpp>
+#include <cadence/exchange/tensor_ref.hpp>
+#include <cadence/membership/member.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace cadence::exchange {
+/// \addtogroup exchange
+/// @{
+
+/// A diloco adapter run on a membership::member over communicator `C`, with outer optimizer
+/// `O`. Use (every rank; a restarted or new process calls join() instead of start()):
+///
+///     membership::member<inproc_communicator> m(comm, member_opts);
+///     diloco_member<inproc_communicator> dm(m, {w}, outer_nesterov{0.7f, 0.9f}, options);
+///     restarted ? dm.join() : dm.start();      // not m.start(): the adapter is built after it
+///     for (;;) {
+///       inner_step(w);
+///       if (dm.step_done(measured_us)) dm.sync();   // a transaction; retried on a new quorum
+///     }
+///
+/// **What it registers** with the member (before start()/join(), so construct it first): the
+/// global weights, the outer optimizer's state and the counters every rank shares (outer
+/// steps, per-fragment steps, the fixed schedule's step clock). member::state_hash() covers
+/// them: equal on every member after every commit.
+///
+/// **A sync** is member::transact() of the adapter's sync with on_loss::retry, its backup this
+/// rank's local weights, the global weights, the outer state and every counter. When a member
+/// is lost during it (in any collective, the all-reduce of the pseudo-gradients included) the
+/// survivors re-form, restore the backup and run the sync again without it: the lost rank's
+/// pseudo-gradient is dropped from that outer step, the survivors' pseudo-gradients (their
+/// local work since the last sync) are kept. When another member had completed the sync, this
+/// one receives its global weights, outer state and counters (outcome healed) and takes the
+/// global weights as its local weights, as a joiner does.
+///
+/// **A reconfiguration** (member::on_change: a loss, or an admission after a commit) restarts
+/// the schedule for the new number of members (the timed schedules warm up again; the fixed
+/// one keeps its step clock), drops the error-feedback residuals, and keeps every rank's local
+/// work. A joiner (join()) receives the state, takes the global weights as its local weights and
+/// starts with the others' clock.
+///
+/// Limits: `delay` must be 0 (an exchange overlapping inner steps would outlive the sync's
+/// transaction, which the member refuses); a lossy codec needs `options.tag + fragments` within
+/// the view's 256 user tags; every sync of the member goes through this object (no other
+/// transact() on the same member).
+template <class C, class O = any_outer_optimizer>
+class diloco_member {
+public:
+  /// The communicator the adapter runs on: the quorum's view.
+  using view_type = membership::quorum_view<C>;
+  /// The adapter.
+  using adapter_type = diloco<view_type, O>;
+
+  /// Glue for member `m` (not started yet) and this rank's f32 `weights` (which, like `m`, must
+  /// outlive it), with outer optimizer `outer` and `options` (as diloco's). Registers the
+  /// state with `m` and a reconfiguration hook. Throws invalid_parameter_error for what the
+  /// membership cannot carry (delay > 0, a lossy codec's tags beyond the view's, a tensor that
+  /// is not f32), naming it.
+  diloco_member(membership::member<C>& m, span<const tensor_ref> weights, O outer = O(), diloco_options options = {})
+      : m_(&m), weights_(weights.begin(), weights.end()), outer_(std::move(outer)), options_(std::move(options)) {
+    const std::string here = "cadence::exchange::diloco_member: ";
+    if (options_.delay != 0)
+      throw invalid_parameter_error(here + "delay=" + std::to_string(options_.delay) +
+                                    ": an exchange overlapping inner steps would outlive the sync's transaction on "
+                                    "the membership layer; use delay=0");
+    if (codec_is_lossy(options_.codec) &&
+        static_cast<std::size_t>(options_.tag) + options_.fragments > static_cast<std::size_t>(user_tags))
+      throw invalid_parameter_error(here + "codec " + outer_codec_name(options_.codec) + " uses tags " +
+                                    std::to_string(options_.tag) + ".." +
+                                    std::to_string(static_cast<std::size_t>(options_.tag) + options_.fragments - 1) +
+                                    "; the quorum view has " + std::to_string(user_tags) +
+                                    " (set diloco_options::tag lower)");
+    for (std::size_t i = 0; i < weights_.size(); ++i) {
+      if (weights_[i].type != transport::dtype::f32)
+        throw invalid_parameter_error(here + "tensor " + std::to_string(i) + " is " +
+                                      transport::dtype_name(weights_[i].type) + "; the outer state is f32");
+      total_ += weights_[i].count;
+    }
+    global_.assign(total_, 0.0f);
+    state_.assign(outer_.state_slots() * total_, 0.0f);
+    shared_.assign(shared_head + std::max<std::size_t>(options_.fragments, 1), 0);
+    local_.assign(local_words, 0);
+    m.add_state(membership::buffer(global_));
+    m.add_state(membership::buffer(state_));
+    m.add_state(membership::buffer(shared_));
+    m.on_change([this](const membership::change& c) { changed(c); });
+  }
+  /// The same, with `weights` as a braced list.
+  diloco_member(membership::member<C>& m, std::initializer_list<tensor_ref> weights, O outer = O(),
+                diloco_options options = {})
+      : diloco_member(m, span<const tensor_ref>(weights.begin(), weights.size()), std::move(outer), std::move(options)) {}
+
+  diloco_member(const diloco_member&) = delete;  // the member's hook holds `this`
+  diloco_member& operator=(const diloco_member&) = delete;
+
+  /// Starts the member (member::start(), the first quorum) and builds the adapter in the first
+  /// transaction: the first member's weights are broadcast into every member's tensors and
+  /// global weights. Throws the member's errors (quorum_error) and the adapter's
+  /// (parse_error, invalid_parameter_error for bad options or tensors).
+  void start() {
+    m_->start();
+    const membership::sync_report rep = m_->transact(
+        [&] {
+          adapter_.reset();
+          adapter_.emplace(m_->view(), span<const tensor_ref>(weights_.data(), weights_.size()), outer_, options_,
+                           diloco_start::fresh);
+          std::copy(adapter_->global_.begin(), adapter_->global_.end(), global_.begin());
+          std::fill(state_.begin(), state_.end(), 0.0f);
+          publish();
+        },
+        {membership::buffer(global_), membership::buffer(state_), membership::buffer(shared_)});
+    if (rep.outcome == membership::outcome::committed) {
+      attach();
+      restart_schedule();  // the quorum may have admitted someone right after the commit
+      publish();
+    } else if (rep.outcome == membership::outcome::healed) {
+      adapter_.reset();
+      adopt();
+    } else {
+      throw membership::quorum_error("cadence::exchange::diloco_member: the first sync (the weights' broadcast) was "
+                                     "given up after " + std::to_string(rep.attempts) + " attempts");
+    }
+  }
+
+  /// Joins a running quorum (member::join(): a restarted or new process): returns once admitted,
+  /// with the current global weights in this rank's tensors and the outer state and counters in
+  /// the adapter. Throws membership::quorum_error after member_options::join_timeout.
+  void join() {
+    m_->join();
+    adopt();
+  }
+
+  /// This rank finished an inner step (diloco::step_done): returns whether sync() is due.
+  template <class D>
+  bool step_done(D duration) {
+    return adapter().step_done(duration);
+  }
+
+  /// The outer sync due now, as a transaction of the quorum (see the class comment). Returns
+  /// the member's report: committed (the outer step applied here), healed (received from a
+  /// member that committed it; the local weights are the global ones) or discarded (every
+  /// attempt failed: the local work is kept for the next sync). Throws invalid_parameter_error
+  /// when no sync is due, and the member's evicted_error and quorum_error.
+  membership::sync_report sync() {
+    adapter_type& a = adapter();
+    if (!a.due())
+      throw invalid_parameter_error("cadence::exchange::diloco_member: sync() before it is due (" +
+                                    std::to_string(a.local_steps()) + " of " + std::to_string(a.planned()) +
+                                    " inner steps done)");
+    publish();
+    std::vector<membership::buffer> backup;
+    for (const tensor_ref& t : weights_) backup.emplace_back(t.data, t.bytes());
+    backup.emplace_back(a.global_);
+    backup.emplace_back(a.state_);
+    if (!a.anchor_.empty()) backup.emplace_back(a.anchor_);
+    backup.emplace_back(shared_);
+    backup.emplace_back(local_);
+    bool first = true;
+    const membership::sync_report rep = m_->transact(
+        [&] {
+          const span<const tensor_ref> w(weights_.data(), weights_.size());
+          if (first || !a.schedule_.timed()) {
+            // The fixed schedule's clock survives a reconfiguration, so sync() is due again.
+            first = false;
+            a.sync(w);
+          } else {
+            // A retry on a new quorum: the plan started again for its size; the sync is the
+            // one this rank was due for, with the local work it had then.
+            const transport::deadline d(a.options_.timeout);
+            a.sync_timed(w, d);
+            a.local_steps_ = 0;
+          }
+          publish();
+        },
+        span<const membership::buffer>(backup.data(), backup.size()), membership::on_loss::retry);
+    if (rep.outcome == membership::outcome::discarded) {
+      // Given up everywhere: the backup is back; carry the local work to the next sync.
+      a.local_steps_ = 0;
+      a.synced_at_ = a.t_;
+      publish();
+    }
+    return rep;
+  }
+
+  /// Completes nothing (delay is 0 here, so no exchange is ever in flight between syncs);
+  /// kept so a trainer written for diloco reads the same.
+  void finish() noexcept {}
+
+  /// The adapter (its monitoring: outer_steps(), global_weights(), outer_state(), plan()).
+  /// Throws invalid_parameter_error before start() or join().
+  adapter_type& adapter() {
+    if (!adapter_ || !attached_)
+      throw invalid_parameter_error("cadence::exchange::diloco_member: the adapter is built by start() or join()");
+    return *adapter_;
+  }
+  /// The member.
+  membership::member<C>& member() noexcept { return *m_; }
+  /// A hash (64-bit FNV-1a) of the global weights and the outer state: equal on every member
+  /// after every commit.
+  std::uint64_t global_hash() {
+    adapter_type& a = adapter();
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](const std::vector<float>& v) {
+      const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+      for (std::size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    };
+    mix(a.global_);
+    mix(a.state_);
+    return h;
+  }
+
+private:
+  static constexpr int user_tags = 256;  // membership::detail::tags::user_tags
+  // shared_: what every member holds alike (registered, hashed, streamed).
+  enum : std::size_t { s_syncs, s_fragment_steps, s_stale, s_max_staleness, s_clock, shared_head };
+  // local_: this rank's own counters (in the backup only).
+  enum : std::size_t { l_t, l_synced_at, l_progress, l_carried, l_local_steps, l_record_bytes, local_words };
+
+  // The adapter's counters into shared_ and local_.
+  void publish() {
+    if (!adapter_) return;
+    adapter_type& a = *adapter_;
+    shared_[s_syncs] = a.syncs_;
+    shared_[s_fragment_steps] = a.fragment_steps_;
+    shared_[s_stale] = a.stale_contributions_;
+    shared_[s_max_staleness] = static_cast<std::uint64_t>(a.max_staleness_);
+    // The fixed schedule's clock at the last committed sync (a donor may be past it, at its
+    // next sync point); timed schedules: 0 (each rank counts its own steps).
+    shared_[s_clock] = a.schedule_.timed() ? 0 : a.synced_at_;
+    for (std::size_t f = 0; f < a.frags_.size(); ++f) shared_[shared_head + f] = a.frags_[f].steps;
+    local_[l_t] = static_cast<std::int64_t>(a.t_);
+    local_[l_synced_at] = static_cast<std::int64_t>(a.synced_at_);
+    local_[l_progress] = a.progress_;
+    local_[l_carried] = a.carried_;
+    local_[l_local_steps] = a.local_steps_;
+    local_[l_record_bytes] = static_cast<std::int64_t>(a.record_bytes_);
+  }
+
+  // shared_ (and, unless `fresh`, local_) into the adapter.
+  void load(bool fresh) {
+    adapter_type& a = *adapter_;
+    a.syncs_ = shared_[s_syncs];
+    a.fragment_steps_ = shared_[s_fragment_steps];
+    a.stale_contributions_ = shared_[s_stale];
+    a.max_staleness_ = static_cast<std::int64_t>(shared_[s_max_staleness]);
+    for (std::size_t f = 0; f < a.frags_.size(); ++f) a.frags_[f].steps = shared_[shared_head + f];
+    if (fresh) {
+      // New, or behind: start from the global weights with the others' clock.
+      a.pieces(span<const tensor_ref>(weights_.data(), weights_.size()), 0, a.total_,
+               [&](float* p, std::size_t at, std::size_t n) { std::memcpy(p, a.global_.data() + at, n * 4); });
+      if (!a.anchor_.empty()) a.anchor_ = a.global_;
+      a.progress_ = 0;
+      a.carried_ = 0;
+      a.local_steps_ = 0;
+      if (!a.schedule_.timed()) a.t_ = shared_[s_clock];
+      a.synced_at_ = a.t_;
+    } else {
+      a.t_ = static_cast<std::uint64_t>(local_[l_t]);
+      a.synced_at_ = static_cast<std::uint64_t>(local_[l_synced_at]);
+      a.progress_ = local_[l_progress];
+      a.carried_ = local_[l_carried];
+      a.local_steps_ = local_[l_local_steps];
+      a.record_bytes_ = static_cast<std::uint64_t>(local_[l_record_bytes]);
+    }
+  }
+
+  // The quorum changed: the schedule for its size, nothing in flight, no residuals.
+  void restart_schedule() {
+    adapter_type& a = *adapter_;
+    for (auto& fr : a.frags_) {
+      fr.exchange.drop();
+      fr.in_flight = false;
+    }
+    if (!a.residual_.empty()) std::fill(a.residual_.begin(), a.residual_.end(), 0.0f);
+    a.schedule_ = adapter_type::make_schedule(m_->view(), a.options_);
+    a.plan_ = a.schedule_.first_plan();
+  }
+
+  // After the first sync committed: the adapter's global weights and outer state become the
+  // registered blocks (the member streams and backs up those very arrays from now on).
+  void attach() {
+    adapter_type& a = *adapter_;
+    std::copy(a.global_.begin(), a.global_.end(), global_.begin());
+    std::copy(a.state_.begin(), a.state_.end(), state_.begin());
+    a.global_.swap(global_);
+    a.state_.swap(state_);
+    std::vector<float>().swap(global_);
+    std::vector<float>().swap(state_);
+    attached_ = true;
+  }
+
+  // A joiner, or a member healed during start(): the received state into a new adapter.
+  void adopt() {
+    std::size_t at = 0;
+    for (const tensor_ref& t : weights_) {
+      if (t.count != 0) std::memcpy(t.data, global_.data() + at, t.count * 4);
+      at += t.count;
+    }
+    adapter_.emplace(m_->view(), span<const tensor_ref>(weights_.data(), weights_.size()), outer_, options_,
+                     diloco_start::adopt);
+    adapter_type& a = *adapter_;
+    std::vector<float> received_state = state_;
+    attach();
+    std::copy(received_state.begin(), received_state.end(), a.state_.begin());
+    load(true);
+    restart_schedule();
+    publish();
+  }
+
+  void changed(const membership::change& c) {
+    if (!adapter_ || !attached_) return;  // start() and join() set the adapter up themselves
+    load(c.healed);
+    restart_schedule();
+    publish();
+  }
+
+  membership::member<C>* m_;
+  std::vector<tensor_ref> weights_;
+  O outer_;
+  diloco_options options_;
+  std::size_t total_ = 0;
+  std::optional<adapter_type> adapter_;
+  bool attached_ = false;
+  // Before attach(): the registered blocks themselves; after it, the adapter owns them.
+  std::vector<float> global_, state_;
+  std::vector<std::uint64_t> shared_;
+  std::vector<std::int64_t> local_;
+};
+
+/// @}
+}  // namespace cadence::exchange
