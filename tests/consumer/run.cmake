@@ -189,8 +189,23 @@ elseif(MODE MATCHES "^meson_")
     set(offered mpi gloo nccl zmq)
   endif()
   run_step(${MESON} setup --wrap-mode=${wrap_mode} ${WORK_DIR}/build ${WORK_DIR}/src)
-  run_step(${MESON} compile -C ${WORK_DIR}/build)
-  run_programs(${WORK_DIR}/build ${offered})
+  if(MODE STREQUAL "meson_subproject")
+    run_step(${MESON} compile -C ${WORK_DIR}/build)
+    run_programs(${WORK_DIR}/build ${offered})
+  else()
+    # The backends' .pc files are compiled and run against by consumer.pkg_config: here the core
+    # program is built and run, and Meson must have found every backend's dependency (it defines
+    # consumer_<backend> only then), read from its target list without compiling them again.
+    run_step(${MESON} compile -C ${WORK_DIR}/build consumer)
+    run_programs(${WORK_DIR}/build)
+    run_step(${MESON} introspect --targets ${WORK_DIR}/build)
+    foreach(backend IN LISTS offered)
+      if(backend IN_LIST BACKENDS AND NOT step_output MATCHES "\"name\": *\"consumer_${backend}\"")
+        message(FATAL_ERROR "consumer.${MODE}: dependency('cadence-${backend}') was not found, though "
+                            "this build of Cadence has cadence::${backend}")
+      endif()
+    endforeach()
+  endif()
 
 elseif(MODE STREQUAL "conan")
   # Conan from PyPI in a venv kept between runs (created here when missing, which needs PyPI);
