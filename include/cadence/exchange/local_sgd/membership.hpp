@@ -104,7 +104,7 @@ public:
     m.add_state(membership::buffer(shared_));
     m.on_change([this](const membership::change& c) { changed(c); });
   }
-  /// The same, with `weights` as a braced list.
+  /// The same (`m`, `weights` as a braced list, `outer`, `options`).
   diloco_member(membership::member<C>& m, std::initializer_list<tensor_ref> weights, O outer = O(),
                 diloco_options options = {})
       : diloco_member(m, span<const tensor_ref>(weights.begin(), weights.size()), std::move(outer), std::move(options)) {}
@@ -149,7 +149,8 @@ public:
     adopt();
   }
 
-  /// This rank finished an inner step (diloco::step_done): returns whether sync() is due.
+  /// This rank finished an inner step of `duration` (microseconds, or a std::chrono duration;
+  /// diloco::step_done): returns whether sync() is due.
   template <class D>
   bool step_done(D duration) {
     return adapter().step_done(duration);
