@@ -199,7 +199,9 @@ else
 fi
 
 section "ThreadSanitizer (concurrent parts)"
-if configure build-tsan tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+# -g1 (line tables and function names, enough for ThreadSanitizer's stacks): a third less to
+# compile than -g.
+if configure build-tsan tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
      -DCADENCE_SANITIZE=thread -DCADENCE_TEST_STANDARDS=20 -DCADENCE_CORE_TEST_DIRS=runtime \
      -DCADENCE_SECONDARY_TEST_STANDARDS=20 -DCADENCE_ENABLE_THRUST=OFF \
      -DCADENCE_BUILD_BENCHMARKS=OFF -DCADENCE_BUILD_EXAMPLES=OFF -DCADENCE_BUILD_TOOLS=OFF &&
