@@ -85,24 +85,9 @@ void run_syncs(mb::member<C>& m, replica& r, ledger& book, std::uint64_t target,
   }
 }
 
-/// body(rank, comm, result) on one thread per rank; an escaping exception is kept in the result.
 template <class Body>
 std::vector<rank_result> run_ranks(inproc_world& world, int n, Body body) {
-  std::vector<rank_result> out(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        inproc_communicator c = world.join(r);
-        body(r, c, out[static_cast<std::size_t>(r)]);
-      } catch (const killed&) {
-        out[static_cast<std::size_t>(r)].error = "killed";
-      } catch (const std::exception& e) {
-        out[static_cast<std::size_t>(r)].error = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return out;
+  return cadence_membership_test::run_ranks<rank_result>(world, n, std::move(body));
 }
 
 template <class C>

@@ -12,10 +12,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -81,5 +83,26 @@ private:
 
 /// Thrown from an inproc fault trap on the victim's own thread: it ends that rank's body.
 struct killed {};
+
+/// body(rank, comm, result) on one thread per rank of `world`; an escaping exception is kept in
+/// the result's `error` ("killed" for a fault trap's). Result is the test's own per-rank record.
+template <class Result, class Body>
+std::vector<Result> run_ranks(cadence::transport::inproc_world& world, int n, Body body) {
+  std::vector<Result> out(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        cadence::transport::inproc_communicator c = world.join(r);
+        body(r, c, out[static_cast<std::size_t>(r)]);
+      } catch (const killed&) {
+        out[static_cast<std::size_t>(r)].error = "killed";
+      } catch (const std::exception& e) {
+        out[static_cast<std::size_t>(r)].error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
 
 }  // namespace cadence_membership_test

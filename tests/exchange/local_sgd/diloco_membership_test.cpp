@@ -80,21 +80,7 @@ void finish(glue& dm, rank_result& out) {
 
 template <class Body>
 std::vector<rank_result> run_ranks(inproc_world& world, int n, Body body) {
-  std::vector<rank_result> out(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        inproc_communicator c = world.join(r);
-        body(r, c, out[static_cast<std::size_t>(r)]);
-      } catch (const killed&) {
-        out[static_cast<std::size_t>(r)].error = "killed";
-      } catch (const std::exception& e) {
-        out[static_cast<std::size_t>(r)].error = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return out;
+  return cadence_membership_test::run_ranks<rank_result>(world, n, std::move(body));
 }
 
 void check_survivors(const std::vector<rank_result>& res, int victim, std::uint64_t target, const ledger& book) {
