@@ -15,8 +15,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -230,10 +228,9 @@ TEST_CASE("membership: a restarted rank joins at a sync point and receives the s
   std::vector<std::thread> threads;
   auto body = [&](int rank) {
     rank_result& out = res[static_cast<std::size_t>(rank)];
-    try {
+    cadence_membership_test::keep_error(out, [&] {
       auto o = test_options();
       o.transfer_bytes = 4096;
-      if (std::getenv("HC_DEBUG")) o.on_event = [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); };
       replica r(5000);
       if (rank == 3 && restarted) {
         // The new process in rank 3's slot: its state is overwritten by the quorum's.
@@ -272,11 +269,7 @@ TEST_CASE("membership: a restarted rank joins at a sync point and receives the s
       }
       run_syncs(m, r, book, 12, rank);
       finish(m, out);
-    } catch (const killed&) {
-      out.error = "killed";
-    } catch (const std::exception& e) {
-      out.error = e.what();
-    }
+    });
   };
   for (int r = 0; r < 4; ++r) threads.emplace_back(body, r);
   threads[3].join();

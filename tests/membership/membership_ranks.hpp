@@ -84,22 +84,32 @@ private:
 /// Thrown from an inproc fault trap on the victim's own thread: it ends that rank's body.
 struct killed {};
 
-/// body(rank, comm, result) on one thread per rank of `world`; an escaping exception is kept in
-/// the result's `error` ("killed" for a fault trap's). Result is the test's own per-rank record.
+/// Runs fn() on a rank's thread; an exception escaping it is kept in `out.error` ("killed" for
+/// a fault trap's), so the test checks it after the join.
+template <class Result, class Fn>
+void keep_error(Result& out, Fn&& fn) {
+  try {
+    fn();
+  } catch (const killed&) {
+    out.error = "killed";
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+}
+
+/// body(rank, comm, result) on one thread per rank of `world`, each under keep_error. Result is
+/// the test's own per-rank record.
 template <class Result, class Body>
 std::vector<Result> run_ranks(cadence::transport::inproc_world& world, int n, Body body) {
   std::vector<Result> out(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
-      try {
+      Result& mine = out[static_cast<std::size_t>(r)];
+      keep_error(mine, [&] {
         cadence::transport::inproc_communicator c = world.join(r);
-        body(r, c, out[static_cast<std::size_t>(r)]);
-      } catch (const killed&) {
-        out[static_cast<std::size_t>(r)].error = "killed";
-      } catch (const std::exception& e) {
-        out[static_cast<std::size_t>(r)].error = e.what();
-      }
+        body(r, c, mine);
+      });
     });
   for (auto& t : threads) t.join();
   return out;

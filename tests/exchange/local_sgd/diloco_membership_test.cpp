@@ -185,7 +185,7 @@ TEST_CASE("diloco_member: a restarted rank rejoins with the current global weigh
   std::vector<std::thread> threads;
   auto body = [&](int rank) {
     rank_result& out = res[static_cast<std::size_t>(rank)];
-    try {
+    cadence_membership_test::keep_error(out, [&] {
       auto o = test_options();
       o.transfer_bytes = 4096;
       if (rank == 0)
@@ -229,11 +229,7 @@ TEST_CASE("diloco_member: a restarted rank rejoins with the current global weigh
       }
       train(dm, w, rank, book, 12);
       finish(dm, out);
-    } catch (const killed&) {
-      out.error = "killed";
-    } catch (const std::exception& e) {
-      out.error = e.what();
-    }
+    });
   };
   for (int r = 0; r < 4; ++r) threads.emplace_back(body, r);
   threads[3].join();

@@ -50,9 +50,8 @@ void bad_worker(breakage how) {
     const worker_id bad = 2;  // rank 3's
     if (c.rank() == 0) {
       parameter_server<C, any_controller> server(c, model, w0.data(), make_controller("bsp", 3), sgd<float>{0.125f}, o);
-      const auto t0 = std::chrono::steady_clock::now();
       server.run();  // returns: it did not end on the bad message
-      CHECK(std::chrono::steady_clock::now() - t0 < 20s);  // dropped at once, not at evict_after
+      // Dropped for the message, not at evict_after: the reason says which (no clock needed).
       const ps_stats& st = server.stats();
       CHECK(st.evictions.size() == 1);
       if (st.evictions.size() == 1) {
