@@ -10,6 +10,9 @@
 ///     ---- the wire ----     the greeting, the challenge, message codes (detail)
 ///     ---- the server ----   tcp_store_server: one thread, bounded connections and table
 ///     ---- the client ----   tcp_store: every call with a deadline, reconnecting as needed
+///
+/// Over 800 lines: both ends of one authenticated protocol, kept in one header so a change to
+/// the wire cannot reach one end without the other.
 #pragma once
 
 #include <cadence/core/detail/sha256.hpp>

@@ -10,7 +10,8 @@
 /// (server 0's, and how the other servers follow them); messages out (replies, refusals, notices
 /// to the other servers); transfers in flight; liveness and evictions; the state. Beside it in
 /// ps/detail/: the wire format (protocol.hpp), the per-worker tables (roster.hpp), the
-/// transfers in flight (flights.hpp), the statistics (record.hpp).
+/// transfers in flight (flights.hpp), the statistics (record.hpp). Over 800 lines: what is left
+/// here is the server's one event loop and the state it mutates, which only read together.
 #pragma once
 
 #include <cadence/controllers/controller.hpp>

@@ -11,6 +11,9 @@
 // report; a survivor at K - 1 (its T failed while another's completed) is behind and receives
 // the state of a member at K, like a newcomer. So no member keeps a result another gave up, and
 // every survivor ends at K with the same state.
+//
+// Over 800 lines on purpose: the protocol's states and their transitions are one state machine,
+// and splitting it across files would separate each message from the transitions it drives.
 #pragma once
 
 #include <cadence/core/error.hpp>
