@@ -1,0 +1,318 @@
+// cadence-chaos-rank: one rank of a collective job that survives faults, for the chaos soak
+// (chaos_soak.py, docs/collective.md "Chaos soak"). A process over ZeroMQ on a membership member
+// and its quorum view averages its parameters (periodic_averager every --period local steps, or
+// the bucketed all-reducer's gradients every step with --mode bsp) inside member::transact(), and
+// prints one JSON line per event on stdout, flushed, for the soak to check: start, every
+// committed sync (step, quorum, state hash), every reconfiguration, the first commit after a
+// loss (the member's time from detecting it), the state received, done. --join makes it a
+// restarted or late process that joins the running job. An application, not part of the library.
+#include <cadence/exchange/bucketed_allreducer.hpp>
+#include <cadence/exchange/periodic_averager.hpp>
+#include <cadence/membership/member.hpp>
+#include <cadence/transport/zmq/communicator.hpp>
+
+#include "flags.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace mb = cadence::membership;
+namespace tr = cadence::transport;
+using cadence::tools::usage_error;
+using json = nlohmann::json;
+using zmq_member = mb::member<tr::zmq_communicator>;
+using view_t = mb::quorum_view<tr::zmq_communicator>;
+
+struct options {
+  int rank = -1, size = 0;
+  std::string rendezvous, rendezvous_file, secret_file, address = "127.0.0.1", mode = "periodic";
+  bool join = false, insecure = false;
+  double mib = 4;
+  std::size_t period = 2;
+  std::uint64_t syncs = 100;
+  int step_ms = 2, heartbeat_ms = 1000, join_timeout_ms = 30000, connect_timeout_ms = 30000;
+};
+
+const char* const usage =
+    "usage: cadence-chaos-rank --rank R --size N (--rendezvous tcp://H:P | --rendezvous-file F) [options]\n";
+
+options parse(int argc, char** argv, std::string& help) {
+  using namespace cadence::tools;
+  options o;
+  command_line cli(usage,
+                   "One rank of a fault-tolerant collective job over ZeroMQ (the chaos soak's process):\n"
+                   "averages its parameters on a membership quorum and prints one JSON line per\n"
+                   "event on stdout. Exit status: 0 done, 3 evicted or no quorum left (a faulted\n"
+                   "rank's fate), 2 bad command line, 1 any other error.",
+                   24);
+  cli.add_option("--rank", o.rank, "this process's rank (its slot)")->option_text("R")->check(integer<int>(0, 1 << 16))->required();
+  cli.add_option("--size", o.size, "ranks in the job (slots)")->option_text("N")->check(integer<int>(1, 1 << 16))->required();
+  cli.add_option("--rendezvous", o.rendezvous,
+                 "rank 0 binds this ZeroMQ address (port 0: any), the others register there")
+      ->option_text("tcp://H:P");
+  cli.add_option("--rendezvous-file", o.rendezvous_file,
+                 "rank 0 writes the address it bound here; the others wait for the file\n"
+                 "(with --rendezvous on rank 0: binds that, then writes it)")
+      ->option_text("F");
+  cli.add_option("--address", o.address, "the address this process binds its endpoint on (default 127.0.0.1)")
+      ->option_text("A");
+  cli.add_option("--secret-file", o.secret_file,
+                 "the job secret, a key file (mode 600) holding its hex (default:\n$CADENCE_JOB_SECRET)")
+      ->option_text("F");
+  cli.add_flag("--insecure", o.insecure, "no job secret: nothing authenticated or encrypted (loopback only)");
+  cli.add_flag("--join", o.join,
+               "a restarted or late process: joins the running job (not rank 0: it holds the\n"
+               "rendezvous, which a new process cannot take over)");
+  cli.add_option("--mode", o.mode, "periodic (default: periodic_averager, retried on a fault) or bsp\n"
+                                   "(bucketed_allreducer every step, a failed step discarded)")
+      ->option_text("M")
+      ->check(one_of({"periodic", "bsp"}));
+  cli.add_option("--mib", o.mib, "MiB of parameters (default 4)")->option_text("X")->check(positive(4096));
+  cli.add_option("--period", o.period, "periodic: local steps between syncs (default 2)")
+      ->option_text("K")
+      ->check(integer<std::size_t>(1, 1000000));
+  cli.add_option("--syncs", o.syncs, "stop once the job has committed this many syncs (default 100)")
+      ->option_text("N")
+      ->check(integer<std::uint64_t>(1, std::uint64_t{1} << 40));
+  cli.add_option("--step-ms", o.step_ms, "milliseconds a local step sleeps (its compute; default 2)")
+      ->option_text("MS")
+      ->check(integer<int>(0, 60000));
+  cli.add_option("--heartbeat-ms", o.heartbeat_ms,
+                 "the heartbeat timeout; op = 4x, quorum = 8x (membership::timeouts::scaled;\ndefault 1000)")
+      ->option_text("MS")
+      ->check(integer<int>(10, 600000));
+  cli.add_option("--join-timeout-ms", o.join_timeout_ms, "--join: the wait to be admitted (default 30000)")
+      ->option_text("MS")
+      ->check(integer<int>(1, 3600000));
+  cli.add_option("--connect-timeout-ms", o.connect_timeout_ms,
+                 "the wait for the rendezvous file and the communicator's construction\n(default 30000)")
+      ->option_text("MS")
+      ->check(integer<int>(1, 3600000));
+  cli.at_most_one_of({"--secret-file", "--insecure"});
+  if (!cli.read(argc, argv)) {
+    help = cli.help();
+    return o;
+  }
+  if (o.rank >= o.size)
+    throw usage_error("--rank " + std::to_string(o.rank) + " is out of range for --size " + std::to_string(o.size) +
+                      " (ranks 0.." + std::to_string(o.size - 1) + ")");
+  if (o.rendezvous.empty() && o.rendezvous_file.empty()) throw usage_error("needs --rendezvous or --rendezvous-file");
+  if (o.rank == 0 && o.rendezvous.empty()) o.rendezvous = "tcp://" + o.address + ":0";
+  if (o.join && o.rank == 0)
+    throw usage_error("--join: rank 0 cannot rejoin: it holds the job's rendezvous, and a new process cannot take "
+                      "it over (the others registered with the old one; docs/transports.md, ZeroMQ)");
+  return o;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// One JSON object per line, flushed: the soak reads them as they come.
+void emit(json j) {
+  j["t"] = now_seconds();
+  const std::string line = j.dump();
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+std::string hex(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The rendezvous address a rank other than 0 registers at: --rendezvous, or the first line of
+// --rendezvous-file once rank 0 has written it (it renames a finished file into place).
+std::string rendezvous_of(const options& o) {
+  if (!o.rendezvous.empty()) return o.rendezvous;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.connect_timeout_ms);
+  for (;;) {
+    std::ifstream in(o.rendezvous_file);
+    std::string line;
+    if (in && std::getline(in, line) && !line.empty()) return line;
+    if (std::chrono::steady_clock::now() >= until)
+      throw cadence::error("--rendezvous-file " + o.rendezvous_file + ": no address written there within " +
+                           std::to_string(o.connect_timeout_ms) + " ms (is rank 0 running?)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+void publish(const std::string& file, const std::string& address) {
+  const std::string tmp = file + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp);
+    out << address << '\n';
+    if (!out) throw cadence::error("--rendezvous-file " + file + ": cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), file.c_str()) != 0)
+    throw cadence::error("--rendezvous-file " + file + ": cannot rename " + tmp + " into place");
+}
+
+tr::job_secret secret_of(const options& o) {
+  if (!o.secret_file.empty()) return tr::job_secret::from_file(o.secret_file);
+  tr::job_secret s = tr::job_secret::from_environment();
+  if (s.empty())
+    throw usage_error("no job secret: set $CADENCE_JOB_SECRET (hex), give --secret-file, or --insecure on loopback");
+  return s;
+}
+
+json ranks_of(const mb::quorum& q) { return json(q.ranks); }
+
+int run(const options& o) {
+  mb::member_options mo;
+  mo.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(o.heartbeat_ms));
+  mo.join_timeout = std::chrono::milliseconds(o.join_timeout_ms);
+  tr::zmq_options zo;
+  if (o.insecure) {
+    zo.security = tr::wire_security::open;
+  } else {
+    zo.secret = secret_of(o);
+  }
+  zo.heartbeat_interval = mo.timeouts.heartbeat_interval;
+  zo.heartbeat_timeout = mo.timeouts.heartbeat_timeout;
+  zo.endpoint = "tcp://" + o.address + ":0";
+  // Every process may be a late one (a slot still absent waits: a late joiner's, or the first
+  // quorum's, which the quorum timeout bounds), so construction waits for this rank alone.
+  zo.wait_for = tr::zmq_wait_for::self;
+  if (o.rank == 0) {
+    zo.rendezvous = o.rendezvous;
+    if (!o.rendezvous_file.empty()) zo.on_rendezvous_bound = [&](const std::string& a) { publish(o.rendezvous_file, a); };
+  } else {
+    zo.rendezvous = rendezvous_of(o);
+  }
+  tr::zmq_communicator comm(o.rank, o.size, zo, tr::deadline(std::chrono::milliseconds(o.connect_timeout_ms)));
+
+  const auto elements = static_cast<std::size_t>(o.mib * 1024 * 1024 / sizeof(double));
+  std::vector<double> params(elements, 1.0), grads(elements, 0.0);
+  zmq_member m(comm, mo);
+  m.add_state(params);
+
+  // What the member reports, kept for the lines below.
+  std::optional<double> detected_at;  // a loss was seen: when (the reconfiguration's start)
+  std::vector<int> lost_pending;
+  mb::member_stats last = m.stats();
+  m.on_change([&](const mb::change& c) {
+    const mb::member_stats s = m.stats();
+    const double t = now_seconds();
+    emit({{"event", "reconfig"}, {"rank", o.rank}, {"quorum", c.after.id}, {"before", ranks_of(c.before)},
+          {"members", ranks_of(c.after)}, {"lost", c.lost}, {"admitted", c.admitted}, {"healed", c.healed},
+          {"step", c.committed}, {"seconds", s.last_reconfiguration_seconds}});
+    if (!c.lost.empty()) {
+      if (!detected_at) detected_at = t - s.last_reconfiguration_seconds;
+      lost_pending.insert(lost_pending.end(), c.lost.begin(), c.lost.end());
+    }
+    if (s.state_received_bytes > last.state_received_bytes)
+      emit({{"event", "state"}, {"rank", o.rank}, {"bytes", s.state_received_bytes - last.state_received_bytes},
+            {"seconds", s.state_receive_seconds - last.state_receive_seconds}, {"step", c.committed}});
+    last = s;
+  });
+
+  if (o.join)
+    m.join();
+  else
+    m.start();
+  emit({{"event", "start"}, {"rank", o.rank}, {"pid", static_cast<long>(::getpid())}, {"join", o.join},
+        {"quorum", m.current().id}, {"members", ranks_of(m.current())}, {"step", m.committed()},
+        {"state_bytes", elements * sizeof(double)}, {"mode", o.mode}});
+
+  view_t& view = m.view();
+  cadence::exchange::periodic_averager<view_t> avg(view, o.mode == "periodic" ? o.period : 1);
+  std::optional<cadence::exchange::bucketed_allreducer<view_t>> reducer;
+  if (o.mode == "bsp") {
+    reducer.emplace(view);
+    reducer->add(grads.data(), grads.size());
+  }
+  std::uint64_t local = 0;
+  const auto step = [&] {  // deterministic per rank and local step: sparse, cheap, distinct
+    ++local;
+    const double d = 0.01 * (o.rank + 1) + 0.001 * static_cast<double>(local % 7);
+    if (o.mode == "periodic")
+      for (std::size_t i = 0; i < params.size(); i += 97) params[i] += d;
+    else
+      for (std::size_t i = 0; i < grads.size(); i += 97) grads[i] = d;
+    if (o.step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
+  };
+
+  while (m.committed() < o.syncs) {
+    mb::sync_report r;
+    if (o.mode == "periodic") {
+      step();
+      if (!avg.step_done()) continue;
+      r = m.transact([&] { avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())}); }, {params});
+      if (r.outcome != mb::outcome::committed) avg.restart_period();
+    } else {
+      step();
+      r = m.transact([&] { reducer->average(); }, {grads}, mb::on_loss::discard);
+      if (r.outcome == mb::outcome::committed)
+        for (std::size_t i = 0; i < params.size(); ++i) params[i] -= 0.5 * grads[i];  // the optimizer step
+    }
+    if (r.outcome == mb::outcome::discarded) {
+      emit({{"event", "discarded"}, {"rank", o.rank}, {"step", m.committed()}, {"quorum", m.current().id},
+            {"attempts", r.attempts}});
+      continue;
+    }
+    // A committed sync's state is the same on every member that committed it (the soak compares
+    // the hashes per step); a healed member holds a donor's state as it stood at the donor's
+    // next sync point, so its hash is reported apart.
+    emit({{"event", r.outcome == mb::outcome::committed ? "commit" : "healed"}, {"rank", o.rank}, {"step", r.committed},
+          {"quorum", m.current().id}, {"members", ranks_of(m.current())}, {"hash", hex(m.state_hash())},
+          {"attempts", r.attempts}});
+    if (r.outcome == mb::outcome::committed && detected_at) {
+      emit({{"event", "recovered"}, {"rank", o.rank}, {"lost", lost_pending}, {"step", r.committed},
+            {"seconds", now_seconds() - *detected_at}});
+      detected_at.reset();
+      lost_pending.clear();
+    }
+  }
+  const mb::member_stats s = m.stats();
+  emit({{"event", "done"}, {"rank", o.rank}, {"step", m.committed()}, {"quorum", m.current().id},
+        {"members", ranks_of(m.current())}, {"hash", hex(m.state_hash())}, {"reconfigurations", s.reconfigurations},
+        {"failed_syncs", s.failed_syncs}, {"retries", s.retries}, {"discarded", s.discarded},
+        {"state_sent_bytes", s.state_sent_bytes}, {"state_received_bytes", s.state_received_bytes}});
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string help;
+  options o;
+  try {
+    o = parse(argc, argv, help);
+    if (!help.empty()) {
+      std::fputs(help.c_str(), stdout);
+      return 0;
+    }
+    return run(o);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "cadence-chaos-rank: error: %s\n", e.what());
+    return 2;
+  } catch (const mb::evicted_error& e) {
+    // A stopped process that comes back finds the quorum gone on without it: its expected fate.
+    emit({{"event", "stopped"}, {"rank", o.rank}, {"reason", "evicted"}, {"message", e.what()}});
+    std::fprintf(stderr, "cadence-chaos-rank (rank %d): evicted: %s\n", o.rank, e.what());
+    return 3;
+  } catch (const mb::quorum_error& e) {
+    emit({{"event", "stopped"}, {"rank", o.rank}, {"reason", "quorum"}, {"message", e.what()}});
+    std::fprintf(stderr, "cadence-chaos-rank (rank %d): no quorum: %s\n", o.rank, e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cadence-chaos-rank (rank %d): error: %s\n", o.rank, e.what());
+    return 1;
+  }
+}
