@@ -5,12 +5,11 @@
 
 #include "transport/conformance.hpp"
 #include "gloo_ranks.hpp"
+#include "support/processes.hpp"
 
 #include <doctest/doctest.h>
 
 #include <signal.h>
-#include <sys/types.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -162,22 +161,14 @@ TEST_CASE("abort() from a watchdog thread ends a blocked call; later calls throw
 TEST_CASE("several communicators share one store folder under different prefixes" *
           doctest::timeout(60)) {
   temp_store store;
-  std::vector<std::thread> ranks;
   std::vector<std::int64_t> sums(4, -1);
-  for (int r = 0; r < 4; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        // Two worlds of two ranks: {0, 1} under "a", {2, 3} under "b".
-        gloo_communicator c(r % 2, 2, options_for(store.path, r < 2 ? "a" : "b"), 30s);
-        std::int64_t v = r;
-        c.allreduce(&v, 1, dtype::i64, reduce_op::sum, 30s);
-        sums[static_cast<std::size_t>(r)] = v;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
+  cadence_test::run_threads(4, [&](int r) {
+    // Two worlds of two ranks: {0, 1} under "a", {2, 3} under "b".
+    gloo_communicator c(r % 2, 2, options_for(store.path, r < 2 ? "a" : "b"), 30s);
+    std::int64_t v = r;
+    c.allreduce(&v, 1, dtype::i64, reduce_op::sum, 30s);
+    sums[static_cast<std::size_t>(r)] = v;
+  });
   CHECK(sums == std::vector<std::int64_t>{1, 1, 5, 5});
 }
 
@@ -286,136 +277,79 @@ TEST_CASE("gloo try_recv: a large message, and abort() wakes a waiting try_recv"
 
 namespace {
 
+using cadence_test::rank_check;
+
 // One rank of a scenario, in a child process. Exit 0: as expected; 1: a check failed (the
 // reason on stderr); the victim never exits by itself: it kills itself with SIGKILL.
 int run_rank(const std::string& scenario, int rank, int size, const std::string& store) {
   const int victim = size - 1;
-  try {
-    gloo_communicator c(rank, size, options_for(store, "world"), 20s);
-    std::vector<float> buf(std::size_t{1} << 18, 1.0f);  // 1 MiB: the ring
-    if (scenario == "collective")
-      for (int k = 0; k < 3; ++k) c.allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, 20s);
-    if (rank == victim) {
-      std::this_thread::sleep_for(300ms);  // the others are blocked waiting for it by now
-      ::kill(::getpid(), SIGKILL);
-    }
-    // "collective": every survivor is in the all-reduce; "recv": rank 0 waits in recv for the
-    // victim while the others go straight on.
-    if (scenario == "collective" || rank == 0) {
-      const auto t0 = steady::now();
-      std::string what;
-      try {
-        if (scenario == "collective") {
-          c.allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, 20s);
-        } else {
-          float x = 0;
-          c.recv(&x, sizeof x, victim, 5, 20s);
-        }
-        std::fprintf(stderr, "rank %d: the call returned although rank %d was killed\n", rank, victim);
-        return 1;
-      } catch (const transport_error& e) {
-        what = e.what();
-      }
-      const double waited = std::chrono::duration<double>(steady::now() - t0).count();
-      const std::string needle = "lost rank " + std::to_string(victim);
-      if (what.find(needle) == std::string::npos || waited > 10.0 || !c.failed()) {
-        std::fprintf(stderr, "rank %d: expected \"%s\" well within the deadline, got \"%s\" after %.3f s\n",
-                     rank, needle.c_str(), what.c_str(), waited);
-        return 1;
-      }
-      std::fprintf(stderr, "rank %d (expected): %s (after %.3f s)\n", rank, what.c_str(), waited);
-    }
-    // The survivors go on: a new communicator among themselves under a fresh prefix.
-    gloo_communicator after(rank, size - 1, options_for(store, "survivors"), 20s);
-    std::int64_t v = 1;
-    after.allreduce(&v, 1, dtype::i64, reduce_op::sum, 20s);
-    if (v != size - 1) {
-      std::fprintf(stderr, "rank %d: survivors' all-reduce gave %lld\n", rank, static_cast<long long>(v));
-      return 1;
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-    return 1;
+  gloo_communicator c(rank, size, options_for(store, "world"), 20s);
+  std::vector<float> buf(std::size_t{1} << 18, 1.0f);  // 1 MiB: the ring
+  if (scenario == "collective")
+    for (int k = 0; k < 3; ++k) c.allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, 20s);
+  if (rank == victim) {
+    std::this_thread::sleep_for(300ms);  // the others are blocked waiting for it by now
+    ::kill(::getpid(), SIGKILL);
   }
+  // "collective": every survivor is in the all-reduce; "recv": rank 0 waits in recv for the
+  // victim while the others go straight on.
+  if (scenario == "collective" || rank == 0) {
+    const auto t0 = steady::now();
+    const std::string needle = "lost rank " + std::to_string(victim);
+    const std::string what = cadence_test::rank_expect_throw<transport_error>(
+        [&] {
+          if (scenario == "collective") {
+            c.allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, 20s);
+          } else {
+            float x = 0;
+            c.recv(&x, sizeof x, victim, 5, 20s);
+          }
+        },
+        needle);
+    const double waited = std::chrono::duration<double>(steady::now() - t0).count();
+    rank_check(waited <= 10.0, "\"" + what + "\" came after " + std::to_string(waited) + " s, not well within the deadline");
+    rank_check(c.failed(), "the communicator that lost a rank in a collective call did not fail");
+    std::fprintf(stderr, "rank %d (expected): %s (after %.3f s)\n", rank, what.c_str(), waited);
+  }
+  // The survivors go on: a new communicator among themselves under a fresh prefix.
+  gloo_communicator after(rank, size - 1, options_for(store, "survivors"), 20s);
+  std::int64_t v = 1;
+  after.allreduce(&v, 1, dtype::i64, reduce_op::sum, 20s);
+  rank_check(v == size - 1, "the survivors' all-reduce gave " + std::to_string(v));
+  return 0;
 }
 
-struct child {
-  pid_t pid = -1;
-  int status = 0;
-  bool done = false;
-};
-
-// Starts `size` processes of this executable on one scenario and waits for all of them
-// (killing leftovers at `limit`). Returns their wait statuses.
-std::vector<child> run_processes(const std::string& scenario, int size, std::chrono::seconds limit) {
+// Starts `size` processes of this executable on one scenario, waits for all of them (killing
+// leftovers at 60 s) and checks that the victim (the last rank) died of its SIGKILL and every
+// other rank passed its checks.
+void run_processes(const std::string& scenario, int size) {
   temp_store store;
-  std::vector<child> kids(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      const std::string rank = std::to_string(r), n = std::to_string(size);
-      ::execl("/proc/self/exe", "cadence-gloo-rank", "--gloo-rank", scenario.c_str(), rank.c_str(),
-              n.c_str(), store.path.c_str(), static_cast<char*>(nullptr));
-      std::_Exit(127);
-    }
-    kids[static_cast<std::size_t>(r)].pid = pid;
-  }
-  const auto until = steady::now() + limit;
-  for (;;) {
-    bool all = true;
-    for (auto& k : kids) {
-      if (k.done) continue;
-      if (::waitpid(k.pid, &k.status, WNOHANG) == k.pid)
-        k.done = true;
-      else
-        all = false;
-    }
-    if (all) break;
-    if (steady::now() >= until) {
-      for (auto& k : kids) {
-        if (k.done) continue;
-        ::kill(k.pid, SIGKILL);
-        ::waitpid(k.pid, &k.status, 0);
-        k.done = true;
-        FAIL_CHECK("a rank of scenario " << scenario << " was still running after " << limit.count()
-                                         << " s and was killed");
-      }
-      break;
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-  return kids;
-}
-
-void check_processes(const std::vector<child>& kids) {
-  const int victim = static_cast<int>(kids.size()) - 1;
-  for (int r = 0; r < static_cast<int>(kids.size()); ++r) {
-    const int st = kids[static_cast<std::size_t>(r)].status;
-    if (r == victim) {
-      CHECK_MESSAGE((WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL), "the victim did not die of SIGKILL");
-    } else {
-      CHECK_MESSAGE((WIFEXITED(st) && WEXITSTATUS(st) == 0),
-                    "survivor rank " << r << " failed (its stderr says why)");
-    }
-  }
+  std::vector<cadence_test::rank_process> ranks;
+  for (int r = 0; r < size; ++r)
+    ranks.push_back(cadence_test::start_rank(
+        "rank " + std::to_string(r) + " of scenario " + scenario,
+        {"cadence-gloo-rank", "--gloo-rank", scenario, std::to_string(r), std::to_string(size), store.path}));
+  cadence_test::wait_ranks(ranks, 60s);
+  for (int r = 0; r + 1 < size; ++r) cadence_test::check_exited(ranks[static_cast<std::size_t>(r)]);
+  cadence_test::check_killed(ranks.back());
 }
 
 }  // namespace
 
 int cadence_gloo_rank_main(int argc, char** argv) {
   if (argc != 6) return 2;
-  return run_rank(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), argv[5]);
+  return cadence_test::rank_main("rank " + std::string(argv[3]),
+                                 [&] { return run_rank(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), argv[5]); });
 }
 
 TEST_CASE("a rank killed with SIGKILL mid all-reduce: the others throw transport_error naming "
           "it at once, and go on without it" * doctest::timeout(120)) {
-  check_processes(run_processes("collective", 3, 60s));
+  run_processes("collective", 3);
 }
 
 TEST_CASE("a rank killed with SIGKILL while another waits in recv for it: the recv throws "
           "naming it at once" * doctest::timeout(120)) {
-  check_processes(run_processes("recv", 3, 60s));
+  run_processes("recv", 3);
 }
 
 // The conformance suite's mixed sequence on four ranks too: recursive doubling with two rounds

@@ -6,21 +6,17 @@
 #include <cadence/transport/gloo/communicator.hpp>
 
 #include "support/events.hpp"
+#include "support/threads.hpp"
 
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
 
 #include <chrono>
-#include <cstdio>
-#include <exception>
 #include <filesystem>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <system_error>
-#include <thread>
-#include <vector>
 
 namespace cadence_gloo_test {
 
@@ -57,24 +53,10 @@ struct gloo_threads_harness {
     temp_store store;
     const cadence_test::events ev;
     const cadence_test::scoped_events scope(ev);
-    std::mutex m;
-    std::vector<std::string> errors;
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < N; ++r) {
-      ranks.emplace_back([&, r] {
-        try {
-          cadence::transport::gloo_communicator c(r, N, options_for(store.path),
-                                                  std::chrono::seconds(30));
-          body(c);
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(m);
-          errors.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-          std::fprintf(stderr, "%s\n", errors.back().c_str());  // now: the others may wait for it
-        }
-      });
-    }
-    for (auto& t : ranks) t.join();
-    for (const auto& e : errors) FAIL_CHECK(e);
+    cadence_test::run_threads(N, [&](int r) {
+      cadence::transport::gloo_communicator c(r, N, options_for(store.path), std::chrono::seconds(30));
+      body(c);
+    });
   }
 };
 using gloo_harness = gloo_threads_harness<3>;

@@ -3,12 +3,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include <cstring>
+#include "support/processes.hpp"
 
 int cadence_gloo_rank_main(int argc, char** argv);  // communicator_test.cpp
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "--gloo-rank") == 0) return cadence_gloo_rank_main(argc, argv);
-  doctest::Context context(argc, argv);
-  return context.run();
+  return cadence_test::tests_or_rank(argc, argv, "--gloo-rank", &cadence_gloo_rank_main);
 }

@@ -9,15 +9,11 @@
 #include <cadence/transport/zmq/communicator.hpp>
 
 #include "support/events.hpp"
+#include "support/processes.hpp"
 #include "transport/conformance.hpp"
 #include "zmq_ranks.hpp"
 
 #include <doctest/doctest.h>
-
-#include <signal.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -27,12 +23,15 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace cadence;
 using namespace cadence::transport;
 using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
+using cadence_test::check_exited;
+using cadence_test::check_killed;
 
 namespace {
 
@@ -60,26 +59,14 @@ zmq_options rank_options(int rank, const cadence_test::events& ev, zmq_wait_for 
   return o;
 }
 
-struct check_failed : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-#define RANK_CHECK(cond, what)                                        \
-  do {                                                                \
-    if (!(cond)) throw check_failed(std::string("check failed: ") + (what)); \
-  } while (0)
+using cadence_test::rank_check;
 
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
 // Runs f, which must throw transport_error mentioning `needle`; returns its message.
 template <class F>
 std::string expect_lost(F&& f, const std::string& needle) {
-  try {
-    f();
-  } catch (const transport_error& e) {
-    RANK_CHECK(contains(e.what(), needle), std::string("\"") + e.what() + "\" should mention \"" + needle + "\"");
-    return e.what();
-  }
-  throw check_failed("expected a transport_error mentioning \"" + needle + "\"");
+  return cadence_test::rank_expect_throw<transport_error>(std::forward<F>(f), needle);
 }
 
 // Waits (polling the communicator) until `peer` is in state s; false after 30 s (a hang).
@@ -105,11 +92,11 @@ int run_lost(const std::string& scenario, int rank, const cadence_test::events& 
     ev.post("victim ready");
     // Killed here (kill), or stopped here and resumed later (stop): then cut off, it finds its
     // peers lost.
-    RANK_CHECK(ev.wait("victim resumed"), "the test never resumed the victim");
-    RANK_CHECK(await_state(c, 0, zmq_peer_state::lost), "the resumed victim never saw rank 0 lost");
+    rank_check(ev.wait("victim resumed"), "the test never resumed the victim");
+    rank_check(await_state(c, 0, zmq_peer_state::lost), "the resumed victim never saw rank 0 lost");
     std::int32_t v = 5;
     expect_lost([&] { c.send(&v, sizeof v, 0, 3, 5s); }, "lost rank 0");
-    RANK_CHECK(!c.failed(), "the resumed victim's communicator failed");
+    rank_check(!c.failed(), "the resumed victim's communicator failed");
     return 0;
   }
   if (rank == 1) {
@@ -128,46 +115,46 @@ int run_lost(const std::string& scenario, int rank, const cadence_test::events& 
     std::int64_t round = 0;
     const auto limit = steady::now() + 30s;
     for (; lost.empty(); ++round) {
-      RANK_CHECK(steady::now() < limit, "rank 0 never saw rank 2 lost");
+      rank_check(steady::now() < limit, "rank 0 never saw rank 2 lost");
       c.send(&round, sizeof round, 1, ping_tag, 30s);
       std::int64_t pong = -1;
       c.recv(&pong, sizeof pong, 1, pong_tag, 30s);
-      RANK_CHECK(pong == round, "a pong out of order");
+      rank_check(pong == round, "a pong out of order");
       if (round == 5) ev.post("talking");
       try {
-        RANK_CHECK(!w.test(), "the receive from the victim completed");
+        rank_check(!w.test(), "the receive from the victim completed");
       } catch (const transport_error& e) {
         lost = e.what();
       }
     }
     std::fprintf(stderr, "rank 0 (expected): %s\n", lost.c_str());
-    RANK_CHECK(contains(lost, "recv #") && contains(lost, "lost rank 2"), "the lost receive should name rank 2: " + lost);
-    if (scenario == "stop") RANK_CHECK(contains(lost, "heartbeat"), "a stopped peer is lost by its silence: " + lost);
-    RANK_CHECK(!c.failed(), "losing rank 2 failed the communicator");
-    RANK_CHECK(c.peer_state(victim) == zmq_peer_state::lost, "rank 2 is not lost");
+    rank_check(contains(lost, "recv #") && contains(lost, "lost rank 2"), "the lost receive should name rank 2: " + lost);
+    if (scenario == "stop") rank_check(contains(lost, "heartbeat"), "a stopped peer is lost by its silence: " + lost);
+    rank_check(!c.failed(), "losing rank 2 failed the communicator");
+    rank_check(c.peer_state(victim) == zmq_peer_state::lost, "rank 2 is not lost");
     // Point to point with the lost rank fails at once, alone; with the others it goes on.
     std::int32_t v = 1;
     const auto t0 = steady::now();
     expect_lost([&] { c.send(&v, sizeof v, victim, 3, 20s); }, "lost rank 2");
     expect_lost([&] { c.recv(&v, sizeof v, victim, 3, 20s); }, "lost rank 2");
-    RANK_CHECK(steady::now() - t0 < 5s, "calls to a lost peer waited");
+    rank_check(steady::now() - t0 < 5s, "calls to a lost peer waited");
     for (int k = 0; k < 20; ++k, ++round) {
       c.send(&round, sizeof round, 1, ping_tag, 30s);
       std::int64_t pong = -1;
       c.recv(&pong, sizeof pong, 1, pong_tag, 30s);
-      RANK_CHECK(pong == round, "a pong after the loss out of order");
+      rank_check(pong == round, "a pong after the loss out of order");
     }
     const std::int64_t stop = -1;
     c.send(&stop, sizeof stop, 1, ping_tag, 30s);
     std::int32_t who = -1;
-    RANK_CHECK(c.recv(&who, sizeof who, any_source, any_tag, 30s) == 1 && who == 1, "any_source after the loss");
-    RANK_CHECK(!c.failed(), "point to point after the loss failed the communicator");
+    rank_check(c.recv(&who, sizeof who, any_source, any_tag, 30s) == 1 && who == 1, "any_source after the loss");
+    rank_check(!c.failed(), "point to point after the loss failed the communicator");
     ev.post("survivors done");
   }
   // Collectives need every rank: this one fails the communicator, naming rank 2.
-  RANK_CHECK(ev.wait("survivors done"), "rank 0 never finished");
+  rank_check(ev.wait("survivors done"), "rank 0 never finished");
   expect_lost([&] { barrier(c, 20s); }, "lost rank 2");
-  RANK_CHECK(c.failed(), "a collective that lost a peer must fail the communicator");
+  rank_check(c.failed(), "a collective that lost a peer must fail the communicator");
   return 0;
 }
 
@@ -178,7 +165,7 @@ int run_restart(const std::string& role, int rank, const cadence_test::events& e
   zmq_communicator c(rank, 3, rank_options(rank, ev, zmq_wait_for::all), 20s);
   constexpr int tag = 5, reply_tag = 6;
   if (role == "restart-old") {
-    RANK_CHECK(c.incarnation(2) == 1, "the first process in slot 2 is incarnation 1");
+    rank_check(c.incarnation(2) == 1, "the first process in slot 2 is incarnation 1");
     const std::int32_t old = 1;
     c.send(&old, sizeof old, 0, tag, 20s);
     c.send(&old, sizeof old, 1, tag, 20s);
@@ -187,30 +174,30 @@ int run_restart(const std::string& role, int rank, const cadence_test::events& e
     return 1;
   }
   if (role == "restart-new") {
-    RANK_CHECK(c.incarnation(2) == 2, "the second process in slot 2 is incarnation 2");
+    rank_check(c.incarnation(2) == 2, "the second process in slot 2 is incarnation 2");
     const std::int32_t fresh = 2;
     for (int p : {0, 1}) c.send(&fresh, sizeof fresh, p, tag, 20s);
     for (int p : {0, 1}) {
       std::int32_t r = -1;
       c.recv(&r, sizeof r, p, reply_tag, 20s);
-      RANK_CHECK(r == 100 + p, "a reply from rank " + std::to_string(p));
+      rank_check(r == 100 + p, "a reply from rank " + std::to_string(p));
     }
     ev.post("new done");
     return 0;
   }
   // A survivor (rank 0 or 1).
   ev.post_rank("survivor ready", rank);
-  RANK_CHECK(await_state(c, 2, zmq_peer_state::lost), "the killed rank 2 was never seen lost");
+  rank_check(await_state(c, 2, zmq_peer_state::lost), "the killed rank 2 was never seen lost");
   ev.post_rank("lost seen", rank);
-  RANK_CHECK(await_state(c, 2, zmq_peer_state::alive), "the restarted rank 2 was never seen alive");
-  RANK_CHECK(c.incarnation(2) == 2, "the restarted rank 2 has incarnation " + std::to_string(c.incarnation(2)));
+  rank_check(await_state(c, 2, zmq_peer_state::alive), "the restarted rank 2 was never seen alive");
+  rank_check(c.incarnation(2) == 2, "the restarted rank 2 has incarnation " + std::to_string(c.incarnation(2)));
   std::int32_t got = -1;
   c.recv(&got, sizeof got, 2, tag, 20s);
-  RANK_CHECK(got == 2, "received " + std::to_string(got) + " from rank 2: the old process's message was not dropped");
+  rank_check(got == 2, "received " + std::to_string(got) + " from rank 2: the old process's message was not dropped");
   const std::int32_t reply = 100 + rank;
   c.send(&reply, sizeof reply, 2, reply_tag, 20s);
-  RANK_CHECK(!c.failed(), "a restart failed a survivor's communicator");
-  RANK_CHECK(ev.wait("new done"), "the restarted rank 2 never finished");
+  rank_check(!c.failed(), "a restart failed a survivor's communicator");
+  rank_check(ev.wait("new done"), "the restarted rank 2 never finished");
   return 0;
 }
 
@@ -222,7 +209,7 @@ int run_late(int rank, const cadence_test::events& ev) {
   constexpr int tag = 4;
   if (rank == 2) {
     std::int32_t got = -1;
-    RANK_CHECK(c.recv(&got, sizeof got, 0, tag, 20s) == 0 && got == 42, "the message that waited for rank 2");
+    rank_check(c.recv(&got, sizeof got, 0, tag, 20s) == 0 && got == 42, "the message that waited for rank 2");
     const std::int32_t back = 43;
     c.send(&back, sizeof back, 0, tag, 20s);
   } else if (rank == 1) {
@@ -230,20 +217,20 @@ int run_late(int rank, const cadence_test::events& ev) {
     c.recv(&ping, sizeof ping, 0, tag, 20s);
     c.send(&ping, sizeof ping, 0, tag, 20s);
   } else {
-    RANK_CHECK(c.peer_state(2) == zmq_peer_state::absent, "rank 2 is absent at first");
+    rank_check(c.peer_state(2) == zmq_peer_state::absent, "rank 2 is absent at first");
     const std::int32_t msg = 42;
     zmq_work s = c.isend(&msg, sizeof msg, 2, tag);
     std::int32_t answer = -1;
     zmq_work r = c.irecv(&answer, sizeof answer, 2, tag);
-    RANK_CHECK(!s.test() && !r.test(), "an operation with an absent peer completed");
+    rank_check(!s.test() && !r.test(), "an operation with an absent peer completed");
     std::int32_t ping = 7;  // the world runs without rank 2 (rank 1 registers meanwhile)
     c.send(&ping, sizeof ping, 1, tag, 20s);
     c.recv(&ping, sizeof ping, 1, tag, 20s);
-    RANK_CHECK(!s.test() && c.peer_state(2) == zmq_peer_state::absent, "rank 2 came before it was started");
+    rank_check(!s.test() && c.peer_state(2) == zmq_peer_state::absent, "rank 2 came before it was started");
     ev.post("running");
     s.wait(20s);
     r.wait(20s);
-    RANK_CHECK(answer == 43 && c.incarnation(2) == 1, "rank 2's answer");
+    rank_check(answer == 43 && c.incarnation(2) == 1, "rank 2's answer");
   }
   barrier(c, 20s);
   return 0;
@@ -251,68 +238,26 @@ int run_late(int rank, const cadence_test::events& ev) {
 
 int run_rank(const std::string& scenario, int rank, const std::string& events_dir) {
   const cadence_test::events ev(events_dir);
-  try {
+  return cadence_test::rank_main("rank " + std::to_string(rank) + " (" + scenario + ")", [&] {
     if (scenario == "kill" || scenario == "stop") return run_lost(scenario, rank, ev);
     if (scenario.rfind("restart-", 0) == 0) return run_restart(scenario, rank, ev);
     if (scenario == "late") return run_late(rank, ev);
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "rank %d (%s): %s\n", rank, scenario.c_str(), e.what());
-    return 1;
-  }
+  });
 }
 
 // ---- the test process ----
 
-struct child {
-  pid_t pid = -1;
-  int status = 0;
-  bool done = false;
-};
+using cadence_test::rank_process;
 
-child start(const std::string& scenario, int rank, const cadence_test::events& ev) {
-  child k;
-  k.pid = ::fork();
-  if (k.pid == 0) {
-    const std::string r = std::to_string(rank);
-    ::execl("/proc/self/exe", "cadence-zmq-rank", "--zmq-rank", scenario.c_str(), r.c_str(), ev.dir().c_str(),
-            static_cast<char*>(nullptr));
-    std::_Exit(127);
-  }
-  return k;
+// Starts rank `rank` of `scenario` as a process of this executable, named by `who`.
+rank_process start(const std::string& scenario, int rank, const cadence_test::events& ev,
+                   const std::string& who) {
+  return cadence_test::start_rank(who, {"cadence-zmq-rank", "--zmq-rank", scenario, std::to_string(rank), ev.dir()});
 }
-
-// Waits for every child, killing those still running at `limit` (a hang).
-void finish(std::vector<child>& kids, std::chrono::seconds limit) {
-  const auto until = steady::now() + limit;
-  for (;;) {
-    bool all = true;
-    for (auto& k : kids) {
-      if (k.done) continue;
-      if (::waitpid(k.pid, &k.status, WNOHANG) == k.pid)
-        k.done = true;
-      else
-        all = false;
-    }
-    if (all) return;
-    if (steady::now() >= until) {
-      for (auto& k : kids) {
-        if (k.done) continue;
-        ::kill(k.pid, SIGKILL);
-        ::waitpid(k.pid, &k.status, 0);
-        k.done = true;
-        FAIL_CHECK("a rank was still running after " << limit.count() << " s and was killed");
-      }
-      return;
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-}
-
-void check_exited(const child& k, const std::string& who) {
-  CHECK_MESSAGE((WIFEXITED(k.status) && WEXITSTATUS(k.status) == 0),
-                who << " failed (status " << k.status << "; its stderr says why)");
+rank_process start(const std::string& scenario, int rank, const cadence_test::events& ev) {
+  return start(scenario, rank, ev, "rank " + std::to_string(rank));
 }
 
 }  // namespace
@@ -325,58 +270,59 @@ int cadence_zmq_rank_main(int argc, char** argv) {
 TEST_CASE("a peer killed with SIGKILL while the others talk fails only the receive that needs it; "
           "their point-to-point traffic goes on and failed() stays false" * doctest::timeout(120)) {
   const cadence_test::events ev;
-  std::vector<child> kids;
+  std::vector<rank_process> kids;
   for (int r = 0; r < 3; ++r) kids.push_back(start("kill", r, ev));
   CHECK(ev.wait("victim ready"));
   CHECK(ev.wait("talking"));
-  ::kill(kids[2].pid, SIGKILL);
-  finish(kids, 60s);
-  check_exited(kids[0], "rank 0");
-  check_exited(kids[1], "rank 1");
-  CHECK_MESSAGE((WIFSIGNALED(kids[2].status) && WTERMSIG(kids[2].status) == SIGKILL), "the victim did not die of SIGKILL");
+  kids[2].kill();
+  cadence_test::wait_ranks(kids, 60s);
+  check_exited(kids[0]);
+  check_exited(kids[1]);
+  check_killed(kids[2]);
 }
 
 TEST_CASE("a peer stopped with SIGSTOP past the heartbeat timeout is lost for the others, who go "
           "on; resumed, it finds itself cut off" * doctest::timeout(120)) {
   const cadence_test::events ev;
-  std::vector<child> kids;
+  std::vector<rank_process> kids;
   for (int r = 0; r < 3; ++r) kids.push_back(start("stop", r, ev));
   CHECK(ev.wait("victim ready"));
   CHECK(ev.wait("talking"));
-  ::kill(kids[2].pid, SIGSTOP);
+  kids[2].stop();
   CHECK(ev.wait("survivors done"));
   ev.post("victim resumed");
-  ::kill(kids[2].pid, SIGCONT);
-  finish(kids, 60s);
-  for (int r = 0; r < 3; ++r) check_exited(kids[static_cast<std::size_t>(r)], "rank " + std::to_string(r));
+  kids[2].resume();
+  cadence_test::wait_ranks(kids, 60s);
+  for (const auto& k : kids) check_exited(k);
 }
 
 TEST_CASE("a rank restarted in its slot (a new process) is seen alive again with a new "
           "incarnation, its messages flow and the old process's are dropped" * doctest::timeout(120)) {
   const cadence_test::events ev;
-  std::vector<child> kids;
+  std::vector<rank_process> kids;
   kids.push_back(start("restart-survivor", 0, ev));
   kids.push_back(start("restart-survivor", 1, ev));
   kids.push_back(start("restart-old", 2, ev));
   CHECK(ev.wait("old sent"));
   CHECK(ev.wait_ranks("survivor ready", 2, -1));
-  ::kill(kids[2].pid, SIGKILL);
+  kids[2].kill();
   CHECK(ev.wait_ranks("lost seen", 2, -1));
-  kids.push_back(start("restart-new", 2, ev));
-  finish(kids, 60s);
-  check_exited(kids[0], "rank 0");
-  check_exited(kids[1], "rank 1");
-  check_exited(kids[3], "the restarted rank 2");
+  kids.push_back(start("restart-new", 2, ev, "the restarted rank 2"));
+  cadence_test::wait_ranks(kids, 60s);
+  check_exited(kids[0]);
+  check_exited(kids[1]);
+  check_killed(kids[2]);
+  check_exited(kids[3]);
 }
 
 TEST_CASE("a late rank joins a running world (wait_for = self): what waited for it is delivered "
           "and collectives then include it" * doctest::timeout(120)) {
   const cadence_test::events ev;
-  std::vector<child> kids;
+  std::vector<rank_process> kids;
   kids.push_back(start("late", 0, ev));
   kids.push_back(start("late", 1, ev));
   CHECK(ev.wait("running"));
   kids.push_back(start("late", 2, ev));
-  finish(kids, 60s);
-  for (int r = 0; r < 3; ++r) check_exited(kids[static_cast<std::size_t>(r)], "rank " + std::to_string(r));
+  cadence_test::wait_ranks(kids, 60s);
+  for (const auto& k : kids) check_exited(k);
 }
