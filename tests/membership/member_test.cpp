@@ -4,6 +4,7 @@
 // the quorum rule's refusals. Every member records (committed count, state hash) in a ledger;
 // a count with two hashes is a divergent commit and fails the test.
 #include <cadence/exchange/bucketed_allreducer.hpp>
+#include <cadence/exchange/elastic_averager.hpp>
 #include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/inproc.hpp>
@@ -358,9 +359,11 @@ TEST_CASE("membership: misuse is refused with a message naming it") {
 
 // The exchange adapters run unchanged on the quorum's view, each sync in a transaction: model
 // averaging retries a failed merge on the survivors (the local steps are worth keeping), BSP
-// gradients give the step up everywhere (nobody applies it). Rank 1 is killed part-way.
-TEST_CASE("membership: periodic_averager and bucketed_allreducer on the quorum view survive a killed member") {
-  for (int adapter = 0; adapter < 2; ++adapter) {
+// gradients give the step up everywhere (nobody applies it). ElasticBSP plans again for the new
+// quorum in on_change (restart_plan), its ranks of unequal speed running unequal numbers of
+// local steps between merges. Rank 1 is killed part-way.
+TEST_CASE("membership: periodic, bucketed and elastic averaging on the quorum view survive a killed member") {
+  for (int adapter = 0; adapter < 3; ++adapter) {
     CAPTURE(adapter);
     inproc_world world(4);
     ledger book;
@@ -372,7 +375,10 @@ TEST_CASE("membership: periodic_averager and bucketed_allreducer on the quorum v
       mb::member<inproc_communicator> m(c, test_options());
       replica r(20000);
       std::vector<double> grad(r.params.size());
-      register_state(m, r);
+      if (adapter == 2)
+        m.add_state(r.params);  // the ranks' step counts differ under ElasticBSP: not state
+      else
+        register_state(m, r);
       m.start();
       using view_t = mb::quorum_view<inproc_communicator>;
       cadence::exchange::periodic_averager<view_t> avg(m.view(), 2);
@@ -380,10 +386,28 @@ TEST_CASE("membership: periodic_averager and bucketed_allreducer on the quorum v
       bo.bucket_bytes = 32 * 1024;
       cadence::exchange::bucketed_allreducer<view_t> bsp(m.view(), bo);
       bsp.add(grad.data(), grad.size());
+      cadence::exchange::elastic_averager_options eo;
+      eo.history = 4;
+      cadence::exchange::elastic_averager<view_t> elastic(m.view(), "elastic:4", eo);
+      std::uint64_t restarts = 0;
+      if (adapter == 2)
+        m.on_change([&](const mb::change& ch) {
+          elastic.restart_plan(ch.healed);
+          ++restarts;
+        });
       std::uint64_t discarded = 0;
+      std::int64_t most_local_steps = 0;
       while (m.committed() < 10) {
         mb::sync_report rep;
-        if (adapter == 0) {
+        if (adapter == 2) {
+          r.local_step(rank, m.committed());
+          // Ranks of unequal speed (rank 3 four times rank 0's step time): the plan gives the
+          // fast ones more local steps per merge once warm.
+          if (!elastic.step_done(std::int64_t{1000} * (rank + 1))) continue;
+          most_local_steps = std::max(most_local_steps, elastic.local_steps());
+          rep = m.transact([&] { elastic.sync({cadence::exchange::tensor_ref(r.params.data(), r.params.size())}); },
+                           {r.params});
+        } else if (adapter == 0) {
           r.local_step(rank, m.committed());
           if (!avg.step_done()) continue;
           rep = m.transact([&] { avg.sync({cadence::exchange::tensor_ref(r.params.data(), r.params.size())}); },
@@ -401,6 +425,12 @@ TEST_CASE("membership: periodic_averager and bucketed_allreducer on the quorum v
       }
       finish(m, out);
       out.stats.discarded = discarded;
+      if (adapter == 2) {
+        // A reconfiguration re-planned on every survivor, and the plans left BSP: some rank
+        // ran several local steps before a merge.
+        if (rank != 1) CHECK(restarts >= 1);
+        if (rank == 0) CHECK(most_local_steps > 1);
+      }
     });
     CHECK(res[1].error != "");
     for (int r : {0, 2, 3}) {

@@ -187,7 +187,9 @@ public:
   /// and dtype) in the same order. Throws invalid_parameter_error, before communicating, when
   /// the plan does not call for a barrier yet or a tensor is bad; transport_error when a peer
   /// fails or stalls, or when the ranks computed different plans. After a transport_error the
-  /// communicator has failed: the job ends (collectives are fail-stop).
+  /// communicator has failed: the job ends (collectives are fail-stop), except on a
+  /// membership::quorum_view, where the member re-forms the quorum and retries the sync after
+  /// restart_plan().
   void sync(span<const tensor_ref> tensors) {
     if (!due())
       throw invalid_parameter_error(here() + "sync() before the plan calls for it: " +
@@ -241,6 +243,24 @@ public:
     local_steps_ = 0;
   }
 
+  /// The ranks behind the communicator changed (a membership::quorum_view re-formed after a loss
+  /// or an admission: call it from member::on_change on every member): plans again for
+  /// comm.size() ranks, starting from a BSP round at barrier 0, so every member holds the same
+  /// plan whatever it had committed before. This rank's step history is kept (the next plan
+  /// predicts from it), and so are its local steps since its last merge unless
+  /// `local_steps_dropped` (the member was healed: its parameters are another member's merged
+  /// ones, so its own steps are gone); a sync() retried on the new quorum is due at once. The
+  /// summed-deltas anchor is dropped (the next merge averages). Throws invalid_parameter_error
+  /// when the communicator's size is no longer one the planner takes.
+  void restart_plan(bool local_steps_dropped = false) {
+    planner_ = make_planner(*comm_, config_, options_);
+    records_.assign(planner_.ranks() * planner_.record_words(), 0);
+    round_ = planner_.bsp_round(0, salt());
+    if (local_steps_dropped) local_steps_ = 0;
+    anchored_ = false;
+    anchor_bytes_.clear();
+  }
+
   /// The plan in force (the same on every rank).
   const elastic_round& round() const noexcept { return round_; }
   /// Local steps this rank runs before its next barrier.
@@ -251,7 +271,7 @@ public:
   std::int64_t local_steps() const noexcept { return local_steps_; }
   /// Local steps this rank has run since it was built.
   std::uint64_t total_steps() const noexcept { return total_steps_; }
-  /// Barriers completed, and plans that fell back to one step because prediction failed.
+  /// Barriers completed since the averager was built or its plan last restarted.
   std::uint64_t barriers() const noexcept { return round_.barrier; }
   /// Plans that fell back to one step per rank because prediction failed.
   std::uint64_t fallbacks() const noexcept { return planner_.fallbacks(); }
