@@ -212,7 +212,7 @@ int run(const options& o) {
     emit({{"event", "reconfig"}, {"rank", o.rank}, {"quorum", c.after.id}, {"before", ranks_of(c.before)},
           {"members", ranks_of(c.after)}, {"lost", c.lost}, {"admitted", c.admitted}, {"healed", c.healed},
           {"step", c.committed}, {"seconds", s.last_reconfiguration_seconds}});
-    if (!c.lost.empty()) {
+    if (!c.lost.empty() && c.before.id != 0) {  // not the first quorum's absentees
       if (!detected_at) detected_at = t - s.last_reconfiguration_seconds;
       lost_pending.insert(lost_pending.end(), c.lost.begin(), c.lost.end());
     }
@@ -257,9 +257,15 @@ int run(const options& o) {
       if (r.outcome != mb::outcome::committed) avg.restart_period();
     } else {
       step();
-      r = m.transact([&] { reducer->average(); }, {grads}, mb::on_loss::discard);
-      if (r.outcome == mb::outcome::committed)
-        for (std::size_t i = 0; i < params.size(); ++i) params[i] -= 0.5 * grads[i];  // the optimizer step
+      // The optimizer step inside the sync's body: a newcomer admitted when this sync commits
+      // receives the state as the body left it (before transact() returns), so an update
+      // applied after transact() would be missing from its copy (one step behind for good).
+      r = m.transact(
+          [&] {
+            reducer->average();
+            for (std::size_t i = 0; i < params.size(); ++i) params[i] -= 0.5 * grads[i];
+          },
+          {grads}, mb::on_loss::discard);
     }
     if (r.outcome == mb::outcome::discarded) {
       emit({{"event", "discarded"}, {"rank", o.rank}, {"step", m.committed()}, {"quorum", m.current().id},

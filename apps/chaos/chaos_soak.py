@@ -1,0 +1,655 @@
+#!/usr/bin/python3
+"""Chaos soak of a collective job that survives faults (issue 36): many short jobs of
+cadence-chaos-rank processes (one rank each, over ZeroMQ, on a membership member and its quorum
+view), each with seeded random faults injected while it runs, checked against the JSON lines
+the ranks print.
+
+Each trial starts --ranks processes (one slot held back in a fraction --late-join of the trials:
+it joins later), waits for their "start" lines (the first quorum formed), then injects one to
+--max-faults faults, one at a time: each when the job has committed the step drawn for it (a
+state, not a clock) and the previous fault's reconfiguration is over (a commit on a new quorum
+without the victim, or the newcomer admitted). The kinds:
+
+  kill          kill -9 of a random member (rank 0 included)
+  leader        kill -9 of the current leader (the lowest live rank)
+  stop          SIGSTOP, resumed after 2-4 heartbeat timeouts: the quorum has gone on without
+                it, so it must stop (evicted or refused: exit 3)
+  stop_forever  SIGSTOP never resumed (killed once the others are done)
+  restart       kill -9 of a member other than rank 0, then a new process in its slot with
+                --join after 0.05-1 s
+  late_join     the held-back slot starts with --join
+
+A fault that would leave fewer than 2 members, or a majority no longer reachable, is not drawn
+(destructive faults need 3 live members), nor is one that hits rank 0 while a join is still to
+come, nor a join once rank 0 is gone: rank 0 holds the ZeroMQ rendezvous, and a new process
+cannot register once it is lost (docs/transports.md), so restarts and late joins need it alive
+(the others survive its loss). Then it checks and reports:
+
+  hangs              a trial outlived --trial-timeout (generous: it only catches hangs)
+  divergent_commits  a step that two processes committed with different state hashes, or
+                     processes that finished with different hashes
+  lost_alive         a process never hit by a fault that was evicted or refused (exit 3)
+  rank_errors        a process never hit that failed otherwise (exit status not 0 or 3)
+  unfinished         a process never hit that did not print "done"
+  not_absorbed       a fault whose reconfiguration did not end within 8 quorum timeouts
+
+and measures: steps committed after the first fault against the ideal (the pre-fault pace over
+the same time, every initial member's steps) and against what the lost members' own work allows
+(the same pace times the quorum's size at each moment); the reconfiguration time, from the
+members' "recovered" lines (a member's detection of the loss to its first commit without the
+lost rank) and from this driver (the fault to the first commit on a new quorum: adds the
+detection, the heartbeat timeout for a stopped process); a joiner's admission (its start to its
+"start" line); the state transfer (bytes and seconds from the "state" lines) against the raw
+loopback TCP rate measured here.
+
+It prints ONE JSON object on stdout; one line per trial goes to stderr. The exit status is 1
+when any of the counts above is not zero (the failing trials' output is then kept and named on
+stderr), 2 on bad arguments, else 0.
+
+  /usr/bin/python3 apps/chaos/chaos_soak.py --rank-program build/bin/cadence-chaos-rank --trials 50 --seed 1
+
+Python 3 standard library only. The schedule of a trial depends only on --seed and the
+trial's number (and the options), so a failing trial can be rerun alone (--first-trial K
+--trials 1).
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+KINDS = ("kill", "leader", "stop", "stop_forever", "restart", "late_join")
+MODES = ("periodic", "bsp")
+
+
+def positive_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a whole number >= 1, got '%s'" % text)
+    if v < 1:
+        raise argparse.ArgumentTypeError("expected a whole number >= 1, got '%s'" % text)
+    return v
+
+
+def non_negative_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a whole number >= 0, got '%s'" % text)
+    if v < 0:
+        raise argparse.ArgumentTypeError("expected a whole number >= 0, got '%s'" % text)
+    return v
+
+
+def positive_seconds(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected seconds > 0, got '%s'" % text)
+    if not v > 0 or v > 3600:
+        raise argparse.ArgumentTypeError("expected seconds in (0, 3600], got '%s'" % text)
+    return v
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="chaos_soak.py",
+        description="Chaos soak of cadence-chaos-rank jobs over ZeroMQ (see the module text).")
+    p.add_argument("--rank-program", required=True, help="the cadence-chaos-rank executable")
+    p.add_argument("--ranks", type=positive_int, default=4, help="processes per job (default 4; at least 3)")
+    p.add_argument("--trials", type=positive_int, default=10, help="number of trials (default 10)")
+    p.add_argument("--first-trial", type=non_negative_int, default=0,
+                   help="number of the first trial (default 0): reruns a trial's schedule alone")
+    p.add_argument("--seed", type=non_negative_int, default=1, help="seed of the fault schedule (default 1)")
+    p.add_argument("--syncs", type=positive_int, default=80,
+                   help="syncs each job commits before it ends (default 80); faults land in the first 60%%")
+    p.add_argument("--max-faults", type=positive_int, default=3, help="faults per trial: 1 to this (default 3)")
+    p.add_argument("--late-join", type=float, default=0.25,
+                   help="fraction of the trials with a slot held back that joins late (default 0.25; 0: "
+                        "none). The first quorum then waits its timeout (8 heartbeat timeouts) for it")
+    p.add_argument("--mode", choices=MODES + ("mixed",), default="mixed",
+                   help="cadence-chaos-rank --mode: periodic, bsp, or mixed (drawn per trial; default)")
+    p.add_argument("--mib", type=float, default=4.0, help="MiB of parameters per rank (default 4)")
+    p.add_argument("--step-ms", type=non_negative_int, default=2, help="milliseconds per local step (default 2)")
+    p.add_argument("--heartbeat-ms", type=positive_int, default=500,
+                   help="heartbeat timeout (op 4x, quorum 8x; default 500)")
+    p.add_argument("--trial-timeout", type=positive_seconds, default=120.0,
+                   help="a trial still running after this long is a hang (default 120)")
+    p.add_argument("--insecure", action="store_true",
+                   help="no job secret (the wire unencrypted: the state transfer against the raw link "
+                        "without the encryption's cost)")
+    p.add_argument("--keep", default="",
+                   help="keep every trial's output under this folder (default: only failing trials', in a "
+                        "temporary folder named on stderr)")
+    a = p.parse_args(argv)
+    if not (os.path.isfile(a.rank_program) and os.access(a.rank_program, os.X_OK)):
+        p.error("--rank-program: '%s' is not an executable file" % a.rank_program)
+    if a.ranks < 3:
+        p.error("--ranks: at least 3 (a job of 2 cannot lose a member and go on: the majority rule)")
+    if not 0 <= a.late_join <= 1:
+        p.error("--late-join: expected a fraction in [0, 1], got %g" % a.late_join)
+    if not 0 < a.mib <= 4096:
+        p.error("--mib: expected (0, 4096], got %g" % a.mib)
+    if a.syncs < 10:
+        p.error("--syncs: at least 10 (faults land between the warm-up and 60%% of the syncs), got %d" % a.syncs)
+    if a.keep and not os.path.isdir(a.keep):
+        p.error("--keep: '%s' is not a folder" % a.keep)
+    return a
+
+
+def schedule(args, trial):
+    """The trial's mode, held-back slot (None or a rank) and faults: a list of dicts (kind,
+    step: the committed step after which it is injected, victim: a rank, delay: seconds to the
+    resume or the restart), drawn against the members the job will have at each fault."""
+    rng = random.Random("%d/%d" % (args.seed, trial))
+    mode = rng.choice(MODES) if args.mode == "mixed" else args.mode
+    late = rng.randint(1, args.ranks - 1) if rng.random() < args.late_join else None
+    n = rng.randint(1, args.max_faults)
+    warm = max(3, args.syncs // 10)
+    last = max(warm + n, int(0.6 * args.syncs))
+    steps = sorted(rng.sample(range(warm, last), n))
+    live = set(range(args.ranks)) - ({late} if late is not None else set())
+    rank0 = True  # rank 0 (the rendezvous) alive
+    join_pending = late is not None
+    hb = args.heartbeat_ms / 1000.0
+    faults = []
+    for i, step in enumerate(steps):
+        # The late joiner comes at a random fault slot, or the last one at the latest.
+        if join_pending and (rng.random() < 0.5 or i == n - 1):
+            faults.append({"kind": "late_join", "step": step, "victim": late, "delay": 0.0})
+            live.add(late)
+            join_pending = False
+            continue
+        kinds = []
+        if len(live) >= 3:
+            kinds += ["kill", "stop", "stop_forever"]
+            if not (join_pending and min(live) == 0):
+                kinds.append("leader")
+            if rank0 and len(live - {0}) > 0:
+                kinds.append("restart")
+        if not kinds:
+            continue
+        kind = rng.choice(kinds)
+        if kind == "leader":
+            victim = min(live)
+        elif kind == "restart":
+            victim = rng.choice(sorted(live - {0}))
+        else:
+            pool = sorted(live - ({0} if join_pending else set()))
+            victim = rng.choice(pool)
+        delay = 0.0
+        if kind == "stop":
+            delay = round(rng.uniform(2.0, 4.0) * hb, 3)
+        elif kind == "restart":
+            delay = round(rng.uniform(0.05, 1.0), 3)
+        faults.append({"kind": kind, "step": step, "victim": victim, "delay": delay})
+        if kind != "restart":
+            live.discard(victim)
+            if victim == 0:
+                rank0 = False
+    return mode, late, faults
+
+
+def percentile(values, q):
+    if not values:
+        return None
+    v = sorted(values)
+    k = min(len(v) - 1, max(0, int(round(q * (len(v) - 1)))))
+    return round(v[k], 4)
+
+
+def summary(values):
+    return {"count": len(values), "p50": percentile(values, 0.5), "p99": percentile(values, 0.99),
+            "max": round(max(values), 4) if values else None}
+
+
+def raw_link_mbps(megabytes=256):
+    """Plain TCP over 127.0.0.1 from one thread to another in this process: the raw link the
+    state transfer is compared with (MB/s, 10^6 bytes)."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    total = megabytes << 20
+    got = [0]
+
+    def receive():
+        c, _ = srv.accept()
+        buf = bytearray(1 << 20)
+        view = memoryview(buf)
+        while got[0] < total:
+            k = c.recv_into(view)
+            if k == 0:
+                break
+            got[0] += k
+        c.close()
+
+    t = threading.Thread(target=receive)
+    t.start()
+    s = socket.create_connection(srv.getsockname())
+    block = b"\0" * (1 << 20)
+    t0 = time.monotonic()
+    for _ in range(megabytes):
+        s.sendall(block)
+    s.close()
+    t.join()
+    dt = time.monotonic() - t0
+    srv.close()
+    return round(got[0] / dt / 1e6, 1)
+
+
+class Proc:
+    """One process of a trial: its rank, how it started, its lines so far."""
+
+    def __init__(self, trial, rank, join, index):
+        self.rank, self.join, self.index = rank, join, index
+        self.out = os.path.join(trial.folder, "rank%d-%d.jsonl" % (rank, index))
+        self.err = os.path.join(trial.folder, "rank%d-%d.err" % (rank, index))
+        a = trial.args
+        cmd = [a.rank_program, "--rank", str(rank), "--size", str(a.ranks), "--rendezvous-file", trial.rendezvous,
+               "--syncs", str(a.syncs), "--mode", trial.mode, "--mib", "%g" % a.mib, "--step-ms", str(a.step_ms),
+               "--heartbeat-ms", str(a.heartbeat_ms), "--join-timeout-ms", str(int(a.trial_timeout * 1000))]
+        if a.insecure:
+            cmd.append("--insecure")
+        if join:
+            cmd.append("--join")
+        env = dict(os.environ)
+        if not a.insecure:
+            env["CADENCE_JOB_SECRET"] = trial.secret
+        self.launched = time.time()
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                      start_new_session=True)
+        self.lines, self.offset, self.partial = [], 0, b""
+        self.faulted = False  # hit by a fault (its fate is then free)
+        self.stopped = False  # SIGSTOP'd, not resumed
+
+    def poll_lines(self):
+        with open(self.out, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        data = self.partial + data
+        *complete, self.partial = data.split(b"\n")
+        fresh = []
+        for raw in complete:
+            try:
+                fresh.append(json.loads(raw))
+            except ValueError:
+                fresh.append({"event": "malformed", "text": raw.decode(errors="replace")})
+        self.lines += fresh
+        return fresh
+
+    def first(self, event):
+        for line in self.lines:
+            if line.get("event") == event:
+                return line
+        return None
+
+    def signal(self, sig):
+        if self.p.poll() is None:
+            try:
+                self.p.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+
+class Trial:
+    def __init__(self, args, number, folder):
+        self.args, self.number, self.folder = args, number, folder
+        self.mode, self.late, self.faults = schedule(args, number)
+        self.rendezvous = os.path.join(folder, "rendezvous")
+        self.secret = os.urandom(32).hex()
+        self.procs = []
+        self.commits = []  # (t, step, quorum, members, hash, rank)
+        self.result = {"hang": False, "divergent": 0, "lost_alive": 0, "rank_errors": 0, "unfinished": 0,
+                       "not_absorbed": 0, "skipped": 0, "problems": [], "recovered": [], "fault_to_commit": [],
+                       "admission": [], "state": [], "steps_committed": 0, "steps_ideal": 0.0,
+                       "steps_allowed": 0.0, "faulted_errors": 0, "joins_missed": 0}
+        self.timers = []  # (time.monotonic() when, action, proc or rank)
+
+    def problem(self, text):
+        self.result["problems"].append(text)
+
+    def start(self, rank, join):
+        p = Proc(self, rank, join, len([q for q in self.procs if q.rank == rank]))
+        self.procs.append(p)
+        return p
+
+    def current(self, rank):
+        """The newest process in slot `rank`."""
+        for p in reversed(self.procs):
+            if p.rank == rank:
+                return p
+        return None
+
+    def pump(self):
+        """Reads every process's new lines; runs the timers that are due."""
+        for p in self.procs:
+            for line in p.poll_lines():
+                if line.get("event") == "commit":
+                    self.commits.append((line["t"], line["step"], line["quorum"], line["members"], line["hash"],
+                                         p.rank))
+        now = time.monotonic()
+        due = [x for x in self.timers if x[0] <= now]
+        self.timers = [x for x in self.timers if x[0] > now]
+        for _, action, arg in due:
+            if action == "cont":
+                arg.stopped = False
+                arg.signal(signal.SIGCONT)
+            elif action == "restart":
+                self.start(arg, True)
+
+    def max_step(self):
+        return max((c[1] for c in self.commits), default=0)
+
+    def max_quorum(self):
+        return max((c[2] for c in self.commits), default=0)
+
+    def running(self):
+        return [p for p in self.procs if p.p.poll() is None]
+
+    def run(self):
+        deadline = time.monotonic() + self.args.trial_timeout
+        try:
+            for r in range(self.args.ranks):
+                if r != self.late:
+                    self.start(r, False)
+            if self.wait_for_starts(deadline):
+                self.inject(deadline)
+                self.wait_for_end(deadline)
+        finally:
+            for p in self.procs:
+                if p.p.poll() is None:
+                    p.signal(signal.SIGKILL)
+                    p.p.wait()
+        self.pump()
+        if not self.result["hang"]:
+            self.check()
+        return self.result
+
+    def wait_for_starts(self, deadline):
+        while time.monotonic() < deadline:
+            self.pump()
+            if all(p.first("start") for p in self.procs):
+                return True
+            for p in self.procs:
+                if p.p.poll() is not None and not p.first("start"):
+                    self.problem("rank %d exited (status %s) before its start line: %s"
+                                 % (p.rank, p.p.returncode, self.tail(p)))
+                    self.result["rank_errors"] += 1
+                    return False
+            time.sleep(0.01)
+        self.result["hang"] = True
+        self.problem("no start line from every rank within --trial-timeout")
+        return False
+
+    def tail(self, p):
+        try:
+            with open(p.err, "r", errors="replace") as f:
+                text = f.read().strip().splitlines()
+            return text[-1] if text else "(nothing on stderr)"
+        except FileNotFoundError:
+            return "(no stderr)"
+
+    def inject(self, deadline):
+        hb = self.args.heartbeat_ms / 1000.0
+        absorb_limit = 8 * 8 * hb + 10  # 8 quorum timeouts, plus a process's start
+        stop_after = self.args.syncs - 3  # later faults could land after the job's end
+        for f in self.faults:
+            # Wait for the fault's step (a state, not a clock).
+            while time.monotonic() < deadline and self.max_step() < f["step"]:
+                self.pump()
+                if not self.running():
+                    break
+                time.sleep(0.005)
+            if time.monotonic() >= deadline:
+                self.result["hang"] = True
+                self.problem("step %d never committed within --trial-timeout" % f["step"])
+                return
+            if self.max_step() >= stop_after or not self.running():
+                f["skipped"] = True
+                self.result["skipped"] += 1
+                continue
+            q_before = self.max_quorum()
+            t_fault = time.time()
+            f["at_step"] = self.max_step()
+            victim = None
+            if f["kind"] == "late_join":
+                newcomer = self.start(f["victim"], True)
+            else:
+                victim = self.current(f["victim"])
+                victim.faulted = True
+                if f["kind"] in ("kill", "leader", "restart"):
+                    victim.signal(signal.SIGKILL)
+                else:
+                    victim.signal(signal.SIGSTOP)
+                    victim.stopped = True
+                    if f["kind"] == "stop":
+                        self.timers.append((time.monotonic() + f["delay"], "cont", victim))
+                if f["kind"] == "restart":
+                    self.timers.append((time.monotonic() + f["delay"], "restart", f["victim"]))
+            # Absorbed: a commit on a new quorum without the victim's slot (a restart: with the
+            # new process admitted), or the newcomer admitted.
+            limit = time.monotonic() + absorb_limit
+            measured = False
+            while time.monotonic() < min(limit, deadline):
+                self.pump()
+                if not measured and f["kind"] != "late_join":
+                    after = [c for c in self.commits if c[0] > t_fault and c[2] > q_before]
+                    if after:
+                        first = min(after)
+                        self.result["fault_to_commit"].append(first[0] - t_fault)
+                        f["fault_to_commit"] = round(first[0] - t_fault, 4)
+                        measured = True
+                done = False
+                if f["kind"] in ("late_join", "restart"):
+                    newest = self.current(f["victim"])
+                    if newest.join and newest.first("start"):
+                        self.result["admission"].append(newest.first("start")["t"] - newest.launched)
+                        done = measured or f["kind"] == "late_join"
+                    elif newest.join and newest.p.poll() is not None:
+                        self.problem("the process that joined rank %d's slot exited (status %s): %s"
+                                     % (f["victim"], newest.p.returncode, self.tail(newest)))
+                        done = True
+                else:
+                    done = measured and any(c[0] > t_fault and f["victim"] not in c[3] for c in self.commits)
+                if done:
+                    break
+                if not [p for p in self.running() if not p.stopped]:
+                    break
+                time.sleep(0.005)
+            else:
+                if time.monotonic() >= deadline:
+                    self.result["hang"] = True
+                    self.problem("fault %s on rank %d: still not absorbed at --trial-timeout" % (f["kind"], f["victim"]))
+                    return
+                self.result["not_absorbed"] += 1
+                self.problem("fault %s on rank %d at step %d: no reconfiguration within %.0f s"
+                             % (f["kind"], f["victim"], f["at_step"], absorb_limit))
+
+    def wait_for_end(self, deadline):
+        while time.monotonic() < deadline:
+            self.pump()
+            active = [p for p in self.running() if not p.stopped]
+            if not active and not self.timers:
+                break
+            # Members are done: a joiner still waiting to be admitted came too late.
+            members_done = [p for p in active if not p.join or p.first("start")]
+            if not members_done and active and any(p.first("done") for p in self.procs):
+                for p in active:
+                    self.result["joins_missed"] += 1
+                    self.problem("rank %d's joiner was still waiting when the job ended" % p.rank)
+                    p.signal(signal.SIGKILL)
+                    p.faulted = True
+            time.sleep(0.01)
+        else:
+            self.result["hang"] = True
+            self.problem("processes still running after --trial-timeout %g s: ranks %s"
+                         % (self.args.trial_timeout, [p.rank for p in self.running() if not p.stopped]))
+            return
+        for p in self.running():  # stopped for good: killed now
+            p.signal(signal.SIGKILL)
+            p.p.wait()
+
+    def check(self):
+        r = self.result
+        by_step = {}
+        for t, step, q, members, h, rank in self.commits:
+            by_step.setdefault(step, set()).add(h)
+        divergent = sorted(s for s, hs in by_step.items() if len(hs) > 1)
+        if divergent:
+            r["divergent"] += len(divergent)
+            self.problem("steps committed with different hashes: %s" % divergent[:10])
+        dones = [(p, p.first("done")) for p in self.procs if p.first("done")]
+        finals = {(d["step"], d["hash"]) for _, d in dones}
+        if len(finals) > 1:
+            r["divergent"] += 1
+            self.problem("processes finished with different (step, hash): %s" % sorted(finals))
+        for p in self.procs:
+            rc = p.p.returncode
+            stopped = p.first("stopped")
+            if p.faulted:
+                if rc not in (0, 3, -signal.SIGKILL):
+                    r["faulted_errors"] += 1
+                    self.problem("rank %d (faulted) exited with status %s: %s" % (p.rank, rc, self.tail(p)))
+                continue
+            if rc == 3:
+                r["lost_alive"] += 1
+                self.problem("rank %d was never hit, but stopped (%s): %s"
+                             % (p.rank, stopped.get("reason") if stopped else "?", self.tail(p)))
+            elif rc != 0:
+                r["rank_errors"] += 1
+                self.problem("rank %d was never hit, but exited with status %s: %s" % (p.rank, rc, self.tail(p)))
+            elif not p.first("done"):
+                r["unfinished"] += 1
+                self.problem("rank %d exited 0 without a done line" % p.rank)
+        for p in self.procs:
+            for line in p.lines:
+                if line.get("event") == "recovered":
+                    r["recovered"].append(line["seconds"])
+                elif line.get("event") == "state":
+                    r["state"].append((line["bytes"], line["seconds"]))
+        self.efficiency()
+
+    def efficiency(self):
+        """Steps committed after the first fault against the pre-fault pace (see the module text)."""
+        r = self.result
+        hit = [f for f in self.faults if "at_step" in f]
+        if not hit or not self.commits:
+            return
+        first_t = {}
+        size = {}
+        for t, step, q, members, h, rank in self.commits:
+            if step not in first_t or t < first_t[step]:
+                first_t[step] = t
+                size[step] = len(members)
+        s0 = hit[0]["at_step"]
+        steps = sorted(first_t)
+        if s0 < 3 or s0 not in first_t or steps[-1] <= s0:
+            return
+        pace = (s0 - 1) / (first_t[s0] - first_t[1]) if first_t[s0] > first_t[1] else None
+        if not pace:
+            return
+        initial = size[s0]
+        after = [s for s in steps if s > s0]
+        span = first_t[after[-1]] - first_t[s0]
+        r["steps_committed"] = sum(size[s] for s in after) 
+        r["steps_ideal"] = span * pace * initial 
+        # What the lost members' own work allows: the pace times the quorum's size at each moment.
+        allowed, prev = 0.0, s0
+        for s in after:
+            allowed += (first_t[s] - first_t[prev]) * pace * size[prev]
+            prev = s
+        r["steps_allowed"] = allowed 
+
+
+def main(argv):
+    args = parse_args(argv)
+    root = args.keep or tempfile.mkdtemp(prefix="cadence-chaos-soak-")
+    raw = raw_link_mbps()
+    totals = {"trials": args.trials, "seed": args.seed, "first_trial": args.first_trial, "ranks": args.ranks,
+              "syncs": args.syncs, "mib": args.mib, "heartbeat_ms": args.heartbeat_ms, "secure": not args.insecure,
+              "modes": {m: 0 for m in MODES}, "faults": {k: 0 for k in KINDS}, "faults_skipped": 0,
+              "hangs": 0, "divergent_commits": 0, "lost_alive": 0, "rank_errors": 0, "unfinished": 0,
+              "not_absorbed": 0, "faulted_errors": 0, "joins_missed": 0}
+    recovered, fault_to_commit, admission, state = [], [], [], []
+    committed = ideal = allowed = 0.0
+    failed = []
+    started = time.monotonic()
+    for number in range(args.first_trial, args.first_trial + args.trials):
+        folder = os.path.join(root, "trial-%d" % number)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        trial = Trial(args, number, folder)
+        t = time.monotonic()
+        r = trial.run()
+        totals["modes"][trial.mode] += 1
+        for f in trial.faults:
+            if f.get("skipped"):
+                totals["faults_skipped"] += 1
+            elif "at_step" in f:
+                totals["faults"][f["kind"]] += 1
+        totals["hangs"] += int(r["hang"])
+        for k, key in (("divergent", "divergent_commits"), ("lost_alive", "lost_alive"), ("rank_errors", "rank_errors"),
+                       ("unfinished", "unfinished"), ("not_absorbed", "not_absorbed"),
+                       ("faulted_errors", "faulted_errors"), ("joins_missed", "joins_missed")):
+            totals[key] += r[k]
+        recovered += r["recovered"]
+        fault_to_commit += r["fault_to_commit"]
+        admission += r["admission"]
+        state += r["state"]
+        committed += r["steps_committed"]
+        ideal += r["steps_ideal"]
+        allowed += r["steps_allowed"]
+        bad = r["hang"] or r["divergent"] or r["lost_alive"] or r["rank_errors"] or r["unfinished"] or r["not_absorbed"]
+        faults = ", ".join("%s r%d@%s%s%s" % (f["kind"], f["victim"], f.get("at_step", f["step"]),
+                                              " +%.2fs" % f["delay"] if f["delay"] else "",
+                                              " (skipped)" if f.get("skipped") else
+                                              " %.3fs" % f["fault_to_commit"] if "fault_to_commit" in f else "")
+                           for f in trial.faults)
+        rec = r["recovered"]
+        print("chaos_soak: trial %d (%s%s; %s): %s in %.1f s, reconfiguration max %s s%s"
+              % (number, trial.mode, "" if trial.late is None else ", r%d late" % trial.late, faults,
+                 "FAIL" if bad else "ok", time.monotonic() - t, round(max(rec), 3) if rec else "-",
+                 "".join("; " + p for p in r["problems"])), file=sys.stderr, flush=True)
+        if bad:
+            failed.append(folder)
+        elif not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    totals["faults_total"] = sum(totals["faults"].values())
+    totals["reconfiguration_seconds"] = summary(recovered)
+    totals["fault_to_commit_seconds"] = summary(fault_to_commit)
+    totals["admission_seconds"] = summary(admission)
+    sb = sum(b for b, _ in state)
+    ss = sum(s for _, s in state)
+    totals["state_transfer"] = {"count": len(state), "bytes": sb, "seconds": round(ss, 4),
+                                "mbps": round(sb / ss / 1e6, 1) if ss > 0 else None}
+    totals["raw_link_mbps"] = raw
+    totals["state_vs_raw"] = round(sb / ss / 1e6 / raw, 3) if ss > 0 and raw else None
+    totals["steps_committed"] = int(committed)
+    totals["steps_ideal"] = round(ideal, 1)
+    totals["steps_allowed"] = round(allowed, 1)
+    totals["efficiency"] = round(committed / ideal, 4) if ideal else None
+    totals["allowed_efficiency"] = round(allowed / ideal, 4) if ideal else None
+    totals["committed_vs_allowed"] = round(committed / allowed, 4) if allowed else None
+    totals["wall_seconds"] = round(time.monotonic() - started, 1)
+    print(json.dumps(totals))
+    if failed:
+        print("chaos_soak: FAIL: %d trial(s); their output: %s" % (len(failed), " ".join(failed)), file=sys.stderr)
+        return 1
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
