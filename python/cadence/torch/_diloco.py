@@ -1,15 +1,24 @@
 # DiLoCo over torch.distributed: inner steps by the user's optimizer, an outer optimizer on the
-# averaged pseudo-gradient (global minus local weights), streaming fragments whose all-reduce
-# overlaps the next inner steps, a mixing factor, and a checkpoint. The Python face of
-# cadence::exchange::diloco's fixed schedule (docs/local-sgd.md).
+# averaged pseudo-gradient (global minus local weights), streaming fragments whose exchange
+# overlaps the next inner steps, a mixing factor, compressed outer gradients (bf16, fp16, int8,
+# int4, with error feedback), weighting by inner steps, the sync schedule fixed or ElasticBSP's
+# (cadence.ElasticPlanner), DDP or FSDP inside replica groups, and a checkpoint. The Python face
+# of cadence::exchange::diloco (docs/local-sgd.md).
+#
+# Map: codecs (encode/decode, as local_sgd/codec.hpp) · DiLoCo: construction · exchanges (begin,
+# complete) · the fixed schedule · the elastic schedule (records, plan) · checkpoint.
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from typing import Callable, List, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import _device
 from ._common import (Deadline, InvalidParameterError, TransportError, WaitTimeout, check_seconds,
                       global_rank, group_info, group_timeout, wait_work, where)
 
@@ -19,9 +28,97 @@ def _nesterov(params):
     return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
 
 
+# ---- codecs: the rules of cadence/exchange/local_sgd/codec.hpp ------------------------------------
+
+#: The outer-gradient codecs, as the C++ adapter names them ("none" is f32).
+CODECS = ("f32", "bf16", "fp16", "int8", "int4")
+
+#: Elements that share one f32 scale in the int8 and int4 formats (codec_block in C++).
+CODEC_BLOCK = 128
+
+_QMAX = {"int8": 127, "int4": 7}
+
+
+def encoded_bytes(codec: str, n: int) -> int:
+    """Bytes ``n`` elements take in ``codec`` (the C++ ``encoded_bytes``)."""
+    blocks = -(-n // CODEC_BLOCK)
+    return {"f32": 4 * n, "bf16": 2 * n, "fp16": 2 * n, "int8": n + 4 * blocks,
+            "int4": 4 * blocks + (n + 1) // 2}[codec]
+
+
+def encode(codec: str, x: torch.Tensor) -> torch.Tensor:
+    """``x`` (1-D float32) in ``codec``, as a 1-D uint8 tensor of ``encoded_bytes`` bytes.
+    bf16 and fp16 round to nearest even (fp16 overflows to infinity above 65504); int8 and int4
+    take one f32 scale per block of 128 elements, max |x| / 127 (int4: / 7), and round
+    x * (1 / scale) to the nearest integer, ties to even, as the C++ codec; a block of zeros
+    encodes as zeros, one holding a NaN or an infinity decodes as NaNs. The layout (the scales,
+    then the codes; int4 two per byte, low nibble first, each code + 8) is this package's: the
+    bytes go between Python ranks only."""
+    if codec == "f32":
+        return x.contiguous().view(torch.uint8)
+    if codec == "bf16":
+        return x.to(torch.bfloat16).view(torch.uint8)
+    if codec == "fp16":
+        return x.half().view(torch.uint8)
+    qmax = _QMAX[codec]
+    n = x.numel()
+    blocks = -(-n // CODEC_BLOCK)
+    xb = torch.zeros(blocks * CODEC_BLOCK, dtype=torch.float32, device=x.device)
+    xb[:n] = x
+    xb = xb.view(blocks, CODEC_BLOCK)
+    finite = torch.isfinite(xb).all(dim=1)
+    amax = torch.where(finite, xb.abs().amax(dim=1), torch.full_like(finite, math.nan, dtype=torch.float32))
+    scale = amax / float(qmax)
+    ok = torch.isfinite(scale) & (scale > 0)
+    inv = torch.where(ok, 1.0 / torch.where(ok, scale, torch.ones_like(scale)), torch.zeros_like(scale))
+    q = torch.round(xb * inv[:, None]).clamp_(-qmax, qmax)
+    q = torch.where(ok[:, None], q, torch.zeros_like(q)).reshape(-1)[:n].to(torch.int8)
+    if codec == "int8":
+        codes = q.view(torch.uint8)
+    else:
+        c = (q.to(torch.int16) + 8).to(torch.uint8)
+        if n % 2:
+            c = torch.cat([c, torch.full((1,), 8, dtype=torch.uint8, device=x.device)])
+        codes = c[0::2] | (c[1::2] << 4)
+    return torch.cat([scale.view(torch.uint8), codes])
+
+
+def decode(codec: str, b: torch.Tensor, n: int) -> torch.Tensor:
+    """``n`` float32 values from ``encode(codec, ...)``'s bytes ``b``."""
+    if codec == "f32":
+        return b.view(torch.float32)
+    if codec == "bf16":
+        return b.view(torch.bfloat16).float()
+    if codec == "fp16":
+        return b.view(torch.float16).float()
+    blocks = -(-n // CODEC_BLOCK)
+    scale = b[:4 * blocks].clone().view(torch.float32)
+    raw = b[4 * blocks:]
+    if codec == "int8":
+        codes = raw.view(torch.int8).to(torch.float32)
+    else:
+        codes = torch.stack([(raw & 0x0F), (raw >> 4)], dim=1).reshape(-1)[:n].to(torch.float32) - 8.0
+    full = torch.zeros(blocks * CODEC_BLOCK, dtype=torch.float32, device=b.device)
+    full[:n] = codes
+    return (full.view(blocks, CODEC_BLOCK) * scale[:, None]).reshape(-1)[:n]
+
+
+def _ring_bytes(nbytes: int, n: int) -> int:
+    """What a ring all-reduce of ``nbytes`` sends from each of ``n`` ranks (C++ ring_bytes)."""
+    return 0 if n <= 1 else 2 * (n - 1) * nbytes // n
+
+
+#: The longest step duration step() accepts, as diloco::max_duration_us.
+MAX_DURATION_US = 1 << 40
+
+#: Salt of the elastic plan hash (it only has to be the same on every rank of one job).
+_SALT = 0x44
+
+
 class DiLoCo:
     r"""DiLoCo (arXiv 2311.08105) with Streaming DiLoCo's fragments, overlap and mixing
-    (2501.18512) over ``torch.distributed``::
+    (2501.18512), compressed outer gradients and a policy-timed schedule over
+    ``torch.distributed``, the Python face of the C++ ``cadence::exchange::diloco``::
 
         diloco = cadence.torch.DiLoCo(model, inner_opt, sync_every=50)
         for batch in data:
@@ -34,7 +131,7 @@ class DiLoCo:
     them; between syncs it runs inner steps on ``model`` without communicating. Fragment ``f``
     (of ``fragments`` contiguous groups of the model's parameters, balanced by size) starts the
     average of its pseudo-gradients (global minus local) after step ``(f + 1) * H // F`` (mod
-    H) and, ``delay`` steps later (the all-reduce running meanwhile), applies the outer step
+    H) and, ``delay`` steps later (the exchange running meanwhile), applies the outer step
     to its global weights and sets the local ones to ``alpha * local + (1 - alpha) * global``.
 
     ``outer_optimizer`` builds the outer optimizer from a list of parameters (one per fragment,
@@ -42,27 +139,84 @@ class DiLoCo:
     0.9. ``process_group``: the ranks that average (under DDP or FSDP inside replica groups,
     the cross group of ``cadence.torch.replica_groups``, every replica's ranks holding the same
     weights). ``timeout`` bounds each wait (default: the group's). The constructor broadcasts
-    rank 0's weights into every rank's model. ``state_dict()`` holds the global weights, the
-    outer optimizers' state and the counters; a fragment in flight is completed first.
+    rank 0's weights into every rank's model (load a checkpoint's model state after it).
 
-    This class runs the fixed schedule; the policy-timed schedules (ElasticBSP, bounded lag,
-    quorum with a grace window) and compressed outer gradients are the C++ adapter's
-    (``cadence::exchange::diloco``) for now.
+    ``schedule``: ``"fixed:<H>"`` (the same as ``sync_every=H``, the default 50) or ElasticBSP's
+    ``"elastic:<R>[:<predictor>][:<variant>]"``: each rank runs the inner steps a plan gives it
+    (at most R), computed on every rank by ``cadence.ElasticPlanner`` from the step durations
+    the ranks exchange at each sync (a small int64 all-gather riding before the pseudo-gradients),
+    so a slow rank runs fewer steps and nobody waits long; the plan's hash is checked across
+    ranks (TransportError before anything is applied). ``step(seconds)`` gives a step's
+    duration (default: timed from the previous call, with CUDA events on a GPU). Ranks then run
+    different numbers of steps: end the loop on ``step(stop=...)`` and ``stopped``. Under DDP
+    inside replica groups pass ``replica_group``: its members agree on one record (the slowest
+    member's durations) and one stop flag, so every cross group computes the same plan. The
+    bounded-lag and quorum schedules of the C++ adapter need its ``outer_schedule``, which the
+    bindings do not expose: they stay C++-only.
+
+    ``codec``: how pseudo-gradients travel: ``"f32"`` (the backend's all-reduce), ``"bf16"``,
+    ``"fp16"``, ``"int8"`` or ``"int4"`` (one f32 scale per 128 elements), with the C++ codecs'
+    rounding rules. A lossy codec's exchange is an all-gather of every rank's encoded bytes,
+    each rank decoding all of them and summing in rank order, so the global weights stay
+    identical on every rank. ``error_feedback`` (lossy codecs, default True) adds what the
+    previous encoding lost to the next contribution. ``weight_by_steps`` (default True; only
+    the elastic schedule runs unequal steps) weights each rank's pseudo-gradient by the inner
+    steps behind it: the outer gradient is the sum of steps_r * (global - local_r) over the sum
+    of steps_r, as the C++ adapter.
+
+    ``state_dict()`` holds the global weights, the outer optimizers' state, the counters, the
+    error-feedback residuals and (elastic) what recomputes the plan in force; a fragment in
+    flight is completed first.
     """
 
     _component = "DiLoCo"
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
                  outer_optimizer: Optional[Callable[[List[torch.nn.Parameter]], torch.optim.Optimizer]] = None,
-                 sync_every: int = 50, fragments: int = 1, delay: int = 0, alpha: float = 0.0,
-                 process_group=None, timeout: Optional[float] = None):
+                 sync_every: Optional[int] = None, fragments: int = 1, delay: int = 0, alpha: float = 0.0,
+                 process_group=None, timeout: Optional[float] = None, *, schedule: Optional[str] = None,
+                 codec: str = "f32", error_feedback: bool = True, weight_by_steps: bool = True,
+                 replica_group=None, history: int = 16, warmup_steps: int = 0):
         self.process_group, self.rank, self.world_size = group_info(self._component, process_group)
         here = self._here()
         if not isinstance(model, torch.nn.Module):
             raise InvalidParameterError(f"{here}model must be a torch.nn.Module, got {type(model).__name__}")
-        for name, value, least in (("sync_every", sync_every, 1), ("fragments", fragments, 1), ("delay", delay, 0)):
+        self._elastic = None
+        if schedule is not None:
+            if not isinstance(schedule, str):
+                raise InvalidParameterError(f"{here}schedule must be a string, got {schedule!r}")
+            kind, _, rest = schedule.partition(":")
+            if kind == "fixed":
+                try:
+                    h = int(rest)
+                except ValueError:
+                    raise InvalidParameterError(f"{here}schedule {schedule!r}: expected fixed:<H>") from None
+                if sync_every is not None and sync_every != h:
+                    raise InvalidParameterError(f"{here}schedule {schedule!r} and sync_every = {sync_every} "
+                                                "disagree: give one of them")
+                sync_every = h
+            elif kind == "elastic":
+                if sync_every is not None:
+                    raise InvalidParameterError(f"{here}sync_every = {sync_every} is the fixed schedule's; the "
+                                                f"elastic schedule {schedule!r} sets the steps by its plan")
+                self._elastic = schedule
+            elif kind in ("lag", "quorum"):
+                raise InvalidParameterError(
+                    f"{here}schedule {schedule!r}: the bounded-lag and quorum schedules run in the C++ "
+                    "adapter (cadence::exchange::diloco) only; the bindings expose no outer_schedule. "
+                    "In Python: fixed:<H> or elastic:<R>[:<predictor>][:<variant>]")
+            else:
+                raise InvalidParameterError(f"{here}unknown schedule {schedule!r} (valid: fixed:<H>, "
+                                            "elastic:<R>[:<predictor>][:<variant>])")
+        if sync_every is None:
+            sync_every = 50
+        for name, value, least in (("sync_every", sync_every, 1), ("fragments", fragments, 1), ("delay", delay, 0),
+                                   ("history", history, 2), ("warmup_steps", warmup_steps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise InvalidParameterError(f"{here}{name} must be an integer >= {least}, got {value!r}")
+        if self._elastic is not None and (fragments != 1 or delay != 0):
+            raise InvalidParameterError(f"{here}fragments and delay need the fixed schedule (got fragments "
+                                        f"{fragments}, delay {delay} with {self._elastic!r})")
         if fragments > sync_every:
             raise InvalidParameterError(f"{here}fragments {fragments} exceed sync_every = {sync_every} (each "
                                         "fragment needs a step of its own)")
@@ -71,12 +225,19 @@ class DiLoCo:
                                         "fragment's exchange ends before its next one starts)")
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= float(alpha) < 1.0:
             raise InvalidParameterError(f"{here}alpha must be a number in [0, 1), got {alpha!r}")
+        if codec == "none":
+            codec = "f32"
+        if codec not in CODECS:
+            raise InvalidParameterError(f"{here}unknown codec {codec!r} (valid: f32, none, bf16, fp16, int8, int4)")
         self.model = model
         self.inner_optimizer = inner_optimizer
         self.sync_every = sync_every
         self.fragments = fragments
         self.delay = delay
         self.alpha = float(alpha)
+        self.codec = codec
+        self.error_feedback = bool(error_feedback)
+        self.weight_by_steps = bool(weight_by_steps)
         self.timeout = (group_timeout(self.process_group) if timeout is None
                         else check_seconds(self._component, "timeout", timeout))
         params = [p for p in model.parameters()]
@@ -98,6 +259,27 @@ class DiLoCo:
             cuts.append(min(max(i, cuts[-1] + 1), len(params) - (fragments - k)))
         cuts.append(len(params))
         self._frag = [(cuts[k], cuts[k + 1]) for k in range(fragments)]
+        # The elastic schedule's planner, and the replica group whose members step together.
+        self.replica_group, self.replica_size = None, 1
+        if replica_group is not None:
+            if self._elastic is None:
+                raise InvalidParameterError(f"{here}replica_group is for the elastic schedule (its members "
+                                            "agree on one timing record); the fixed one needs none")
+            _, _, self.replica_size = group_info(self._component, replica_group)
+            self.replica_group = replica_group
+        if self._elastic is not None:
+            import cadence
+
+            try:
+                self._planner = cadence.ElasticPlanner(self._elastic, self.world_size, history, warmup_steps)
+            except cadence.Error as e:
+                raise type(e)(here + str(e)) from None
+            self._history = history
+            self._words = int(self._planner.record_words)
+            self._round = self._planner.bsp_round(0, _SALT)
+        backend = _device.ops.backend(self.process_group)
+        self._ctrl = _device.CPU if ("gloo" in backend or "mpi" in backend) else params[0].device
+        self._device_hint = params[0].device if _device.ops.is_accelerator(params[0].device) else None
         deadline = Deadline(self.timeout)
         with torch.no_grad():
             for p in params:
@@ -107,9 +289,21 @@ class DiLoCo:
         self._global = [torch.nn.Parameter(p.detach().clone()) for p in params]
         make = outer_optimizer if outer_optimizer is not None else _nesterov
         self.outer_optimizers = [make(self._global[a:b]) for a, b in self._frag]
+        # Error feedback: per fragment, what the last encoding of each element lost.
+        self._residual = [None] * fragments
         self.step_count = 0  # inner steps since the start
         self.outer_steps = 0  # fragment outer steps applied
-        self._flight = [None] * fragments  # (work, flat pseudo-gradient, started) per fragment
+        self.bytes_sent = 0  # pseudo-gradients (f32: as a ring all-reduce; coded: the all-gather) and records
+        self._flight = [None] * fragments  # (work, buffers, started, divisor) per fragment
+        # The elastic schedule: steps since the last sync, the latest durations, the syncs done.
+        self.local_steps = 0
+        self.syncs = 0
+        self.stopped = False
+        self._stop = False
+        self._ring: list = [0] * (history if self._elastic is not None else 0)
+        self._recorded = 0
+        self._records: Optional[list] = None
+        self._mark = _device.ops.mark(self._device_hint)
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _here(self) -> str:
@@ -117,28 +311,61 @@ class DiLoCo:
 
     def _wait(self, work, what: str, deadline: Deadline) -> None:
         try:
-            wait_work(work, deadline, poll=False)
+            wait_work(work, deadline, poll=self._device_hint is not None)
         except (RuntimeError, WaitTimeout) as e:
             raise TransportError(f"{self._here()}{what} at step {self.step_count} failed or did not complete "
                                  f"within {self.timeout:g} s: {e}") from e
+
+    @property
+    def schedule(self) -> str:
+        """The schedule in force: ``"fixed:<H>"`` or the planner's canonical elastic config."""
+        return f"fixed:{self.sync_every}" if self._elastic is None else str(self._planner.config)
 
     def _sends_at(self, f: int, t: int) -> bool:
         h = self.sync_every
         return t % h == (f + 1) * h // self.fragments % h
 
-    def _begin(self, f: int) -> None:
+    # ---- exchanges -------------------------------------------------------------------------------
+    def _begin(self, f: int, scale: float = 1.0, divisor: Optional[float] = None) -> None:
+        """Starts fragment f's exchange: its pseudo-gradient times `scale`, summed over the
+        ranks (f32: all-reduce; a lossy codec: an all-gather of the encoded contributions); the
+        sum will be divided by `divisor` (default: the group's size)."""
         a, b = self._frag[f]
         with torch.no_grad():
             flat = torch.cat([(g.detach() - p.detach()).reshape(-1)
                               for g, p in zip(self._global[a:b], self._local[a:b])])
-        work = dist.all_reduce(flat, group=self.process_group, async_op=True)
-        self._flight[f] = (work, flat, self.step_count)
+            if scale != 1.0:
+                flat.mul_(scale)
+            if self.codec == "f32":
+                work = dist.all_reduce(flat, group=self.process_group, async_op=True)
+                self.bytes_sent += _ring_bytes(flat.numel() * flat.element_size(), self.world_size)
+                bufs = (flat, None)
+            else:
+                x = flat.to(torch.float32)
+                if self.error_feedback:
+                    if self._residual[f] is None:
+                        self._residual[f] = torch.zeros_like(x)
+                    x.add_(self._residual[f])
+                mine = encode(self.codec, x)
+                if self.error_feedback:
+                    self._residual[f] = x - decode(self.codec, mine, x.numel())
+                got = [torch.empty_like(mine) for _ in range(self.world_size)]
+                work = dist.all_gather(got, mine, group=self.process_group, async_op=True)
+                self.bytes_sent += (self.world_size - 1) * mine.numel()
+                bufs = (flat, got)
+        self._flight[f] = (work, bufs, self.step_count, float(self.world_size if divisor is None else divisor))
 
-    def _complete(self, f: int, deadline: Deadline) -> None:
-        work, flat, _ = self._flight[f]
+    def _complete(self, f: int, deadline: Deadline, adopt: bool = True) -> None:
+        work, (flat, got), _, divisor = self._flight[f]
         self._flight[f] = None
-        self._wait(work, f"all-reduce of fragment {f}'s pseudo-gradient", deadline)
-        flat.div_(self.world_size)
+        self._wait(work, f"exchange of fragment {f}'s pseudo-gradient", deadline)
+        if got is not None:  # every rank decodes the same bytes and sums them in rank order
+            n = flat.numel()
+            total = decode(self.codec, got[0], n).clone()
+            for r in range(1, len(got)):
+                total.add_(decode(self.codec, got[r], n))
+            flat = total
+        flat.div_(divisor)
         a, b = self._frag[f]
         at = 0
         for g in self._global[a:b]:
@@ -147,20 +374,28 @@ class DiLoCo:
             at += n
         self.outer_optimizers[f].step()
         self.outer_optimizers[f].zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for g, p in zip(self._global[a:b], self._local[a:b]):
-                if self.alpha == 0.0:
-                    p.copy_(g)
-                else:
-                    p.mul_(self.alpha).add_(g, alpha=1.0 - self.alpha)
+        if adopt:
+            with torch.no_grad():
+                for g, p in zip(self._global[a:b], self._local[a:b]):
+                    if self.alpha == 0.0:
+                        p.copy_(g)
+                    else:
+                        p.mul_(self.alpha).add_(g, alpha=1.0 - self.alpha)
         self.outer_steps += 1
 
     # ---- the loop --------------------------------------------------------------------------------
-    def step(self) -> bool:
-        """One inner step finished (after ``inner_optimizer.step()``). Completes the fragments
-        whose delay ends now and starts those whose turn it is (with delay 0 at once, blocking);
-        returns True when it applied or started an outer step. TransportError names the
-        collective and the step when a peer fails or stalls past the timeout."""
+    def step(self, seconds: Optional[float] = None, stop: bool = False) -> bool:
+        """One inner step finished (after ``inner_optimizer.step()``). Fixed schedule: completes
+        the fragments whose delay ends now and starts those whose turn it is (with delay 0 at
+        once, blocking); returns True when it applied or started an outer step. Elastic
+        schedule: records the step's duration (``seconds`` on this rank's clock, compute only;
+        None: since the previous call, with CUDA events on a GPU) and syncs when the plan says
+        so, returning True then; ``stop=True`` asks every rank to stop at the next sync (then
+        ``stopped`` is True on all of them). TransportError names the collective and the step
+        when a peer fails or stalls past the timeout; InvalidParameterError, before anything
+        moves, for a bad duration."""
+        if self._elastic is not None:
+            return self._step_timed(seconds, stop)
         self.step_count += 1
         t = self.step_count
         deadline = Deadline(self.timeout)
@@ -193,33 +428,166 @@ class DiLoCo:
         """The global (outer) weights, identical on every rank, in the model's parameter order."""
         return [g.detach() for g in self._global]
 
+    # ---- the elastic schedule --------------------------------------------------------------------
+    @property
+    def planned(self) -> int:
+        """Inner steps this rank runs before its next sync (fixed: sync_every)."""
+        if self._elastic is None:
+            return self.sync_every
+        return int(self._round.steps[self.rank])
+
+    @property
+    def plan(self):
+        """The elastic plan in force (a ``cadence`` round: ``steps`` per rank, ``hash``); None
+        under the fixed schedule."""
+        return None if self._elastic is None else self._round
+
+    def _microseconds(self, s: float, shown) -> int:
+        us = math.ceil(s * 1e6) if math.isfinite(s) else -1
+        if not math.isfinite(s) or s < 0 or us > MAX_DURATION_US:
+            raise InvalidParameterError(f"{self._here()}step duration {shown!r} s is not in "
+                                        f"[0, {MAX_DURATION_US / 1e6:g}] s")
+        return max(us, 1)
+
+    def _step_timed(self, seconds, stop: bool) -> bool:
+        if seconds is None:
+            now = _device.ops.mark(self._device_hint)
+            entry, self._mark = (self._mark, now), now
+        else:
+            try:
+                s = float(seconds)
+            except (TypeError, ValueError):
+                raise InvalidParameterError(f"{self._here()}step duration must be a number of seconds, "
+                                            f"got {seconds!r}") from None
+            entry = self._microseconds(s, seconds)
+            self._mark = _device.ops.mark(self._device_hint)  # a self-timed step after this one starts now
+        self._ring[self._recorded % self._history] = entry
+        self._recorded += 1
+        self.local_steps += 1
+        self.step_count += 1
+        self._stop = self._stop or bool(stop)
+        if self.local_steps < self.planned:
+            return False
+        self._sync_timed()
+        return True
+
+    def _sync_timed(self) -> None:
+        ops = _device.ops
+        for i, e in enumerate(self._ring):  # CUDA events are read here, where the sync waits anyway
+            if isinstance(e, tuple):
+                s = ops.seconds_between(e[0], e[1])
+                self._ring[i] = self._microseconds(max(s, 0.0), s)
+        deadline = Deadline(self.timeout)
+        w = self._words
+        have = min(self._recorded, self._history)
+        row = [0] * (w + 2)  # the planner's record, the stop flag, the plan hash
+        row[0] = self.local_steps
+        row[1] = have
+        for i in range(have):
+            row[2 + i] = self._ring[(self._recorded - have + i) % self._history]
+        row[w] = 1 if self._stop else 0
+        if self.replica_group is not None and self.replica_size > 1:
+            t = ops.tensor(row[:w + 1], torch.int64, self._ctrl)
+            self._wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.replica_group, async_op=True),
+                       "the timing record (all_reduce in the replica group)", deadline)
+            row[:w + 1] = [int(v) for v in t.cpu().tolist()]
+        row[w + 1] = int(self._round.hash) >> 2
+        mine = ops.tensor(row, torch.int64, self._ctrl)
+        gathered = [ops.empty(w + 2, torch.int64, self._ctrl) for _ in range(self.world_size)]
+        work = dist.all_gather(gathered, mine, group=self.process_group, async_op=True)
+        self.bytes_sent += _ring_bytes(self.world_size * (w + 2) * 8, self.world_size)
+        self._wait(work, "all_gather of the timing records", deadline)
+        rows = torch.stack(gathered).cpu().numpy()
+        hashes = rows[:, w + 1]
+        if (hashes != hashes[0]).any():
+            raise TransportError(
+                f"{self._here()}the ranks followed different plans at sync {self.syncs + 1} (plan hashes by "
+                f"rank: {', '.join(str(int(x)) for x in hashes)}): every rank must use the same schedule, "
+                f"history and warm-up (this rank: {self.schedule})")
+        steps = rows[:, 0]
+        if self.weight_by_steps:
+            scale, divisor = float(row[0]), float(steps.sum())
+        else:
+            scale, divisor = 1.0, float(self.world_size)
+        self._begin(0, scale, divisor)
+        self._complete(0, deadline)
+        records = np.ascontiguousarray(rows[:, :w], dtype=np.int64).reshape(-1)
+        self.syncs += 1
+        self._round = self._planner.plan(records, self.syncs, _SALT)
+        self._records = [int(x) for x in records]
+        self.local_steps = 0
+        self.stopped = bool(rows[:, w].any())
+        self._mark = ops.mark(self._device_hint)
+
     # ---- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The global weights, each fragment's outer-optimizer state and the counters (after
-        completing any fragment in flight, a collective: every rank calls it at the same step).
-        The model's and the inner optimizer's state are the caller's to save."""
+        """The global weights, each fragment's outer-optimizer state, the counters, the
+        error-feedback residuals and, under the elastic schedule, the latest durations and the
+        last sync's records (from which ``load_state_dict`` recomputes the plan in force); after
+        completing any fragment in flight, a collective: every rank calls it at the same step
+        (elastic: right after a sync). The model's and the inner optimizer's state are the
+        caller's to save."""
         self.finish()
-        return {"version": 1, "sync_every": self.sync_every, "fragments": self.fragments, "delay": self.delay,
+        self._resolve_marks()
+        return {"version": 2, "sync_every": self.sync_every, "fragments": self.fragments, "delay": self.delay,
                 "alpha": self.alpha, "world_size": self.world_size, "step_count": self.step_count,
                 "outer_steps": self.outer_steps, "global": [g.detach().clone() for g in self._global],
-                "outer_optimizers": [o.state_dict() for o in self.outer_optimizers]}
+                "outer_optimizers": [o.state_dict() for o in self.outer_optimizers],
+                "schedule": self.schedule, "codec": self.codec, "bytes_sent": self.bytes_sent,
+                "residual": [None if r is None else r.clone() for r in self._residual],
+                "local_steps": self.local_steps, "syncs": self.syncs, "stop": self._stop,
+                "ring": [int(x) for x in self._ring], "recorded": self._recorded, "records": self._records,
+                "plan_hash": None if self._elastic is None else int(self._round.hash)}
+
+    def _resolve_marks(self) -> None:
+        for i, e in enumerate(self._ring):
+            if isinstance(e, tuple):
+                s = _device.ops.seconds_between(e[0], e[1])
+                self._ring[i] = self._microseconds(max(s, 0.0), s)
 
     def load_state_dict(self, sd: dict) -> None:
-        """Resumes from ``state_dict()`` with the same sync_every, fragments, delay and model
-        (InvalidParameterError naming the first that differs)."""
-        for key in ("sync_every", "fragments", "delay"):
-            if sd.get(key) != getattr(self, key):
-                raise InvalidParameterError(f"{self._here()}checkpoint has {key} = {sd.get(key)!r}, this DiLoCo "
+        """Resumes from ``state_dict()`` with the same sync_every, fragments, delay, schedule,
+        codec and model (InvalidParameterError naming the first that differs). Build the model
+        and this DiLoCo first (its constructor broadcasts rank 0's weights), then load the
+        model's and the inner optimizer's state, then this."""
+        here = self._here()
+        saved = dict(sd)
+        saved.setdefault("schedule", f"fixed:{saved.get('sync_every')}")
+        saved.setdefault("codec", "f32")
+        for key in ("sync_every", "fragments", "delay", "schedule", "codec"):
+            if saved.get(key) != getattr(self, key):
+                raise InvalidParameterError(f"{here}checkpoint has {key} = {saved.get(key)!r}, this DiLoCo "
                                             f"{getattr(self, key)!r}")
+        if saved.get("world_size", self.world_size) != self.world_size:
+            raise InvalidParameterError(f"{here}checkpoint has world_size = {saved['world_size']}, this "
+                                        f"process group {self.world_size}")
         if len(sd["global"]) != len(self._global) or any(
                 a.shape != b.shape for a, b in zip(sd["global"], self._global)):
-            raise InvalidParameterError(f"{self._here()}checkpoint's global weights do not match the model's "
+            raise InvalidParameterError(f"{here}checkpoint's global weights do not match the model's "
                                         "parameters (count or shapes)")
+        if self._elastic is not None:
+            syncs, records = int(sd["syncs"]), sd["records"]
+            plan = (self._planner.bsp_round(0, _SALT) if syncs == 0 else
+                    self._planner.plan(np.asarray(records, dtype=np.int64), syncs, _SALT))
+            if int(plan.hash) != int(sd["plan_hash"]):
+                raise TransportError(f"{here}load_state_dict: the plan recomputed from the checkpoint's "
+                                     f"records hashes {int(plan.hash)}, the saved one {int(sd['plan_hash'])}: "
+                                     "the planner differs from the one that saved it (another cadence version?)")
+            self._round, self._records, self.syncs = plan, records, syncs
+            self._ring = [int(x) for x in sd["ring"]]
+            self._recorded = int(sd["recorded"])
+            self.local_steps = int(sd["local_steps"])
+            self._stop = bool(sd["stop"])
+            self.stopped = False
         with torch.no_grad():
-            for g, saved in zip(self._global, sd["global"]):
-                g.copy_(saved)
+            for g, saved_g in zip(self._global, sd["global"]):
+                g.copy_(saved_g)
         for o, s in zip(self.outer_optimizers, sd["outer_optimizers"]):
             o.load_state_dict(s)
+        self._residual = [None if r is None else r.clone().to(self._global[0].device)
+                          for r in sd.get("residual", [None] * self.fragments)]
         self.step_count = int(sd["step_count"])
         self.outer_steps = int(sd["outer_steps"])
+        self.bytes_sent = int(sd.get("bytes_sent", 0))
         self._flight = [None] * self.fragments
+        self._mark = _device.ops.mark(self._device_hint)
