@@ -391,11 +391,16 @@ class DiLoCo:
         schedule: records the step's duration (``seconds`` on this rank's clock, compute only;
         None: since the previous call, with CUDA events on a GPU) and syncs when the plan says
         so, returning True then; ``stop=True`` asks every rank to stop at the next sync (then
-        ``stopped`` is True on all of them). TransportError names the collective and the step
+        ``stopped`` is True on all of them; the fixed schedule refuses it, its loops end on a
+        step count, and ignores ``seconds``). TransportError names the collective and the step
         when a peer fails or stalls past the timeout; InvalidParameterError, before anything
         moves, for a bad duration."""
         if self._elastic is not None:
             return self._step_timed(seconds, stop)
+        if stop:
+            raise InvalidParameterError(f"{self._here()}step(stop=True) is the elastic schedule's agreement; "
+                                        f"under {self.schedule} every rank runs the same steps: end the loop on "
+                                        "a step count")
         self.step_count += 1
         t = self.step_count
         deadline = Deadline(self.timeout)

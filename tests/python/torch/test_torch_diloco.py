@@ -88,6 +88,9 @@ def _scenarios(rank, n):
         bad[key] = _spawn.error(lambda: ct.DiLoCo(_model(), None, **kw))
     d = ct.DiLoCo(_model(), None, schedule="elastic:4")
     bad["duration"] = _spawn.error(lambda: d.step(-1.0))
+    f = ct.DiLoCo(_model(), None, sync_every=4)
+    bad["stop_fixed"] = _spawn.error(lambda: f.step(stop=True))
+    bad["stop_fixed_steps"] = f.step_count  # refused before anything moved
     out["bad"] = bad
     out.update(_codecs(rank, n))
     out.update(_weighting(rank, n))
@@ -252,8 +255,10 @@ def test_bad_arguments_are_refused_naming_them(results):
     for key, text in (("codec", "unknown codec 'int2'"), ("quorum", "run in the C++ adapter"),
                       ("elastic_fragments", "fragments and delay need the fixed schedule"),
                       ("replica_fixed", "replica_group is for the elastic schedule"),
-                      ("both", "disagree"), ("duration", "step duration -1.0 s is not in")):
+                      ("both", "disagree"), ("duration", "step duration -1.0 s is not in"),
+                      ("stop_fixed", "end the loop on a step count")):
         assert bad[key][1] and text in bad[key][2], (key, bad[key])
+    assert bad["stop_fixed_steps"] == 0
 
 
 def test_every_codec_moves_the_global_weights_by_the_decoded_mean_identically_on_every_rank(results):
