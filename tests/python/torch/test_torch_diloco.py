@@ -141,6 +141,14 @@ def _codecs(rank, n):
             d.step()
         moved = [float(s.view(-1)[-1] - g.view(-1)[-1]) for s, g in zip(start, d.global_parameters)]
         out[f"feedback_{fb}"] = moved  # the last element of each tensor (a 0.3 one, or the 7 alone)
+    # Streaming DiLoCo's setting: fragments overlapping inner steps, 4-bit outer gradients.
+    m = _model()
+    d = ct.DiLoCo(m, None, sync_every=4, fragments=2, delay=1, alpha=0.5, codec="int4")
+    for _ in range(10):
+        _inner(m, rank)
+        d.step()
+    d.finish()
+    out["stream_int4"] = dict(glob=_plain(d.global_parameters), outer_steps=d.outer_steps, bytes=d.bytes_sent)
     # The C++ codec's rules on known values: ties to even, one scale per block, NaN kept.
     x = torch.tensor([127.0, -127.0, 63.5, 0.5, 1.5, -2.5])
     out["int8_known"] = decode("int8", encode("int8", x), 6).tolist()
@@ -273,6 +281,10 @@ def test_every_codec_moves_the_global_weights_by_the_decoded_mean_identically_on
         assert a["err"] <= bound and b["err"] <= bound, (codec, a["err"])
         assert a["bytes"] == sent, (codec, a["bytes"])
     assert results[0]["codec_int4"]["err"] > results[0]["codec_int8"]["err"] > results[0]["codec_f32"]["err"]
+    # streaming with int4: 5 fragment exchanges (as with f32), the global weights identical
+    a, b = results[0]["stream_int4"], results[1]["stream_int4"]
+    assert a["outer_steps"] == 5 and a["glob"] == b["glob"], (a, b)
+    assert a["bytes"] == 3 * (4 + 3) + 2 * (4 + 3)  # int4: fragments of 6 and 5 elements; starts 0, 1, 0, 1, 0
 
 
 def test_error_feedback_carries_what_quantisation_lost_into_the_next_contribution(results):
