@@ -66,7 +66,9 @@ namespace cadence::membership {
 /// admit it; the members note it in the notices of their next sync, and once that sync commits
 /// they re-form with it and the members at the committed count stream it the registered state
 /// in parallel pieces (member_options::transfer_bytes each). Nothing else waits: the quorum
-/// pays for membership only at its sync points.
+/// pays for membership only at its sync points. The state is streamed inside the transact()
+/// of the sync that admits it, as the sync's body left it: an update that belongs to the sync
+/// (BSP's optimizer step after the gradients' all-reduce) goes inside the body.
 ///
 /// **Threads.** The owning thread (the communicator's) makes every call; the member answers
 /// the others only inside them, at sync points, which is where an all-reduce job waits anyway.

@@ -30,6 +30,10 @@ enum class on_loss : std::uint8_t {
 /// ones all gave it up.
 enum class outcome : std::uint8_t {
   /// The sync completed here; its result is in the tensors (apply it: the optimizer step).
+  /// Where a newcomer may join, apply it inside the sync's body instead: a newcomer admitted
+  /// at this sync receives the registered state as the body left it, before transact()
+  /// returns, so an update applied after it would be missing from the newcomer's copy for
+  /// good (the chaos soak found it: docs/collective.md, "Chaos soak").
   committed,
   /// The sync failed here but completed on another member, or this member was behind: this
   /// member received the state of a member that committed it (the parameters and the
