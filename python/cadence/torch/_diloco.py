@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from typing import Callable, List, Optional
 
 import numpy as np
@@ -150,7 +149,9 @@ class DiLoCo:
     duration (default: timed from the previous call, with CUDA events on a GPU). Ranks then run
     different numbers of steps: end the loop on ``step(stop=...)`` and ``stopped``. Under DDP
     inside replica groups pass ``replica_group``: its members agree on one record (the slowest
-    member's durations) and one stop flag, so every cross group computes the same plan. The
+    member's durations) and one stop flag, so every cross group computes the same plan.
+    ``history`` and ``warmup_steps`` are the planner's (durations per record; BSP steps before
+    the first plan, 0: what the predictor needs); ``sync_every`` then reads R. The
     bounded-lag and quorum schedules of the C++ adapter need its ``outer_schedule``, which the
     bindings do not expose: they stay C++-only.
 
@@ -214,6 +215,9 @@ class DiLoCo:
                                    ("history", history, 2), ("warmup_steps", warmup_steps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise InvalidParameterError(f"{here}{name} must be an integer >= {least}, got {value!r}")
+        if self._elastic is None and (history != 16 or warmup_steps != 0):
+            raise InvalidParameterError(f"{here}history and warmup_steps are the elastic schedule's (got history "
+                                        f"{history}, warmup_steps {warmup_steps} with fixed:{sync_every})")
         if self._elastic is not None and (fragments != 1 or delay != 0):
             raise InvalidParameterError(f"{here}fragments and delay need the fixed schedule (got fragments "
                                         f"{fragments}, delay {delay} with {self._elastic!r})")
@@ -277,6 +281,7 @@ class DiLoCo:
             self._history = history
             self._words = int(self._planner.record_words)
             self._round = self._planner.bsp_round(0, _SALT)
+            self.sync_every = int(self._planner.lookahead)  # R, as the C++ schedule's period()
         backend = _device.ops.backend(self.process_group)
         self._ctrl = _device.CPU if ("gloo" in backend or "mpi" in backend) else params[0].device
         self._device_hint = params[0].device if _device.ops.is_accelerator(params[0].device) else None
