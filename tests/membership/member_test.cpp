@@ -220,6 +220,53 @@ TEST_CASE("membership: a member killed inside a ring all-reduce") {
   }
 }
 
+// Two faults in one reconfiguration: rank 1 dies inside a sync's ring all-reduce, and a second
+// member dies at its first control message after that, that is inside the reconfiguration that
+// the first loss started: rank 0 (the leader, while it gathers or announces) or rank 3 (a
+// follower, while it answers). The three left (more than half of five) re-form, commit the
+// same syncs and agree on every commit.
+TEST_CASE("membership: a second member lost inside the reconfiguration of the first") {
+  for (int second : {0, 3}) {
+    CAPTURE(second);
+    inproc_world world(5);
+    ledger book;
+    const int control_tag = test_options().tag_base;  // tags::control(): the reconfiguration's frames
+    cadence::transport::inproc_step at;
+    at.op = "send";
+    at.skip = 30;  // inside the third sync's ring
+    world.on_step(1, at, [second, control_tag](inproc_world& w) {
+      cadence::transport::inproc_step next;
+      next.op = "send";
+      next.tag = control_tag;
+      w.on_step(second, next, [second](inproc_world& w2) { w2.kill(second); });
+      w.kill(1);
+    });
+    const auto res = run_ranks(world, 5, [&](int rank, inproc_communicator& c, rank_result& out) {
+      auto o = test_options();
+      o.piece_bytes = 4096;
+      mb::member<inproc_communicator> m(c, o);
+      replica r(8000);
+      register_state(m, r);
+      m.start();
+      run_syncs(m, r, book, 8, rank);
+      finish(m, out);
+    });
+    std::vector<int> survivors;
+    for (int r = 0; r < 5; ++r)
+      if (r != 1 && r != second) survivors.push_back(r);
+    CHECK(res[1].error != "");
+    CHECK(res[static_cast<std::size_t>(second)].error != "");
+    for (int r : survivors) {
+      const auto& x = res[static_cast<std::size_t>(r)];
+      CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+      CHECK(x.committed == 8);
+      CHECK(x.hash == res[static_cast<std::size_t>(survivors[0])].hash);
+      CHECK(x.last_quorum == survivors);
+    }
+    CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+  }
+}
+
 TEST_CASE("membership: a restarted rank joins at a sync point and receives the state") {
   inproc_world world(4);
   ledger book;
