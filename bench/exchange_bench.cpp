@@ -1,7 +1,7 @@
 // cadence-bench-exchange: the collective adapters (cadence/exchange/) against the backend's native
 // all-reduce of the same number of bytes, interleaved, measured as nccl-tests does (warm-up, N
 // back-to-back operations, one wait, time averaged over ranks; algbw = bytes / t, busbw = algbw *
-// 2(n-1)/n); and the bucketed all-reducer overlapping a fake backward pass.
+// 2(n-1)/n); and the bucketed all-reducer overlapping a backward stand-in.
 //
 //   cadence-bench-exchange --backend inproc|gloo [--ranks N] [--json]
 //   mpirun -np 2 cadence-bench-exchange --backend mpi [--json]
@@ -18,13 +18,11 @@
 //  - periodic_sync: periodic_averager::sync() of the buffer as one tensor (in place);
 //  - elastic_sync: elastic_averager::sync() of the buffer (record all-gather, merge, plan, hash
 //    check);
-//  - bsp_overlap (host backends): a fake backward over 16 tensors (bucket views, so a launch
-//    copies nothing) in reverse order, each
-//    "computing" for c microseconds (the thread progresses the all-reducer meanwhile, waiting in
-//    the backend, poll_until(), as a GPU's kernels leave the host free), bucketed into 8
-//    buckets, each launched by its last mark_ready();
-//    compute in total about one all-reduce (c = comm / 16). raw_us is compute then average() in
-//    sequence, ours_us the same with overlap; hidden = (sequential - overlapped) / comm.
+//  - bsp_overlap (host backends): a backward stand-in on one core (arithmetic on a thread of its
+//    own, 16 tensors, last first) while this thread, on another core, marks them ready and
+//    drives 8 buckets of bucket views, sized to take about one all-reduce; raw_us is backward
+//    then average() in sequence, ours_us the same overlapped; hidden = (compute + comm -
+//    overlapped) / comm against hideable = min(compute, comm) / comm (measure_overlap() below).
 // The roofline (support/roofline.hpp): the run first measures this machine's memory copy
 // bandwidth (one thread, two at once); each row's limit is raw_us + extra_bytes / copy rate,
 // extra_bytes what its path must copy beyond the native all-reduce (bsp_allreduce: its 16
@@ -32,8 +30,9 @@
 // two-thread rate shared by the ranks copying at once (nccl: the GPU's device-to-device copy);
 // of_native = raw/ours, of_limit = limit/ours (null for bsp_overlap, whose raw is not the
 // native call).
-// The JSON rows have the fields of cadence-bench-transport (plus compute_us, comm_us and hidden
-// for bsp_overlap). These machines are shared: read the ratios, not the times.
+// The JSON rows have the fields of cadence-bench-transport (plus compute_us, comm_us, hidden,
+// hideable, of_hideable and pinned for bsp_overlap). These machines are shared: read the
+// ratios, not the times.
 #include <cadence/exchange/bucketed_allreducer.hpp>
 #include <cadence/exchange/elastic_averager.hpp>
 #include <cadence/exchange/periodic_averager.hpp>
@@ -60,6 +59,7 @@
 #endif
 
 #include "support/backends.hpp"
+#include "support/backward.hpp"
 #include "support/command_line.hpp"
 #include "support/measure.hpp"
 #include "support/report.hpp"
@@ -100,6 +100,7 @@ struct row {
   int ranks;
   double raw_us, ours_us;
   double compute_us = 0, comm_us = 0;  // bsp_overlap
+  bool pinned = false;                 // bsp_overlap: backward and communication on a core each
 };
 
 // What one rank runs. Buffers come from `buffer` (device memory for nccl) and are read and
@@ -154,16 +155,86 @@ void check(const rank_ops& ops, const std::string& op, std::size_t bytes, const 
                                " instead of " + std::to_string(expected));
 }
 
-// A backward step of `us` microseconds on an accelerator: the host thread is free meanwhile, so
-// it progresses the communication in flight until the step's end (`poll_until`: waiting in the
-// backend where it can), then yields its core until the end (a sleep would overshoot steps of
-// tens of microseconds). On these CPU-only machines a spinning "compute" would take the cores
-// the communication needs (the backends' own threads, the peer ranks), which a GPU's kernels do
-// not.
-void compute(double us, const std::function<bool(steady::time_point)>& poll_until) {
-  const auto until = steady::now() + std::chrono::duration_cast<steady::duration>(std::chrono::duration<double, std::micro>(us));
-  if (poll_until && !poll_until(until)) return;
-  while (steady::now() < until) std::this_thread::yield();
+// The overlap of a backward pass with the bucketed all-reducer, against what it could hide.
+// A backward stand-in (support/backward.hpp: arithmetic, no memory traffic) on a thread pinned
+// to the first core this process may use computes 16 tensors' gradients, last first; this
+// thread, pinned to the second, marks each ready as it comes (8 buckets of bucket views, so a
+// launch copies nothing) and progresses the buckets in flight in between, waiting in the
+// backend (poll_until) while the next gradient is not there. Every rank's backward shares the
+// compute core and every rank's communication the other, and the backward is sized (units of
+// arithmetic, timed with every rank computing at once) to take about one all-reduce.
+// Measured per rep, each a block of iterations averaged over the ranks: comm (average() alone),
+// compute (the backward alone), sequential (the backward, then average()), overlapped.
+//   hidden      = (compute + comm - overlapped) / comm
+//   hideable    = min(compute, comm) / comm         (a perfect overlap takes max(compute, comm))
+//   of_hideable = hidden / hideable
+// Reported: the median rep by overlapped time; raw_us is its sequential time (for reference:
+// it also pays the hand-over from the backward thread to this one), ours_us its overlapped
+// time.
+template <class C>
+row measure_overlap(C& comm, rank_ops& ops, const config& cfg, std::size_t bytes) {
+  const std::size_t count = bytes / sizeof(float), piece = count / 16;
+  bucketed_allreducer_options o;
+  o.bucket_bytes = std::max<std::size_t>(bytes / 8, 64);
+  bucketed_allreducer<C> red(comm, o);
+  for (std::size_t k = 0; k < 16; ++k) (void)red.template add_view<float>(k == 15 ? count - 15 * piece : piece);
+  const std::vector<int> cores = cadence_bench::allowed_cores();
+  const int compute_core = cores.size() >= 2 ? cores[0] : -1;
+  cadence_bench::backward_thread backward(compute_core);
+  const cadence_bench::pinned_scope here(cores.size() >= 2 ? cores[1] : -1);
+  const bool pinned = backward.pinned() && here.ok();
+  const int iters = std::max(2, iterations_for(bytes) / 4);
+  red.average();
+  std::uint64_t units = 1;
+  auto comm_only = [&] { red.average(); };
+  auto compute_only = [&] {
+    backward.start(16, units);
+    backward.wait_for(16);
+  };
+  auto sequential = [&] {
+    compute_only();
+    red.average();
+  };
+  auto overlapped = [&] {
+    backward.start(16, units);
+    int marked = 0;
+    while (marked < 16) {
+      for (const int ready = backward.ready(); marked < ready; ++marked)
+        red.mark_ready(static_cast<std::size_t>(15 - marked));
+      if (marked == 16) break;
+      // Buckets in flight: progress them a while, then look for the next gradient; none: sleep
+      // until the next gradient comes.
+      if (!red.poll_until(steady::now() + std::chrono::microseconds(20))) continue;
+      backward.wait_for(marked + 1);
+    }
+    red.finish();
+  };
+  // Calibration: a unit's time with every rank computing at once; each rep then sizes the
+  // backward (the same on every rank) to its own comm block at the latest unit time, so that
+  // compute stays about one all-reduce on a machine whose load drifts.
+  units = 64;
+  double unit_us = time_block(ops, 3, compute_only) / (16.0 * static_cast<double>(units));
+  struct rep_times {
+    double comm, compute, seq, ovl;
+  };
+  std::vector<rep_times> reps;
+  for (int rep = 0; rep < cfg.reps; ++rep) {
+    rep_times t{};
+    t.comm = time_block(ops, iters, comm_only);
+    units = static_cast<std::uint64_t>(std::max(1.0, ops.average(t.comm / unit_us / 16.0)));
+    t.compute = time_block(ops, iters, compute_only);
+    unit_us = t.compute / (16.0 * static_cast<double>(units));
+    t.seq = time_block(ops, iters, sequential);
+    t.ovl = time_block(ops, iters, overlapped);
+    reps.push_back(t);
+  }
+  std::sort(reps.begin(), reps.end(), [](const rep_times& a, const rep_times& b) { return a.ovl < b.ovl; });
+  const rep_times& mid = reps[reps.size() / 2];
+  row r{"bsp_overlap", bytes, ops.size, mid.seq, mid.ovl};
+  r.compute_us = mid.compute;
+  r.comm_us = mid.comm;
+  r.pinned = pinned;
+  return r;
 }
 
 template <class C>
@@ -236,44 +307,8 @@ std::vector<row> run_adapters(C& comm, rank_ops& ops, const config& cfg) {
         avg.sync(tensor_ref(x, count));
       }));
     }
-    // bsp_overlap: a fake backward with the all-reducer, against the same in sequence.
-    if (host && cfg.overlap) {
-      bucketed_allreducer_options o;
-      o.bucket_bytes = std::max<std::size_t>(bytes / 8, 64);
-      bucketed_allreducer<C> red(comm, o);
-      for (std::size_t k = 0; k < 16; ++k) (void)red.template add_view<float>(k == 15 ? count - 15 * piece : piece);
-      const int iters = std::max(2, iterations_for(bytes) / 4);
-      red.average();
-      auto comm_only = [&] { red.average(); };
-      double c = 0;  // per tensor
-      auto sequential = [&] {
-        for (int k = 15; k >= 0; --k) compute(c, {});
-        red.average();
-      };
-      auto overlapped = [&] {
-        for (int k = 15; k >= 0; --k) {
-          compute(c, [&](steady::time_point until) { return red.poll_until(until); });
-          red.mark_ready(static_cast<std::size_t>(k));
-        }
-        red.finish();
-      };
-      std::vector<double> comms;
-      std::vector<std::pair<double, double>> pairs;
-      for (int rep = 0; rep < cfg.reps; ++rep) {
-        const double comm_us = time_block(ops, iters, comm_only);
-        comms.push_back(comm_us);
-        std::sort(comms.begin(), comms.end());
-        c = ops.average(comms[comms.size() / 2] / 16);  // the same on every rank
-        const double seq = time_block(ops, iters, sequential);
-        const double ovl = time_block(ops, iters, overlapped);
-        pairs.emplace_back(seq, ovl);
-      }
-      const auto mid = cadence_bench::median_pair(pairs);
-      row r{"bsp_overlap", bytes, ops.size, mid.first, mid.second};
-      r.compute_us = 16 * c;
-      r.comm_us = comms[comms.size() / 2];
-      rows.push_back(r);
-    }
+    // bsp_overlap: a backward stand-in on the compute core, the all-reducer on this thread.
+    if (host && cfg.overlap) rows.push_back(measure_overlap(comm, ops, cfg, bytes));
   }
   return rows;
 }
@@ -289,7 +324,9 @@ double extra_bytes(const row& r) { return r.op == "bsp_allreduce" ? 2.0 * static
 double copy_rate(const row& r, const config& cfg) {
   return cfg.device_copy_gbps > 0 ? cfg.device_copy_gbps : cfg.copy.at(r.bytes).shared_rate(r.ranks);
 }
-double hidden(const row& r) { return r.comm_us > 0 ? (r.raw_us - r.ours_us) / r.comm_us : 0; }
+// The model's terms: a perfect overlap takes max(compute, comm), so it hides min(compute, comm).
+double hidden(const row& r) { return r.comm_us > 0 ? (r.compute_us + r.comm_us - r.ours_us) / r.comm_us : 0; }
+double hideable(const row& r) { return r.comm_us > 0 ? std::min(r.compute_us, r.comm_us) / r.comm_us : 0; }
 
 // The rows with the keys of cadence-bench-transport's (bsp_overlap adds compute_us, comm_us and
 // hidden), and the table.
@@ -314,6 +351,12 @@ int print(const std::vector<row>& rows, const config& cfg) {
       j["compute_us"] = decimals(r.compute_us, 3);
       j["comm_us"] = decimals(r.comm_us, 3);
       j["hidden"] = decimals(hidden(r), 4);
+      j["hideable"] = decimals(hideable(r), 4);
+      if (hideable(r) > 0)
+        j["of_hideable"] = decimals(hidden(r) / hideable(r), 4);
+      else
+        j["of_hideable"] = nullptr;
+      j["pinned"] = r.pinned;
     }
     out.push_back(std::move(j));
   }
@@ -334,12 +377,19 @@ int print(const std::vector<row>& rows, const config& cfg) {
                // the ratio of bus bandwidths: the inverse of the times' ratio
                cadence_bench::ratio_column("ours/raw", 9, "raw_us", "ours_us", "%.1f%%", 100.0)};
   for (auto& c : cadence_bench::roofline_columns()) t.columns.push_back(std::move(c));
-  t.remark_after = 4;
+  // bsp_overlap: its own line (its raw is the sequential run, not the native call).
+  t.remark_after = 2;
   t.remark = [](const cadence_bench::row& j) {
     if (j.at("op") != "bsp_overlap") return std::string();
-    return "compute " + formatted("%.1f", j.at("compute_us").get<double>()) + " us, comm " +
-           formatted("%.1f", j.at("comm_us").get<double>()) + " us: " +
-           formatted("%.0f", 100.0 * j.at("hidden").get<double>()) + "% of the communication hidden";
+    const auto of = j.at("of_hideable");
+    return "backward " + formatted("%.1f", j.at("compute_us").get<double>()) + " us, comm " +
+           formatted("%.1f", j.at("comm_us").get<double>()) + " us, in sequence " +
+           formatted("%.1f", j.at("raw_us").get<double>()) + " us, overlapped " +
+           formatted("%.1f", j.at("ours_us").get<double>()) + " us: hidden " +
+           formatted("%.0f", 100.0 * j.at("hidden").get<double>()) + "% of the comm, hideable " +
+           formatted("%.0f", 100.0 * j.at("hideable").get<double>()) + "%, " +
+           (of.is_null() ? std::string("-") : formatted("%.0f", 100.0 * of.get<double>())) + "% of hideable" +
+           (j.at("pinned").get<bool>() ? "" : " (not pinned: fewer than 2 cores)");
   };
   cadence_bench::print(out, cfg, t);
   cfg.copy.report("cadence-bench-exchange");  // after the rows: stdout starts with them
