@@ -29,20 +29,14 @@ struct byte_buffers {
   }
 };
 
-struct broadcast_case {
-  int n = 2;
+// A case: broadcasts in a row on a seeded schedule (fake_wire.hpp), the first from `root`.
+struct broadcast_case : seeded_case {
   int root = 0;
   std::size_t bytes = 8;
   std::size_t piece = 24;
-  int wire = 0;
-  int calls = 2;
-  bool mix = false;  // a small all-reduce after each broadcast
-  std::uint64_t seed = 1;
   std::string describe() const {
     return "n " + std::to_string(n) + ", root " + std::to_string(root) + ", " + std::to_string(bytes) +
-           " bytes, piece " + std::to_string(piece) + ", " + flavour_name(wire) + ", " + std::to_string(calls) +
-           " calls" + (mix ? " with small all-reduces between" : "") + (seed % 3 == 0 ? ", no eager sends" : "") +
-           ", seed " + std::to_string(seed);
+           " bytes, piece " + std::to_string(piece) + describe_schedule();
   }
 };
 
@@ -50,10 +44,7 @@ template <bool Over>
 void check_broadcast(const broadcast_case& c) {
   INFO(c.describe() << std::string(Over ? ", posts over delivered sends" : ""));
   std::mt19937_64 rng(c.seed);
-  wire_options o = flavour(c.wire);
-  o.piece = c.piece;
-  if (c.seed % 3 == 0) o.eager_bytes = 0;  // every send waits for its receive (MPI's rendezvous)
-  simulation<Over> sim(c.n, o);
+  simulation<Over> sim(c.n, c.options(c.piece));
   sim.watch_buffers = true;
   std::vector<byte_buffers> data;
   std::vector<rank_data> small;
@@ -96,8 +87,6 @@ void check_broadcast(const broadcast_case& c) {
   }
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 TEST_CASE("every rank ends with the root's bytes, inline or in pieces, for 1 to 9 ranks and every root") {
   std::uint64_t seed = 300;
   for (int n = 1; n <= 9; ++n)
@@ -114,10 +103,7 @@ TEST_CASE("every rank ends with the root's bytes, inline or in pieces, for 1 to 
         c.wire = static_cast<int>(seed % 3);
         c.calls = 1;
         c.seed = ++seed;
-        if (seed % 2 == 0)
-          check_broadcast<true>(c);
-        else
-          check_broadcast<false>(c);
+        over_or_not(seed % 2 == 0, [&](auto over) { check_broadcast<decltype(over)::value>(c); });
       }
     }
 }
@@ -136,10 +122,7 @@ TEST_CASE(
     c.calls = 3;
     c.mix = rng() % 2 == 0;
     c.seed = seed;
-    if (seed % 2 == 0)
-      check_broadcast<false>(c);
-    else
-      check_broadcast<true>(c);
+    over_or_not(seed % 2 != 0, [&](auto over) { check_broadcast<decltype(over)::value>(c); });
   }
 }
 

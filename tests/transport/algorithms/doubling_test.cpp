@@ -15,36 +15,16 @@
 namespace cadence_fake_wire {
 namespace doubling_tests {
 
-const dtype all_dtypes[] = {dtype::f32, dtype::f64, dtype::i32, dtype::i64, dtype::u8};
-const reduce_op all_ops[] = {reduce_op::sum, reduce_op::min, reduce_op::max};
-
-struct doubling_case {
-  int n = 2;
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  bool average = false;
-  std::size_t count = 4;
-  int wire = 0;  // flavour()
-  int calls = 2;
-  std::uint64_t seed = 1;
-
-  std::string describe() const {
-    return "n " + std::to_string(n) + ", " + cadence::transport::dtype_name(type) + ", " +
-           cadence::transport::reduce_op_name(op) + (average ? " (average)" : "") + ", count " + std::to_string(count) +
-           ", " + flavour_name(wire) + ", " + std::to_string(calls) + " calls" +
-           (seed % 3 == 0 ? ", no eager sends" : "") + ", seed " + std::to_string(seed);
-  }
-};
+// A case: reductions in a row on a seeded schedule (fake_wire.hpp).
+using doubling_case = reduction_case;
 
 // Runs c.calls all-reduces in a row on every rank and checks that each completes everywhere
 // with the oracle's bits, the wire's requirements kept and no buffer written early.
 template <bool Over>
 void check_doubling(const doubling_case& c) {
-  INFO(c.describe() << std::string(Over ? ", posts over delivered sends" : ""));
+  INFO(c.describe_reduction() << c.describe_schedule() << std::string(Over ? ", posts over delivered sends" : ""));
   std::mt19937_64 rng(c.seed);
-  wire_options o = flavour(c.wire);
-  if (c.seed % 3 == 0) o.eager_bytes = 0;  // every send waits for its receive (MPI's rendezvous)
-  simulation<Over> sim(c.n, o);
+  simulation<Over> sim(c.n, c.options());
   sim.watch_buffers = true;
   std::vector<rank_data> data, inputs;
   data.reserve(static_cast<std::size_t>(c.calls));
@@ -70,8 +50,6 @@ void check_doubling(const doubling_case& c) {
 cadence::transport::detail::collective_signature sig_of(const call& c, std::int64_t index) {
   return cadence::transport::detail::collective_signature::allreduce(index, c.count, c.type, c.op, c.average);
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 TEST_CASE(
     "the doubling pairs ranks as MPICH does: p the largest power of two, the extra even ranks hand over to the odd "
@@ -106,31 +84,22 @@ TEST_CASE(
     "recursive doubling gives every rank the bits of a brute-force reduction in its own order, for 1 to 9 ranks, every "
     "dtype, op and averaging") {
   std::uint64_t seed = 100;
-  for (int n = 1; n <= 9; ++n)
-    for (dtype t : all_dtypes)
-      for (reduce_op op : all_ops)
-        for (int avg = 0; avg < 2; ++avg) {
-          if (avg && (op != reduce_op::sum || !cd::averageable(t))) continue;
-          // Fewer elements than ranks, as many, more, and the most the wire takes inline.
-          const std::size_t most =
-              std::max<std::size_t>(64, 8 * static_cast<std::size_t>(n)) / cadence::transport::dtype_size(t);
-          for (std::size_t count :
-               {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(n), static_cast<std::size_t>(n) + 3, most}) {
-            if (count > most) continue;
-            doubling_case c;
-            c.n = n;
-            c.type = t;
-            c.op = op;
-            c.average = avg != 0;
-            c.count = count;
-            c.wire = static_cast<int>(seed % 3);
-            c.seed = ++seed;
-            if (seed % 2 == 0)
-              check_doubling<true>(c);
-            else
-              check_doubling<false>(c);
-          }
-        }
+  for (int n = 1; n <= 9; ++n) {
+    doubling_case base;
+    base.n = n;
+    for_each_reduction(base, [&](doubling_case c) {
+      // Fewer elements than ranks, as many, more, and the most the wire takes inline.
+      const std::size_t most =
+          std::max<std::size_t>(64, 8 * static_cast<std::size_t>(n)) / cadence::transport::dtype_size(c.type);
+      for (std::size_t count :
+           {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(n), static_cast<std::size_t>(n) + 3, most}) {
+        if (count > most) continue;
+        c.count = count;
+        c.take_seed(seed);
+        over_or_not(seed % 2 == 0, [&](auto over) { check_doubling<decltype(over)::value>(c); });
+      }
+    });
+  }
 }
 
 TEST_CASE(
@@ -139,20 +108,14 @@ TEST_CASE(
   for (std::uint64_t seed = 0; seed < 300; ++seed) {
     std::mt19937_64 rng(seed * 7919 + 13);
     doubling_case c;
-    c.n = std::uniform_int_distribution<int>(2, 9)(rng);
-    c.type = all_dtypes[rng() % 5];
-    c.op = all_ops[rng() % 3];
-    c.average = c.op == reduce_op::sum && cd::averageable(c.type) && rng() % 2 == 0;
+    c.pick_reduction(rng);
     const std::size_t most =
         std::max<std::size_t>(64, 8 * static_cast<std::size_t>(c.n)) / cadence::transport::dtype_size(c.type);
     c.count = std::uniform_int_distribution<std::size_t>(0, most)(rng);
     c.wire = static_cast<int>(rng() % 3);
     c.calls = 3;
     c.seed = seed;
-    if (seed % 2 == 0)
-      check_doubling<false>(c);
-    else
-      check_doubling<true>(c);
+    over_or_not(seed % 2 != 0, [&](auto over) { check_doubling<decltype(over)::value>(c); });
   }
 }
 
@@ -260,7 +223,7 @@ TEST_CASE(
       simulation<true> sim(n, flavour(wire));
       sim.watch_buffers = true;
       rank_data data(n, 5, dtype::f64, rng);
-      for (int r = 0; r < n; ++r) sim.add(r, {algorithm::doubling, data.buf(r), 5, dtype::f64, reduce_op::sum, false});
+      add_allreduce(sim, algorithm::doubling, data);
       sim.never_starts(absent);
       const outcome out = sim.run(rng());
       INFO(out.describe());
@@ -296,7 +259,7 @@ TEST_CASE(
     simulation<false> sim(n, flavour(wire));
     rank_data data(n, 6, dtype::i64, rng);
     const rank_data in = data;
-    for (int r = 0; r < n; ++r) sim.add(r, {algorithm::doubling, data.buf(r), 6, dtype::i64, reduce_op::sum, false});
+    add_allreduce(sim, algorithm::doubling, data);
     sim.stop_after(stopped, 0, steps);
     const outcome out = sim.run(rng());
     INFO(out.describe());
@@ -335,7 +298,7 @@ TEST_CASE(
       sim.watch_buffers = true;
       rank_data data(n, 7, dtype::f32, rng);
       const rank_data in = data;
-      for (int r = 0; r < n; ++r) sim.add(r, {algorithm::doubling, data.buf(r), 7, dtype::f32, reduce_op::sum, false});
+      add_allreduce(sim, algorithm::doubling, data);
       sim.net().hold = [&](const message& m, step_kind) { return m.from == late && m.notice; };
       outcome out = sim.run(rng());
       INFO(out.describe());
@@ -366,7 +329,7 @@ TEST_CASE(
     sim.watch_buffers = true;
     rank_data data(4, 5, dtype::f64, rng);
     const rank_data in = data;
-    for (int r = 0; r < 4; ++r) sim.add(r, {algorithm::doubling, data.buf(r), 5, dtype::f64, reduce_op::sum, false});
+    add_allreduce(sim, algorithm::doubling, data);
     sim.net().hold = [](const message& m, step_kind) { return m.notice && m.from == 3 && m.to == 0; };
     outcome out = sim.run(rng());
     INFO(out.describe());
@@ -417,7 +380,7 @@ TEST_CASE("a message longer than the receive a wire posted for it fails the rank
       std::mt19937_64 rng(static_cast<std::uint64_t>(n));
       simulation<false> sim(n, strict);
       rank_data data(n, 4, dtype::i32, rng);
-      for (int r = 0; r < n; ++r) sim.add(r, {algorithm::doubling, data.buf(r), 4, dtype::i32, reduce_op::sum, false});
+      add_allreduce(sim, algorithm::doubling, data);
       sim.net().tamper = [](message& m) {
         if (m.from == 1 && m.on == lane::data && !m.notice) m.payload.resize(m.payload.size() + 8);
       };
@@ -440,7 +403,7 @@ TEST_CASE("a data message of another size than agreed fails the rank that takes 
   std::mt19937_64 rng(17);
   simulation<false> sim(4, mpi_like());
   rank_data data(4, 3, dtype::f32, rng);
-  for (int r = 0; r < 4; ++r) sim.add(r, {algorithm::doubling, data.buf(r), 3, dtype::f32, reduce_op::sum, false});
+  add_allreduce(sim, algorithm::doubling, data);
   sim.net().tamper = [](message& m) {
     if (m.from == 0 && m.on == lane::data && !m.notice) m.payload.resize(m.payload.size() + 4);
   };
@@ -469,7 +432,7 @@ TEST_CASE("a partner's goodbye where its notice was due says that it left, and n
     std::mt19937_64 rng(21);
     simulation<false> sim(3, gloo_like());
     rank_data data(3, 2, dtype::f64, rng);
-    for (int r = 0; r < 3; ++r) sim.add(r, {algorithm::doubling, data.buf(r), 2, dtype::f64, reduce_op::max, false});
+    add_allreduce(sim, algorithm::doubling, data, reduce_op::max);
     sim.net().tamper = goodbye;
     const outcome out = sim.run(4);
     INFO(out.describe());
@@ -484,7 +447,7 @@ TEST_CASE("a partner's goodbye where its notice was due says that it left, and n
     std::mt19937_64 rng(22);
     simulation<false> sim(3, gloo_like());
     rank_data data(3, 2, dtype::f64, rng);
-    for (int r = 0; r < 3; ++r) sim.add(r, {algorithm::doubling, data.buf(r), 2, dtype::f64, reduce_op::max, false});
+    add_allreduce(sim, algorithm::doubling, data, reduce_op::max);
     sim.never_starts(1);
     sim.net().tamper = goodbye;
     const outcome out = sim.run(4);

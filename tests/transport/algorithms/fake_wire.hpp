@@ -1169,6 +1169,14 @@ std::vector<unsigned char> expected_bytes(const rank_data& in, F&& oracle) {
   return out;
 }
 
+/// Every rank of `data` calls the all-reduce `algo` once over its own buffer (data's count and
+/// type), reducing with `op`.
+template <bool Over>
+void add_allreduce(simulation<Over>& sim, algorithm algo, rank_data& data, reduce_op op = reduce_op::sum) {
+  for (int r = 0; r < static_cast<int>(data.words.size()); ++r)
+    sim.add(r, {algo, data.buf(r), data.count, data.type, op, false});
+}
+
 /// The first rank whose buffer differs from `want`, or -1.
 inline int first_differing(const rank_data& got, const std::vector<unsigned char>& want) {
   for (std::size_t r = 0; r < got.words.size(); ++r)
@@ -1185,5 +1193,92 @@ inline std::string first_difference(const rank_data& got, int r, const std::vect
       return "rank " + std::to_string(r) + " differs first at element " + std::to_string(i);
   return "rank " + std::to_string(r) + " does not differ";
 }
+
+// ---- what the algorithm tests share ----
+
+/// The dtypes and ops the reductions are tested with: every host dtype, every op.
+inline const dtype all_dtypes[] = {dtype::f32, dtype::f64, dtype::i32, dtype::i64, dtype::u8};
+inline const reduce_op all_ops[] = {reduce_op::sum, reduce_op::min, reduce_op::max};
+
+/// Calls check(std::true_type{}) when `over` (a simulation whose wire posts receives over
+/// delivered sends), else check(std::false_type{}): a seeded case picks one of the two.
+template <class F>
+void over_or_not(bool over, F&& check) {
+  if (over)
+    check(std::true_type{});
+  else
+    check(std::false_type{});
+}
+
+/// The part of a seeded case every check shares: ranks, wire flavour, calls in a row, small
+/// all-reduces mixed in between (where a check has them), and the seed of its schedule.
+struct seeded_case {
+  int n = 2;
+  int wire = 0;  // flavour()
+  int calls = 2;
+  bool mix = false;
+  std::uint64_t seed = 1;
+
+  /// The case's wire: its flavour with pieces of `piece` bytes (0: the flavour's), and on one
+  /// seed in three no eager sends (every send waits for its receive, MPI's rendezvous).
+  wire_options options(std::size_t piece = 0) const {
+    wire_options o = flavour(wire);
+    if (piece != 0) o.piece = piece;
+    if (seed % 3 == 0) o.eager_bytes = 0;
+    return o;
+  }
+  /// Takes the next seed of a sweep from `counter` (incremented), its wire from the one before.
+  void take_seed(std::uint64_t& counter) {
+    wire = static_cast<int>(counter % 3);
+    seed = ++counter;
+  }
+  /// ", <flavour>, <calls> calls[ with small all-reduces between][, no eager sends], seed <seed>".
+  std::string describe_schedule() const {
+    return ", " + flavour_name(wire) + ", " + std::to_string(calls) + " calls" +
+           (mix ? " with small all-reduces between" : "") + (seed % 3 == 0 ? ", no eager sends" : "") + ", seed " +
+           std::to_string(seed);
+  }
+};
+
+/// A seeded all-reduce case: the schedule's part and the reduction's (type, op, averaging, the
+/// count of elements).
+struct reduction_case : seeded_case {
+  dtype type = dtype::f32;
+  reduce_op op = reduce_op::sum;
+  bool average = false;
+  std::size_t count = 4;
+
+  /// Picks 2 to 9 ranks, the type, the op and whether to average from rng (in that order).
+  void pick_reduction(std::mt19937_64& rng) {
+    n = std::uniform_int_distribution<int>(2, 9)(rng);
+    type = all_dtypes[rng() % 5];
+    op = all_ops[rng() % 3];
+    average = op == reduce_op::sum && cd::averageable(type) && rng() % 2 == 0;
+  }
+  /// "n <n>, <dtype>, <op>[ (average)], count <count>".
+  std::string describe_reduction() const {
+    return "n " + std::to_string(n) + ", " + cadence::transport::dtype_name(type) + ", " +
+           cadence::transport::reduce_op_name(op) + (average ? " (average)" : "") + ", count " + std::to_string(count);
+  }
+};
+
+/// Calls f(c) for every dtype and op, and again averaging where an average exists (a sum of a
+/// type that averages), with c's type, op and average set and the rest as `base` has them.
+template <class F>
+void for_each_reduction(const reduction_case& base, F&& f) {
+  for (dtype t : all_dtypes)
+    for (reduce_op op : all_ops)
+      for (int avg = 0; avg < 2; ++avg) {
+        if (avg && (op != reduce_op::sum || !cd::averageable(t))) continue;
+        reduction_case c = base;
+        c.type = t;
+        c.op = op;
+        c.average = avg != 0;
+        f(c);
+      }
+}
+
+/// Whether s contains part (error messages).
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace cadence_fake_wire

@@ -19,9 +19,6 @@
 namespace cadence_fake_wire {
 namespace ring_tests {
 
-const dtype ring_dtypes[] = {dtype::f32, dtype::f64, dtype::i32, dtype::i64, dtype::u8};
-const reduce_op ring_ops[] = {reduce_op::sum, reduce_op::min, reduce_op::max};
-
 cd::ring_schedule schedule(int n, int r, std::size_t count, std::size_t esize, std::size_t piece) {
   cd::ring_schedule g;
   g.n = n;
@@ -32,24 +29,14 @@ cd::ring_schedule schedule(int n, int r, std::size_t count, std::size_t esize, s
   return g;
 }
 
-struct ring_case {
-  int n = 2;
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  bool average = false;
-  std::size_t count = 8;
+// A case: rings in a row on a seeded schedule (fake_wire.hpp), in pieces of `piece` bytes.
+struct ring_case : reduction_case {
   std::size_t piece = 24;
-  int wire = 0;
-  int calls = 2;
-  bool mix = false;  // a small all-reduce between the rings, as a backend interleaves them
-  std::uint64_t seed = 1;
 
+  ring_case() = default;
+  explicit ring_case(const reduction_case& r) : reduction_case(r) {}
   std::string describe() const {
-    return "n " + std::to_string(n) + ", " + cadence::transport::dtype_name(type) + ", " +
-           cadence::transport::reduce_op_name(op) + (average ? " (average)" : "") + ", count " + std::to_string(count) +
-           ", piece " + std::to_string(piece) + ", " + flavour_name(wire) + ", " + std::to_string(calls) + " calls" +
-           (mix ? " with small all-reduces between" : "") + (seed % 3 == 0 ? ", no eager sends" : "") + ", seed " +
-           std::to_string(seed);
+    return describe_reduction() + ", piece " + std::to_string(piece) + describe_schedule();
   }
 };
 
@@ -95,10 +82,7 @@ template <bool Over>
 void check_ring(const ring_case& c) {
   INFO(c.describe() << std::string(Over ? ", posts over delivered sends" : ""));
   std::mt19937_64 rng(c.seed);
-  wire_options o = flavour(c.wire);
-  o.piece = c.piece;
-  if (c.seed % 3 == 0) o.eager_bytes = 0;  // every send waits for its receive (MPI's rendezvous)
-  simulation<Over> sim(c.n, o);
+  simulation<Over> sim(c.n, c.options(c.piece));
   sim.watch_buffers = true;
   std::vector<rank_data> data, small;
   data.reserve(static_cast<std::size_t>(c.calls));
@@ -135,8 +119,6 @@ void check_ring(const ring_case& c) {
     }
   }
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 TEST_CASE(
     "the ring's segments cover the buffer exactly once, balanced to one element, in whole pieces that fit the "
@@ -232,31 +214,23 @@ TEST_CASE(
     "the ring all-reduce gives every rank the bits of the ring's own order of reduction, for 2 to 9 ranks, every "
     "dtype, op and averaging") {
   std::uint64_t seed = 1000;
-  for (int n = 2; n <= 9; ++n)
-    for (dtype t : ring_dtypes)
-      for (reduce_op op : ring_ops)
-        for (int avg = 0; avg < 2; ++avg) {
-          if (avg && (op != reduce_op::sum || !cd::averageable(t))) continue;
-          const std::size_t e = cadence::transport::dtype_size(t);
-          // As many elements as ranks, a few more (segments of unequal sizes), and many (pieces
-          // that do not divide a segment).
-          for (std::size_t count :
-               {static_cast<std::size_t>(n), static_cast<std::size_t>(n) + 3, 11 * static_cast<std::size_t>(n) + 5}) {
-            ring_case c;
-            c.n = n;
-            c.type = t;
-            c.op = op;
-            c.average = avg != 0;
-            c.count = count;
-            c.piece = (seed % 2 == 0 ? 3 : 5) * e;
-            c.wire = static_cast<int>(seed % 3);
-            c.seed = ++seed;
-            if (seed % 2 == 0)
-              check_ring<true>(c);
-            else
-              check_ring<false>(c);
-          }
-        }
+  for (int n = 2; n <= 9; ++n) {
+    reduction_case base;
+    base.n = n;
+    for_each_reduction(base, [&](const reduction_case& r) {
+      const std::size_t e = cadence::transport::dtype_size(r.type);
+      // As many elements as ranks, a few more (segments of unequal sizes), and many (pieces
+      // that do not divide a segment).
+      for (std::size_t count :
+           {static_cast<std::size_t>(n), static_cast<std::size_t>(n) + 3, 11 * static_cast<std::size_t>(n) + 5}) {
+        ring_case c(r);
+        c.count = count;
+        c.piece = (seed % 2 == 0 ? 3 : 5) * e;
+        c.take_seed(seed);
+        over_or_not(seed % 2 == 0, [&](auto over) { check_ring<decltype(over)::value>(c); });
+      }
+    });
+  }
 }
 
 TEST_CASE(
@@ -265,10 +239,7 @@ TEST_CASE(
   for (std::uint64_t seed = 0; seed < 200; ++seed) {
     std::mt19937_64 rng(seed * 104729 + 7);
     ring_case c;
-    c.n = std::uniform_int_distribution<int>(2, 9)(rng);
-    c.type = ring_dtypes[rng() % 5];
-    c.op = ring_ops[rng() % 3];
-    c.average = c.op == reduce_op::sum && cd::averageable(c.type) && rng() % 2 == 0;
+    c.pick_reduction(rng);
     const std::size_t e = cadence::transport::dtype_size(c.type);
     c.count = std::uniform_int_distribution<std::size_t>(static_cast<std::size_t>(c.n),
                                                          16 * static_cast<std::size_t>(c.n))(rng);
@@ -277,10 +248,7 @@ TEST_CASE(
     c.calls = 2;
     c.mix = rng() % 2 == 0;
     c.seed = seed;
-    if (seed % 2 == 0)
-      check_ring<false>(c);
-    else
-      check_ring<true>(c);
+    over_or_not(seed % 2 != 0, [&](auto over) { check_ring<decltype(over)::value>(c); });
   }
 }
 
@@ -340,8 +308,7 @@ TEST_CASE("a rank that never starts keeps every other rank in the ring's agreeme
       simulation<true> sim(n, flavour(wire));
       sim.watch_buffers = true;
       rank_data data(n, 6 * static_cast<std::size_t>(n), dtype::f32, rng);
-      for (int r = 0; r < n; ++r)
-        sim.add(r, {algorithm::ring, data.buf(r), 6 * static_cast<std::size_t>(n), dtype::f32, reduce_op::sum, false});
+      add_allreduce(sim, algorithm::ring, data);
       sim.never_starts(absent);
       const outcome out = sim.run(rng());
       INFO(out.describe());
@@ -371,8 +338,7 @@ TEST_CASE("a rank that never starts is the only rank the others name in the ring
       INFO("n " << n << ", rank " << absent << " never starts, " << flavour_name(wire));
       simulation<true> sim(n, flavour(wire));
       rank_data data(n, 6 * static_cast<std::size_t>(n), dtype::f32, rng);
-      for (int r = 0; r < n; ++r)
-        sim.add(r, {algorithm::ring, data.buf(r), 6 * static_cast<std::size_t>(n), dtype::f32, reduce_op::sum, false});
+      add_allreduce(sim, algorithm::ring, data);
       sim.never_starts(absent);
       const outcome out = sim.run(rng());
       INFO(out.describe());
@@ -395,7 +361,7 @@ TEST_CASE(
     const std::size_t count = 9 * static_cast<std::size_t>(n) + 2;
     rank_data data(n, count, dtype::f64, rng);
     const rank_data in = data;
-    for (int r = 0; r < n; ++r) sim.add(r, {algorithm::ring, data.buf(r), count, dtype::f64, reduce_op::sum, false});
+    add_allreduce(sim, algorithm::ring, data);
     sim.net().hold = [&](const message& m, step_kind) { return m.notice && m.from == from && m.to == to; };
     outcome out = sim.run(rng());
     INFO(out.describe());
@@ -429,7 +395,7 @@ TEST_CASE(
       simulation<false> sim(n, o);
       rank_data data(n, count, dtype::i32, rng);
       const rank_data in = data;
-      for (int r = 0; r < n; ++r) sim.add(r, {algorithm::ring, data.buf(r), count, dtype::i32, reduce_op::sum, false});
+      add_allreduce(sim, algorithm::ring, data);
       sim.net().hold = hold_completions;
       outcome out = sim.run(rng());
       INFO(out.describe());
@@ -451,7 +417,7 @@ TEST_CASE(
       simulation<true> sim(n, o);
       rank_data data(n, count, dtype::i32, rng);
       const rank_data in = data;
-      for (int r = 0; r < n; ++r) sim.add(r, {algorithm::ring, data.buf(r), count, dtype::i32, reduce_op::sum, false});
+      add_allreduce(sim, algorithm::ring, data);
       sim.net().hold = hold_completions;
       outcome out = sim.run(rng());
       INFO(out.describe());
@@ -477,7 +443,7 @@ TEST_CASE("a piece of another length than due fails the rank that receives it, n
     o.piece = 16;
     simulation<false> sim(3, o);
     rank_data data(3, 30, dtype::f32, rng);
-    for (int r = 0; r < 3; ++r) sim.add(r, {algorithm::ring, data.buf(r), 30, dtype::f32, reduce_op::sum, false});
+    add_allreduce(sim, algorithm::ring, data);
     sim.net().tamper = [](message& m) {
       if (m.from == 1 && m.on == lane::bulk) m.payload.resize(m.payload.size() - 4);
     };
@@ -493,7 +459,7 @@ TEST_CASE("a piece of another length than due fails the rank that receives it, n
     std::mt19937_64 rng(9);
     simulation<true> sim(4, gloo_like());
     rank_data data(4, 40, dtype::u8, rng);
-    for (int r = 0; r < 4; ++r) sim.add(r, {algorithm::ring, data.buf(r), 40, dtype::u8, reduce_op::max, false});
+    add_allreduce(sim, algorithm::ring, data, reduce_op::max);
     sim.net().tamper = [](message& m) {
       if (m.from == 3 && m.on == lane::bulk) m.payload.resize(m.payload.size() + 64);
     };
@@ -516,8 +482,7 @@ TEST_CASE("the ring sums correctly with fewer elements than ranks, some segments
         simulation<false> sim(n, flavour(wire));
         rank_data data(n, count, dtype::i32, rng);
         const rank_data in = data;
-        for (int r = 0; r < n; ++r)
-          sim.add(r, {algorithm::ring, data.buf(r), count, dtype::i32, reduce_op::sum, false});
+        add_allreduce(sim, algorithm::ring, data);
         const outcome out = sim.run(5);
         INFO(out.describe());
         REQUIRE(out.all_completed(1));
@@ -550,7 +515,7 @@ TEST_CASE("a rank that stops mid-ring is named by its right neighbour, and no ra
     simulation<false> sim(n, flavour(wire));
     const std::size_t count = 7 * static_cast<std::size_t>(n);
     rank_data data(n, count, dtype::i64, rng);
-    for (int r = 0; r < n; ++r) sim.add(r, {algorithm::ring, data.buf(r), count, dtype::i64, reduce_op::sum, false});
+    add_allreduce(sim, algorithm::ring, data);
     sim.stop_after(stopped, 0, steps);
     const outcome out = sim.run(rng());
     INFO(out.describe());
