@@ -283,8 +283,9 @@ class DiLoCo:
             self._round = self._planner.bsp_round(0, _SALT)
             self.sync_every = int(self._planner.lookahead)  # R, as the C++ schedule's period()
         backend = _device.ops.backend(self.process_group)
-        self._ctrl = _device.CPU if ("gloo" in backend or "mpi" in backend) else params[0].device
-        self._device_hint = params[0].device if _device.ops.is_accelerator(params[0].device) else None
+        dev = _device.ops.device_of(params[0])
+        self._ctrl = _device.CPU if ("gloo" in backend or "mpi" in backend) else dev  # the records' tensors
+        self._device_hint = dev if _device.ops.is_accelerator(dev) else None  # CUDA events time the steps
         deadline = Deadline(self.timeout)
         with torch.no_grad():
             for p in params:

@@ -174,6 +174,29 @@ def _scenarios(rank, n):
                             hint=str(avg._device_hint), control=str(avg._control_device()),
                             postlocal_events=fake.counts["events"] - evs, calls=calls)
 
+    # 6b. DiLoCo on the fake device, ElasticBSP schedule, steps timed by itself: events, read
+    #     only at a sync (where it waits anyway); int8 outer gradients; one global model.
+    m = torch.nn.Linear(3, 2)
+    for p in m.parameters():
+        fake.put(p)
+    ev0, reads0 = fake.counts["events"], fake.counts["event_reads"]
+    d = ct.DiLoCo(m, None, lambda ps: torch.optim.SGD(ps, lr=1.0), schedule="elastic:4", codec="int8",
+                  timeout=30)
+    early, plans = 0, []
+    while d.syncs < 8:
+        time.sleep(0.002 * (rank + 1))
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(float(rank + 1))
+        before = fake.counts["event_reads"]
+        if d.step():
+            plans.append([int(s) for s in d.plan.steps])
+        else:
+            early += fake.counts["event_reads"] - before
+    out["fake_diloco"] = dict(hint=str(d._device_hint), events=fake.counts["events"] - ev0,
+                              reads=fake.counts["event_reads"] - reads0, early=early, plans=plans,
+                              glob=[g.reshape(-1).tolist() for g in d.global_parameters])
+
     # 7. Fake CUDA on a fake NCCL group: the control tensors live on the parameters' device
     #    (never the current device), and sync() without any tensor has no device to use.
     fake = _fake_cuda.install(backend="nccl")
@@ -265,6 +288,16 @@ def test_fake_cuda_event_timing_and_exact_merges(results):
         assert f["postlocal_events"] >= f["calls"] >= 5  # one event per step at least
     planned = [s for s in rounds if s != [1] * N]
     assert planned and any(s[0] > s[2] for s in planned), rounds  # event times reached the plan
+
+
+def test_fake_cuda_diloco_times_steps_with_events_read_only_at_a_sync(results):
+    plans = results[0]["fake_diloco"]["plans"]
+    for r in results:
+        f = r["fake_diloco"]
+        assert f["hint"] == "cuda:0"
+        assert f["events"] > 0 and f["reads"] > 0 and f["early"] == 0, f
+        assert f["plans"] == plans and f["glob"] == results[0]["fake_diloco"]["glob"]
+    assert any(s[0] > s[2] for s in plans), plans  # rank 2 sleeps 3x longer: the event times reached the plan
 
 
 def test_fake_nccl_control_tensors_on_the_parameters_device(results):
