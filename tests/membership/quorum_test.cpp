@@ -61,6 +61,42 @@ TEST_CASE("membership::may_succeed: of two disjoint groups of survivors at most 
   CHECK_FALSE(mb::may_succeed(make({}), {}));
 }
 
+// The split brain of the chaos soak (seed 1, trial 18): rank 0, the leader of {0, 1, 2, 3},
+// stopped; {1, 2, 3} went on; resumed, rank 0 read rank 3's old request and adopted {0, 3}
+// (half with the leader), then, rank 3 gone, {0} (half of {0, 3} with its leader) and committed
+// alone. Measured against the quorum of the last commit too, no group that adopted anything
+// since then goes on beside another disjoint one.
+TEST_CASE("membership::may_succeed: against the quorum of the last commit, never two groups whatever they adopted since") {
+  CHECK(mb::may_succeed(make({0, 3}), {0}));                                // alone: by {0, 3}'s measure
+  CHECK_FALSE(mb::may_succeed(make({0, 3}), make({0, 1, 2, 3}), {0}));      // not by the last commit's
+  CHECK(mb::may_succeed(make({1, 2, 3}), make({0, 1, 2, 3}), {1, 2, 3}));   // the majority goes on
+  CHECK(mb::may_succeed(make({0, 1, 2}), make({0, 1, 2, 3}), {0, 1}));      // two losses, half with the leader
+  for (int n = 1; n <= 6; ++n) {
+    std::vector<int> all;
+    for (int r = 0; r < n; ++r) all.push_back(r);
+    const mb::quorum confirmed = make(all);
+    // Each group adopted a quorum of its own since the commit (any subset of the members,
+    // each holding the group: what it announced), then lost the rest of it.
+    for (unsigned split = 0; split < (1u << n); ++split) {
+      std::vector<int> a, b;
+      for (int r = 0; r < n; ++r) ((split >> r) & 1u ? a : b).push_back(r);
+      for (unsigned pa = 0; pa < (1u << n); pa += 1 + (n > 4)) {
+        std::vector<int> qa;
+        for (int r = 0; r < n; ++r)
+          if (((pa >> r) & 1u) || ((split >> r) & 1u)) qa.push_back(r);
+        for (unsigned pb = 0; pb < (1u << n); pb += 1 + (n > 4)) {
+          std::vector<int> qb;
+          for (int r = 0; r < n; ++r)
+            if (((pb >> r) & 1u) || !((split >> r) & 1u)) qb.push_back(r);
+          CAPTURE(n);
+          CAPTURE(split);
+          CHECK_FALSE((mb::may_succeed(make(qa), confirmed, a) && mb::may_succeed(make(qb), confirmed, b)));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("membership::candidate_leader: the lowest member not reported lost, self always alive") {
   const mb::quorum q = make({0, 2, 3, 5});
   CHECK(mb::candidate_leader(q, 3, [](int) { return false; }) == 0);

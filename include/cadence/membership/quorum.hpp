@@ -79,6 +79,18 @@ inline bool may_succeed(const quorum& previous, const std::vector<int>& survivor
   return 2 * kept > n || (2 * kept == n && leader_kept && n > 0);
 }
 
+/// may_succeed() against both the quorum adopted last (`previous`) and `confirmed`, the quorum
+/// that last committed a sync (every member took part in it, so each had adopted it). A quorum
+/// that was announced but never confirmed can hold a member that went to another group: its
+/// request for the next quorum reached a stopped leader before it saw that leader lost, and the
+/// leader read it when it resumed. Measured against `previous` alone, shrinking that quorum
+/// again would let the resumed leader go on by itself beside the group that holds the majority
+/// (the chaos soak found it: docs/collective.md, "Chaos soak"). Measured against `confirmed`
+/// too, two disjoint groups never both go on, whatever each adopted since the last commit.
+inline bool may_succeed(const quorum& previous, const quorum& confirmed, const std::vector<int>& survivors) {
+  return may_succeed(previous, survivors) && may_succeed(confirmed, survivors);
+}
+
 /// The rank that leads the next reconfiguration as this member sees it: the lowest member of
 /// `q` that `lost(rank)` does not report (this member itself included). -1 when every member
 /// is lost (this member always counts itself alive, so that needs `self` outside `q`).

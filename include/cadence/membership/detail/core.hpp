@@ -130,6 +130,7 @@ public:
     q_.id = 0;
     q_.ranks = o_.eligible;
     q_.nonces.assign(q_.ranks.size(), 0);
+    confirmed_ = q_;
     reconfigure(mode::initial, {});
   }
 
@@ -138,6 +139,7 @@ public:
     if (std::find(o_.eligible.begin(), o_.eligible.end(), rank()) == o_.eligible.end())
       bad("rank " + std::to_string(rank()) + " is not eligible (member_options::eligible)");
     reconfigure(mode::join, {});
+    confirmed_ = q_;
   }
 
   // ---- transactions ----
@@ -166,6 +168,7 @@ public:
     for (auto& o : cur_ops_)
       if (!o->complete()) bad("a sync ended with a collective still in flight (wait for every handle first)");
     committed_ = txn_;
+    if (txn_ops_ != 0 || q_.size() == 1) confirmed_ = q_;  // every member took part: confirmed
     prev_ops_ = std::move(cur_ops_);
     cur_ops_.clear();
     if (txn_ops_ == 0) return q_.size() == 1 && !joiners_.empty();
@@ -358,7 +361,8 @@ public:
 
 private:
   // ---- state map ----
-  // q_: the quorum adopted last; committed_: syncs committed; txn_: the sync in progress.
+  // q_: the quorum adopted last; confirmed_: the one of the last commit (lead() holds a successor
+  // to both); committed_: syncs committed; txn_: the sync in progress.
   // cur_ops_/prev_ops_: the collectives of the current and the previous sync (a failed sync's
   // are drained; a completed one's records say what was taken, since members are at most one
   // sync apart). joiners_, requests_, announce_, drains_, aborted_, replaced_: what the control
@@ -749,7 +753,10 @@ private:
     std::vector<int> survivors;
     for (const auto& g : got) survivors.push_back(g.first);
     const std::uint64_t my_bytes = state_bytes();
-    if (!may_succeed(q_, survivors)) {
+    // Against the quorum of the last commit too (quorum.hpp): a quorum announced but never
+    // confirmed may hold a member that went to another group.
+    if (!may_succeed(q_, confirmed_, survivors)) {
+      const quorum& against = may_succeed(q_, survivors) ? confirmed_ : q_;
       for (int r : survivors)
         if (r != rank()) {
           frame f = make_frame(frame_kind::reject, q_.id);
@@ -757,9 +764,10 @@ private:
           f.b = got[r].nonce;
           send_frame(r, f);
         }
-      throw quorum_error(here() + "only " + transport::detail::rank_list(survivors) + " of " + q_.describe() +
+      throw quorum_error(here() + "only " + transport::detail::rank_list(survivors) + " of " + against.describe() +
+                         (&against == &q_ ? std::string() : " (the quorum of the last commit)") +
                          " reached the reconfiguration: not more than half (or half with the leader, rank " +
-                         std::to_string(q_.leader()) + "), so this group must not go on alone");
+                         std::to_string(against.leader()) + "), so this group must not go on alone");
     }
     // Newcomers: every process that asked to join (or reported as a member of another quorum)
     // and is still there, with the same amount of state.
@@ -1152,6 +1160,7 @@ private:
   tags tags_;
   std::uint64_t nonce_ = 1;
   quorum q_;
+  quorum confirmed_;  // the quorum of the last commit (or the first one asked for, or the one joined)
   std::uint64_t committed_ = 0, txn_ = 0, op_seq_ = 0;
   std::size_t txn_ops_ = 0;
   bool in_txn_ = false, txn_joiner_ = false;
