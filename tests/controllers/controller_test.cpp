@@ -16,23 +16,6 @@ using namespace cadence;
 
 namespace {
 
-// The smallest type that models the concept: every numbered requirement, nothing more.
-struct minimal {
-  decision push(worker_id, timestamp) { return {}; }
-  span<const worker_id> remove_worker(worker_id) { return {}; }
-  worker_id add_worker() { return 0; }
-  std::size_t worker_capacity() const { return 0; }
-  clock_value clock(worker_id) const { return 0; }
-  bool is_active(worker_id) const { return false; }
-  bool is_waiting(worker_id) const { return false; }
-  std::size_t active_workers() const { return 0; }
-  clock_value min_clock() const { return 0; }
-  clock_value staleness(worker_id) const { return 0; }
-  clock_value max_staleness() const { return 0; }
-  std::vector<worker_id> waiting_for(worker_id) const { return {}; }
-  std::string config() const { return "minimal"; }
-};
-
 // Requirement 5 missing: a timeout could not name the stragglers.
 struct no_waiting_for {
   decision push(worker_id, timestamp) { return {}; }
@@ -47,6 +30,13 @@ struct no_waiting_for {
   clock_value staleness(worker_id) const { return 0; }
   clock_value max_staleness() const { return 0; }
   std::string config() const { return "x"; }
+};
+
+// The smallest type that models the concept: every numbered requirement, nothing more (the
+// type above and the member it lacks).
+struct minimal : no_waiting_for {
+  std::vector<worker_id> waiting_for(worker_id) const { return {}; }
+  std::string config() const { return "minimal"; }
 };
 
 // Requirement 1 broken: push must return a decision.

@@ -358,12 +358,7 @@ TEST_CASE("a push that throws, from bad input or from the predictor, leaves a ds
       const double t = cc.last_time() + 0.25;
       for (worker_id q = 0; q < cc.worker_capacity(); ++q) {
         if (!cc.is_active(q) || cc.is_waiting(q)) continue;
-        predictor_throws += test::throw_changes_nothing<test::predictor_failure>(
-            cc, [&](dssp_t& x) { test::scoped_failure f(fail, failure::error); x.push(q, t); },
-            require_same_dssp, replay_seed);
-        predictor_throws += test::throw_changes_nothing<std::bad_alloc>(
-            cc, [&](dssp_t& x) { test::scoped_failure f(fail, failure::bad_alloc); x.push(q, t); },
-            require_same_dssp, replay_seed);
+        predictor_throws += test::failing_pushes_change_nothing(cc, fail, q, t, require_same_dssp, replay_seed);
       }
     });
     REQUIRE(live);

@@ -294,12 +294,7 @@ TEST_CASE("a push or removal that throws, from bad input or from planning, leave
             cc, [&](failing_elastic& x) { test::scoped_failure f(fail, failure::error); x.remove_worker(q); },
             require_same_elastic, replay_seed);
         if (cc.is_waiting(q)) continue;
-        push_throws += test::throw_changes_nothing<test::predictor_failure>(
-            cc, [&](failing_elastic& x) { test::scoped_failure f(fail, failure::error); x.push(q, t); },
-            require_same_elastic, replay_seed);
-        push_throws += test::throw_changes_nothing<std::bad_alloc>(
-            cc, [&](failing_elastic& x) { test::scoped_failure f(fail, failure::bad_alloc); x.push(q, t); },
-            require_same_elastic, replay_seed);
+        push_throws += test::failing_pushes_change_nothing(cc, fail, q, t, require_same_elastic, replay_seed);
       }
     });
     REQUIRE(live);

@@ -289,4 +289,19 @@ private:
   failing_predictor::failure& s_;
 };
 
+/// Worker q pushes at t with the predictor behind `fail` failing, once as an error and once as
+/// an allocation failure: a push that reaches the predictor must throw and change nothing
+/// (throw_changes_nothing). Returns how many of the two threw.
+template <class C, class Same>
+std::size_t failing_pushes_change_nothing(const C& c, failing_predictor::failure& fail, worker_id q, double t,
+                                          Same&& same, std::uint64_t seed) {
+  using failure = failing_predictor::failure;
+  std::size_t threw = 0;
+  threw += throw_changes_nothing<predictor_failure>(
+      c, [&](C& x) { scoped_failure f(fail, failure::error); x.push(q, t); }, same, seed);
+  threw += throw_changes_nothing<std::bad_alloc>(
+      c, [&](C& x) { scoped_failure f(fail, failure::bad_alloc); x.push(q, t); }, same, seed);
+  return threw;
+}
+
 }  // namespace cadence::test
