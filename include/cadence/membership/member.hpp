@@ -50,8 +50,8 @@ namespace cadence::membership {
 /// **Quorum.** start() on every initial process forms the first quorum: the eligible ranks
 /// that reach it within the quorum timeout. The lowest rank leads each reconfiguration (no fixed
 /// coordinator: any rank, rank 0 included, may be lost). A quorum's successor must hold more
-/// than half of it, or half with its leader (quorum.hpp, may_succeed), and at least
-/// member_options::min_size members.
+/// than half of it, or half with its leader, and the same of the quorum that last committed a
+/// sync (quorum.hpp, may_succeed), and at least member_options::min_size members.
 ///
 /// **Transactions.** transact(body) runs body, which calls collectives on view() (directly or
 /// through an adapter). A sync commits on a member when its collectives complete there. When a
