@@ -279,11 +279,8 @@ if [[ -n $only ]]; then
 fi
 selected() { [[ -z $only || ,$only, == *,$1,* ]]; }
 
-if ((plan)); then
-  [[ $build == /* ]] || build=$PWD/$build
-else
-  build=$(mkdir -p "$build" && cd "$build" && pwd) || die_usage "cannot create the build directory '$build'"
-fi
+# The build directory is made when a step needs it (not for --plan, nor without a device).
+[[ $build == /* ]] || build=$PWD/$build
 [[ -n $summary ]] || summary=${OUT:+$OUT/gpu-summary.json}
 [[ -n $summary ]] || summary=$build/gpu-summary.json
 mkdir -p "$(dirname "$summary")" || die_usage "cannot create the folder of '$summary'"
@@ -316,6 +313,9 @@ fi
 # NCCL: the CUDA toolkit's, NCCL_ROOT's, or else the one PyTorch's wheels bring (nvidia-nccl-cu*),
 # which ships libnccl.so.2 without the libnccl.so a linker looks for: a folder in the build
 # directory gives it one, and every step's NCCL_ROOT and LD_LIBRARY_PATH name it.
+if [[ -z $no_device && $plan == 0 ]]; then
+  mkdir -p "$build" || die_usage "cannot create the build directory '$build'"
+fi
 if [[ -z $no_device && $plan == 0 && -z ${NCCL_ROOT:-} && ! -f /usr/local/cuda/include/nccl.h ]]; then
   wheel=$("$RUN_PY" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
   if [[ -n $wheel && -f $wheel/include/nccl.h ]]; then

@@ -71,6 +71,7 @@ grep -q 'no CUDA device' "$work/out" || fail "no-device: the output does not say
 check no-device "$work/none.json" '
 assert d["status"] == "skipped: no CUDA device" and "CUDA_VISIBLE_DEVICES" in d["reason"], d
 assert all(s["status"] == "skipped: no CUDA device" for s in d["steps"]), d["steps"]'
+[[ ! -e $work/build ]] || fail "no-device: created the build folder"
 
 # 3. Two steps run: the device's numbers, the PS bench skipped for want of a configured build
 # (its reason kept), the rest not selected; exit 0; the summary under $OUT by default.
