@@ -75,6 +75,7 @@ TEST_CASE("the membership closed form is the documented formula, checked by hand
   m.restart_seconds = 0;
   m.step_seconds = 1;
   m.sync_seconds = 0;
+  m.state_bytes = 0;
   const membership_expectation e = expected_membership(m);
   const double F = 0.01, Fs = F * (1 - F * 0.5) / (1 + F * 1.0);
   CHECK(e.faults_per_second == doctest::Approx(F));

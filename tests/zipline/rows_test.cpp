@@ -98,7 +98,7 @@ TEST_CASE("the validation pass's row check and gaps equal a plain loop's, vector
     double gap = -1;
     CAPTURE(iter);
     CAPTURE(m);
-    REQUIRE(detail::zipline_rows_valid_gaps(v, &gap) == want_ok);
+    REQUIRE(cadence::detail::zipline_rows_valid_gaps(v, &gap) == want_ok);
     bool threw = false;
     try {
       validate(v);
@@ -111,8 +111,8 @@ TEST_CASE("the validation pass's row check and gaps equal a plain loop's, vector
   // The rows' ends the trim needs, read in the same pass: L's first row on ties.
   const std::vector<std::int64_t> v{1, 5, 9, 3, 4, 8, 3, 7, 20, 2, 6, 10};
   std::vector<std::int64_t> gaps(4);
-  detail::zipline_row_ends<std::int64_t> ends{};
-  REQUIRE(detail::zipline_rows_valid_gaps(rows_view<std::int64_t>::matrix(v.data(), 4, 3), gaps.data(), &ends));
+  cadence::detail::zipline_row_ends<std::int64_t> ends{};
+  REQUIRE(cadence::detail::zipline_rows_valid_gaps(rows_view<std::int64_t>::matrix(v.data(), 4, 3), gaps.data(), &ends));
   CHECK(ends.max_front == 3);
   CHECK(ends.front_row == 1);
   CHECK(ends.min_back == 8);

@@ -62,7 +62,7 @@ struct membership_model {
   double detection_seconds = 5;       ///< fault to the survivors' failed sync, at the latest
   double reconfiguration_seconds = 1; ///< one re-forming of the quorum (failure or admission)
   double restart_seconds = 60;        ///< fault to the replacement's join request
-  double state_bytes = 0;             ///< registered state a joiner receives
+  double state_bytes = 1e9;           ///< registered state a joiner receives (1 GB)
   double link_bytes_per_second = 1.25e9;  ///< one donor's link (10 Gbit/s)
   std::size_t donors = 1;             ///< member_options::max_donors
   double step_seconds = 1;            ///< one local step of a replica (the slowest's, under BSP)
