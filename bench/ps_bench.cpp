@@ -2,7 +2,7 @@
 // ping-pong of the same bytes over the same backend, interleaved (raw block, ours block, ...),
 // and, with more than one worker, the server's throughput against raw echoes.
 //
-//   mpirun -np 2 cadence-bench-ps --backend mpi [--json] [--no-bounce] [--sgd]
+//   mpirun -np 2 cadence-bench-ps --backend mpi [--json] [--no-bounce] [--gradient-buffer] [--sgd]
 //   mpirun -np 5 cadence-bench-ps --backend mpi --throughput      (1 server, 4 workers)
 //   cadence-bench-ps --backend zmq [--ranks N] [--json] [--sgd] [--throughput]
 //                                   (ranks as threads, TCP on 127.0.0.1; N = 1 server + workers)
@@ -20,8 +20,10 @@
 //
 // The roofline (support/roofline.hpp): the run first measures this machine's memory copy
 // bandwidth; a row's limit is raw_us + extra_bytes / copy rate, extra_bytes the copies a round
-// trip makes beyond raw's: over MPI with bounce buffers (the default) the worker's gradient and
-// the server's weights each go through one (2 x bytes), with --no-bounce none; over zmq ours
+// trip makes beyond raw's: over MPI with bounce buffers (the default) the worker copies the
+// caller's gradient into its own buffer, which it lends to MPI, and the server lends its reply's
+// weights (1 x bytes); with --gradient-buffer the gradient is written into the worker's buffer
+// (ps_worker::gradient_buffer()) and with --no-bounce nothing is copied (0); over zmq ours
 // copies each message once out of ZeroMQ on receipt and sends large ones from the caller's
 // buffer, as many copies as raw's zmq_send and zmq_recv (0 extra). A ping-pong's copies run one
 // after the other (one thread's rate); with --throughput the workers' round trips share the
@@ -76,16 +78,18 @@ struct config : cadence_bench::common_config {
     max_bytes = 16 << 20;
   }
   bool bounce = true;
+  bool gradient_buffer = false;  // mpi: push from ps_worker::gradient_buffer()
   bool sgd = false;
   bool throughput = false;
   bool security_cost = false;  // zmq: raw is the same push_pull over an open communicator
   cadence_bench::copy_rates copy;  // the roofline's, measured before the ranks start
 };
 
-// The bytes one round trip copies beyond the raw ping-pong's: MPI's bounce buffers copy the
-// gradient (the worker's send) and the weights (the server's reply) once each.
+// The bytes one round trip copies beyond the raw ping-pong's: with MPI's bounce buffers on, the
+// worker copies the caller's gradient into the buffer it lends to MPI (the server lends its
+// weights without a copy); pushed from that buffer itself, or without bounce buffers, none.
 double extra_bytes(const config& cfg, std::size_t bytes) {
-  return cfg.backend == "mpi" && cfg.bounce ? 2.0 * static_cast<double>(bytes) : 0.0;
+  return cfg.backend == "mpi" && cfg.bounce && !cfg.gradient_buffer ? static_cast<double>(bytes) : 0.0;
 }
 
 struct no_update {
@@ -114,7 +118,7 @@ struct ps_rank {
 // One block through the parameter server: a fresh server and workers (construction and the
 // initial pull are not timed), `iters` push_pulls per worker, finish.
 template <class Update, class Comm>
-double ours_block(Comm& comm, int workers, std::vector<float>& buf, int iters) {
+double ours_block(Comm& comm, int workers, std::vector<float>& buf, int iters, bool own) {
   ps_options o;
   o.servers = 1;
   const int rank = comm.rank();
@@ -127,9 +131,11 @@ double ours_block(Comm& comm, int workers, std::vector<float>& buf, int iters) {
     ps_worker<Comm> worker(comm, buf.size(), o);
     std::vector<float> weights(buf.size());
     worker.pull(weights.data());
+    const float* gradient = buf.data();
+    if (own) gradient = std::copy(buf.begin(), buf.end(), worker.gradient_buffer()) - buf.size();
     const auto t0 = steady::now();
     if (rank <= workers)
-      for (int i = 0; i < iters; ++i) worker.push_pull(buf.data(), weights.data());
+      for (int i = 0; i < iters; ++i) worker.push_pull(gradient, weights.data());
     us = std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
     worker.finish();
   }
@@ -137,9 +143,9 @@ double ours_block(Comm& comm, int workers, std::vector<float>& buf, int iters) {
 }
 
 template <class Comm>
-double ours_block(Comm& comm, int workers, std::vector<float>& buf, int iters, bool sgd) {
-  return sgd ? ours_block<cadence::exchange::sgd<float>>(comm, workers, buf, iters)
-             : ours_block<no_update>(comm, workers, buf, iters);
+double ours_block(Comm& comm, int workers, std::vector<float>& buf, int iters, bool sgd, bool own = false) {
+  return sgd ? ours_block<cadence::exchange::sgd<float>>(comm, workers, buf, iters, own)
+             : ours_block<no_update>(comm, workers, buf, iters, own);
 }
 
 std::vector<row> measure(ps_rank& me, const config& cfg, const std::vector<std::size_t>& sizes) {
@@ -255,7 +261,7 @@ int run_mpi(const config& cfg) {
     me.raw_block = [&](std::vector<float>& buf, int iters) { return mpi_raw_block(raw, rank, me.workers, buf, iters); };
     me.ours_block = [&](std::vector<float>& buf, int iters) {
       MPI_Barrier(raw);
-      return ours_block(comm, me.workers, buf, iters, cfg.sgd);
+      return ours_block(comm, me.workers, buf, iters, cfg.sgd, cfg.gradient_buffer);
     };
     me.average_over_workers = [&](double v) {
       double mine = (rank >= 1 && rank <= me.workers) ? v : 0.0, sum = 0;
@@ -441,7 +447,7 @@ int run(int argc, char** argv) {
   config cfg;
   cadence::tools::command_line cli(
       "usage: mpirun -np 2 cadence-bench-ps --backend mpi [--json | --csv] [--reps R]\n"
-      "         [--max-bytes B] [--no-bounce] [--sgd]\n"
+      "         [--max-bytes B] [--no-bounce] [--gradient-buffer] [--sgd]\n"
       "       mpirun -np W+1 cadence-bench-ps --backend mpi --throughput\n"
       "       cadence-bench-ps --backend zmq [--ranks W+1] [--json | --csv] [--reps R] [--max-bytes B]\n"
       "         [--sgd] [--throughput] [--security-cost]\n"
@@ -462,6 +468,8 @@ int run(int argc, char** argv) {
        {"--csv", "a header row and a row per size, the JSON's keys as columns"}});
   cli.add_flag("--throughput", cfg.throughput, "every worker pushes at once (sizes 64 KiB, 1 MiB, 4 MiB)");
   cli.add_flag_callback("--no-bounce", [&cfg] { cfg.bounce = false; }, "mpi_options::bounce_buffers = false");
+  cli.add_flag_callback("--gradient-buffer", [&cfg] { cfg.gradient_buffer = true; },
+                        "mpi: the worker pushes from ps_worker::gradient_buffer(), no copy");
   cli.add_flag("--sgd", cfg.sgd, "apply SGD on the server (default: a no-op update rule)");
   cli.add_flag("--security-cost", cfg.security_cost,
                "zmq: raw = the same push_pull over an open communicator (ours:\n"

@@ -235,13 +235,13 @@ TEST_CASE("a worker that falls silent is evicted; the others finish; nothing the
       sc.iterations = 10;
       sc.options.evict_after = 500ms;  // heartbeats every 125 ms; 150 ms raced a loaded machine
       sc.keep_going = [](worker_id w, std::int64_t k) { return !(w == 1 && k == 4); };
-      const auto t0 = std::chrono::steady_clock::now();
       const run_result r = run(sc);
-      CHECK(std::chrono::steady_clock::now() - t0 < 20s);
       INFO(r.server_error);
       REQUIRE(r.server_error.empty());
       REQUIRE(r.servers[0].evictions.size() == 1);
       CHECK(r.servers[0].evictions[0].worker == 1);
+      // Evicted for its silence (not lost, nor broke the protocol): what evict_after is for.
+      CHECK(r.servers[0].evictions[0].reason.rfind("silent for ", 0) == 0);
       CHECK(r.servers[0].evictions[0].pushes == 3);
       CHECK(r.servers[0].evictions[0].silent_seconds >= 0.5);
       for (worker_id w : {0u, 2u}) {
@@ -308,9 +308,8 @@ TEST_CASE("a worker killed while it waits for its reply is dropped when the repl
     sc.before_push = [&ev](inproc_world&, worker_id w, std::int64_t k) {
       if (w != 0 && k == 3) CHECK(ev.wait("worker 0 killed"));
     };
-    const auto t0 = std::chrono::steady_clock::now();
+    // evict_after is 30 s: the reason below ("lost") says it was dropped for the kill, not then.
     const run_result r = run(sc, ev);
-    CHECK(std::chrono::steady_clock::now() - t0 < 30s);
     INFO(r.server_error);
     REQUIRE(r.server_error.empty());
     REQUIRE(r.servers[0].evictions.size() == 1);
@@ -336,9 +335,7 @@ TEST_CASE("a dead server is fail-stop: the workers throw naming it, nobody hangs
   sc.before_push = [](inproc_world& world, worker_id w, std::int64_t k) {
     if (w == 0 && k == 5) world.kill(1);  // server rank 1, mid-run
   };
-  const auto t0 = std::chrono::steady_clock::now();
-  const run_result r = run(sc);
-  CHECK(std::chrono::steady_clock::now() - t0 < 15s);
+  const run_result r = run(sc);  // the doctest timeout catches a hang; the errors say why
   for (int w = 0; w < 2; ++w) {
     const std::string& e = r.worker_errors[static_cast<std::size_t>(w)];
     INFO(e);

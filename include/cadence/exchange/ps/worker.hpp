@@ -8,6 +8,7 @@
 #include <cadence/core/error.hpp>
 #include <cadence/core/types.hpp>
 #include <cadence/exchange/ps/detail/protocol.hpp>
+#include <cadence/exchange/ps/detail/transfer.hpp>
 #include <cadence/exchange/ps/options.hpp>
 #include <cadence/transport/communicator.hpp>
 
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -98,16 +100,37 @@ public:
     if (id_ < 0) pull(weights);  // a new process becomes a member first
     const std::int64_t k = iteration_ + 1;
     ++request_;
-    for (int s = 0; s < options_.servers; ++s) {
-      const ps_slice sl = ps_slice_of(size_, options_.servers, s);
-      const detail::ps_header h = header(detail::ps_kind::push, k, static_cast<std::int64_t>(sl.count));
-      to_server("push_pull", s, [&] {
-        comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
-        bulk_.send(gradient + sl.offset, sl.count * sizeof(T), s, tags_.data, options_.transfer_timeout);
-      });
+    const T* from = outgoing(gradient);
+    try {
+      for (int s = 0; s < options_.servers; ++s) {
+        const ps_slice sl = ps_slice_of(size_, options_.servers, s);
+        const detail::ps_header h = header(detail::ps_kind::push, k, static_cast<std::int64_t>(sl.count));
+        to_server("push_pull", s, [&] {
+          comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout);
+          send_gradient(from + sl.offset, sl.count * sizeof(T), s, from == staging_.get());
+        });
+      }
+    } catch (...) {
+      park_staging(from);
+      throw;
     }
     iteration_ = k;
     collect("push_pull", weights, 0, options_.servers);
+  }
+
+  /// Host memory of model_size elements that this worker owns, for the caller to write its
+  /// gradient into: push_pull(gradient_buffer(), weights) sends it without any copy. Any other
+  /// gradient is copied into it first when the bulk communicator lends its sends (MPI), so
+  /// that MPI never reads the caller's buffer after the call (the rule in
+  /// docs/parameter_server.md). After a push_pull that failed this returns a new buffer: the
+  /// old one may still be read by a send MPI could not withdraw, so it is leaked, never freed.
+  /// Throws invalid_parameter_error over a bulk communicator with device buffers.
+  T* gradient_buffer() {
+    if (bulk_.capabilities().device_buffers)
+      throw invalid_parameter_error(who() + ": gradient_buffer() is host memory; the bulk communicator "
+                                            "carries device buffers");
+    if (!staging_) staging_.reset(new T[std::max<std::size_t>(size_, 1)]());
+    return staging_.get();
   }
 
   /// After an eviction (push_pull threw worker_error saying so), joins the job again: server 0
@@ -169,6 +192,44 @@ private:
     for (int s = 1; s < options_.servers; ++s)
       to_server(op, s, [&] { comm_.send(&h, sizeof h, s, tags_.control, options_.transfer_timeout); });
     collect(op, weights, 1, options_.servers);
+  }
+
+  // ---- the gradient's buffer: lent to a transport that would otherwise copy it ----
+
+  // Where push_pull sends the gradient from. Over a bulk communicator with the lending sends
+  // that would otherwise copy it (MPI with bounce_buffers) it is the worker's own staging_,
+  // which it can keep for as long as a failed send may read it: the caller's gradient is copied
+  // there unless it is already there (one copy instead of the transport's, none at all for a
+  // gradient written into gradient_buffer()). Elsewhere the caller's: the transport never reads
+  // it after the call (it copies, or cancels), or the caller said it outlives any send
+  // (bounce_buffers = false).
+  const T* outgoing(const T* gradient) {
+    if constexpr (!detail::ps_lends_v<Bulk>) {
+      return gradient;
+    } else {
+      if (size_ == 0 || bulk_.capabilities().device_buffers || !bulk_.bounces_sends()) return gradient;
+      T* own = gradient_buffer();
+      if (gradient != own) std::copy(gradient, gradient + size_, own);
+      return own;
+    }
+  }
+
+  // The gradient slice to server s: lent when it is the worker's staging (kept past a failure
+  // by park_staging), else an ordinary send.
+  void send_gradient(const T* p, std::size_t bytes, int s, bool own) {
+    if constexpr (detail::ps_lends_v<Bulk>) {
+      if (own) {
+        bulk_.send(p, bytes, s, tags_.data, transport::lend, options_.transfer_timeout);
+        return;
+      }
+    }
+    bulk_.send(p, bytes, s, tags_.data, options_.transfer_timeout);
+  }
+
+  // A push that failed may leave a lent send of the staging posted (MPI cannot withdraw a send,
+  // and the server may take it late): that buffer is leaked, and the next push gets a new one.
+  void park_staging(const T* from) noexcept {
+    if (from != nullptr && from == staging_.get()) (void)staging_.release();
   }
 
   // Sends to server s, naming it when that fails (a dead server is fail-stop for workers).
@@ -284,6 +345,9 @@ private:
   bool finished_ = false;
   bool pulled_ = false;
   std::string refusal_;  // sticky: an evicted worker stays evicted until rejoin()
+  // The gradient's staging (gradient_buffer()); leaked, not freed, after a failed push, and at
+  // destruction when a push has failed (a lent send may still read it: see park_staging).
+  std::unique_ptr<T[]> staging_;
 };
 
 /// @}

@@ -150,6 +150,25 @@ public:
   // ---- the communicator concept: the engine's calls (allreduce, ..., try_recv, iallreduce,
   // ..., abort, failed), this backend's capabilities ----
 
+  // ---- the lending sends: no bounce copy (options.hpp, lend_t) ----
+
+  using base::isend;
+  using base::send;
+
+  /// send() of a buffer the caller lends (lend_t: valid and unchanged until MPI is done with
+  /// it, for the rest of the process if the send fails): never copied, whatever
+  /// mpi_options::bounce_buffers says. Otherwise as send().
+  void send(const void* buf, std::size_t bytes, int dst, int tag, lend_t, deadline d = {}) {
+    wait_op(*start_send(buf, bytes, dst, tag, &d, /*lent=*/true), d);
+  }
+  /// isend() of a buffer the caller lends (as the send above): never copied.
+  mpi_work isend(const void* buf, std::size_t bytes, int dst, int tag, lend_t) {
+    return work(start_send(buf, bytes, dst, tag, nullptr, /*lent=*/true));
+  }
+  /// Whether a send that is not lent is copied (mpi_options::bounce_buffers): a caller that
+  /// would have to copy into a buffer of its own to lend it need not when this is false.
+  bool bounces_sends() const noexcept { return options_.bounce_buffers; }
+
   /// What this backend offers beyond the concept: any_source only (a crashed rank is seen by
   /// the deadline alone, and Open MPI takes the job down with it).
   capability_flags capabilities() const noexcept {
@@ -231,13 +250,14 @@ private:
     return o;
   }
 
-  op_ptr start_send(const void* buf, std::size_t bytes, int dst, int tag, const deadline* d) {
+  op_ptr start_send(const void* buf, std::size_t bytes, int dst, int tag, const deadline* d, bool lent = false) {
     auto o = new_send(buf, bytes, dst, tag, d, {/*self=*/true});
     o->note = "the matching recv was not posted";
     // Open MPI cannot cancel a send: one that fails stays posted and MPI reads its buffer
-    // until the receiver takes it. So the bytes go from a buffer the communicator can leak.
+    // until the receiver takes it. So the bytes go from a buffer the communicator can leak,
+    // unless the caller lent its own for that long.
     const void* from = bytes ? buf : &dummy_;
-    if (options_.bounce_buffers && bytes != 0) {
+    if (options_.bounce_buffers && !lent && bytes != 0) {
       o->stage.reset(new unsigned char[bytes]);
       std::memcpy(o->stage.get(), buf, bytes);
       from = o->stage.get();

@@ -83,7 +83,10 @@ public:
     outbound& e = q.back();
     e.control = ps_transfer<Comm>::send(comm_, &e.header, sizeof e.header, rank, tags_.reply, timeout_);
     if (payload != nullptr)
-      e.bulk = ps_transfer<Bulk>::send(bulk_, payload, bytes, rank, tags_.reply_data, timeout_);
+      // Lent, not copied: the payload is a pinned version of the server's own, kept (leaked
+      // with the server, if need be) for as long as the send may read it. The caller's single
+      // version (external) is not the server's to keep.
+      e.bulk = ps_transfer<Bulk>::send(bulk_, payload, bytes, rank, tags_.reply_data, timeout_, !weights_->external());
     else
       e.bulk = ps_transfer<Bulk>();  // the text goes on the control communicator
     if (payload == nullptr)

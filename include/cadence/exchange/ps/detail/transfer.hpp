@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cadence/transport/communicator.hpp>
+#include <cadence/transport/mpi/options.hpp>  // lend_t only (no MPI in it)
 
 #include <algorithm>
 #include <cstddef>
@@ -31,6 +32,22 @@ struct ps_work_of<C, false> {
   };
 };
 
+// Whether C offers the lending sends (transport/mpi/options.hpp, lend_t): send(buf, n, dst,
+// tag, lend, d) and isend(buf, n, dst, tag, lend), which never copy the caller's buffer because
+// the caller keeps it for as long as the transport may read it, and bounces_sends() (whether
+// the other sends are copied). The MPI communicator does; the backends that never copy a send
+// need not.
+template <class C, class = void>
+struct ps_lends : std::false_type {};
+template <class C>
+struct ps_lends<C, std::void_t<decltype(std::declval<C&>().send(std::declval<const void*>(), std::size_t{}, int{}, int{},
+                                                                 transport::lend, transport::deadline{})),
+                               decltype(std::declval<C&>().isend(std::declval<const void*>(), std::size_t{}, int{},
+                                                                 int{}, transport::lend)),
+                               decltype(bool(std::declval<const C&>().bounces_sends()))>> : std::true_type {};
+template <class C>
+inline constexpr bool ps_lends_v = ps_lends<C>::value;
+
 /// One send or receive of the server's, posted at once and finished by test(): over a
 /// communicator with the asynchronous operations the server never waits on it; over one without,
 /// post() is the blocking call with its deadline (as before that extension existed).
@@ -41,7 +58,16 @@ public:
 
   ps_transfer() = default;
 
-  static ps_transfer send(C& c, const void* buf, std::size_t bytes, int dst, int tag, transport::deadline d) {
+  /// With `lent`, the caller keeps `buf` valid and unchanged until the transfer completed, or
+  /// for good when it never does (cancel() said false): a transport that would copy it (MPI's
+  /// bounce buffer) then does not.
+  static ps_transfer send(C& c, const void* buf, std::size_t bytes, int dst, int tag, transport::deadline d,
+                          bool lent = false) {
+    if constexpr (ps_lends_v<C>) {
+      if (lent)
+        return post(c, [&](auto& cc) { return cc.isend(buf, bytes, dst, tag, transport::lend); },
+                    [&](auto& cc) { cc.send(buf, bytes, dst, tag, transport::lend, d); });
+    }
     return post(c, [&](auto& cc) { return cc.isend(buf, bytes, dst, tag); },
                 [&](auto& cc) { cc.send(buf, bytes, dst, tag, d); });
   }
@@ -78,7 +104,9 @@ private:
 /// next version into a free buffer instead, so a reply still on its way never sees a half-
 /// applied update and an update never waits for a slow worker to take its reply. Buffers are
 /// reused once unpinned; a version whose transfer could not be withdrawn (cancel() false) stays
-/// pinned for good. Over the caller's own buffer (device memory) there is one version only.
+/// pinned for good, and is leaked rather than freed with the server: that is what lets a reply
+/// be lent to the transport instead of copied. Over the caller's own buffer (device memory)
+/// there is one version only.
 template <class T>
 class ps_versions {
 public:
@@ -91,6 +119,15 @@ public:
   }
   /// One version in the caller's storage (count elements, holding the initial values).
   ps_versions(T* external, std::size_t count) : count_(count), external_(external) {}
+  ps_versions(const ps_versions&) = delete;
+  ps_versions& operator=(const ps_versions&) = delete;
+  /// A version still pinned is one a reply's send may read after the server is gone (it failed
+  /// or was abandoned, and MPI cannot withdraw a send): replies lend their version to the
+  /// transport (ps_transfer::send), so such a buffer is leaked, never freed.
+  ~ps_versions() {
+    for (auto& v : all_)
+      if (v && v->pins > 0) (void)v.release();
+  }
 
   bool external() const noexcept { return external_ != nullptr; }
   std::size_t count() const noexcept { return count_; }
