@@ -17,13 +17,8 @@ using namespace cadence::transport;
 using namespace cadence::exchange;
 using namespace std::chrono_literals;
 
-namespace {
-using inproc_4 = cadence_test::inproc_harness<4>;
-using inproc_3 = cadence_test::inproc_harness<3>;
-}  // namespace
-
-CADENCE_BUCKETED_ALLREDUCER_SUITE(inproc_4);
-CADENCE_BUCKETED_ALLREDUCER_SUITE(inproc_3);
+CADENCE_BUCKETED_ALLREDUCER_SUITE(cadence_test::inproc_4);
+CADENCE_BUCKETED_ALLREDUCER_SUITE(cadence_test::inproc_3);
 
 TEST_CASE("the bucketed all-reducer fuses small tensors and leaves big ones alone" * doctest::timeout(30)) {
   inproc_world world(2);

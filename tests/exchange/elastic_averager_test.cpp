@@ -23,13 +23,8 @@ using namespace cadence::transport;
 using namespace cadence::exchange;
 using namespace std::chrono_literals;
 
-namespace {
-using inproc_4 = cadence_test::inproc_harness<4>;
-using inproc_3 = cadence_test::inproc_harness<3>;
-}  // namespace
-
-CADENCE_ELASTIC_AVERAGER_SUITE(inproc_4);
-CADENCE_ELASTIC_AVERAGER_SUITE(inproc_3);
+CADENCE_ELASTIC_AVERAGER_SUITE(cadence_test::inproc_4);
+CADENCE_ELASTIC_AVERAGER_SUITE(cadence_test::inproc_3);
 
 static_assert(is_communicator_v<inproc_communicator>);
 

@@ -15,13 +15,8 @@ using namespace cadence::transport;
 using namespace cadence::exchange;
 using namespace std::chrono_literals;
 
-namespace {
-using inproc_4 = cadence_test::inproc_harness<4>;
-using inproc_3 = cadence_test::inproc_harness<3>;
-}  // namespace
-
-CADENCE_PERIODIC_AVERAGER_SUITE(inproc_4);
-CADENCE_PERIODIC_AVERAGER_SUITE(inproc_3);
+CADENCE_PERIODIC_AVERAGER_SUITE(cadence_test::inproc_4);
+CADENCE_PERIODIC_AVERAGER_SUITE(cadence_test::inproc_3);
 
 TEST_CASE("several tensors of both dtypes merge at once, and a sync without tensors still counts" *
           doctest::timeout(30)) {

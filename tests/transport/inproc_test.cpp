@@ -21,22 +21,7 @@ using cadence_conformance::expect_throw;
 using cadence_conformance::seconds_since;
 using steady = std::chrono::steady_clock;
 
-namespace {
-
-struct inproc_harness {
-  template <class Body>
-  static void run(Body body) {
-    inproc_world world(4);
-    const cadence_test::events ev;
-    const cadence_test::scoped_events scope(ev);
-    cadence_test::run_inproc_ranks(world, body);
-  }
-};
-
-}  // namespace
-
-TYPE_TO_STRING(inproc_harness);
-CADENCE_TRANSPORT_CONFORMANCE(inproc_harness);
+CADENCE_TRANSPORT_CONFORMANCE(cadence_test::inproc_4);
 
 TEST_CASE("a world needs at least one rank, and each rank joins once" * doctest::timeout(10)) {
   CHECK_THROWS_AS(inproc_world(0), invalid_parameter_error);

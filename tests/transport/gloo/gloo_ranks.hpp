@@ -5,7 +5,6 @@
 
 #include <cadence/transport/gloo/communicator.hpp>
 
-#include "support/events.hpp"
 #include "support/threads.hpp"
 
 #include <doctest/doctest.h>
@@ -44,21 +43,18 @@ inline cadence::transport::gloo_options options_for(const std::string& store,
   return o;
 }
 
-// Ranks as threads of this process, each with its own communicator (gloo context and TCP
-// device) over one temporary file store.
-template <int N>
-struct gloo_threads_harness {
-  template <class Body>
-  static void run(Body body) {
-    temp_store store;
-    const cadence_test::events ev;
-    const cadence_test::scoped_events scope(ev);
-    cadence_test::run_threads(N, [&](int r) {
-      cadence::transport::gloo_communicator c(r, N, options_for(store.path), std::chrono::seconds(30));
-      body(c);
-    });
+// What the ranks of one run share: a temporary file store. Each rank has its own communicator
+// (gloo context and TCP device) over it.
+struct gloo_world {
+  temp_store store;
+  cadence::transport::gloo_communicator join(int r, int n) {
+    return cadence::transport::gloo_communicator(r, n, options_for(store.path), std::chrono::seconds(30));
   }
 };
+
+// Ranks as threads of this process.
+template <int N>
+using gloo_threads_harness = cadence_test::threads_harness<N, gloo_world>;
 using gloo_harness = gloo_threads_harness<3>;
 using gloo_pair_harness = gloo_threads_harness<2>;
 

@@ -5,6 +5,7 @@
 
 #include "transport/conformance.hpp"
 #include "fake_nccl.hpp"
+#include "support/threads.hpp"
 
 #include <doctest/doctest.h>
 
@@ -35,22 +36,10 @@ namespace {
 template <class Body>
 void run_ranks(int n, Body body) {
   inproc_world boot(n);
-  std::mutex m;
-  std::vector<std::string> escaped;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        inproc_communicator b = boot.join(r);
-        body(r, b);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(m);
-        escaped.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& e : escaped) FAIL_CHECK(e);
+  cadence_test::run_threads(n, [&](int r) {
+    inproc_communicator b = boot.join(r);
+    body(r, b);
+  });
 }
 
 // The fake's "device" memory is host memory, so the host-side helpers (barrier, allgather,

@@ -6,7 +6,6 @@
 
 #include <cadence/transport/zmq/communicator.hpp>
 
-#include "support/events.hpp"
 #include "support/threads.hpp"
 
 #include <doctest/doctest.h>
@@ -83,22 +82,28 @@ inline cadence::transport::zmq_options thread_options(int r, rendezvous_box& box
   return options_for(address, heartbeat_timeout);
 }
 
+/// Rank 0's options in a world that runs without waiting for the others (wait_for = self):
+/// tests of what rank 0 does with a peer that registers late, badly or not at all.
+inline cadence::transport::zmq_options alone_options(rendezvous_box& box) {
+  auto o = thread_options(0, box);
+  o.wait_for = cadence::transport::zmq_wait_for::self;
+  return o;
+}
+
 using cadence_test::run_threads;
 
-// Ranks as threads of this process, each with its own communicator over 127.0.0.1.
-template <int N>
-struct zmq_threads_harness {
-  template <class Body>
-  static void run(Body body) {
-    const cadence_test::events ev;
-    const cadence_test::scoped_events scope(ev);
-    rendezvous_box box;
-    run_threads(N, [&](int r) {
-      cadence::transport::zmq_communicator c(r, N, thread_options(r, box), 30s);
-      body(c);
-    });
+// What the ranks of one run share: rank 0's rendezvous address. Each rank has its own
+// communicator (and ZeroMQ context) over 127.0.0.1.
+struct zmq_world {
+  rendezvous_box box;
+  cadence::transport::zmq_communicator join(int r, int n) {
+    return cadence::transport::zmq_communicator(r, n, thread_options(r, box), 30s);
   }
 };
+
+// Ranks as threads of this process.
+template <int N>
+using zmq_threads_harness = cadence_test::threads_harness<N, zmq_world>;
 using zmq_harness = zmq_threads_harness<3>;
 using zmq_pair_harness = zmq_threads_harness<2>;
 
