@@ -30,6 +30,7 @@ using namespace cadence;
 using namespace cadence::transport;
 using namespace cadence::exchange;
 using namespace std::chrono_literals;
+using cadence_conformance::expect_throw;
 
 // Rank r's simulated step time: (1 + r mod 4) ms, so the slowest rank of 4 is 4x the
 // fastest, with a deterministic +-10% wobble that changes with the step.
@@ -314,7 +315,6 @@ CADENCE_EXCHANGE_TEST("periodic averaging merges every k local steps", exchange_
 CADENCE_EXCHANGE_TEST("elastic averager: bad input is refused before any communication, naming the rank",
                       exchange_elastic_bad_input) {
   using namespace cadence_exchange_suite;
-  using cadence_conformance::expect_throw;
   H::run([](auto& c) {
     using C = std::decay_t<decltype(c)>;
     const int me = c.rank();
@@ -355,7 +355,6 @@ CADENCE_EXCHANGE_TEST("elastic averager: bad input is refused before any communi
 CADENCE_EXCHANGE_TEST("periodic averager: bad input is refused before any communication",
                       exchange_periodic_bad_input) {
   using namespace cadence_exchange_suite;
-  using cadence_conformance::expect_throw;
   H::run([](auto& c) {
     using C = std::decay_t<decltype(c)>;
     const int me = c.rank();
@@ -370,7 +369,6 @@ CADENCE_EXCHANGE_TEST("periodic averager: bad input is refused before any commun
 CADENCE_EXCHANGE_TEST("bucketed all-reducer: bad input is refused before any communication",
                       exchange_bucketed_bad_input) {
   using namespace cadence_exchange_suite;
-  using cadence_conformance::expect_throw;
   H::run([](auto& c) {
     using C = std::decay_t<decltype(c)>;
     const int me = c.rank();
@@ -386,7 +384,6 @@ CADENCE_EXCHANGE_TEST("bucketed all-reducer: bad input is refused before any com
 CADENCE_EXCHANGE_TEST("ranks with different configs fail the plan check with a clear error "
                       "instead of hanging", exchange_divergent_plans) {
   using namespace cadence_exchange_suite;
-  using cadence_conformance::expect_throw;
   H::run([](auto& c) {
     using C = std::decay_t<decltype(c)>;
     elastic_averager_options o;
@@ -402,7 +399,6 @@ CADENCE_EXCHANGE_TEST("ranks with different configs fail the plan check with a c
 CADENCE_EXCHANGE_TEST("a rank that stops syncing makes the others throw transport_error naming "
                       "it within the deadline", exchange_stalled_rank) {
   using namespace cadence_exchange_suite;
-  using cadence_conformance::expect_throw;
   H::run([](auto& c) {
     using C = std::decay_t<decltype(c)>;
     const int stalled = c.size() - 1;

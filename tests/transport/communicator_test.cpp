@@ -12,8 +12,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// The smallest type that models the concept: every numbered requirement, nothing more.
-struct minimal {
+// Requirement 6 missing: adapters could not ask whether any_source works.
+struct no_capabilities {
   int rank() const { return 0; }
   int size() const { return 1; }
   void allreduce(void*, std::size_t, dtype, reduce_op, deadline) {}
@@ -22,6 +22,11 @@ struct minimal {
   int recv(void*, std::size_t, int, int, deadline) { return 0; }
   void abort() noexcept {}
   bool failed() const { return false; }
+};
+
+// The smallest type that models the concept: every numbered requirement, nothing more (the
+// type above and the member it lacks).
+struct minimal : no_capabilities {
   capability_flags capabilities() const { return {}; }
 };
 
@@ -33,18 +38,6 @@ struct throwing_abort : minimal {
 // Requirement 4 broken: recv must say who sent the message (any_source needs it).
 struct recv_returns_nothing : minimal {
   void recv(void*, std::size_t, int, int, deadline) {}
-};
-
-// Requirement 6 missing: adapters could not ask whether any_source works.
-struct no_capabilities {
-  int rank() const { return 0; }
-  int size() const { return 1; }
-  void allreduce(void*, std::size_t, dtype, reduce_op, deadline) {}
-  void broadcast(void*, std::size_t, int, deadline) {}
-  void send(const void*, std::size_t, int, int, deadline) {}
-  int recv(void*, std::size_t, int, int, deadline) { return 0; }
-  void abort() noexcept {}
-  bool failed() const { return false; }
 };
 
 // Requirement 2 broken: an all-reduce without a deadline could hang forever.

@@ -100,6 +100,33 @@ void check_allreduce(C& c, std::size_t count, reduce_op op, deadline d = 60s) {
                                     << " elements: " << wrong << " wrong, first at " << first_wrong);
 }
 
+/// The deadline fault: rank 0 runs `call`, which must wait out a 300 ms deadline and throw
+/// transport_error with every needle (naming the call and the rank it waited for), failing the
+/// communicator; the other ranks stay alive, silent, until it has (a departed peer would be
+/// reported as lost instead).
+template <class C, class F>
+void expect_deadline_on_rank0(C& c, F&& call, std::initializer_list<std::string> needles) {
+  const cadence_test::events& ev = cadence_test::current_events();
+  if (c.rank() != 0) {
+    CHECK(ev.wait("rank 0 timed out"));
+    return;
+  }
+  const auto t0 = steady::now();
+  expect_throw<transport_error>(0, call, needles);
+  ev.post("rank 0 timed out");
+  CHECK(seconds_since(t0) >= 0.299);
+  CHECK(c.failed());
+}
+
+/// H::run(body) for a communicator with asynchronous operations (has_async_v); for one without,
+/// every rank runs nothing.
+template <class H, class Body>
+void run_if_async(Body body) {
+  H::run([&](auto& c) {
+    if constexpr (has_async_v<std::decay_t<decltype(c)>>) body(c);
+  });
+}
+
 }  // namespace cadence_conformance
 
 #define CADENCE_CONFORMANCE_TEST(name, id) \
@@ -296,20 +323,9 @@ CADENCE_CONFORMANCE_TEST("a recv that nobody answers throws after its deadline, 
                          "awaited rank", conformance_recv_deadline) {
   using namespace cadence_conformance;
   H::run([](auto& c) {
-    const cadence_test::events& ev = cadence_test::current_events();
-    if (c.rank() != 0) {
-      // Stay alive until rank 0's deadline has passed: a departed peer would be reported as
-      // lost instead.
-      CHECK(ev.wait("rank 0 timed out"));
-      return;
-    }
     char b[8];
-    const auto t0 = steady::now();
-    expect_throw<transport_error>(0, [&] { c.recv(b, sizeof b, 1, 7, 300ms); },
-                                  {"recv #1 on rank 0", "deadline passed", "rank 1"});
-    ev.post("rank 0 timed out");
-    CHECK(seconds_since(t0) >= 0.299);
-    CHECK(c.failed());
+    expect_deadline_on_rank0(c, [&] { c.recv(b, sizeof b, 1, 7, 300ms); },
+                             {"recv #1 on rank 0", "deadline passed", "rank 1"});
   });
 }
 
@@ -350,21 +366,10 @@ CADENCE_CONFORMANCE_TEST("a large send that nobody receives throws after its dea
                          "the receiver", conformance_send_deadline) {
   using namespace cadence_conformance;
   H::run([](auto& c) {
-    const cadence_test::events& ev = cadence_test::current_events();
-    if (c.rank() != 0) {
-      // Stay alive until rank 0's deadline has passed: a departed peer would be reported as
-      // lost instead.
-      CHECK(ev.wait("rank 0 timed out"));
-      return;
-    }
     // 4 MiB: above every backend's eager limit, so the send needs the receiver.
-    std::vector<unsigned char> big(std::size_t{4} << 20, 1);
-    const auto t0 = steady::now();
-    expect_throw<transport_error>(0, [&] { c.send(big.data(), big.size(), 1, 8, 300ms); },
-                                  {"send #1 on rank 0", "deadline passed", "rank 1"});
-    ev.post("rank 0 timed out");
-    CHECK(seconds_since(t0) >= 0.299);
-    CHECK(c.failed());
+    std::vector<unsigned char> big(c.rank() == 0 ? std::size_t{4} << 20 : 0, 1);
+    expect_deadline_on_rank0(c, [&] { c.send(big.data(), big.size(), 1, 8, 300ms); },
+                             {"send #1 on rank 0", "deadline passed", "rank 1"});
   });
 }
 
@@ -613,100 +618,94 @@ CADENCE_CONFORMANCE_TEST("a long mixed sequence of collectives, blocking and in 
 CADENCE_CONFORMANCE_TEST("async: several collectives in flight at once complete with the blocking "
                          "results, waited in any order", conformance_async_collectives) {
   using namespace cadence_conformance;
-  H::run([](auto& c) {
-    using C = std::decay_t<decltype(c)>;
-    if constexpr (has_async_v<C>) {
-      const int n = c.size(), r = c.rank();
-      std::vector<std::vector<float>> bufs(4);
-      for (std::size_t k = 0; k < bufs.size(); ++k) {
-        bufs[k].resize(1000 * (k + 1) + k);
-        for (std::size_t i = 0; i < bufs[k].size(); ++i) bufs[k][i] = value<float>(r, i + k);
-      }
-      std::vector<std::int64_t> root_data(17, r == n - 1 ? 42 : -1);
-      std::vector<decltype(c.iallreduce(nullptr, 0, dtype::f32, reduce_op::sum))> works;
-      for (auto& b : bufs) works.push_back(c.iallreduce(b.data(), b.size(), dtype::f32, reduce_op::sum));
-      auto bcast = c.ibroadcast(root_data.data(), root_data.size() * sizeof(std::int64_t), n - 1);
-      // Wait in reverse order, the broadcast last; test() on the rest meanwhile never fails.
-      (void)works[0].test();
-      for (std::size_t k = works.size(); k-- > 0;) works[k].wait(30s);
-      bcast.wait(30s);
-      CHECK(bcast.test());
-      for (std::size_t k = 0; k < bufs.size(); ++k) {
-        std::size_t wrong = 0;
-        for (std::size_t i = 0; i < bufs[k].size(); ++i) {
-          float expected = 0;
-          for (int q = 0; q < n; ++q) expected += value<float>(q, i + k);
-          wrong += bufs[k][i] != expected;
-        }
-        CHECK_MESSAGE(wrong == 0, "rank " << r << ": iallreduce " << k << ": " << wrong << " wrong");
-        CHECK(works[k].test());
-      }
-      CHECK(std::all_of(root_data.begin(), root_data.end(), [](std::int64_t v) { return v == 42; }));
-      // A blocking call after them still lines up with the other ranks.
-      check_allreduce<double>(c, 33, reduce_op::max, 30s);
-      CHECK_FALSE(c.failed());
+  run_if_async<H>([](auto& c) {
+    const int n = c.size(), r = c.rank();
+    std::vector<std::vector<float>> bufs(4);
+    for (std::size_t k = 0; k < bufs.size(); ++k) {
+      bufs[k].resize(1000 * (k + 1) + k);
+      for (std::size_t i = 0; i < bufs[k].size(); ++i) bufs[k][i] = value<float>(r, i + k);
     }
+    std::vector<std::int64_t> root_data(17, r == n - 1 ? 42 : -1);
+    std::vector<decltype(c.iallreduce(nullptr, 0, dtype::f32, reduce_op::sum))> works;
+    for (auto& b : bufs) works.push_back(c.iallreduce(b.data(), b.size(), dtype::f32, reduce_op::sum));
+    auto bcast = c.ibroadcast(root_data.data(), root_data.size() * sizeof(std::int64_t), n - 1);
+    // Wait in reverse order, the broadcast last; test() on the rest meanwhile never fails.
+    (void)works[0].test();
+    for (std::size_t k = works.size(); k-- > 0;) works[k].wait(30s);
+    bcast.wait(30s);
+    CHECK(bcast.test());
+    for (std::size_t k = 0; k < bufs.size(); ++k) {
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < bufs[k].size(); ++i) {
+        float expected = 0;
+        for (int q = 0; q < n; ++q) expected += value<float>(q, i + k);
+        wrong += bufs[k][i] != expected;
+      }
+      CHECK_MESSAGE(wrong == 0, "rank " << r << ": iallreduce " << k << ": " << wrong << " wrong");
+      CHECK(works[k].test());
+    }
+    CHECK(std::all_of(root_data.begin(), root_data.end(), [](std::int64_t v) { return v == 42; }));
+    // A blocking call after them still lines up with the other ranks.
+    check_allreduce<double>(c, 33, reduce_op::max, 30s);
+    CHECK_FALSE(c.failed());
   });
 }
 
 CADENCE_CONFORMANCE_TEST("async: receives match messages in the order they were posted, whichever "
                          "is waited first; any_source reports the sender", conformance_async_p2p) {
   using namespace cadence_conformance;
-  H::run([](auto& c) {
-    using C = std::decay_t<decltype(c)>;
-    if constexpr (has_async_v<C>) {
-      const int n = c.size(), r = c.rank();
-      if (r == 0) {
-        // Three receives from rank 1 on one tag, posted before anything was sent: they take
-        // the three messages in order although the last one is waited first.
-        std::vector<std::int32_t> got(3, -1);
-        std::vector<decltype(c.irecv(nullptr, 0, 0, 0))> rs;
-        for (auto& g : got) rs.push_back(c.irecv(&g, sizeof g, 1, 11));
-        std::int32_t go = 1;
-        c.send(&go, sizeof go, 1, 12, 30s);  // rank 1 sends only now
-        rs[2].wait(30s);
-        rs[0].wait(30s);
-        rs[1].wait(30s);
-        CHECK(got == std::vector<std::int32_t>{100, 101, 102});
-        CHECK(rs[0].source() == 1);
-        // any_source: one message from each other rank, whoever is first.
-        std::vector<int> from;
-        for (int k = 1; k < n; ++k) {
-          std::int64_t v = 0;
-          auto w = c.irecv(&v, sizeof v, any_source, 13);
-          w.wait(30s);
-          CHECK(v == 1000 + w.source());
-          from.push_back(w.source());
-        }
-        std::sort(from.begin(), from.end());
-        for (int k = 1; k < n; ++k) CHECK(from[static_cast<std::size_t>(k - 1)] == k);
-        // A large isend completes once the peer took it; test() until then never fails.
-        std::vector<unsigned char> big(std::size_t{4} << 20, 7);
-        auto s = c.isend(big.data(), big.size(), 1, 14);
-        s.wait(30s);
-        CHECK(s.test());
-      } else {
-        if (r == 1) {
-          std::int32_t go = 0;
-          c.recv(&go, sizeof go, 0, 12, 30s);
-          std::vector<decltype(c.isend(nullptr, 0, 0, 0))> ss;
-          const std::int32_t vals[3] = {100, 101, 102};
-          for (const auto& v : vals) ss.push_back(c.isend(&v, sizeof v, 0, 11));
-          for (auto& w : ss) w.wait(30s);
-        }
-        const std::int64_t mine = 1000 + r;
-        c.send(&mine, sizeof mine, 0, 13, 30s);
-        if (r == 1) {
-          std::vector<unsigned char> big(std::size_t{4} << 20, 0);
-          auto w = c.irecv(big.data(), big.size(), 0, 14);
-          while (!w.test()) std::this_thread::yield();
-          CHECK(big.front() == 7);
-          CHECK(big.back() == 7);
-        }
+  run_if_async<H>([](auto& c) {
+    const int n = c.size(), r = c.rank();
+    if (r == 0) {
+      // Three receives from rank 1 on one tag, posted before anything was sent: they take
+      // the three messages in order although the last one is waited first.
+      std::vector<std::int32_t> got(3, -1);
+      std::vector<decltype(c.irecv(nullptr, 0, 0, 0))> rs;
+      for (auto& g : got) rs.push_back(c.irecv(&g, sizeof g, 1, 11));
+      std::int32_t go = 1;
+      c.send(&go, sizeof go, 1, 12, 30s);  // rank 1 sends only now
+      rs[2].wait(30s);
+      rs[0].wait(30s);
+      rs[1].wait(30s);
+      CHECK(got == std::vector<std::int32_t>{100, 101, 102});
+      CHECK(rs[0].source() == 1);
+      // any_source: one message from each other rank, whoever is first.
+      std::vector<int> from;
+      for (int k = 1; k < n; ++k) {
+        std::int64_t v = 0;
+        auto w = c.irecv(&v, sizeof v, any_source, 13);
+        w.wait(30s);
+        CHECK(v == 1000 + w.source());
+        from.push_back(w.source());
       }
-      barrier(c, 30s);
-      CHECK_FALSE(c.failed());
+      std::sort(from.begin(), from.end());
+      for (int k = 1; k < n; ++k) CHECK(from[static_cast<std::size_t>(k - 1)] == k);
+      // A large isend completes once the peer took it; test() until then never fails.
+      std::vector<unsigned char> big(std::size_t{4} << 20, 7);
+      auto s = c.isend(big.data(), big.size(), 1, 14);
+      s.wait(30s);
+      CHECK(s.test());
+    } else {
+      if (r == 1) {
+        std::int32_t go = 0;
+        c.recv(&go, sizeof go, 0, 12, 30s);
+        std::vector<decltype(c.isend(nullptr, 0, 0, 0))> ss;
+        const std::int32_t vals[3] = {100, 101, 102};
+        for (const auto& v : vals) ss.push_back(c.isend(&v, sizeof v, 0, 11));
+        for (auto& w : ss) w.wait(30s);
+      }
+      const std::int64_t mine = 1000 + r;
+      c.send(&mine, sizeof mine, 0, 13, 30s);
+      if (r == 1) {
+        std::vector<unsigned char> big(std::size_t{4} << 20, 0);
+        auto w = c.irecv(big.data(), big.size(), 0, 14);
+        while (!w.test()) std::this_thread::yield();
+        CHECK(big.front() == 7);
+        CHECK(big.back() == 7);
+      }
     }
+    barrier(c, 30s);
+    CHECK_FALSE(c.failed());
   });
 }
 
@@ -714,34 +713,31 @@ CADENCE_CONFORMANCE_TEST("async: test() has no deadline; wait(d) names the await
                          "passes; bad arguments are refused at the start",
                          conformance_async_deadline) {
   using namespace cadence_conformance;
-  H::run([](auto& c) {
-    using C = std::decay_t<decltype(c)>;
-    if constexpr (has_async_v<C>) {
-      const cadence_test::events& ev = cadence_test::current_events();
-      const int r = c.rank();
-      const std::string me = " on rank " + std::to_string(r);
-      expect_throw<invalid_parameter_error>(r, [&] { (void)c.iallreduce(nullptr, 4, dtype::f32, reduce_op::sum); },
-                                            {"allreduce #1" + me, "null buffer"});
-      std::int32_t x = 0;
-      expect_throw<invalid_parameter_error>(r, [&] { (void)c.isend(&x, sizeof x, c.size(), 0); },
-                                            {"send #2" + me, "destination rank"});
-      expect_throw<invalid_parameter_error>(r, [&] { (void)c.irecv(&x, sizeof x, 0, -1); },
-                                            {"recv #3" + me, "tag -1"});
-      CHECK_FALSE(c.failed());
-      if (r != 0) {
-        // Alive until rank 0's deadline has passed (a departed peer would be lost instead).
-        CHECK(ev.wait("rank 0 timed out"));
-        return;
-      }
-      auto w = c.irecv(&x, sizeof x, 1, 21);
-      for (int k = 0; k < 100; ++k) CHECK_FALSE(w.test());  // no deadline: never a failure
-      CHECK_FALSE(c.failed());
-      const auto t0 = steady::now();
-      expect_throw<transport_error>(0, [&] { w.wait(300ms); }, {"recv #4 on rank 0", "deadline passed", "rank 1"});
-      ev.post("rank 0 timed out");
-      CHECK(seconds_since(t0) >= 0.299);
-      CHECK(c.failed());
+  run_if_async<H>([](auto& c) {
+    const cadence_test::events& ev = cadence_test::current_events();
+    const int r = c.rank();
+    const std::string me = " on rank " + std::to_string(r);
+    expect_throw<invalid_parameter_error>(r, [&] { (void)c.iallreduce(nullptr, 4, dtype::f32, reduce_op::sum); },
+                                          {"allreduce #1" + me, "null buffer"});
+    std::int32_t x = 0;
+    expect_throw<invalid_parameter_error>(r, [&] { (void)c.isend(&x, sizeof x, c.size(), 0); },
+                                          {"send #2" + me, "destination rank"});
+    expect_throw<invalid_parameter_error>(r, [&] { (void)c.irecv(&x, sizeof x, 0, -1); },
+                                          {"recv #3" + me, "tag -1"});
+    CHECK_FALSE(c.failed());
+    if (r != 0) {
+      // Alive until rank 0's deadline has passed (a departed peer would be lost instead).
+      CHECK(ev.wait("rank 0 timed out"));
+      return;
     }
+    auto w = c.irecv(&x, sizeof x, 1, 21);
+    for (int k = 0; k < 100; ++k) CHECK_FALSE(w.test());  // no deadline: never a failure
+    CHECK_FALSE(c.failed());
+    const auto t0 = steady::now();
+    expect_throw<transport_error>(0, [&] { w.wait(300ms); }, {"recv #4 on rank 0", "deadline passed", "rank 1"});
+    ev.post("rank 0 timed out");
+    CHECK(seconds_since(t0) >= 0.299);
+    CHECK(c.failed());
   });
 }
 

@@ -209,7 +209,7 @@ TEST_CASE("construction is bounded by its deadline when a rank never constructs"
   MPI_Comm_rank(scratch, &rank);
   MPI_Comm_size(scratch, &size);
   if (rank == size - 1) {
-    std::this_thread::sleep_for(1500ms);  // never constructs
+    cadence_mpi_test::wait_others_gave_up(rank);  // never constructs
   } else {
     const auto t0 = std::chrono::steady_clock::now();
     expect_throw<transport_error>(
@@ -218,6 +218,7 @@ TEST_CASE("construction is bounded by its deadline when a rank never constructs"
          std::to_string(size - 1)});
     CHECK(cadence_conformance::seconds_since(t0) >= 0.499);
     CHECK(cadence_conformance::seconds_since(t0) < 10.0);
+    cadence_mpi_test::post_gave_up(size - 1);
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -232,14 +233,9 @@ TEST_CASE("a rank that joins a collective after the others gave up cannot write 
   mpi_communicator c(MPI_COMM_WORLD, options, 30s);
   const int late = c.size() - 1;
   std::vector<float> grad(1024, 1.0f);
-  const int gave_up_tag = 4242;  // on MPI_COMM_WORLD: "my deadline passed"
   if (c.rank() == late) {
     // Joins only once every other rank has given up (their 300 ms deadline passed).
-    for (int r = 0; r < c.size(); ++r) {
-      if (r == late) continue;
-      int dummy = 0;
-      MPI_Recv(&dummy, 1, MPI_INT, r, gave_up_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    }
+    cadence_mpi_test::wait_others_gave_up(late);
     // It may even succeed: the others' abandoned requests are still posted inside MPI.
     try {
       c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 1s);
@@ -249,8 +245,7 @@ TEST_CASE("a rank that joins a collective after the others gave up cannot write 
     expect_throw<transport_error>(
         c.rank(), [&] { c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 300ms); },
         {"allreduce #1 on rank " + std::to_string(c.rank()), "waiting for rank " + std::to_string(late)});
-    int dummy = 0;
-    MPI_Send(&dummy, 1, MPI_INT, late, gave_up_tag, MPI_COMM_WORLD);
+    cadence_mpi_test::post_gave_up(late);
   }
   // Let MPI progress the abandoned operation everywhere, then look at the callers' buffers.
   MPI_Barrier(MPI_COMM_WORLD);
@@ -269,13 +264,14 @@ TEST_CASE("a ring all-reduce that a rank never joins fails on its deadline and l
   mpi_communicator c(MPI_COMM_WORLD, options, 30s);
   const int stalled = c.size() - 1;
   if (c.rank() == stalled) {
-    std::this_thread::sleep_for(1500ms);
+    cadence_mpi_test::wait_others_gave_up(stalled);
   } else {
     std::vector<float> grad(std::size_t{1} << 20, 1.0f);  // 4 MiB: the ring path
     expect_throw<transport_error>(
         c.rank(), [&] { c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 500ms); },
         {"allreduce #1 on rank " + std::to_string(c.rank()), "in the ring all-reduce",
          "waiting for rank"});
+    cadence_mpi_test::post_gave_up(stalled);
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }

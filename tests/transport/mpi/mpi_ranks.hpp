@@ -49,6 +49,24 @@ struct mpi_harness_for {
 };
 using mpi_process_harness = mpi_harness_for<>;
 
+/// The stalled-rank fault under mpirun, as two steps over plain MPI on MPI_COMM_WORLD (outside
+/// the communicator under test): every rank but `stalled` reports that its deadline passed, and
+/// `stalled` stays away until all of them have, instead of sleeping against their deadline.
+constexpr int gave_up_tag = 4242;
+inline void post_gave_up(int stalled) {
+  int dummy = 0;
+  MPI_Send(&dummy, 1, MPI_INT, stalled, gave_up_tag, MPI_COMM_WORLD);
+}
+inline void wait_others_gave_up(int stalled) {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  for (int r = 0; r < size; ++r) {
+    if (r == stalled) continue;
+    int dummy = 0;
+    MPI_Recv(&dummy, 1, MPI_INT, r, gave_up_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  }
+}
+
 }  // namespace cadence_mpi_test
 
 // The suites' name for the harness, declared once here so that test files sharing a unity

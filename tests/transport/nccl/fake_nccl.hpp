@@ -254,6 +254,16 @@ struct world {
     st->q.push_back(std::move(it));
   }
 
+  // Enqueues a copy or a memset on stream s (the thread's current stream when s is null).
+  static int enqueue_use(void* s, item it) {
+    world* w = s != nullptr ? static_cast<stream*>(s)->w : world_of_thread();
+    std::lock_guard<std::mutex> lock(w->m);
+    stream* st = w->stream_of(s);
+    push(st, std::move(it));
+    ++st->uses;
+    return 0;
+  }
+
   // Runs `st`'s work in order as far as it can: up to an NCCL operation the other ranks have not
   // reached yet, or a wait on an event whose stream cannot get there.
   void drive(stream* st, int depth = 0) {
@@ -529,30 +539,20 @@ struct world {
       return rc == 100 ? "no CUDA-capable device is detected" : "unknown CUDA error";
     };
     a.memcpy_async = [](void* dst, const void* src, std::size_t bytes, void* s) -> int {
-      world* w = s != nullptr ? static_cast<stream*>(s)->w : world_of_thread();
-      std::lock_guard<std::mutex> lock(w->m);
-      stream* st = w->stream_of(s);
       item it;
       it.k = item::what::copy;
       it.dst = dst;
       it.src = src;
       it.bytes = bytes;
-      push(st, std::move(it));
-      ++st->uses;
-      return 0;
+      return enqueue_use(s, std::move(it));
     };
     a.memset_async = [](void* p, int value, std::size_t bytes, void* s) -> int {
-      world* w = s != nullptr ? static_cast<stream*>(s)->w : world_of_thread();
-      std::lock_guard<std::mutex> lock(w->m);
-      stream* st = w->stream_of(s);
       item it;
       it.k = item::what::memset;
       it.dst = p;
       it.value = value;
       it.bytes = bytes;
-      push(st, std::move(it));
-      ++st->uses;
-      return 0;
+      return enqueue_use(s, std::move(it));
     };
     a.device_malloc = [](void** p, std::size_t bytes) -> int {
       *p = std::malloc(bytes);

@@ -57,6 +57,7 @@ TEST_CASE("zmq capabilities: any_source, and a lost peer is detected, survived a
 
 // ---- the rendezvous ----
 
+using cadence_zmq_test::alone_options;
 using cadence_zmq_test::options_for;
 using cadence_zmq_test::rendezvous_box;
 using cadence_zmq_test::run_threads;
@@ -91,9 +92,7 @@ TEST_CASE("a registration with another world size is refused, naming both sizes"
   rendezvous_box box;
   run_threads(2, [&](int r) {
     if (r == 0) {
-      auto o = thread_options(0, box);
-      o.wait_for = zmq_wait_for::self;
-      zmq_communicator c(0, 2, o, 10s);
+      zmq_communicator c(0, 2, alone_options(box), 10s);
       // Rank 0 answers registrations in its calls: poll until rank 1 has its answer.
       while (!ev.posted("refused")) {
         c.poll();

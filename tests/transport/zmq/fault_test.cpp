@@ -242,6 +242,10 @@ int run_rank(const std::string& scenario, int rank, const std::string& events_di
     if (scenario == "kill" || scenario == "stop") return run_lost(scenario, rank, ev);
     if (scenario.rfind("restart-", 0) == 0) return run_restart(scenario, rank, ev);
     if (scenario == "late") return run_late(rank, ev);
+    // The harness's own tests (below): a rank that fails a check, and one that never ends.
+    if (scenario == "fails") rank_check(false, "a check that fails on purpose");
+    if (scenario == "hangs") ev.wait("never", 60s);
+    if (scenario == "fails" || scenario == "hangs") return 0;
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     return 2;
   });
@@ -260,6 +264,16 @@ rank_process start(const std::string& scenario, int rank, const cadence_test::ev
   return start(scenario, rank, ev, "rank " + std::to_string(rank));
 }
 
+// "kill" and "stop": starts the three ranks and waits until ranks 0 and 1 are talking and the
+// victim, rank 2, is ready for the fault.
+std::vector<rank_process> start_lost(const std::string& scenario, const cadence_test::events& ev) {
+  std::vector<rank_process> kids;
+  for (int r = 0; r < 3; ++r) kids.push_back(start(scenario, r, ev));
+  CHECK(ev.wait("victim ready"));
+  CHECK(ev.wait("talking"));
+  return kids;
+}
+
 }  // namespace
 
 int cadence_zmq_rank_main(int argc, char** argv) {
@@ -270,10 +284,7 @@ int cadence_zmq_rank_main(int argc, char** argv) {
 TEST_CASE("a peer killed with SIGKILL while the others talk fails only the receive that needs it; "
           "their point-to-point traffic goes on and failed() stays false" * doctest::timeout(120)) {
   const cadence_test::events ev;
-  std::vector<rank_process> kids;
-  for (int r = 0; r < 3; ++r) kids.push_back(start("kill", r, ev));
-  CHECK(ev.wait("victim ready"));
-  CHECK(ev.wait("talking"));
+  std::vector<rank_process> kids = start_lost("kill", ev);
   kids[2].kill();
   cadence_test::wait_ranks(kids, 60s);
   check_exited(kids[0]);
@@ -284,10 +295,7 @@ TEST_CASE("a peer killed with SIGKILL while the others talk fails only the recei
 TEST_CASE("a peer stopped with SIGSTOP past the heartbeat timeout is lost for the others, who go "
           "on; resumed, it finds itself cut off" * doctest::timeout(120)) {
   const cadence_test::events ev;
-  std::vector<rank_process> kids;
-  for (int r = 0; r < 3; ++r) kids.push_back(start("stop", r, ev));
-  CHECK(ev.wait("victim ready"));
-  CHECK(ev.wait("talking"));
+  std::vector<rank_process> kids = start_lost("stop", ev);
   kids[2].stop();
   CHECK(ev.wait("survivors done"));
   ev.post("victim resumed");
@@ -325,4 +333,22 @@ TEST_CASE("a late rank joins a running world (wait_for = self): what waited for 
   kids.push_back(start("late", 2, ev));
   cadence_test::wait_ranks(kids, 60s);
   for (const auto& k : kids) check_exited(k);
+}
+
+// The harness must be able to fail: a rank that fails a check and a rank that hangs past the
+// limit each fail the test (doctest::should_fail: these pass only if they fail).
+TEST_CASE("the process harness fails a test whose rank fails its checks" * doctest::should_fail() *
+          doctest::timeout(60)) {
+  const cadence_test::events ev;
+  std::vector<rank_process> kids{start("fails", 0, ev)};
+  cadence_test::wait_ranks(kids, 60s);
+  check_exited(kids[0]);
+}
+
+TEST_CASE("the process harness kills a rank still running at its limit and fails the test" *
+          doctest::should_fail() * doctest::timeout(60)) {
+  const cadence_test::events ev;
+  std::vector<rank_process> kids{start("hangs", 0, ev)};
+  cadence_test::wait_ranks(kids, 1s);  // the rank never ends: the limit always passes
+  CHECK(kids[0].killed());             // passes: killed at the limit; wait_ranks failed the test
 }

@@ -26,6 +26,7 @@ using namespace cadence;
 using namespace cadence::transport;
 using namespace std::chrono_literals;
 using cadence_conformance::expect_throw;
+using cadence_zmq_test::alone_options;
 using cadence_zmq_test::options_for;
 using cadence_zmq_test::rendezvous_box;
 using cadence_zmq_test::run_threads;
@@ -53,8 +54,7 @@ void write_raw(int port, const std::string& bytes) {
 struct reporting_rank0 {
   std::vector<std::string> events;
   zmq_options options(rendezvous_box& box) {
-    auto o = thread_options(0, box);
-    o.wait_for = zmq_wait_for::self;
+    auto o = alone_options(box);
     o.on_event = [this](const std::string& line) { events.push_back(line); };
     return o;
   }
@@ -150,9 +150,7 @@ TEST_CASE("zmq security: a client without authentication is turned away by an au
   rendezvous_box box;
   run_threads(2, [&](int r) {
     if (r == 0) {
-      auto o = thread_options(0, box);
-      o.wait_for = zmq_wait_for::self;
-      zmq_communicator c(0, 2, o, 30s);
+      zmq_communicator c(0, 2, alone_options(box), 30s);
       poll_until(c, [&] { return c.stats().refused_connections >= 1; });
       CHECK(c.peer_state(1) == zmq_peer_state::absent);
       return;
@@ -171,9 +169,7 @@ TEST_CASE("zmq security: bytes that are not ZeroMQ, at the rendezvous and at a d
   rendezvous_box box;
   run_threads(2, [&](int r) {
     if (r == 0) {
-      auto o = thread_options(0, box);
-      o.wait_for = zmq_wait_for::self;
-      zmq_communicator c(0, 2, o, 30s);
+      zmq_communicator c(0, 2, alone_options(box), 30s);
       const std::string junk = std::string("GET / HTTP/1.1\r\n\r\n") + std::string(4096, '\xff');
       write_raw(port_of(c.rendezvous()), junk);
       write_raw(port_of(c.endpoint()), junk);
