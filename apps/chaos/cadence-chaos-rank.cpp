@@ -58,8 +58,8 @@ options parse(int argc, char** argv, std::string& help) {
                    "event on stdout. Exit status: 0 done, 3 evicted or no quorum left (a faulted\n"
                    "rank's fate), 2 bad command line, 1 any other error.",
                    24);
-  cli.add_option("--rank", o.rank, "this process's rank (its slot)")->option_text("R")->check(integer<int>(0, 1 << 16))->required();
-  cli.add_option("--size", o.size, "ranks in the job (slots)")->option_text("N")->check(integer<int>(1, 1 << 16))->required();
+  cli.add_option("--rank", o.rank, "this process's rank (its slot)")->option_text("R")->check(integer<int>(0, 1 << 16));
+  cli.add_option("--size", o.size, "ranks in the job (slots)")->option_text("N")->check(integer<int>(1, 1 << 16));
   cli.add_option("--rendezvous", o.rendezvous,
                  "rank 0 binds this ZeroMQ address (port 0: any), the others register there")
       ->option_text("tcp://H:P");
@@ -106,6 +106,7 @@ options parse(int argc, char** argv, std::string& help) {
     help = cli.help();
     return o;
   }
+  if (o.rank < 0 || o.size == 0) throw usage_error("needs --rank and --size (see --help)");
   if (o.rank >= o.size)
     throw usage_error("--rank " + std::to_string(o.rank) + " is out of range for --size " + std::to_string(o.size) +
                       " (ranks 0.." + std::to_string(o.size - 1) + ")");
