@@ -6,6 +6,7 @@
 #include <cadence/core/error.hpp>
 #include <cadence/sim/collective.hpp>
 #include <cadence/sim/local_sgd.hpp>
+#include <cadence/sim/membership.hpp>
 #include <cadence/sim/report.hpp>
 #include <cadence/sim/scenarios.hpp>
 #include <cadence/sim/simulator.hpp>
@@ -67,6 +68,23 @@ constexpr const char* footer =
                   column that varies between runs [controller_ns_per_push]
   (after the table) the simulator's speed: push events handled per wall-clock second
                   and the run's wall time [events_per_second]
+
+columns with --membership (one row per worker count):
+  faults/h        workers lost per simulated hour [faults, simulated_seconds]
+  simulated       committed steps / the steps a fault-free job commits in the same
+                  time, from the simulation, +- its standard error [efficiency,
+                  efficiency_stderr]
+  closed          the same from the closed-form expectation [expected_efficiency]
+  ideal           the ideal that excludes only the lost ranks' own work
+                  [lost_work_ideal]
+  reconf/h        reconfigurations (failures and admissions) per hour
+                  [reconfigurations]
+  reconf%, detect%, xfer%
+                  share of time re-forming, waiting for a fault to be detected and
+                  streaming state to replacements [reconfiguration_fraction,
+                  detection_fraction, transfer_fraction]
+  overlap         expected faults within one fault's cycle: the closed form holds
+                  while it is well below 1 [overlap]
 
 columns with --collective:
   steps/s         local steps of all ranks per simulated second [steps_per_second]
@@ -159,6 +177,41 @@ int run_collective(const cadence::sim::scenario& s, std::vector<std::string> mod
       std::printf("%llu steps per rank\n\n", static_cast<unsigned long long>(s.iterations));
     std::fflush(stdout);
     cadence::sim::write_collective_table(std::cout, runs);
+  }
+  return 0;
+}
+
+// --membership: the membership model at each worker count, simulated and in closed form.
+int run_membership(cadence::sim::membership_model model, std::vector<std::size_t> counts,
+                   const cadence::sim::membership_run_options& opt, output format) {
+  std::vector<cadence::sim::membership_metrics> runs;
+  for (const std::size_t n : counts) {
+    model.workers = n;
+    try {
+      runs.push_back(cadence::sim::simulate_membership(model, opt));
+    } catch (const cadence::invalid_parameter_error& e) {
+      throw usage_error(std::string("--membership: ") + e.what());
+    }
+  }
+  if (format == output::json) {
+    cadence::sim::write_membership_json(std::cout, runs);
+  } else if (format == output::csv) {
+    cadence::sim::write_membership_csv(std::cout, runs);
+  } else {
+    const bool retry = model.loss == cadence::membership::on_loss::retry;
+    std::printf("membership model: MTBF %g s per worker; detection %g s, reconfiguration %g s, restart %g s;\n"
+                "state %g MB over %g MB/s from %zu donor(s); %zu step(s) of %g s, then a %g s sync; %s a failed sync\n",
+                model.mtbf_seconds, model.detection_seconds, model.reconfiguration_seconds, model.restart_seconds,
+                model.state_bytes / 1e6, model.link_bytes_per_second / 1e6, model.donors, model.sync_every,
+                model.step_seconds, model.sync_seconds, retry ? "retry" : "discard");
+    if (opt.seconds > 0)
+      std::printf("%g simulated s per row after a warm-up, seed %llu\n\n", opt.seconds,
+                  static_cast<unsigned long long>(opt.seed));
+    else
+      std::printf("about %llu faults per row, seed %llu\n\n", static_cast<unsigned long long>(opt.faults),
+                  static_cast<unsigned long long>(opt.seed));
+    std::fflush(stdout);
+    cadence::sim::write_membership_table(std::cout, runs);
   }
   return 0;
 }
@@ -293,6 +346,72 @@ int run(int argc, char** argv) {
                "with --local-sgd: worker W's link runs at F (in (0, 1]) of\n"
                "--bandwidth; a ring is paced by its slowest link. Repeat for others")
       ->option_text("W=F");
+  bool membership = false;
+  cadence::sim::membership_model model;
+  cadence::sim::membership_run_options membership_opt;
+  std::string loss_text = "retry";
+  cli.add_flag("--membership", membership,
+               "model a fault-tolerant collective job on the membership layer\n"
+               "instead: workers fail, the survivors detect it, re-form and retry or\n"
+               "discard the sync, a replacement rejoins with the state; prints the\n"
+               "committed-step efficiency for 100, 1000, 10000 and 100000 workers\n"
+               "(or --workers), simulated and in closed form (docs/collective.md)");
+  cli.add_option("--mtbf", model.mtbf_seconds,
+                 "with --membership: mean seconds between failures of one worker\n"
+                 "(default 1e7)")
+      ->option_text("S")
+      ->check(cadence::tools::positive(1e15));
+  cli.add_option("--detection", model.detection_seconds,
+                 "with --membership: seconds from a fault to the survivors' failed\n"
+                 "sync at the latest: 0 for crashes, the heartbeat timeout for hangs\n"
+                 "(default 5)")
+      ->option_text("S")
+      ->check(cadence::tools::non_negative());
+  cli.add_option("--reconfiguration", model.reconfiguration_seconds,
+                 "with --membership: seconds of one re-forming of the quorum (default 1)")
+      ->option_text("S")
+      ->check(cadence::tools::non_negative());
+  cli.add_option("--restart", model.restart_seconds,
+                 "with --membership: seconds from a fault to its replacement's join\n"
+                 "request (default 60)")
+      ->option_text("S")
+      ->check(cadence::tools::non_negative());
+  cli.add_option("--state-bytes", model.state_bytes,
+                 "with --membership: bytes of state a replacement receives (default 1e9)")
+      ->option_text("B")
+      ->check(cadence::tools::non_negative(1e15));
+  cli.add_option("--link-rate", model.link_bytes_per_second,
+                 "with --membership: bytes per second of a donor's link (default 1.25e9)")
+      ->option_text("B")
+      ->check(cadence::tools::positive(1e15));
+  cli.add_option("--donors", model.donors,
+                 "with --membership: members streaming the state to replacements\n"
+                 "admitted together (member_options::max_donors; default 1)")
+      ->option_text("N")
+      ->check(cadence::tools::integer<std::size_t>(1, 1000000));
+  cli.add_option("--step-time", model.step_seconds,
+                 "with --membership: seconds of one local step (default 1)")
+      ->option_text("S")
+      ->check(cadence::tools::non_negative());
+  cli.add_option("--sync-every", model.sync_every,
+                 "with --membership: local steps per sync (default 1: BSP)")
+      ->option_text("K")
+      ->check(cadence::tools::integer<std::size_t>(1, 1000000));
+  cli.add_option("--sync-cost", model.sync_seconds,
+                 "with --membership: seconds of one fault-free sync (default 0.1)")
+      ->option_text("S")
+      ->check(cadence::tools::non_negative());
+  cli.add_option("--on-loss", loss_text,
+                 "with --membership: what a sync that lost a member does: retry\n"
+                 "(model averaging keeps the local steps) or discard (BSP gradients;\n"
+                 "default retry)")
+      ->option_text("RULE")
+      ->check(cadence::tools::one_of({"retry", "discard"}));
+  cli.add_option("--faults", membership_opt.faults,
+                 "with --membership: faults to simulate per row, unless --seconds\n"
+                 "gives the length (default 20000)")
+      ->option_text("N")
+      ->check(cadence::tools::integer<std::uint64_t>(1, 100000000));
   cli.add_flag("--json", json, "print one JSON array, one object per policy");
   cli.add_flag("--csv", csv, "print CSV: a header row and one row per policy; not with --json");
   cli.add_flag("--list-scenarios", list_scenarios, "list the named scenarios and exit");
@@ -309,6 +428,23 @@ int run(int argc, char** argv) {
     return 0;
   }
   const output format = json ? output::json : csv ? output::csv : output::table;
+  static const char* const membership_only[] = {"--mtbf", "--detection", "--reconfiguration", "--restart",
+                                                "--state-bytes", "--link-rate", "--donors", "--step-time",
+                                                "--sync-every", "--sync-cost", "--on-loss", "--faults"};
+  if (membership) {
+    for (const char* other : {"--scenario", "--iterations", "--policy", "--push-cost", "--pull-cost", "--link", "--trace",
+                              "--trace-wrap", "--collective", "--allreduce-cost", "--local-sgd", "--parameters",
+                              "--bandwidth", "--link-share"})
+      if (cli.given(other)) throw usage_error(std::string(other) + ": not with --membership");
+    model.loss = loss_text == "discard" ? cadence::membership::on_loss::discard : cadence::membership::on_loss::retry;
+    membership_opt.seed = seed;
+    if (seconds > 0) membership_opt.seconds = seconds;
+    std::vector<std::size_t> counts{100, 1000, 10000, 100000};
+    if (workers > 0) counts = {workers};
+    return run_membership(model, counts, membership_opt, format);
+  }
+  for (const char* only : membership_only)
+    if (cli.given(only)) throw usage_error(std::string(only) + ": only with --membership");
   std::vector<cadence::tools::link_flag> links;
   for (const auto& text : link_texts) links.push_back(cadence::tools::parse_link(text));
 

@@ -447,12 +447,12 @@ inline membership_metrics simulate_membership(const membership_model& m, const m
 /// shares of time in reconfiguration, detection and transfer.
 inline void write_membership_table(std::ostream& os, const std::vector<membership_metrics>& runs) {
   char line[256];
-  std::snprintf(line, sizeof line, "%8s %10s %17s %9s %9s %9s %7s %7s %7s %7s\n", "workers", "faults/h",
-                "simulated", "closed", "ideal", "reconf/h", "reconf%", "detect%", "xfer%", "overlap");
+  std::snprintf(line, sizeof line, "%8s %10s %19s %9s %9s %9s %7s %7s %7s %7s\n", "workers", "faults/h",
+                "simulated +- s.e.", "closed", "ideal", "reconf/h", "reconf%", "detect%", "xfer%", "overlap");
   os << line;
   for (const auto& r : runs) {
     const double hours = r.simulated_seconds / 3600;
-    std::snprintf(line, sizeof line, "%8zu %10.3g %8.3f%% +-%5.3f %8.3f%% %8.3f%% %9.3g %6.2f%% %6.2f%% %6.2f%% %7.3f%s\n",
+    std::snprintf(line, sizeof line, "%8zu %10.3g %8.3f%% +-%-8.2g %8.3f%% %8.3f%% %9.3g %6.2f%% %6.2f%% %6.2f%% %7.3f%s\n",
                   r.workers, hours > 0 ? static_cast<double>(r.faults) / hours : 0.0, 100 * r.efficiency,
                   100 * r.efficiency_stderr, 100 * r.expected_efficiency, 100 * r.lost_work_ideal,
                   hours > 0 ? static_cast<double>(r.reconfigurations) / hours : 0.0, 100 * r.reconfiguration_fraction,
