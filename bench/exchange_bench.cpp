@@ -168,8 +168,8 @@ void check(const rank_ops& ops, const std::string& op, std::size_t bytes, const 
 //   hidden      = (compute + comm - overlapped) / comm
 //   hideable    = min(compute, comm) / comm         (a perfect overlap takes max(compute, comm))
 //   of_hideable = hidden / hideable
-// Reported: the median rep by overlapped time; raw_us is its sequential time (for reference:
-// it also pays the hand-over from the backward thread to this one), ours_us its overlapped
+// Reported: each quantity's median over the reps; raw_us the sequential time (for reference:
+// it also pays the hand-over from the backward thread to this one), ours_us the overlapped
 // time.
 template <class C>
 row measure_overlap(C& comm, rank_ops& ops, const config& cfg, std::size_t bytes) {
@@ -228,11 +228,17 @@ row measure_overlap(C& comm, rank_ops& ops, const config& cfg, std::size_t bytes
     t.ovl = time_block(ops, iters, overlapped);
     reps.push_back(t);
   }
-  std::sort(reps.begin(), reps.end(), [](const rep_times& a, const rep_times& b) { return a.ovl < b.ovl; });
-  const rep_times& mid = reps[reps.size() / 2];
-  row r{"bsp_overlap", bytes, ops.size, mid.seq, mid.ovl};
-  r.compute_us = mid.compute;
-  r.comm_us = mid.comm;
+  // Each quantity's median over the reps: a machine whose load drifts between blocks moves one
+  // block of a rep, not the median of each.
+  const auto median = [&reps](double rep_times::*field) {
+    std::vector<double> v;
+    for (const rep_times& t : reps) v.push_back(t.*field);
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  row r{"bsp_overlap", bytes, ops.size, median(&rep_times::seq), median(&rep_times::ovl)};
+  r.compute_us = median(&rep_times::compute);
+  r.comm_us = median(&rep_times::comm);
   r.pinned = pinned;
   return r;
 }
