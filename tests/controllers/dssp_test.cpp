@@ -338,30 +338,19 @@ void require_same_dssp(const basic_dssp<test::failing_predictor>& a,
 }  // namespace
 
 TEST_CASE("a push that throws, from bad input or from the predictor, leaves a dssp as it was") {
-  using failure = test::failing_predictor::failure;
   std::size_t predictor_throws = 0;
-  for (std::uint64_t seed = 0; seed < 12; ++seed) {
-    std::mt19937_64 rng(seed);
-    test::schedule_options opt;
-    opt.workers = 2 + seed % 5;
-    opt.events = 150;
-    opt.remove_probability = 0.02;
-    opt.add_probability = 0.02;
-    failure fail = failure::none;
-    basic_dssp<test::failing_predictor> c(opt.workers, 1, 6, test::failing_predictor{&fail});
-    using dssp_t = decltype(c);
-    const bool live = test::run_random_schedule(c, rng, opt, [&](const dssp_t& cc, std::size_t e) {
-      const std::uint64_t replay_seed = seed * 1000 + e;
-      if (e % 4 == 0) test::require_bad_calls_change_nothing(cc, require_same_dssp, replay_seed);
-      // A push from each running worker, with the predictor failing: those that reach the
-      // synchronization controller must throw and change nothing.
-      const double t = cc.last_time() + 0.25;
-      for (worker_id q = 0; q < cc.worker_capacity(); ++q) {
-        if (!cc.is_active(q) || cc.is_waiting(q)) continue;
-        predictor_throws += test::failing_pushes_change_nothing(cc, fail, q, t, require_same_dssp, replay_seed);
-      }
-    });
-    REQUIRE(live);
-  }
+  test::failing_predictor_schedules(
+      [](std::size_t workers, std::uint64_t, test::failing_predictor p) {
+        return basic_dssp<test::failing_predictor>(workers, 1, 6, p);
+      },
+      require_same_dssp,
+      [&](const auto& cc, test::failing_predictor::failure& fail, double t, std::uint64_t replay_seed) {
+        // A push from each running worker, with the predictor failing: those that reach the
+        // synchronization controller must throw and change nothing.
+        for (worker_id q = 0; q < cc.worker_capacity(); ++q) {
+          if (!cc.is_active(q) || cc.is_waiting(q)) continue;
+          predictor_throws += test::failing_pushes_change_nothing(cc, fail, q, t, require_same_dssp, replay_seed);
+        }
+      });
   CHECK(predictor_throws > 50);
 }

@@ -273,32 +273,23 @@ void require_same_elastic(const failing_elastic& a, const failing_elastic& b) {
 TEST_CASE("a push or removal that throws, from bad input or from planning, leaves an elastic_bsp as it was") {
   using failure = test::failing_predictor::failure;
   std::size_t push_throws = 0, remove_throws = 0;
-  for (std::uint64_t seed = 0; seed < 12; ++seed) {
-    std::mt19937_64 rng(seed);
-    test::schedule_options opt;
-    opt.workers = 2 + seed % 5;
-    opt.events = 150;
-    opt.remove_probability = 0.02;
-    opt.add_probability = 0.02;
-    failure fail = failure::none;
-    failing_elastic c(opt.workers, 1 + seed % 6, test::failing_predictor{&fail});
-    const bool live = test::run_random_schedule(c, rng, opt, [&](const failing_elastic& cc, std::size_t e) {
-      const std::uint64_t replay_seed = seed * 1000 + e;
-      if (e % 4 == 0) test::require_bad_calls_change_nothing(cc, require_same_elastic, replay_seed);
-      // Every push and removal with planning failing: those that would plan (the last
-      // monitoring push; a removal that leaves everyone ready) must throw and change nothing.
-      const double t = cc.last_time() + 0.25;
-      for (worker_id q = 0; q < cc.worker_capacity(); ++q) {
-        if (!cc.is_active(q)) continue;
-        remove_throws += test::throw_changes_nothing<test::predictor_failure>(
-            cc, [&](failing_elastic& x) { test::scoped_failure f(fail, failure::error); x.remove_worker(q); },
-            require_same_elastic, replay_seed);
-        if (cc.is_waiting(q)) continue;
-        push_throws += test::failing_pushes_change_nothing(cc, fail, q, t, require_same_elastic, replay_seed);
-      }
-    });
-    REQUIRE(live);
-  }
+  test::failing_predictor_schedules(
+      [](std::size_t workers, std::uint64_t seed, test::failing_predictor p) {
+        return failing_elastic(workers, 1 + seed % 6, p);
+      },
+      require_same_elastic,
+      [&](const failing_elastic& cc, failure& fail, double t, std::uint64_t replay_seed) {
+        // Every push and removal with planning failing: those that would plan (the last
+        // monitoring push; a removal that leaves everyone ready) must throw and change nothing.
+        for (worker_id q = 0; q < cc.worker_capacity(); ++q) {
+          if (!cc.is_active(q)) continue;
+          remove_throws += test::throw_changes_nothing<test::predictor_failure>(
+              cc, [&](failing_elastic& x) { test::scoped_failure f(fail, failure::error); x.remove_worker(q); },
+              require_same_elastic, replay_seed);
+          if (cc.is_waiting(q)) continue;
+          push_throws += test::failing_pushes_change_nothing(cc, fail, q, t, require_same_elastic, replay_seed);
+        }
+      });
   CHECK(push_throws > 20);
   CHECK(remove_throws > 5);
 }

@@ -289,6 +289,32 @@ private:
   failing_predictor::failure& s_;
 };
 
+/// The strong exception guarantee under a failing predictor, over 12 seeded schedules of 150
+/// events with churn: make(workers, seed, predictor) builds the controller around `predictor`
+/// (a failing_predictor); after every event the calls the controller must reject change nothing
+/// (every fourth event: require_bad_calls_change_nothing), and calls(c, fail, t, replay_seed)
+/// makes the calls that may reach the predictor at time t while `fail` trips it.
+template <class Make, class Same, class Calls>
+void failing_predictor_schedules(Make&& make, Same&& same, Calls&& calls) {
+  for (std::uint64_t seed = 0; seed < 12; ++seed) {
+    std::mt19937_64 rng(seed);
+    schedule_options opt;
+    opt.workers = 2 + seed % 5;
+    opt.events = 150;
+    opt.remove_probability = 0.02;
+    opt.add_probability = 0.02;
+    failing_predictor::failure fail = failing_predictor::failure::none;
+    auto c = make(opt.workers, seed, failing_predictor{&fail});
+    using C = decltype(c);
+    const bool live = run_random_schedule(c, rng, opt, [&](const C& cc, std::size_t e) {
+      const std::uint64_t replay_seed = seed * 1000 + e;
+      if (e % 4 == 0) require_bad_calls_change_nothing(cc, same, replay_seed);
+      calls(cc, fail, cc.last_time() + 0.25, replay_seed);
+    });
+    REQUIRE(live);
+  }
+}
+
 /// Worker q pushes at t with the predictor behind `fail` failing, once as an error and once as
 /// an allocation failure: a push that reaches the predictor must throw and change nothing
 /// (throw_changes_nothing). Returns how many of the two threw.
