@@ -86,7 +86,8 @@ inline bool may_succeed(const quorum& previous, const std::vector<int>& survivor
 /// leader read it when it resumed. Measured against `previous` alone, shrinking that quorum
 /// again would let the resumed leader go on by itself beside the group that holds the majority
 /// (the chaos soak found it: docs/collective.md, "Chaos soak"). Measured against `confirmed`
-/// too, two disjoint groups never both go on, whatever each adopted since the last commit.
+/// too, two disjoint groups of `survivors` never both go on, whatever each adopted since the
+/// last commit.
 inline bool may_succeed(const quorum& previous, const quorum& confirmed, const std::vector<int>& survivors) {
   return may_succeed(previous, survivors) && may_succeed(confirmed, survivors);
 }
