@@ -10,10 +10,8 @@
 
 #include <vector>
 
-using namespace cadence;
 using namespace cadence::transport;
 using namespace cadence::exchange;
-using namespace std::chrono_literals;
 
 CADENCE_PERIODIC_AVERAGER_SUITE(cadence_test::inproc_4);
 CADENCE_PERIODIC_AVERAGER_SUITE(cadence_test::inproc_3);
