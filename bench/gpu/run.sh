@@ -67,7 +67,7 @@ declare -A what=(
   [nccl_ps_bench]="cadence-bench-ps --backend nccl --json (where it has that backend)"
   [torch_gpu]="bash python/bench/torch_gpu.sh <build-dir>")
 
-usage() { sed -n '4,5p;29,43p' "$self" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -uo/p' "$self" | sed '$d; s/^# \{0,1\}//'; }
 die_usage() {
   echo "bench/gpu/run.sh: $1" >&2
   echo "usage: bench/gpu/run.sh [--plan] [--summary PATH] [--timeout S] [--step-timeout S] [--only a,b] [build-dir] [-- thrust-bench args]" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu/run.sh's CPU-side behaviour, in a few seconds and without a GPU (ctest
 # bench.gpu_run_script): the plan, the no-device path, a step's numbers and skip reason, a step
-# killed at its limit while the run goes on, bad usage; every summary must be valid JSON.
+# killed at its limit while the run goes on, bad usage, --help; every summary must be valid JSON.
 # A fake nvidia-smi (first in PATH) stands in for the driver where the run needs "a device":
 # nothing here builds or touches a GPU, so the test gives the same answers on a GPU machine.
 #   bash bench/gpu/run_test.sh
@@ -105,6 +105,10 @@ grep -q -- "--timeout wants a whole number of seconds, got 'soon'" "$work/out" |
 bash "$run" --only thrust,device >"$work/out" 2>&1
 expect_rc usage-only 2 $?
 grep -q -- "--only: no step 'thrust'" "$work/out" || fail "usage-only: $(cat "$work/out")"
+
+bash "$run" --help >"$work/out" 2>&1
+expect_rc help 0 $?
+grep -q '^Steps, in order' "$work/out" && grep -q '^Exit status:' "$work/out" || fail "help: $(head -n 3 "$work/out")"
 
 if ((fails)); then
   echo "bench/gpu/run.sh: $fails check(s) failed" >&2
