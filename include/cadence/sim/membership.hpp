@@ -119,7 +119,8 @@ inline void validate(const membership_model& m) {
 /// The per-step time of a replica from a simulated all-reduce run (simulate_collective on a
 /// scenario with a step target, so its time ends at a merge): the mean round minus the merge,
 /// per local step. Under BSP it is the slowest rank's step plus its wait, which is what paces a
-/// collective job. Throws invalid_parameter_error for a run without merges.
+/// collective job. `sync_seconds` is the merge's cost, taken off each round. Throws
+/// invalid_parameter_error for a run without merges.
 inline double round_step_seconds(const collective_metrics& run, double sync_seconds) {
   if (run.barriers == 0 || run.steps_per_barrier <= 0)
     throw invalid_parameter_error("cadence::sim::round_step_seconds: the run '" + run.mode + "' made no merge");
@@ -290,7 +291,8 @@ struct membership_metrics {
 /// Simulates model `m` (validated first): the merged Poisson fault arrivals, each failed sync,
 /// reconfiguration, retry and admission; rounds without a fault or an admission are committed
 /// in one stride, so the cost grows with the faults, not with workers or rounds (10^5 workers
-/// and 20000 faults take milliseconds). Deterministic for a seed.
+/// and 20000 faults take milliseconds). `opt` sets the length, the batches and the seed;
+/// deterministic for a seed.
 inline membership_metrics simulate_membership(const membership_model& m, const membership_run_options& opt = {}) {
   validate(m);
   if (opt.batches < 2) throw invalid_parameter_error("cadence::sim::simulate_membership: batches must be >= 2");
@@ -442,7 +444,7 @@ inline membership_metrics simulate_membership(const membership_model& m, const m
 
 // ---- reports ----
 
-/// Writes runs as an aligned table: workers, faults per hour, simulated efficiency +- its
+/// Writes `runs` to `os` as an aligned table: workers, faults per hour, simulated efficiency +- its
 /// standard error, the closed form, the lost-work ideal, reconfigurations per hour and the
 /// shares of time in reconfiguration, detection and transfer.
 inline void write_membership_table(std::ostream& os, const std::vector<membership_metrics>& runs) {
@@ -462,7 +464,7 @@ inline void write_membership_table(std::ostream& os, const std::vector<membershi
   }
 }
 
-/// Writes runs as one JSON array, one object per run with every field of membership_metrics
+/// Writes `runs` to `os` as one JSON array, one object per run with every field of membership_metrics
 /// under its own name; ends with a newline.
 inline void write_membership_json(std::ostream& os, const std::vector<membership_metrics>& runs) {
   using detail::format_number;
@@ -486,7 +488,7 @@ inline void write_membership_json(std::ostream& os, const std::vector<membership
   os << "\n]\n";
 }
 
-/// Writes runs as CSV: a header row and one row per run, the fields of write_membership_json.
+/// Writes `runs` to `os` as CSV: a header row and one row per run, the fields of write_membership_json.
 inline void write_membership_csv(std::ostream& os, const std::vector<membership_metrics>& runs) {
   using detail::format_number;
   os << "workers,mtbf_seconds,seed,simulated_seconds,faults,efficiency,efficiency_stderr,expected_efficiency,"
