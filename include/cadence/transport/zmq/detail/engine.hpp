@@ -219,6 +219,13 @@ public:
 
   bool test(zmq_op& op) {
     if (op.isolated) {
+      // One progress pass even so: a rank whose every peer is lost (a membership quorum of one
+      // polling any_source) must still answer registrations at the rendezvous, or a
+      // replacement could never join it.
+      try {
+        progress(zclock::now());
+      } catch (const std::exception&) {  // the operation's own error is the one to report
+      }
       settle(op);
       op.isolated.rethrow();
     }

@@ -1,0 +1,263 @@
+// cadence-bench-membership: what the membership layer (include/cadence/membership/) costs when
+// nothing fails, and how fast it brings a joiner up to date: issue 36's two measures without a
+// fault. ZeroMQ ranks as threads on 127.0.0.1, authenticated (a job secret), each rank holding
+// two communicators: a plain one and one under a membership::member.
+//
+//   all-reduce      per size, the plain communicator's all-reduce (f32 sum) against the same
+//                   all-reduce on the member's quorum view inside member::transact() (the
+//                   fault-tolerant one: its notices, its ring over point-to-point calls, the
+//                   commit), in interleaved blocks; the median pair's bus bandwidths and
+//                   ft_of_plain = plain time / fault-tolerant time.
+//   state transfer  the last rank's member communicator closes (as after kill -9) and a new one in
+//                   its slot joins (member::join): the survivors re-form, admit it at their next
+//                   sync point and stream it the registered state; the joiner's received bytes
+//                   over the time from its first to its last state byte, against a raw
+//                   send/receive of the same bytes between two plain communicators (the link
+//                   rate here): of_raw = transfer rate / raw rate.
+//
+//   cadence-bench-membership [--ranks 4] [--min-bytes 1048576] [--max-bytes 16777216] [--reps 5]
+//                            [--state-bytes 67108864] [--json | --csv]
+//
+// Not part of the library.
+#include "support/command_line.hpp"
+#include "support/measure.hpp"
+#include "support/report.hpp"
+#include "support/backends.hpp"
+
+#include <cadence/membership/member.hpp>
+#include <cadence/transport/zmq/communicator.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace mb = cadence::membership;
+using cadence::transport::dtype;
+using cadence::transport::reduce_op;
+using cadence::transport::zmq_communicator;
+using cadence::transport::zmq_options;
+using cadence::tools::usage_error;
+using clock_type = std::chrono::steady_clock;
+
+struct config : cadence_bench::common_config {
+  std::size_t state_bytes = std::size_t{64} << 20;
+};
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+mb::member_options member_options() {
+  mb::member_options o;
+  o.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(1000));  // heartbeat 1 s < op < quorum
+  return o;
+}
+
+zmq_options with_heartbeats(zmq_options o, const mb::member_options& m) {
+  o.heartbeat_interval = m.timeouts.heartbeat_interval;
+  o.heartbeat_timeout = m.timeouts.heartbeat_timeout;
+  return o;
+}
+
+// What every rank measured; rank 0's are printed.
+struct shared_results {
+  std::mutex m;
+  std::vector<cadence_bench::row> rows;
+  double join_seconds = 0, transfer_seconds = 0, reconfiguration_seconds = 0;
+  std::uint64_t transfer_bytes = 0;
+};
+
+// A barrier of the ranks (threads) that also returns the mean of one value per rank.
+class line_up {
+public:
+  explicit line_up(int n) : n_(n), b_(n) {}
+  double mean(double v) { return b_.arrive_and_sum(v) / n_; }
+  void operator()() { b_.arrive_and_sum(0); }
+
+private:
+  int n_;
+  cadence_bench::summing_barrier b_;
+};
+
+// One all-reduce size: `reps` interleaved (plain, fault-tolerant) blocks of `iters` calls each;
+// the median pair of per-call times (seconds, the mean over the ranks).
+std::pair<double, double> time_allreduce(zmq_communicator& plain, mb::member<zmq_communicator>& m, line_up& sync,
+                                         std::vector<float>& buf, int reps, int iters) {
+  std::vector<std::pair<double, double>> pairs;
+  for (int rep = 0; rep < reps; ++rep) {
+    const cadence::transport::deadline d(std::chrono::seconds(120));
+    sync();
+    auto t0 = clock_type::now();
+    for (int i = 0; i < iters; ++i) plain.allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, d);
+    const double plain_s = sync.mean(seconds_since(t0));
+    t0 = clock_type::now();
+    for (int i = 0; i < iters; ++i)
+      m.transact([&] { m.view().allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, d); });
+    const double ft_s = sync.mean(seconds_since(t0));
+    pairs.emplace_back(plain_s / iters, ft_s / iters);
+  }
+  return cadence_bench::median_pair(pairs);
+}
+
+cadence_bench::row make_row(const char* op, std::size_t bytes, double plain_s, double ours_s, double plain_gbps,
+                            double ours_gbps) {
+  cadence_bench::row r;
+  r["op"] = op;
+  r["bytes"] = bytes;
+  r["plain_us"] = plain_s * 1e6;
+  r["ours_us"] = ours_s * 1e6;
+  r["plain_GBps"] = plain_gbps;
+  r["ours_GBps"] = ours_gbps;
+  r["ours_of_plain"] = ours_gbps / plain_gbps;
+  return r;
+}
+
+// Rank `rank` of the job: the all-reduce rows, then the raw link and the state transfer (the
+// last rank leaves and joins again).
+void run_rank(int rank, const config& cfg, cadence_bench::thread_rendezvous& meet_plain,
+              cadence_bench::thread_rendezvous& meet_member, line_up& sync, shared_results& out) {
+  const int n = cfg.ranks;
+  const int joiner = n - 1;
+  const mb::member_options mo = member_options();
+  zmq_communicator plain(rank, n, cadence_bench::zmq_thread_options<zmq_options>(rank, meet_plain),
+                         std::chrono::seconds(120));
+  std::vector<float> state(cfg.state_bytes / sizeof(float), 1.0f);
+  {
+    auto comm = std::make_unique<zmq_communicator>(
+        rank, n, with_heartbeats(cadence_bench::zmq_thread_options<zmq_options>(rank, meet_member), mo),
+        std::chrono::seconds(120));
+    mb::member<zmq_communicator> m(*comm, mo);
+    m.add_state(mb::buffer(state));
+    m.start();
+    for (const std::size_t bytes : cadence_bench::sizes(cfg.min_bytes, cfg.max_bytes, 4)) {
+      std::vector<float> buf(bytes / sizeof(float), 1.0f);
+      const int iters = cadence_bench::iterations_for(bytes, std::size_t{64} << 20, 20);
+      const auto [plain_s, ft_s] = time_allreduce(plain, m, sync, buf, cfg.reps, iters);
+      if (rank == 0) {
+        std::lock_guard<std::mutex> lock(out.m);
+        out.rows.push_back(make_row("allreduce", bytes, plain_s, ft_s, cadence_bench::allreduce_busbw(bytes, n, plain_s * 1e6),
+                                    cadence_bench::allreduce_busbw(bytes, n, ft_s * 1e6)));
+      }
+    }
+    // The raw link: the state's bytes from rank 0 to the joiner's rank on the plain communicators
+    // (the membership's donor is the lowest member), timed at the receiver; the median of reps.
+    std::vector<double> raw;
+    for (int rep = 0; rep < cfg.reps; ++rep) {
+      sync();
+      const auto t0 = clock_type::now();
+      if (rank == 0) plain.send(state.data(), cfg.state_bytes, joiner, 7, std::chrono::seconds(120));
+      if (rank == joiner) plain.recv(state.data(), cfg.state_bytes, 0, 7, std::chrono::seconds(120));
+      raw.push_back(sync.mean(rank == joiner ? seconds_since(t0) * n : 0.0));
+    }
+    std::sort(raw.begin(), raw.end());
+    if (rank == 0) out.transfer_seconds = raw[raw.size() / 2];  // raw, for now; the transfer below
+    sync();
+    if (rank != joiner) {
+      // The survivors sync until they have lost the joiner's rank and taken it back.
+      bool lost = false;
+      std::vector<float> small(8, 1.0f);
+      for (;;) {
+        m.transact([&] { m.view().allreduce(small.data(), small.size(), dtype::f32, reduce_op::sum); });
+        const bool full = m.current().size() == static_cast<std::size_t>(n);
+        if (!full) lost = true;
+        if (lost && full) break;
+      }
+      if (rank == 0) out.reconfiguration_seconds = m.stats().last_reconfiguration_seconds;
+      sync();  // the joiner has its state: the members may close
+    }
+    // The joiner's member and its communicator close here: its peers see it lost at once.
+  }
+  if (rank == joiner) {
+    zmq_options o = with_heartbeats(cadence_bench::zmq_thread_options<zmq_options>(rank, meet_member), mo);
+    o.wait_for = cadence::transport::zmq_wait_for::self;  // a running world
+    zmq_communicator comm(rank, n, o, std::chrono::seconds(120));
+    mb::member<zmq_communicator> m(comm, mo);
+    std::fill(state.begin(), state.end(), 0.0f);
+    m.add_state(mb::buffer(state));
+    const auto t0 = clock_type::now();
+    m.join();
+    const double join_s = seconds_since(t0);
+    const mb::member_stats st = m.stats();
+    std::lock_guard<std::mutex> lock(out.m);
+    out.join_seconds = join_s;
+    out.transfer_bytes = st.state_received_bytes;
+    out.rows.push_back(make_row("state_transfer", cfg.state_bytes, 0, st.state_receive_seconds, 0,
+                                static_cast<double>(st.state_received_bytes) / st.state_receive_seconds / 1e9));
+    if (state.front() != 1.0f || state.back() != 1.0f)
+      throw std::runtime_error("the joiner's state is not the members' after join()");
+    sync();  // as the survivors after their last sync: then every member closes
+  }
+  sync();
+}
+
+int run(int argc, char** argv) {
+  config cfg;
+  cfg.ranks = 4;
+  cfg.min_bytes = std::size_t{1} << 20;
+  cfg.max_bytes = std::size_t{16} << 20;
+  cadence::tools::command_line cli(
+      "usage: cadence-bench-membership [--ranks N] [--min-bytes B] [--max-bytes B] [--reps R]\n"
+      "         [--state-bytes S] [--json | --csv]\n",
+      "", 17);
+  cadence_bench::add_common_flags(
+      cli, cfg,
+      {{"--ranks", "ZeroMQ ranks as threads on 127.0.0.1 (default 4, at least 2)"},
+       {"--min-bytes", "smallest all-reduce (default 1 MiB; sizes go x4 up to --max-bytes)"},
+       {"--max-bytes", "largest all-reduce (default 16 MiB)"},
+       {"--reps", "plain/fault-tolerant pairs per size, median reported; raw sends (default 5)"},
+       {"--json", "one JSON array, an object per row"},
+       {"--csv", "a header row and a line per row, the JSON's keys as columns"}});
+  cli.add_option("--state-bytes", cfg.state_bytes, "the registered state a joiner receives (default 64 MiB)")
+      ->option_text("S")
+      ->check(cadence::tools::integer<std::size_t>(4, SIZE_MAX));
+  if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
+  if (cfg.ranks < 2) throw usage_error("--ranks: at least 2 (one leaves and joins again), got " + std::to_string(cfg.ranks));
+  if (cfg.min_bytes % sizeof(float) != 0 || cfg.max_bytes % sizeof(float) != 0 || cfg.max_bytes < cfg.min_bytes)
+    throw usage_error("--min-bytes, --max-bytes: multiples of 4 with min <= max, got " + std::to_string(cfg.min_bytes) +
+                      " and " + std::to_string(cfg.max_bytes));
+  if (cfg.state_bytes % sizeof(float) != 0)
+    throw usage_error("--state-bytes: a multiple of 4, got " + std::to_string(cfg.state_bytes));
+  cadence_bench::thread_rendezvous meet_plain, meet_member;
+  line_up sync(cfg.ranks);
+  shared_results out;
+  cadence_bench::run_ranks_as_threads(cfg.ranks,
+                                      [&](int r) { run_rank(r, cfg, meet_plain, meet_member, sync, out); });
+  // The transfer row: raw time from the plain send, rates against it.
+  for (auto& row : out.rows) {
+    if (row["op"] != "state_transfer") continue;
+    const double raw_s = out.transfer_seconds;
+    row["plain_us"] = raw_s * 1e6;
+    row["plain_GBps"] = static_cast<double>(cfg.state_bytes) / raw_s / 1e9;
+    row["ours_of_plain"] = row["ours_GBps"].get<double>() / row["plain_GBps"].get<double>();
+  }
+  cadence_bench::table t;
+  t.title = "membership over ZeroMQ, " + std::to_string(cfg.ranks) +
+            " ranks as threads on 127.0.0.1: all-reduce bus bandwidth, plain against fault-tolerant "
+            "(member::transact on the quorum view); state transfer to a joiner against a raw send";
+  t.columns = {cadence_bench::text_column("op", -15, "op"), cadence_bench::text_column("bytes", 10, "bytes"),
+               cadence_bench::number_column("plain us", 11, "plain_us", "%.1f"),
+               cadence_bench::number_column("ours us", 11, "ours_us", "%.1f"),
+               cadence_bench::number_column("plain GB/s", 11, "plain_GBps", "%.3f"),
+               cadence_bench::number_column("ours GB/s", 10, "ours_GBps", "%.3f"),
+               cadence_bench::number_column("ours/plain", 11, "ours_of_plain", "%.2f")};
+  cadence_bench::print(out.rows, cfg, t);
+  if (!cfg.json && !cfg.csv)
+    std::printf("joiner: join() took %.1f ms (request to state in place), %llu state bytes received; rank 0's "
+                "reconfiguration that admitted it took %.1f ms\n",
+                out.join_seconds * 1e3, static_cast<unsigned long long>(out.transfer_bytes),
+                out.reconfiguration_seconds * 1e3);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return cadence::tools::guarded_main("cadence-bench-membership", run, argc, argv); }
