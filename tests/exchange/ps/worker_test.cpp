@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -151,4 +152,28 @@ TEST_CASE("a reply that claims a refusal text longer than any reason is refused 
     }
     rogue.join();
   }
+}
+
+TEST_CASE("gradient_buffer(): a gradient written into the worker's own buffer is pushed as it is, and the "
+          "buffer stays the worker's across pushes" *
+          doctest::timeout(60)) {
+  inproc_world world(2);
+  const std::vector<float> w0(10, 1.0f);
+  std::string server_error;
+  std::thread server = ps_worker_test::serve(world, w0, 1, server_error);
+  auto comm = world.join(1);
+  ps_worker<inproc_communicator> w(comm, w0.size());
+  std::vector<float> weights(w0.size(), 0.0f);
+  w.pull(weights.data());
+  float* g = w.gradient_buffer();
+  REQUIRE(g != nullptr);
+  for (int k = 1; k <= 2; ++k) {
+    std::fill(g, g + w0.size(), 1.0f);
+    w.push_pull(g, weights.data());  // sgd with the default rate: w -= 0.01 * g
+    CHECK(w.gradient_buffer() == g);
+    for (float x : weights) CHECK(x == doctest::Approx(1.0f - 0.01f * static_cast<float>(k)));
+  }
+  w.finish();
+  server.join();
+  CHECK(server_error.empty());
 }

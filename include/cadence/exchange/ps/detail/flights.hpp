@@ -82,13 +82,16 @@ public:
     q.push_back(std::move(o));
     outbound& e = q.back();
     e.control = ps_transfer<Comm>::send(comm_, &e.header, sizeof e.header, rank, tags_.reply, timeout_);
-    if (payload != nullptr)
-      // Lent, not copied: the payload is a pinned version of the server's own, kept (leaked
-      // with the server, if need be) for as long as the send may read it. The caller's single
-      // version (external) is not the server's to keep.
-      e.bulk = ps_transfer<Bulk>::send(bulk_, payload, bytes, rank, tags_.reply_data, timeout_, !weights_->external());
-    else
+    if (payload != nullptr) {
+      // Lent, not copied, where the transport would copy it (MPI): the payload is a pinned
+      // version of the server's own, kept (leaked with the server, if need be) for as long as
+      // the send may read it. The caller's single version (external) is not the server's to keep.
+      const bool lend = ps_lends_v<Bulk> && !weights_->external();
+      if (lend) weights_->lent();
+      e.bulk = ps_transfer<Bulk>::send(bulk_, payload, bytes, rank, tags_.reply_data, timeout_, lend);
+    } else {
       e.bulk = ps_transfer<Bulk>();  // the text goes on the control communicator
+    }
     if (payload == nullptr)
       e.control_text = ps_transfer<Comm>::send(comm_, e.text.data(), e.text.size(), rank, tags_.reply_data, timeout_);
   }

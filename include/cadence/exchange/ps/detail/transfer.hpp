@@ -122,12 +122,15 @@ public:
   ps_versions(const ps_versions&) = delete;
   ps_versions& operator=(const ps_versions&) = delete;
   /// A version still pinned is one a reply's send may read after the server is gone (it failed
-  /// or was abandoned, and MPI cannot withdraw a send): replies lend their version to the
-  /// transport (ps_transfer::send), so such a buffer is leaked, never freed.
+  /// or was abandoned, and MPI cannot withdraw a send): once replies have been lent to the
+  /// transport (lent(), ps_transfer::send), such a buffer is leaked, never freed.
   ~ps_versions() {
+    if (!lent_) return;
     for (auto& v : all_)
       if (v && v->pins > 0) (void)v.release();
   }
+  /// Says that a reply's send reads a pinned version without a copy (lent to the transport).
+  void lent() noexcept { lent_ = true; }
 
   bool external() const noexcept { return external_ != nullptr; }
   std::size_t count() const noexcept { return count_; }
@@ -195,6 +198,7 @@ private:
   int external_pins_ = 0;
   std::vector<std::unique_ptr<version>> all_;
   std::size_t current_ = 0;
+  bool lent_ = false;  // a send reads a version without a copy: pinned ones outlive this
 };
 
 }  // namespace cadence::exchange::detail
