@@ -89,9 +89,12 @@ std::vector<rank_result> run_ranks(inproc_world& world, int n, Body body) {
   return cadence_membership_test::run_ranks<rank_result>(world, n, std::move(body));
 }
 
+// After a member's last sync: the closing sync (member::finish()), then what it ended with; the
+// count leaves the closing sync out.
 template <class C>
 void finish(mb::member<C>& m, rank_result& res) {
-  res.committed = m.committed();
+  m.finish();
+  res.committed = m.committed() - 1;
   res.hash = m.state_hash();
   res.stats = m.stats();
   res.last_quorum = m.current().ranks;
@@ -225,14 +228,9 @@ TEST_CASE("membership: a member killed inside a ring all-reduce") {
 // the first loss started: rank 0 (the leader, while it gathers or announces) or rank 3 (a
 // follower, while it answers). The three left (more than half of five) re-form, commit the
 // same syncs and agree on every commit.
-// SKIPPED (a known bug, issue 36): under load (several copies of this test at once on the 2-core
-// machine, load 5-15) it fails in about 1 run of 3: rank 0 commits sync 8 with a hash the others
-// do not have (a divergent commit) or never reaches the reconfiguration the others start ("only
-// ranks 2, 4 ... reached the reconfiguration"); also without the second fault's trap firing, so
-// the five-member ring kill alone can diverge. Reproduce with
-//   for i in 1 2 3 4; do bin/cadence_tests_cxx17 --source-file='*member_test.cpp' --no-skip \
-//     --test-case='*second member lost*' & done; wait
-TEST_CASE("membership: a second member lost inside the reconfiguration of the first" * doctest::skip()) {
+// The fault can land in the last sync (sync 8), committed on rank 0 and failed on the others:
+// they are healed from rank 0 in the closing sync (member::finish()), which rank 0 stays for.
+TEST_CASE("membership: a second member lost inside the reconfiguration of the first") {
   for (int second : {0, 3}) {
     CAPTURE(second);
     inproc_world world(5);
@@ -393,7 +391,13 @@ TEST_CASE("membership: a stalled member is left out at the op timeout and stops 
     CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
     CHECK(x.committed == 8);
     CHECK(x.hash == res[0].hash);
-    CHECK(x.last_quorum == std::vector<int>{0, 1, 3});
+    // {0, 1, 3}; or with rank 2 as well when its request to come back, sent as it resumed,
+    // reached the others in their closing sync, which then admitted it (a newcomer that is gone
+    // by the next sync is lost there as any other).
+    std::string q;
+    for (int m : x.last_quorum) q += std::to_string(m) + " ";
+    const bool expected = x.last_quorum == std::vector<int>{0, 1, 3} || x.last_quorum == std::vector<int>{0, 1, 2, 3};
+    CHECK_MESSAGE(expected, "rank ", r, " ended in quorum ", q);
   }
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
 }

@@ -186,6 +186,19 @@ public:
     return transact(std::forward<Body>(body), span<const buffer>(backup.begin(), backup.size()), policy);
   }
 
+  /// Ends this member's part in the job, after its last sync: one closing sync of the quorum
+  /// that changes no state (an all-reduce of one value). A fault in the last sync can leave it
+  /// committed on some members and failed on others (those that missed a lost peer's last
+  /// message); the others are healed from a member that committed it only while that member
+  /// still takes part, so a member that left right after its last commit would leave them to
+  /// retry that sync without it, and the job would end with two states. Every member calls it
+  /// once, after the same syncs, as any collective. Returns the closing sync's report
+  /// (committed() counts it); throws as transact() does.
+  sync_report finish() {
+    float closing = 0;
+    return transact([&] { view_.allreduce(&closing, 1, transport::dtype::f32, transport::reduce_op::max); });
+  }
+
   // ---- what it knows ----
 
   /// The quorum adopted last.
