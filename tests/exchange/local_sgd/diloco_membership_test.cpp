@@ -70,8 +70,11 @@ int train(glue& dm, std::vector<float>& w, int rank, ledger& book, std::uint64_t
   return faulted;
 }
 
+// After the last outer sync: the closing sync (diloco_member::finish()), then what the rank
+// ended with; the count leaves the closing sync out.
 void finish(glue& dm, rank_result& out) {
-  out.committed = dm.member().committed();
+  dm.finish();
+  out.committed = dm.member().committed() - 1;
   out.outer_steps = dm.adapter().outer_steps();
   out.hash = dm.global_hash();
   out.last_quorum = dm.member().current().ranks;

@@ -202,9 +202,11 @@ public:
     return rep;
   }
 
-  /// Completes nothing (delay is 0 here, so no exchange is ever in flight between syncs);
-  /// kept so a trainer written for diloco reads the same.
-  void finish() noexcept {}
+  /// After this rank's last outer sync: the member's closing sync (member::finish()), so that a
+  /// last sync committed here but failed on others reaches them (healed) before this rank leaves.
+  /// No exchange is in flight between syncs (delay is 0 here). Every rank calls it once, after
+  /// the same syncs. Throws as sync() does.
+  membership::sync_report finish() { return m_->finish(); }
 
   /// The adapter (its monitoring: outer_steps(), global_weights(), outer_state(), plan()).
   /// Throws invalid_parameter_error before start() or join().
