@@ -100,6 +100,7 @@ void run(int rank, bool replacement, shared& s, std::size_t elements) {
       return;  // the communicator closes here: the others see rank 1 lost at once
     }
   }
+  m.finish();  // the closing sync: a last merge committed here but failed elsewhere reaches the others
   const mb::member_stats st = m.stats();
   say(s, "rank " + std::to_string(rank) + (replacement ? " (replacement)" : "") + ": " +
              std::to_string(m.committed()) + " merges, " + std::to_string(st.reconfigurations) +
