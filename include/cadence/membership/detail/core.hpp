@@ -294,6 +294,7 @@ public:
       }
     }
     ++stats_.reconfigurations;
+    formed_at_ = committed_;
     stats_.last_reconfiguration_seconds = std::chrono::duration<double>(clock::now() - t0).count();
     change c;
     c.before = before;
@@ -362,8 +363,9 @@ public:
 
 private:
   // ---- state map ----
-  // q_: the quorum adopted last; confirmed_: the one of the last commit (lead() holds a successor
-  // to both); committed_: syncs committed; txn_: the sync in progress.
+  // q_: the quorum adopted last, at formed_at_ commits; confirmed_: the one of the last commit
+  // seen here or reported (lead() holds a successor to both); committed_: syncs committed;
+  // txn_: the sync in progress.
   // cur_ops_/prev_ops_: the collectives of the current and the previous sync (a failed sync's
   // are drained; a completed one's records say what was taken, since members are at most one
   // sync apart). joiners_, requests_, announce_, drains_, aborted_, replaced_: what the control
@@ -755,7 +757,11 @@ private:
     for (const auto& g : got) survivors.push_back(g.first);
     const std::uint64_t my_bytes = state_bytes();
     // Against the quorum of the last commit too (quorum.hpp): a quorum announced but never
-    // confirmed may hold a member that went to another group.
+    // confirmed may hold a member that went to another group. A member that reports a sync
+    // committed in q_ (past the count q_ was formed at) proves every member took q_ up.
+    for (const auto& g : got)
+      if (g.second.qid == q_.id && g.second.committed != member_entry::newcomer && g.second.committed > formed_at_)
+        confirmed_ = q_;
     if (!may_succeed(q_, confirmed_, survivors)) {
       const quorum& against = may_succeed(q_, survivors) ? confirmed_ : q_;
       for (int r : survivors)
@@ -1162,6 +1168,7 @@ private:
   std::uint64_t nonce_ = 1;
   quorum q_;
   quorum confirmed_;  // the quorum of the last commit (or the first one asked for, or the one joined)
+  std::uint64_t formed_at_ = 0;  // committed_ when q_ was adopted
   std::uint64_t committed_ = 0, txn_ = 0, op_seq_ = 0;
   std::size_t txn_ops_ = 0;
   bool in_txn_ = false, txn_joiner_ = false;
