@@ -155,13 +155,15 @@ public:
   using base::isend;
   using base::send;
 
-  /// send() of a buffer the caller lends (lend_t: valid and unchanged until MPI is done with
-  /// it, for the rest of the process if the send fails): never copied, whatever
-  /// mpi_options::bounce_buffers says. Otherwise as send().
+  /// send() of `bytes` bytes from `buf` to rank `dst` with tag `tag` within deadline `d`, a
+  /// buffer the caller lends (lend_t: valid and unchanged until MPI is done with it, for the rest
+  /// of the process if the send fails): never copied, whatever mpi_options::bounce_buffers says.
+  /// Otherwise as send().
   void send(const void* buf, std::size_t bytes, int dst, int tag, lend_t, deadline d = {}) {
     wait_op(*start_send(buf, bytes, dst, tag, &d, /*lent=*/true), d);
   }
-  /// isend() of a buffer the caller lends (as the send above): never copied.
+  /// isend() of `bytes` bytes from `buf` to rank `dst` with tag `tag`, a buffer the caller lends
+  /// (as the send above): never copied.
   mpi_work isend(const void* buf, std::size_t bytes, int dst, int tag, lend_t) {
     return work(start_send(buf, bytes, dst, tag, nullptr, /*lent=*/true));
   }
