@@ -228,8 +228,7 @@ TEST_CASE("membership: a member killed inside a ring all-reduce") {
 // the first loss started: rank 0 (the leader, while it gathers or announces) or rank 3 (a
 // follower, while it answers). The three left (more than half of five) re-form, commit the
 // same syncs and agree on every commit.
-// The fault can land in the last sync (sync 8), committed on rank 0 and failed on the others:
-// they are healed from rank 0 in the closing sync (member::finish()), which rank 0 stays for.
+// (Rank 1's 31st send falls in sync 8 of 12.)
 TEST_CASE("membership: a second member lost inside the reconfiguration of the first") {
   for (int second : {0, 3}) {
     CAPTURE(second);
@@ -238,7 +237,7 @@ TEST_CASE("membership: a second member lost inside the reconfiguration of the fi
     const int control_tag = test_options().tag_base;  // tags::control(): the reconfiguration's frames
     cadence::transport::inproc_step at;
     at.op = "send";
-    at.skip = 30;  // inside the third sync's ring
+    at.skip = 30;  // inside sync 8's ring
     world.on_step(1, at, [second, control_tag](inproc_world& w) {
       cadence::transport::inproc_step next;
       next.op = "send";
@@ -253,7 +252,7 @@ TEST_CASE("membership: a second member lost inside the reconfiguration of the fi
       replica r(8000);
       register_state(m, r);
       m.start();
-      run_syncs(m, r, book, 8, rank);
+      run_syncs(m, r, book, 12, rank);
       finish(m, out);
     });
     std::vector<int> survivors;
@@ -264,10 +263,14 @@ TEST_CASE("membership: a second member lost inside the reconfiguration of the fi
     for (int r : survivors) {
       const auto& x = res[static_cast<std::size_t>(r)];
       CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
-      CHECK(x.committed == 8);
+      CHECK(x.committed == 12);
       CHECK(x.hash == res[static_cast<std::size_t>(survivors[0])].hash);
       CHECK(x.last_quorum == survivors);
     }
+    // The second victim can die right after committing the last sync alone: its closing sync's
+    // reconfiguration, where the trap fires, comes after that commit, so no survivor is healed
+    // from it and they run the sync again without it. The job's history is the survivors'.
+    book.forget_last(second);
     CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
   }
 }

@@ -4,6 +4,7 @@
 // states at the same count (and that the survivors of every fault agree).
 #pragma once
 
+#include <algorithm>
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/inproc.hpp>
 
@@ -63,6 +64,20 @@ public:
         out += "\n";
       }
     return out;
+  }
+  /// Forgets `rank`'s record of its last commit: for a member killed right after a sync it
+  /// committed alone (the others had not completed it and, without it, run that sync again on
+  /// the survivors), whose last commit is then the survivors' to decide, not a divergence.
+  void forget_last(int rank) {
+    std::lock_guard<std::mutex> lock(m_);
+    const auto it = by_rank_.find(rank);
+    if (it == by_rank_.end()) return;
+    auto& entries = log_[it->second];
+    entries.erase(std::remove_if(entries.begin(), entries.end(), [rank](const auto& e) { return e.first == rank; }),
+                  entries.end());
+    auto& hashes = seen_[it->second];
+    hashes.clear();
+    for (const auto& e : entries) hashes.insert(e.second);
   }
   std::size_t counts() const {
     std::lock_guard<std::mutex> lock(m_);
