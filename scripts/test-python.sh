@@ -3,12 +3,13 @@
 # the Python tests under tests/python/ against both ends of the supported torch range:
 #   1. Debian's torch (1.13, the oldest supported): a venv over Debian's Python that sees
 #      Debian's numpy, pytest and torch (--system-site-packages); every test but the torchrun
-#      recipes' stop-and-resume test (30 s of processes; run 2 runs it);
+#      recipes' stop-and-resume test and torchrun DiLoCo (run 2 runs the latter);
 #   2. the newest torch on PyPI: a venv cached between runs on this machine (created when
 #      missing: about 3 GB from PyPI on x86-64, since PyPI's wheel carries CUDA's libraries;
 #      reused while it imports torch, numpy and pytest); every test that imports torch
 #      (tests/python/torch, lstm_node2vec, test_warnings.py; the bindings' tests do not depend
-#      on torch's version);
+#      on torch's version), but the recipes' stop-and-resume, which only CADENCE_PYTHON_LONG=1
+#      runs (both runs then run everything);
 #   3. no torch at all: a plain venv with numpy and pytest only; the tests that check what the
 #      package says when torch is missing (tests/python/test_without_torch.py).
 # The same wheel goes into the three venvs (pip install --no-deps), so the extension is compiled
@@ -126,9 +127,20 @@ fi
 echo "python: package built and installed in $(($(date +%s) - start)) s ($wheel)"
 
 # 3. Debian's torch: every test but the recipes' stop-and-resume (run 4 has it; CI time).
+# The two longest process tests run once each, with the newest torch, and only in the long form
+# (CADENCE_PYTHON_LONG=1, by hand: docs/testing.md): the recipes' stop-and-resume (30 s of
+# processes) and torchrun DiLoCo with DDP inside replicas (4 ranks; ~10 s), which the newest
+# torch runs in CI. CI time.
+long=${CADENCE_PYTHON_LONG:-0}
+resume_test="tests/python/torch/test_torchrun_recipes.py::test_the_recipes_run_and_a_stopped_job_resumes_from_its_checkpoints"
+debian_deselect=(--deselect "$resume_test" --deselect "tests/python/torch/test_torchrun_diloco.py")
+newest_deselect=(--deselect "$resume_test")
+if [[ $long == 1 ]]; then
+  debian_deselect=()
+  newest_deselect=()
+fi
 run_pytest debian "Debian torch $("$venv_python" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none)" \
-  "$venv_python" "$root/tests/python" \
-  --deselect "tests/python/torch/test_torchrun_recipes.py::test_the_recipes_run_and_a_stopped_job_resumes_from_its_checkpoints"
+  "$venv_python" "$root/tests/python" "${debian_deselect[@]}"
 
 # 4. The newest torch from PyPI, in a venv cached between runs: reused when its marker says it
 #    was completed and it imports what the tests need; otherwise made again from PyPI (under a
@@ -158,7 +170,8 @@ else
     fail "pip install $wheel (newest torch)"
   else
     run_pytest newest "PyPI torch $(cat "$torch_venv/.cadence-complete")" "$tpy" \
-      "$root/tests/python/torch" "$root/tests/python/lstm_node2vec" "$root/tests/python/test_warnings.py"
+      "$root/tests/python/torch" "$root/tests/python/lstm_node2vec" "$root/tests/python/test_warnings.py" \
+      "${newest_deselect[@]}"
   fi
 fi
 
