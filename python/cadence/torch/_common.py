@@ -287,3 +287,19 @@ def copy_slices(tensors, flat: torch.Tensor) -> None:
             k = t.numel()
             t.copy_(flat[offset:offset + k].view_as(t))
             offset += k
+
+
+#: Most microseconds one step may take (about 12.7 days), as the C++ elastic_averager's
+#: max_duration_us: keeps every sum of a history in range.
+MAX_DURATION_US = 1 << 40
+
+
+def step_microseconds(here: str, s: float, shown) -> int:
+    """A step's duration ``s`` (seconds) as whole microseconds, rounded up and at least 1, for
+    the ElasticBSP plans; InvalidParameterError (prefixed ``here``, naming ``shown``) when it is
+    not finite, negative or above MAX_DURATION_US."""
+    us = math.ceil(s * 1e6) if math.isfinite(s) else -1
+    if not math.isfinite(s) or s < 0 or us > MAX_DURATION_US:
+        raise InvalidParameterError(f"{here}step duration {shown!r} s is not in "
+                                    f"[0, {MAX_DURATION_US / 1e6:g}] s")
+    return max(us, 1)

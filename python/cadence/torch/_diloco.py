@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from . import _device
 from ._common import (Deadline, InvalidParameterError, TransportError, WaitTimeout, check_seconds,
-                      global_rank, group_info, group_timeout, wait_work, where)
+                      global_rank, group_info, group_timeout, step_microseconds, wait_work, where)
 
 
 def _nesterov(params):
@@ -106,9 +106,6 @@ def _ring_bytes(nbytes: int, n: int) -> int:
     """What a ring all-reduce of ``nbytes`` sends from each of ``n`` ranks (C++ ring_bytes)."""
     return 0 if n <= 1 else 2 * (n - 1) * nbytes // n
 
-
-#: The longest step duration step() accepts, as diloco::max_duration_us.
-MAX_DURATION_US = 1 << 40
 
 #: Salt of the elastic plan hash (it only has to be the same on every rank of one job).
 _SALT = 0x44
@@ -454,11 +451,7 @@ class DiLoCo:
         return None if self._elastic is None else self._round
 
     def _microseconds(self, s: float, shown) -> int:
-        us = math.ceil(s * 1e6) if math.isfinite(s) else -1
-        if not math.isfinite(s) or s < 0 or us > MAX_DURATION_US:
-            raise InvalidParameterError(f"{self._here()}step duration {shown!r} s is not in "
-                                        f"[0, {MAX_DURATION_US / 1e6:g}] s")
-        return max(us, 1)
+        return step_microseconds(self._here(), s, shown)
 
     def _step_timed(self, seconds, stop: bool) -> bool:
         if seconds is None:

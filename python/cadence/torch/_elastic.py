@@ -5,7 +5,6 @@
 # Map: ElasticModelAverager: construction · the plan · steps · the barrier (sync) · checkpoint.
 from __future__ import annotations
 
-import math
 import time
 from typing import Optional
 
@@ -15,13 +14,10 @@ import torch.distributed as dist
 
 from . import _device
 from ._averager_base import _Averager, first_tensor, materialize
-from ._common import InvalidParameterError, TransportError
+from ._common import InvalidParameterError, TransportError, step_microseconds
 
 #: Merge rules, with the C++ merge_rule values (they salt the plan hash, as in C++).
 MERGE_RULES = {"average": 0, "summed_deltas": 1, "step_weighted": 2}
-
-#: The longest step duration step_done() accepts, as elastic_averager::max_duration_us.
-MAX_DURATION_US = 1 << 40
 
 
 class ElasticModelAverager(_Averager):
@@ -194,11 +190,7 @@ class ElasticModelAverager(_Averager):
         return self._record(self._microseconds(s, seconds))
 
     def _microseconds(self, s: float, shown) -> int:
-        us = math.ceil(s * 1e6) if math.isfinite(s) else -1
-        if not math.isfinite(s) or s < 0 or us > MAX_DURATION_US:
-            raise InvalidParameterError(f"{self._here()}step duration {shown!r} s is not in "
-                                        f"[0, {MAX_DURATION_US / 1e6:g}] s")
-        return max(us, 1)
+        return step_microseconds(self._here(), s, shown)
 
     def average_parameters(self, params) -> bool:
         """The ``ModelAverager`` entry point, called once per optimizer step (as
