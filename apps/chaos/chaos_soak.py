@@ -70,24 +70,21 @@ KINDS = ("kill", "leader", "stop", "stop_forever", "restart", "late_join")
 MODES = ("periodic", "bsp")
 
 
-def positive_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a whole number >= 1, got '%s'" % text)
-    if v < 1:
-        raise argparse.ArgumentTypeError("expected a whole number >= 1, got '%s'" % text)
-    return v
+def whole_number(least):
+    """An argparse type: a whole number >= least."""
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            v = None
+        if v is None or v < least:
+            raise argparse.ArgumentTypeError("expected a whole number >= %d, got '%s'" % (least, text))
+        return v
+    return parse
 
 
-def non_negative_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a whole number >= 0, got '%s'" % text)
-    if v < 0:
-        raise argparse.ArgumentTypeError("expected a whole number >= 0, got '%s'" % text)
-    return v
+positive_int = whole_number(1)
+non_negative_int = whole_number(0)
 
 
 def positive_seconds(text):
@@ -430,7 +427,7 @@ class Trial:
             f["at_step"] = self.max_step()
             victim = None
             if f["kind"] == "late_join":
-                newcomer = self.start(f["victim"], True)
+                self.start(f["victim"], True)
             else:
                 victim = self.current(f["victim"])
                 victim.faulted = True
