@@ -7,7 +7,9 @@ Bindings over the Cadence C++ headers:
 * predictors -- :class:`Predictor` ("last", "mean:K", "median:K", "ewma:ALPHA");
 * ZipLine -- :func:`zipline` on NumPy rows of predicted push times;
 * the simulator -- :func:`simulate`, :func:`simulate_collective`, :func:`scenarios`;
-* ElasticBSP over collectives -- :class:`ElasticPlanner`, the plan every rank computes.
+* ElasticBSP over collectives -- :class:`ElasticPlanner`, the plan every rank computes;
+* local-SGD sync schedules -- :class:`OuterSchedule` (fixed, elastic, bounded lag, quorum), the
+  :class:`OuterPlan` every rank of a DiLoCo job computes.
 
 Every exception derives from :class:`cadence.Error` and from the built-in exception that fits
 (``ValueError`` for bad config strings and parameters, ``IndexError`` for unknown workers,
@@ -41,6 +43,8 @@ from ._core import (
     ElasticRound,
     Error,
     InvalidParameterError,
+    OuterPlan,
+    OuterSchedule,
     ParseError,
     Predictor,
     SSP,
@@ -74,6 +78,8 @@ __all__ = [
     "ElasticRound",
     "Error",
     "InvalidParameterError",
+    "OuterPlan",
+    "OuterSchedule",
     "ParseError",
     "Predictor",
     "SSP",

@@ -1,5 +1,5 @@
 """
-Bindings over the Cadence C++ headers (controllers, predictors, ZipLine, simulator, elastic planner). Import the public API from `cadence`, not from here.
+Bindings over the Cadence C++ headers (controllers, predictors, ZipLine, simulator, elastic planner, local-SGD schedule). Import the public API from `cadence`, not from here.
 """
 
 import numpy
@@ -455,3 +455,145 @@ class ElasticPlanner:
         """
 
     def __repr__(self) -> str: ...
+
+class OuterPlan:
+    """
+    The plan every rank of a local-SGD job follows until the next outer sync (identical on every rank).
+    """
+
+    @property
+    def round(self) -> int:
+        """Outer syncs completed before this plan was made."""
+
+    @property
+    def warmup(self) -> bool:
+        """
+        True while a timed schedule still lacks the step times it predicts from (and after a fallback): fixed steps (H, or ElasticBSP's one step).
+        """
+
+    @property
+    def steps(self) -> list[int]:
+        """Per rank: inner steps to run before it calls the next sync (>= 1)."""
+
+    @property
+    def contributes(self) -> list[int]:
+        """
+        Per rank: 1 when its pseudo-gradient goes into the next sync; 0 when it joins that sync with nothing (a late rank under a quorum) and carries its local work on.
+        """
+
+    @property
+    def predicted_us(self) -> int:
+        """
+        The predicted time of the next sync after this one, in microseconds (0 when not predicted).
+        """
+
+    @property
+    def hash(self) -> int:
+        """The plan's hash, as checked across ranks (unsigned 64-bit)."""
+
+    def __repr__(self) -> str: ...
+
+class OuterSchedule:
+    """
+    When the ranks of a local-SGD job (DiLoCo) take an outer step, as a policy (cadence::exchange::outer_schedule). Configs:
+
+        fixed:<H>                                  every rank H inner steps
+        elastic:<R>[:<predictor>][:<variant>]      ElasticBSP's barriers, <= R steps per rank
+        lag:<H>:<s>[:<predictor>]                  every rank >= H steps, a faster one up to H + s
+        quorum:<K>:<H>[:<grace>[:<max lag>]][:<predictor>]  the outer step when K ranks finished H
+
+    Pure planning on integers, so every rank computes the same plan from the same records. Record of one rank (record_words int64 values): [inner steps behind its pseudo-gradient, syncs its work has been carried, 1 if it contributes at this sync, the plan hash it followed (as a signed int64), the number of durations that follow (at most history), the latest step durations in microseconds, oldest first, zero-padded]; the RECORD_* class attributes are the words' indices.
+    """
+
+    def __init__(self, config: str, ranks: int, history: int = 16) -> None:
+        """
+        The schedule `config` names for `ranks` ranks (>= 1), each record holding up to `history` durations (in [2, 1024]). Raises ParseError or InvalidParameterError naming the config.
+        """
+
+    @property
+    def kind(self) -> str:
+        """The policy: 'fixed', 'elastic', 'lag' or 'quorum'."""
+
+    @property
+    def timed(self) -> bool:
+        """
+        Whether a sync exchanges records (every schedule but fixed, whose plan is known).
+        """
+
+    @property
+    def period(self) -> int:
+        """H (R for elastic): the nominal inner steps per outer step."""
+
+    @property
+    def extra(self) -> int:
+        """s (lag only): the extra steps a faster rank may run."""
+
+    @property
+    def quorum(self) -> int:
+        """
+        K (quorum only), as configured (more than the ranks means all of them).
+        """
+
+    @property
+    def grace_milli(self) -> int:
+        """
+        The grace window (quorum only), in thousandths of the K-th arrival time.
+        """
+
+    @property
+    def max_lag(self) -> int:
+        """
+        Syncs a rank's work may be carried over before it must be waited for (quorum only).
+        """
+
+    @property
+    def ranks(self) -> int:
+        """Ranks planned for."""
+
+    @property
+    def history(self) -> int:
+        """Durations a record holds at most."""
+
+    @property
+    def record_words(self) -> int:
+        """int64 values in one rank's record: RECORD_HEAD + history."""
+
+    @property
+    def most_steps(self) -> int:
+        """The most inner steps a plan gives a rank before one sync."""
+
+    @property
+    def fallbacks(self) -> int:
+        """
+        Timed plans that fell back to the warm-up plan because prediction failed.
+        """
+
+    @property
+    def config(self) -> str:
+        """
+        The canonical config string ('quorum:3:20:0.25:2:last', 'elastic:8:last:fast').
+        """
+
+    def first_plan(self) -> OuterPlan:
+        """
+        The plan before the first sync: warm-up steps for every rank, all contributing.
+        """
+
+    def plan(self, records: numpy.ndarray, round: int) -> OuterPlan:
+        """
+        The plan after sync number `round` (1-based: the syncs completed, this one included) from the ranks' records: an int64 array of shape (ranks, record_words) or (ranks * record_words,), C-contiguous (what an all-gather of every rank's record yields). Raises InvalidParameterError for a wrong size or impossible values (naming the rank).
+        """
+
+    def __repr__(self) -> str: ...
+
+    RECORD_STEPS: int = 0
+
+    RECORD_CARRIED: int = 1
+
+    RECORD_CONTRIBUTES: int = 2
+
+    RECORD_HASH: int = 3
+
+    RECORD_HAVE: int = 4
+
+    RECORD_HEAD: int = 5

@@ -31,6 +31,7 @@ void bind_predict(nb::module_& m);
 void bind_zipline(nb::module_& m);
 void bind_sim(nb::module_& m);
 void bind_planner(nb::module_& m);
+void bind_local_sgd(nb::module_& m);
 
 /// A worker id from Python: any int, checked here so that -1 or 2**40 fails with the id in the
 /// message (a worker_error, as the controllers throw for an unknown id) instead of nanobind's

@@ -7,7 +7,7 @@
 NB_MODULE(_core, m) {
   namespace py = cadence::python;
   m.doc() = "Bindings over the Cadence C++ headers (controllers, predictors, ZipLine, simulator, "
-            "elastic planner). Import the public API from `cadence`, not from here.";
+            "elastic planner, local-SGD schedule). Import the public API from `cadence`, not from here.";
   m.attr("__version__") = CADENCE_VERSION_STRING;
   py::bind_errors(m);
   py::bind_controllers(m);
@@ -15,4 +15,5 @@ NB_MODULE(_core, m) {
   py::bind_zipline(m);
   py::bind_sim(m);
   py::bind_planner(m);
+  py::bind_local_sgd(m);
 }

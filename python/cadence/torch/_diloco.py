@@ -1,12 +1,14 @@
 # DiLoCo over torch.distributed: inner steps by the user's optimizer, an outer optimizer on the
 # averaged pseudo-gradient (global minus local weights), streaming fragments whose exchange
 # overlaps the next inner steps, a mixing factor, compressed outer gradients (bf16, fp16, int8,
-# int4, with error feedback), weighting by inner steps, the sync schedule fixed or ElasticBSP's
-# (cadence.ElasticPlanner), DDP or FSDP inside replica groups, and a checkpoint. The Python face
+# int4, with error feedback), weighting by inner steps, the sync schedule fixed, ElasticBSP's
+# (cadence.ElasticPlanner), a bounded lag or a quorum with a grace window (cadence.OuterSchedule),
+# DDP or FSDP inside replica groups, and a checkpoint. The Python face
 # of cadence::exchange::diloco (docs/local-sgd.md).
 #
 # Map: codecs (encode/decode, as local_sgd/codec.hpp) · DiLoCo: construction · exchanges (begin,
-# complete) · the fixed schedule · the elastic schedule (records, plan) · checkpoint.
+# complete) · the fixed schedule · the elastic schedule (records, plan) · the bounded-lag and
+# quorum schedules (records, plan) · checkpoint.
 from __future__ import annotations
 
 import itertools
@@ -148,19 +150,33 @@ class DiLoCo:
     inside replica groups pass ``replica_group``: its members agree on one record (the slowest
     member's durations) and one stop flag, so every cross group computes the same plan.
     ``history`` and ``warmup_steps`` are the planner's (durations per record; BSP steps before
-    the first plan, 0: what the predictor needs); ``sync_every`` then reads R. The
-    bounded-lag and quorum schedules of the C++ adapter need its ``outer_schedule``, which the
-    bindings do not expose: they stay C++-only.
+    the first plan, 0: what the predictor needs); ``sync_every`` then reads R.
+
+    The bounded lag ``"lag:<H>:<s>[:<predictor>]"`` (DSSP's rule on inner steps: every rank runs
+    at least H steps, a faster one up to H + s, ending nearest the slowest rank's H-th) and the
+    quorum ``"quorum:<K>:<H>[:<grace>[:<max lag>]][:<predictor>]"`` (the outer step when K ranks
+    have finished H steps, waiting up to the grace window for more) run as the C++ adapter's
+    timed path, planned by ``cadence.OuterSchedule`` (the C++ ``outer_schedule``): each rank's
+    record (steps behind its pseudo-gradient, syncs it was carried, whether it contributes, the
+    plan hash, its latest durations) is all-gathered at every sync and every rank computes the
+    same next plan (``plan``: ``steps`` and ``contributes`` per rank). Under a quorum a late rank
+    joins the sync without a pseudo-gradient (its local weights untouched) and carries its work
+    to a later sync, where it counts with weight steps / (1 + staleness) (docs/contract.md);
+    ``progress``, ``carried``, ``stale_contributions`` and ``max_staleness`` say what happened.
+    ``history`` applies (``warmup_steps`` does not: the warm-up is H steps for every rank until
+    the predictor has step times); ``sync_every`` reads H. ``stop`` and ``replica_group`` work as
+    under the elastic schedule.
 
     ``codec``: how pseudo-gradients travel: ``"f32"`` (the backend's all-reduce), ``"bf16"``,
     ``"fp16"``, ``"int8"`` or ``"int4"`` (one f32 scale per 128 elements), with the C++ codecs'
     rounding rules. A lossy codec's exchange is an all-gather of every rank's encoded bytes,
     each rank decoding all of them and summing in rank order, so the global weights stay
     identical on every rank. ``error_feedback`` (lossy codecs, default True) adds what the
-    previous encoding lost to the next contribution. ``weight_by_steps`` (default True; only
-    the elastic schedule runs unequal steps) weights each rank's pseudo-gradient by the inner
+    previous encoding lost to the next contribution. ``weight_by_steps`` (default True; the
+    timed schedules run unequal steps) weights each rank's pseudo-gradient by the inner
     steps behind it: the outer gradient is the sum of steps_r * (global - local_r) over the sum
-    of steps_r, as the C++ adapter.
+    of steps_r, as the C++ adapter (a quorum's carried contribution divided by 1 + its
+    staleness, the sum still over the undiscounted steps).
 
     ``state_dict()`` holds the global weights, the outer optimizers' state, the counters, the
     error-feedback residuals and (elastic) what recomputes the plan in force; a fragment in
@@ -179,7 +195,8 @@ class DiLoCo:
         here = self._here()
         if not isinstance(model, torch.nn.Module):
             raise InvalidParameterError(f"{here}model must be a torch.nn.Module, got {type(model).__name__}")
-        self._elastic = None
+        self._elastic = None  # the elastic config (cadence.ElasticPlanner's)
+        self._lagq = None  # the bounded-lag or quorum config (cadence.OuterSchedule's)
         if schedule is not None:
             if not isinstance(schedule, str):
                 raise InvalidParameterError(f"{here}schedule must be a string, got {schedule!r}")
@@ -199,25 +216,30 @@ class DiLoCo:
                                                 f"elastic schedule {schedule!r} sets the steps by its plan")
                 self._elastic = schedule
             elif kind in ("lag", "quorum"):
-                raise InvalidParameterError(
-                    f"{here}schedule {schedule!r}: the bounded-lag and quorum schedules run in the C++ "
-                    "adapter (cadence::exchange::diloco) only; the bindings expose no outer_schedule. "
-                    "In Python: fixed:<H> or elastic:<R>[:<predictor>][:<variant>]")
+                if sync_every is not None:
+                    raise InvalidParameterError(f"{here}sync_every = {sync_every} is the fixed schedule's; the "
+                                                f"{kind} schedule {schedule!r} sets the steps by its plan")
+                self._lagq = schedule
             else:
                 raise InvalidParameterError(f"{here}unknown schedule {schedule!r} (valid: fixed:<H>, "
-                                            "elastic:<R>[:<predictor>][:<variant>])")
+                                            "elastic:<R>[:<predictor>][:<variant>], lag:<H>:<s>[:<predictor>], "
+                                            "quorum:<K>:<H>[:<grace>[:<max lag>]][:<predictor>])")
+        timed = self._elastic or self._lagq
         if sync_every is None:
             sync_every = 50
         for name, value, least in (("sync_every", sync_every, 1), ("fragments", fragments, 1), ("delay", delay, 0),
                                    ("history", history, 2), ("warmup_steps", warmup_steps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise InvalidParameterError(f"{here}{name} must be an integer >= {least}, got {value!r}")
-        if self._elastic is None and (history != 16 or warmup_steps != 0):
-            raise InvalidParameterError(f"{here}history and warmup_steps are the elastic schedule's (got history "
+        if timed is None and (history != 16 or warmup_steps != 0):
+            raise InvalidParameterError(f"{here}history and warmup_steps are the timed schedules' (got history "
                                         f"{history}, warmup_steps {warmup_steps} with fixed:{sync_every})")
-        if self._elastic is not None and (fragments != 1 or delay != 0):
+        if self._lagq is not None and warmup_steps != 0:
+            raise InvalidParameterError(f"{here}warmup_steps is the elastic schedule's; {self._lagq!r} warms up "
+                                        f"with H steps until the predictor has step times (got {warmup_steps})")
+        if timed is not None and (fragments != 1 or delay != 0):
             raise InvalidParameterError(f"{here}fragments and delay need the fixed schedule (got fragments "
-                                        f"{fragments}, delay {delay} with {self._elastic!r})")
+                                        f"{fragments}, delay {delay} with {timed!r})")
         if fragments > sync_every:
             raise InvalidParameterError(f"{here}fragments {fragments} exceed sync_every = {sync_every} (each "
                                         "fragment needs a step of its own)")
@@ -260,11 +282,11 @@ class DiLoCo:
             cuts.append(min(max(i, cuts[-1] + 1), len(params) - (fragments - k)))
         cuts.append(len(params))
         self._frag = [(cuts[k], cuts[k + 1]) for k in range(fragments)]
-        # The elastic schedule's planner, and the replica group whose members step together.
+        # The timed schedule's planner, and the replica group whose members step together.
         self.replica_group, self.replica_size = None, 1
         if replica_group is not None:
-            if self._elastic is None:
-                raise InvalidParameterError(f"{here}replica_group is for the elastic schedule (its members "
+            if timed is None:
+                raise InvalidParameterError(f"{here}replica_group is for the timed schedules (its members "
                                             "agree on one timing record); the fixed one needs none")
             _, _, self.replica_size = group_info(self._component, replica_group)
             self.replica_group = replica_group
@@ -279,6 +301,17 @@ class DiLoCo:
             self._words = int(self._planner.record_words)
             self._round = self._planner.bsp_round(0, _SALT)
             self.sync_every = int(self._planner.lookahead)  # R, as the C++ schedule's period()
+        if self._lagq is not None:
+            import cadence
+
+            try:
+                self._planner = cadence.OuterSchedule(self._lagq, self.world_size, history)
+            except cadence.Error as e:
+                raise type(e)(here + str(e)) from None
+            self._history = history
+            self._words = int(self._planner.record_words)
+            self._round = self._planner.first_plan()
+            self.sync_every = int(self._planner.period)  # H
         backend = _device.ops.backend(self.process_group)
         dev = _device.ops.device_of(params[0])
         self._ctrl = _device.CPU if ("gloo" in backend or "mpi" in backend) else dev  # the records' tensors
@@ -298,14 +331,23 @@ class DiLoCo:
         self.outer_steps = 0  # fragment outer steps applied
         self.bytes_sent = 0  # pseudo-gradients (f32: as a ring all-reduce; coded: the all-gather) and records
         self._flight = [None] * fragments  # (work, buffers, started, divisor) per fragment
-        # The elastic schedule: steps since the last sync, the latest durations, the syncs done.
+        # The timed schedules: steps since the last sync, the latest durations, the syncs done.
         self.local_steps = 0
         self.syncs = 0
         self.stopped = False
         self._stop = False
-        self._ring: list = [0] * (history if self._elastic is not None else 0)
+        self._ring: list = [0] * (history if timed is not None else 0)
         self._recorded = 0
         self._records: Optional[list] = None
+        # The bounded-lag and quorum schedules (as the C++ adapter): inner steps behind this
+        # rank's next pseudo-gradient, syncs it has been carried over, and (quorum) the global
+        # weights its local work started from; the stale contributions seen, over all ranks.
+        self.progress = 0
+        self.carried = 0
+        self._anchor = ([g.detach().clone() for g in self._global]
+                        if self._lagq is not None and self._planner.kind == "quorum" else None)
+        self.stale_contributions = 0
+        self.max_staleness = 0
         self._mark = _device.ops.mark(self._device_hint)
 
     # ---- helpers ---------------------------------------------------------------------------------
@@ -322,7 +364,11 @@ class DiLoCo:
     @property
     def schedule(self) -> str:
         """The schedule in force: ``"fixed:<H>"`` or the planner's canonical elastic config."""
-        return f"fixed:{self.sync_every}" if self._elastic is None else str(self._planner.config)
+        return f"fixed:{self.sync_every}" if not self._timed else str(self._planner.config)
+
+    @property
+    def _timed(self) -> bool:
+        return self._elastic is not None or self._lagq is not None
 
     def _sends_at(self, f: int, t: int) -> bool:
         h = self.sync_every
@@ -334,10 +380,13 @@ class DiLoCo:
         ranks (f32: all-reduce; a lossy codec: an all-gather of the encoded contributions); the
         sum will be divided by `divisor` (default: the group's size)."""
         a, b = self._frag[f]
+        base = self._global if self._anchor is None else self._anchor  # where the local work started
         with torch.no_grad():
             flat = torch.cat([(g.detach() - p.detach()).reshape(-1)
-                              for g, p in zip(self._global[a:b], self._local[a:b])])
-            if scale != 1.0:
+                              for g, p in zip(base[a:b], self._local[a:b])])
+            if scale == 0.0:
+                flat.zero_()  # a rank joining a quorum's sync without a pseudo-gradient
+            elif scale != 1.0:
                 flat.mul_(scale)
             if self.codec == "f32":
                 work = dist.all_reduce(flat, group=self.process_group, async_op=True)
@@ -384,24 +433,27 @@ class DiLoCo:
                         p.copy_(g)
                     else:
                         p.mul_(self.alpha).add_(g, alpha=1.0 - self.alpha)
+                if self._anchor is not None:
+                    for g, h in zip(self._global[a:b], self._anchor[a:b]):
+                        h.copy_(g)
         self.outer_steps += 1
 
     # ---- the loop --------------------------------------------------------------------------------
     def step(self, seconds: Optional[float] = None, stop: bool = False) -> bool:
         """One inner step finished (after ``inner_optimizer.step()``). Fixed schedule: completes
         the fragments whose delay ends now and starts those whose turn it is (with delay 0 at
-        once, blocking); returns True when it applied or started an outer step. Elastic
-        schedule: records the step's duration (``seconds`` on this rank's clock, compute only;
+        once, blocking); returns True when it applied or started an outer step. Timed
+        schedules (elastic, lag, quorum): records the step's duration (``seconds`` on this rank's clock, compute only;
         None: since the previous call, with CUDA events on a GPU) and syncs when the plan says
         so, returning True then; ``stop=True`` asks every rank to stop at the next sync (then
         ``stopped`` is True on all of them; the fixed schedule refuses it, its loops end on a
         step count, and ignores ``seconds``). TransportError names the collective and the step
         when a peer fails or stalls past the timeout; InvalidParameterError, before anything
         moves, for a bad duration."""
-        if self._elastic is not None:
+        if self._timed:
             return self._step_timed(seconds, stop)
         if stop:
-            raise InvalidParameterError(f"{self._here()}step(stop=True) is the elastic schedule's agreement; "
+            raise InvalidParameterError(f"{self._here()}step(stop=True) is the timed schedules' agreement; "
                                         f"under {self.schedule} every rank runs the same steps: end the loop on "
                                         "a step count")
         self.step_count += 1
@@ -440,15 +492,16 @@ class DiLoCo:
     @property
     def planned(self) -> int:
         """Inner steps this rank runs before its next sync (fixed: sync_every)."""
-        if self._elastic is None:
+        if not self._timed:
             return self.sync_every
         return int(self._round.steps[self.rank])
 
     @property
     def plan(self):
-        """The elastic plan in force (a ``cadence`` round: ``steps`` per rank, ``hash``); None
-        under the fixed schedule."""
-        return None if self._elastic is None else self._round
+        """The plan in force, identical on every rank: elastic, a ``cadence.ElasticRound``; lag
+        and quorum, a ``cadence.OuterPlan`` (``steps`` and ``contributes`` per rank, ``hash``);
+        None under the fixed schedule."""
+        return self._round if self._timed else None
 
     def _microseconds(self, s: float, shown) -> int:
         return step_microseconds(self._here(), s, shown)
@@ -468,11 +521,15 @@ class DiLoCo:
         self._ring[self._recorded % self._history] = entry
         self._recorded += 1
         self.local_steps += 1
+        self.progress += 1
         self.step_count += 1
         self._stop = self._stop or bool(stop)
         if self.local_steps < self.planned:
             return False
-        self._sync_timed()
+        if self._elastic is not None:
+            self._sync_timed()
+        else:
+            self._sync_outer()
         return True
 
     def _sync_timed(self) -> None:
@@ -520,17 +577,94 @@ class DiLoCo:
         self._round = self._planner.plan(records, self.syncs, _SALT)
         self._records = [int(x) for x in records]
         self.local_steps = 0
+        self.progress = 0
+        self.stopped = bool(rows[:, w].any())
+        self._mark = ops.mark(self._device_hint)
+
+    # ---- the bounded-lag and quorum schedules (cadence.OuterSchedule) ----------------------------
+    def _sync_outer(self) -> None:
+        """The C++ adapter's timed sync (diloco::sync_timed): every rank's record (steps behind
+        its pseudo-gradient, syncs carried, whether it contributes, the plan hash it followed,
+        its latest durations) and stop flag all-gathered; the hashes checked; the pseudo-
+        gradients of the contributing ranks summed, each weighted by its steps over 1 + its
+        staleness, divided by the steps of this sync's contributions; the outer step applied on
+        every rank, taken by the contributors; the next plan computed from the records."""
+        import cadence
+
+        S = cadence.OuterSchedule
+        self._resolve_marks()  # CUDA events are read here, where the sync waits anyway
+        ops = _device.ops
+        deadline = Deadline(self.timeout)
+        w = self._words
+        have = min(self._recorded, self._history)
+        contributes = int(self._round.contributes[self.rank]) != 0
+        row = [0] * (w + 1)  # the record, then the stop flag
+        row[S.RECORD_STEPS] = self.progress
+        row[S.RECORD_CARRIED] = self.carried
+        row[S.RECORD_CONTRIBUTES] = 1 if contributes else 0
+        h = int(self._round.hash)
+        row[S.RECORD_HASH] = h - (1 << 64) if h >= 1 << 63 else h  # as C++'s static_cast<int64_t>
+        row[S.RECORD_HAVE] = have
+        for i in range(have):
+            row[S.RECORD_HEAD + i] = self._ring[(self._recorded - have + i) % self._history]
+        row[w] = 1 if self._stop else 0
+        if self.replica_group is not None and self.replica_size > 1:
+            # one record per replica: its members follow one plan; the slowest member's durations
+            t = ops.tensor(row, torch.int64, self._ctrl)
+            self._wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.replica_group, async_op=True),
+                       "the timing record (all_reduce in the replica group)", deadline)
+            row = [int(v) for v in t.cpu().tolist()]
+        mine = ops.tensor(row, torch.int64, self._ctrl)
+        gathered = [ops.empty(w + 1, torch.int64, self._ctrl) for _ in range(self.world_size)]
+        work = dist.all_gather(gathered, mine, group=self.process_group, async_op=True)
+        self.bytes_sent += _ring_bytes(self.world_size * (w + 1) * 8, self.world_size)
+        self._wait(work, "all_gather of the sync records", deadline)
+        rows = torch.stack(gathered).cpu().numpy()
+        hashes = rows[:, S.RECORD_HASH]
+        other = [r for r in range(self.world_size) if hashes[r] != row[S.RECORD_HASH]]
+        if other:
+            raise TransportError(
+                f"{self._here()}rank{'s' if len(other) > 1 else ''} {', '.join(map(str, other))} followed another "
+                f"plan than this rank at sync {self.syncs + 1} (plan hashes by rank: "
+                f"{', '.join(str(int(x)) for x in hashes)}): every rank must use the same schedule "
+                f"{self.schedule!r} and history")
+        total = 0.0
+        for r in range(self.world_size):
+            if rows[r, S.RECORD_CONTRIBUTES] == 0:
+                continue
+            total += float(rows[r, S.RECORD_STEPS]) if self.weight_by_steps else 1.0
+            stale = int(rows[r, S.RECORD_CARRIED])
+            if stale > 0:
+                self.stale_contributions += 1
+                self.max_staleness = max(self.max_staleness, stale)
+        scale = 0.0
+        if contributes:
+            scale = (float(self.progress) if self.weight_by_steps else 1.0) / (1.0 + float(self.carried))
+        self._begin(0, scale, total if total > 0 else 1.0)
+        self._complete(0, deadline, adopt=contributes)
+        self.syncs += 1
+        if contributes:
+            self.progress = 0
+            self.carried = 0
+        else:
+            self.carried += 1
+        records = np.ascontiguousarray(rows[:, :w], dtype=np.int64).reshape(-1)
+        self._round = self._planner.plan(records, self.syncs)
+        self._records = [int(x) for x in records]
+        self.local_steps = 0
         self.stopped = bool(rows[:, w].any())
         self._mark = ops.mark(self._device_hint)
 
     # ---- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The global weights, each fragment's outer-optimizer state, the counters, the
-        error-feedback residuals and, under the elastic schedule, the latest durations and the
-        last sync's records (from which ``load_state_dict`` recomputes the plan in force); after
-        completing any fragment in flight, a collective: every rank calls it at the same step
-        (elastic: right after a sync). The model's and the inner optimizer's state are the
-        caller's to save."""
+        error-feedback residuals and, under a timed schedule, the latest durations and the last
+        sync's records (from which ``load_state_dict`` recomputes the plan in force); under lag
+        and quorum also this rank's steps and staleness behind its next pseudo-gradient and
+        (quorum) the global weights its local work started from, so each rank saves and loads
+        its own. After completing any fragment in flight, a collective: every rank calls it at
+        the same step (timed schedules: right after a sync). The model's and the inner
+        optimizer's state are the caller's to save."""
         self.finish()
         self._resolve_marks()
         return {"version": 2, "sync_every": self.sync_every, "fragments": self.fragments, "delay": self.delay,
@@ -541,7 +675,10 @@ class DiLoCo:
                 "residual": [None if r is None else r.clone() for r in self._residual],
                 "local_steps": self.local_steps, "syncs": self.syncs, "stop": self._stop,
                 "ring": [int(x) for x in self._ring], "recorded": self._recorded, "records": self._records,
-                "plan_hash": None if self._elastic is None else int(self._round.hash)}
+                "plan_hash": int(self._round.hash) if self._timed else None,
+                "progress": self.progress, "carried": self.carried,
+                "anchor": None if self._anchor is None else [h.clone() for h in self._anchor],
+                "stale": [self.stale_contributions, self.max_staleness]}
 
     def _resolve_marks(self) -> None:
         for i, e in enumerate(self._ring):
@@ -569,10 +706,14 @@ class DiLoCo:
                 a.shape != b.shape for a, b in zip(sd["global"], self._global)):
             raise InvalidParameterError(f"{here}checkpoint's global weights do not match the model's "
                                         "parameters (count or shapes)")
-        if self._elastic is not None:
+        if self._timed:
             syncs, records = int(sd["syncs"]), sd["records"]
-            plan = (self._planner.bsp_round(0, _SALT) if syncs == 0 else
-                    self._planner.plan(np.asarray(records, dtype=np.int64), syncs, _SALT))
+            if self._elastic is not None:
+                plan = (self._planner.bsp_round(0, _SALT) if syncs == 0 else
+                        self._planner.plan(np.asarray(records, dtype=np.int64), syncs, _SALT))
+            else:
+                plan = (self._planner.first_plan() if syncs == 0 else
+                        self._planner.plan(np.asarray(records, dtype=np.int64), syncs))
             if int(plan.hash) != int(sd["plan_hash"]):
                 raise TransportError(f"{here}load_state_dict: the plan recomputed from the checkpoint's "
                                      f"records hashes {int(plan.hash)}, the saved one {int(sd['plan_hash'])}: "
@@ -582,10 +723,16 @@ class DiLoCo:
             self._recorded = int(sd["recorded"])
             self.local_steps = int(sd["local_steps"])
             self._stop = bool(sd["stop"])
+            self.progress = int(sd.get("progress", 0))
+            self.carried = int(sd.get("carried", 0))
+            self.stale_contributions, self.max_staleness = (int(x) for x in sd.get("stale", (0, 0)))
             self.stopped = False
         with torch.no_grad():
             for g, saved_g in zip(self._global, sd["global"]):
                 g.copy_(saved_g)
+            if self._anchor is not None:
+                for h, saved_h in zip(self._anchor, sd.get("anchor") or sd["global"]):
+                    h.copy_(saved_h)
         for o, s in zip(self.outer_optimizers, sd["outer_optimizers"]):
             o.load_state_dict(s)
         self._residual = [None if r is None else r.clone().to(self._global[0].device)

@@ -81,7 +81,7 @@ def _scenarios(rank, n):
                     ("alpha", dict(alpha=1.0)), ("sync_every", dict(sync_every=0))):
         bad[key] = _spawn.error(lambda: ct.DiLoCo(_model(), None, **kw))
     bad["resume"] = _spawn.error(lambda: ct.DiLoCo(_model(), None, sync_every=5).load_state_dict(sd))
-    for key, kw in (("codec", dict(codec="int2")), ("quorum", dict(schedule="quorum:2:10")),
+    for key, kw in (("codec", dict(codec="int2")), ("quorum", dict(schedule="quorum:0:10")),
                     ("elastic_fragments", dict(schedule="elastic:4", fragments=2)),
                     ("replica_fixed", dict(replica_group=dist.group.WORLD)),
                     ("both", dict(schedule="fixed:4", sync_every=5))):
@@ -260,9 +260,9 @@ def test_bad_arguments_are_refused_naming_them(results):
     assert bad["alpha"][1] and "alpha must be a number in [0, 1)" in bad["alpha"][2]
     assert bad["sync_every"][1] and "sync_every must be an integer >= 1" in bad["sync_every"][2]
     assert bad["resume"][1] and "sync_every = 4" in bad["resume"][2]
-    for key, text in (("codec", "unknown codec 'int2'"), ("quorum", "run in the C++ adapter"),
+    for key, text in (("codec", "unknown codec 'int2'"), ("quorum", "K must be >= 1, got 0"),
                       ("elastic_fragments", "fragments and delay need the fixed schedule"),
-                      ("replica_fixed", "replica_group is for the elastic schedule"),
+                      ("replica_fixed", "replica_group is for the timed schedules"),
                       ("both", "disagree"), ("duration", "step duration -1.0 s is not in"),
                       ("stop_fixed", "end the loop on a step count")):
         assert bad[key][1] and text in bad[key][2], (key, bad[key])
