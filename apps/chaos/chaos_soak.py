@@ -18,12 +18,24 @@ without the victim, or the newcomer admitted). The kinds:
   restart       kill -9 of a member other than rank 0, then a new process in its slot with
                 --join after 0.05-1 s
   late_join     the held-back slot starts with --join
+  link_down     (--netns) the member's link down, then up after 0.2-0.8 heartbeat timeouts (it
+                may stay a member) or 2-4 (the others go on without it; it stops, evicted or
+                without a quorum: exit 3)
+  partition     (--netns) a minority of the members cut off from the rest (they still reach each
+                other), for as long as link_down's; the minority must stop, the rest go on
+
+With --netns every slot runs in a network namespace of its own (10.78.0.(rank+1)), joined to a
+bridge by a veth pair (apps/soak/soak_support.py's NetnsCluster; the cluster is removed on any
+exit); without root or working namespaces the soak prints why and exits 77 (skipped). --kinds
+restricts the kinds drawn (the default, all, draws the same schedule as before link faults
+existed when --netns is off).
 
 A fault that would leave fewer than 2 members, or a majority no longer reachable, is not drawn
 (destructive faults need 3 live members), nor is one that hits rank 0 while a join is still to
 come, nor a join once rank 0 is gone: rank 0 holds the ZeroMQ rendezvous, and a new process
 cannot register once it is lost (docs/transports.md), so restarts and late joins need it alive
-(the others survive its loss). Then it checks and reports:
+(the others survive its loss). A link fault's victims count as lost for the rest of the
+schedule (they may stay). Then it checks and reports:
 
   hangs              a trial outlived --trial-timeout (generous: it only catches hangs)
   divergent_commits  a step that two processes committed with different state hashes, or
@@ -31,7 +43,11 @@ cannot register once it is lost (docs/transports.md), so restarts and late joins
   lost_alive         a process never hit by a fault that was evicted or refused (exit 3)
   rank_errors        a process never hit that failed otherwise (exit status not 0 or 3)
   unfinished         a process never hit that did not print "done"
-  not_absorbed       a fault whose reconfiguration did not end within 8 quorum timeouts
+  not_absorbed       a fault whose reconfiguration did not end within 8 quorum timeouts (a
+                     link fault: its link back, and each victim either committing again or
+                     gone with the others committing without it)
+  link_victim_errors a process whose link was cut that neither finished the job nor stopped
+                     evicted or without a quorum (exit 3); "link_victims" counts the outcomes
 
 and measures: steps committed after the first fault against the ideal (the pre-fault pace over
 the same time, every initial member's steps) and against what the lost members' own work allows
@@ -40,7 +56,7 @@ members' "recovered" lines (a member's detection of the loss to its first commit
 lost rank) and from this driver (the fault to the first commit on a new quorum: adds the
 detection, the heartbeat timeout for a stopped process); a joiner's admission (its start to its
 "start" line); the state transfer (bytes and seconds from the "state" lines) against the raw
-loopback TCP rate measured here.
+loopback TCP rate measured here (with --netns: between two of the namespaces).
 
 It prints ONE JSON object on stdout; one line per trial goes to stderr. The exit status is 1
 when any of the counts above is not zero (the failing trials' output is then kept and named on
@@ -48,7 +64,8 @@ stderr), 2 on bad arguments, else 0.
 
   /usr/bin/python3 apps/chaos/chaos_soak.py --rank-program build/bin/cadence-chaos-rank --trials 50 --seed 1
 
-Python 3 standard library only. The schedule of a trial depends only on --seed and the
+Python 3 standard library only (with apps/soak/soak_support.py, which it shares with the fault
+soak). The schedule of a trial depends only on --seed and the
 trial's number (and the options), so a failing trial can be rerun alone (--first-trial K
 --trials 1).
 """
@@ -56,45 +73,21 @@ trial's number (and the options), so a failing trial can be rerun alone (--first
 import argparse
 import json
 import os
-import random
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 
-KINDS = ("kill", "leader", "stop", "stop_forever", "restart", "late_join")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "soak"))
+from soak_support import (NetnsCluster, add_keep, add_trial_arguments, add_trial_timeout,  # noqa: E402
+                          check_executable, check_keep, exit_on_sigterm, finish, last_line, netns_unavailable,
+                          non_negative_int, positive_int, raw_link_mbps, signal_popen, soak_root, summary,
+                          trial_done, trial_folder, trial_rng)
+
+KINDS = ("kill", "leader", "stop", "stop_forever", "restart", "late_join", "link_down", "partition")
+LINK_KINDS = ("link_down", "partition")
 MODES = ("periodic", "bsp")
-
-
-def whole_number(least):
-    """An argparse type: a whole number >= least."""
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            v = None
-        if v is None or v < least:
-            raise argparse.ArgumentTypeError("expected a whole number >= %d, got '%s'" % (least, text))
-        return v
-    return parse
-
-
-positive_int = whole_number(1)
-non_negative_int = whole_number(0)
-
-
-def positive_seconds(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected seconds > 0, got '%s'" % text)
-    if not v > 0 or v > 3600:
-        raise argparse.ArgumentTypeError("expected seconds in (0, 3600], got '%s'" % text)
-    return v
+SKIP = 77  # --netns where namespaces cannot be made: ctest's SKIP_RETURN_CODE
 
 
 def parse_args(argv):
@@ -103,10 +96,7 @@ def parse_args(argv):
         description="Chaos soak of cadence-chaos-rank jobs over ZeroMQ (see the module text).")
     p.add_argument("--rank-program", required=True, help="the cadence-chaos-rank executable")
     p.add_argument("--ranks", type=positive_int, default=4, help="processes per job (default 4; at least 3)")
-    p.add_argument("--trials", type=positive_int, default=10, help="number of trials (default 10)")
-    p.add_argument("--first-trial", type=non_negative_int, default=0,
-                   help="number of the first trial (default 0): reruns a trial's schedule alone")
-    p.add_argument("--seed", type=non_negative_int, default=1, help="seed of the fault schedule (default 1)")
+    add_trial_arguments(p, 10)
     p.add_argument("--syncs", type=positive_int, default=80,
                    help="syncs each job commits before it ends (default 80); faults land in the first 60%%")
     p.add_argument("--max-faults", type=positive_int, default=3, help="faults per trial: 1 to this (default 3)")
@@ -119,17 +109,19 @@ def parse_args(argv):
     p.add_argument("--step-ms", type=non_negative_int, default=2, help="milliseconds per local step (default 2)")
     p.add_argument("--heartbeat-ms", type=positive_int, default=500,
                    help="heartbeat timeout (op 4x, quorum 8x; default 500)")
-    p.add_argument("--trial-timeout", type=positive_seconds, default=120.0,
-                   help="a trial still running after this long is a hang (default 120)")
+    add_trial_timeout(p, 120)
     p.add_argument("--insecure", action="store_true",
                    help="no job secret (the wire unencrypted: the state transfer against the raw link "
                         "without the encryption's cost)")
-    p.add_argument("--keep", default="",
-                   help="keep every trial's output under this folder (default: only failing trials', in a "
-                        "temporary folder named on stderr)")
+    p.add_argument("--netns", action="store_true",
+                   help="each rank in a network namespace of its own on a bridge (root), and the link faults "
+                        "link_down and partition drawn too; without root or namespaces: exit 77 (skip)")
+    p.add_argument("--kinds", default="",
+                   help="the fault kinds drawn, comma-separated (default: all; link_down and partition need "
+                        "--netns; late_join is --late-join's)")
+    add_keep(p)
     a = p.parse_args(argv)
-    if not (os.path.isfile(a.rank_program) and os.access(a.rank_program, os.X_OK)):
-        p.error("--rank-program: '%s' is not an executable file" % a.rank_program)
+    check_executable(p, "--rank-program", a.rank_program)
     if a.ranks < 3:
         p.error("--ranks: at least 3 (a job of 2 cannot lose a member and go on: the majority rule)")
     if not 0 <= a.late_join <= 1:
@@ -138,8 +130,14 @@ def parse_args(argv):
         p.error("--mib: expected (0, 4096], got %g" % a.mib)
     if a.syncs < 10:
         p.error("--syncs: at least 10 (faults land between the warm-up and 60%% of the syncs), got %d" % a.syncs)
-    if a.keep and not os.path.isdir(a.keep):
-        p.error("--keep: '%s' is not a folder" % a.keep)
+    check_keep(p, a.keep)
+    a.kinds = [k for k in a.kinds.split(",") if k] if a.kinds else None
+    for k in a.kinds or []:
+        if k not in KINDS or k == "late_join":
+            p.error("--kinds: '%s' is not a fault kind (%s)"
+                    % (k, ", ".join(x for x in KINDS if x != "late_join")))
+        if k in LINK_KINDS and not a.netns:
+            p.error("--kinds: %s needs --netns (a link of its own per rank)" % k)
     return a
 
 
@@ -147,7 +145,7 @@ def schedule(args, trial):
     """The trial's mode, held-back slot (None or a rank) and faults: a list of dicts (kind,
     step: the committed step after which it is injected, victim: a rank, delay: seconds to the
     resume or the restart), drawn against the members the job will have at each fault."""
-    rng = random.Random("%d/%d" % (args.seed, trial))
+    rng = trial_rng(args.seed, trial)
     mode = rng.choice(MODES) if args.mode == "mixed" else args.mode
     late = rng.randint(1, args.ranks - 1) if rng.random() < args.late_join else None
     n = rng.randint(1, args.max_faults)
@@ -173,80 +171,46 @@ def schedule(args, trial):
                 kinds.append("leader")
             if rank0 and len(live - {0}) > 0:
                 kinds.append("restart")
+            if args.netns:
+                kinds += list(LINK_KINDS)
+        if args.kinds is not None:
+            kinds = [k for k in kinds if k in args.kinds]
         if not kinds:
             continue
         kind = rng.choice(kinds)
+        group = None
         if kind == "leader":
             victim = min(live)
         elif kind == "restart":
             victim = rng.choice(sorted(live - {0}))
         else:
             pool = sorted(live - ({0} if join_pending else set()))
-            victim = rng.choice(pool)
+            if kind == "partition":  # a minority: the rest keep more than half
+                group = sorted(rng.sample(pool, rng.randint(1, (len(live) - 1) // 2)))
+                victim = group[0]
+            else:
+                victim = rng.choice(pool)
         delay = 0.0
         if kind == "stop":
             delay = round(rng.uniform(2.0, 4.0) * hb, 3)
         elif kind == "restart":
             delay = round(rng.uniform(0.05, 1.0), 3)
-        faults.append({"kind": kind, "step": step, "victim": victim, "delay": delay})
+        elif kind in LINK_KINDS:
+            # Down for less than the heartbeat timeout (it may stay a member) or for 2-4 of them
+            # (the others must go on without it).
+            delay = round(rng.uniform(0.2, 0.8) * hb if rng.random() < 0.5 else rng.uniform(2.0, 4.0) * hb, 3)
+        f = {"kind": kind, "step": step, "victim": victim, "delay": delay}
+        if group is not None:
+            f["group"] = group
+        faults.append(f)
         if kind != "restart":
-            live.discard(victim)
-            if victim == 0:
-                rank0 = False
+            # A link fault's victims count as lost (they may stay when the link returns in
+            # time): later faults are drawn against fewer members, never more.
+            for v in group or [victim]:
+                live.discard(v)
+                if v == 0:
+                    rank0 = False
     return mode, late, faults
-
-
-def percentile(values, q):
-    if not values:
-        return None
-    v = sorted(values)
-    k = min(len(v) - 1, max(0, int(round(q * (len(v) - 1)))))
-    return round(v[k], 4)
-
-
-def summary(values):
-    return {"count": len(values), "p50": percentile(values, 0.5), "p99": percentile(values, 0.99),
-            "max": round(max(values), 4) if values else None}
-
-
-def raw_link_mbps(runs=3, megabytes=128):
-    """Plain TCP over 127.0.0.1 from one thread to another in this process: the raw link the
-    state transfer is compared with (MB/s, 10^6 bytes), the median of `runs` (a loaded machine
-    swings it)."""
-    rates = sorted(raw_link_once(megabytes) for _ in range(runs))
-    return rates[len(rates) // 2]
-
-
-def raw_link_once(megabytes):
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    total = megabytes << 20
-    got = [0]
-
-    def receive():
-        c, _ = srv.accept()
-        buf = bytearray(1 << 20)
-        view = memoryview(buf)
-        while got[0] < total:
-            k = c.recv_into(view)
-            if k == 0:
-                break
-            got[0] += k
-        c.close()
-
-    t = threading.Thread(target=receive)
-    t.start()
-    s = socket.create_connection(srv.getsockname())
-    block = b"\0" * (1 << 20)
-    t0 = time.monotonic()
-    for _ in range(megabytes):
-        s.sendall(block)
-    s.close()
-    t.join()
-    dt = time.monotonic() - t0
-    srv.close()
-    return round(got[0] / dt / 1e6, 1)
 
 
 class Proc:
@@ -264,6 +228,8 @@ class Proc:
             cmd.append("--insecure")
         if join:
             cmd.append("--join")
+        if trial.cluster is not None:  # in its slot's namespace, on its address there
+            cmd = trial.cluster.command(rank, cmd + ["--address", trial.cluster.address(rank)])
         env = dict(os.environ)
         if not a.insecure:
             env["CADENCE_JOB_SECRET"] = trial.secret
@@ -298,16 +264,12 @@ class Proc:
         return None
 
     def signal(self, sig):
-        if self.p.poll() is None:
-            try:
-                self.p.send_signal(sig)
-            except ProcessLookupError:
-                pass
+        signal_popen(self.p, sig)
 
 
 class Trial:
-    def __init__(self, args, number, folder):
-        self.args, self.number, self.folder = args, number, folder
+    def __init__(self, args, number, folder, cluster=None):
+        self.args, self.number, self.folder, self.cluster = args, number, folder, cluster
         self.mode, self.late, self.faults = schedule(args, number)
         self.rendezvous = os.path.join(folder, "rendezvous")
         self.secret = os.urandom(32).hex()
@@ -316,7 +278,8 @@ class Trial:
         self.result = {"hang": False, "divergent": 0, "lost_alive": 0, "rank_errors": 0, "unfinished": 0,
                        "not_absorbed": 0, "skipped": 0, "problems": [], "recovered": [], "fault_to_commit": [],
                        "admission": [], "state": [], "steps_committed": 0, "steps_ideal": 0.0,
-                       "steps_allowed": 0.0, "faulted_errors": 0, "joins_missed": 0}
+                       "steps_allowed": 0.0, "faulted_errors": 0, "joins_missed": 0,
+                       "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0}, "link_victim_errors": 0}
         self.timers = []  # (time.monotonic() when, action, proc or rank)
 
     def problem(self, text):
@@ -350,6 +313,21 @@ class Trial:
                 arg.signal(signal.SIGCONT)
             elif action == "restart":
                 self.start(arg, True)
+            elif action == "link_back":
+                self.link_fault(arg, False)
+
+    def link_fault(self, f, cut):
+        """A link fault's start (cut) or end: the victim's link down or up, or its group onto the
+        other bridge or back. The end's time (wall clock, as the ranks' lines) goes into f."""
+        group = f.get("group", [f["victim"]])
+        if f["kind"] == "link_down":
+            self.cluster.link(f["victim"], not cut)
+        elif cut:
+            self.cluster.partition(group)
+        else:
+            self.cluster.heal(group)
+        if not cut:
+            f["restored_t"] = time.time()
 
     def max_step(self):
         return max((c[1] for c in self.commits), default=0)
@@ -374,6 +352,8 @@ class Trial:
                 if p.p.poll() is None:
                     p.signal(signal.SIGKILL)
                     p.p.wait()
+            if self.cluster is not None:
+                self.cluster.restore()  # a hang's link still down: the next trial starts whole
         self.pump()
         if not self.result["hang"]:
             self.check()
@@ -396,12 +376,7 @@ class Trial:
         return False
 
     def tail(self, p):
-        try:
-            with open(p.err, "r", errors="replace") as f:
-                text = f.read().strip().splitlines()
-            return text[-1] if text else "(nothing on stderr)"
-        except FileNotFoundError:
-            return "(no stderr)"
+        return last_line(p.err)
 
     def inject(self, deadline):
         hb = self.args.heartbeat_ms / 1000.0
@@ -428,6 +403,12 @@ class Trial:
             victim = None
             if f["kind"] == "late_join":
                 self.start(f["victim"], True)
+            elif f["kind"] in LINK_KINDS:
+                f["procs"] = {v: self.current(v) for v in f.get("group", [f["victim"]])}
+                for p in f["procs"].values():
+                    p.faulted = True
+                self.link_fault(f, True)
+                self.timers.append((time.monotonic() + f["delay"], "link_back", f))
             else:
                 victim = self.current(f["victim"])
                 victim.faulted = True
@@ -465,6 +446,8 @@ class Trial:
                         self.problem("the process that joined rank %d's slot exited (status %s): %s"
                                      % (f["victim"], newest.p.returncode, self.tail(newest)))
                         done = True
+                elif f["kind"] in LINK_KINDS:
+                    done = self.link_absorbed(f, t_fault, measured)
                 else:
                     done = measured and any(c[0] > t_fault and f["victim"] not in c[3] for c in self.commits)
                 if done:
@@ -480,6 +463,22 @@ class Trial:
                 self.result["not_absorbed"] += 1
                 self.problem("fault %s on rank %d at step %d: no reconfiguration within %.0f s"
                              % (f["kind"], f["victim"], f["at_step"], absorb_limit))
+
+    def link_absorbed(self, f, t_fault, measured):
+        """A link fault is over once its link is back and each victim has either committed a sync
+        again (it stayed a member: a short cut) or exited (lost: evicted, or no quorum on its
+        side); when one was lost, the others must also have committed without it."""
+        if "restored_t" not in f:
+            return False
+        lost = []
+        for v in f.get("group", [f["victim"]]):
+            p = self.current(v)
+            if p.p.poll() is not None:
+                lost.append(v)
+            elif not any(c[5] == v and c[0] > f["restored_t"] for c in self.commits):
+                return False
+        f["outcome"] = "lost" if lost else "stayed"
+        return not lost or (measured and any(c[0] > t_fault and not set(lost) & set(c[3]) for c in self.commits))
 
     def wait_for_end(self, deadline):
         while time.monotonic() < deadline:
@@ -519,9 +518,25 @@ class Trial:
         if len(finals) > 1:
             r["divergent"] += 1
             self.problem("processes finished with different (step, hash): %s" % sorted(finals))
+        link_hit = set()
+        for f in self.faults:
+            if f["kind"] in LINK_KINDS and "at_step" in f:
+                link_hit |= {f["procs"][v] for v in f.get("group", [f["victim"]])}
         for p in self.procs:
             rc = p.p.returncode
             stopped = p.first("stopped")
+            if p in link_hit:
+                # Cut off: it stays (finishes the job) or stops by itself, evicted or without a
+                # quorum (exit 3); anything else is an error (one still running is a hang).
+                reason = stopped.get("reason") if stopped else None
+                if rc == 0 and p.first("done"):
+                    r["link_victims"]["stayed"] += 1
+                elif rc == 3 and reason in ("evicted", "quorum"):
+                    r["link_victims"]["evicted" if reason == "evicted" else "no_quorum"] += 1
+                else:
+                    r["link_victim_errors"] += 1
+                    self.problem("rank %d (its link cut) exited with status %s: %s" % (p.rank, rc, self.tail(p)))
+                continue
             if p.faulted:
                 if rc not in (0, 3, -signal.SIGKILL):
                     r["faulted_errors"] += 1
@@ -579,22 +594,41 @@ class Trial:
 
 def main(argv):
     args = parse_args(argv)
-    root = args.keep or tempfile.mkdtemp(prefix="cadence-chaos-soak-")
-    raw = raw_link_mbps()
+    if args.netns:
+        why = netns_unavailable()
+        if why:
+            print("chaos_soak: --netns: %s; skipped" % why, file=sys.stderr)
+            return SKIP
+    exit_on_sigterm()  # a TERM (ctest's timeout) still removes the namespaces and the processes
+    try:
+        if not args.netns:
+            return soak(args, None)
+        with NetnsCluster(args.ranks) as cluster:
+            return soak(args, cluster)
+    except KeyboardInterrupt:  # the trial's processes and the namespaces are gone by now
+        print("chaos_soak: interrupted", file=sys.stderr)
+        return 130
+
+
+def soak(args, cluster):
+    root = soak_root(args.keep, "chaos-soak")
+    # The raw link the state transfer goes over: loopback, or between two namespaces.
+    raw = raw_link_mbps() if cluster is None else cluster.raw_link_mbps()
     totals = {"trials": args.trials, "seed": args.seed, "first_trial": args.first_trial, "ranks": args.ranks,
               "syncs": args.syncs, "mib": args.mib, "heartbeat_ms": args.heartbeat_ms, "secure": not args.insecure,
+              "netns": cluster is not None,
               "modes": {m: 0 for m in MODES}, "faults": {k: 0 for k in KINDS}, "faults_skipped": 0,
               "hangs": 0, "divergent_commits": 0, "lost_alive": 0, "rank_errors": 0, "unfinished": 0,
-              "not_absorbed": 0, "faulted_errors": 0, "joins_missed": 0}
+              "not_absorbed": 0, "faulted_errors": 0, "joins_missed": 0,
+              "link_faults": {"short": 0, "long": 0}, "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0},
+              "link_victim_errors": 0}
     recovered, fault_to_commit, admission, state = [], [], [], []
     committed = ideal = allowed = 0.0
     failed = []
     started = time.monotonic()
     for number in range(args.first_trial, args.first_trial + args.trials):
-        folder = os.path.join(root, "trial-%d" % number)
-        shutil.rmtree(folder, ignore_errors=True)
-        os.makedirs(folder)
-        trial = Trial(args, number, folder)
+        folder = trial_folder(root, number)
+        trial = Trial(args, number, folder, cluster)
         t = time.monotonic()
         r = trial.run()
         totals["modes"][trial.mode] += 1
@@ -603,11 +637,16 @@ def main(argv):
                 totals["faults_skipped"] += 1
             elif "at_step" in f:
                 totals["faults"][f["kind"]] += 1
+                if f["kind"] in LINK_KINDS:
+                    totals["link_faults"]["short" if f["delay"] < args.heartbeat_ms / 1000.0 else "long"] += 1
         totals["hangs"] += int(r["hang"])
         for k, key in (("divergent", "divergent_commits"), ("lost_alive", "lost_alive"), ("rank_errors", "rank_errors"),
                        ("unfinished", "unfinished"), ("not_absorbed", "not_absorbed"),
-                       ("faulted_errors", "faulted_errors"), ("joins_missed", "joins_missed")):
+                       ("faulted_errors", "faulted_errors"), ("joins_missed", "joins_missed"),
+                       ("link_victim_errors", "link_victim_errors")):
             totals[key] += r[k]
+        for k, n in r["link_victims"].items():
+            totals["link_victims"][k] += n
         recovered += r["recovered"]
         fault_to_commit += r["fault_to_commit"]
         admission += r["admission"]
@@ -615,21 +654,21 @@ def main(argv):
         committed += r["steps_committed"]
         ideal += r["steps_ideal"]
         allowed += r["steps_allowed"]
-        bad = r["hang"] or r["divergent"] or r["lost_alive"] or r["rank_errors"] or r["unfinished"] or r["not_absorbed"]
-        faults = ", ".join("%s r%d@%s%s%s" % (f["kind"], f["victim"], f.get("at_step", f["step"]),
-                                              " +%.2fs" % f["delay"] if f["delay"] else "",
-                                              " (skipped)" if f.get("skipped") else
-                                              " %.3fs" % f["fault_to_commit"] if "fault_to_commit" in f else "")
+        bad = (r["hang"] or r["divergent"] or r["lost_alive"] or r["rank_errors"] or r["unfinished"] or
+               r["not_absorbed"] or r["link_victim_errors"])
+        faults = ", ".join("%s %s@%s%s%s%s" % (f["kind"], "+".join("r%d" % v for v in f.get("group", [f["victim"]])),
+                                               f.get("at_step", f["step"]),
+                                               " +%.2fs" % f["delay"] if f["delay"] else "",
+                                               " " + f["outcome"] if "outcome" in f else "",
+                                             " (skipped)" if f.get("skipped") else
+                                             " %.3fs" % f["fault_to_commit"] if "fault_to_commit" in f else "")
                            for f in trial.faults)
         rec = r["recovered"]
         print("chaos_soak: trial %d (%s%s; %s): %s in %.1f s, reconfiguration max %s s%s"
               % (number, trial.mode, "" if trial.late is None else ", r%d late" % trial.late, faults,
                  "FAIL" if bad else "ok", time.monotonic() - t, round(max(rec), 3) if rec else "-",
                  "".join("; " + p for p in r["problems"])), file=sys.stderr, flush=True)
-        if bad:
-            failed.append(folder)
-        elif not args.keep:
-            shutil.rmtree(folder, ignore_errors=True)
+        trial_done(folder, bad, args.keep, failed)
     totals["faults_total"] = sum(totals["faults"].values())
     totals["reconfiguration_seconds"] = summary(recovered)
     totals["fault_to_commit_seconds"] = summary(fault_to_commit)
@@ -647,13 +686,7 @@ def main(argv):
     totals["allowed_efficiency"] = round(allowed / ideal, 4) if ideal else None
     totals["committed_vs_allowed"] = round(committed / allowed, 4) if allowed else None
     totals["wall_seconds"] = round(time.monotonic() - started, 1)
-    print(json.dumps(totals))
-    if failed:
-        print("chaos_soak: FAIL: %d trial(s); their output: %s" % (len(failed), " ".join(failed)), file=sys.stderr)
-        return 1
-    if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
-    return 0
+    return finish("chaos_soak", totals, failed, root, args.keep)
 
 
 if __name__ == "__main__":

@@ -39,55 +39,28 @@ failing trials' output is then kept and named on stderr), 2 on bad arguments, el
 
   /usr/bin/python3 apps/train/tests/fault_soak.py --train build/bin/cadence-train --trials 20 --seed 1
 
-Python 3 standard library only. The schedule of a trial depends only on --seed and the
-trial's number, so a failing trial can be rerun alone (--first-trial K --trials 1).
+Python 3 standard library only (with apps/soak/soak_support.py, which it shares with the
+chaos soak). The schedule of a trial depends only on --seed and the trial's number, so a failing
+trial can be rerun alone (--first-trial K --trials 1).
 """
 
 import argparse
 import json
 import os
-import random
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "soak"))
+from soak_support import (add_keep, add_trial_arguments, add_trial_timeout, check_executable, check_keep,  # noqa: E402
+                          finish, positive_seconds, read, signal_pid, soak_root, trial_done, trial_folder, trial_rng)
 
 WORKERS = 3
 POLICIES = ("asp", "bsp", "ssp:2")
 STARTUP_STEPS = ("introduce", "policy 1 connect", "policy 1 ready", "policy 1 first pull")
-
-
-def positive_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a whole number >= 1, got '%s'" % text)
-    if v < 1:
-        raise argparse.ArgumentTypeError("expected a whole number >= 1, got '%s'" % text)
-    return v
-
-
-def non_negative_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a whole number >= 0, got '%s'" % text)
-    if v < 0:
-        raise argparse.ArgumentTypeError("expected a whole number >= 0, got '%s'" % text)
-    return v
-
-
-def positive_seconds(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected seconds > 0, got '%s'" % text)
-    if not v > 0 or v > 3600:
-        raise argparse.ArgumentTypeError("expected seconds in (0, 3600], got '%s'" % text)
-    return v
 
 
 def parse_args(argv):
@@ -98,14 +71,10 @@ def parse_args(argv):
     p.add_argument("--train", required=True, help="the cadence-train executable")
     p.add_argument("--launch", default=os.path.join(os.path.dirname(here), "launch-gloo.sh"),
                    help="launch-gloo.sh (default: the one next to this folder)")
-    p.add_argument("--trials", type=positive_int, default=20, help="number of trials (default 20)")
-    p.add_argument("--first-trial", type=non_negative_int, default=0,
-                   help="number of the first trial (default 0): reruns a trial's schedule alone")
-    p.add_argument("--seed", type=non_negative_int, default=1, help="seed of the fault schedule (default 1)")
+    add_trial_arguments(p, 20)
     p.add_argument("--seconds", type=positive_seconds, default=3.0,
                    help="training seconds per trial (cadence-train --seconds; default 3)")
-    p.add_argument("--trial-timeout", type=positive_seconds, default=90.0,
-                   help="a trial still running after this long is a hang (default 90)")
+    add_trial_timeout(p, 90)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST directory")
     p.add_argument("--startup", type=float, default=1 / 3,
                    help="fraction of the trials whose first fault lands in start-up (default 1/3; 0: none)")
@@ -114,20 +83,16 @@ def parse_args(argv):
                         "lost in start-up costs the run")
     p.add_argument("--load", action="store_true",
                    help="run one CPU hog per core beside the jobs for the whole soak")
-    p.add_argument("--keep", default="",
-                   help="keep every trial's output under this folder (default: only failing trials', in a "
-                        "temporary folder named on stderr)")
+    add_keep(p)
     a = p.parse_args(argv)
-    if not (os.path.isfile(a.train) and os.access(a.train, os.X_OK)):
-        p.error("--train: '%s' is not an executable file" % a.train)
+    check_executable(p, "--train", a.train)
     if not os.path.isfile(a.launch):
         p.error("--launch: '%s' is not a file" % a.launch)
     if not os.path.isfile(os.path.join(a.data, "train-labels-idx1-ubyte.gz")):
         p.error("--data: no Fashion-MNIST in '%s' (install the Debian package dataset-fashion-mnist)" % a.data)
     if not 0 <= a.startup <= 1:
         p.error("--startup: expected a fraction in [0, 1], got %g" % a.startup)
-    if a.keep and not os.path.isdir(a.keep):
-        p.error("--keep: '%s' is not a folder" % a.keep)
+    check_keep(p, a.keep)
     if shutil.which("bash") is None:
         p.error("bash not found (launch-gloo.sh needs it)")
     return a
@@ -138,12 +103,12 @@ def schedule(seed, trial, seconds, startup_fraction=0.0):
     the last rank joins), faults: a list of events (time after the server's "running" line,
     action, worker rank), sorted by time, and the start-up fault (None, or (step, action,
     rank)). The start-up draw comes last, so the rest of a seed's schedule is as before."""
-    rng = random.Random("%d/%d" % (seed, trial))
+    rng = trial_rng(seed, trial)
     policy = rng.choice(POLICIES)
     join_after = round(rng.uniform(0.2, 0.6 * seconds), 2) if rng.random() < 1 / 3 else None
     victims = rng.sample(range(1, WORKERS + 1), rng.randint(1, WORKERS))
     startup = None
-    srng = random.Random("%d/%d/startup" % (seed, trial))
+    srng = trial_rng(seed, trial, "startup")
     if srng.random() < startup_fraction:
         # On a worker that starts with the others (not --join-after's late rank).
         rank = srng.randint(1, WORKERS - 1 if join_after is not None else WORKERS)
@@ -177,14 +142,6 @@ def schedule(seed, trial, seconds, startup_fraction=0.0):
     return policy, rng.randrange(1, 1 << 30), join_after, faults, events, startup
 
 
-def read(path):
-    try:
-        with open(path, "r", errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
-
-
 def alive(pid):
     """Whether pid runs (a zombie, not yet reaped by launch-gloo.sh, counts as exited)."""
     try:
@@ -193,13 +150,6 @@ def alive(pid):
         return state not in ("Z", "X")
     except (FileNotFoundError, IndexError, ProcessLookupError):
         return False
-
-
-def signal_pid(pid, sig):
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def push_records(path):
@@ -455,7 +405,7 @@ class Trial:
 
 def main(argv):
     args = parse_args(argv)
-    root = args.keep or tempfile.mkdtemp(prefix="cadence-fault-soak-")
+    root = soak_root(args.keep, "fault-soak")
     hogs = []
     if args.load:
         for _ in range(os.cpu_count() or 1):
@@ -480,9 +430,7 @@ def soak(args, root):
     failed = []
     started = time.monotonic()
     for number in range(args.first_trial, args.first_trial + args.trials):
-        folder = os.path.join(root, "trial-%d" % number)
-        shutil.rmtree(folder, ignore_errors=True)  # --push-log appends: start empty
-        os.makedirs(folder)
+        folder = trial_folder(root, number)  # empty: --push-log appends
         trial = Trial(args, number, folder)
         t = time.monotonic()
         r = trial.run()
@@ -521,18 +469,9 @@ def soak(args, root):
               "rejoined %d%s" % (number, trial.policy, faults, "FAIL" if bad else "ok", time.monotonic() - t,
                                  r["applied"], r["acked"], r["evicted"], r["joined"], r["rejoined"],
                                  "".join("; " + p for p in r["problems"])), file=sys.stderr, flush=True)
-        if bad:
-            failed.append(folder)
-        elif not args.keep:
-            shutil.rmtree(folder, ignore_errors=True)
+        trial_done(folder, bad, args.keep, failed)
     totals["wall_seconds"] = round(time.monotonic() - started, 1)
-    print(json.dumps(totals))
-    if failed:
-        print("fault_soak: FAIL: %d trial(s); their output: %s" % (len(failed), " ".join(failed)), file=sys.stderr)
-        return 1
-    if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
-    return 0
+    return finish("fault_soak", totals, failed, root, args.keep)
 
 
 if __name__ == "__main__":
