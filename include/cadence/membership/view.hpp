@@ -218,6 +218,11 @@ public:
   }
   /// Whether the current sync failed or the view was aborted.
   bool failed() const noexcept { return aborted_ || core_->txn_failed() || core_->broken(); }
+  /// Fails the current sync on this member with `why` (throws sync_failed): for a communicator
+  /// beside the view whose call failed (quorum_group's data communicator), so that its fault
+  /// takes the membership's path: member::transact() re-forms the quorum and every survivor's
+  /// sync fails with it (their next view call sees the abort).
+  [[noreturn]] void fail(const std::string& why) { core_->fail(why); }
 
 private:
   template <class>

@@ -1,0 +1,388 @@
+// cadence::membership::quorum_group over gloo (gloo_group.hpp): the membership runs over
+// in-process ranks (threads), the syncs' all-reduces over a gloo communicator re-made per quorum
+// through one TCP store the test serves for the whole job. A member lost inside a sync (before
+// or after its data call, small and ring all-reduces), a restarted rank admitted with the group
+// rebuilt around it, and a build that fails because a member never arrives. Every member records
+// (committed count, state hash) in a ledger; a count with two hashes is a divergent commit.
+#include <cadence/exchange/bucketed_allreducer.hpp>
+#include <cadence/exchange/periodic_averager.hpp>
+#include <cadence/membership/gloo_group.hpp>
+#include <cadence/membership/member.hpp>
+#include <cadence/transport/gloo/communicator.hpp>
+#include <cadence/transport/inproc.hpp>
+#include <cadence/transport/tcp_store.hpp>
+
+#include "membership/membership_ranks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cadence_membership_test {
+namespace {
+
+namespace mb = cadence::membership;
+using cadence::transport::dtype;
+using cadence::transport::gloo_communicator;
+using cadence::transport::gloo_options;
+using cadence::transport::inproc_communicator;
+using cadence::transport::inproc_world;
+using cadence::transport::job_secret;
+using cadence::transport::tcp_store_options;
+using cadence::transport::tcp_store_server;
+using cadence::transport_error;
+
+using group = mb::gloo_quorum_group<inproc_communicator>;
+
+struct rank_result {
+  std::string error;
+  std::uint64_t committed = 0;
+  std::uint64_t hash = 0;
+  std::vector<int> last_quorum;
+  mb::quorum_group_stats group;
+  int data_size = 0;
+};
+
+tcp_store_options store_options() {
+  static const job_secret secret = job_secret::generate();
+  tcp_store_options o;
+  o.secret = secret;
+  return o;
+}
+
+/// The job's rendezvous: a store that outlives every rank (as a launcher's would).
+gloo_options data_options(const tcp_store_server& store) {
+  gloo_options o;
+  o.rendezvous = store.address();
+  o.store = store_options();
+  return o;
+}
+
+/// A parameter vector stepped differently per rank, so a sync missed or run twice shows.
+struct replica {
+  std::vector<double> params;
+  explicit replica(std::size_t n) : params(n, 1.0) {}
+  void local_step(int rank, std::uint64_t salt) {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      params[i] += 0.001 * static_cast<double>((rank + 1) * static_cast<int>(i % 7 + 1)) + 1e-6 * static_cast<double>(salt);
+  }
+};
+
+/// One sync: a local step, then the average over the gloo group, retried on a fault.
+mb::sync_report sync_once(mb::member<inproc_communicator>& m, group& g, replica& r, ledger& book, int rank) {
+  r.local_step(rank, m.committed());
+  const mb::sync_report rep =
+      g.transact([&] { g.allreduce_average(r.params.data(), r.params.size(), dtype::f64); }, {r.params});
+  if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+  return rep;
+}
+
+void finish(mb::member<inproc_communicator>& m, group& g, rank_result& out) {
+  m.finish();
+  out.committed = m.committed() - 1;
+  out.hash = m.state_hash();
+  out.last_quorum = m.current().ranks;
+  out.group = g.stats();
+  out.data_size = g.data_communicator() != nullptr ? g.data_communicator()->size() : 0;
+}
+
+// A member lost inside sync `at`: it closes its communicators (the in-process one killed, the
+// gloo one aborted and destroyed) before or after its own all-reduce. The survivors' gloo call
+// (or their vote) fails, they re-form, rebuild the gloo group on three and retry the sync.
+void lost_in_sync(int victim, std::uint64_t at, bool after_data, std::size_t elements) {
+  CAPTURE(victim);
+  CAPTURE(after_data);
+  CAPTURE(elements);
+  tcp_store_server store("127.0.0.1:0", store_options());
+  inproc_world world(4);
+  ledger book;
+  const auto res = run_ranks<rank_result>(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+    mb::member<inproc_communicator> m(c, test_options());
+    replica r(elements);
+    m.add_state(r.params);
+    auto g = mb::make_gloo_group(m, data_options(store));
+    m.start();
+    while (m.committed() < 10) {
+      r.local_step(rank, m.committed());
+      const bool dies = rank == victim && m.committed() + 1 == at;
+      const mb::sync_report rep = g->transact(
+          [&] {
+            if (dies && !after_data) {
+              world.kill(rank);
+              g->abort();
+              throw killed{};
+            }
+            g->allreduce_average(r.params.data(), r.params.size(), dtype::f64);
+            if (dies) {
+              world.kill(rank);
+              g->abort();
+              throw killed{};
+            }
+          },
+          {r.params});
+      if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+    }
+    finish(m, *g, out);
+  });
+  std::vector<int> survivors;
+  for (int r = 0; r < 4; ++r)
+    if (r != victim) survivors.push_back(r);
+  CHECK(res[static_cast<std::size_t>(victim)].error == "killed");
+  for (int r : survivors) {
+    const auto& x = res[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+    CHECK(x.committed == 10);
+    CHECK(x.hash == res[static_cast<std::size_t>(survivors[0])].hash);
+    CHECK(x.last_quorum == survivors);
+    CHECK(x.data_size == 3);
+    CHECK_MESSAGE(x.group.builds >= 2, "rank ", r, ": the gloo group was not rebuilt");
+    CHECK(x.group.build_failures == 0);
+    // Before the victim's data call, the survivors wait for it in gloo: only gloo's failure
+    // (its connections closed) can wake them, and it must fail their sync.
+    if (!after_data) CHECK_MESSAGE(x.group.data_failures >= 1, "rank ", r, ": no gloo failure seen");
+  }
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
+TEST_CASE("quorum_group: a member lost before its gloo all-reduce: the survivors rebuild the group and retry" *
+          doctest::timeout(120)) {
+  SUBCASE("small all-reduce, rank 2") { lost_in_sync(2, 4, false, 500); }
+  SUBCASE("ring all-reduce, rank 0 (the leader)") { lost_in_sync(0, 4, false, 20000); }
+}
+
+TEST_CASE("quorum_group: a member lost after its gloo all-reduce, before the vote: nobody commits without it" *
+          doctest::timeout(120)) {
+  SUBCASE("small all-reduce, rank 3") { lost_in_sync(3, 5, true, 500); }
+  SUBCASE("ring all-reduce, rank 1") { lost_in_sync(1, 5, true, 20000); }
+}
+
+// The exchange adapters on the group unchanged: periodic averaging (blocking all-reduces) and
+// the bucketed all-reducer (iallreduce and its work handles), a member lost at a sync point.
+TEST_CASE("quorum_group: periodic averaging and the bucketed all-reducer over the gloo group survive a lost member" *
+          doctest::timeout(120)) {
+  for (int adapter = 0; adapter < 2; ++adapter) {
+    CAPTURE(adapter);
+    constexpr int victim = 1;
+    tcp_store_server store("127.0.0.1:0", store_options());
+    inproc_world world(3);
+    ledger book;
+    const auto res = run_ranks<rank_result>(world, 3, [&](int rank, inproc_communicator& c, rank_result& out) {
+      mb::member<inproc_communicator> m(c, test_options());
+      replica r(40000);
+      std::vector<double> grad(r.params.size());
+      m.add_state(r.params);
+      auto g = mb::make_gloo_group(m, data_options(store));
+      m.start();
+      cadence::exchange::periodic_averager<group> avg(*g, 2);
+      cadence::exchange::bucketed_allreducer_options bo;
+      bo.bucket_bytes = 64 * 1024;
+      cadence::exchange::bucketed_allreducer<group> bsp(*g, bo);
+      bsp.add(grad.data(), grad.size());
+      while (m.committed() < 8) {
+        const bool dies = rank == victim && m.committed() + 1 == 4;
+        auto die = [&] {
+          if (!dies) return;
+          world.kill(rank);
+          g->abort();
+          throw killed{};
+        };
+        mb::sync_report rep;
+        if (adapter == 0) {
+          r.local_step(rank, m.committed());
+          if (!avg.step_done()) continue;
+          rep = g->transact(
+              [&] {
+                die();
+                avg.sync({cadence::exchange::tensor_ref(r.params.data(), r.params.size())});
+              },
+              {r.params});
+          if (rep.outcome != mb::outcome::committed) avg.restart_period();
+        } else {
+          for (std::size_t i = 0; i < grad.size(); ++i)
+            grad[i] = r.params[i] * 1e-3 + 1e-4 * static_cast<double>(rank + 1);
+          rep = g->transact(
+              [&] {
+                die();
+                bsp.finish();
+              },
+              {}, mb::on_loss::discard);
+          if (rep.outcome == mb::outcome::committed)
+            for (std::size_t i = 0; i < grad.size(); ++i) r.params[i] -= grad[i];
+        }
+        if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+      }
+      finish(m, *g, out);
+    });
+    CHECK(res[victim].error == "killed");
+    for (int r : {0, 2}) {
+      const auto& x = res[static_cast<std::size_t>(r)];
+      CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+      CHECK(x.committed == 8);
+      CHECK(x.hash == res[0].hash);
+      CHECK(x.last_quorum == std::vector<int>{0, 2});
+      CHECK(x.data_size == 2);
+    }
+    CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+  }
+}
+
+// A rank killed between syncs comes back as a new process: it joins, is admitted at a sync point
+// with the state, and the next sync builds the gloo group on all three again.
+TEST_CASE("quorum_group: a restarted rank is admitted and the gloo group is rebuilt with it" * doctest::timeout(120)) {
+  constexpr int n = 3, victim = 2;
+  tcp_store_server store("127.0.0.1:0", store_options());
+  inproc_world world(n);
+  ledger book;
+  std::vector<rank_result> res(n);
+  std::atomic<bool> restarted{false}, asked{false};
+  std::atomic<std::uint64_t> first_nonce{0}, final_target{0};
+  std::vector<std::thread> threads;
+  auto body = [&](int rank) {
+    rank_result& out = res[static_cast<std::size_t>(rank)];
+    keep_error(out, [&] {
+      replica r(3000);
+      if (rank == victim && restarted) {
+        inproc_communicator c = world.restart(victim);
+        mb::member<inproc_communicator> m(c, test_options());
+        m.add_state(r.params);
+        auto g = mb::make_gloo_group(m, data_options(store));
+        r.params.assign(r.params.size(), -7.0);  // overwritten by the quorum's state
+        asked = true;
+        m.join();
+        CHECK(m.current().size() == 3);
+        final_target = m.committed() + 3;
+        while (m.committed() < final_target) sync_once(m, *g, r, book, rank);
+        finish(m, *g, out);
+        return;
+      }
+      inproc_communicator c = world.join(rank);
+      mb::member<inproc_communicator> m(c, test_options());
+      m.add_state(r.params);
+      auto g = mb::make_gloo_group(m, data_options(store));
+      m.start();
+      while (m.committed() < 3) sync_once(m, *g, r, book, rank);
+      if (rank == victim) {
+        first_nonce = m.nonce();
+        world.kill(victim);
+        g->abort();
+        throw killed{};
+      }
+      while (!(restarted && m.current().contains(victim) &&
+               m.current().nonces[static_cast<std::size_t>(victim)] != first_nonce)) {
+        // Wait for the replacement to ask (a state, not a time), then admit it at a sync point.
+        while (!m.current().contains(victim) && !asked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        REQUIRE(m.committed() < 1000000);
+        sync_once(m, *g, r, book, rank);
+      }
+      while (final_target == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      while (m.committed() < final_target) sync_once(m, *g, r, book, rank);
+      finish(m, *g, out);
+    });
+  };
+  for (int r = 0; r < n; ++r) threads.emplace_back(body, r);
+  threads[static_cast<std::size_t>(victim)].join();
+  CHECK(res[static_cast<std::size_t>(victim)].error == "killed");
+  res[static_cast<std::size_t>(victim)] = {};
+  restarted = true;
+  threads[static_cast<std::size_t>(victim)] = std::thread(body, victim);
+  for (auto& t : threads) t.join();
+  for (const auto& x : res) {
+    CHECK_MESSAGE(x.error == "", x.error);
+    CHECK(x.hash == res[0].hash);
+    CHECK(x.committed == res[0].committed);
+    CHECK(x.data_size == 3);
+    CHECK(x.last_quorum == std::vector<int>{0, 1, 2});
+  }
+  // The survivors built on {0,1,2}, then (unless the loss and the admission were one
+  // reconfiguration) on {0,1}, then on {0,1,2} with the newcomer.
+  CHECK(res[0].group.builds >= 2);
+  CHECK(res[static_cast<std::size_t>(victim)].group.builds == 1);
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
+// The factory alone: a rank that never arrives is named when the construction's deadline passes.
+TEST_CASE("quorum_group: building a gloo group that a rank never joins fails naming the rank" * doctest::timeout(60)) {
+  tcp_store_server store("127.0.0.1:0", store_options());
+  mb::group_spec s;
+  s.quorum_id = 7;
+  s.ranks = {0, 3};
+  s.rank = 0;
+  s.size = 2;
+  s.prefix = "never-q7";
+  s.until = std::chrono::milliseconds(300);
+  std::string what;
+  try {
+    mb::gloo_group_factory(data_options(store))(s);
+  } catch (const transport_error& e) {
+    what = e.what();
+  }
+  CHECK_MESSAGE(what.find("rank 1") != std::string::npos, what);
+  CHECK_MESSAGE(what.find("never arrived") != std::string::npos, what);
+}
+
+// Inside a job: rank 1's first build fails at once (as if it never came); rank 0's build then
+// fails at the op timeout naming it, both re-form, and the retried sync builds and commits.
+TEST_CASE("quorum_group: a build that a member misses fails the sync naming it, and the retry rebuilds" *
+          doctest::timeout(120)) {
+  tcp_store_server store("127.0.0.1:0", store_options());
+  inproc_world world(2);
+  ledger book;
+  const auto res = run_ranks<rank_result>(world, 2, [&](int rank, inproc_communicator& c, rank_result& out) {
+    mb::member<inproc_communicator> m(c, test_options());
+    replica r(100);
+    m.add_state(r.params);
+    auto make = mb::gloo_group_factory(data_options(store));
+    int calls = 0;
+    group g(m, [&](const mb::group_spec& s) -> std::unique_ptr<gloo_communicator> {
+      if (rank == 1 && ++calls == 1) throw transport_error("rank 1 stays away from its first rendezvous (test)");
+      return make(s);
+    });
+    m.start();
+    const mb::sync_report rep = sync_once(m, g, r, book, rank);
+    CHECK(rep.outcome == mb::outcome::committed);
+    CHECK(rep.attempts == 2);
+    while (m.committed() < 3) sync_once(m, g, r, book, rank);
+    finish(m, g, out);
+  });
+  for (const auto& x : res) {
+    CHECK_MESSAGE(x.error == "", x.error);
+    CHECK(x.hash == res[0].hash);
+    CHECK(x.group.build_failures == 1);
+    CHECK(x.data_size == 2);
+  }
+  const std::string& why = res[0].group.last_error;
+  CHECK_MESSAGE(why.find("building the data communicator") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("rank 1") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("never arrived") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("1 = member 1") != std::string::npos, why);
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
+TEST_CASE("quorum_group: data calls outside transact() are refused, naming the call") {
+  tcp_store_server store("127.0.0.1:0", store_options());
+  inproc_world world(1);
+  inproc_communicator c = world.join(0);
+  mb::member<inproc_communicator> m(c, test_options());
+  auto g = mb::make_gloo_group(m, data_options(store));
+  m.start();
+  double x = 1;
+  CHECK_THROWS_WITH_AS(g->allreduce(&x, 1, dtype::f64, cadence::transport::reduce_op::sum),
+                       doctest::Contains("allreduce outside quorum_group::transact()"),
+                       cadence::invalid_parameter_error);
+  // A quorum of one: its own group of one, then the sum is the value.
+  const mb::sync_report rep = g->transact([&] { g->allreduce(&x, 1, dtype::f64, cadence::transport::reduce_op::sum); });
+  CHECK(rep.outcome == mb::outcome::committed);
+  CHECK(x == 1);
+  CHECK(g->stats().builds == 1);
+  CHECK_THROWS_AS(group(m, nullptr), cadence::invalid_parameter_error);
+}
+
+}  // namespace
+}  // namespace cadence_membership_test
