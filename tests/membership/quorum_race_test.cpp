@@ -1,0 +1,318 @@
+// The quorum rule under the races the chaos soak found (docs/collective.md, "Chaos soak"), driven
+// step by step over in-process ranks: a leader stopped while a member's request is on its way
+// to it, then resumed (it forms a quorum with the same id as the one the others formed without
+// it, and must stop with quorum_error instead of going on alone), and a sync committed by a
+// follower in a new quorum but not by its leader (that commit confirms the new quorum, so the
+// next reconfiguration measures against it: seed 3, trial 19). Every commit goes to a ledger; a
+// count with two hashes fails the test.
+//
+// The in-process transport sees a rank lost only when it is killed; a stopped process is seen
+// lost by its peers' heartbeats, one peer at a time. `sight` gives each rank its own list of the
+// peers it counts as lost (the communicator's peer_lost() extension), so a test decides who sees
+// the stopped leader gone, and when.
+#include <cadence/membership/detail/frames.hpp>
+#include <cadence/membership/member.hpp>
+#include <cadence/transport/inproc.hpp>
+
+#include "membership/membership_ranks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace cadence_membership_race_test {
+namespace {
+
+namespace mb = cadence::membership;
+using cadence::transport::dtype;
+using cadence::transport::inproc_communicator;
+using cadence::transport::inproc_work;
+using cadence::transport::inproc_world;
+using cadence_membership_test::killed;
+using cadence_membership_test::ledger;
+
+/// Which peers each rank counts as lost beyond the transport, and a hook after every send.
+class sight {
+public:
+  void hide(int observer, int peer) {
+    std::lock_guard<std::mutex> lock(m_);
+    hidden_.insert({observer, peer});
+  }
+  bool hides(int observer, int peer) const {
+    std::lock_guard<std::mutex> lock(m_);
+    return hidden_.count({observer, peer}) != 0;
+  }
+  /// Called on the sender's thread after each send was posted: (from, buffer, bytes, to, tag).
+  std::function<void(int, const void*, std::size_t, int, int)> after_send;
+
+private:
+  mutable std::mutex m_;
+  std::set<std::pair<int, int>> hidden_;
+};
+
+/// The in-process communicator with a rank's own sight of its peers.
+class seeing_communicator : public inproc_communicator {
+public:
+  seeing_communicator(inproc_communicator&& c, sight& s) : inproc_communicator(std::move(c)), sight_(&s) {}
+  bool peer_lost(int peer) const { return sight_->hides(rank(), peer) || inproc_communicator::peer_lost(peer); }
+  inproc_work isend(const void* buf, std::size_t bytes, int dst, int tag) {
+    inproc_work w = inproc_communicator::isend(buf, bytes, dst, tag);
+    if (sight_->after_send) sight_->after_send(rank(), buf, bytes, dst, tag);
+    return w;
+  }
+
+private:
+  sight* sight_;
+};
+
+using member_t = mb::member<seeing_communicator>;
+
+struct rank_result {
+  std::string error;
+  std::uint64_t committed = 0;
+  std::uint64_t hash = 0;
+  mb::member_stats stats;
+  std::vector<int> last_quorum;
+  std::vector<std::string> events;
+  std::vector<std::pair<std::uint64_t, std::vector<int>>> commits;  // (count, quorum) of each commit
+};
+
+/// A replica: parameters averaged at every sync after a local step that depends on the rank.
+struct replica {
+  std::vector<double> params;
+  explicit replica(std::size_t n) : params(n, 1.0) {}
+  void local_step(int rank, std::uint64_t salt) {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      params[i] += 0.001 * static_cast<double>((rank + 1) * static_cast<int>(i % 5 + 1)) + 1e-6 * static_cast<double>(salt);
+  }
+};
+
+/// Syncs until `m` has committed `target`, each a local step and an averaging all-reduce retried
+/// on a fault; every commit goes to `book`.
+void run_syncs(member_t& m, replica& r, ledger& book, std::uint64_t target, int rank, rank_result& out) {
+  while (m.committed() < target) {
+    r.local_step(rank, m.committed());
+    const mb::sync_report rep =
+        m.transact([&] { m.view().allreduce_average(r.params.data(), r.params.size(), dtype::f64); }, {r.params});
+    if (rep.outcome != mb::outcome::committed) continue;
+    book.record(rank, m.committed(), m.state_hash());
+    out.commits.emplace_back(m.committed(), m.current().ranks);
+  }
+}
+
+bool committed_in(const rank_result& r, std::uint64_t count, const std::vector<int>& quorum) {
+  for (const auto& c : r.commits)
+    if (c.first == count && c.second == quorum) return true;
+  return false;
+}
+
+void finish(member_t& m, rank_result& out) {
+  m.finish();
+  out.committed = m.committed() - 1;
+  out.hash = m.state_hash();
+  out.stats = m.stats();
+  out.last_quorum = m.current().ranks;
+}
+
+/// Options with the rank's events kept in `out` (under `mu`), and `also` called with each.
+mb::member_options options(rank_result& out, std::mutex& mu, std::function<void(const std::string&)> also = {}) {
+  auto o = cadence_membership_test::test_options();
+  o.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(250));  // op 1 s, quorum 2 s
+  o.on_event = [&out, &mu, also](const std::string& line) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      out.events.push_back(line);
+    }
+    if (also) also(line);
+  };
+  return o;
+}
+
+bool any_event(const rank_result& r, std::mutex& mu, const std::string& part) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& e : r.events)
+    if (e.find(part) != std::string::npos) return true;
+  return false;
+}
+
+std::string events_of(const rank_result& r, std::mutex& mu) {
+  std::lock_guard<std::mutex> lock(mu);
+  std::string s;
+  for (const auto& e : r.events) s += "  " + e + "\n";
+  return s;
+}
+
+/// Waits until `done()` or `limit` passes (a hang's bound, not a timing assumption).
+template <class F>
+bool wait_for(F&& done, std::chrono::seconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// Seed 1, trial 18 of the chaos soak, step by step. Four members commit 3 syncs; then rank 0,
+// the leader, stops between syncs (as under SIGSTOP): ranks 1 and 2 see it lost at once, rank 3
+// only after its request for the next quorum has gone to rank 0. The three re-form as
+// quorum 2 {1, 2, 3} and go on. Then rank 0 resumes, seeing them gone (their heartbeats stopped
+// while it was stopped): it finds rank 3's request, forms {0, 3} (half of {0, 1, 2, 3} with
+// its leader) under the same id 2, its sync there fails (rank 3 is elsewhere), and it measures
+// {0} against the quorum of the last commit, {0, 1, 2, 3}: quorum_error. Measured against its
+// last quorum alone ({0, 3}, of which {0} is half with the leader) it would go on by itself and
+// commit syncs 4-8 beside the majority: the divergence this test fails on.
+TEST_CASE("membership: a leader stopped with a member's request on its way, then resumed, stops with quorum_error") {
+  inproc_world world(4);
+  sight s;
+  ledger book;
+  std::mutex mu;
+  std::vector<rank_result> res(4);
+  std::atomic<int> reformed{0};
+  std::atomic<bool> armed{false}, request_caught{false};
+  const int control = cadence_membership_test::test_options().tag_base;  // tags::control()
+  s.after_send = [&](int from, const void* buf, std::size_t bytes, int to, int tag) {
+    if (!armed || from != 3 || to != 0 || tag != control || bytes != sizeof(mb::detail::frame)) return;
+    mb::detail::frame f;
+    std::memcpy(&f, buf, sizeof f);
+    if (f.kind != mb::detail::frame_kind::request) return;
+    // Rank 3's request is in rank 0's queue; now rank 3's heartbeat tier sees rank 0 gone, and
+    // rank 0 (stopped) will not hear from rank 3 again either.
+    armed = false;
+    s.hide(3, 0);
+    s.hide(0, 3);
+    request_caught = true;
+  };
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 4; ++rank)
+    threads.emplace_back([&, rank] {
+      rank_result& out = res[static_cast<std::size_t>(rank)];
+      cadence_membership_test::keep_error(out, [&] {
+        seeing_communicator c(world.join(rank), s);
+        auto o = options(out, mu, [&, rank](const std::string& line) {
+          if (rank != 0 && line.find("quorum 2 {1, 2, 3} after quorum 1 {0, 1, 2, 3}") != std::string::npos) ++reformed;
+        });
+        member_t m(c, o);
+        replica r(40);
+        m.add_state(r.params);
+        m.start();
+        run_syncs(m, r, book, 3, rank, out);
+        if (rank == 0) {
+          // Stopped: the others' sync 4 waits for it past the op timeout.
+          s.hide(1, 0);
+          s.hide(2, 0);
+          armed = true;
+          REQUIRE_MESSAGE(wait_for([&] { return reformed == 3; }, std::chrono::seconds(60)),
+                          "ranks 1-3 never re-formed as quorum 2 {1, 2, 3}");
+          // Resumed: ranks 1 and 2 went silent meanwhile.
+          s.hide(0, 1);
+          s.hide(0, 2);
+          run_syncs(m, r, book, 8, rank, out);  // quorum_error expected
+          out.committed = m.committed();
+          return;
+        }
+        run_syncs(m, r, book, 8, rank, out);
+        finish(m, out);
+      });
+    });
+  for (auto& t : threads) t.join();
+  CHECK(request_caught);
+  // The race happened: two quorums with id 2, rank 3 in both.
+  CHECK_MESSAGE(any_event(res[0], mu, "quorum 2 {0, 3} after quorum 1 {0, 1, 2, 3}"), events_of(res[0], mu));
+  // The resumed leader stopped, naming the rule, after no commit past the 3 it shared.
+  const std::string& e0 = res[0].error;
+  CHECK_MESSAGE(e0.find("must not go on alone") != std::string::npos, e0);
+  CHECK_MESSAGE(e0.find("the quorum of the last commit") != std::string::npos, e0);
+  CHECK(book.last(0) == 3);
+  for (int r : {1, 2, 3}) {
+    const auto& x = res[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+    CHECK(x.committed == 8);
+    CHECK(x.hash == res[1].hash);
+    CHECK(x.last_quorum == std::vector<int>{1, 2, 3});
+  }
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
+// Seed 3, trial 19 of the chaos soak: a sync committed in a new quorum by a follower but not by
+// the leader. Rank 1 dies after sync 3; the others re-form as quorum 2 {0, 2, 3} and run sync 4
+// again (a ring all-reduce, so each member receives from one neighbour only). Rank 0's last ring
+// message to rank 2 is held back (a slow link), so ranks 0 and 3 complete sync 4 and rank 2
+// does not; then rank 0 dies. Rank 2 leads the next reconfiguration knowing no commit of its own
+// in quorum 2, but rank 3 reports one: quorum 2 is confirmed, and {2, 3} (two of its three)
+// may succeed it. Measured against quorum 1 {0, 1, 2, 3}, the last one rank 2 itself committed
+// in, {2, 3} would be half without the leader, and the job would stop with quorum_error.
+TEST_CASE("membership: a sync committed by a follower but not by the leader confirms the new quorum") {
+  inproc_world world(4);
+  ledger book;
+  std::mutex mu;
+  std::vector<rank_result> res(4);
+  std::vector<int> victim_quorum;
+  sight nobody_hidden;  // faults here are kills, which the transport reports itself
+  const int ring_tag = mb::detail::tags{cadence_membership_test::test_options().tag_base}.op(2, 0);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 4; ++rank)
+    threads.emplace_back([&, rank] {
+      rank_result& out = res[static_cast<std::size_t>(rank)];
+      cadence_membership_test::keep_error(out, [&] {
+        seeing_communicator c(world.join(rank), nobody_hidden);
+        auto o = options(out, mu);
+        member_t m(c, o);
+        replica r(20000);  // 160 KB: the ring, one piece per segment among three members
+        m.add_state(r.params);
+        m.start();
+        run_syncs(m, r, book, 3, rank, out);
+        if (rank == 1) {
+          world.kill(1);
+          throw killed{};
+        }
+        if (rank == 0) {
+          // Quorum 2's first operation (sync 4 again) on rank 0, which sends to rank 2 (its
+          // right neighbour) a notice and four ring steps: the last one arrives a minute late.
+          cadence::transport::inproc_step at;
+          at.op = "send";
+          at.peer = 2;
+          at.tag = ring_tag;
+          at.skip = 4;
+          world.on_step(0, at, [](inproc_world& w) { w.delay_link(0, 2, std::chrono::seconds(60)); });
+          run_syncs(m, r, book, 4, rank, out);
+          victim_quorum = m.current().ranks;
+          world.kill(0);
+          throw killed{};
+        }
+        run_syncs(m, r, book, 8, rank, out);
+        finish(m, out);
+      });
+    });
+  for (auto& t : threads) t.join();
+  CHECK(res[0].error == "killed");
+  CHECK(res[1].error == "killed");
+  // Ranks 0 and 3 committed sync 4 in quorum 2, rank 2 did not (it was behind, and received
+  // the state).
+  CHECK(victim_quorum == std::vector<int>{0, 2, 3});
+  CHECK(committed_in(res[0], 4, {0, 2, 3}));
+  CHECK(committed_in(res[3], 4, {0, 2, 3}));
+  for (const auto& c : res[2].commits) CHECK_MESSAGE(c.first != 4, "rank 2 committed sync 4");
+  CHECK(res[2].stats.healed >= 1);
+  for (int r : {2, 3}) {
+    const auto& x = res[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error, "\n", events_of(x, mu));
+    CHECK(x.committed == 8);
+    CHECK(x.hash == res[2].hash);
+    CHECK(x.last_quorum == std::vector<int>{2, 3});
+  }
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
+}  // namespace
+}  // namespace cadence_membership_race_test
