@@ -15,8 +15,16 @@
 //                   send/receive of the same bytes between two plain communicators (the link
 //                   rate here): of_raw = transfer rate / raw rate.
 //
+//   gloo            (built with cadence::gloo) the membership over ZeroMQ and the data over gloo
+//                   (membership::quorum_group, membership/gloo/group.hpp): gloo_rebuild, the re-creation
+//                   of a gloo communicator among the ranks as the group does it on a new quorum
+//                   (the old one destroyed, a new one built under a fresh prefix through the
+//                   job's TCP store), p50 and max over --rebuilds trials; gloo_allreduce rows, a
+//                   plain gloo_communicator's all-reduce against the group's inside
+//                   quorum_group::transact() (its vote on the view included).
+//
 //   cadence-bench-membership [--ranks 4] [--min-bytes 1048576] [--max-bytes 16777216] [--reps 5]
-//                            [--state-bytes 67108864] [--json | --csv]
+//                            [--state-bytes 67108864] [--rebuilds 20] [--json | --csv]
 //
 // Not part of the library.
 #include "support/command_line.hpp"
@@ -26,6 +34,11 @@
 
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
+#ifdef CADENCE_BENCH_WITH_GLOO
+#include <cadence/membership/gloo/group.hpp>
+#include <cadence/transport/gloo/communicator.hpp>
+#include <cadence/transport/tcp_store.hpp>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -50,6 +63,9 @@ using clock_type = std::chrono::steady_clock;
 
 struct config : cadence_bench::common_config {
   std::size_t state_bytes = std::size_t{64} << 20;
+  int rebuilds = 20;
+  std::string gloo_store;  // the job's TCP store (gloo builds): set by run()
+  cadence::transport::tcp_store_options gloo_store_options;
 };
 
 double seconds_since(clock_type::time_point t0) {
@@ -72,7 +88,8 @@ zmq_options with_heartbeats(zmq_options o, const mb::member_options& m) {
 struct shared_results {
   std::mutex m;
   std::vector<cadence_bench::row> rows;
-  double join_seconds = 0, transfer_seconds = 0, reconfiguration_seconds = 0;
+  double join_seconds = 0, raw_seconds = 0, reconfiguration_seconds = 0;
+  std::vector<double> rebuild_seconds;  // rank 0's, one per gloo re-creation
   std::uint64_t transfer_bytes = 0;
 };
 
@@ -121,6 +138,77 @@ cadence_bench::row make_row(const char* op, std::size_t bytes, double plain_s, d
   return r;
 }
 
+#ifdef CADENCE_BENCH_WITH_GLOO
+using cadence::transport::gloo_communicator;
+
+cadence::transport::gloo_options gloo_opts(const config& cfg) {
+  cadence::transport::gloo_options o;
+  o.rendezvous = cfg.gloo_store;
+  o.store = cfg.gloo_store_options;
+  o.serve_rendezvous = false;
+  return o;
+}
+
+// The gloo rows: the re-creation time (rank 0's, from a common start to its new communicator
+// built, the old one destroyed first as quorum_group does), then the all-reduce of a plain gloo
+// communicator against the quorum_group's inside its transact(), interleaved as time_allreduce.
+void gloo_rows(int rank, const config& cfg, mb::member<zmq_communicator>& m, line_up& sync, shared_results& out) {
+  const int n = cfg.ranks;
+  const auto make = mb::gloo_group_factory(gloo_opts(cfg));
+  std::unique_ptr<gloo_communicator> old;
+  for (int i = 0; i <= cfg.rebuilds; ++i) {
+    mb::group_spec s;
+    for (int r = 0; r < n; ++r) s.ranks.push_back(r);
+    s.rank = rank;
+    s.size = n;
+    s.prefix = "bench-rebuild-" + std::to_string(i);
+    s.until = std::chrono::seconds(60);
+    sync();
+    const auto t0 = clock_type::now();
+    old.reset();
+    old = make(s);
+    const double took = seconds_since(t0);
+    if (rank == 0 && i > 0) out.rebuild_seconds.push_back(took);  // the first has no old one to close
+  }
+  old.reset();
+  auto plain = make({0, [&] {
+                       std::vector<int> v;
+                       for (int r = 0; r < n; ++r) v.push_back(r);
+                       return v;
+                     }(),
+                     rank, n, "bench-plain", std::chrono::seconds(60)});
+  auto group = mb::make_gloo_group(m, gloo_opts(cfg), "bench-data");
+  for (const std::size_t bytes : cadence_bench::sizes(cfg.min_bytes, cfg.max_bytes, 4)) {
+    std::vector<float> buf(bytes / sizeof(float), 1.0f);
+    const int iters = cadence_bench::iterations_for(bytes, std::size_t{64} << 20, 20);
+    std::vector<std::pair<double, double>> pairs;
+    for (int rep = 0; rep < cfg.reps; ++rep) {
+      const cadence::transport::deadline d(std::chrono::seconds(120));
+      sync();
+      auto t0 = clock_type::now();
+      for (int i = 0; i < iters; ++i) plain->allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, d);
+      const double plain_s = sync.mean(seconds_since(t0));
+      t0 = clock_type::now();
+      for (int i = 0; i < iters; ++i)
+        group->transact([&] { group->allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, d); });
+      const double ft_s = sync.mean(seconds_since(t0));
+      pairs.emplace_back(plain_s / iters, ft_s / iters);
+    }
+    const auto [plain_s, ft_s] = cadence_bench::median_pair(pairs);
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(out.m);
+      out.rows.push_back(make_row("gloo_allreduce", bytes, plain_s, ft_s,
+                                  cadence_bench::allreduce_busbw(bytes, n, plain_s * 1e6),
+                                  cadence_bench::allreduce_busbw(bytes, n, ft_s * 1e6)));
+    }
+  }
+  if (group->stats().builds != 1)
+    throw std::runtime_error("the gloo group was built " + std::to_string(group->stats().builds) +
+                             " times without a fault: " + group->stats().last_error);
+  sync();  // every rank is done with gloo before any closes its communicators
+}
+#endif
+
 // Rank `rank` of the job: the all-reduce rows, then the raw link and the state transfer (the
 // last rank leaves and joins again).
 void run_rank(int rank, const config& cfg, cadence_bench::thread_rendezvous& meet_plain,
@@ -148,6 +236,9 @@ void run_rank(int rank, const config& cfg, cadence_bench::thread_rendezvous& mee
                                     cadence_bench::allreduce_busbw(bytes, n, ft_s * 1e6)));
       }
     }
+#ifdef CADENCE_BENCH_WITH_GLOO
+    gloo_rows(rank, cfg, m, sync, out);
+#endif
     // The raw link: the state's bytes from rank 0 to the joiner's rank on the plain communicators
     // (the membership's donor is the lowest member), timed at the receiver; the median of reps.
     std::vector<double> raw;
@@ -159,7 +250,7 @@ void run_rank(int rank, const config& cfg, cadence_bench::thread_rendezvous& mee
       raw.push_back(sync.mean(rank == joiner ? seconds_since(t0) * n : 0.0));
     }
     std::sort(raw.begin(), raw.end());
-    if (rank == 0) out.transfer_seconds = raw[raw.size() / 2];  // raw, for now; the transfer below
+    if (rank == 0) out.raw_seconds = raw[raw.size() / 2];  // the raw send; the transfer is timed below
     sync();
     if (rank != joiner) {
       // The survivors sync until they have lost the joiner's rank and taken it back.
@@ -206,7 +297,7 @@ int run(int argc, char** argv) {
   cfg.max_bytes = std::size_t{16} << 20;
   cadence::tools::command_line cli(
       "usage: cadence-bench-membership [--ranks N] [--min-bytes B] [--max-bytes B] [--reps R]\n"
-      "         [--state-bytes S] [--json | --csv]\n",
+      "         [--state-bytes S] [--rebuilds K] [--json | --csv]\n",
       "", 17);
   cadence_bench::add_common_flags(
       cli, cfg,
@@ -219,6 +310,10 @@ int run(int argc, char** argv) {
   cli.add_option("--state-bytes", cfg.state_bytes, "the registered state a joiner receives (default 64 MiB)")
       ->option_text("S")
       ->check(cadence::tools::integer<std::size_t>(4, SIZE_MAX));
+  cli.add_option("--rebuilds", cfg.rebuilds,
+                 "gloo re-creations timed, p50 and max reported (default 20; builds with gloo only)")
+      ->option_text("K")
+      ->check(cadence::tools::integer<int>(1, 100000));
   if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
   if (cfg.ranks < 2) throw usage_error("--ranks: at least 2 (one leaves and joins again), got " + std::to_string(cfg.ranks));
   if (cfg.min_bytes % sizeof(float) != 0 || cfg.max_bytes % sizeof(float) != 0 || cfg.max_bytes < cfg.min_bytes)
@@ -226,6 +321,12 @@ int run(int argc, char** argv) {
                       " and " + std::to_string(cfg.max_bytes));
   if (cfg.state_bytes % sizeof(float) != 0)
     throw usage_error("--state-bytes: a multiple of 4, got " + std::to_string(cfg.state_bytes));
+#ifdef CADENCE_BENCH_WITH_GLOO
+  // The job's rendezvous for gloo: a store that outlives every communicator (as a launcher's).
+  cfg.gloo_store_options.secret = cadence::transport::job_secret::generate();
+  cadence::transport::tcp_store_server gloo_store("127.0.0.1:0", cfg.gloo_store_options);
+  cfg.gloo_store = gloo_store.address();
+#endif
   cadence_bench::thread_rendezvous meet_plain, meet_member;
   line_up sync(cfg.ranks);
   shared_results out;
@@ -234,7 +335,7 @@ int run(int argc, char** argv) {
   // The transfer row: raw time from the plain send, rates against it.
   for (auto& row : out.rows) {
     if (row["op"] != "state_transfer") continue;
-    const double raw_s = out.transfer_seconds;
+    const double raw_s = out.raw_seconds;
     row["plain_us"] = raw_s * 1e6;
     row["plain_GBps"] = static_cast<double>(cfg.state_bytes) / raw_s / 1e9;
     row["ours_of_plain"] = row["ours_GBps"].get<double>() / row["plain_GBps"].get<double>();
@@ -249,7 +350,26 @@ int run(int argc, char** argv) {
                cadence_bench::number_column("plain GB/s", 11, "plain_GBps", "%.3f"),
                cadence_bench::number_column("ours GB/s", 10, "ours_GBps", "%.3f"),
                cadence_bench::number_column("ours/plain", 11, "ours_of_plain", "%.2f")};
-  cadence_bench::print(out.rows, cfg, t);
+  std::vector<cadence_bench::row> rows = out.rows;
+  std::vector<double> rebuilds = out.rebuild_seconds;
+  std::sort(rebuilds.begin(), rebuilds.end());
+  const double rebuild_p50 = rebuilds.empty() ? 0 : rebuilds[rebuilds.size() / 2];
+  const double rebuild_max = rebuilds.empty() ? 0 : rebuilds.back();
+  if (!rebuilds.empty() && (cfg.json || cfg.csv)) {
+    // Its own keys (the table prints it as a line below instead).
+    cadence_bench::row r;
+    r["op"] = "gloo_rebuild";
+    r["ranks"] = cfg.ranks;
+    r["trials"] = rebuilds.size();
+    r["p50_ms"] = rebuild_p50 * 1e3;
+    r["max_ms"] = rebuild_max * 1e3;
+    rows.push_back(r);
+  }
+  cadence_bench::print(rows, cfg, t);
+  if (!cfg.json && !cfg.csv && !rebuilds.empty())
+    std::printf("gloo re-creation among %d ranks (the old communicator closed, a new one built through the TCP "
+                "store): p50 %.1f ms, max %.1f ms over %zu trials\n",
+                cfg.ranks, rebuild_p50 * 1e3, rebuild_max * 1e3, rebuilds.size());
   if (!cfg.json && !cfg.csv)
     std::printf("joiner: join() took %.1f ms (request to state in place), %llu state bytes received; rank 0's "
                 "reconfiguration that admitted it took %.1f ms\n",

@@ -139,7 +139,7 @@ target_compile_definitions(cadence_gloo INTERFACE
   CADENCE_GLOO_TCP_PEEK=${_cadence_gloo_peek})
 target_sources(cadence_gloo INTERFACE
   FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include
-  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/membership/gloo_group.hpp
+  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/membership/gloo/group.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/communicator.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/options.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/detail/link.hpp

@@ -95,7 +95,7 @@ elseif(MODE STREQUAL "headers")
     set(excused OFF)
     foreach(backend thrust mpi nccl gloo zmq)
       if(NOT backend IN_LIST BACKENDS
-         AND header MATCHES "^include/cadence/(transport/)?${backend}/")
+         AND header MATCHES "^include/cadence/(transport/|membership/)?${backend}/")
         set(excused ON)
       endif()
     endforeach()

@@ -136,7 +136,7 @@ private:
 ///     m.add_state(params);
 ///     gloo_options g;  g.rendezvous = "10.0.0.1:29500";       // a store that outlives any rank
 ///     g.serve_rendezvous = false;
-///     auto data = membership::make_gloo_group(m, g);          // membership/gloo_group.hpp
+///     auto data = membership::make_gloo_group(m, g);          // membership/gloo/group.hpp
 ///     m.start();
 ///     exchange::periodic_averager<decltype(data)::element_type> avg(*data, 8);
 ///     for (;;) {

@@ -1,4 +1,4 @@
-// cadence::membership::quorum_group over gloo (gloo_group.hpp): the membership runs over
+// cadence::membership::quorum_group over gloo (membership/gloo/group.hpp): the membership runs over
 // in-process ranks (threads), the syncs' all-reduces over a gloo communicator re-made per quorum
 // through one TCP store the test serves for the whole job. A member lost inside a sync (before
 // or after its data call, small and ring all-reduces), a restarted rank admitted with the group
@@ -6,7 +6,7 @@
 // (committed count, state hash) in a ledger; a count with two hashes is a divergent commit.
 #include <cadence/exchange/bucketed_allreducer.hpp>
 #include <cadence/exchange/periodic_averager.hpp>
-#include <cadence/membership/gloo_group.hpp>
+#include <cadence/membership/gloo/group.hpp>
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/gloo/communicator.hpp>
 #include <cadence/transport/inproc.hpp>
