@@ -49,6 +49,12 @@ schedule (they may stay). Then it checks and reports:
   link_victim_errors a process whose link was cut that neither finished the job nor stopped
                      evicted or without a quorum (exit 3); "link_victims" counts the outcomes
 
+Not counted as divergent, but reported as "lone_commits": the last commit of a faulted process
+that then stopped (exit 3), when no other process committed that step in that quorum: it
+committed a sync alone and the survivors ran it again without it (docs/collective.md, "The end
+of the job"). A cut link makes this likely: the victim receives the sync's last messages, the
+others never get its own.
+
 and measures: steps committed after the first fault against the ideal (the pre-fault pace over
 the same time, every initial member's steps) and against what the lost members' own work allows
 (the same pace times the quorum's size at each moment); the reconfiguration time, from the
@@ -279,7 +285,8 @@ class Trial:
                        "not_absorbed": 0, "skipped": 0, "problems": [], "recovered": [], "fault_to_commit": [],
                        "admission": [], "state": [], "steps_committed": 0, "steps_ideal": 0.0,
                        "steps_allowed": 0.0, "faulted_errors": 0, "joins_missed": 0,
-                       "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0}, "link_victim_errors": 0}
+                       "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0}, "link_victim_errors": 0,
+                       "lone_commits": 0}
         self.timers = []  # (time.monotonic() when, action, proc or rank)
 
     def problem(self, text):
@@ -504,11 +511,33 @@ class Trial:
             p.signal(signal.SIGKILL)
             p.p.wait()
 
+    def lone_commits(self):
+        """The commits that are not the job's: a faulted process that then stopped (exit 3) may
+        have committed its last sync alone (its collectives completed here, nowhere else: a cut
+        link loses its last messages to the others), and the survivors ran that sync again
+        without it (docs/collective.md, "The end of the job": there is no second commit phase;
+        the job's history is the survivors'). Such a commit is the stopped process's last, and no
+        other process committed that step in that quorum. Returns their (rank, t)."""
+        lone = set()
+        for p in self.procs:
+            if not p.faulted or p.p.returncode != 3:
+                continue
+            mine = [c for c in p.lines if c.get("event") == "commit"]
+            if not mine:
+                continue
+            last = mine[-1]
+            if not any(c[1] == last["step"] and c[2] == last["quorum"] and c[5] != p.rank for c in self.commits):
+                lone.add((p.rank, last["t"]))
+        return lone
+
     def check(self):
         r = self.result
         by_step = {}
+        lone = self.lone_commits()
+        r["lone_commits"] = len(lone)
         for t, step, q, members, h, rank in self.commits:
-            by_step.setdefault(step, set()).add(h)
+            if (rank, t) not in lone:
+                by_step.setdefault(step, set()).add(h)
         divergent = sorted(s for s, hs in by_step.items() if len(hs) > 1)
         if divergent:
             r["divergent"] += len(divergent)
@@ -621,7 +650,7 @@ def soak(args, cluster):
               "hangs": 0, "divergent_commits": 0, "lost_alive": 0, "rank_errors": 0, "unfinished": 0,
               "not_absorbed": 0, "faulted_errors": 0, "joins_missed": 0,
               "link_faults": {"short": 0, "long": 0}, "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0},
-              "link_victim_errors": 0}
+              "link_victim_errors": 0, "lone_commits": 0}
     recovered, fault_to_commit, admission, state = [], [], [], []
     committed = ideal = allowed = 0.0
     failed = []
@@ -643,7 +672,7 @@ def soak(args, cluster):
         for k, key in (("divergent", "divergent_commits"), ("lost_alive", "lost_alive"), ("rank_errors", "rank_errors"),
                        ("unfinished", "unfinished"), ("not_absorbed", "not_absorbed"),
                        ("faulted_errors", "faulted_errors"), ("joins_missed", "joins_missed"),
-                       ("link_victim_errors", "link_victim_errors")):
+                       ("link_victim_errors", "link_victim_errors"), ("lone_commits", "lone_commits")):
             totals[key] += r[k]
         for k, n in r["link_victims"].items():
             totals["link_victims"][k] += n
