@@ -2,8 +2,9 @@
 // in-process ranks (threads), the syncs' all-reduces over a gloo communicator re-made per quorum
 // through one TCP store the test serves for the whole job. A member lost inside a sync (before
 // or after its data call, small and ring all-reduces), a restarted rank admitted with the group
-// rebuilt around it, and a build that fails because a member never arrives. Every member records
-// (committed count, state hash) in a ledger; a count with two hashes is a divergent commit.
+// rebuilt around it, a member stalled inside a sync, and a build that fails because a member
+// never arrives. Every member records (committed count, state hash) in a ledger; a count with
+// two hashes is a divergent commit.
 #include <cadence/exchange/bucketed_allreducer.hpp>
 #include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/membership/gloo/group.hpp>
@@ -161,6 +162,77 @@ TEST_CASE("quorum_group: a member lost after its gloo all-reduce, before the vot
           doctest::timeout(120)) {
   SUBCASE("small all-reduce, rank 3") { lost_in_sync(3, 5, true, 500); }
   SUBCASE("ring all-reduce, rank 1") { lost_in_sync(1, 5, true, 20000); }
+}
+
+// A member that stops inside a sync without closing anything (alive to both transports, not
+// calling): the others' gloo all-reduce fails at the op timeout (the group bounds gloo's wait by
+// it), they re-form without it and go on over a rebuilt gloo group; resumed, it finds its gloo
+// group gone and either stops or is admitted back with the state.
+TEST_CASE("quorum_group: a member stalled before its gloo all-reduce is left out at the op timeout" *
+          doctest::timeout(120)) {
+  constexpr int stalled = 2;
+  tcp_store_server store("127.0.0.1:0", store_options());
+  inproc_world world(4);
+  ledger book;
+  std::atomic<bool> reformed{false}, released{false};
+  std::thread resumer([&] {
+    while (!reformed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    world.resume(stalled);
+    released = true;
+  });
+  const auto res = run_ranks<rank_result>(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+    auto o = test_options();
+    o.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(250));  // op 1 s, quorum 2 s
+    if (rank == 0)
+      o.on_event = [&](const std::string& line) {
+        if (line.find("lost rank 2") != std::string::npos) reformed = true;
+      };
+    mb::member<inproc_communicator> m(c, o);
+    replica r(500);
+    m.add_state(r.params);
+    auto g = mb::make_gloo_group(m, data_options(store));
+    m.start();
+    while (m.committed() < 8) {
+      r.local_step(rank, m.committed());
+      const bool stops = rank == stalled && m.committed() + 1 == 3;
+      const mb::sync_report rep = g->transact(
+          [&] {
+            if (stops) {
+              world.stall(rank);  // its control frames wait too, as a stopped process's
+              while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+            g->allreduce_average(r.params.data(), r.params.size(), dtype::f64);
+          },
+          {r.params});
+      if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+    }
+    finish(m, *g, out);
+  });
+  resumer.join();
+  // Resumed, it either stops (the quorum went on without it: whichever refusal it meets first)
+  // or, its failed sync taking it into the reconfiguration as a member left behind, is admitted
+  // again and healed: then it ends as the others do.
+  const rank_result& back = res[stalled];
+  if (back.error.empty()) {
+    CHECK(back.committed == 8);
+    CHECK(back.hash == res[0].hash);
+    CHECK(back.last_quorum == std::vector<int>{0, 1, 2, 3});
+  } else {
+    CHECK_MESSAGE((back.error.find("without this member") != std::string::npos ||
+                   back.error.find("refused this member") != std::string::npos ||
+                   back.error.find("must not go on alone") != std::string::npos),
+                  back.error);
+  }
+  for (int r : {0, 1, 3}) {
+    const auto& x = res[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+    CHECK(x.committed == 8);
+    CHECK(x.hash == res[0].hash);
+    CHECK_MESSAGE(x.group.data_failures >= 1, "rank ", r, ": gloo's wait did not fail at the op timeout");
+    CHECK_MESSAGE((x.last_quorum == std::vector<int>{0, 1, 3} || x.last_quorum == std::vector<int>{0, 1, 2, 3}),
+                  "rank ", r);
+  }
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
 }
 
 // The exchange adapters on the group unchanged: periodic averaging (blocking all-reduces) and
