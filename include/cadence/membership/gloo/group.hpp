@@ -8,7 +8,9 @@
 #include <cadence/membership/quorum_group.hpp>
 #include <cadence/transport/gloo/communicator.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
