@@ -10,6 +10,7 @@
 // lost by its peers' heartbeats, one peer at a time. `sight` gives each rank its own list of the
 // peers it counts as lost (the communicator's peer_lost() extension), so a test decides who sees
 // the stopped leader gone, and when.
+#include <cadence/membership/detail/collective.hpp>
 #include <cadence/membership/detail/frames.hpp>
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/inproc.hpp>
@@ -47,6 +48,10 @@ public:
   void hide(int observer, int peer) {
     std::lock_guard<std::mutex> lock(m_);
     hidden_.insert({observer, peer});
+  }
+  void show(int observer, int peer) {
+    std::lock_guard<std::mutex> lock(m_);
+    hidden_.erase({observer, peer});
   }
   bool hides(int observer, int peer) const {
     std::lock_guard<std::mutex> lock(m_);
@@ -166,12 +171,18 @@ bool wait_for(F&& done, std::chrono::seconds limit) {
 // Seed 1, trial 18 of the chaos soak, step by step. Four members commit 3 syncs; then rank 0,
 // the leader, stops between syncs (as under SIGSTOP): ranks 1 and 2 see it lost at once, rank 3
 // only after its request for the next quorum has gone to rank 0. The three re-form as
-// quorum 2 {1, 2, 3} and go on. Then rank 0 resumes, seeing them gone (their heartbeats stopped
-// while it was stopped): it finds rank 3's request, forms {0, 3} (half of {0, 1, 2, 3} with
-// its leader) under the same id 2, its sync there fails (rank 3 is elsewhere), and it measures
-// {0} against the quorum of the last commit, {0, 1, 2, 3}: quorum_error. Measured against its
-// last quorum alone ({0, 3}, of which {0} is half with the leader) it would go on by itself and
-// commit syncs 4-8 beside the majority: the divergence this test fails on.
+// quorum 2 {1, 2, 3} and commit sync 4 and 5. Then rank 0 resumes, seeing them gone (their
+// heartbeats stopped while it was stopped): it finds rank 3's request, forms {0, 3} (half of
+// {0, 1, 2, 3} with its leader) under the same id 2, its sync there fails (rank 3 is elsewhere),
+// and it measures {0} against the quorum of the last commit, {0, 1, 2, 3}: quorum_error.
+// Measured against its last quorum alone ({0, 3}, of which {0} is half with the leader) it
+// would go on by itself and commit syncs 4-8 beside the majority: the divergence this test
+// fails on.
+// Two quorums with id 2 and rank 3 in both: rank 0 sees rank 3 again once it formed {0, 3}, so
+// when that quorum's sync fails it tells rank 3 it left "quorum 2". The majority waits for that
+// abort before its sync 6; it names rank 0's quorum 2 (its stamp), not theirs, so their syncs go
+// on without another failure. (Before quorums had stamps, rank 3 took it for its own quorum's,
+// failed sync 6 and the three re-formed for nothing.)
 TEST_CASE("membership: a leader stopped with a member's request on its way, then resumed, stops with quorum_error") {
   inproc_world world(4);
   sight s;
@@ -179,13 +190,14 @@ TEST_CASE("membership: a leader stopped with a member's request on its way, then
   std::mutex mu;
   std::vector<rank_result> res(4);
   std::atomic<int> reformed{0};
-  std::atomic<bool> armed{false}, request_caught{false};
+  std::atomic<bool> armed{false}, request_caught{false}, stale_abort{false};
   const int control = cadence_membership_test::test_options().tag_base;  // tags::control()
   s.after_send = [&](int from, const void* buf, std::size_t bytes, int to, int tag) {
-    if (!armed || from != 3 || to != 0 || tag != control || bytes != sizeof(mb::detail::frame)) return;
+    if (tag != control || bytes != sizeof(mb::detail::frame)) return;
     mb::detail::frame f;
     std::memcpy(&f, buf, sizeof f);
-    if (f.kind != mb::detail::frame_kind::request) return;
+    if (from == 0 && to == 3 && f.kind == mb::detail::frame_kind::abort && f.qid == 2) stale_abort = true;
+    if (!armed || from != 3 || to != 0 || f.kind != mb::detail::frame_kind::request) return;
     // Rank 3's request is in rank 0's queue; now rank 3's heartbeat tier sees rank 0 gone, and
     // rank 0 (stopped) will not hear from rank 3 again either.
     armed = false;
@@ -201,6 +213,7 @@ TEST_CASE("membership: a leader stopped with a member's request on its way, then
         seeing_communicator c(world.join(rank), s);
         auto o = options(out, mu, [&, rank](const std::string& line) {
           if (rank != 0 && line.find("quorum 2 {1, 2, 3} after quorum 1 {0, 1, 2, 3}") != std::string::npos) ++reformed;
+          if (rank == 0 && line.find("quorum 2 {0, 3} after") != std::string::npos) s.show(0, 3);
         });
         member_t m(c, o);
         replica r(40);
@@ -221,6 +234,9 @@ TEST_CASE("membership: a leader stopped with a member's request on its way, then
           out.committed = m.committed();
           return;
         }
+        run_syncs(m, r, book, 5, rank, out);
+        REQUIRE_MESSAGE(wait_for([&] { return bool(stale_abort); }, std::chrono::seconds(60)),
+                        "rank 0 never told rank 3 it left its quorum 2 {0, 3}");
         run_syncs(m, r, book, 8, rank, out);
         finish(m, out);
       });
@@ -240,6 +256,10 @@ TEST_CASE("membership: a leader stopped with a member's request on its way, then
     CHECK(x.committed == 8);
     CHECK(x.hash == res[1].hash);
     CHECK(x.last_quorum == std::vector<int>{1, 2, 3});
+    // One failed sync (rank 0's stop) and one reconfiguration after the first: rank 0's abort of
+    // its own quorum 2 failed none of theirs.
+    CHECK_MESSAGE(x.stats.failed_syncs == 1, "rank ", r, "\n", events_of(x, mu));
+    CHECK(x.stats.reconfigurations == 2);
   }
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
 }
@@ -312,6 +332,55 @@ TEST_CASE("membership: a sync committed by a follower but not by the leader conf
     CHECK(x.last_quorum == std::vector<int>{2, 3});
   }
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
+// Two members that took up different quorums with the same id (a newcomer admitted by two
+// leaders in a race, and a member of both that took up the other) post the same tags to each
+// other: the notice at the head of every collective names the quorum's stamp, so each fails
+// its sync (a transport_error: the member re-forms) instead of reducing the other quorum's
+// data, or leaving as if the application had called another collective (op_mismatch).
+TEST_CASE("membership: a collective's message from another quorum with the same id fails the sync, not the member") {
+  inproc_world world(2);
+  std::vector<std::string> errors(2);
+  std::vector<int> mismatches(2, 0);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank)
+    threads.emplace_back([&, rank] {
+      inproc_communicator c = world.join(rank);
+      std::vector<double> data(40, 1.0 + rank);
+      mb::detail::notice n;
+      n.qid = 2;
+      n.stamp = rank == 0 ? 0x1111 : 0x2222;  // each took up another leader's quorum 2
+      n.txn = 4;
+      n.from = rank;
+      n.count = data.size();
+      n.type = static_cast<std::uint8_t>(dtype::f64);
+      n.rop = static_cast<std::uint8_t>(cadence::transport::reduce_op::sum);
+      mb::detail::p2p_collective<inproc_communicator>::params p;
+      p.buf = data.data();
+      p.count = data.size();
+      p.type = dtype::f64;
+      mb::detail::p2p_collective<inproc_communicator> op(c, {0, 1}, rank, 1000, 0, n, p);
+      try {
+        op.start();
+        if (!wait_for([&] { return op.advance(); }, std::chrono::seconds(60)))
+          errors[static_cast<std::size_t>(rank)] = "hung";
+        else
+          errors[static_cast<std::size_t>(rank)] = "completed";
+      } catch (const mb::detail::op_mismatch& e) {
+        ++mismatches[static_cast<std::size_t>(rank)];
+        errors[static_cast<std::size_t>(rank)] = e.what();
+      } catch (const cadence::transport_error& e) {
+        errors[static_cast<std::size_t>(rank)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(mismatches[static_cast<std::size_t>(r)] == 0);
+    CHECK_MESSAGE(errors[static_cast<std::size_t>(r)].find("a message of another quorum 2") != std::string::npos,
+                  errors[static_cast<std::size_t>(r)]);
+  }
 }
 
 }  // namespace

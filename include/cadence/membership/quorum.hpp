@@ -27,6 +27,11 @@ struct quorum {
   std::vector<int> ranks;
   /// Per member (same order): its process's nonce; 0 where not known yet (before formation).
   std::vector<std::uint64_t> nonces;
+  /// The nonce of the leader that announced it (0 before the first formation). Two leaders can
+  /// announce quorums with the same id in a race (a member's request counted by both, a stopped
+  /// leader resumed); (id, stamp) names one quorum, and every frame and collective of the
+  /// membership carries both, so a message of one is never taken for the other's.
+  std::uint64_t stamp = 0;
 
   /// Members.
   std::size_t size() const noexcept { return ranks.size(); }

@@ -240,6 +240,13 @@ private:
   }
 
   void check_notice(const notice& got, int peer) const {
+    // Another quorum announced under the same id (two leaders in a race, quorum::stamp): a fault
+    // of the membership, not of the application, so the sync fails instead of the member.
+    if (got.magic == notice_magic && got.qid == mine_.qid && got.stamp != mine_.stamp)
+      throw transport_error("cadence::membership: member " + std::to_string(me_) + " (rank " +
+                            std::to_string(ranks_[static_cast<std::size_t>(me_)]) + ") received from rank " +
+                            std::to_string(ranks_[static_cast<std::size_t>(peer)]) + " a message of another quorum " +
+                            std::to_string(got.qid) + " than its own (another leader announced one under the same id)");
     if (got.magic != notice_magic || !got.same_call(mine_) || got.from != peer)
       throw op_mismatch("cadence::membership: members disagree on a collective: member " + std::to_string(me_) +
                         " (rank " + std::to_string(ranks_[static_cast<std::size_t>(me_)]) + ") called " +

@@ -158,7 +158,7 @@ public:
     txn_failed_.reset();
     txn_ops_ = 0;
     txn_joiner_ = false;
-    if (aborted_.count(q_.id) != 0) fail("a member left quorum " + std::to_string(q_.id) + " before this sync");
+    if (quorum_aborted()) fail("a member left quorum " + std::to_string(q_.id) + " before this sync");
   }
 
   /// The sync's collectives all completed: it commits here. Returns whether the members agreed
@@ -185,7 +185,7 @@ public:
     if (broken_) throw *broken_;
     if (txn_failed_) throw *txn_failed_;
     pump();
-    if (aborted_.count(q_.id) != 0) fail("a member left quorum " + std::to_string(q_.id) + " during this sync");
+    if (quorum_aborted()) fail("a member left quorum " + std::to_string(q_.id) + " during this sync");
     notice n;
     n.kind = p.kind;
     n.type = static_cast<std::uint8_t>(p.type);
@@ -195,6 +195,7 @@ public:
     n.root = p.kind == op_kind::broadcast ? p.root : -1;
     n.from = view_rank();
     n.qid = q_.id;
+    n.stamp = q_.stamp;
     n.txn = txn_;
     n.seq = op_seq_;
     n.count = p.count;
@@ -226,7 +227,7 @@ public:
                         o.call().qid);
     if (txn_failed_) throw *txn_failed_;
     pump();
-    if (aborted_.count(q_.id) != 0) fail("a member left quorum " + std::to_string(q_.id) + " during this sync");
+    if (quorum_aborted()) fail("a member left quorum " + std::to_string(q_.id) + " during this sync");
     for (auto& x : cur_ops_) advance(*x);
     if (o.complete()) {
       note_done(o);
@@ -269,7 +270,7 @@ public:
         ++stats_.failed_syncs;
         for (int r : q_.ranks)
           if (r != rank() && !lost(r)) send_frame(r, make_frame(frame_kind::abort, q_.id));
-        aborted_.insert(q_.id);
+        aborted_.insert({q_.id, q_.stamp});
       }
       const quorum from = q_;
       const bool was_member = m != mode::join && from.holds(rank(), nonce_) && from.contains(rank());
@@ -372,7 +373,7 @@ private:
   // channel brought (pump()), read by reconfigure(). limbo_: frames and stale sends on their way.
 
   struct request_info {
-    std::uint64_t nonce = 0, qid = 0, committed = 0, failed_ops = 0, state_bytes = 0;
+    std::uint64_t nonce = 0, qid = 0, committed = 0, failed_ops = 0, state_bytes = 0, stamp = 0;
   };
   struct announced {
     quorum q;
@@ -419,6 +420,14 @@ private:
   }
 
   bool eligible(int r) const { return std::binary_search(o_.eligible.begin(), o_.eligible.end(), r); }
+
+  /// Whether a member left the current quorum's sync (an abort naming it, id and stamp).
+  bool quorum_aborted() const { return aborted_.count({q_.id, q_.stamp}) != 0; }
+
+  /// Whether a request comes from a member of the current quorum itself, not of another one a
+  /// rival leader announced under the same id: only such a member counts as a survivor of q_,
+  /// and only its commit confirms q_.
+  bool same_quorum(const request_info& r) const { return r.qid == q_.id && r.stamp == q_.stamp; }
 
   /// Whether the member in slot r of the current quorum is gone: the transport says so, or a
   /// new process asked to join in its slot.
@@ -469,18 +478,20 @@ private:
 
   // ---- the control channel ----
 
-  frame make_frame(frame_kind k, std::uint64_t qid) const {
+  // A frame about the current quorum (or, with `of`, another one: a drain's or an announced one).
+  frame make_frame(frame_kind k, std::uint64_t qid, const quorum* of = nullptr) const {
     frame f;
     f.kind = k;
     f.from = rank();
     f.nonce = nonce_;
     f.qid = qid;
+    f.stamp = (of != nullptr ? of : &q_)->stamp;
     f.committed = committed_;
     return f;
   }
 
   void send_frame(int to, frame f, std::vector<unsigned char> body = {}) {
-    f.body_bytes = body.size();
+    f.body_bytes = static_cast<std::uint32_t>(body.size());  // control bodies stay far below 4 GiB
     auto head = std::make_shared<std::vector<unsigned char>>(sizeof(frame));
     std::memcpy(head->data(), &f, sizeof(frame));
     try {
@@ -564,10 +575,10 @@ private:
         note_joiner(from, f.nonce, f.a);
         return;
       case frame_kind::abort:
-        aborted_.insert(f.qid);
+        aborted_.insert({f.qid, f.stamp});  // only the quorum it names: not one of the same id
         return;
       case frame_kind::request: {
-        request_info r{f.nonce, f.qid, f.committed, f.a, f.b};
+        request_info r{f.nonce, f.qid, f.committed, f.a, f.b, f.stamp};
         if (q_.holds(from, f.nonce)) {
           // A member of this quorum asks for the next one. If it has not committed past this
           // member, it left its sync (which then fails here too); if it committed one more (it
@@ -576,7 +587,7 @@ private:
           // announcement (its leader was lost while announcing); it is the same process and
           // alive, so it counts as a survivor too.
           requests_[from] = r;
-          if (f.committed <= committed_ || f.qid < q_.id) aborted_.insert(q_.id);
+          if (f.committed <= committed_ || f.qid < q_.id) aborted_.insert({q_.id, q_.stamp});
         } else if (eligible(from)) {
           note_joiner(from, f.nonce, f.b);  // not a member (any more): a newcomer
         }
@@ -590,6 +601,7 @@ private:
       case frame_kind::announce: {
         announced a;
         a.q.id = f.qid;
+        a.q.stamp = f.stamp;
         a.k = f.committed;
         a.flags = f.flags;
         a.leader = from;
@@ -729,14 +741,14 @@ private:
     for (int r : q_.ranks)
       if (r != rank()) expected.insert(r);
     std::map<int, request_info> got;
-    got[rank()] = {nonce_, q_.id, committed_, failed_ops(), state_bytes()};
+    got[rank()] = {nonce_, q_.id, committed_, failed_ops(), state_bytes(), q_.stamp};
     for (;;) {
       pump();
       for (auto it = expected.begin(); it != expected.end();) {
         const int r = *it;
         const auto req = requests_.find(r);
         if (req != requests_.end() && q_.holds(r, req->second.nonce) &&
-            (req->second.qid == q_.id || (req->second.qid < q_.id && missed_announce(r)))) {
+            (same_quorum(req->second) || (req->second.qid < q_.id && missed_announce(r)))) {
           got[r] = req->second;
           it = expected.erase(it);
         } else if (lost(r)) {
@@ -760,7 +772,7 @@ private:
     // confirmed may hold a member that went to another group. A member that reports a sync
     // committed in q_ (past the count q_ was formed at) proves every member took q_ up.
     for (const auto& g : got)
-      if (g.second.qid == q_.id && g.second.committed != member_entry::newcomer && g.second.committed > formed_at_)
+      if (same_quorum(g.second) && g.second.committed != member_entry::newcomer && g.second.committed > formed_at_)
         confirmed_ = q_;
     if (!may_succeed(q_, confirmed_, survivors)) {
       const quorum& against = may_succeed(q_, survivors) ? confirmed_ : q_;
@@ -814,6 +826,7 @@ private:
     bool any_failed = m == mode::failure;
     announced a;
     a.q.id = qid + 1;
+    a.q.stamp = nonce_;  // this process announces at most one quorum per id: ids grow with each
     a.k = k;
     a.leader = rank();
     for (const auto& g : got) {
@@ -832,7 +845,7 @@ private:
     for (const member_entry& e : a.entries) append_pod(body, e);
     for (const member_entry& e : a.entries) {
       if (e.rank == rank()) continue;
-      frame f = make_frame(frame_kind::announce, a.q.id);
+      frame f = make_frame(frame_kind::announce, a.q.id, &a.q);
       f.committed = k;
       f.flags = a.flags;
       send_frame(static_cast<int>(e.rank), f, body);
@@ -866,7 +879,7 @@ private:
     announcer_ = a.leader;
     for (auto it = requests_.begin(); it != requests_.end();)
       it = it->second.qid < q_.id ? requests_.erase(it) : std::next(it);
-    for (auto it = aborted_.begin(); it != aborted_.end();) it = *it < q_.id ? aborted_.erase(it) : std::next(it);
+    for (auto it = aborted_.begin(); it != aborted_.end();) it = it->first < q_.id ? aborted_.erase(it) : std::next(it);
     for (auto it = joiners_.begin(); it != joiners_.end();)
       it = q_.holds(it->first, it->second.first) ? joiners_.erase(it) : std::next(it);
     for (auto it = replaced_.begin(); it != replaced_.end();) {
@@ -903,7 +916,7 @@ private:
         append_pod(body, drain_head{o->tag(), sizes.size()});
         for (std::uint64_t s : sizes) append_pod(body, s);
       }
-      send_frame(r, make_frame(frame_kind::drain, after.id), std::move(body));
+      send_frame(r, make_frame(frame_kind::drain, after.id, &after), std::move(body));
     }
     // 2. Take each peer's list; post the receives its messages still need, withdraw the ones it
     // never sent.
@@ -1184,7 +1197,7 @@ private:
   std::map<int, request_info> requests_;
   std::optional<announced> announce_;
   std::map<std::pair<std::uint64_t, int>, std::vector<drain_entry>> drains_;
-  std::set<std::uint64_t> aborted_;
+  std::set<std::pair<std::uint64_t, std::uint64_t>> aborted_;  // (quorum id, stamp)
   std::map<int, std::uint64_t> replaced_;  // rank -> the nonce of the process a newcomer replaces
   bool rejected_ = false, reject_quorum_ = false;
   int announcer_ = -1;  // the leader that announced q_

@@ -1,6 +1,7 @@
 // What members say to each other, byte for byte: the control frames (join, abort, request,
 // announce, drain, reject), the notice that opens every collective, and the tags each travels on.
-// Every frame carries the quorum id it belongs to, so a stale one is recognised and dropped.
+// Every frame carries the quorum (id and stamp) it belongs to, so a stale one, or one of another
+// quorum announced under the same id, is recognised and dropped.
 #pragma once
 
 #include <cadence/membership/options.hpp>
@@ -61,20 +62,22 @@ inline const char* frame_name(frame_kind k) noexcept {
 
 inline constexpr std::uint32_t frame_magic = 0x424d4443;  // "CDMB"
 
-/// A control frame: 64 bytes, copied as is (every process of a job runs the same build).
+/// A control frame: 64 bytes, copied as is (every process of a job runs the same build). `qid`
+/// and `stamp` name a quorum together (quorum::stamp): two leaders can announce quorums with
+/// the same id in a race, never with the same stamp.
 struct frame {
   std::uint32_t magic = frame_magic;
   frame_kind kind = frame_kind::abort;
   std::uint8_t flags = 0;
-  std::uint16_t version = 1;
+  std::uint16_t version = 2;
   std::int32_t from = -1;
-  std::int32_t pad = 0;
+  std::uint32_t body_bytes = 0;
   std::uint64_t nonce = 0;
   std::uint64_t qid = 0;
+  std::uint64_t stamp = 0;
   std::uint64_t committed = 0;
   std::uint64_t a = 0;
   std::uint64_t b = 0;
-  std::uint64_t body_bytes = 0;
 };
 static_assert(sizeof(frame) == 64 && std::is_trivially_copyable_v<frame>, "membership frames are 64 bytes");
 
@@ -137,7 +140,8 @@ struct notice {
   std::uint64_t txn = 0;   // the sync (transaction) number
   std::uint64_t seq = 0;   // the operation's number in its quorum
   std::uint64_t count = 0; // elements (all-reduce) or bytes (broadcast)
-  std::uint64_t pad[2] = {0, 0};
+  std::uint64_t stamp = 0; // with qid, the quorum (quorum::stamp)
+  std::uint64_t pad = 0;
 
   static constexpr std::uint8_t average_flag = 1;
   static constexpr std::uint8_t joiner_flag = 2;
@@ -147,7 +151,7 @@ struct notice {
   bool same_call(const notice& o) const noexcept {
     return magic == o.magic && kind == o.kind && type == o.type && rop == o.rop &&
            (flags & average_flag) == (o.flags & average_flag) && root == o.root && qid == o.qid &&
-           txn == o.txn && seq == o.seq && count == o.count;
+           stamp == o.stamp && txn == o.txn && seq == o.seq && count == o.count;
   }
   std::string describe() const {
     std::string s = kind == op_kind::allreduce ? "allreduce" : "broadcast";
