@@ -29,7 +29,18 @@
 #   CADENCE_PYTHON_THRUST  ON/OFF: build cadence._thrust (default: the package's default, ON
 #                       when the CCCL headers are found; OFF saves about 30 s of compiling)
 #   JOBS                parallel compile jobs (default 2)
+#
+#   scripts/test-python.sh --prepare-newest-torch   only makes (or checks) the newest-torch venv
+#       and exits: scripts/test.sh starts it in the background at its beginning, so the
+#       download (about 3 GB, minutes) overlaps the C++ builds; the later full run waits for it
+#       under the venv's lock.
 set -uo pipefail
+prepare_only=0
+case ${1:-} in
+  --prepare-newest-torch) prepare_only=1 ;;
+  "") ;;
+  *) echo "usage: scripts/test-python.sh [--prepare-newest-torch]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 root=$PWD
 python=${PYTHON:-/usr/bin/python3}
@@ -97,6 +108,44 @@ PY
   echo "python tests ($name): $ok passed, $bad failed, $skipped skipped in $(($(date +%s) - t0)) s"
 }
 
+# ensure_torch_venv: the newest-torch venv, cached between runs: reused when its marker says it
+# was completed and it imports what the tests need; otherwise made again from PyPI (under a lock,
+# so two runs on one machine, or the background preparation and the run, do not both make it).
+# Returns non-zero when it is still not usable.
+tpy=$torch_venv/bin/python
+torch_valid() { [[ -f $torch_venv/.cadence-complete ]] && "$tpy" -c 'import torch, numpy, pytest' >/dev/null 2>&1; }
+ensure_torch_venv() {
+  mkdir -p "$(dirname "$torch_venv")"
+  exec 9>"$torch_venv.lock"
+  flock 9
+  if ! torch_valid; then
+    echo "python: creating $torch_venv with $torch_spec from PyPI (about 3 GB; once per machine)"
+    local t0
+    t0=$(date +%s)
+    rm -rf "$torch_venv"
+    if make_venv "$torch_venv" &&
+       "$tpy" -m pip install "${pip_quiet[@]}" "$torch_spec" numpy pytest >>"$torch_log" 2>&1; then
+      "$tpy" -c 'import torch; print(torch.__version__)' >"$torch_venv/.cadence-complete"
+      echo "python: $torch_venv ready in $(($(date +%s) - t0)) s"
+    fi
+  fi
+  flock -u 9
+  torch_valid
+}
+torch_log=$dir/torch-venv.log
+if ((prepare_only)); then
+  trap - EXIT
+  : >"$torch_log"
+  log=$torch_log  # make_venv's output
+  if ensure_torch_venv; then
+    echo "python: newest-torch venv ready: $torch_venv (torch $(cat "$torch_venv/.cadence-complete"))"
+    exit 0
+  fi
+  tail -n 30 "$torch_log"
+  echo "python: creating the newest-torch venv $torch_venv FAILED (log: $torch_log)"
+  exit 1
+fi
+
 # 1. The build venv (Debian's Python, numpy, pytest and torch), with the build requirements
 #    (pinned as in pyproject.toml) from PyPI.
 : >"$log"
@@ -142,29 +191,14 @@ fi
 run_pytest debian "Debian torch $("$venv_python" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none)" \
   "$venv_python" "$root/tests/python" "${debian_deselect[@]}"
 
-# 4. The newest torch from PyPI, in a venv cached between runs: reused when its marker says it
-#    was completed and it imports what the tests need; otherwise made again from PyPI (under a
-#    lock, so two runs on one machine do not both download it).
+# 4. The newest torch from PyPI, in a venv cached between runs (ensure_torch_venv above; waits
+#    for a background preparation still making it).
 if [[ ${CADENCE_TORCH_NEWEST:-1} == 0 ]]; then
   echo "python tests (newest torch): skipped (CADENCE_TORCH_NEWEST=0)"
 else
-  tpy=$torch_venv/bin/python
-  valid() { [[ -f $torch_venv/.cadence-complete ]] && "$tpy" -c 'import torch, numpy, pytest' >/dev/null 2>&1; }
-  mkdir -p "$(dirname "$torch_venv")"
-  exec 9>"$torch_venv.lock"
-  flock 9
-  if ! valid; then
-    echo "python: creating $torch_venv with $torch_spec from PyPI (about 3 GB; once per machine)"
-    t0=$(date +%s)
-    rm -rf "$torch_venv"
-    if make_venv "$torch_venv" &&
-       "$tpy" -m pip install "${pip_quiet[@]}" "$torch_spec" numpy pytest >>"$log" 2>&1; then
-      "$tpy" -c 'import torch; print(torch.__version__)' >"$torch_venv/.cadence-complete"
-      echo "python: $torch_venv ready in $(($(date +%s) - t0)) s"
-    fi
-  fi
-  flock -u 9
-  if ! valid; then
+  [[ -f $torch_log ]] || : >"$torch_log"
+  if ! ensure_torch_venv; then
+    tail -n 30 "$torch_log"
     fail "creating the newest-torch venv $torch_venv ($torch_spec from PyPI)"
   elif ! install_wheel "$tpy"; then
     fail "pip install $wheel (newest torch)"

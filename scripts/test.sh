@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every test configuration Cadence promises:
 #   build/       Release, every test suite at C++17 (the sanitizer builds compile them at
-#                C++20), Thrust tests on the OMP and CPP systems,
+#                C++20; the test executables at -O1), Thrust tests on the OMP and CPP systems,
 #                tools, apps, benchmarks and examples built, install + consumer projects,
 #                every public header compiled on its own, and the API reference (Doxygen,
 #                warnings as errors)
@@ -111,9 +111,23 @@ run_ctest() {  # build-dir [ctest args...]
   return 0
 }
 
+# The newest torch from PyPI (about 3 GB, minutes of download and unpacking) for the Python
+# section, fetched in the background while the C++ builds use the cores; the Python section
+# waits for it. Cached between runs (scripts/test-python.sh says where), so later runs only check it.
+prefetch_pid=
+prefetch_log=$PWD/build-python-test/torch-prefetch.log
+if ((!quick)) && [[ ${CADENCE_TORCH_NEWEST:-1} != 0 ]]; then
+  mkdir -p build-python-test
+  nice -n 10 bash scripts/test-python.sh --prepare-newest-torch >"$prefetch_log" 2>&1 &
+  prefetch_pid=$!
+  echo "preparing the newest torch's venv in the background (log: $prefetch_log)"
+fi
+
 section "Release build (g++, C++17)"
+# The test executables at -O1 (CADENCE_TEST_OPTIMIZATION): half the compile time of -O3 for
+# them; the tools, apps, benchmarks and examples stay at Release's -O3 and are run by tests.
 if configure build release -DCMAKE_BUILD_TYPE=Release -DCADENCE_TEST_STANDARDS=17 \
-     -DCADENCE_SECONDARY_TEST_STANDARDS=17 &&
+     -DCADENCE_SECONDARY_TEST_STANDARDS=17 -DCADENCE_TEST_OPTIMIZATION=-O1 &&
    build build release; then
   run_ctest build
   # Every public header compiles on its own (CMake's VERIFY_INTERFACE_HEADER_SETS).
@@ -140,6 +154,10 @@ fi
 
 section "Python package (pip install . into a venv; pytest tests/python)"
 # The package's own script; it compares the bindings against build/bin's tools.
+if [[ -n $prefetch_pid ]]; then
+  wait "$prefetch_pid" || true  # a failure shows again, and counts, in the run below
+  cat "$prefetch_log"
+fi
 CADENCE_BUILD_DIR=$PWD/build JOBS=$jobs bash scripts/test-python.sh 2>&1 | tee "$log"
 line=$(grep -E '^python tests: [0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1 || true)
 if [[ -n $line ]]; then
