@@ -78,7 +78,7 @@ def zmq_corpus():
         text = text.encode()
         return struct.pack("<I", len(text)) + text
 
-    rdv("rdv-hello", 1, struct.pack("<ii", 2, 3) + s("tcp://127.0.0.1:40001"), rank=0)
+    rdv("rdv-hello", 1, struct.pack("<ii", 2, 3) + s("tcp://127.0.0.1:40001") + struct.pack("<Q", 0x5EED), rank=0)
     rdv("rdv-welcome", 2, struct.pack("<Qi", 2, 3) + b"".join(struct.pack("<QB", 1, 1) + s("tcp://127.0.0.1:%d" % (40000 + p))
                                                                for p in range(3)))
     rdv("rdv-refused", 3, s("rank 5 is out of range"))

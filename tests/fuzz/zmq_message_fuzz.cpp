@@ -130,7 +130,7 @@ void rendezvous(const std::uint8_t* d, std::size_t n, int size) {
   std::string text;
   switch (*kind) {
     case zmq_rdv_kind::hello:
-      if (get(r) && get(k)) str(text);
+      if (get(r) && get(k) && str(text)) get(inc);  // inc: the process's token
       break;
     case zmq_rdv_kind::welcome:
       if (get(inc) && get(k) && k == size) {
