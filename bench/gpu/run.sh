@@ -176,7 +176,7 @@ step_nccl_communicator() {
 step_nccl_adapters() {
   needs_configure
   nccl_found || skip "NCCL not found at configure time"
-  doctest_run cadence_transport_nccl_tests_cxx17 '*/nccl/exchange_gpu_test.cpp'
+  doctest_run cadence_transport_nccl_tests_cxx17 '*/nccl/exchange_gpu_test.cpp,*/nccl/quorum_group_gpu_test.cpp'
 }
 
 step_stream_order() {
