@@ -90,6 +90,7 @@ struct config : cadence_bench::common_config {
     max_bytes = std::size_t{16} << 20;
   }
   bool overlap = true;
+  std::size_t part_bytes = bucketed_allreducer_options{}.part_bytes;  // bsp_allreduce's
   cadence_bench::copy_rates copy;  // the roofline's, measured before the ranks start
   double device_copy_gbps = 0;         // nccl: a device-to-device copy's rate (0: host memory)
 };
@@ -252,9 +253,11 @@ std::vector<row> run_adapters(C& comm, rank_ops& ops, const config& cfg) {
     const std::size_t count = bytes / sizeof(float), piece = count / 16;
     float* raw_buf = ops.buffer(count);
     ops.fill(raw_buf, 0.0f, count);
-    // bsp_allreduce: 16 separate allocations, one fused bucket.
+    // bsp_allreduce: 16 separate allocations, one fused bucket (in parts of --part-bytes).
     {
-      bucketed_allreducer<C> red(comm);
+      bucketed_allreducer_options o;
+      o.part_bytes = cfg.part_bytes;
+      bucketed_allreducer<C> red(comm, o);
       std::vector<float*> t;
       for (std::size_t k = 0; k < 16; ++k) {
         const std::size_t n = k == 15 ? count - 15 * piece : piece;
@@ -535,7 +538,7 @@ int run(int argc, char** argv) {
   config cfg;
   cadence::tools::command_line cli(
       "usage: cadence-bench-exchange --backend inproc|mpi|gloo|nccl [--ranks N] [--json | --csv]\n"
-      "         [--min-bytes B] [--max-bytes B] [--reps R] [--no-overlap]\n",
+      "         [--min-bytes B] [--max-bytes B] [--reps R] [--no-overlap] [--part-bytes B]\n",
       "", 17);
   cadence_bench::add_common_flags(
       cli, cfg,
@@ -548,6 +551,10 @@ int run(int argc, char** argv) {
        {"--json", "one JSON array, an object per op and size"},
        {"--csv", "a header row and a row per op and size, the JSON's keys as columns"}});
   cli.add_flag_callback("--no-overlap", [&cfg] { cfg.overlap = false; }, "skip the bsp_overlap rows");
+  cli.add_option("--part-bytes", cfg.part_bytes,
+                 "bsp_allreduce's bucketed_allreducer_options::part_bytes (default 0: one\n"
+                 "all-reduce per bucket)")
+      ->option_text("B");
   if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
   // The roofline's copy bandwidth, before the ranks start (mpi: rank 0's, in run_mpi).
   const auto measure_copy = [&cfg] {

@@ -19,7 +19,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -220,6 +222,90 @@ CADENCE_EXCHANGE_TEST("gradients marked ready in a different order on every rank
         for (std::size_t i = 0; i < t[k].size(); ++i)
           wrong += t[k][i] != static_cast<float>(n * (static_cast<int>(i + k) + step) + n * (n - 1) / 2);
       CHECK_MESSAGE(wrong == 0, "rank " << r << " step " << step << ": " << wrong << " wrong");
+    }
+  });
+}
+
+CADENCE_EXCHANGE_TEST("a copying bucket all-reduced in parts, each launched as its tensors are "
+                      "marked, equals one all-reduce of the whole bucket", exchange_bucketed_parts) {
+  using namespace cadence_exchange_suite;
+  H::run([](auto& c) {
+    using C = std::decay_t<decltype(c)>;
+    const int n = c.size(), r = c.rank();
+    // Odd sizes in separate allocations (so both buckets, f32 and f64, are copied).
+    const std::size_t sizes[] = {1, 3, 17, 1000, 0, 255, 7, 2049, 2, 300};
+    // Integer-valued (exact sums: equal bit for bit) and fractional (two ranks: equal bit for
+    // bit, a + b being b + a; more: within rounding, the ring's order depending on the parts).
+    for (const bool integers : {true, false}) {
+      // No parts, a few floats across tensor boundaries, and two parts of the f32 bucket
+      // (few enough collectives that a loaded machine stays inside the step's deadline).
+      for (const std::size_t part : {std::size_t{0}, std::size_t{60}, std::size_t{1000}, std::size_t{8192}}) {
+        bucketed_allreducer_options o, whole;
+        o.bucket_bytes = whole.bucket_bytes = 20000;
+        o.timeout = whole.timeout = 30s;
+        o.part_bytes = part;
+        whole.part_bytes = 0;
+        bucketed_allreducer<C> red(c, o), ref(c, whole);
+        std::vector<std::vector<float>> f, f_ref;
+        std::vector<std::vector<double>> g, g_ref;
+        for (std::size_t k = 0; k < std::size(sizes); ++k) {
+          f.emplace_back(sizes[k]);
+          g.emplace_back(sizes[k] + 1);
+        }
+        f_ref = f;
+        g_ref = g;
+        for (std::size_t k = 0; k < f.size(); ++k) {
+          red.add(f[k].data(), f[k].size());
+          ref.add(f_ref[k].data(), f_ref[k].size());
+        }
+        for (std::size_t k = 0; k < g.size(); ++k) {
+          red.add(g[k].data(), g[k].size());
+          ref.add(g_ref[k].data(), g_ref[k].size());
+        }
+        CHECK(red.in_place_buckets() == 0);
+        if (part == 0 || !has_async_v<C>) CHECK(red.allreduces() == red.buckets());
+        else CHECK(red.allreduces() > red.buckets());
+        for (int step = 0; step < 2; ++step) {
+          for (std::size_t k = 0; k < f.size(); ++k) {
+            for (std::size_t i = 0; i < f[k].size(); ++i)
+              f[k][i] = integers ? cadence_conformance::value<float>(r, i + k + step)
+                                 : static_cast<float>(0.1 * (r + 1) + 1e-3 * static_cast<double>(i + k + step));
+            for (std::size_t i = 0; i < g[k].size(); ++i)
+              g[k][i] = integers ? cadence_conformance::value<double>(r, 3 * i + k + step)
+                                 : 0.1 / (r + 1) + 1e-7 * static_cast<double>(i * k + step);
+          }
+          f_ref = f;
+          g_ref = g;
+          // Marked in reverse order with one swap that differs by rank, poll() between.
+          std::vector<std::size_t> order(red.tensors());
+          for (std::size_t k = 0; k < order.size(); ++k) order[k] = order.size() - 1 - k;
+          std::swap(order[static_cast<std::size_t>(r + step) % order.size()],
+                    order[static_cast<std::size_t>(r + step + 5) % order.size()]);
+          for (std::size_t i : order) {
+            red.mark_ready(i);
+            (void)red.poll();
+          }
+          red.finish();
+          ref.average();
+          std::size_t differ = 0, wrong = 0;
+          for (std::size_t k = 0; k < f.size(); ++k) {
+            for (std::size_t i = 0; i < f[k].size(); ++i) {
+              differ += f[k][i] != f_ref[k][i];
+              wrong += std::abs(f[k][i] - f_ref[k][i]) > 1e-6f * std::abs(f_ref[k][i]);
+            }
+            for (std::size_t i = 0; i < g[k].size(); ++i) {
+              differ += g[k][i] != g_ref[k][i];
+              wrong += std::abs(g[k][i] - g_ref[k][i]) > 1e-14 * std::abs(g_ref[k][i]);
+            }
+          }
+          CHECK_MESSAGE(wrong == 0, "rank " << r << " of " << n << ", part_bytes " << part << ", step " << step
+                                            << (integers ? ", integers" : ", fractions") << ": " << wrong
+                                            << " elements off the whole-bucket result by more than rounding");
+          if (integers || n == 2)
+            CHECK_MESSAGE(differ == 0, "rank " << r << " of " << n << ", part_bytes " << part << ", step "
+                                               << step << ": " << differ << " elements not bit-identical");
+        }
+      }
     }
   });
 }
@@ -431,6 +517,7 @@ CADENCE_EXCHANGE_TEST("a rank that stops syncing makes the others throw transpor
 #define CADENCE_BUCKETED_ALLREDUCER_SUITE(H)                         \
   TEST_CASE_TEMPLATE_INVOKE(exchange_bucketed_equals_unbucketed, H);   \
   TEST_CASE_TEMPLATE_INVOKE(exchange_bucketed_mark_ready, H);          \
+  TEST_CASE_TEMPLATE_INVOKE(exchange_bucketed_parts, H);               \
   TEST_CASE_TEMPLATE_INVOKE(exchange_bucket_views, H);                 \
   TEST_CASE_TEMPLATE_INVOKE(exchange_bucketed_bad_input, H)
 

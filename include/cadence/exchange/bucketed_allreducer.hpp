@@ -41,6 +41,17 @@ struct bucketed_allreducer_options {
   /// the work the caller enqueued here before the bucket's last mark_ready(). A host
   /// communicator refuses a non-null stream.
   void* stream = nullptr;
+  /// Host communicators with the asynchronous operations (MPI, gloo, in-process) only: a bucket
+  /// that is copied into a fusion buffer is all-reduced in parts of at most this many bytes
+  /// (whole elements), each started as soon as the tensors that fill it are marked ready and
+  /// copied in, so the copies of the rest (and the copies out of the parts already reduced)
+  /// can overlap the all-reduce of the parts before them. 0 (the default): one all-reduce per
+  /// bucket. Each part is a collective of its own (its own handshake); on the loaded 2-core
+  /// machine where it was measured, parts of 64 KiB-1 MiB were slower than one all-reduce
+  /// (docs/results.md), so try it where a core is free for the copies. Over more than 2 ranks
+  /// parts can change the rounding (see the class). A bucket reduced in place, and every bucket
+  /// over a device or a blocking communicator, is one all-reduce whatever this says.
+  std::size_t part_bytes = 0;
 };
 
 /// Averages a fixed set of gradient tensors across all ranks every step (BSP data parallelism).
@@ -66,11 +77,17 @@ struct bucketed_allreducer_options {
 /// buffer cut into tensors, views from add_view()) is reduced in place, without copies, and the
 /// division by the number of ranks happens inside the backend (allreduce_average) where it has
 /// one. Other buckets are copied into a fusion buffer of their own (each bucket may be in
-/// flight at once) and back.
+/// flight at once) and back, with no pass beyond those two copies: each tensor is copied in
+/// when it is marked ready (during backward, not at the launch), the average is the backend's
+/// (or, where it only sums, the division happens during the copy out), and over a host
+/// communicator with the asynchronous operations a bucket can be all-reduced in parts
+/// (options.part_bytes, off by default), each launched as soon as its bytes are in, so the
+/// copies in of the rest and the copies out of the parts already reduced overlap the all-reduce.
 ///
 /// Results equal an unbucketed allreduce_avg of each tensor exactly whenever the sums are
 /// exact (integer-valued inputs); in general they can differ only by the backend's summation
-/// order. Every rank issues the same all-reduces in the same order, so a rank that registered
+/// order (over more than 2 ranks a ring sums an element in an order that depends on where it
+/// falls in the buffer, so the parts can round differently from one whole-bucket all-reduce). Every rank issues the same all-reduces in the same order, so a rank that registered
 /// different tensors fails the step on the backends that see the mismatch (transport_error); a
 /// stalled rank makes the others throw transport_error naming it within the timeout.
 ///
@@ -153,10 +170,13 @@ public:
     return p;
   }
 
-  /// Tensor `index`'s gradient is complete for this step. Launches its bucket's all-reduce when
-  /// this was the bucket's last tensor (and the lower buckets are launched), and progresses the
-  /// buckets in flight. Throws invalid_parameter_error for an index out of range or a tensor
-  /// already marked this step; transport_error from the backend.
+  /// Tensor `index`'s gradient is complete for this step. Copies it into its bucket's fusion
+  /// buffer (a bucket not reduced in place, host memory), launches its bucket's all-reduce (or
+  /// the parts of it this tensor completes: options().part_bytes) when this was the last tensor
+  /// it waited for (and the lower buckets are launched), and progresses the buckets in flight.
+  /// The tensor is read here, not later: do not write to it before finish(). Throws
+  /// invalid_parameter_error for an index out of range or a tensor already marked this step;
+  /// transport_error from the backend.
   void mark_ready(std::size_t index) {
     plan();
     if (index >= tensors_.size())
@@ -167,31 +187,24 @@ public:
       throw invalid_parameter_error(here() + "mark_ready(" + std::to_string(index) +
                                     "): tensor already marked ready in this step (call finish() "
                                     "to end the step)");
-    marked_[index] = 1;
-    const std::size_t b = owner_[index];
-    if (b != npos && --buckets_[b].pending == 0) launch_ready();
-    else poll();
+    mark(index);
   }
 
   /// Progresses the buckets in flight without blocking; true when every launched bucket has
   /// completed (its results in the tensors).
   bool poll() {
     if constexpr (transport::has_async_v<C>) {
-      bool all = true;
-      for (std::size_t b = 0; b < next_launch_; ++b) {
-        bucket& k = buckets_[b];
+      for (std::size_t p = 0; p < next_launch_; ++p) {
+        part& k = parts_[p];
         if (k.done) continue;
         if (k.work && k.work->test()) {
           complete(k);
         } else {
-          all = false;
-          break;  // the backends progress in issue order; a later one cannot be done first
+          return false;  // the backends progress in issue order; a later one cannot be done first
         }
       }
-      return all;
-    } else {
-      return true;
     }
+    return true;
   }
 
   /// poll() for a thread that is otherwise idle (its accelerator computes): progresses the
@@ -200,8 +213,8 @@ public:
   /// waits in them, so the backend's own threads get the cores; elsewhere it tests and yields.
   bool poll_until(std::chrono::steady_clock::time_point until) {
     if constexpr (transport::has_async_v<C>) {
-      for (std::size_t b = 0; b < next_launch_; ++b) {
-        bucket& k = buckets_[b];
+      for (std::size_t p = 0; p < next_launch_; ++p) {
+        part& k = parts_[p];
         if (k.done) continue;
         if constexpr (detail::has_wait_until_v<work_type>) {
           if (!k.work->wait_until(until)) return false;
@@ -227,14 +240,10 @@ public:
       ~end_step() { self->reset_step(); }
     } guard{this};
     if (!in_step_) begin_step();
-    for (std::size_t i = tensors_.size(); i-- > 0;) {
-      if (marked_[i]) continue;
-      marked_[i] = 1;
-      const std::size_t b = owner_[i];
-      if (b != npos) --buckets_[b].pending;
-    }
+    for (std::size_t i = tensors_.size(); i-- > 0;)
+      if (!marked_[i]) mark(i);
     launch_ready();
-    for (bucket& k : buckets_) {
+    for (part& k : parts_) {
       if (k.done) continue;
       if constexpr (transport::has_async_v<C>) {
         if (k.work) k.work->wait(d);
@@ -247,13 +256,26 @@ public:
   /// tensor, then finish().
   void average() { finish(); }
 
-  /// All-reduces per step: one per bucket (tensors of zero elements join none).
+  /// Buckets per step (tensors of zero elements join none); each is one all-reduce, or one per
+  /// part (allreduces()).
   std::size_t buckets() {
     plan();
     return buckets_.size();
   }
-  /// Buckets launched in the current step (0 between steps).
-  std::size_t launched() const noexcept { return in_step_ ? next_launch_ : 0; }
+  /// All-reduces per step: one per bucket, or one per part of a bucket cut into parts
+  /// (options().part_bytes).
+  std::size_t allreduces() {
+    plan();
+    return parts_.size();
+  }
+  /// Buckets whose all-reduce (every part of it) has been launched in the current step (0
+  /// between steps).
+  std::size_t launched() const noexcept {
+    if (!in_step_ || next_launch_ == 0) return 0;
+    const part& last = parts_[next_launch_ - 1];
+    const bucket& b = buckets_[last.owner];
+    return last.owner + (next_launch_ == b.first_part + b.parts ? 1 : 0);
+  }
   /// Buckets reduced without a fusion copy (their tensors adjacent in memory).
   std::size_t in_place_buckets() {
     plan();
@@ -275,11 +297,13 @@ public:
 
 private:
   // Map: tensors_ (registration order) and arena_of_ (the view arena of each, npos for add());
-  // plan() derives buckets_ (launch order: bucket 0 = the last-registered tensors) and owner_
-  // (tensor -> bucket). A step: begin_step() resets marked_ and each bucket's pending count;
-  // mark_ready() and finish() count down, launch_ready() launches buckets in order from
-  // next_launch_, poll() and finish() complete them (complete(): the copy out of a fusion
-  // buffer, or the host division where the backend cannot average).
+  // plan() derives buckets_ (bucket 0 = the last-registered tensors), owner_ and slot_ (tensor
+  // -> bucket, and its place among the bucket's members), and parts_ (the all-reduces in launch
+  // order: each bucket's parts together, bucket 0's first, a bucket's from its end back, as
+  // backward fills it). A step: begin_step() resets marked_ and each part's pending count;
+  // mark() copies a tensor into its fusion buffer and counts down the parts it covers;
+  // launch_ready() launches parts in order from next_launch_; poll() and finish() complete them
+  // (complete(): the copy out of the fusion buffer, dividing where the backend only summed).
   static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
 
   using work_type = typename detail::work_of<C>::type;
@@ -297,19 +321,28 @@ private:
 
   struct bucket {
     std::vector<std::size_t> members;  // non-empty tensors, ascending
+    std::vector<std::size_t> offsets;  // each member's first byte in the bucket
     transport::dtype type = transport::dtype::f32;
     std::size_t bytes = 0, count = 0;
     void* in_place = nullptr;           // the members' memory when adjacent (no fusion copies)
     std::vector<double> fusion;         // host fusion buffer (doubles: aligned for either dtype)
     detail::device_block<C> fusion_device;
-    std::size_t pending = 0;            // members not marked yet in this step
-    bool done = false;
-    bool divide = false;                // the backend summed: divide at completion
-    std::optional<work_type> work;
-    void* data() noexcept {
-      if (in_place != nullptr) return in_place;
-      return fusion_device.get() != nullptr ? fusion_device.get() : static_cast<void*>(fusion.data());
+    std::size_t first_part = 0, parts = 1;  // its all-reduces: parts_[first_part, +parts)
+    unsigned char* data() noexcept {
+      if (in_place != nullptr) return static_cast<unsigned char*>(in_place);
+      return fusion_device.get() != nullptr ? static_cast<unsigned char*>(fusion_device.get())
+                                            : reinterpret_cast<unsigned char*>(fusion.data());
     }
+  };
+
+  // One all-reduce: bytes [begin, end) of bucket `owner`.
+  struct part {
+    std::size_t owner = 0, begin = 0, end = 0;
+    std::size_t covering = 0;  // members with bytes in it
+    std::size_t pending = 0;   // of those, not marked yet in this step
+    bool done = false;
+    bool divide = false;  // the backend summed: divide at completion
+    std::optional<work_type> work;
   };
 
   std::string here() const { return detail::where("bucketed_allreducer", comm_->rank(), comm_->size()); }
@@ -322,11 +355,11 @@ private:
 
   void begin_step() {
     marked_.assign(tensors_.size(), 0);
-    for (bucket& b : buckets_) {
-      b.pending = b.members.size();
-      b.done = false;
-      b.divide = false;
-      b.work.reset();
+    for (part& k : parts_) {
+      k.pending = k.covering;
+      k.done = false;
+      k.divide = false;
+      k.work.reset();
     }
     next_launch_ = 0;
     in_step_ = true;
@@ -337,48 +370,84 @@ private:
     next_launch_ = 0;
   }
 
-  // Buckets launch in index order: a ready bucket waits for the lower ones, so every rank
-  // issues the same all-reduces in the same order.
-  void launch_ready() {
-    poll();
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(buckets_[next_launch_++]);
-  }
+  // Whether a bucket's members are copied into its host fusion buffer (as they are marked).
+  bool copies_in(const bucket& b) const noexcept { return !device_ && b.in_place == nullptr; }
 
-  void launch(bucket& b) {
-    if (device_) {
-      if constexpr (detail::has_device_ops_v<C>) launch_on_device(b);
+  // Marks tensor i ready: copies it in (a host fusion buffer), counts down the parts it covers,
+  // launches what became ready.
+  void mark(std::size_t i) {
+    marked_[i] = 1;
+    const std::size_t o = owner_[i];
+    if (o == npos) {
+      poll();
       return;
     }
-    if (b.in_place == nullptr) {
-      auto* fused = reinterpret_cast<unsigned char*>(b.fusion.data());
-      std::size_t at = 0;
-      for (std::size_t i : b.members) {
-        std::memcpy(fused + at, tensors_[i].data, tensors_[i].bytes());
-        at += tensors_[i].bytes();
-      }
+    bucket& b = buckets_[o];
+    const std::size_t at = b.offsets[slot_[i]], end = at + tensors_[i].bytes();
+    if (copies_in(b)) copy_in(b, at, tensors_[i]);
+    bool ready = false;
+    for (std::size_t p = b.first_part; p < b.first_part + b.parts; ++p) {
+      part& k = parts_[p];
+      if (k.begin < end && at < k.end) ready |= --k.pending == 0;
     }
-    const double n = static_cast<double>(comm_->size());
-    if constexpr (transport::has_async_average_v<C>) {
-      b.work.emplace(comm_->iallreduce_average(b.data(), b.count, b.type));
-    } else if constexpr (transport::has_async_v<C>) {
-      b.work.emplace(comm_->iallreduce(b.data(), b.count, b.type, transport::reduce_op::sum));
-      b.divide = true;
-    } else if constexpr (transport::has_allreduce_average_v<C>) {
-      comm_->allreduce_average(b.data(), b.count, b.type, transport::deadline(options_.timeout));
-    } else {
-      comm_->allreduce(b.data(), b.count, b.type, transport::reduce_op::sum, transport::deadline(options_.timeout));
-      transport::detail::divide_into(b.data(), b.data(), b.count, b.type, n);
+    if (ready) launch_ready();
+    else poll();
+  }
+
+  // Copies tensor t into the fusion buffer at byte `at`, in pieces of part_bytes with a poll()
+  // between them while parts are in flight, so that they progress meanwhile.
+  void copy_in(bucket& b, std::size_t at, const tensor_ref& t) {
+    auto* to = b.data() + at;
+    const auto* from = static_cast<const unsigned char*>(t.data);
+    const std::size_t piece = b.parts > 1 ? options_.part_bytes : t.bytes();
+    for (std::size_t done = 0; done < t.bytes();) {
+      const std::size_t n = std::min(piece, t.bytes() - done);
+      std::memcpy(to + done, from + done, n);
+      done += n;
+      if (done < t.bytes() && next_launch_ > 0) poll();
     }
   }
 
-  // The device form: after the caller's stream (an event), on the communicator's stream: the
-  // copies in, ncclAvg, the copies out; the bucket's handle completes after the last of them.
-  void launch_on_device(bucket& b) {
+  // Parts launch in order: a ready part waits for the ones before it, so every rank issues the
+  // same all-reduces in the same order.
+  void launch_ready() {
+    poll();
+    while (next_launch_ < parts_.size() && parts_[next_launch_].pending == 0) launch(parts_[next_launch_++]);
+  }
+
+  void launch(part& k) {
+    bucket& b = buckets_[k.owner];
+    if (device_) {
+      if constexpr (detail::has_device_ops_v<C>) launch_on_device(b, k);
+      return;
+    }
+    void* data = b.data() + k.begin;
+    const std::size_t count = (k.end - k.begin) / transport::dtype_size(b.type);
+    if constexpr (transport::has_async_average_v<C>) {
+      k.work.emplace(comm_->iallreduce_average(data, count, b.type));
+    } else if constexpr (transport::has_async_v<C>) {
+      k.work.emplace(comm_->iallreduce(data, count, b.type, transport::reduce_op::sum));
+      k.divide = true;
+    } else {
+      if constexpr (transport::has_allreduce_average_v<C>) {
+        comm_->allreduce_average(data, count, b.type, transport::deadline(options_.timeout));
+      } else {
+        comm_->allreduce(data, count, b.type, transport::reduce_op::sum, transport::deadline(options_.timeout));
+        k.divide = true;  // divided in place, or during the copy out
+      }
+      complete(k);  // blocking: the results go out at once
+    }
+  }
+
+  // The device form (one part per bucket): after the caller's stream (an event), on the
+  // communicator's stream: the copies in, ncclAvg, the copies out; the bucket's handle
+  // completes after the last of them.
+  void launch_on_device(bucket& b, part& k) {
     if constexpr (detail::has_device_ops_v<C>) {
       void* s = comm_->stream();
       comm_->stream_wait(s, caller_stream_);
       if (b.in_place != nullptr) {
-        b.work.emplace(comm_->iallreduce_average(b.in_place, b.count, b.type, s));
+        k.work.emplace(comm_->iallreduce_average(b.in_place, b.count, b.type, s));
         return;
       }
       auto* fused = static_cast<unsigned char*>(b.fusion_device.get());
@@ -393,40 +462,51 @@ private:
         comm_->copy_async(tensors_[i].data, fused + at, tensors_[i].bytes(), s);
         at += tensors_[i].bytes();
       }
-      b.work.emplace(comm_->record(s, std::move(reduce)));  // after the copies out, named as the all-reduce
+      k.work.emplace(comm_->record(s, std::move(reduce)));  // after the copies out, named as the all-reduce
     }
   }
 
-  // A launched bucket whose all-reduce has completed: the copy out of its fusion buffer (host)
-  // and, where the backend only summed, the division.
-  void complete(bucket& b) {
-    if (b.done) return;
-    b.done = true;
-    b.work.reset();
+  // A launched part whose all-reduce has completed: the copy out of its fusion buffer (host)
+  // and, where the backend only summed, the division (during that copy, or in place).
+  void complete(part& k) {
+    if (k.done) return;
+    k.done = true;
+    k.work.reset();
     if (device_) return;  // the copies out were enqueued behind the all-reduce
+    bucket& b = buckets_[k.owner];
     const double n = static_cast<double>(comm_->size());
+    const std::size_t esize = transport::dtype_size(b.type);
     if (b.in_place != nullptr) {
-      if (b.divide) transport::detail::divide_into(b.in_place, b.in_place, b.count, b.type, n);
+      if (k.divide) divide_into(b.data() + k.begin, b.data() + k.begin, (k.end - k.begin) / esize, b.type, n);
       return;
     }
-    const auto* fused = reinterpret_cast<const unsigned char*>(b.fusion.data());
-    std::size_t at = 0;
-    for (std::size_t i : b.members) {
-      const tensor_ref& t = tensors_[i];
-      if (b.divide)
-        transport::detail::divide_into(t.data, fused + at, t.count, t.type, n);
+    for (std::size_t m = 0; m < b.members.size(); ++m) {
+      const tensor_ref& t = tensors_[b.members[m]];
+      const std::size_t at = b.offsets[m];
+      const std::size_t from = std::max(at, k.begin), to = std::min(at + t.bytes(), k.end);
+      if (from >= to) continue;
+      unsigned char* out = static_cast<unsigned char*>(t.data) + (from - at);
+      if (k.divide)
+        divide_into(out, b.data() + from, (to - from) / esize, b.type, n);
       else
-        std::memcpy(t.data, fused + at, t.bytes());
-      at += t.bytes();
+        std::memcpy(out, b.data() + from, to - from);
     }
+  }
+
+  static void divide_into(void* out, const void* from, std::size_t count, transport::dtype t, double n) {
+    transport::detail::divide_into(out, from, count, t, n);
   }
 
   // Buckets from the last tensor back: consecutive non-empty tensors of one dtype (and one view
-  // arena) until the next would overflow bucket_bytes; empty tensors belong to none.
+  // arena) until the next would overflow bucket_bytes; empty tensors belong to none. A copying
+  // bucket over a host communicator with the asynchronous operations is cut into parts of
+  // part_bytes, launched from its end back.
   void plan() {
     if (planned_) return;
     buckets_.clear();
+    parts_.clear();
     owner_.assign(tensors_.size(), npos);
+    slot_.assign(tensors_.size(), npos);
     std::size_t i = tensors_.size();
     while (i > 0) {
       --i;
@@ -448,6 +528,12 @@ private:
       }
       std::reverse(b.members.begin(), b.members.end());
       b.count = b.bytes / transport::dtype_size(b.type);
+      std::size_t at = 0;
+      for (std::size_t m = 0; m < b.members.size(); ++m) {
+        b.offsets.push_back(at);
+        slot_[b.members[m]] = m;
+        at += tensors_[b.members[m]].bytes();
+      }
       // In place when the members lie back to back in registration order.
       bool adjacent = true;
       for (std::size_t k = 1; k < b.members.size() && adjacent; ++k) {
@@ -462,11 +548,30 @@ private:
         b.fusion.assign((b.bytes + sizeof(double) - 1) / sizeof(double), 0.0);
       }
       for (std::size_t m : b.members) owner_[m] = buckets_.size();
+      plan_parts(b, buckets_.size());
       buckets_.push_back(std::move(b));
       i = j;
     }
     marked_.assign(tensors_.size(), 0);
     planned_ = true;
+  }
+
+  void plan_parts(bucket& b, std::size_t owner) {
+    const std::size_t esize = transport::dtype_size(b.type);
+    std::size_t size = b.bytes;  // one part
+    if (transport::has_async_v<C> && copies_in(b) && options_.part_bytes > 0)
+      size = std::max(esize, options_.part_bytes / esize * esize);
+    b.first_part = parts_.size();
+    b.parts = (b.bytes + size - 1) / size;
+    for (std::size_t p = b.parts; p-- > 0;) {
+      part k;
+      k.owner = owner;
+      k.begin = p * size;
+      k.end = std::min(b.bytes, k.begin + size);
+      for (std::size_t m = 0; m < b.members.size(); ++m)
+        k.covering += b.offsets[m] < k.end && k.begin < b.offsets[m] + tensors_[b.members[m]].bytes() ? 1 : 0;
+      parts_.push_back(std::move(k));
+    }
   }
 
   C* comm_;
@@ -477,9 +582,10 @@ private:
   std::vector<std::size_t> arena_of_;
   std::vector<arena> arenas_;
   std::vector<bucket> buckets_;
-  std::vector<std::size_t> owner_;
+  std::vector<part> parts_;
+  std::vector<std::size_t> owner_, slot_;
   std::vector<unsigned char> marked_;
-  std::size_t next_launch_ = 0;
+  std::size_t next_launch_ = 0;  // the next part to launch
   bool in_step_ = false;
   bool planned_ = false;
 };
