@@ -38,7 +38,7 @@ using view_t = mb::quorum_view<tr::zmq_communicator>;
 
 struct options {
   int rank = -1, size = 0;
-  std::string rendezvous, rendezvous_file, secret_file, address = "127.0.0.1", mode = "periodic";
+  std::string rendezvous, rendezvous_file, secret_file, hold_file, address = "127.0.0.1", mode = "periodic";
   bool join = false, insecure = false;
   double mib = 4;
   std::size_t period = 2;
@@ -87,6 +87,11 @@ options parse(int argc, char** argv, std::string& help) {
   cli.add_option("--syncs", o.syncs, "stop once the job has committed this many syncs (default 100)")
       ->option_text("N")
       ->check(integer<std::uint64_t>(1, std::uint64_t{1} << 40));
+  cli.add_option("--hold-file", o.hold_file,
+                 "go on past --syncs while this file exists (the soak removes it once every\n"
+                 "fault is absorbed, so the job cannot end under a joiner); the members decide\n"
+                 "together in each sync, so all stop after the same one")
+      ->option_text("F");
   cli.add_option("--step-ms", o.step_ms, "milliseconds a local step sleeps (its compute; default 2)")
       ->option_text("MS")
       ->check(integer<int>(0, 60000));
@@ -200,8 +205,14 @@ int run(const options& o) {
 
   const auto elements = static_cast<std::size_t>(o.mib * 1024 * 1024 / sizeof(double));
   std::vector<double> params(elements, 1.0), grads(elements, 0.0);
+  // --hold-file: whether the job goes on past --syncs, agreed in every sync (the maximum over the
+  // members of "the file exists"), so every member stops after the same sync. Part of the state,
+  // so a newcomer admitted at a sync knows it; written only once the sync's all-reduce of it has
+  // completed here (a failed attempt leaves the last agreed value).
+  std::vector<double> hold(1, o.hold_file.empty() ? 0.0 : 1.0);
   zmq_member m(comm, mo);
   m.add_state(params);
+  if (!o.hold_file.empty()) m.add_state(hold);
 
   // What the member reports, kept for the lines below.
   std::optional<double> detected_at;  // a loss was seen: when (the reconfiguration's start)
@@ -238,6 +249,12 @@ int run(const options& o) {
     reducer.emplace(view);
     reducer->add(grads.data(), grads.size());
   }
+  const auto agree_on_hold = [&] {
+    if (o.hold_file.empty()) return;
+    double h = ::access(o.hold_file.c_str(), F_OK) == 0 ? 1.0 : 0.0;
+    view.allreduce(&h, 1, cadence::transport::dtype::f64, cadence::transport::reduce_op::max);
+    hold[0] = h;
+  };
   std::uint64_t local = 0;
   const auto step = [&] {  // deterministic per rank and local step: sparse, cheap, distinct
     ++local;
@@ -249,12 +266,19 @@ int run(const options& o) {
     if (o.step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
   };
 
-  while (m.committed() < o.syncs) {
+  while (m.committed() < o.syncs || hold[0] != 0.0) {
     mb::sync_report r;
     if (o.mode == "periodic") {
       step();
       if (!avg.step_done()) continue;
-      r = m.transact([&] { avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())}); }, {params});
+      r = m.transact(
+          [&] {
+            // Before the average: a retry calls sync() again, which a sync that completed here
+            // (and a later collective failed) would refuse as not due.
+            agree_on_hold();
+            avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())});
+          },
+          {params});
       if (r.outcome != mb::outcome::committed) avg.restart_period();
     } else {
       step();
@@ -264,6 +288,9 @@ int run(const options& o) {
       r = m.transact(
           [&] {
             reducer->average();
+            // After the average (the sync is then committed wherever this completes, and healed
+            // from there elsewhere), before the update (a discarded attempt leaves params as they were).
+            agree_on_hold();
             for (std::size_t i = 0; i < params.size(); ++i) params[i] -= 0.5 * grads[i];
           },
           {grads}, mb::on_loss::discard);

@@ -229,7 +229,8 @@ class Proc:
         a = trial.args
         cmd = [a.rank_program, "--rank", str(rank), "--size", str(a.ranks), "--rendezvous-file", trial.rendezvous,
                "--syncs", str(a.syncs), "--mode", trial.mode, "--mib", "%g" % a.mib, "--step-ms", str(a.step_ms),
-               "--heartbeat-ms", str(a.heartbeat_ms), "--join-timeout-ms", str(int(a.trial_timeout * 1000))]
+               "--heartbeat-ms", str(a.heartbeat_ms), "--join-timeout-ms", str(int(a.trial_timeout * 1000)),
+               "--hold-file", trial.hold]
         if a.insecure:
             cmd.append("--insecure")
         if join:
@@ -278,6 +279,10 @@ class Trial:
         self.args, self.number, self.folder, self.cluster = args, number, folder, cluster
         self.mode, self.late, self.faults = schedule(args, number)
         self.rendezvous = os.path.join(folder, "rendezvous")
+        # While this file exists the ranks go on past --syncs (they agree on it in every sync):
+        # removed once every fault is absorbed, so the job never ends under a joiner still on
+        # its way in (a restart drawn near the end of the job is then admitted, not missed).
+        self.hold = os.path.join(folder, "hold")
         self.secret = os.urandom(32).hex()
         self.procs = []
         self.commits = []  # (t, step, quorum, members, hash, rank)
@@ -347,14 +352,19 @@ class Trial:
 
     def run(self):
         deadline = time.monotonic() + self.args.trial_timeout
+        with open(self.hold, "w"):
+            pass
         try:
             for r in range(self.args.ranks):
                 if r != self.late:
                     self.start(r, False)
             if self.wait_for_starts(deadline):
                 self.inject(deadline)
+                os.remove(self.hold)  # every fault absorbed (or given up on): the job may end
                 self.wait_for_end(deadline)
         finally:
+            if os.path.exists(self.hold):
+                os.remove(self.hold)
             for p in self.procs:
                 if p.p.poll() is None:
                     p.signal(signal.SIGKILL)
