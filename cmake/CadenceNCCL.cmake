@@ -61,7 +61,8 @@ target_sources(cadence_nccl INTERFACE
   FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include
   FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/nccl/api.hpp
         ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/nccl/protocol.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/nccl/communicator.hpp)
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/nccl/communicator.hpp
+        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/membership/nccl/group.hpp)
 
 if(CADENCE_BUILD_TESTS)
   set_target_properties(cadence_nccl PROPERTIES VERIFY_INTERFACE_HEADER_SETS ON)
