@@ -10,12 +10,14 @@
 // announcement that never came. Now the leader forgets the newcomer it cannot admit, the member
 // that spoke for it does too, and that member tells it at once that it was left out.
 //
-// As in quorum_race_test.cpp, `sight` gives each rank its own list of the peers it counts as
-// lost (the communicator's peer_lost() extension), so the test decides who sees whom.
+// As in quorum_race_test.cpp, `sight` (membership/sight.hpp) gives each rank its own list of the
+// peers it counts as lost (the communicator's peer_lost() extension), so the test decides who
+// sees whom.
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/inproc.hpp>
 
 #include "membership/membership_ranks.hpp"
+#include "membership/sight.hpp"
 
 #include <doctest/doctest.h>
 
@@ -39,53 +41,13 @@ using cadence::transport::dtype;
 using cadence::transport::inproc_communicator;
 using cadence::transport::inproc_world;
 using cadence_membership_test::ledger;
-
-/// Which peers each rank counts as lost beyond the transport.
-class sight {
-public:
-  void hide(int observer, int peer) {
-    std::lock_guard<std::mutex> lock(m_);
-    hidden_.insert({observer, peer});
-  }
-  bool hides(int observer, int peer) const {
-    std::lock_guard<std::mutex> lock(m_);
-    return hidden_.count({observer, peer}) != 0;
-  }
-
-private:
-  mutable std::mutex m_;
-  std::set<std::pair<int, int>> hidden_;
-};
-
-class seeing_communicator : public inproc_communicator {
-public:
-  seeing_communicator(inproc_communicator&& c, sight& s) : inproc_communicator(std::move(c)), sight_(&s) {}
-  bool peer_lost(int peer) const { return sight_->hides(rank(), peer) || inproc_communicator::peer_lost(peer); }
-
-private:
-  sight* sight_;
-};
+using cadence_membership_test::events_of;
+using cadence_membership_test::seeing_communicator;
+using cadence_membership_test::sight;
+using cadence_membership_test::wait_for;
+using rank_result = cadence_membership_test::race_result;
 
 using member_t = mb::member<seeing_communicator>;
-
-struct rank_result {
-  std::string error;
-  std::uint64_t committed = 0;
-  std::uint64_t hash = 0;
-  mb::member_stats stats;
-  std::vector<int> last_quorum;
-  std::vector<std::string> events;
-};
-
-template <class F>
-bool wait_for(F&& done, std::chrono::seconds limit) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
 
 void run_syncs(member_t& m, std::vector<double>& params, ledger& book, std::uint64_t target, int rank) {
   while (m.committed() < target) {
@@ -95,13 +57,6 @@ void run_syncs(member_t& m, std::vector<double>& params, ledger& book, std::uint
         m.transact([&] { m.view().allreduce_average(params.data(), params.size(), dtype::f64); }, {params});
     if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
   }
-}
-
-std::string events_of(const rank_result& r, std::mutex& mu) {
-  std::lock_guard<std::mutex> lock(mu);
-  std::string s;
-  for (const auto& e : r.events) s += "  " + e + "\n";
-  return s;
 }
 
 // Four members commit 3 syncs. Then rank 2 stalls before sync 4 and ranks 0 and 2 lose each
@@ -127,15 +82,9 @@ TEST_CASE("membership: a member the leader lost but another still sees is left o
       rank_result& out = res[static_cast<std::size_t>(rank)];
       cadence_membership_test::keep_error(out, [&] {
         seeing_communicator c(world.join(rank), s);
-        auto o = cadence_membership_test::test_options();
-        o.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(250));  // op 1 s, quorum 2 s
-        o.on_event = [&out, &mu, &reformed, &asked, rank](const std::string& line) {
-          {
-            std::lock_guard<std::mutex> lock(mu);
-            out.events.push_back(line);
-          }
+        auto o = cadence_membership_test::race_options(out, mu, [&reformed, rank](const std::string& line) {
           if (rank != 2 && line.find("quorum 2 {0, 1, 3} after quorum 1 {0, 1, 2, 3}") != std::string::npos) ++reformed;
-        };
+        });
         member_t m(c, o);
         std::vector<double> params(40, 1.0);
         m.add_state(params);

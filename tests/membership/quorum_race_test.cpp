@@ -16,6 +16,7 @@
 #include <cadence/transport/inproc.hpp>
 
 #include "membership/membership_ranks.hpp"
+#include "membership/sight.hpp"
 
 #include <doctest/doctest.h>
 
@@ -37,60 +38,17 @@ namespace {
 namespace mb = cadence::membership;
 using cadence::transport::dtype;
 using cadence::transport::inproc_communicator;
-using cadence::transport::inproc_work;
 using cadence::transport::inproc_world;
 using cadence_membership_test::killed;
 using cadence_membership_test::ledger;
-
-/// Which peers each rank counts as lost beyond the transport, and a hook after every send.
-class sight {
-public:
-  void hide(int observer, int peer) {
-    std::lock_guard<std::mutex> lock(m_);
-    hidden_.insert({observer, peer});
-  }
-  void show(int observer, int peer) {
-    std::lock_guard<std::mutex> lock(m_);
-    hidden_.erase({observer, peer});
-  }
-  bool hides(int observer, int peer) const {
-    std::lock_guard<std::mutex> lock(m_);
-    return hidden_.count({observer, peer}) != 0;
-  }
-  /// Called on the sender's thread after each send was posted: (from, buffer, bytes, to, tag).
-  std::function<void(int, const void*, std::size_t, int, int)> after_send;
-
-private:
-  mutable std::mutex m_;
-  std::set<std::pair<int, int>> hidden_;
-};
-
-/// The in-process communicator with a rank's own sight of its peers.
-class seeing_communicator : public inproc_communicator {
-public:
-  seeing_communicator(inproc_communicator&& c, sight& s) : inproc_communicator(std::move(c)), sight_(&s) {}
-  bool peer_lost(int peer) const { return sight_->hides(rank(), peer) || inproc_communicator::peer_lost(peer); }
-  inproc_work isend(const void* buf, std::size_t bytes, int dst, int tag) {
-    inproc_work w = inproc_communicator::isend(buf, bytes, dst, tag);
-    if (sight_->after_send) sight_->after_send(rank(), buf, bytes, dst, tag);
-    return w;
-  }
-
-private:
-  sight* sight_;
-};
+using cadence_membership_test::any_event;
+using cadence_membership_test::events_of;
+using cadence_membership_test::seeing_communicator;
+using cadence_membership_test::sight;
+using cadence_membership_test::wait_for;
+using rank_result = cadence_membership_test::race_result;
 
 using member_t = mb::member<seeing_communicator>;
-
-struct rank_result {
-  std::string error;
-  std::uint64_t committed = 0;
-  std::uint64_t hash = 0;
-  mb::member_stats stats;
-  std::vector<int> last_quorum;
-  std::vector<std::string> events;
-  std::vector<std::pair<std::uint64_t, std::vector<int>>> commits;  // (count, quorum) of each commit
-};
 
 /// A replica: parameters averaged at every sync after a local step that depends on the rank.
 struct replica {
@@ -127,45 +85,6 @@ void finish(member_t& m, rank_result& out) {
   out.hash = m.state_hash();
   out.stats = m.stats();
   out.last_quorum = m.current().ranks;
-}
-
-/// Options with the rank's events kept in `out` (under `mu`), and `also` called with each.
-mb::member_options options(rank_result& out, std::mutex& mu, std::function<void(const std::string&)> also = {}) {
-  auto o = cadence_membership_test::test_options();
-  o.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(250));  // op 1 s, quorum 2 s
-  o.on_event = [&out, &mu, also](const std::string& line) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      out.events.push_back(line);
-    }
-    if (also) also(line);
-  };
-  return o;
-}
-
-bool any_event(const rank_result& r, std::mutex& mu, const std::string& part) {
-  std::lock_guard<std::mutex> lock(mu);
-  for (const auto& e : r.events)
-    if (e.find(part) != std::string::npos) return true;
-  return false;
-}
-
-std::string events_of(const rank_result& r, std::mutex& mu) {
-  std::lock_guard<std::mutex> lock(mu);
-  std::string s;
-  for (const auto& e : r.events) s += "  " + e + "\n";
-  return s;
-}
-
-/// Waits until `done()` or `limit` passes (a hang's bound, not a timing assumption).
-template <class F>
-bool wait_for(F&& done, std::chrono::seconds limit) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
 }
 
 // Seed 1, trial 18 of the chaos soak, step by step. Four members commit 3 syncs; then rank 0,
@@ -211,7 +130,7 @@ TEST_CASE("membership: a leader stopped with a member's request on its way, then
       rank_result& out = res[static_cast<std::size_t>(rank)];
       cadence_membership_test::keep_error(out, [&] {
         seeing_communicator c(world.join(rank), s);
-        auto o = options(out, mu, [&, rank](const std::string& line) {
+        auto o = cadence_membership_test::race_options(out, mu, [&, rank](const std::string& line) {
           if (rank != 0 && line.find("quorum 2 {1, 2, 3} after quorum 1 {0, 1, 2, 3}") != std::string::npos) ++reformed;
           if (rank == 0 && line.find("quorum 2 {0, 3} after") != std::string::npos) s.show(0, 3);
         });
@@ -286,7 +205,7 @@ TEST_CASE("membership: a sync committed by a follower but not by the leader conf
       rank_result& out = res[static_cast<std::size_t>(rank)];
       cadence_membership_test::keep_error(out, [&] {
         seeing_communicator c(world.join(rank), nobody_hidden);
-        auto o = options(out, mu);
+        auto o = cadence_membership_test::race_options(out, mu);
         member_t m(c, o);
         replica r(20000);  // 160 KB: the ring, one piece per segment among three members
         m.add_state(r.params);
