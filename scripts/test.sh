@@ -16,7 +16,9 @@
 #                in-process transport and exchange adapters, the NCCL protocol over its fake)
 #   build-cuda/  the Thrust sources and GPU benchmark compiled with nvcc for sm_90 (compile
 #                and link only; skipped with a message when no CUDA compiler is installed)
-# A configuration whose build fails counts as one failure and the others still run. Each section
+# A configuration whose build fails counts as one failure and the others still run. The sanitizer,
+# fuzz and CUDA builds compile in the background at the lowest CPU priority while the previous
+# configuration's tests run (they take the time the tests leave idle). Each section
 # header says how long the run has taken so far. Always ends with one line
 # "tests: N passed, M failed".
 #
@@ -123,12 +125,105 @@ if ((!quick)) && [[ ${CADENCE_TORCH_NEWEST:-1} != 0 ]]; then
   echo "preparing the newest torch's venv in the background (log: $prefetch_log)"
 fi
 
+# ---- builds in the background ----
+# While one configuration's tests run, the next configurations compile at the lowest CPU
+# priority (nice 19): the tests keep the cores they ask for, and the builds take what the tests
+# leave idle (the process-level fault tests, the namespaces' rate-limited links, the Python
+# tests' process starts all wait more than they compute). A build's output goes to its log,
+# printed in its section; its failures count there.
+bg_dir=$(mktemp -d)
+trap 'rm -rf "$bg_dir"; finish' EXIT
+declare -A bg_pid=()
+# in_background NAME FUNC: runs FUNC (configure and build calls) in the background.
+in_background() {
+  local name=$1 fn=$2
+  (
+    trap - EXIT  # the script's summary and clean-up are the parent's
+    renice -n 19 -p "$BASHPID" >/dev/null 2>&1
+    before=$failed
+    "$fn"
+    echo $((failed - before)) >"$bg_dir/$name.failed"
+  ) >"$bg_dir/$name.log" 2>&1 &
+  bg_pid[$name]=$!
+}
+# collect NAME: waits for it, prints its log and counts its failures; true when it had none.
+collect() {
+  local name=$1 bad
+  wait "${bg_pid[$name]}"
+  cat "$bg_dir/$name.log"
+  bad=$(cat "$bg_dir/$name.failed" 2>/dev/null || echo 1)
+  failed=$((failed + bad))
+  ((bad == 0))
+}
+
+# clang++ when installed (install-deps.sh test installs it and its sanitizer runtime), so one
+# build checks the second compiler and the sanitizers: every test at C++20, the Thrust tests on
+# the OMP system (libomp), the examples and the tools' command lines. The g++ Release build
+# covers the other compiler at C++17.
+asan_cxx=()
+if command -v clang++ >/dev/null 2>&1; then
+  asan_cxx=(-DCMAKE_CXX_COMPILER=clang++)
+fi
+# -O0 with line tables: a unity batch compiles 4x faster than at -O1 -g (7 s against 29 s for
+# the transport tests' first batch), which makes the whole section about 6 min instead of 14 on
+# two cores, while the tests run about 1.5x slower; reports still name file and line.
+asan_build() {
+  ((${#asan_cxx[@]})) || echo "clang++ not installed: the sanitizer build uses the default compiler"
+  configure build-asan asan "${asan_cxx[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -gline-tables-only" \
+    -DCADENCE_SANITIZE=address,undefined -DCADENCE_TEST_STANDARDS=20 \
+    -DCADENCE_SECONDARY_TEST_STANDARDS=20 -DCADENCE_THRUST_TEST_SYSTEMS=OMP \
+    -DCADENCE_BUILD_BENCHMARKS=OFF &&
+    build build-asan asan
+}
+
+# The libFuzzer targets, ThreadSanitizer's concurrent parts and the CUDA compile check, built one
+# after the other (their sections say what each is). Each leaves a mark when it built.
+later_builds() {
+  rm -f "$bg_dir"/{fuzz,tsan,cuda}.ok
+  if command -v clang++ >/dev/null 2>&1; then
+    if [[ -f build-fuzz/CMakeCache.txt ]] &&
+       ! grep -q "^CMAKE_GENERATOR:INTERNAL=${generator[1]:-Unix Makefiles}\$" build-fuzz/CMakeCache.txt; then
+      rm -rf build-fuzz
+    fi
+    if cmake -S tests/fuzz -B build-fuzz "${generator[@]}" -DCMAKE_CXX_COMPILER=clang++ -DCADENCE_FUZZ_SECONDS=2 \
+         -DCADENCE_FUZZ_OPTIMIZE=-O0; then
+      build build-fuzz fuzz && touch "$bg_dir/fuzz.ok"
+    else
+      failed=$((failed + 1))
+      echo "fuzz: configure FAILED"
+    fi
+  fi
+  # -g1 (line tables and function names, enough for ThreadSanitizer's stacks): a third less to
+  # compile than -g.
+  configure build-tsan tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
+      -DCADENCE_SANITIZE=thread -DCADENCE_TEST_STANDARDS=20 -DCADENCE_CORE_TEST_DIRS=runtime \
+      -DCADENCE_SECONDARY_TEST_STANDARDS=20 -DCADENCE_ENABLE_THRUST=OFF \
+      -DCADENCE_BUILD_BENCHMARKS=OFF -DCADENCE_BUILD_EXAMPLES=OFF -DCADENCE_BUILD_TOOLS=OFF &&
+    build build-tsan tsan --target cadence_tests_cxx20 cadence_transport_tests_cxx20 cadence_exchange_tests_cxx20 \
+      cadence_transport_nccl_fake_tests_cxx20 &&
+    touch "$bg_dir/tsan.ok"
+  # The Thrust tests and the GPU bench through nvcc; cadence-zipline's CUDA form (the same Thrust
+  # code under the tool's command line, 76 s of nvcc) is built by bench/gpu/run.sh on a GPU
+  # machine, not here (CI time).
+  if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    local nvcc_bin
+    nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    configure build-cuda cuda -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
+        -DCADENCE_THRUST_DEVICE_SYSTEM=CUDA -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DCADENCE_BUILD_EXAMPLES=OFF &&
+      build build-cuda "CUDA compile check" \
+        --target cadence_thrust_tests_cuda cadence-bench-thrust-gpu &&
+      touch "$bg_dir/cuda.ok"
+  fi
+}
+
 section "Release build (g++, C++17)"
 # The test executables at -O1 (CADENCE_TEST_OPTIMIZATION): half the compile time of -O3 for
 # them; the tools, apps, benchmarks and examples stay at Release's -O3 and are run by tests.
 if configure build release -DCMAKE_BUILD_TYPE=Release -DCADENCE_TEST_STANDARDS=17 \
      -DCADENCE_SECONDARY_TEST_STANDARDS=17 -DCADENCE_TEST_OPTIMIZATION=-O1 &&
    build build release; then
+  ((quick)) || in_background asan asan_build
   run_ctest build
   # Every public header compiles on its own (CMake's VERIFY_INTERFACE_HEADER_SETS).
   if build build "header self-containment check" --target all_verify_interface_header_sets; then
@@ -151,6 +246,7 @@ if ((quick)); then
   ((failed == 0))
   exit
 fi
+[[ -n ${bg_pid[asan]:-} ]] || in_background asan asan_build
 
 section "Python package (pip install . into a venv; pytest tests/python)"
 # The package's own script; it compares the bindings against build/bin's tools.
@@ -169,81 +265,38 @@ else
 fi
 
 section "clang, AddressSanitizer + UndefinedBehaviorSanitizer (C++20)"
-# clang++ when installed (install-deps.sh test installs it and its sanitizer runtime), so one
-# build checks the second compiler and the sanitizers: every test at C++20, the Thrust tests on
-# the OMP system (libomp), the examples and the tools' command lines. The g++ Release build
-# above covers the other compiler at C++17.
-asan_cxx=()
-if command -v clang++ >/dev/null 2>&1; then
-  asan_cxx=(-DCMAKE_CXX_COMPILER=clang++)
-else
-  echo "clang++ not installed: the sanitizer build uses the default compiler"
-fi
-# -O0 with line tables: a unity batch compiles 4x faster than at -O1 -g (7 s against 29 s for
-# the transport tests' first batch), which makes the whole section about 6 min instead of 14 on
-# two cores, while the tests run about 1.5x slower; reports still name file and line.
-if configure build-asan asan "${asan_cxx[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -gline-tables-only" \
-     -DCADENCE_SANITIZE=address,undefined -DCADENCE_TEST_STANDARDS=20 \
-     -DCADENCE_SECONDARY_TEST_STANDARDS=20 -DCADENCE_THRUST_TEST_SYSTEMS=OMP \
-     -DCADENCE_BUILD_BENCHMARKS=OFF &&
-   build build-asan asan; then
-  run_ctest build-asan
-fi
+asan_ok=0
+collect asan && asan_ok=1
+in_background later later_builds
+((asan_ok)) && run_ctest build-asan
 
 section "libFuzzer: the decoders, 2 s each (tests/fuzz)"
 # Every decoder of bytes or text from outside a process, fuzzed briefly from its committed corpus
 # with clang's -fsanitize=fuzzer,address,undefined (docs/testing.md, "Fuzzing", has the long
 # command). A project of its own; it says so and builds nothing where libFuzzer is missing.
-if command -v clang++ >/dev/null 2>&1; then
-  if [[ -f build-fuzz/CMakeCache.txt ]] &&
-     ! grep -q "^CMAKE_GENERATOR:INTERNAL=${generator[1]:-Unix Makefiles}\$" build-fuzz/CMakeCache.txt; then
-    rm -rf build-fuzz
-  fi
-  if cmake -S tests/fuzz -B build-fuzz "${generator[@]}" -DCMAKE_CXX_COMPILER=clang++ -DCADENCE_FUZZ_SECONDS=2 \
-       -DCADENCE_FUZZ_OPTIMIZE=-O0; then
-    if build build-fuzz fuzz; then
-      if [[ -n $(ctest --test-dir build-fuzz -N | grep -E '^ *Test +#') ]]; then
-        run_ctest build-fuzz
-      else
-        echo "clang++ cannot link -fsanitize=fuzzer (install libclang-rt-14-dev): fuzzing skipped"
-      fi
-    fi
-  else
-    failed=$((failed + 1))
-    echo "fuzz: configure FAILED"
-  fi
-else
+# (The builds of this section and the next two ran in the background during the ASan tests.)
+collect later || true
+if ! command -v clang++ >/dev/null 2>&1; then
   echo "clang++ not installed: fuzzing skipped"
+elif [[ -f $bg_dir/fuzz.ok ]]; then
+  if [[ -n $(ctest --test-dir build-fuzz -N | grep -E '^ *Test +#') ]]; then
+    run_ctest build-fuzz
+  else
+    echo "clang++ cannot link -fsanitize=fuzzer (install libclang-rt-14-dev): fuzzing skipped"
+  fi
 fi
 
 section "ThreadSanitizer (concurrent parts)"
-# -g1 (line tables and function names, enough for ThreadSanitizer's stacks): a third less to
-# compile than -g.
-if configure build-tsan tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
-     -DCADENCE_SANITIZE=thread -DCADENCE_TEST_STANDARDS=20 -DCADENCE_CORE_TEST_DIRS=runtime \
-     -DCADENCE_SECONDARY_TEST_STANDARDS=20 -DCADENCE_ENABLE_THRUST=OFF \
-     -DCADENCE_BUILD_BENCHMARKS=OFF -DCADENCE_BUILD_EXAMPLES=OFF -DCADENCE_BUILD_TOOLS=OFF &&
-   build build-tsan tsan --target cadence_tests_cxx20 cadence_transport_tests_cxx20 cadence_exchange_tests_cxx20 \
-     cadence_transport_nccl_fake_tests_cxx20; then
+if [[ -f $bg_dir/tsan.ok ]]; then
   run_ctest build-tsan -R 'blocking|liveness|transport_|exchange_'
 fi
 
 section "CUDA compile check (nvcc, sm_90)"
-# The Thrust tests and the GPU bench through nvcc; cadence-zipline's CUDA form (the same Thrust
-# code under the tool's command line, 76 s of nvcc) is built by bench/gpu/run.sh on a GPU
-# machine, not here (CI time).
-if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
-  nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-  if configure build-cuda cuda -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
-       -DCADENCE_THRUST_DEVICE_SYSTEM=CUDA -DCMAKE_CUDA_ARCHITECTURES=90 \
-       -DCADENCE_BUILD_EXAMPLES=OFF &&
-     build build-cuda "CUDA compile check" \
-       --target cadence_thrust_tests_cuda cadence-bench-thrust-gpu; then
-    passed=$((passed + 1))
-    echo "CUDA compile check: ok (no GPU here: compiled and linked, not run)"
-  fi
-else
+if ! command -v nvcc >/dev/null 2>&1 && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   echo "no CUDA compiler found: CUDA compile check skipped"
+elif [[ -f $bg_dir/cuda.ok ]]; then
+  passed=$((passed + 1))
+  echo "CUDA compile check: ok (no GPU here: compiled and linked, not run)"
 fi
 
 ((failed == 0))
