@@ -55,12 +55,16 @@ struct group_spec {
 
 /// Counts of a quorum_group since its construction.
 struct quorum_group_stats {
-  /// Data communicators built (one per quorum that ran a data call), and builds that failed.
-  std::uint64_t builds = 0, build_failures = 0;
+  /// Data communicators built (one per quorum that ran a data call).
+  std::uint64_t builds = 0;
+  /// Builds that failed (a rank that never arrived, a fault during the build).
+  std::uint64_t build_failures = 0;
   /// Data calls (or builds) that failed and failed the sync with them.
   std::uint64_t data_failures = 0;
-  /// The last and the longest successful build, in seconds (the re-creation time).
-  double last_build_seconds = 0, max_build_seconds = 0;
+  /// The last successful build, in seconds (the re-creation time).
+  double last_build_seconds = 0;
+  /// The longest successful build, in seconds.
+  double max_build_seconds = 0;
   /// The last failure's message (a build's names the ranks that never arrived), or empty.
   std::string last_error;
 };
@@ -78,9 +82,11 @@ class quorum_group_work {
 public:
   /// A complete handle.
   quorum_group_work() = default;
+  /// Moves the operation.
   quorum_group_work(quorum_group_work&& o) noexcept
       : group_(std::exchange(o.group_, nullptr)), w_(std::move(o.w_)), generation_(o.generation_),
         started_(o.started_) {}
+  /// Moves the operation; an incomplete one held before is cancelled.
   quorum_group_work& operator=(quorum_group_work&& o) noexcept {
     if (this != &o) {
       cancel();
@@ -207,7 +213,7 @@ public:
         },
         backup, policy);
   }
-  /// transact() with the `backup` as a braced list.
+  /// transact() of `body` under `policy` with the `backup` as a braced list.
   template <class Body>
   sync_report transact(Body&& body, std::initializer_list<buffer> backup, on_loss policy = on_loss::retry) {
     return transact(std::forward<Body>(body), span<const buffer>(backup.begin(), backup.size()), policy);
@@ -236,48 +242,50 @@ public:
     D& c = data("allreduce");
     guarded("allreduce", [&] { c.allreduce(buf, count, t, op, bounded(d)); });
   }
-  /// D's averaging all-reduce (where D has one).
+  /// D's averaging all-reduce of `count` elements of `t` at `buf` (where D has one), within `d`
+  /// and the op timeout.
   void allreduce_average(void* buf, std::size_t count, transport::dtype t, transport::deadline d = {}) {
     D& c = data("allreduce_average");
     guarded("allreduce_average", [&] { c.allreduce_average(buf, count, t, bounded(d)); });
   }
-  /// D's broadcast of `bytes` from member `root` (a view rank).
+  /// D's broadcast of `bytes` at `buf` from member `root` (a view rank), within `d`.
   void broadcast(void* buf, std::size_t bytes, int root, transport::deadline d = {}) {
     D& c = data("broadcast");
     guarded("broadcast", [&] { c.broadcast(buf, bytes, root, bounded(d)); });
   }
-  /// D's send to member `dst` (a view rank).
+  /// D's send of `bytes` at `buf` to member `dst` (a view rank) with `tag`, within `d`.
   void send(const void* buf, std::size_t bytes, int dst, int tag, transport::deadline d = {}) {
     D& c = data("send");
     guarded("send", [&] { c.send(buf, bytes, dst, tag, bounded(d)); });
   }
-  /// D's receive from member `src` (a view rank); returns `src`.
+  /// D's receive of `bytes` into `buf` from member `src` (a view rank) with `tag`, within `d`;
+  /// returns `src`.
   int recv(void* buf, std::size_t bytes, int src, int tag, transport::deadline d = {}) {
     D& c = data("recv");
     return guarded("recv", [&] { return c.recv(buf, bytes, src, tag, bounded(d)); });
   }
 
-  /// allreduce(), started.
+  /// allreduce() of `count` elements of `t` at `buf` with `op`, started.
   work_type iallreduce(void* buf, std::size_t count, transport::dtype t, transport::reduce_op op) {
     D& c = data("iallreduce");
     return {this, guarded("iallreduce", [&] { return c.iallreduce(buf, count, t, op); }), generation_};
   }
-  /// allreduce_average(), started.
+  /// allreduce_average() of `count` elements of `t` at `buf`, started.
   work_type iallreduce_average(void* buf, std::size_t count, transport::dtype t) {
     D& c = data("iallreduce_average");
     return {this, guarded("iallreduce_average", [&] { return c.iallreduce_average(buf, count, t); }), generation_};
   }
-  /// broadcast(), started.
+  /// broadcast() of `bytes` at `buf` from member `root`, started.
   work_type ibroadcast(void* buf, std::size_t bytes, int root) {
     D& c = data("ibroadcast");
     return {this, guarded("ibroadcast", [&] { return c.ibroadcast(buf, bytes, root); }), generation_};
   }
-  /// send(), started.
+  /// send() of `bytes` at `buf` to member `dst` with `tag`, started.
   work_type isend(const void* buf, std::size_t bytes, int dst, int tag) {
     D& c = data("isend");
     return {this, guarded("isend", [&] { return c.isend(buf, bytes, dst, tag); }), generation_};
   }
-  /// recv(), started.
+  /// recv() of `bytes` into `buf` from member `src` with `tag`, started.
   work_type irecv(void* buf, std::size_t bytes, int src, int tag) {
     D& c = data("irecv");
     return {this, guarded("irecv", [&] { return c.irecv(buf, bytes, src, tag); }), generation_};

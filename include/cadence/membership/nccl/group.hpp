@@ -40,7 +40,8 @@ namespace cadence::membership {
 /// earlier communicator is refused by the group).
 class nccl_group_communicator : public transport::nccl_communicator {
 public:
-  /// nccl_communicator's construction over `bootstrap` (the membership's view).
+  /// nccl_communicator's construction over `bootstrap` (the membership's view) with `api`, on
+  /// `device`, with `options`, within `d`.
   template <class Bootstrap>
   nccl_group_communicator(const transport::nccl_api& api, Bootstrap& bootstrap, int device,
                           transport::nccl_options options, transport::deadline d)
@@ -84,7 +85,9 @@ std::function<std::unique_ptr<nccl_group_communicator>(const group_spec&)> nccl_
   };
 }
 
-/// An nccl_quorum_group over member `m` (nccl_group_factory with `api`, `device`, `options`).
+/// An nccl_quorum_group over member `m` (nccl_group_factory with `api`, `device`, `options`;
+/// `base_prefix` starts each quorum's `group_spec::prefix`, unused by NCCL, which meets through the
+/// leader's unique id).
 /// With the real NCCL: `make_nccl_group(m, transport::real_nccl_api(), local_rank)`.
 ///
 /// Buffers: the data calls take device buffers (capabilities().device_buffers once the group has
