@@ -218,8 +218,8 @@ later_builds() {
 }
 
 section "Release build (g++, C++17)"
-# The test executables at -O1 (CADENCE_TEST_OPTIMIZATION): half the compile time of -O3 for
-# them; the tools, apps, benchmarks and examples stay at Release's -O3 and are run by tests.
+# The test executables and examples at -O1 (CADENCE_TEST_OPTIMIZATION): half the compile time of
+# -O3 for them; the tools, apps and benchmarks stay at Release's -O3 and are run by tests.
 if configure build release -DCMAKE_BUILD_TYPE=Release -DCADENCE_TEST_STANDARDS=17 \
      -DCADENCE_SECONDARY_TEST_STANDARDS=17 -DCADENCE_TEST_OPTIMIZATION=-O1 &&
    build build release; then
