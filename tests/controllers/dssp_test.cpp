@@ -2,6 +2,7 @@
 #include <cadence/controllers/ssp.hpp>
 #include <cadence/predict/any_predictor.hpp>
 
+#include "support/trials.hpp"
 #include "support/schedule.hpp"
 
 #include <doctest/doctest.h>
@@ -131,7 +132,7 @@ TEST_CASE("the dssp controller's two-pointer search picks what the double loop p
   std::mt19937_64 rng(42);
   std::uniform_real_distribution<double> u(0.0, 10.0);
   std::uniform_int_distribution<int> small(0, 12);
-  for (int trial = 0; trial < 20000; ++trial) {
+  for (std::uint64_t trial = 0; trial < cadence_test::sanitized_trials(20000); ++trial) {
     // Sorted sequences; integer-valued steps make exact ties common.
     const bool ints = trial % 2 == 0;
     auto value = [&](double scale) { return ints ? std::floor(u(rng) * scale) : u(rng) * scale; };
@@ -182,7 +183,7 @@ TEST_CASE("dssp grants the fast worker r* = 3 in the paper's Fig. 2 setting (s_L
 
 TEST_CASE("dssp never lets a worker start an iteration more than s_U clocks ahead") {
   for (auto [lo, hi] : {std::pair<clock_value, clock_value>{0, 0}, {0, 4}, {1, 5}, {3, 15}, {2, 3}}) {
-    for (std::uint64_t seed = 0; seed < 250; ++seed) {
+    for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(250); ++seed) {
       std::mt19937_64 rng(seed * 7 + static_cast<std::uint64_t>(hi));
       test::schedule_options opt;
       opt.workers = 2 + seed % 8;
@@ -202,7 +203,7 @@ TEST_CASE("dssp never lets a worker start an iteration more than s_U clocks ahea
 }
 
 TEST_CASE("dssp decides exactly like the contract's rules run by scanning every worker") {
-  for (std::uint64_t seed = 0; seed < 400; ++seed) {
+  for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(400); ++seed) {
     const clock_value lo = static_cast<clock_value>(seed % 4);
     const clock_value hi = lo + static_cast<clock_value>(seed % 7);
     test::schedule_options opt;
@@ -217,7 +218,7 @@ TEST_CASE("dssp decides exactly like the contract's rules run by scanning every 
 }
 
 TEST_CASE("dssp with s_L = s_U decides exactly like ssp(s_L)") {
-  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+  for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(200); ++seed) {
     const clock_value s = static_cast<clock_value>(seed % 6);
     test::schedule_options opt;
     opt.workers = 1 + seed % 9;
@@ -280,7 +281,7 @@ TEST_CASE("a dssp fast worker whose last two pushes share a timestamp gets no ex
 
 TEST_CASE("dssp takes any predictor, and the default decides exactly like the paper's formula") {
   // The naive reference above computes P_i = A_p + i I_p and S_k = A_s + (k+1) I_s directly.
-  for (std::uint64_t seed = 0; seed < 100; ++seed) {
+  for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(100); ++seed) {
     test::schedule_options opt;
     opt.workers = 2 + seed % 6;
     opt.events = 300;
@@ -289,7 +290,7 @@ TEST_CASE("dssp takes any predictor, and the default decides exactly like the pa
     require_same_decisions(erased, reference, seed, opt);
   }
   // A robust predictor still keeps the bound.
-  for (std::uint64_t seed = 0; seed < 100; ++seed) {
+  for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(100); ++seed) {
     std::mt19937_64 rng(seed);
     test::schedule_options opt;
     opt.workers = 2 + seed % 7;

@@ -1,5 +1,6 @@
 #include <cadence/controllers/ssp.hpp>
 
+#include "support/trials.hpp"
 #include "support/schedule.hpp"
 
 #include <doctest/doctest.h>
@@ -68,7 +69,7 @@ private:
 
 TEST_CASE("ssp never lets a worker run more than s clocks ahead of the slowest") {
   for (clock_value s : {0, 1, 3, 7}) {
-    for (std::uint64_t seed = 0; seed < 300; ++seed) {
+    for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(300); ++seed) {
       std::mt19937_64 rng(seed);
       test::schedule_options opt;
       opt.workers = 2 + seed % 9;
@@ -88,7 +89,7 @@ TEST_CASE("ssp never lets a worker run more than s clocks ahead of the slowest")
 }
 
 TEST_CASE("ssp decides exactly like the scan-everything definition") {
-  for (std::uint64_t seed = 0; seed < 400; ++seed) {
+  for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(400); ++seed) {
     const clock_value s = static_cast<clock_value>(seed % 5);
     test::schedule_options opt;
     opt.workers = 1 + seed % 12;
@@ -102,7 +103,7 @@ TEST_CASE("ssp decides exactly like the scan-everything definition") {
 }
 
 TEST_CASE("bsp decides exactly like ssp(0) and asp like ssp with a huge bound") {
-  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+  for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(200); ++seed) {
     test::schedule_options opt;
     opt.workers = 1 + seed % 10;
     opt.events = 300;

@@ -5,6 +5,7 @@
 // (and within rounding of a plain sum), the caller's buffer untouched until every rank agreed,
 // no receive posted over a send that may still read its memory.
 #include "fake_wire.hpp"
+#include "support/trials.hpp"
 
 #include <doctest/doctest.h>
 
@@ -236,7 +237,7 @@ TEST_CASE(
 TEST_CASE(
     "over hundreds of seeded delivery schedules, rings and small all-reduces in a sequence end with the same bits on "
     "every rank") {
-  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+  for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(200); ++seed) {
     std::mt19937_64 rng(seed * 104729 + 7);
     ring_case c;
     c.pick_reduction(rng);
@@ -254,7 +255,7 @@ TEST_CASE(
 
 TEST_CASE(
     "arguments that differ on one rank fail every rank before any piece touches a caller's buffer, naming both sides") {
-  for (std::uint64_t seed = 0; seed < 100; ++seed) {
+  for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(100); ++seed) {
     std::mt19937_64 rng(seed + 77);
     const int n = std::uniform_int_distribution<int>(2, 9)(rng);
     const int odd = std::uniform_int_distribution<int>(0, n - 1)(rng);
@@ -504,7 +505,7 @@ TEST_CASE("the ring on one rank completes and leaves the buffer as it was") {
 }
 
 TEST_CASE("a rank that stops mid-ring is named by its right neighbour, and no rank waiting names nobody") {
-  for (std::uint64_t seed = 0; seed < 120; ++seed) {
+  for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(120); ++seed) {
     std::mt19937_64 rng(seed + 31337);
     const int n = std::uniform_int_distribution<int>(2, 8)(rng);
     const int stopped = std::uniform_int_distribution<int>(0, n - 1)(rng);
