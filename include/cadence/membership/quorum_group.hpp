@@ -53,6 +53,13 @@ struct group_spec {
   transport::deadline until;
 };
 
+/// Where a quorum_group's data calls take their buffers: host memory (gloo) or the device's
+/// (NCCL), fixed at construction so capabilities() says it before the first communicator is built.
+enum class buffer_memory {
+  host,   ///< host memory (gloo's communicators)
+  device  ///< the GPU's memory (NCCL's communicators)
+};
+
 /// Counts of a quorum_group since its construction.
 struct quorum_group_stats {
   /// Data communicators built (one per quorum that ran a data call).
@@ -182,9 +189,11 @@ public:
   using work_type = quorum_group_work<C, D>;
 
   /// A group over member `m`'s quorums, building with `make`; store prefixes start with
-  /// `base_prefix` (no '/'). Builds nothing yet.
-  quorum_group(member<C>& m, factory make, std::string base_prefix = "cadence-data")
-      : m_(&m), make_(std::move(make)), base_(std::move(base_prefix)) {
+  /// `base_prefix` (no '/'); the data calls take buffers in `memory` (what every communicator
+  /// `make` builds takes: a build whose capabilities say otherwise fails). Builds nothing yet.
+  quorum_group(member<C>& m, factory make, std::string base_prefix = "cadence-data",
+               buffer_memory memory = buffer_memory::host)
+      : m_(&m), make_(std::move(make)), base_(std::move(base_prefix)), memory_(memory) {
     CADENCE_REQUIRE_COMMUNICATOR(D);
     if (!make_) throw invalid_parameter_error("cadence::membership::quorum_group: an empty factory");
     if (base_.empty() || base_.find('/') != std::string::npos)
@@ -226,15 +235,10 @@ public:
   /// Members of the quorum.
   int size() const noexcept { return m_->view().size(); }
   /// Lost members detected and survived (by re-creation), not isolated: a lost member fails the
-  /// sync, and transact() re-forms. D's device_buffers is passed on.
+  /// sync, and transact() re-forms (quorum_capabilities). Device buffers as the constructor's
+  /// `memory` declared, from the start: an adapter made before the first build reads them.
   transport::capability_flags capabilities() const noexcept {
-    transport::capability_flags f;
-    f.any_source = false;
-    f.detects_lost_peer = true;
-    f.survives_lost_peer = true;
-    f.isolates_lost_peer = false;
-    f.device_buffers = device_buffers_;
-    return f;
+    return quorum_capabilities(memory_ == buffer_memory::device);
   }
 
   /// D's all-reduce of `count` elements of `t` at `buf` with `op`, within `d` and the op timeout.
@@ -360,7 +364,14 @@ private:
     ++stats_.builds;
     stats_.last_build_seconds = took;
     stats_.max_build_seconds = std::max(stats_.max_build_seconds, took);
-    device_buffers_ = made->capabilities().device_buffers;
+    if (made->capabilities().device_buffers != (memory_ == buffer_memory::device))
+      // A configuration error, the same on every member: the body throws, the member leaves.
+      throw invalid_parameter_error(std::string("cadence::membership::quorum_group: the factory built quorum ") +
+                                    std::to_string(q.id) + "'s data communicator for " +
+                                    (made->capabilities().device_buffers ? "device" : "host") +
+                                    " buffers, but the group was constructed for " +
+                                    (memory_ == buffer_memory::device ? "device" : "host") +
+                                    " buffers (quorum_group's buffer_memory argument)");
     {
       std::lock_guard<std::mutex> lock(mu_);
       comm_ = std::move(made);
@@ -416,7 +427,8 @@ private:
   std::mutex mu_;
   std::unique_ptr<D> comm_;
   std::uint64_t built_for_ = 0, generation_ = 0;
-  bool in_txn_ = false, device_buffers_ = false;
+  buffer_memory memory_;
+  bool in_txn_ = false;
   std::atomic<bool> aborted_{false};
   quorum_group_stats stats_;
 };

@@ -26,6 +26,19 @@ namespace cadence::membership {
 /// \addtogroup membership
 /// @{
 
+/// What a communicator that runs over a quorum offers (quorum_view, quorum_group): a lost
+/// member is detected and survived by re-forming the quorum, not isolated (it fails the sync);
+/// no any-source receive; device buffers where `device_buffers`.
+inline transport::capability_flags quorum_capabilities(bool device_buffers) noexcept {
+  transport::capability_flags f;
+  f.any_source = false;
+  f.detects_lost_peer = true;
+  f.survives_lost_peer = true;
+  f.isolates_lost_peer = false;
+  f.device_buffers = device_buffers;
+  return f;
+}
+
 template <class C>
 class quorum_view;
 
@@ -138,16 +151,9 @@ public:
   /// The quorum the view runs over now.
   const quorum& members() const noexcept { return core_->current(); }
 
-  /// Collectives fail the sync, not the view, on a lost member (transact() re-forms it).
-  transport::capability_flags capabilities() const noexcept {
-    transport::capability_flags f;
-    f.any_source = false;
-    f.detects_lost_peer = true;
-    f.survives_lost_peer = true;
-    f.isolates_lost_peer = false;
-    f.device_buffers = false;
-    return f;
-  }
+  /// Collectives fail the sync, not the view, on a lost member (transact() re-forms it);
+  /// host buffers.
+  transport::capability_flags capabilities() const noexcept { return quorum_capabilities(false); }
 
   /// The all-reduce of `count` elements of dtype `t` at `buf` over the members with `op` (in
   /// place), within `d` and the op timeout.

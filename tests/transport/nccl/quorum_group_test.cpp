@@ -105,7 +105,7 @@ void lost_in_sync(int victim, std::uint64_t at, when how) {
             }
           }
           return make(s);
-        });
+        }, "cadence-data", mb::buffer_memory::device);
         m.start();
         while (m.committed() < 8) {
           local_step(params, rank, m.committed());
@@ -217,7 +217,7 @@ TEST_CASE("nccl quorum_group: the factory's spec and the member's view must agre
   CHECK_THROWS_WITH_AS(make(wrong), doctest::Contains("rank 1 of 2 but the member's view is rank 0 of 1"),
                        cadence::transport_error);
   // A quorum of one: a communicator of one, device buffers, the sum is the value.
-  CHECK_FALSE(g->capabilities().device_buffers);  // nothing built yet
+  CHECK(g->capabilities().device_buffers);  // declared before anything is built
   const mb::sync_report rep =
       g->transact([&] { g->allreduce(&x, 1, dtype::f64, cadence::transport::reduce_op::sum); }, {mb::buffer(&x, sizeof x)});
   CHECK(rep.outcome == mb::outcome::committed);
@@ -228,6 +228,28 @@ TEST_CASE("nccl quorum_group: the factory's spec and the member's view must agre
   CHECK(fw.abort_log().size() == 1);
   CHECK(fw.destroyed_count() == 0);
   m.finish();
+}
+
+// A group constructed for host buffers over a factory that builds NCCL communicators (device
+// buffers): the first build refuses, naming both, and the member leaves (a configuration error,
+// not a fault to retry).
+TEST_CASE("nccl quorum_group: a group declared for host buffers refuses the NCCL factory's communicator" *
+          doctest::timeout(60)) {
+  fk::world fw;
+  inproc_world world(1);
+  inproc_communicator c = world.join(0);
+  mb::member<inproc_communicator> m(c, test_options());
+  double x = 2;
+  m.add_state(mb::buffer(&x, sizeof x));
+  group g(m, mb::nccl_group_factory(m, fw.api(), 0));  // buffer_memory::host, the default
+  CHECK_FALSE(g.capabilities().device_buffers);
+  m.start();
+  CHECK_THROWS_WITH_AS(
+      g.transact([&] { g.allreduce(&x, 1, dtype::f64, cadence::transport::reduce_op::sum); }),
+      doctest::Contains("for device buffers, but the group was constructed for host buffers"),
+      cadence::invalid_parameter_error);
+  // The member left with that reason: its closing sync says so.
+  CHECK_THROWS_WITH(m.finish(), doctest::Contains("for device buffers"));
 }
 
 }  // namespace

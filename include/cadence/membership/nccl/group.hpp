@@ -90,8 +90,8 @@ std::function<std::unique_ptr<nccl_group_communicator>(const group_spec&)> nccl_
 /// leader's unique id).
 /// With the real NCCL: `make_nccl_group(m, transport::real_nccl_api(), local_rank)`.
 ///
-/// Buffers: the data calls take device buffers (capabilities().device_buffers once the group has
-/// built its first communicator), as nccl_communicator's do, on its stream after
+/// Buffers: the data calls take device buffers (capabilities().device_buffers, from the start),
+/// as nccl_communicator's do, on its stream after
 /// options.caller_stream. The membership's own buffers stay in host memory: the state a member
 /// registers (add_state), the backup of transact() and what a joiner is sent are copied and
 /// hashed by the CPU, so a GPU job registers a host copy of what it must keep identical.
@@ -100,7 +100,7 @@ std::unique_ptr<nccl_quorum_group<C>> make_nccl_group(member<C>& m, transport::n
                                                       transport::nccl_options options = {},
                                                       std::string base_prefix = "cadence-data") {
   return std::make_unique<nccl_quorum_group<C>>(m, nccl_group_factory(m, std::move(api), device, options),
-                                                std::move(base_prefix));
+                                                std::move(base_prefix), buffer_memory::device);
 }
 
 /// @}
