@@ -51,7 +51,8 @@ namespace cadence::membership {
 /// that reach it within the quorum timeout. The lowest rank leads each reconfiguration (no fixed
 /// coordinator: any rank, rank 0 included, may be lost). A quorum's successor must hold more
 /// than half of it, or half with its leader, and the same of the quorum that last committed a
-/// sync (quorum.hpp, may_succeed), and at least member_options::min_size members.
+/// sync or confirmed an admission (quorum.hpp, may_succeed), and at least
+/// member_options::min_size members.
 ///
 /// **Transactions.** transact(body) runs body, which calls collectives on view() (directly or
 /// through an adapter). A sync commits on a member when its collectives complete there. When a
@@ -65,7 +66,9 @@ namespace cadence::membership {
 /// **Joining.** join() on a new process (a restart, a late or an extra one) asks every rank to
 /// admit it; the members note it in the notices of their next sync, and once that sync commits
 /// they re-form with it and the members at the committed count stream it the registered state
-/// in parallel pieces (member_options::transfer_bytes each). Nothing else waits: the quorum
+/// in parallel pieces (member_options::transfer_bytes each); a one-value all-reduce on the new
+/// quorum then confirms that every member took it up, so that losing a member (the leader
+/// included) before its first commit is measured against it. Nothing else waits: the quorum
 /// pays for membership only at its sync points. The state is streamed inside the transact()
 /// of the sync that admits it, as the sync's body left it: an update that belongs to the sync
 /// (BSP's optimizer step after the gradients' all-reduce) goes inside the body.

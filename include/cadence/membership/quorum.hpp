@@ -85,7 +85,8 @@ inline bool may_succeed(const quorum& previous, const std::vector<int>& survivor
 }
 
 /// may_succeed() against both the quorum adopted last (`previous`) and `confirmed`, the quorum
-/// that last committed a sync (every member took part in it, so each had adopted it). A quorum
+/// that last committed a sync, or completed the confirming collective that ends an admission
+/// (every member took part in it, so each had adopted it). A quorum
 /// that was announced but never confirmed can hold a member that went to another group: its
 /// request for the next quorum reached a stopped leader before it saw that leader lost, and the
 /// leader read it when it resumed. Measured against `previous` alone, shrinking that quorum

@@ -79,6 +79,7 @@ public:
     nonce_ = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^
              static_cast<std::uint64_t>(clock::now().time_since_epoch().count());
     if (nonce_ == 0) nonce_ = 1;
+    op_limit_ = o_.timeouts.op;
   }
 
   core(const core&) = delete;
@@ -203,7 +204,7 @@ public:
     ++op_seq_;
     ++txn_ops_;
     op& ref = *o;
-    op_started_[&ref] = clock::now();
+    op_started_[&ref] = {clock::now(), op_limit_};
     cur_ops_.push_back(o);
     guarded(ref, [&] { ref.start(); });
     if (ref.complete()) note_done(ref);  // a quorum of one: complete at once (its notice counts)
@@ -242,7 +243,8 @@ public:
     for (;;) {
       if (test_op(o)) return;
       check_deadline(o, d.time_point());
-      const auto until = std::min({d.time_point(), op_started_[&o] + o_.timeouts.op, clock::now() + poll_slice()});
+      const auto& started = op_started_[&o];
+      const auto until = std::min({d.time_point(), started.first + started.second, clock::now() + poll_slice()});
       if (work* w = o.next_wait()) {
         try {
           block_on(*w, until);
@@ -288,12 +290,17 @@ public:
       }
       try {
         healed = heal(a) || healed;
-        break;
       } catch (const heal_failed& e) {
         // A member that held the state was lost while it streamed: once more, from another.
         event("rank " + std::to_string(rank()) + ": " + e.what());
         m = mode::failure;
+        continue;
       }
+      // A newcomer knows no quorum before the one it joined: it measures a loss in the confirming
+      // collective against that one, as it does a loss in its first sync.
+      if (first_mode == mode::join) confirmed_ = q_;
+      if (!admits(a) || confirm()) break;
+      m = mode::failure;  // a member was lost in the confirming collective: re-form without it
     }
     ++stats_.reconfigurations;
     // Never spin: failed syncs that re-form the same members without a commit between them
@@ -390,6 +397,7 @@ private:
 
   struct request_info {
     std::uint64_t nonce = 0, qid = 0, committed = 0, failed_ops = 0, state_bytes = 0, stamp = 0;
+    std::uint8_t flags = 0;  // flag_confirmed
   };
   struct announced {
     quorum q;
@@ -484,11 +492,13 @@ private:
 
   void check_deadline(op& o, std::optional<clock::time_point> d) {
     const auto now = clock::now();
-    const bool op_late = now >= op_started_[&o] + o_.timeouts.op;
+    const auto& started = op_started_[&o];
+    const bool op_late = now >= started.first + started.second;
     if (!op_late && !(d && now >= *d)) return;
     const auto who = o.awaited_ranks();
-    fail("collective " + o.call().describe() + ": " + (op_late ? "the op timeout" : "the deadline") + " passed (" +
-         std::to_string(o_.timeouts.op.count()) + " ms) while waiting for " +
+    const char* which = !op_late ? "the deadline" : started.second == o_.timeouts.op ? "the op timeout" : "the quorum timeout";
+    fail("collective " + o.call().describe() + ": " + which + " passed (" +
+         std::to_string(started.second.count()) + " ms) while waiting for " +
          (who.empty() ? std::string("nobody") : transport::detail::rank_list(who)));
   }
 
@@ -596,7 +606,7 @@ private:
         aborted_.insert({f.qid, f.stamp});  // only the quorum it names: not one of the same id
         return;
       case frame_kind::request: {
-        request_info r{f.nonce, f.qid, f.committed, f.a, f.b, f.stamp};
+        request_info r{f.nonce, f.qid, f.committed, f.a, f.b, f.stamp, f.flags};
         if (q_.holds(from, f.nonce)) {
           // A member of this quorum asks for the next one. If it has not committed past this
           // member, it left its sync (which then fails here too); if it committed one more (it
@@ -693,6 +703,7 @@ private:
       if (leader != asked || clock::now() >= asked_at + o_.timeouts.heartbeat_interval) {
         asked_at = clock::now();
         frame f = make_frame(frame_kind::request, q_.id);
+        f.flags = q_confirmed_ ? flag_confirmed : 0;
         f.a = failed_ops();
         f.b = state_bytes();
         std::vector<unsigned char> body;
@@ -799,9 +810,11 @@ private:
     const std::uint64_t my_bytes = state_bytes();
     // Against the quorum of the last commit too (quorum.hpp): a quorum announced but never
     // confirmed may hold a member that went to another group. A member that reports a sync
-    // committed in q_ (past the count q_ was formed at) proves every member took q_ up.
+    // committed in q_ (past the count q_ was formed at), or q_'s confirming collective
+    // completed, proves every member took q_ up.
     for (const auto& g : got)
-      if (same_quorum(g.second) && g.second.committed != member_entry::newcomer && g.second.committed > formed_at_)
+      if (same_quorum(g.second) && ((g.second.committed != member_entry::newcomer && g.second.committed > formed_at_) ||
+                                    (g.second.flags & flag_confirmed) != 0))
         confirmed_ = q_;
     if (!may_succeed(q_, confirmed_, survivors)) {
       const quorum& against = may_succeed(q_, survivors) ? confirmed_ : q_;
@@ -922,6 +935,11 @@ private:
 
   void adopt(const announced& a) {
     q_ = a.q;
+    q_confirmed_ = false;
+    // Here, not at the end of the reconfiguration: one that goes round again (a state transfer
+    // or a confirming collective failed) measures the reports against this quorum's count, so
+    // a member's count of K does not pass for a commit in a quorum formed at K.
+    formed_at_ = a.k;
     announcer_ = a.leader;
     for (auto it = requests_.begin(); it != requests_.end();)
       it = it->second.qid < q_.id ? requests_.erase(it) : std::next(it);
@@ -944,6 +962,66 @@ private:
     }
     for (auto it = drains_.begin(); it != drains_.end();) it = it->first.first < q_.id ? drains_.erase(it) : std::next(it);
     rejected_ = false;
+  }
+
+  // ---- the confirming collective: a quorum that admitted members proves that every member took
+  // it up, so that a loss before its first commit counts against it (quorum.hpp, may_succeed) ----
+
+  /// Whether quorum `a` admits a newcomer (every member reads the same announcement).
+  static bool admits(const announced& a) {
+    for (const member_entry& e : a.entries)
+      if (e.committed == member_entry::newcomer) return true;
+    return false;
+  }
+
+  /// After the state transfer of a reconfiguration that admitted members: a one-value all-reduce
+  /// on the new quorum. Its completion here needs every member's contribution, each naming this
+  /// quorum (id and stamp), so every member took it up, as a committed sync proves: this member
+  /// counts q_ as confirmed and says so in its next request, so a leader that did not complete it
+  /// learns it. Without it, the quorum that admitted a newcomer stays unconfirmed until its first
+  /// commit, and a loss of its leader (or of any member of the last committed quorum) in between
+  /// leaves too few of that one and stops the job. Returns false when it failed (a member lost
+  /// in it, or the quorum timeout: a newcomer still taking the state in is waited for).
+  bool confirm() {
+    float value = 0;
+    typename op::params p;
+    p.kind = op_kind::allreduce;
+    p.buf = &value;
+    p.count = 1;
+    p.type = transport::dtype::f32;
+    p.rop = transport::reduce_op::max;
+    p.small_bytes = o_.small_bytes;
+    p.piece_bytes = o_.piece_bytes;
+    in_txn_ = true;
+    txn_ = committed_;  // not a sync: the count stays
+    txn_failed_.reset();
+    txn_ops_ = 0;
+    txn_joiner_ = false;
+    op_limit_ = o_.timeouts.quorum;
+    event("rank " + std::to_string(rank()) + ": confirming " + q_.describe());
+    try {
+      if (quorum_aborted()) fail("a member left quorum " + std::to_string(q_.id) + " before its confirming collective");
+      std::shared_ptr<op> o = start_op(p, "the confirming all-reduce");
+      drive(*o, transport::deadline(o_.timeouts.quorum));
+    } catch (const sync_failed& e) {
+      op_limit_ = o_.timeouts.op;
+      in_txn_ = false;
+      event("rank " + std::to_string(rank()) + ": the confirming collective of " + q_.describe() + " failed: " + e.what());
+      return false;
+    } catch (...) {
+      op_limit_ = o_.timeouts.op;
+      in_txn_ = false;
+      throw;
+    }
+    op_limit_ = o_.timeouts.op;
+    in_txn_ = false;
+    confirmed_ = q_;
+    q_confirmed_ = true;
+    // Kept as a completed sync's are: the drain after a later failure tells the peers what it
+    // took (members are at most one collective apart here, as they are one sync apart).
+    prev_ops_ = std::move(cur_ops_);
+    cur_ops_.clear();
+    return true;
   }
 
   // ---- the drain: every message a failed sync left on its way is taken, so none meets a
@@ -1236,7 +1314,8 @@ private:
   tags tags_;
   std::uint64_t nonce_ = 1;
   quorum q_;
-  quorum confirmed_;  // the quorum of the last commit (or the first one asked for, or the one joined)
+  quorum confirmed_;  // the quorum of the last commit or confirming collective (or the first one asked for, or the one joined)
+  bool q_confirmed_ = false;  // q_'s confirming collective completed here (told to the next leader)
   std::uint64_t formed_at_ = 0;  // committed_ when q_ was adopted
   std::uint64_t committed_ = 0, txn_ = 0, op_seq_ = 0;
   std::size_t txn_ops_ = 0;
@@ -1245,7 +1324,10 @@ private:
   std::optional<transport_error> broken_;
   bool aborted_flag_ = false;
   std::vector<std::shared_ptr<op>> cur_ops_, prev_ops_;  // shared with the view's handles
-  std::map<const op*, clock::time_point> op_started_;
+  // when each collective started, and its time limit (the op timeout; the quorum timeout for the
+  // confirming collective, which waits for newcomers still taking the state in)
+  std::map<const op*, std::pair<clock::time_point, std::chrono::milliseconds>> op_started_;
+  std::chrono::milliseconds op_limit_{0};  // the limit start_op gives a collective
   // the control channel
   frame ctrl_in_{};
   std::optional<work> ctrl_w_;
