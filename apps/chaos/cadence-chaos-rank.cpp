@@ -313,6 +313,11 @@ int run(const options& o) {
       lost_pending.clear();
     }
   }
+  // The closing sync (member::finish(), docs/collective.md, "The end of the job"): a last sync
+  // committed here and failed on a member that missed a lost peer's last message is healed on
+  // that member through it; without it, that member would run the last sync again without this
+  // one, and the job would end with two states. It changes no state; `done`'s step counts it.
+  m.finish();
   const mb::member_stats s = m.stats();
   emit({{"event", "done"}, {"rank", o.rank}, {"step", m.committed()}, {"quorum", m.current().id},
         {"members", ranks_of(m.current())}, {"hash", hex(m.state_hash())}, {"reconfigurations", s.reconfigurations},
