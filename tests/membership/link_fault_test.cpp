@@ -24,40 +24,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
-#include <functional>
 #include <mutex>
-#include <set>
 #include <string>
-#include <thread>
-#include <utility>
 #include <vector>
 
-namespace cadence_membership_link_fault_test {
+namespace cadence_membership_test {
+namespace link_fault_test {
 namespace {
 
-namespace mb = cadence::membership;
-using cadence::transport::dtype;
-using cadence::transport::inproc_communicator;
-using cadence::transport::inproc_world;
-using cadence_membership_test::ledger;
-using cadence_membership_test::events_of;
-using cadence_membership_test::seeing_communicator;
-using cadence_membership_test::sight;
-using cadence_membership_test::wait_for;
-using rank_result = cadence_membership_test::race_result;
-
 using member_t = mb::member<seeing_communicator>;
-
-void run_syncs(member_t& m, std::vector<double>& params, ledger& book, std::uint64_t target, int rank) {
-  while (m.committed() < target) {
-    for (std::size_t i = 0; i < params.size(); ++i)
-      params[i] += 0.001 * static_cast<double>((rank + 1) * static_cast<int>(i % 5 + 1));
-    const mb::sync_report rep =
-        m.transact([&] { m.view().allreduce_average(params.data(), params.size(), dtype::f64); }, {params});
-    if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
-  }
-}
 
 // Four members commit 3 syncs. Then rank 2 stalls before sync 4 and ranks 0 and 2 lose each
 // other for good (the cut of a link, as the transport saw it); ranks 1 and 3 still see rank 2.
@@ -72,61 +47,49 @@ TEST_CASE("membership: a member the leader lost but another still sees is left o
   sight s;
   ledger book;
   std::mutex mu;
-  std::vector<rank_result> res(4);
   std::atomic<int> reformed{0};
   std::atomic<std::uint64_t> target{0};
   std::atomic<bool> asked{false}, left{false};
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 4; ++rank)
-    threads.emplace_back([&, rank] {
-      rank_result& out = res[static_cast<std::size_t>(rank)];
-      cadence_membership_test::keep_error(out, [&] {
-        seeing_communicator c(world.join(rank), s);
-        auto o = cadence_membership_test::race_options(out, mu, [&reformed, rank](const std::string& line) {
-          if (rank != 2 && line.find("quorum 2 {0, 1, 3} after quorum 1 {0, 1, 2, 3}") != std::string::npos) ++reformed;
-        });
-        member_t m(c, o);
-        std::vector<double> params(40, 1.0);
-        m.add_state(params);
-        m.start();
-        run_syncs(m, params, book, 3, rank);
-        if (rank == 2) {
-          s.hide(0, 2);
-          s.hide(2, 0);
-          REQUIRE_MESSAGE(wait_for([&] { return reformed == 3; }, std::chrono::seconds(60)),
-                          "ranks 0, 1, 3 never re-formed as quorum 2 {0, 1, 3}");
-          asked = true;
-          try {
-            run_syncs(m, params, book, 20, rank);  // left out: an error expected
-          } catch (...) {
-            left = true;
-            throw;
-          }
-          left = true;
-          return;
-        }
-        run_syncs(m, params, book, 5, rank);
-        // Rank 2's request reaches rank 1 while the three run their syncs.
-        REQUIRE_MESSAGE(wait_for([&] { return bool(asked); }, std::chrono::seconds(60)), "rank 2 never resumed");
-        // Syncs go on until rank 2 knows where it stands (rank 1 answers it inside them), then
-        // to a count all three reach: rank 0 decides when, the others follow its last count.
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-        while (target.load() == 0) {
-          if (rank == 0 && (left || std::chrono::steady_clock::now() >= until)) {
-            target = m.committed() + 5;  // the others are at most one sync further
-            break;
-          }
-          run_syncs(m, params, book, m.committed() + 1, rank);
-        }
-        run_syncs(m, params, book, target, rank);
-        m.finish();
-        out.committed = m.committed() - 1;
-        out.hash = m.state_hash();
-        out.stats = m.stats();
-        out.last_quorum = m.current().ranks;
-      });
+  const auto res = run_ranks(world, 4, s, [&](int rank, seeing_communicator& c, rank_result& out) {
+    auto o = race_options(out, mu, [&reformed, rank](const std::string& line) {
+      if (rank != 2 && line.find("quorum 2 {0, 1, 3} after quorum 1 {0, 1, 2, 3}") != std::string::npos) ++reformed;
     });
-  for (auto& t : threads) t.join();
+    member_t m(c, o);
+    replica r(40);
+    m.add_state(r.params);
+    m.start();
+    run_syncs(m, r, book, 3, rank);
+    if (rank == 2) {
+      s.hide(0, 2);
+      s.hide(2, 0);
+      REQUIRE_MESSAGE(wait_for([&] { return reformed == 3; }, std::chrono::seconds(60)),
+                      "ranks 0, 1, 3 never re-formed as quorum 2 {0, 1, 3}");
+      asked = true;
+      try {
+        run_syncs(m, r, book, 20, rank);  // left out: an error expected
+      } catch (...) {
+        left = true;
+        throw;
+      }
+      left = true;
+      return;
+    }
+    run_syncs(m, r, book, 5, rank);
+    // Rank 2's request reaches rank 1 while the three run their syncs.
+    REQUIRE_MESSAGE(wait_for([&] { return bool(asked); }, std::chrono::seconds(60)), "rank 2 never resumed");
+    // Syncs go on until rank 2 knows where it stands (rank 1 answers it inside them), then to a
+    // count all three reach: rank 0 decides when, the others follow its last count.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (target.load() == 0) {
+      if (rank == 0 && (left || std::chrono::steady_clock::now() >= until)) {
+        target = m.committed() + 5;  // the others are at most one sync further
+        break;
+      }
+      run_syncs(m, r, book, m.committed() + 1, rank);
+    }
+    run_syncs(m, r, book, target, rank);
+    finish(m, out);
+  });
   // Rank 2 learns it was left out (from rank 1, at once, or, had nobody told it, when no
   // announcement came within two quorum timeouts).
   CHECK_MESSAGE(res[2].error.find("refused this member") != std::string::npos, res[2].error, "\n",
@@ -147,4 +110,5 @@ TEST_CASE("membership: a member the leader lost but another still sees is left o
 }
 
 }  // namespace
-}  // namespace cadence_membership_link_fault_test
+}  // namespace link_fault_test
+}  // namespace cadence_membership_test

@@ -16,89 +16,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <exception>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace cadence_membership_test {
 namespace {
-
-namespace mb = cadence::membership;
-using cadence::transport::dtype;
-using cadence::transport::inproc_communicator;
-using cadence::transport::inproc_world;
-
-/// What one rank's thread did.
-struct rank_result {
-  std::string error;  // what escaped, if anything
-  std::uint64_t committed = 0;
-  std::uint64_t hash = 0;
-  mb::member_stats stats;
-  std::vector<int> last_quorum;
-};
-
-/// One replica: a parameter vector, averaged at every sync after a local step that depends on
-/// the rank (so a sync that did not happen, or happened twice, shows in the hash).
-struct replica {
-  std::vector<double> params;
-  std::uint64_t steps = 0;  // a small state: the local steps taken, a counter an adapter would keep
-  explicit replica(std::size_t n) : params(n, 1.0) {}
-  void local_step(int rank, std::uint64_t salt) {
-    for (std::size_t i = 0; i < params.size(); ++i)
-      params[i] += 0.001 * static_cast<double>((rank + 1) * static_cast<int>(i % 7 + 1)) + 1e-6 * static_cast<double>(salt);
-    ++steps;
-  }
-};
-
-/// Registers `r` with `m`.
-template <class C>
-void register_state(mb::member<C>& m, replica& r) {
-  m.add_state(r.params);
-  m.add_state(
-      "steps",
-      [&r] {
-        std::vector<unsigned char> out(sizeof r.steps);
-        std::memcpy(out.data(), &r.steps, sizeof r.steps);
-        return out;
-      },
-      [&r](const std::vector<unsigned char>& in) {
-        REQUIRE(in.size() == sizeof r.steps);
-        std::memcpy(&r.steps, in.data(), sizeof r.steps);
-      });
-}
-
-/// Runs syncs until the member has committed `target`; each sync is a local step then an
-/// averaging all-reduce, retried on a fault. Records every commit in `book`.
-template <class C>
-void run_syncs(mb::member<C>& m, replica& r, ledger& book, std::uint64_t target, int rank) {
-  while (m.committed() < target) {
-    r.local_step(rank, m.committed());
-    const mb::sync_report rep = m.transact(
-        [&] { m.view().allreduce_average(r.params.data(), r.params.size(), dtype::f64); }, {r.params});
-    // A healed member holds a donor's state as it stood at the donor's sync point (its local
-    // steps since the commit included): equal to the others' only after the next commit.
-    if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
-  }
-}
-
-template <class Body>
-std::vector<rank_result> run_ranks(inproc_world& world, int n, Body body) {
-  return cadence_membership_test::run_ranks<rank_result>(world, n, std::move(body));
-}
-
-// After a member's last sync: the closing sync (member::finish()), then what it ended with; the
-// count leaves the closing sync out.
-template <class C>
-void finish(mb::member<C>& m, rank_result& res) {
-  m.finish();
-  res.committed = m.committed() - 1;
-  res.hash = m.state_hash();
-  res.stats = m.stats();
-  res.last_quorum = m.current().ranks;
-}
 
 TEST_CASE("membership: four members commit syncs with identical state and no reconfiguration past the first") {
   inproc_world world(4);
@@ -153,27 +76,15 @@ void kill_case(int victim, int at_call, std::size_t elements, mb::on_loss policy
         world.kill(rank);
         throw killed{};
       }
-      r.local_step(rank, m.committed());
-      const mb::sync_report rep = m.transact(
-          [&] { m.view().allreduce_average(r.params.data(), r.params.size(), dtype::f64); }, {r.params}, policy);
-      if (rep.outcome == mb::outcome::discarded) ++discarded;
-      if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+      if (sync_once(m, r, book, rank, policy).outcome == mb::outcome::discarded) ++discarded;
     }
     finish(m, out);
     out.stats.discarded = discarded;
   });
-  std::vector<int> survivors;
-  for (int r = 0; r < 4; ++r)
-    if (r != victim) survivors.push_back(r);
+  const std::vector<int> survivors = all_but(4, {victim});
   CHECK(res[static_cast<std::size_t>(victim)].error == "killed");
-  for (int r : survivors) {
-    const auto& x = res[static_cast<std::size_t>(r)];
-    CHECK_MESSAGE(x.error == "", "rank ", r);
-    CHECK(x.committed == 12);
-    CHECK(x.hash == res[static_cast<std::size_t>(survivors[0])].hash);
-    CHECK(x.last_quorum == survivors);
-    CHECK(x.stats.reconfigurations >= 2);
-  }
+  check_survivors(res, survivors, 12);
+  for (int r : survivors) CHECK_MESSAGE(res[static_cast<std::size_t>(r)].stats.reconfigurations >= 2, "rank ", r);
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
 }
 
@@ -255,18 +166,9 @@ TEST_CASE("membership: a second member lost inside the reconfiguration of the fi
       run_syncs(m, r, book, 12, rank);
       finish(m, out);
     });
-    std::vector<int> survivors;
-    for (int r = 0; r < 5; ++r)
-      if (r != 1 && r != second) survivors.push_back(r);
     CHECK(res[1].error != "");
     CHECK(res[static_cast<std::size_t>(second)].error != "");
-    for (int r : survivors) {
-      const auto& x = res[static_cast<std::size_t>(r)];
-      CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
-      CHECK(x.committed == 12);
-      CHECK(x.hash == res[static_cast<std::size_t>(survivors[0])].hash);
-      CHECK(x.last_quorum == survivors);
-    }
+    check_survivors(res, all_but(5, {1, second}), 12);
     // The second victim can die right after committing the last sync alone: its closing sync's
     // reconfiguration, where the trap fires, comes after that commit, so no survivor is healed
     // from it and they run the sync again without it. The job's history is the survivors'.
@@ -283,67 +185,43 @@ void restart_case(const int n) {
   const int victim = n - 1;
   inproc_world world(n);
   ledger book;
-  std::atomic<bool> restarted{false}, asked{false};
-  std::atomic<std::uint64_t> first_nonce{0}, final_target{0};
-  std::vector<rank_result> res(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  auto body = [&](int rank) {
-    rank_result& out = res[static_cast<std::size_t>(rank)];
-    cadence_membership_test::keep_error(out, [&] {
-      auto o = test_options();
-      o.transfer_bytes = 4096;
-      replica r(5000);
-      if (rank == victim && restarted) {
-        // The new process in the victim's slot: its state is overwritten by the quorum's.
-        inproc_communicator c = world.restart(victim);
-        mb::member<inproc_communicator> m(c, o);
-        register_state(m, r);
-        r.params.assign(r.params.size(), -7.0);
-        asked = true;
-        m.join();
-        CHECK(m.current().contains(victim));
-        CHECK(m.stats().healed == 1);
-        CHECK(r.steps >= 3);  // the blob came with the tensors
-        CHECK(m.committed() >= 3);
-        final_target = m.committed() + 3;  // the members wait for it after the admission
-        run_syncs(m, r, book, final_target, rank);
-        finish(m, out);
-        return;
-      }
-      inproc_communicator c = world.join(rank);
+  restarted_rank job(n, victim);
+  const auto res = job.run<rank_result>([&](int rank, rank_result& out) {
+    auto o = test_options();
+    o.transfer_bytes = 4096;
+    replica r(5000);
+    if (rank == victim && job.restarted()) {
+      // The new process in the victim's slot: its state is overwritten by the quorum's.
+      inproc_communicator c = world.restart(victim);
       mb::member<inproc_communicator> m(c, o);
       register_state(m, r);
-      m.start();
-      run_syncs(m, r, book, 3, rank);
-      if (rank == victim) {
-        first_nonce = m.nonce();
-        world.kill(victim);
-        throw killed{};
-      }
-      // Until the newcomer is in, then a few syncs with it.
-      // (The loss and the admission may be one reconfiguration or two.)
-      while (!(restarted && m.current().contains(victim) &&
-               m.current().nonces[static_cast<std::size_t>(victim)] != first_nonce)) {
-        // Once the victim is out, the next syncs wait for its replacement to ask (so the test
-        // does not depend on how fast the thread starts), then admit it at a sync point.
-        // (A quorum of one commits a sync without exchanging anything, so it may commit many
-        // before the request arrives; the bound only catches a member that never admits it.)
-        while (!m.current().contains(victim) && !asked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        REQUIRE(m.committed() < 1000000);
-        run_syncs(m, r, book, m.committed() + 1, rank);
-      }
-      while (final_target == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      run_syncs(m, r, book, final_target, rank);
+      r.params.assign(r.params.size(), -7.0);
+      job.asking();
+      m.join();
+      CHECK(m.current().contains(victim));
+      CHECK(m.stats().healed == 1);
+      CHECK(r.steps >= 3);  // the blob came with the tensors
+      CHECK(m.committed() >= 3);
+      job.admitted(m.committed() + 3);  // the members wait for it after the admission
+      run_syncs(m, r, book, job.target(), rank);
       finish(m, out);
-    });
-  };
-  for (int r = 0; r < n; ++r) threads.emplace_back(body, r);
-  threads[static_cast<std::size_t>(victim)].join();
-  CHECK(res[static_cast<std::size_t>(victim)].error == "killed");
-  res[static_cast<std::size_t>(victim)] = {};
-  restarted = true;
-  threads[static_cast<std::size_t>(victim)] = std::thread(body, victim);
-  for (auto& t : threads) t.join();
+      return;
+    }
+    inproc_communicator c = world.join(rank);
+    mb::member<inproc_communicator> m(c, o);
+    register_state(m, r);
+    m.start();
+    run_syncs(m, r, book, 3, rank);
+    if (rank == victim) {
+      job.dying(m.nonce());
+      world.kill(victim);
+      throw killed{};
+    }
+    // Until the newcomer is in, then a few syncs with it.
+    job.admit(m, [&] { run_syncs(m, r, book, m.committed() + 1, rank); });
+    run_syncs(m, r, book, job.target(), rank);
+    finish(m, out);
+  });
   for (const auto& x : res) CHECK_MESSAGE(x.error == "", x.error);
   for (const auto& x : res) CHECK(x.hash == res[0].hash);
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
@@ -369,12 +247,8 @@ TEST_CASE("membership: a stalled member is left out at the op timeout and stops 
     world.resume(2);
   });
   const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
-    auto o = test_options();
-    o.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(250));  // op 1 s, quorum 2 s
-    if (rank == 0)
-      o.on_event = [&](const std::string& line) {
-        if (line.find("lost rank 2") != std::string::npos) reformed = true;
-      };
+    auto o = short_options();  // op 1 s, quorum 2 s
+    if (rank == 0) o.on_event = flag_on(reformed, "lost rank 2");
     mb::member<inproc_communicator> m(c, o);
     replica r(40);
     register_state(m, r);
@@ -496,7 +370,7 @@ TEST_CASE("membership: periodic, bucketed and elastic averaging on the quorum vi
             for (std::size_t i = 0; i < grad.size(); ++i) r.params[i] -= grad[i];  // the optimizer step
         }
         if (rep.outcome == mb::outcome::discarded) ++discarded;
-        if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+        if (rep.outcome == mb::outcome::committed) book.record(rank, m);
       }
       finish(m, out);
       out.stats.discarded = discarded;
@@ -508,12 +382,10 @@ TEST_CASE("membership: periodic, bucketed and elastic averaging on the quorum vi
       }
     });
     CHECK(res[1].error != "");
+    check_survivors(res, {0, 2, 3}, 10);
     for (int r : {0, 2, 3}) {
+      CAPTURE(r);
       const auto& x = res[static_cast<std::size_t>(r)];
-      CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
-      CHECK(x.committed == 10);
-      CHECK(x.hash == res[0].hash);
-      CHECK(x.last_quorum == std::vector<int>{0, 2, 3});
       CHECK(x.stats.failed_syncs >= 1);
       if (adapter == 1) CHECK(x.stats.discarded + x.stats.healed >= 1);
     }

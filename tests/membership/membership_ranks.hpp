@@ -1,19 +1,27 @@
 // Test support for the membership layer: ranks as threads of an in-process world, each a
 // member with test-sized timeouts, and a ledger where every member writes the hash of its state
-// after every sync it commits, so a test proves that no two members ever committed different
-// states at the same count (and that the survivors of every fault agree).
+// (and its quorum) after every sync it commits, so a test proves that no two members ever
+// committed different states at the same count (and that the survivors of every fault agree).
+// Also what every membership test's rank does and ends with: a replica stepped per rank, a sync
+// of it, syncs to a count, the closing sync and the record of the rank's end (rank_result).
+// group_ranks.hpp adds the same for ranks that sync over a quorum_group; sight.hpp, ranks with
+// their own sight of their peers.
 #pragma once
 
-#include <algorithm>
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/inproc.hpp>
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <functional>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <set>
@@ -24,6 +32,11 @@
 
 namespace cadence_membership_test {
 
+// The names every membership test uses.
+namespace mb = cadence::membership;
+using cadence::transport::dtype;
+using cadence::transport::inproc_communicator;
+using cadence::transport::inproc_world;
 using namespace std::chrono_literals;
 
 /// Timeouts a loaded CI machine meets, short enough that a test with a dozen faults stays
@@ -35,15 +48,36 @@ inline cadence::membership::member_options test_options() {
   return o;
 }
 
-/// Every (committed count, state hash) any member reported: a count with two hashes is a
-/// divergent commit.
+/// test_options() with the op tier at 1 s and the quorum tier at 2 s: for a test that waits for
+/// a stalled member to be left out, or for a race's reconfigurations.
+inline cadence::membership::member_options short_options() {
+  auto o = test_options();
+  o.timeouts = cadence::membership::timeouts::scaled(250ms);
+  return o;
+}
+
+/// An on_event hook that sets `flag` once an event line contains `part`.
+inline std::function<void(const std::string&)> flag_on(std::atomic<bool>& flag, std::string part) {
+  return [&flag, part](const std::string& line) {
+    if (line.find(part) != std::string::npos) flag = true;
+  };
+}
+
+/// Every (committed count, state hash) any member reported, with the quorum it committed in: a
+/// count with two hashes is a divergent commit.
 class ledger {
 public:
-  void record(int rank, std::uint64_t committed, std::uint64_t hash) {
+  /// `rank` committed sync `committed` with state hash `hash`, in `quorum` (empty: not said).
+  void record(int rank, std::uint64_t committed, std::uint64_t hash, std::vector<int> quorum = {}) {
     std::lock_guard<std::mutex> lock(m_);
     seen_[committed].insert(hash);
-    log_[committed].emplace_back(rank, hash);
+    log_[committed].push_back(entry{rank, hash, std::move(quorum)});
     by_rank_[rank] = committed;
+  }
+  /// record() of member `m`'s last commit, by `rank`: its count, state hash and quorum.
+  template <class Member>
+  void record(int rank, const Member& m) {
+    record(rank, m.committed(), m.state_hash(), m.current().ranks);
   }
   /// Counts with more than one hash.
   std::vector<std::uint64_t> divergent() const {
@@ -60,7 +94,7 @@ public:
     for (const auto& s : log_)
       if (seen_.at(s.first).size() > 1) {
         out += std::to_string(s.first) + ":";
-        for (const auto& e : s.second) out += " rank " + std::to_string(e.first) + "=" + std::to_string(e.second);
+        for (const auto& e : s.second) out += " rank " + std::to_string(e.rank) + "=" + std::to_string(e.hash);
         out += "\n";
       }
     return out;
@@ -73,16 +107,26 @@ public:
     const auto it = by_rank_.find(rank);
     if (it == by_rank_.end()) return;
     auto& entries = log_[it->second];
-    entries.erase(std::remove_if(entries.begin(), entries.end(), [rank](const auto& e) { return e.first == rank; }),
+    entries.erase(std::remove_if(entries.begin(), entries.end(), [rank](const entry& e) { return e.rank == rank; }),
                   entries.end());
     auto& hashes = seen_[it->second];
     hashes.clear();
-    for (const auto& e : entries) hashes.insert(e.second);
+    for (const auto& e : entries) hashes.insert(e.hash);
   }
+  /// Whether `rank` recorded a commit of sync `count`.
+  bool committed_at(int rank, std::uint64_t count) const {
+    return find(rank, count, nullptr);
+  }
+  /// Whether `rank` recorded a commit of sync `count` in `quorum`.
+  bool committed_in(int rank, std::uint64_t count, const std::vector<int>& quorum) const {
+    return find(rank, count, &quorum);
+  }
+  /// Counts committed by anyone.
   std::size_t counts() const {
     std::lock_guard<std::mutex> lock(m_);
     return seen_.size();
   }
+  /// `rank`'s last recorded count (0: none).
   std::uint64_t last(int rank) const {
     std::lock_guard<std::mutex> lock(m_);
     const auto it = by_rank_.find(rank);
@@ -90,10 +134,24 @@ public:
   }
 
 private:
+  struct entry {
+    int rank;
+    std::uint64_t hash;
+    std::vector<int> quorum;
+  };
+  bool find(int rank, std::uint64_t count, const std::vector<int>* quorum) const {
+    std::lock_guard<std::mutex> lock(m_);
+    const auto it = log_.find(count);
+    if (it == log_.end()) return false;
+    for (const auto& e : it->second)
+      if (e.rank == rank && (quorum == nullptr || e.quorum == *quorum)) return true;
+    return false;
+  }
+
   mutable std::mutex m_;
   std::map<std::uint64_t, std::set<std::uint64_t>> seen_;
   std::map<int, std::uint64_t> by_rank_;
-  std::map<std::uint64_t, std::vector<std::pair<int, std::uint64_t>>> log_;
+  std::map<std::uint64_t, std::vector<entry>> log_;
 };
 
 /// Thrown from an inproc fault trap on the victim's own thread: it ends that rank's body.
@@ -112,22 +170,209 @@ void keep_error(Result& out, Fn&& fn) {
   }
 }
 
-/// body(rank, comm, result) on one thread per rank of `world`, each under keep_error. Result is
-/// the test's own per-rank record.
-template <class Result, class Body>
-std::vector<Result> run_ranks(cadence::transport::inproc_world& world, int n, Body body) {
+/// What one rank's thread did: its error (keep_error), and what its member ended with (finish()).
+struct rank_result {
+  std::string error;  // what escaped the rank's body ("killed" for a fault trap's), if anything
+  std::uint64_t committed = 0;  // syncs committed, the closing sync left out
+  std::uint64_t hash = 0;       // the state hash at the end
+  cadence::membership::member_stats stats;
+  std::vector<int> last_quorum;
+  std::vector<std::string> events;  // the member's event lines, where the test keeps them
+};
+
+/// body(rank, comm, result) on one thread per rank 0..n-1, each under keep_error, with the
+/// communicator join(rank) returns. Result is the test's own per-rank record.
+template <class Result, class Join, class Body>
+std::vector<Result> run_joined(int n, Join join, Body body) {
   std::vector<Result> out(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       Result& mine = out[static_cast<std::size_t>(r)];
       keep_error(mine, [&] {
-        cadence::transport::inproc_communicator c = world.join(r);
+        auto c = join(r);
         body(r, c, mine);
       });
     });
   for (auto& t : threads) t.join();
   return out;
 }
+
+/// run_joined() over the ranks of `world` (body(rank, inproc_communicator&, Result&)).
+template <class Result = rank_result, class Body>
+std::vector<Result> run_ranks(cadence::transport::inproc_world& world, int n, Body body) {
+  return run_joined<Result>(n, [&world](int r) { return world.join(r); }, std::move(body));
+}
+
+/// Waits until `done()` or `limit` passes (a hang's bound, not a timing assumption).
+template <class F>
+bool wait_for(F&& done, std::chrono::seconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// ---- a rank's replica and its syncs ----
+
+/// One replica: a parameter vector, averaged at every sync after a local step that depends on
+/// the rank and on the count (so a sync that did not happen, or happened twice, shows in the
+/// hash), and a small state beside it.
+struct replica {
+  std::vector<double> params;
+  std::uint64_t steps = 0;  // the local steps taken, a counter an adapter would keep
+  explicit replica(std::size_t n) : params(n, 1.0) {}
+  /// A local step of `rank` after `salt` commits.
+  void local_step(int rank, std::uint64_t salt) {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      params[i] += 0.001 * static_cast<double>((rank + 1) * static_cast<int>(i % 7 + 1)) + 1e-6 * static_cast<double>(salt);
+    ++steps;
+  }
+};
+
+/// Registers `r` with `m`: its parameters, and its step counter as a blob.
+template <class C>
+void register_state(cadence::membership::member<C>& m, replica& r) {
+  m.add_state(r.params);
+  m.add_state(
+      "steps",
+      [&r] {
+        std::vector<unsigned char> out(sizeof r.steps);
+        std::memcpy(out.data(), &r.steps, sizeof r.steps);
+        return out;
+      },
+      [&r](const std::vector<unsigned char>& in) {
+        REQUIRE(in.size() == sizeof r.steps);
+        std::memcpy(&r.steps, in.data(), sizeof r.steps);
+      });
+}
+
+/// One sync of `rank`'s member `m`: a local step of `r`, then an averaging all-reduce of it over
+/// the member's view under `policy`; a commit goes to `book`.
+template <class C>
+cadence::membership::sync_report sync_once(cadence::membership::member<C>& m, replica& r, ledger& book, int rank,
+                                           cadence::membership::on_loss policy = cadence::membership::on_loss::retry) {
+  r.local_step(rank, m.committed());
+  const cadence::membership::sync_report rep = m.transact(
+      [&] { m.view().allreduce_average(r.params.data(), r.params.size(), cadence::transport::dtype::f64); },
+      {r.params}, policy);
+  // A healed member holds a donor's state as it stood at the donor's sync point (its local
+  // steps since the commit included): equal to the others' only after the next commit.
+  if (rep.outcome == cadence::membership::outcome::committed) book.record(rank, m);
+  return rep;
+}
+
+/// sync_once() until the member has committed `target` (a failed sync is retried).
+template <class C>
+void run_syncs(cadence::membership::member<C>& m, replica& r, ledger& book, std::uint64_t target, int rank) {
+  while (m.committed() < target) sync_once(m, r, book, rank);
+}
+
+/// After a member's last sync: the closing sync (member::finish()), then what it ended with in
+/// `out`; the count leaves the closing sync out.
+template <class C>
+void finish(cadence::membership::member<C>& m, rank_result& out) {
+  m.finish();
+  out.committed = m.committed() - 1;
+  out.hash = m.state_hash();
+  out.stats = m.stats();
+  out.last_quorum = m.current().ranks;
+}
+
+/// Ranks 0..n-1 but those in `lost`, ascending: the quorum a fault's survivors end in.
+inline std::vector<int> all_but(int n, std::initializer_list<int> lost) {
+  std::vector<int> out;
+  for (int r = 0; r < n; ++r)
+    if (std::find(lost.begin(), lost.end(), r) == lost.end()) out.push_back(r);
+  return out;
+}
+
+/// What every rank of `survivors` ended with after a fault: no error, `committed` syncs (the
+/// closing one left out), the state hash of the first of them, and the quorum `survivors`.
+template <class Result>
+void check_survivors(const std::vector<Result>& res, const std::vector<int>& survivors, std::uint64_t committed) {
+  for (int r : survivors) {
+    CAPTURE(r);
+    const Result& x = res[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(x.error == "", x.error);
+    CHECK(x.committed == committed);
+    CHECK(x.hash == res[static_cast<std::size_t>(survivors.front())].hash);
+    CHECK(x.last_quorum == survivors);
+  }
+}
+
+// ---- a rank killed and restarted ----
+
+/// A rank killed after some syncs and restarted in its slot as a new process: the threads'
+/// choreography, and the states its survivors and its replacement wait for (none a time).
+class restarted_rank {
+public:
+  /// `victim` of ranks 0..n-1 is the one killed and restarted.
+  restarted_rank(int n, int victim) : n_(n), victim_(victim) {}
+  /// The rank killed and restarted.
+  int victim() const { return victim_; }
+  /// Whether the victim's replacement has been started (in its body: whether it is the
+  /// replacement).
+  bool restarted() const { return restarted_; }
+
+  /// body(rank, result) under keep_error on a thread per rank; once the victim's first body
+  /// ended (killed, which is checked), its result is reset, restarted() turns true and
+  /// body(victim, result) runs again in its slot: the replacement.
+  template <class Result, class Body>
+  std::vector<Result> run(Body body) {
+    std::vector<Result> res(static_cast<std::size_t>(n_));
+    std::vector<std::thread> threads;
+    auto one = [&](int rank) {
+      Result& out = res[static_cast<std::size_t>(rank)];
+      keep_error(out, [&] { body(rank, out); });
+    };
+    const auto v = static_cast<std::size_t>(victim_);
+    for (int r = 0; r < n_; ++r) threads.emplace_back(one, r);
+    threads[v].join();
+    CHECK(res[v].error == "killed");
+    res[v] = Result{};
+    restarted_ = true;
+    threads[v] = std::thread(one, victim_);
+    for (auto& t : threads) t.join();
+    return res;
+  }
+
+  /// The victim's first process, about to die: its member's `nonce`, by which the survivors
+  /// tell its replacement apart.
+  void dying(std::uint64_t nonce) { first_nonce_ = nonce; }
+  /// The replacement, about to ask to join: the survivors' syncs may wait for its request.
+  void asking() { asked_ = true; }
+  /// The replacement, admitted: every member syncs until it has committed `target`.
+  void admitted(std::uint64_t target) { target_ = target; }
+
+  /// A survivor's syncs, `sync()` each, until its member `m`'s quorum holds the replacement (the
+  /// loss and the admission may be one reconfiguration or two).
+  template <class Member, class Sync>
+  void admit(const Member& m, Sync&& sync) const {
+    while (!(restarted_ && m.current().contains(victim_) &&
+             m.current().nonces[static_cast<std::size_t>(victim_)] != first_nonce_)) {
+      // Once the victim is out, the next syncs wait for its replacement to ask (so the test
+      // does not depend on how fast the thread starts), then admit it at a sync point.
+      // (A quorum of one commits a sync without exchanging anything, so it may commit many
+      // before the request arrives; the bound only catches a member that never admits it.)
+      while (!m.current().contains(victim_) && !asked_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      REQUIRE(m.committed() < 1000000);
+      sync();
+    }
+  }
+  /// The count admitted() set, once it did.
+  std::uint64_t target() const {
+    while (target_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return target_;
+  }
+
+private:
+  int n_;
+  int victim_;
+  std::atomic<bool> restarted_{false}, asked_{false};
+  std::atomic<std::uint64_t> first_nonce_{0}, target_{0};
+};
 
 }  // namespace cadence_membership_test

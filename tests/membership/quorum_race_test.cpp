@@ -24,68 +24,16 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
-namespace cadence_membership_race_test {
+namespace cadence_membership_test {
+namespace race_test {
 namespace {
 
-namespace mb = cadence::membership;
-using cadence::transport::dtype;
-using cadence::transport::inproc_communicator;
-using cadence::transport::inproc_world;
-using cadence_membership_test::killed;
-using cadence_membership_test::ledger;
-using cadence_membership_test::any_event;
-using cadence_membership_test::events_of;
-using cadence_membership_test::seeing_communicator;
-using cadence_membership_test::sight;
-using cadence_membership_test::wait_for;
-using rank_result = cadence_membership_test::race_result;
-
 using member_t = mb::member<seeing_communicator>;
-
-/// A replica: parameters averaged at every sync after a local step that depends on the rank.
-struct replica {
-  std::vector<double> params;
-  explicit replica(std::size_t n) : params(n, 1.0) {}
-  void local_step(int rank, std::uint64_t salt) {
-    for (std::size_t i = 0; i < params.size(); ++i)
-      params[i] += 0.001 * static_cast<double>((rank + 1) * static_cast<int>(i % 5 + 1)) + 1e-6 * static_cast<double>(salt);
-  }
-};
-
-/// Syncs until `m` has committed `target`, each a local step and an averaging all-reduce retried
-/// on a fault; every commit goes to `book`.
-void run_syncs(member_t& m, replica& r, ledger& book, std::uint64_t target, int rank, rank_result& out) {
-  while (m.committed() < target) {
-    r.local_step(rank, m.committed());
-    const mb::sync_report rep =
-        m.transact([&] { m.view().allreduce_average(r.params.data(), r.params.size(), dtype::f64); }, {r.params});
-    if (rep.outcome != mb::outcome::committed) continue;
-    book.record(rank, m.committed(), m.state_hash());
-    out.commits.emplace_back(m.committed(), m.current().ranks);
-  }
-}
-
-bool committed_in(const rank_result& r, std::uint64_t count, const std::vector<int>& quorum) {
-  for (const auto& c : r.commits)
-    if (c.first == count && c.second == quorum) return true;
-  return false;
-}
-
-void finish(member_t& m, rank_result& out) {
-  m.finish();
-  out.committed = m.committed() - 1;
-  out.hash = m.state_hash();
-  out.stats = m.stats();
-  out.last_quorum = m.current().ranks;
-}
 
 // Seed 1, trial 18 of the chaos soak, step by step. Four members commit 3 syncs; then rank 0,
 // the leader, stops between syncs (as under SIGSTOP): ranks 1 and 2 see it lost at once, rank 3
@@ -107,10 +55,9 @@ TEST_CASE("membership: a leader stopped with a member's request on its way, then
   sight s;
   ledger book;
   std::mutex mu;
-  std::vector<rank_result> res(4);
   std::atomic<int> reformed{0};
   std::atomic<bool> armed{false}, request_caught{false}, stale_abort{false};
-  const int control = cadence_membership_test::test_options().tag_base;  // tags::control()
+  const int control = test_options().tag_base;  // tags::control()
   s.after_send = [&](int from, const void* buf, std::size_t bytes, int to, int tag) {
     if (tag != control || bytes != sizeof(mb::detail::frame)) return;
     mb::detail::frame f;
@@ -124,43 +71,36 @@ TEST_CASE("membership: a leader stopped with a member's request on its way, then
     s.hide(0, 3);
     request_caught = true;
   };
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 4; ++rank)
-    threads.emplace_back([&, rank] {
-      rank_result& out = res[static_cast<std::size_t>(rank)];
-      cadence_membership_test::keep_error(out, [&] {
-        seeing_communicator c(world.join(rank), s);
-        auto o = cadence_membership_test::race_options(out, mu, [&, rank](const std::string& line) {
-          if (rank != 0 && line.find("quorum 2 {1, 2, 3} after quorum 1 {0, 1, 2, 3}") != std::string::npos) ++reformed;
-          if (rank == 0 && line.find("quorum 2 {0, 3} after") != std::string::npos) s.show(0, 3);
-        });
-        member_t m(c, o);
-        replica r(40);
-        m.add_state(r.params);
-        m.start();
-        run_syncs(m, r, book, 3, rank, out);
-        if (rank == 0) {
-          // Stopped: the others' sync 4 waits for it past the op timeout.
-          s.hide(1, 0);
-          s.hide(2, 0);
-          armed = true;
-          REQUIRE_MESSAGE(wait_for([&] { return reformed == 3; }, std::chrono::seconds(60)),
-                          "ranks 1-3 never re-formed as quorum 2 {1, 2, 3}");
-          // Resumed: ranks 1 and 2 went silent meanwhile.
-          s.hide(0, 1);
-          s.hide(0, 2);
-          run_syncs(m, r, book, 8, rank, out);  // quorum_error expected
-          out.committed = m.committed();
-          return;
-        }
-        run_syncs(m, r, book, 5, rank, out);
-        REQUIRE_MESSAGE(wait_for([&] { return bool(stale_abort); }, std::chrono::seconds(60)),
-                        "rank 0 never told rank 3 it left its quorum 2 {0, 3}");
-        run_syncs(m, r, book, 8, rank, out);
-        finish(m, out);
-      });
+  const auto res = run_ranks(world, 4, s, [&](int rank, seeing_communicator& c, rank_result& out) {
+    auto o = race_options(out, mu, [&, rank](const std::string& line) {
+      if (rank != 0 && line.find("quorum 2 {1, 2, 3} after quorum 1 {0, 1, 2, 3}") != std::string::npos) ++reformed;
+      if (rank == 0 && line.find("quorum 2 {0, 3} after") != std::string::npos) s.show(0, 3);
     });
-  for (auto& t : threads) t.join();
+    member_t m(c, o);
+    replica r(40);
+    m.add_state(r.params);
+    m.start();
+    run_syncs(m, r, book, 3, rank);
+    if (rank == 0) {
+      // Stopped: the others' sync 4 waits for it past the op timeout.
+      s.hide(1, 0);
+      s.hide(2, 0);
+      armed = true;
+      REQUIRE_MESSAGE(wait_for([&] { return reformed == 3; }, std::chrono::seconds(60)),
+                      "ranks 1-3 never re-formed as quorum 2 {1, 2, 3}");
+      // Resumed: ranks 1 and 2 went silent meanwhile.
+      s.hide(0, 1);
+      s.hide(0, 2);
+      run_syncs(m, r, book, 8, rank);  // quorum_error expected
+      out.committed = m.committed();
+      return;
+    }
+    run_syncs(m, r, book, 5, rank);
+    REQUIRE_MESSAGE(wait_for([&] { return bool(stale_abort); }, std::chrono::seconds(60)),
+                    "rank 0 never told rank 3 it left its quorum 2 {0, 3}");
+    run_syncs(m, r, book, 8, rank);
+    finish(m, out);
+  });
   CHECK(request_caught);
   // The race happened: two quorums with id 2, rank 3 in both.
   CHECK_MESSAGE(any_event(res[0], mu, "quorum 2 {0, 3} after quorum 1 {0, 1, 2, 3}"), events_of(res[0], mu));
@@ -195,53 +135,44 @@ TEST_CASE("membership: a sync committed by a follower but not by the leader conf
   inproc_world world(4);
   ledger book;
   std::mutex mu;
-  std::vector<rank_result> res(4);
   std::vector<int> victim_quorum;
   sight nobody_hidden;  // faults here are kills, which the transport reports itself
-  const int ring_tag = mb::detail::tags{cadence_membership_test::test_options().tag_base}.op(2, 0);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 4; ++rank)
-    threads.emplace_back([&, rank] {
-      rank_result& out = res[static_cast<std::size_t>(rank)];
-      cadence_membership_test::keep_error(out, [&] {
-        seeing_communicator c(world.join(rank), nobody_hidden);
-        auto o = cadence_membership_test::race_options(out, mu);
-        member_t m(c, o);
-        replica r(20000);  // 160 KB: the ring, one piece per segment among three members
-        m.add_state(r.params);
-        m.start();
-        run_syncs(m, r, book, 3, rank, out);
-        if (rank == 1) {
-          world.kill(1);
-          throw killed{};
-        }
-        if (rank == 0) {
-          // Quorum 2's first operation (sync 4 again) on rank 0, which sends to rank 2 (its
-          // right neighbour) a notice and four ring steps: the last one arrives a minute late.
-          cadence::transport::inproc_step at;
-          at.op = "send";
-          at.peer = 2;
-          at.tag = ring_tag;
-          at.skip = 4;
-          world.on_step(0, at, [](inproc_world& w) { w.delay_link(0, 2, std::chrono::seconds(60)); });
-          run_syncs(m, r, book, 4, rank, out);
-          victim_quorum = m.current().ranks;
-          world.kill(0);
-          throw killed{};
-        }
-        run_syncs(m, r, book, 8, rank, out);
-        finish(m, out);
-      });
-    });
-  for (auto& t : threads) t.join();
+  const int ring_tag = mb::detail::tags{test_options().tag_base}.op(2, 0);
+  const auto res = run_ranks(world, 4, nobody_hidden, [&](int rank, seeing_communicator& c, rank_result& out) {
+    member_t m(c, race_options(out, mu));
+    replica r(20000);  // 160 KB: the ring, one piece per segment among three members
+    m.add_state(r.params);
+    m.start();
+    run_syncs(m, r, book, 3, rank);
+    if (rank == 1) {
+      world.kill(1);
+      throw killed{};
+    }
+    if (rank == 0) {
+      // Quorum 2's first operation (sync 4 again) on rank 0, which sends to rank 2 (its right
+      // neighbour) a notice and four ring steps: the last one arrives a minute late.
+      cadence::transport::inproc_step at;
+      at.op = "send";
+      at.peer = 2;
+      at.tag = ring_tag;
+      at.skip = 4;
+      world.on_step(0, at, [](inproc_world& w) { w.delay_link(0, 2, std::chrono::seconds(60)); });
+      run_syncs(m, r, book, 4, rank);
+      victim_quorum = m.current().ranks;
+      world.kill(0);
+      throw killed{};
+    }
+    run_syncs(m, r, book, 8, rank);
+    finish(m, out);
+  });
   CHECK(res[0].error == "killed");
   CHECK(res[1].error == "killed");
   // Ranks 0 and 3 committed sync 4 in quorum 2, rank 2 did not (it was behind, and received
   // the state).
   CHECK(victim_quorum == std::vector<int>{0, 2, 3});
-  CHECK(committed_in(res[0], 4, {0, 2, 3}));
-  CHECK(committed_in(res[3], 4, {0, 2, 3}));
-  for (const auto& c : res[2].commits) CHECK_MESSAGE(c.first != 4, "rank 2 committed sync 4");
+  CHECK(book.committed_in(0, 4, {0, 2, 3}));
+  CHECK(book.committed_in(3, 4, {0, 2, 3}));
+  CHECK_MESSAGE(!book.committed_at(2, 4), "rank 2 committed sync 4");
   CHECK(res[2].stats.healed >= 1);
   for (int r : {2, 3}) {
     const auto& x = res[static_cast<std::size_t>(r)];
@@ -303,4 +234,5 @@ TEST_CASE("membership: a collective's message from another quorum with the same 
 }
 
 }  // namespace
-}  // namespace cadence_membership_race_test
+}  // namespace race_test
+}  // namespace cadence_membership_test

@@ -3,8 +3,8 @@
 // lost only when it is killed; a stopped process, or one behind a cut link, is seen lost by its
 // peers' heartbeats one peer at a time. `sight` gives each rank its own list of the peers it
 // counts as lost (the communicator's peer_lost() extension) and a hook after every send, so a
-// test decides who sees whom gone, and when. Also the per-rank result, the rank's event lines,
-// and a bounded wait for a state.
+// test decides who sees whom gone, and when. Also the ranks' threads over it, the options that
+// keep a rank's event lines, and searches of them.
 #pragma once
 
 #include <cadence/membership/member.hpp>
@@ -66,23 +66,18 @@ private:
   sight* sight_;
 };
 
-/// What a rank of a race test ends with.
-struct race_result {
-  std::string error;
-  std::uint64_t committed = 0;
-  std::uint64_t hash = 0;
-  cadence::membership::member_stats stats;
-  std::vector<int> last_quorum;
-  std::vector<std::string> events;
-  std::vector<std::pair<std::uint64_t, std::vector<int>>> commits;  // (count, quorum) of each commit
-};
+/// body(rank, seeing_communicator&, Result&) on one thread per rank of `world` (run_joined()),
+/// each rank's communicator with its sight of its peers in `s`.
+template <class Result = rank_result, class Body>
+std::vector<Result> run_ranks(cadence::transport::inproc_world& world, int n, sight& s, Body body) {
+  return run_joined<Result>(n, [&world, &s](int r) { return seeing_communicator(world.join(r), s); }, std::move(body));
+}
 
 /// Test options (op 1 s, quorum 2 s) with the rank's events kept in `out` (under `mu`), and
 /// `also` called with each.
-inline cadence::membership::member_options race_options(race_result& out, std::mutex& mu,
+inline cadence::membership::member_options race_options(rank_result& out, std::mutex& mu,
                                                         std::function<void(const std::string&)> also = {}) {
-  auto o = test_options();
-  o.timeouts = cadence::membership::timeouts::scaled(std::chrono::milliseconds(250));
+  auto o = short_options();
   o.on_event = [&out, &mu, also](const std::string& line) {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -93,29 +88,18 @@ inline cadence::membership::member_options race_options(race_result& out, std::m
   return o;
 }
 
-inline bool any_event(const race_result& r, std::mutex& mu, const std::string& part) {
+inline bool any_event(const rank_result& r, std::mutex& mu, const std::string& part) {
   std::lock_guard<std::mutex> lock(mu);
   for (const auto& e : r.events)
     if (e.find(part) != std::string::npos) return true;
   return false;
 }
 
-inline std::string events_of(const race_result& r, std::mutex& mu) {
+inline std::string events_of(const rank_result& r, std::mutex& mu) {
   std::lock_guard<std::mutex> lock(mu);
   std::string s;
   for (const auto& e : r.events) s += "  " + e + "\n";
   return s;
-}
-
-/// Waits until `done()` or `limit` passes (a hang's bound, not a timing assumption).
-template <class F>
-bool wait_for(F&& done, std::chrono::seconds limit) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
 }
 
 }  // namespace cadence_membership_test

@@ -13,6 +13,7 @@
 #include <cadence/transport/inproc.hpp>
 #include <cadence/transport/tcp_store.hpp>
 
+#include "membership/group_ranks.hpp"
 #include "membership/membership_ranks.hpp"
 
 #include <doctest/doctest.h>
@@ -20,7 +21,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,27 +29,14 @@
 namespace cadence_membership_test {
 namespace {
 
-namespace mb = cadence::membership;
-using cadence::transport::dtype;
 using cadence::transport::gloo_communicator;
 using cadence::transport::gloo_options;
-using cadence::transport::inproc_communicator;
-using cadence::transport::inproc_world;
 using cadence::transport::job_secret;
 using cadence::transport::tcp_store_options;
 using cadence::transport::tcp_store_server;
 using cadence::transport_error;
 
 using group = mb::gloo_quorum_group<inproc_communicator>;
-
-struct rank_result {
-  std::string error;
-  std::uint64_t committed = 0;
-  std::uint64_t hash = 0;
-  std::vector<int> last_quorum;
-  mb::quorum_group_stats group;
-  int data_size = 0;
-};
 
 tcp_store_options store_options() {
   static const job_secret secret = job_secret::generate();
@@ -66,34 +53,6 @@ gloo_options data_options(const tcp_store_server& store) {
   return o;
 }
 
-/// A parameter vector stepped differently per rank, so a sync missed or run twice shows.
-struct replica {
-  std::vector<double> params;
-  explicit replica(std::size_t n) : params(n, 1.0) {}
-  void local_step(int rank, std::uint64_t salt) {
-    for (std::size_t i = 0; i < params.size(); ++i)
-      params[i] += 0.001 * static_cast<double>((rank + 1) * static_cast<int>(i % 7 + 1)) + 1e-6 * static_cast<double>(salt);
-  }
-};
-
-/// One sync: a local step, then the average over the gloo group, retried on a fault.
-mb::sync_report sync_once(mb::member<inproc_communicator>& m, group& g, replica& r, ledger& book, int rank) {
-  r.local_step(rank, m.committed());
-  const mb::sync_report rep =
-      g.transact([&] { g.allreduce_average(r.params.data(), r.params.size(), dtype::f64); }, {r.params});
-  if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
-  return rep;
-}
-
-void finish(mb::member<inproc_communicator>& m, group& g, rank_result& out) {
-  m.finish();
-  out.committed = m.committed() - 1;
-  out.hash = m.state_hash();
-  out.last_quorum = m.current().ranks;
-  out.group = g.stats();
-  out.data_size = g.data_communicator() != nullptr ? g.data_communicator()->size() : 0;
-}
-
 // A member lost inside sync `at`: it closes its communicators (the in-process one killed, the
 // gloo one aborted and destroyed) before or after its own all-reduce. The survivors' gloo call
 // (or their vote) fails, they re-form, rebuild the gloo group on three and retry the sync.
@@ -104,44 +63,26 @@ void lost_in_sync(int victim, std::uint64_t at, bool after_data, std::size_t ele
   tcp_store_server store("127.0.0.1:0", store_options());
   inproc_world world(4);
   ledger book;
-  const auto res = run_ranks<rank_result>(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+  const auto res = run_ranks<group_result>(world, 4, [&](int rank, inproc_communicator& c, group_result& out) {
     mb::member<inproc_communicator> m(c, test_options());
     replica r(elements);
     m.add_state(r.params);
     auto g = mb::make_gloo_group(m, data_options(store));
     m.start();
     while (m.committed() < 10) {
-      r.local_step(rank, m.committed());
       const bool dies = rank == victim && m.committed() + 1 == at;
-      const mb::sync_report rep = g->transact(
-          [&] {
-            if (dies && !after_data) {
-              world.kill(rank);
-              g->abort();
-              throw killed{};
-            }
-            g->allreduce_average(r.params.data(), r.params.size(), dtype::f64);
-            if (dies) {
-              world.kill(rank);
-              g->abort();
-              throw killed{};
-            }
-          },
-          {r.params});
-      if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+      sync_once(m, *g, r, book, rank, [&](bool after) {
+        if (dies && (after || !after_data)) lose(world, rank, *g);
+      });
     }
     finish(m, *g, out);
   });
-  std::vector<int> survivors;
-  for (int r = 0; r < 4; ++r)
-    if (r != victim) survivors.push_back(r);
+  const std::vector<int> survivors = all_but(4, {victim});
   CHECK(res[static_cast<std::size_t>(victim)].error == "killed");
+  check_survivors(res, survivors, 10);
   for (int r : survivors) {
+    CAPTURE(r);
     const auto& x = res[static_cast<std::size_t>(r)];
-    CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
-    CHECK(x.committed == 10);
-    CHECK(x.hash == res[static_cast<std::size_t>(survivors[0])].hash);
-    CHECK(x.last_quorum == survivors);
     CHECK(x.data_size == 3);
     CHECK_MESSAGE(x.group.builds >= 2, "rank ", r, ": the gloo group was not rebuilt");
     CHECK(x.group.build_failures == 0);
@@ -180,31 +121,21 @@ TEST_CASE("quorum_group: a member stalled before its gloo all-reduce is left out
     world.resume(stalled);
     released = true;
   });
-  const auto res = run_ranks<rank_result>(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
-    auto o = test_options();
-    o.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(250));  // op 1 s, quorum 2 s
-    if (rank == 0)
-      o.on_event = [&](const std::string& line) {
-        if (line.find("lost rank 2") != std::string::npos) reformed = true;
-      };
+  const auto res = run_ranks<group_result>(world, 4, [&](int rank, inproc_communicator& c, group_result& out) {
+    auto o = short_options();  // op 1 s, quorum 2 s
+    if (rank == 0) o.on_event = flag_on(reformed, "lost rank 2");
     mb::member<inproc_communicator> m(c, o);
     replica r(500);
     m.add_state(r.params);
     auto g = mb::make_gloo_group(m, data_options(store));
     m.start();
     while (m.committed() < 8) {
-      r.local_step(rank, m.committed());
       const bool stops = rank == stalled && m.committed() + 1 == 3;
-      const mb::sync_report rep = g->transact(
-          [&] {
-            if (stops) {
-              world.stall(rank);  // its control frames wait too, as a stopped process's
-              while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            }
-            g->allreduce_average(r.params.data(), r.params.size(), dtype::f64);
-          },
-          {r.params});
-      if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+      sync_once(m, *g, r, book, rank, [&](bool after) {
+        if (!stops || after) return;
+        world.stall(rank);  // its control frames wait too, as a stopped process's
+        while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      });
     }
     finish(m, *g, out);
   });
@@ -212,7 +143,7 @@ TEST_CASE("quorum_group: a member stalled before its gloo all-reduce is left out
   // Resumed, it either stops (the quorum went on without it: whichever refusal it meets first)
   // or, its failed sync taking it into the reconfiguration as a member left behind, is admitted
   // again and healed: then it ends as the others do.
-  const rank_result& back = res[stalled];
+  const group_result& back = res[stalled];
   if (back.error.empty()) {
     CHECK(back.committed == 8);
     CHECK(back.hash == res[0].hash);
@@ -245,7 +176,7 @@ TEST_CASE("quorum_group: periodic averaging and the bucketed all-reducer over th
     tcp_store_server store("127.0.0.1:0", store_options());
     inproc_world world(3);
     ledger book;
-    const auto res = run_ranks<rank_result>(world, 3, [&](int rank, inproc_communicator& c, rank_result& out) {
+    const auto res = run_ranks<group_result>(world, 3, [&](int rank, inproc_communicator& c, group_result& out) {
       mb::member<inproc_communicator> m(c, test_options());
       replica r(40000);
       std::vector<double> grad(r.params.size());
@@ -260,10 +191,7 @@ TEST_CASE("quorum_group: periodic averaging and the bucketed all-reducer over th
       while (m.committed() < 8) {
         const bool dies = rank == victim && m.committed() + 1 == 4;
         auto die = [&] {
-          if (!dies) return;
-          world.kill(rank);
-          g->abort();
-          throw killed{};
+          if (dies) lose(world, rank, *g);
         };
         mb::sync_report rep;
         if (adapter == 0) {
@@ -288,19 +216,13 @@ TEST_CASE("quorum_group: periodic averaging and the bucketed all-reducer over th
           if (rep.outcome == mb::outcome::committed)
             for (std::size_t i = 0; i < grad.size(); ++i) r.params[i] -= grad[i];
         }
-        if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+        if (rep.outcome == mb::outcome::committed) book.record(rank, m);
       }
       finish(m, *g, out);
     });
     CHECK(res[victim].error == "killed");
-    for (int r : {0, 2}) {
-      const auto& x = res[static_cast<std::size_t>(r)];
-      CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
-      CHECK(x.committed == 8);
-      CHECK(x.hash == res[0].hash);
-      CHECK(x.last_quorum == std::vector<int>{0, 2});
-      CHECK(x.data_size == 2);
-    }
+    check_survivors(res, {0, 2}, 8);
+    for (int r : {0, 2}) CHECK_MESSAGE(res[static_cast<std::size_t>(r)].data_size == 2, "rank ", r);
     CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
   }
 }
@@ -312,59 +234,37 @@ TEST_CASE("quorum_group: a restarted rank is admitted and the gloo group is rebu
   tcp_store_server store("127.0.0.1:0", store_options());
   inproc_world world(n);
   ledger book;
-  std::vector<rank_result> res(n);
-  std::atomic<bool> restarted{false}, asked{false};
-  std::atomic<std::uint64_t> first_nonce{0}, final_target{0};
-  std::vector<std::thread> threads;
-  auto body = [&](int rank) {
-    rank_result& out = res[static_cast<std::size_t>(rank)];
-    keep_error(out, [&] {
-      replica r(3000);
-      if (rank == victim && restarted) {
-        inproc_communicator c = world.restart(victim);
-        mb::member<inproc_communicator> m(c, test_options());
-        m.add_state(r.params);
-        auto g = mb::make_gloo_group(m, data_options(store));
-        r.params.assign(r.params.size(), -7.0);  // overwritten by the quorum's state
-        asked = true;
-        m.join();
-        CHECK(m.current().size() == 3);
-        final_target = m.committed() + 3;
-        while (m.committed() < final_target) sync_once(m, *g, r, book, rank);
-        finish(m, *g, out);
-        return;
-      }
-      inproc_communicator c = world.join(rank);
+  restarted_rank job(n, victim);
+  const auto res = job.run<group_result>([&](int rank, group_result& out) {
+    replica r(3000);
+    if (rank == victim && job.restarted()) {
+      inproc_communicator c = world.restart(victim);
       mb::member<inproc_communicator> m(c, test_options());
       m.add_state(r.params);
       auto g = mb::make_gloo_group(m, data_options(store));
-      m.start();
-      while (m.committed() < 3) sync_once(m, *g, r, book, rank);
-      if (rank == victim) {
-        first_nonce = m.nonce();
-        world.kill(victim);
-        g->abort();
-        throw killed{};
-      }
-      while (!(restarted && m.current().contains(victim) &&
-               m.current().nonces[static_cast<std::size_t>(victim)] != first_nonce)) {
-        // Wait for the replacement to ask (a state, not a time), then admit it at a sync point.
-        while (!m.current().contains(victim) && !asked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        REQUIRE(m.committed() < 1000000);
-        sync_once(m, *g, r, book, rank);
-      }
-      while (final_target == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      while (m.committed() < final_target) sync_once(m, *g, r, book, rank);
+      r.params.assign(r.params.size(), -7.0);  // overwritten by the quorum's state
+      job.asking();
+      m.join();
+      CHECK(m.current().size() == 3);
+      job.admitted(m.committed() + 3);
+      run_syncs(m, *g, r, book, job.target(), rank);
       finish(m, *g, out);
-    });
-  };
-  for (int r = 0; r < n; ++r) threads.emplace_back(body, r);
-  threads[static_cast<std::size_t>(victim)].join();
-  CHECK(res[static_cast<std::size_t>(victim)].error == "killed");
-  res[static_cast<std::size_t>(victim)] = {};
-  restarted = true;
-  threads[static_cast<std::size_t>(victim)] = std::thread(body, victim);
-  for (auto& t : threads) t.join();
+      return;
+    }
+    inproc_communicator c = world.join(rank);
+    mb::member<inproc_communicator> m(c, test_options());
+    m.add_state(r.params);
+    auto g = mb::make_gloo_group(m, data_options(store));
+    m.start();
+    run_syncs(m, *g, r, book, 3, rank);
+    if (rank == victim) {
+      job.dying(m.nonce());
+      lose(world, victim, *g);
+    }
+    job.admit(m, [&] { sync_once(m, *g, r, book, rank); });
+    run_syncs(m, *g, r, book, job.target(), rank);
+    finish(m, *g, out);
+  });
   for (const auto& x : res) {
     CHECK_MESSAGE(x.error == "", x.error);
     CHECK(x.hash == res[0].hash);
@@ -406,7 +306,7 @@ TEST_CASE("quorum_group: a build that a member misses fails the sync naming it, 
   tcp_store_server store("127.0.0.1:0", store_options());
   inproc_world world(2);
   ledger book;
-  const auto res = run_ranks<rank_result>(world, 2, [&](int rank, inproc_communicator& c, rank_result& out) {
+  const auto res = run_ranks<group_result>(world, 2, [&](int rank, inproc_communicator& c, group_result& out) {
     mb::member<inproc_communicator> m(c, test_options());
     replica r(100);
     m.add_state(r.params);
@@ -420,7 +320,7 @@ TEST_CASE("quorum_group: a build that a member misses fails the sync naming it, 
     const mb::sync_report rep = sync_once(m, g, r, book, rank);
     CHECK(rep.outcome == mb::outcome::committed);
     CHECK(rep.attempts == 2);
-    while (m.committed() < 3) sync_once(m, g, r, book, rank);
+    run_syncs(m, g, r, book, 3, rank);
     finish(m, g, out);
   });
   for (const auto& x : res) {

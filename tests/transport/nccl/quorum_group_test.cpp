@@ -14,6 +14,7 @@
 #include <cadence/transport/nccl/protocol.hpp>
 
 #include "fake_nccl.hpp"
+#include "membership/group_ranks.hpp"
 #include "membership/membership_ranks.hpp"
 
 #include <doctest/doctest.h>
@@ -28,45 +29,12 @@
 #include <thread>
 #include <vector>
 
-namespace cadence_membership_nccl_test {
+namespace cadence_membership_test {
+namespace nccl_group_test {
 namespace {
 
-namespace mb = cadence::membership;
 namespace fk = cadence_fake_nccl;
-using cadence::transport::dtype;
-using cadence::transport::inproc_communicator;
-using cadence::transport::inproc_world;
-using cadence_membership_test::killed;
-using cadence_membership_test::ledger;
-using cadence_membership_test::test_options;
-
 using group = mb::nccl_quorum_group<inproc_communicator>;
-
-struct rank_result {
-  std::string error;
-  std::uint64_t committed = 0;
-  std::uint64_t hash = 0;
-  std::vector<int> last_quorum;
-  mb::quorum_group_stats group;
-  int data_size = 0;
-  bool device_buffers = false;
-};
-
-/// A parameter vector stepped differently per rank, so a sync missed or run twice shows.
-void local_step(std::vector<double>& p, int rank, std::uint64_t salt) {
-  for (std::size_t i = 0; i < p.size(); ++i)
-    p[i] += 0.001 * static_cast<double>((rank + 1) * static_cast<int>(i % 7 + 1)) + 1e-6 * static_cast<double>(salt);
-}
-
-void finish(mb::member<inproc_communicator>& m, group& g, rank_result& out) {
-  m.finish();
-  out.committed = m.committed() - 1;
-  out.hash = m.state_hash();
-  out.last_quorum = m.current().ranks;
-  out.group = g.stats();
-  out.data_size = g.data_communicator() != nullptr ? g.data_communicator()->size() : 0;
-  out.device_buffers = g.capabilities().device_buffers;
-}
 
 enum class when { before_first_build, before_data, after_data };
 
@@ -83,11 +51,11 @@ void lost_in_sync(int victim, std::uint64_t at, when how) {
   inproc_world world(4);
   ledger book;
   std::atomic<int> in_factory{0};
-  const auto res = cadence_membership_test::run_ranks<rank_result>(
-      world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+  const auto res = run_ranks<group_result>(
+      world, 4, [&](int rank, inproc_communicator& c, group_result& out) {
         mb::member<inproc_communicator> m(c, test_options());
-        std::vector<double> params(300, 1.0);
-        m.add_state(params);
+        replica r(300);
+        m.add_state(r.params);
         // "Device" = rank: the fake has 8. Lost before the first build: the victim leaves from
         // inside its first factory call, once the three others are inside theirs (waiting for it
         // over the view), so that their build is what fails.
@@ -108,39 +76,20 @@ void lost_in_sync(int victim, std::uint64_t at, when how) {
         }, "cadence-data", mb::buffer_memory::device);
         m.start();
         while (m.committed() < 8) {
-          local_step(params, rank, m.committed());
           const bool dies = rank == victim && m.committed() + 1 == at;
-          const mb::sync_report rep = g->transact(
-              [&] {
-                if (dies && how == when::before_data) {
-                  world.kill(rank);
-                  g->abort();
-                  throw killed{};
-                }
-                g->allreduce_average(params.data(), params.size(), dtype::f64);
-                if (dies) {
-                  world.kill(rank);
-                  g->abort();
-                  throw killed{};
-                }
-              },
-              {params});
-          if (rep.outcome == mb::outcome::committed) book.record(rank, m.committed(), m.state_hash());
+          sync_once(m, *g, r, book, rank, [&](bool after) {
+            if (dies && (after || how == when::before_data)) lose(world, rank, *g);
+          });
         }
         finish(m, *g, out);
       });
-  std::vector<int> survivors;
+  const std::vector<int> survivors = all_but(4, {victim});
   int named = 0;  // survivors whose failed build named the victim
-  for (int r = 0; r < 4; ++r)
-    if (r != victim) survivors.push_back(r);
   CHECK(res[static_cast<std::size_t>(victim)].error == "killed");
+  check_survivors(res, survivors, 8);
   for (int r : survivors) {
     CAPTURE(r);
     const auto& x = res[static_cast<std::size_t>(r)];
-    CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
-    CHECK(x.committed == 8);
-    CHECK(x.hash == res[static_cast<std::size_t>(survivors[0])].hash);
-    CHECK(x.last_quorum == survivors);
     CHECK(x.data_size == 3);
     CHECK(x.device_buffers);
     // Successful builds: on four and on three (before the first build, on three only).
@@ -198,15 +147,20 @@ TEST_CASE("nccl quorum_group: a member lost before the first build: the build fa
   lost_in_sync(1, 1, when::before_first_build);
 }
 
+/// A job of one member over the fake NCCL, with one double as its state.
+struct one_member {
+  fk::world fw;
+  inproc_world world{1};
+  inproc_communicator c{world.join(0)};
+  mb::member<inproc_communicator> m{c, test_options()};
+  double x = 2;
+  one_member() { m.add_state(mb::buffer(&x, sizeof x)); }
+};
+
 // The factory refuses a spec that is not its member's view; a quorum of one builds, commits,
 // and its communicator is aborted when the group goes.
-TEST_CASE("nccl quorum_group: the factory's spec and the member's view must agree" * doctest::timeout(60)) {
-  fk::world fw;
-  inproc_world world(1);
-  inproc_communicator c = world.join(0);
-  mb::member<inproc_communicator> m(c, test_options());
-  double x = 2;
-  m.add_state(mb::buffer(&x, sizeof x));
+TEST_CASE_FIXTURE(one_member, "nccl quorum_group: the factory's spec and the member's view must agree" *
+                                  doctest::timeout(60)) {
   auto make = mb::nccl_group_factory(m, fw.api(), 0);
   auto g = mb::make_nccl_group(m, fw.api(), 0);
   m.start();
@@ -233,14 +187,8 @@ TEST_CASE("nccl quorum_group: the factory's spec and the member's view must agre
 // A group constructed for host buffers over a factory that builds NCCL communicators (device
 // buffers): the first build refuses, naming both, and the member leaves (a configuration error,
 // not a fault to retry).
-TEST_CASE("nccl quorum_group: a group declared for host buffers refuses the NCCL factory's communicator" *
-          doctest::timeout(60)) {
-  fk::world fw;
-  inproc_world world(1);
-  inproc_communicator c = world.join(0);
-  mb::member<inproc_communicator> m(c, test_options());
-  double x = 2;
-  m.add_state(mb::buffer(&x, sizeof x));
+TEST_CASE_FIXTURE(one_member, "nccl quorum_group: a group declared for host buffers refuses the NCCL factory's "
+                              "communicator" * doctest::timeout(60)) {
   group g(m, mb::nccl_group_factory(m, fw.api(), 0));  // buffer_memory::host, the default
   CHECK_FALSE(g.capabilities().device_buffers);
   m.start();
@@ -253,4 +201,5 @@ TEST_CASE("nccl quorum_group: a group declared for host buffers refuses the NCCL
 }
 
 }  // namespace
-}  // namespace cadence_membership_nccl_test
+}  // namespace nccl_group_test
+}  // namespace cadence_membership_test
