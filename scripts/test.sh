@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every test configuration Cadence promises:
 #   build/       Release, every test suite at C++17 (the sanitizer builds compile them at
-#                C++20; the test executables at -O1), Thrust tests on the OMP and CPP systems,
+#                C++20; everything of ours at -O1), Thrust tests on the OMP and CPP systems,
 #                tools, apps, benchmarks and examples built, install + consumer projects,
 #                every public header compiled on its own, and the API reference (Doxygen,
 #                warnings as errors)
@@ -17,8 +17,8 @@
 #   build-cuda/  the Thrust sources and GPU benchmark compiled with nvcc for sm_90 (compile
 #                and link only; skipped with a message when no CUDA compiler is installed)
 # A configuration whose build fails counts as one failure and the others still run. The sanitizer,
-# fuzz and CUDA builds compile in the background at the lowest CPU priority while the previous
-# configuration's tests run (they take the time the tests leave idle). Each section
+# fuzz and CUDA builds compile in the background at the lowest CPU priority from the end of the
+# Release build on, one after the other (they take the time the tests leave idle). Each section
 # header says how long the run has taken so far. Always ends with one line
 # "tests: N passed, M failed".
 #
@@ -167,13 +167,22 @@ fi
 # -O0 with line tables: a unity batch compiles 4x faster than at -O1 -g (7 s against 29 s for
 # the transport tests' first batch), which makes the whole section about 6 min instead of 14 on
 # two cores, while the tests run about 1.5x slower; reports still name file and line.
+# Every executable but the tools' own programs (cadence-train, -zipline, -sim, -race,
+# -chaos-rank): their command-line and process tests (tool.*) run in the Release build, so here
+# they would be compiled (about 90 s of clang) for no test; their libraries and test executables
+# are built and run.
 asan_build() {
   ((${#asan_cxx[@]})) || echo "clang++ not installed: the sanitizer build uses the default compiler"
   configure build-asan asan "${asan_cxx[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -gline-tables-only" \
     -DCADENCE_SANITIZE=address,undefined -DCADENCE_TEST_STANDARDS=20 \
     -DCADENCE_SECONDARY_TEST_STANDARDS=20 -DCADENCE_THRUST_TEST_SYSTEMS=OMP \
-    -DCADENCE_BUILD_BENCHMARKS=OFF &&
-    build build-asan asan
+    -DCADENCE_BUILD_BENCHMARKS=OFF || return
+  local targets=()
+  if [[ ${generator[1]:-} == Ninja ]]; then
+    mapfile -t targets < <(ninja -C build-asan -t targets all | sed -n 's|^\(bin/[^/:]*\): .*|\1|p' |
+                             grep -vxE 'bin/cadence-(train|zipline|sim|race|chaos-rank)')
+  fi
+  build build-asan asan ${targets[@]:+--target "${targets[@]}"}
 }
 
 # The libFuzzer targets, ThreadSanitizer's concurrent parts and the CUDA compile check, built one
@@ -217,13 +226,25 @@ later_builds() {
   fi
 }
 
+# The later builds start when the ASan build has ended (its job leaves its .failed mark then), so
+# they take the idle time of the Python tests and of the ASan tests in turn.
+later_builds_after_asan() {
+  while [[ ! -f $bg_dir/asan.failed ]]; do sleep 1; done
+  later_builds
+}
+
 section "Release build (g++, C++17)"
-# The test executables and examples at -O1 (CADENCE_TEST_OPTIMIZATION): half the compile time of
-# -O3 for them; the tools, apps and benchmarks stay at Release's -O3 and are run by tests.
+# Everything of ours at -O1 (CADENCE_TEST_OPTIMIZATION for the test executables and examples,
+# CADENCE_TOOL_OPTIMIZATION for the tools, apps and benchmarks): half the compile time of -O3;
+# here they are only run by tests (a user's Release build keeps -O3).
 if configure build release -DCMAKE_BUILD_TYPE=Release -DCADENCE_TEST_STANDARDS=17 \
-     -DCADENCE_SECONDARY_TEST_STANDARDS=17 -DCADENCE_TEST_OPTIMIZATION=-O1 &&
+     -DCADENCE_SECONDARY_TEST_STANDARDS=17 -DCADENCE_TEST_OPTIMIZATION=-O1 \
+     -DCADENCE_TOOL_OPTIMIZATION=-O1 &&
    build build release; then
-  ((quick)) || in_background asan asan_build
+  if ((!quick)); then
+    in_background asan asan_build
+    in_background later later_builds_after_asan
+  fi
   run_ctest build
   # Every public header compiles on its own (CMake's VERIFY_INTERFACE_HEADER_SETS).
   if build build "header self-containment check" --target all_verify_interface_header_sets; then
@@ -246,7 +267,10 @@ if ((quick)); then
   ((failed == 0))
   exit
 fi
-[[ -n ${bg_pid[asan]:-} ]] || in_background asan asan_build
+if [[ -z ${bg_pid[asan]:-} ]]; then
+  in_background asan asan_build
+  in_background later later_builds_after_asan
+fi
 
 section "Python package (pip install . into a venv; pytest tests/python)"
 # The package's own script; it compares the bindings against build/bin's tools.
@@ -267,7 +291,6 @@ fi
 section "clang, AddressSanitizer + UndefinedBehaviorSanitizer (C++20)"
 asan_ok=0
 collect asan && asan_ok=1
-in_background later later_builds
 # The tools' command-line and process-level tests (tool.*) run in the Release build; here the
 # unit tests, the apps' and tools' own test executables and the examples (CI time: the tool.*
 # entries took 66 s of test time under ASan, and the decoders they feed are fuzzed below).
@@ -277,7 +300,7 @@ section "libFuzzer: the decoders, 2 s each (tests/fuzz)"
 # Every decoder of bytes or text from outside a process, fuzzed briefly from its committed corpus
 # with clang's -fsanitize=fuzzer,address,undefined (docs/testing.md, "Fuzzing", has the long
 # command). A project of its own; it says so and builds nothing where libFuzzer is missing.
-# (The builds of this section and the next two ran in the background during the ASan tests.)
+# (The builds of this section and the next two ran in the background after the ASan build.)
 collect later || true
 if ! command -v clang++ >/dev/null 2>&1; then
   echo "clang++ not installed: fuzzing skipped"
