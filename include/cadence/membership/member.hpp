@@ -195,9 +195,12 @@ public:
   /// message); the others are healed from a member that committed it only while that member
   /// still takes part, so a member that left right after its last commit would leave them to
   /// retry that sync without it, and the job would end with two states. Every member calls it
-  /// once, after the same syncs, as any collective. Returns the closing sync's report
-  /// (committed() counts it); throws as transact() does.
+  /// once, after the same syncs, as any collective. A process admitted in the closing sync gets
+  /// the state, without the admission's confirming collective (the members leave: one that
+  /// completed it and left would leave the others to re-form alone). Returns the closing sync's
+  /// report (committed() counts it); throws as transact() does.
   sync_report finish() {
+    core_->closing();
     float closing = 0;
     return transact([&] { view_.allreduce(&closing, 1, transport::dtype::f32, transport::reduce_op::max); });
   }

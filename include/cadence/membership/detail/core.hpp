@@ -176,6 +176,10 @@ public:
     return txn_joiner_;
   }
 
+  /// member::finish(): the closing sync is next; a quorum this member leads from now on is
+  /// announced as the closing one (no confirming collective).
+  void closing() noexcept { closing_ = true; }
+
   bool txn_failed() const noexcept { return txn_failed_.has_value(); }
   void abandon_txn() noexcept { in_txn_ = false; }
 
@@ -299,7 +303,10 @@ public:
       // A newcomer knows no quorum before the one it joined: it measures a loss in the confirming
       // collective against that one, as it does a loss in its first sync.
       if (first_mode == mode::join) confirmed_ = q_;
-      if (!admits(a) || confirm()) break;
+      // The closing sync's (member::finish()): the members leave once it is formed, so a loss
+      // after it cannot stop a job that is ending, and a confirming collective completed on
+      // some members, who then leave, and failed on others would leave those to re-form alone.
+      if (!admits(a) || (a.flags & flag_closing) != 0 || confirm()) break;
       m = mode::failure;  // a member was lost in the confirming collective: re-form without it
     }
     ++stats_.reconfigurations;
@@ -899,7 +906,8 @@ private:
       a.q.nonces.push_back(e.nonce);
     }
     a.flags = static_cast<std::uint8_t>((initial ? flag_initial : 0) | (any_failed ? flag_drain : 0) |
-                                        (initial && o_.sync_initial_state ? flag_sync_all : 0));
+                                        (initial && o_.sync_initial_state ? flag_sync_all : 0) |
+                                        (closing_ ? flag_closing : 0));
     std::vector<unsigned char> body;
     for (const member_entry& e : a.entries) append_pod(body, e);
     for (const member_entry& e : a.entries) {
@@ -1316,6 +1324,7 @@ private:
   quorum q_;
   quorum confirmed_;  // the quorum of the last commit or confirming collective (or the first one asked for, or the one joined)
   bool q_confirmed_ = false;  // q_'s confirming collective completed here (told to the next leader)
+  bool closing_ = false;      // in member::finish(): the quorums this member announces say so
   std::uint64_t formed_at_ = 0;  // committed_ when q_ was adopted
   std::uint64_t committed_ = 0, txn_ = 0, op_seq_ = 0;
   std::size_t txn_ops_ = 0;

@@ -86,6 +86,7 @@ inline constexpr std::uint8_t flag_initial = 1;  // announce: the first quorum
 inline constexpr std::uint8_t flag_drain = 2;    // announce: members exchange drain lists
 inline constexpr std::uint8_t flag_sync_all = 4; // announce: every member but the leader receives its state
 inline constexpr std::uint8_t flag_confirmed = 8; // request: the sender completed the confirming collective of the quorum it names
+inline constexpr std::uint8_t flag_closing = 16;  // announce: formed in the closing sync (member::finish()): no confirming collective
 
 /// A member of an announced quorum: its rank, its process, the syncs it has committed (or
 /// `newcomer`: it needs the whole state).
