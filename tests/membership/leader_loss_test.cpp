@@ -249,5 +249,77 @@ TEST_CASE("membership: the leader of a larger quorum lost in the admission's con
   check_went_on(leader_loss(4, loss::in_confirmation, book), book);
 }
 
+
+TEST_CASE("membership: a process admitted in the closing sync gets the state, with no confirming collective" *
+          doctest::timeout(120)) {
+  // Three members sync; a fourth process asks to join before they call finish(), whose closing
+  // sync admits it. The members leave once that sync is done, so its admission runs no
+  // confirming collective: one completed by some, who then left, and failed on others would
+  // leave those to re-form alone and stop (the commit that added flag_closing).
+  namespace t = cadence_membership_test;
+  constexpr int joiner = 3;
+  inproc_world world(4);
+  ledger book;
+  std::atomic<int> synced{0};
+  std::atomic<bool> asked{false};
+  std::string joiner_finish;  // what the joiner's finish() threw
+  std::uint64_t joiner_committed = 0;
+  const auto res = t::run_ranks(world, 4, [&](int rank, inproc_communicator& c, t::rank_result& out) {
+    auto o = t::short_options();
+    o.on_event = [&out, &asked, rank](const std::string& line) {
+      out.events.push_back(line);
+      if (rank == joiner && line.find(": asked to join") != std::string::npos) asked = true;
+    };
+    t::replica r(3000);
+    if (rank == joiner) {
+      // A process started once the three have synced.
+      REQUIRE(t::wait_for([&] { return synced == 3; }, std::chrono::seconds(60)));
+      mb::member<inproc_communicator> m(c, o);
+      t::register_state(m, r);
+      r.params.assign(r.params.size(), -7.0);  // overwritten by the quorum's state
+      m.join();
+      joiner_committed = m.committed();
+      out.hash = m.state_hash();
+      out.last_quorum = m.current().ranks;
+      // The others left after the closing sync: a sync of this member alone must end, naming why.
+      try {
+        m.finish();
+      } catch (const mb::quorum_error& e) {
+        joiner_finish = e.what();
+      }
+      return;
+    }
+    mb::member<inproc_communicator> m(c, o);
+    t::register_state(m, r);
+    m.start();
+    t::run_syncs(m, r, book, 3, rank);
+    ++synced;
+    // The joiner's request has been sent to every member (inproc delivers it at once), so the
+    // closing sync's first collective sees it: the closing sync admits it.
+    REQUIRE(t::wait_for([&] { return asked.load(); }, std::chrono::seconds(60)));
+    t::finish(m, out);
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(res[static_cast<std::size_t>(r)].error == "", res[static_cast<std::size_t>(r)].error);
+    CHECK(res[static_cast<std::size_t>(r)].committed == 3);
+    CHECK(res[static_cast<std::size_t>(r)].hash == res[0].hash);
+    CHECK(res[static_cast<std::size_t>(r)].last_quorum == std::vector<int>{0, 1, 2, 3});
+  }
+  for (int r = 0; r < 4; ++r)
+    for (const std::string& line : res[static_cast<std::size_t>(r)].events) {
+      CAPTURE(r);
+      CHECK_MESSAGE(line.find("confirming quorum") == std::string::npos, line);
+    }
+  const t::rank_result& j = res[joiner];
+  CHECK_MESSAGE(j.error == "", j.error);
+  CHECK(joiner_committed == 4);  // the three syncs and the closing one
+  CHECK(j.hash == res[0].hash);
+  CHECK(j.last_quorum == std::vector<int>{0, 1, 2, 3});
+  CHECK_MESSAGE(joiner_finish.find("only rank 3 of quorum") != std::string::npos,
+                "the joiner's finish() with the others gone: ", joiner_finish);
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
 }  // namespace
 }  // namespace cadence_leader_loss_test
