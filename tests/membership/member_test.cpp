@@ -233,7 +233,8 @@ TEST_CASE("membership: a lone survivor (a quorum of one) admits a restarted rank
 
 // A member that stops taking part (stalled: alive to the transport, no heartbeat fault) is
 // caught by the op tier: the others' sync fails at the op timeout, they re-form without it
-// after the quorum timeout and go on; resumed, it finds the quorum gone on without it and stops.
+// after the quorum timeout and go on; resumed, it finds the quorum gone on without it and stops
+// (or, its request to come back in time for a sync, is admitted back with the state).
 TEST_CASE("membership: a stalled member is left out at the op timeout and stops when it resumes") {
   inproc_world world(4);
   ledger book;
@@ -258,11 +259,19 @@ TEST_CASE("membership: a stalled member is left out at the op timeout and stops 
   });
   resumer.join();
   // Whichever it meets first: the announcement without it, the leader's refusal, or (the others
-  // already finished and gone) the rule that a minority must not go on alone.
+  // already finished and gone) the rule that a minority must not go on alone. Or, when its
+  // request to come back reached the others before their last sync (seen under ASan on a loaded
+  // machine), it was admitted back with the state and finished with them: then it ends as they do.
   const std::string& e2 = res[2].error;
-  CHECK_MESSAGE((e2.find("without this member") != std::string::npos || e2.find("refused this member") != std::string::npos ||
-                 e2.find("must not go on alone") != std::string::npos),
-                e2);
+  if (e2.empty()) {
+    CHECK(res[2].committed == 8);
+    CHECK(res[2].hash == res[0].hash);
+    CHECK(res[2].last_quorum == std::vector<int>{0, 1, 2, 3});
+  } else {
+    CHECK_MESSAGE((e2.find("without this member") != std::string::npos || e2.find("refused this member") != std::string::npos ||
+                   e2.find("must not go on alone") != std::string::npos),
+                  e2);
+  }
   for (int r : {0, 1, 3}) {
     const auto& x = res[static_cast<std::size_t>(r)];
     CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
