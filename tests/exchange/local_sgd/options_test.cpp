@@ -68,61 +68,32 @@ TEST_CASE("a bad config string is refused naming the string and the key") {
 }
 
 TEST_CASE("check_diloco_options refuses combinations the schedule cannot run, naming the option and the bound") {
-  auto refused = [](diloco_options o, std::size_t ranks, const char* part) {
-    const outer_schedule s(o.schedule, ranks, 16);
+  diloco_options o;
+  o.schedule = "fixed:8";
+  o.fragments = 4;
+  o.delay = 3;
+  CHECK_NOTHROW(check_diloco_options(o, outer_schedule(o.schedule, 4), ""));
+  // o with one change made by `change`, on 4 ranks, must be refused with `part` in the message.
+  auto refused = [&o](void (*change)(diloco_options&), const char* part) {
+    diloco_options b = o;
+    change(b);
+    const outer_schedule s(b.schedule, 4, 16);
     try {
-      check_diloco_options(o, s, "here: ");
+      check_diloco_options(b, s, "here: ");
     } catch (const invalid_parameter_error& e) {
       const std::string what = e.what();
       CHECK_MESSAGE(what.rfind("here: ", 0) == 0, what);
       CHECK_MESSAGE(what.find(part) != std::string::npos, what);
       return;
     }
-    FAIL("accepted: " << diloco_config_string(o, "sgd:1"));
+    FAIL("accepted: " << diloco_config_string(b, "sgd:1"));
   };
-  diloco_options o;
-  o.schedule = "fixed:8";
-  o.fragments = 4;
-  o.delay = 3;
-  CHECK_NOTHROW(check_diloco_options(o, outer_schedule(o.schedule, 4), ""));
-  {
-    diloco_options b = o;
-    b.fragments = 0;
-    refused(b, 4, "fragments must be >= 1");
-  }
-  {
-    diloco_options b = o;
-    b.fragments = 9;
-    refused(b, 4, "fragments 9 exceed H = 8");
-  }
-  {
-    diloco_options b = o;
-    b.delay = 8;
-    refused(b, 4, "delay 8 must be less than H = 8");
-  }
-  {
-    diloco_options b = o;
-    b.schedule = "quorum:3:8";
-    refused(b, 4, "need the fixed schedule");
-  }
-  {
-    diloco_options b = o;
-    b.alpha = 1.5f;
-    refused(b, 4, "alpha must be in [0, 1), got 1.5");
-  }
-  {
-    diloco_options b = o;
-    b.history = 1;
-    refused(b, 4, "history must be in [2, 1024], got 1");
-  }
-  {
-    diloco_options b = o;
-    b.timeout = std::chrono::milliseconds(0);
-    refused(b, 4, "timeout must be > 0");
-  }
-  {
-    diloco_options b = o;
-    b.tag = 32766;
-    refused(b, 4, "are not all in [0, 32767]");
-  }
+  refused([](diloco_options& b) { b.fragments = 0; }, "fragments must be >= 1");
+  refused([](diloco_options& b) { b.fragments = 9; }, "fragments 9 exceed H = 8");
+  refused([](diloco_options& b) { b.delay = 8; }, "delay 8 must be less than H = 8");
+  refused([](diloco_options& b) { b.schedule = "quorum:3:8"; }, "need the fixed schedule");
+  refused([](diloco_options& b) { b.alpha = 1.5f; }, "alpha must be in [0, 1), got 1.5");
+  refused([](diloco_options& b) { b.history = 1; }, "history must be in [2, 1024], got 1");
+  refused([](diloco_options& b) { b.timeout = std::chrono::milliseconds(0); }, "timeout must be > 0");
+  refused([](diloco_options& b) { b.tag = 32766; }, "are not all in [0, 32767]");
 }
