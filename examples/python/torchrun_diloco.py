@@ -6,13 +6,18 @@ momentum 0.9) on the averaged pseudo-gradient.
 * --replica-size S: replica groups of S consecutive ranks (a node each under --nproc_per_node)
   run DDP inside; DiLoCo averages across them (cadence.torch.replica_groups' cross group).
   S = 1 (default): every rank is a replica of its own.
-* --schedule fixed:<H> (default fixed:10) or elastic:<R>: ElasticBSP's plan sets each replica's
-  inner steps from the measured step times (the last replica is slower by --straggle seconds per
-  step); the loop then ends on DiLoCo's stop agreement, not on a step count.
+* --schedule fixed:<H> (default fixed:10), or a timed schedule: elastic:<R> (ElasticBSP's plan
+  sets each replica's inner steps from the measured step times), lag:<H>:<s> (a faster replica
+  runs up to s more steps) or quorum:<K>:<H>[...] (the outer step when K replicas are done; a late
+  one's work counts later); the last replica is slower by --straggle seconds per step. Under a
+  timed schedule the loop ends on DiLoCo's stop agreement, not on a step count, and a replica's
+  ranks agree on one record (replica_group), so every cross group follows the same plan.
 * --codec f32|bf16|fp16|int8|int4: how the pseudo-gradients travel (int8/int4 with error
   feedback).
-* --check: after every outer step, every rank's weights are compared with every other rank's
-  (an all-gather over the world): identical across replicas and within them, or the job fails.
+* --check: after every outer step, every rank's global weights are compared with every other
+  rank's (an all-gather over the world), and so are the model's weights (equal to the global
+  ones: alpha 0, no delay) except under a quorum, where a left-out replica keeps its own local
+  work: identical across replicas and within them, or the job fails.
 
     torchrun --standalone --nproc_per_node 4 examples/python/torchrun_diloco.py \\
         --replica-size 2 --schedule elastic:8 --codec int8 --check
@@ -40,7 +45,8 @@ def data(torch, shard, shards, n=6000, seed=0):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replica-size", type=int, default=1, help="ranks per DDP replica group (default 1)")
-    ap.add_argument("--schedule", default="fixed:10", help="fixed:<H> or elastic:<R> (default fixed:10)")
+    ap.add_argument("--schedule", default="fixed:10",
+                    help="fixed:<H>, elastic:<R>, lag:<H>:<s> or quorum:<K>:<H>[...] (default fixed:10)")
     ap.add_argument("--codec", default="f32", help="f32, bf16, fp16, int8 or int4 (default f32)")
     ap.add_argument("--steps", type=int, default=200, help="inner steps per replica (default 200)")
     ap.add_argument("--batch", type=int, default=32)
@@ -68,9 +74,9 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(DIM, 64), torch.nn.ReLU(), torch.nn.Linear(64, CLASSES))
     net = DDP(model, process_group=groups.replica) if groups.size > 1 else model
     inner = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    elastic = args.schedule.startswith("elastic")
+    timed = not args.schedule.startswith("fixed")  # elastic, lag, quorum: plans from step times
     diloco = ct.DiLoCo(model, inner, schedule=args.schedule, codec=args.codec, process_group=groups.cross,
-                       replica_group=groups.replica if elastic and groups.size > 1 else None,
+                       replica_group=groups.replica if timed and groups.size > 1 else None,
                        timeout=args.timeout)
     loss_fn = torch.nn.CrossEntropyLoss()
     slow = groups.index == groups.replicas - 1 and args.straggle > 0
@@ -84,17 +90,21 @@ def main():
         inner.zero_grad()
         if slow:
             time.sleep(args.straggle)
-        synced = diloco.step(stop=diloco.step_count >= args.steps) if elastic else diloco.step()
+        synced = diloco.step(stop=diloco.step_count >= args.steps) if timed else diloco.step()
         if synced and args.check:  # every rank after the same outer step (alpha 0, no delay)
-            mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-            every = [torch.empty_like(mine) for _ in range(world)]
-            dist.all_gather(every, mine)
-            bad = [r for r in range(world) if not torch.equal(every[r], every[0])]
-            if bad:
-                sys.exit(f"rank {rank}: after outer step {diloco.outer_steps} the weights of ranks {bad} "
-                         "differ from rank 0's")
+            compared = [("global", diloco.global_parameters)]
+            if not args.schedule.startswith("quorum"):
+                compared.append(("model", list(model.parameters())))
+            for name, tensors in compared:
+                mine = torch.cat([p.detach().reshape(-1) for p in tensors])
+                every = [torch.empty_like(mine) for _ in range(world)]
+                dist.all_gather(every, mine)
+                bad = [r for r in range(world) if not torch.equal(every[r], every[0])]
+                if bad:
+                    sys.exit(f"rank {rank}: after outer step {diloco.outer_steps} the {name} weights of ranks "
+                             f"{bad} differ from rank 0's")
             checks += 1
-        if diloco.stopped if elastic else diloco.step_count >= args.steps:
+        if diloco.stopped if timed else diloco.step_count >= args.steps:
             break
     diloco.finish()
     with torch.no_grad():
