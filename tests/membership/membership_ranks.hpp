@@ -25,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -215,6 +216,15 @@ bool wait_for(F&& done, std::chrono::seconds limit) {
   return true;
 }
 
+/// wait_for() on a rank's thread, throwing std::runtime_error naming `what` if `limit` passes:
+/// the rank's body ends with that error (keep_error) instead of going on past a state that never
+/// came.
+template <class F>
+void await(F&& done, const char* what, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  if (!wait_for(std::forward<F>(done), limit))
+    throw std::runtime_error(std::string("timed out after ") + std::to_string(limit.count()) + " s waiting for " + what);
+}
+
 // ---- a rank's replica and its syncs ----
 
 /// One replica: a parameter vector, averaged at every sync after a local step that depends on
@@ -351,20 +361,24 @@ public:
   /// loss and the admission may be one reconfiguration or two).
   template <class Member, class Sync>
   void admit(const Member& m, Sync&& sync) const {
-    while (!(restarted_ && m.current().contains(victim_) &&
-             m.current().nonces[static_cast<std::size_t>(victim_)] != first_nonce_)) {
+    // nonces is in the quorum's order: the victim's entry is at its index, not at its rank.
+    auto replaced = [&] {
+      const int i = m.current().index_of(victim_);
+      return restarted_ && i >= 0 && m.current().nonces[static_cast<std::size_t>(i)] != first_nonce_;
+    };
+    while (!replaced()) {
       // Once the victim is out, the next syncs wait for its replacement to ask (so the test
       // does not depend on how fast the thread starts), then admit it at a sync point.
       // (A quorum of one commits a sync without exchanging anything, so it may commit many
       // before the request arrives; the bound only catches a member that never admits it.)
-      while (!m.current().contains(victim_) && !asked_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (!m.current().contains(victim_)) await([this] { return asked_.load(); }, "the replacement's request to join");
       REQUIRE(m.committed() < 1000000);
       sync();
     }
   }
-  /// The count admitted() set, once it did.
+  /// The count admitted() set, once it did (throws, naming the wait, if it never does).
   std::uint64_t target() const {
-    while (target_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    await([this] { return target_ != 0; }, "the replacement's admission");
     return target_;
   }
 

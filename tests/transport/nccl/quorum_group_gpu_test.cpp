@@ -11,24 +11,22 @@
 #include <cadence/transport/inproc.hpp>
 #include <cadence/transport/nccl/communicator.hpp>
 
+#include "membership/group_ranks.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
 
 #include <chrono>
 #include <cstdint>
-#include <exception>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
+namespace cadence_nccl_quorum_group_gpu_test {
 namespace {
 
-namespace mb = cadence::membership;
-using cadence::transport::dtype;
-using cadence::transport::inproc_communicator;
-using cadence::transport::inproc_world;
+using namespace cadence_membership_test;
 
 int gpu_count() {
   int n = 0;
@@ -46,22 +44,13 @@ mb::member_options gpu_options() {
   return o;
 }
 
-struct killed {};
-
-// One member on GPU `device`: `host` is its state (the membership's, in host memory); each sync
-// copies it to the device, averages it over the group and copies it back. `lost_at`: the sync
-// inside which it is lost (0: never).
-struct rank_result {
-  std::string error;
-  std::uint64_t committed = 0, hash = 0;
-  mb::quorum_group_stats stats;
-  int data_size = 0;
-};
-
-void gpu_member(inproc_world& world, int rank, std::uint64_t syncs, std::uint64_t lost_at, rank_result& out) {
-  try {
+// Member `rank` of `world` on GPU `rank`: `host` is its state (the membership's, in host
+// memory); each sync copies it to the device, averages it over the group and copies it back.
+// `lost_at`: the sync inside which it is lost (0: never). Ranks 0..n-1 on a thread each.
+std::vector<group_result> gpu_members(int n, std::uint64_t syncs, std::uint64_t lost_at, int lost_rank) {
+  inproc_world world(n);
+  return run_ranks<group_result>(world, n, [&](int rank, inproc_communicator& c, group_result& out) {
     cuda_check(cudaSetDevice(rank), "cudaSetDevice");
-    inproc_communicator c = world.join(rank);
     mb::member<inproc_communicator> m(c, gpu_options());
     std::vector<float> host(1024, 1.0f);
     m.add_state(host);
@@ -71,32 +60,20 @@ void gpu_member(inproc_world& world, int rank, std::uint64_t syncs, std::uint64_
     m.start();
     while (m.committed() < syncs) {
       for (std::size_t i = 0; i < host.size(); ++i) host[i] += static_cast<float>((rank + 1) * (i % 5));
-      const bool dies = lost_at != 0 && m.committed() + 1 == lost_at;
+      const bool dies = rank == lost_rank && lost_at != 0 && m.committed() + 1 == lost_at;
       g->transact(
           [&] {
-            if (dies) {
-              world.kill(rank);
-              g->abort();
-              throw killed{};
-            }
+            if (dies) lose(world, rank, *g);
             cuda_check(cudaMemcpy(dev, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
             g->allreduce_average(dev, host.size(), dtype::f32);
             cuda_check(cudaMemcpy(host.data(), dev, host.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
           },
           {host});
     }
-    m.finish();
-    out.committed = m.committed() - 1;
-    out.hash = m.state_hash();
-    out.stats = g->stats();
-    out.data_size = g->data_communicator() != nullptr ? g->data_communicator()->size() : 0;
+    finish(m, *g, out);
     g.reset();  // aborted, on this thread
     cudaFree(dev);
-  } catch (const killed&) {
-    out.error = "killed";
-  } catch (const std::exception& e) {
-    out.error = e.what();
-  }
+  });
 }
 
 TEST_CASE("nccl quorum_group (GPU): a quorum of one builds, averages on the device, and aborts when it goes" *
@@ -105,14 +82,12 @@ TEST_CASE("nccl quorum_group (GPU): a quorum of one builds, averages on the devi
     MESSAGE("no GPU: the real NCCL quorum_group is compiled and linked only");
     return;
   }
-  inproc_world world(1);
-  rank_result r;
-  gpu_member(world, 0, 3, 0, r);
+  const group_result r = gpu_members(1, 3, 0, -1).front();
   CHECK_MESSAGE(r.error == "", r.error);
   CHECK(r.committed == 3);
-  CHECK(r.stats.builds == 1);
+  CHECK(r.group.builds == 1);
   CHECK(r.data_size == 1);
-  MESSAGE("NCCL build (one rank) took " << r.stats.max_build_seconds << " s");
+  MESSAGE("NCCL build (one rank) took " << r.group.max_build_seconds << " s");
 }
 
 TEST_CASE("nccl quorum_group (GPU): a member lost before its NCCL all-reduce; the other aborts, rebuilds, retries" *
@@ -121,20 +96,16 @@ TEST_CASE("nccl quorum_group (GPU): a member lost before its NCCL all-reduce; th
     MESSAGE("fewer than two GPUs: skipped");
     return;
   }
-  inproc_world world(2);
-  std::vector<rank_result> res(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] { gpu_member(world, r, 5, r == 1 ? 3 : 0, res[static_cast<std::size_t>(r)]); });
-  for (auto& t : threads) t.join();
+  const auto res = gpu_members(2, 5, 3, 1);  // rank 1 lost inside sync 3
   CHECK(res[1].error == "killed");
   CHECK_MESSAGE(res[0].error == "", res[0].error);
   CHECK(res[0].committed == 5);
-  CHECK(res[0].stats.builds >= 2);
-  CHECK(res[0].stats.data_failures >= 1);
+  CHECK(res[0].group.builds >= 2);
+  CHECK(res[0].group.data_failures >= 1);
   CHECK(res[0].data_size == 1);
-  MESSAGE("rank 0: last error: " << res[0].stats.last_error << "; longest build " << res[0].stats.max_build_seconds
+  MESSAGE("rank 0: last error: " << res[0].group.last_error << "; longest build " << res[0].group.max_build_seconds
                                  << " s");
 }
 
 }  // namespace
+}  // namespace cadence_nccl_quorum_group_gpu_test
