@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -184,113 +185,121 @@ ps_options short_timeouts(std::chrono::nanoseconds evict, std::chrono::nanosecon
   return o;
 }
 
+// Runs f(pc, servers) for every policy and each of server_counts, both named in any failure.
+template <class F>
+void for_each_case(std::initializer_list<int> server_counts, F f) {
+  for (const policy_case& pc : every_policy) {
+    for (int servers : server_counts) {
+      CAPTURE(pc.config);
+      CAPTURE(servers);
+      f(pc, servers);
+    }
+  }
+}
+
+// The run every test starts from: pc's policy on `servers` servers with `options`.
+fault_run scenario(const policy_case& pc, int servers, const ps_options& options) {
+  fault_run sc;
+  sc.policy = pc.config;
+  sc.servers = servers;
+  sc.options = options;
+  return sc;
+}
+
+// run(sc, ev), requiring that no server failed (what a server threw is the failure's message).
+fault_result run_clean(const fault_run& sc, const cadence_test::events& ev) {
+  fault_result r = run(sc, ev);
+  INFO(r.server_error);
+  REQUIRE(r.server_error.empty());
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("a worker stopped while the server sends it its reply is dropped after transfer_timeout; "
           "the server serves everyone else meanwhile" * doctest::timeout(120)) {
-  for (const policy_case& pc : every_policy) {
-    for (int servers : {1, 2}) {
-      CAPTURE(pc.config);
-      CAPTURE(servers);
-      const cadence_test::events ev;
-      fault_run sc;
-      sc.policy = pc.config;
-      sc.servers = servers;
-      // 1 s: a healthy worker's transfer has not reached it on a loaded machine in the stress runs
-      // (300 ms did, one run in about 40 beside a busy loop on each core).
-      sc.options = short_timeouts(30s, 1s);
-      sc.setup = [servers](inproc_world& world) {
-        // Slot 1 stops as it is about to take the weights of its 2nd reply (pull, push 1, push
-        // 2): the server's send of them, over the eager limit, cannot finish without it.
-        inproc_step at;
-        at.op = "recv";
-        at.tag = ps_options{}.tag_base + 3;  // reply data
-        at.skip = 2 * servers;
-        world.on_step(servers + 1, at, [servers](inproc_world& w) { w.stall(servers + 1); });
-      };
-      const fault_result r = run(sc, ev);
-      INFO(r.server_error);
-      REQUIRE(r.server_error.empty());
-      std::string evicted;
-      for (const auto& e : r.servers[0].evictions) evicted += std::to_string(e.worker) + ": " + e.reason + "\n";
-      INFO(evicted);
-      REQUIRE(r.servers[0].evictions.size() == 1);
-      CHECK(r.servers[0].evictions[0].worker == 1);
-      CHECK(r.servers[0].evictions[0].reason.rfind("lost", 0) == 0);
-      CHECK(r.done[0] == sc.iterations);
-      CHECK(r.done[2] == sc.iterations);
-      CHECK(r.done[1] == 1);  // push 2 was applied, its reply never taken
-      CHECK(r.servers[0].pushes[1] == 2);
-      check_server(r, servers, pc.bound);
-    }
-  }
+  for_each_case({1, 2}, [](const policy_case& pc, int servers) {
+    const cadence_test::events ev;
+    // 1 s: a healthy worker's transfer has not reached it on a loaded machine in the stress runs
+    // (300 ms did, one run in about 40 beside a busy loop on each core).
+    fault_run sc = scenario(pc, servers, short_timeouts(30s, 1s));
+    sc.setup = [servers](inproc_world& world) {
+      // Slot 1 stops as it is about to take the weights of its 2nd reply (pull, push 1, push
+      // 2): the server's send of them, over the eager limit, cannot finish without it.
+      inproc_step at;
+      at.op = "recv";
+      at.tag = ps_options{}.tag_base + 3;  // reply data
+      at.skip = 2 * servers;
+      world.on_step(servers + 1, at, [servers](inproc_world& w) { w.stall(servers + 1); });
+    };
+    const fault_result r = run_clean(sc, ev);
+    std::string evicted;
+    for (const auto& e : r.servers[0].evictions) evicted += std::to_string(e.worker) + ": " + e.reason + "\n";
+    INFO(evicted);
+    REQUIRE(r.servers[0].evictions.size() == 1);
+    CHECK(r.servers[0].evictions[0].worker == 1);
+    CHECK(r.servers[0].evictions[0].reason.rfind("lost", 0) == 0);
+    CHECK(r.done[0] == sc.iterations);
+    CHECK(r.done[2] == sc.iterations);
+    CHECK(r.done[1] == 1);  // push 2 was applied, its reply never taken
+    CHECK(r.servers[0].pushes[1] == 2);
+    check_server(r, servers, pc.bound);
+  });
 }
 
 TEST_CASE("a worker stopped while parked is evicted when its heartbeats stop; resumed, it is told "
           "it was evicted by every server and rejoins under a new id" * doctest::timeout(120)) {
-  for (const policy_case& pc : every_policy) {
-    if (pc.bound < 0 && std::string(pc.config) == "asp") continue;  // ASP parks nobody
-    for (int servers : {1, 2}) {
-      CAPTURE(pc.config);
-      CAPTURE(servers);
-      const cadence_test::events ev;
-      fault_run sc;
-      sc.policy = pc.config;
-      sc.servers = servers;
-      sc.iterations = 6;
-      sc.options = short_timeouts(1s, 5s);
-      sc.rejoin_after_eviction = true;
-      const int stopped = servers;  // slot 0's rank
-      sc.setup = [stopped](inproc_world& world) {
-        // As slot 0 sends its 3rd push's gradient, arm the stop: its next wait for a reply finds
-        // it stopped, parked (the others hold back their 3rd push until it is gone).
-        inproc_step data;
-        data.op = "send";
-        data.tag = ps_options{}.tag_base + 1;
-        data.peer = 0;
-        data.skip = 2;
-        world.on_step(stopped, data, [stopped](inproc_world& w) {
-          inproc_step wait;
-          wait.op = "try_recv";
-          wait.tag = ps_options{}.tag_base + 2;
-          w.on_step(stopped, wait, [stopped](inproc_world& w2) { w2.stall(stopped); });
-        });
-      };
-      sc.beside = [&ev, stopped](inproc_world& world) {
-        CHECK(ev.wait("evicted.0"));
-        world.resume(stopped);
-      };
-      sc.keep_training = [&ev](int slot) { return slot != 0 && !ev.posted("joined.3"); };
-      const fault_result r = run(sc, ev);
-      INFO(r.server_error);
-      REQUIRE(r.server_error.empty());
-      REQUIRE(r.servers[0].evictions.size() >= 1);
-      CHECK(r.servers[0].evictions[0].worker == 0);
-      CHECK(r.servers[0].evictions[0].reason.rfind("silent", 0) == 0);
-      INFO(r.errors[0]);
-      // Told by the servers, not timed out: a worker_error naming the eviction, no transport_error.
-      CHECK(r.errors[0].find("was evicted") != std::string::npos);
-      CHECK(r.errors[0].find("no reply") == std::string::npos);
-      REQUIRE(r.servers[0].joins.size() == 1);
-      CHECK(r.servers[0].joins[0].worker == 3);
-      CHECK(r.servers[0].joins[0].rank == stopped);
-      CHECK(r.servers[0].joins[0].returning);
-      CHECK(r.done[0] == sc.iterations);
-      for (int slot = 1; slot < 3; ++slot) CHECK(r.done[static_cast<std::size_t>(slot)] >= sc.iterations);
-      CHECK(r.servers[0].pushes[0] == 3);  // its 3rd push was applied before it stopped
-      check_server(r, servers, pc.bound);
-    }
-  }
+  for_each_case({1, 2}, [](const policy_case& pc, int servers) {
+    if (pc.bound < 0 && std::string(pc.config) == "asp") return;  // ASP parks nobody
+    const cadence_test::events ev;
+    fault_run sc = scenario(pc, servers, short_timeouts(1s, 5s));
+    sc.iterations = 6;
+    sc.rejoin_after_eviction = true;
+    const int stopped = servers;  // slot 0's rank
+    sc.setup = [stopped](inproc_world& world) {
+      // As slot 0 sends its 3rd push's gradient, arm the stop: its next wait for a reply finds
+      // it stopped, parked (the others hold back their 3rd push until it is gone).
+      inproc_step data;
+      data.op = "send";
+      data.tag = ps_options{}.tag_base + 1;
+      data.peer = 0;
+      data.skip = 2;
+      world.on_step(stopped, data, [stopped](inproc_world& w) {
+        inproc_step wait;
+        wait.op = "try_recv";
+        wait.tag = ps_options{}.tag_base + 2;
+        w.on_step(stopped, wait, [stopped](inproc_world& w2) { w2.stall(stopped); });
+      });
+    };
+    sc.beside = [&ev, stopped](inproc_world& world) {
+      CHECK(ev.wait("evicted.0"));
+      world.resume(stopped);
+    };
+    sc.keep_training = [&ev](int slot) { return slot != 0 && !ev.posted("joined.3"); };
+    const fault_result r = run_clean(sc, ev);
+    REQUIRE(r.servers[0].evictions.size() >= 1);
+    CHECK(r.servers[0].evictions[0].worker == 0);
+    CHECK(r.servers[0].evictions[0].reason.rfind("silent", 0) == 0);
+    INFO(r.errors[0]);
+    // Told by the servers, not timed out: a worker_error naming the eviction, no transport_error.
+    CHECK(r.errors[0].find("was evicted") != std::string::npos);
+    CHECK(r.errors[0].find("no reply") == std::string::npos);
+    REQUIRE(r.servers[0].joins.size() == 1);
+    CHECK(r.servers[0].joins[0].worker == 3);
+    CHECK(r.servers[0].joins[0].rank == stopped);
+    CHECK(r.servers[0].joins[0].returning);
+    CHECK(r.done[0] == sc.iterations);
+    for (int slot = 1; slot < 3; ++slot) CHECK(r.done[static_cast<std::size_t>(slot)] >= sc.iterations);
+    CHECK(r.servers[0].pushes[0] == 3);  // its 3rd push was applied before it stopped
+    check_server(r, servers, pc.bound);
+  });
 }
 
 TEST_CASE("a killed worker's slot gets a new process, which joins under a new id and trains on" *
           doctest::timeout(120)) {
-  for (const policy_case& pc : every_policy) {
-    CAPTURE(pc.config);
+  for_each_case({1}, [](const policy_case& pc, int servers) {
     const cadence_test::events ev;
-    fault_run sc;
-    sc.policy = pc.config;
-    sc.options = short_timeouts(30s, 5s);
+    fault_run sc = scenario(pc, servers, short_timeouts(30s, 5s));
     sc.restart_after_kill = true;
     sc.keep_training = [&ev](int slot) { return slot != 2 && !ev.posted("joined.3"); };
     sc.before_push = [](inproc_world& world, int slot, std::int64_t k) {
@@ -301,9 +310,7 @@ TEST_CASE("a killed worker's slot gets a new process, which joins under a new id
         throw std::runtime_error("killed before its 4th push");
       }
     };
-    const fault_result r = run(sc, ev);
-    INFO(r.server_error);
-    REQUIRE(r.server_error.empty());
+    const fault_result r = run_clean(sc, ev);
     REQUIRE(r.servers[0].joins.size() == 1);
     CHECK(r.servers[0].joins[0].worker == 3);
     CHECK(r.servers[0].joins[0].returning);
@@ -314,69 +321,57 @@ TEST_CASE("a killed worker's slot gets a new process, which joins under a new id
     CHECK(r.done[2] == sc.iterations);
     for (int slot = 0; slot < 2; ++slot) CHECK(r.done[static_cast<std::size_t>(slot)] >= sc.iterations);
     check_server(r, 1, pc.bound);
-  }
+  });
 }
 
 TEST_CASE("a killed worker is dropped as soon as the communicator reports it lost, not at its "
           "liveness deadline: the survivors do not wait evict_after for it" * doctest::timeout(120)) {
   static_assert(has_peer_lost_v<inproc_communicator>);
-  for (const policy_case& pc : every_policy) {
-    CAPTURE(pc.config);
+  for_each_case({1}, [](const policy_case& pc, int servers) {
     const cadence_test::events ev;
-    fault_run sc;
-    sc.policy = pc.config;
     // A liveness deadline of a minute: a drop by silence would show in the reason (and time).
-    sc.options = short_timeouts(60s, 5s);
+    fault_run sc = scenario(pc, servers, short_timeouts(60s, 5s));
     sc.before_push = [](inproc_world& world, int slot, std::int64_t k) {
       if (slot == 1 && k == 3) {
         world.kill(1 + slot);
         throw std::runtime_error("killed before its 3rd push");
       }
     };
-    const fault_result r = run(sc, ev);
-    INFO(r.server_error);
-    REQUIRE(r.server_error.empty());
+    const fault_result r = run_clean(sc, ev);
     REQUIRE(r.servers[0].evictions.size() == 1);
     CHECK(r.servers[0].evictions[0].worker == 1);
     CHECK_MESSAGE(r.servers[0].evictions[0].reason.rfind("lost: ", 0) == 0, r.servers[0].evictions[0].reason);
     CHECK(r.servers[0].pushes[1] == 2);
     for (int slot : {0, 2}) CHECK(r.done[static_cast<std::size_t>(slot)] == sc.iterations);
     check_server(r, 1, pc.bound);
-  }
+  });
 }
 
 TEST_CASE("a worker that starts late joins the running job; the policy's bound holds from its first "
           "push" * doctest::timeout(120)) {
-  for (const policy_case& pc : every_policy) {
-    for (int servers : {1, 2}) {
-      CAPTURE(pc.config);
-      CAPTURE(servers);
-      const cadence_test::events ev;
-      fault_run sc;
-      sc.policy = pc.config;
-      sc.servers = servers;
-      sc.options = short_timeouts(30s, 5s);
-      sc.late = [](int slot) { return slot == 2; };
-      sc.before_push = [&ev](inproc_world&, int slot, std::int64_t k) {
-        if (slot == 0 && k == 4) ev.post("start.2");  // the job is well under way
-      };
-      sc.keep_training = [&ev](int slot) { return slot != 2 && !ev.posted("joined.2"); };
-      const fault_result r = run(sc, ev);
-      INFO(r.server_error);
-      INFO(r.errors[0] << "|" << r.errors[1] << "|" << r.errors[2] << "| done " << r.done[0] << " " << r.done[1] << " " << r.done[2]
-           << " joins " << r.servers[0].joins.size() << "/" << r.servers.back().joins.size());
-      REQUIRE(r.server_error.empty());
-      REQUIRE(r.servers[0].joins.size() == 1);
-      CHECK(r.servers[0].joins[0].worker == 2);
-      CHECK(r.servers[0].joins[0].rank == servers + 2);
-      CHECK_FALSE(r.servers[0].joins[0].returning);
-      CHECK(r.servers[0].evictions.empty());
-      CHECK(r.done[2] == sc.iterations);
-      for (int slot = 0; slot < 2; ++slot) CHECK(r.done[static_cast<std::size_t>(slot)] >= sc.iterations);
-      for (int s = 0; s < servers; ++s) CHECK(r.servers[static_cast<std::size_t>(s)].pushes[2] == sc.iterations);
-      check_server(r, servers, pc.bound);
-    }
-  }
+  for_each_case({1, 2}, [](const policy_case& pc, int servers) {
+    const cadence_test::events ev;
+    fault_run sc = scenario(pc, servers, short_timeouts(30s, 5s));
+    sc.late = [](int slot) { return slot == 2; };
+    sc.before_push = [&ev](inproc_world&, int slot, std::int64_t k) {
+      if (slot == 0 && k == 4) ev.post("start.2");  // the job is well under way
+    };
+    sc.keep_training = [&ev](int slot) { return slot != 2 && !ev.posted("joined.2"); };
+    const fault_result r = run(sc, ev);
+    INFO(r.server_error);
+    INFO(r.errors[0] << "|" << r.errors[1] << "|" << r.errors[2] << "| done " << r.done[0] << " " << r.done[1] << " " << r.done[2]
+         << " joins " << r.servers[0].joins.size() << "/" << r.servers.back().joins.size());
+    REQUIRE(r.server_error.empty());
+    REQUIRE(r.servers[0].joins.size() == 1);
+    CHECK(r.servers[0].joins[0].worker == 2);
+    CHECK(r.servers[0].joins[0].rank == servers + 2);
+    CHECK_FALSE(r.servers[0].joins[0].returning);
+    CHECK(r.servers[0].evictions.empty());
+    CHECK(r.done[2] == sc.iterations);
+    for (int slot = 0; slot < 2; ++slot) CHECK(r.done[static_cast<std::size_t>(slot)] >= sc.iterations);
+    for (int s = 0; s < servers; ++s) CHECK(r.servers[static_cast<std::size_t>(s)].pushes[2] == sc.iterations);
+    check_server(r, servers, pc.bound);
+  });
 }
 
 TEST_CASE("requests that make no sense are refused with the reason; the server serves everyone else" *
