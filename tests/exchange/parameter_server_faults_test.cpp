@@ -399,14 +399,7 @@ TEST_CASE("requests that make no sense are refused with the reason; the server s
   for (int r : {1, 2}) {
     good.emplace_back([&, r] {
       auto c = world.join(r);
-      ps_worker<inproc_communicator> w(c, model, o);
-      std::vector<float> weights(model), g(model);
-      w.pull(weights.data());
-      for (int k = 1; k <= 20; ++k) {
-        cadence_ps_suite::gradient(w.id(), k, g);
-        w.push_pull(g.data(), weights.data());
-      }
-      w.finish();
+      cadence_ps_suite::train(c, model, o, 20);
     });
   }
   auto rogue = world.join(3);

@@ -63,6 +63,22 @@ std::vector<T> replay(const std::vector<T>& w0, ps_slice sl, const std::vector<p
   return w;
 }
 
+// A well-behaved worker's whole run over c: pull, `iterations` push_pulls of gradient(), finish().
+// Returns the worker's iteration() before it finished.
+template <class C>
+std::int64_t train(C& c, std::size_t size, const ps_options& o, std::int64_t iterations) {
+  ps_worker<C> worker(c, size, o);
+  std::vector<float> weights(size), g(size);
+  worker.pull(weights.data());
+  for (std::int64_t k = 1; k <= iterations; ++k) {
+    gradient(worker.id(), k, g);
+    worker.push_pull(g.data(), weights.data());
+  }
+  const std::int64_t done = worker.iteration();
+  worker.finish();
+  return done;
+}
+
 constexpr std::size_t model = 4099;  // odd: slices of unequal length
 constexpr double lr = 0.125;
 

@@ -251,16 +251,7 @@ TEST_CASE("a worker that takes its last reply, finishes and leaves before the se
         stats = server.stats();
         return;
       }
-      {
-        ps_worker<inproc_communicator> worker(comm, test_model, o);
-        std::vector<float> weights(test_model), g(test_model);
-        worker.pull(weights.data());
-        for (std::int64_t k = 1; k <= iterations; ++k) {
-          cadence_ps_suite::gradient(worker.id(), k, g);
-          worker.push_pull(g.data(), weights.data());
-        }
-        worker.finish();
-      }
+      cadence_ps_suite::train(comm, test_model, o, iterations);
       // Each worker leaves now (its communicator is destroyed as the body returns), as a process
       // does after its policy: the server sees the victim lost while its reply looks unfinished.
     });
