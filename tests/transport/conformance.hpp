@@ -118,6 +118,23 @@ void expect_deadline_on_rank0(C& c, F&& call, std::initializer_list<std::string>
   CHECK(c.failed());
 }
 
+/// A broadcast against an all-reduce: rank 0 broadcasts 4 MiB while the others all-reduce as
+/// many floats. Only rank 0's call may succeed (its send may complete before anyone compares);
+/// a rank whose call fails names `expected` in its transport_error.
+template <class C>
+void broadcast_against_allreduce(C& c, const std::string& expected) {
+  std::vector<float> buf(std::size_t{1} << 20, 1.0f);
+  try {
+    if (c.rank() == 0)
+      c.broadcast(buf.data(), buf.size() * sizeof(float), 0, 30s);
+    else
+      c.allreduce(buf.data(), buf.size(), dtype::f32, reduce_op::sum, 30s);
+    CHECK_MESSAGE(c.rank() == 0, "rank " << c.rank() << ": a mismatched collective succeeded");
+  } catch (const transport_error& e) {
+    CHECK_MESSAGE(std::string(e.what()).find(expected) != std::string::npos, e.what());
+  }
+}
+
 /// H::run(body) for a communicator with asynchronous operations (has_async_v); for one without,
 /// every rank runs nothing.
 template <class H, class Body>
