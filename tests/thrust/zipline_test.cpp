@@ -13,6 +13,7 @@
 
 #include "support/separate_rows.hpp"
 #include "support/subset_rows.hpp"
+#include "support/trials.hpp"
 
 #include <doctest/doctest.h>
 
@@ -32,19 +33,8 @@ namespace {
 // The random comparisons' trial counts: a fifth under AddressSanitizer, whose -O0 build runs the
 // OMP system about 70x slower (24 s for this file in CI, 34 s of it the row-subset sweeps); it is
 // there for memory errors, which show on the first trials as on the last. The Release build runs
-// every trial.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr int sanitized_divisor = 5;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr int sanitized_divisor = 5;
-#else
-constexpr int sanitized_divisor = 1;
-#endif
-#else
-constexpr int sanitized_divisor = 1;
-#endif
-constexpr int trials(int n) { return n / sanitized_divisor; }
+// every trial (tests/support/trials.hpp).
+constexpr int trials(int n) { return static_cast<int>(cadence_test::sanitized_trials(static_cast<std::uint64_t>(n))); }
 
 // Rows stored ragged (values + offsets), the general layout.
 template <class T>
