@@ -1006,23 +1006,23 @@ private:
     txn_ops_ = 0;
     txn_joiner_ = false;
     op_limit_ = o_.timeouts.quorum;
+    // However it ends: outside a transaction again, later collectives under the op timeout.
+    struct restore {
+      core& c;
+      ~restore() {
+        c.op_limit_ = c.o_.timeouts.op;
+        c.in_txn_ = false;
+      }
+    } after{*this};
     event("rank " + std::to_string(rank()) + ": confirming " + q_.describe());
     try {
       if (quorum_aborted()) fail("a member left quorum " + std::to_string(q_.id) + " before its confirming collective");
       std::shared_ptr<op> o = start_op(p, "the confirming all-reduce");
       drive(*o, transport::deadline(o_.timeouts.quorum));
     } catch (const sync_failed& e) {
-      op_limit_ = o_.timeouts.op;
-      in_txn_ = false;
       event("rank " + std::to_string(rank()) + ": the confirming collective of " + q_.describe() + " failed: " + e.what());
       return false;
-    } catch (...) {
-      op_limit_ = o_.timeouts.op;
-      in_txn_ = false;
-      throw;
     }
-    op_limit_ = o_.timeouts.op;
-    in_txn_ = false;
     confirmed_ = q_;
     q_confirmed_ = true;
     // Kept as a completed sync's are: the drain after a later failure tells the peers what it
