@@ -185,6 +185,9 @@ asan_build() {
   build build-asan asan ${targets[@]:+--target "${targets[@]}"}
 }
 
+# nvcc on PATH, else CUDA's default place; empty when neither has it.
+nvcc_bin=$(command -v nvcc || { [[ -x /usr/local/cuda/bin/nvcc ]] && echo /usr/local/cuda/bin/nvcc; } || true)
+
 # The libFuzzer targets, ThreadSanitizer's concurrent parts and the CUDA compile check, built one
 # after the other (their sections say what each is). Each leaves a mark when it built.
 later_builds() {
@@ -214,9 +217,7 @@ later_builds() {
   # The Thrust tests and the GPU bench through nvcc; cadence-zipline's CUDA form (the same Thrust
   # code under the tool's command line, 76 s of nvcc) is built by bench/gpu/run.sh on a GPU
   # machine, not here (CI time).
-  if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
-    local nvcc_bin
-    nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  if [[ -n $nvcc_bin ]]; then
     configure build-cuda cuda -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
         -DCADENCE_THRUST_DEVICE_SYSTEM=CUDA -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DCADENCE_BUILD_EXAMPLES=OFF &&
@@ -232,6 +233,10 @@ later_builds_after_asan() {
   while [[ ! -f $bg_dir/asan.failed ]]; do sleep 1; done
   later_builds
 }
+start_background_builds() {
+  in_background asan asan_build
+  in_background later later_builds_after_asan
+}
 
 section "Release build (g++, C++17)"
 # Everything of ours at -O1 (CADENCE_TEST_OPTIMIZATION for the test executables and examples,
@@ -241,10 +246,7 @@ if configure build release -DCMAKE_BUILD_TYPE=Release -DCADENCE_TEST_STANDARDS=1
      -DCADENCE_SECONDARY_TEST_STANDARDS=17 -DCADENCE_TEST_OPTIMIZATION=-O1 \
      -DCADENCE_TOOL_OPTIMIZATION=-O1 &&
    build build release; then
-  if ((!quick)); then
-    in_background asan asan_build
-    in_background later later_builds_after_asan
-  fi
+  ((quick)) || start_background_builds
   run_ctest build
   # Every public header compiles on its own (CMake's VERIFY_INTERFACE_HEADER_SETS).
   if build build "header self-containment check" --target all_verify_interface_header_sets; then
@@ -267,10 +269,7 @@ if ((quick)); then
   ((failed == 0))
   exit
 fi
-if [[ -z ${bg_pid[asan]:-} ]]; then
-  in_background asan asan_build
-  in_background later later_builds_after_asan
-fi
+[[ -n ${bg_pid[asan]:-} ]] || start_background_builds  # the Release build failed: start them now
 
 section "Python package (pip install . into a venv; pytest tests/python)"
 # The package's own script; it compares the bindings against build/bin's tools.
@@ -318,7 +317,7 @@ if [[ -f $bg_dir/tsan.ok ]]; then
 fi
 
 section "CUDA compile check (nvcc, sm_90)"
-if ! command -v nvcc >/dev/null 2>&1 && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+if [[ -z $nvcc_bin ]]; then
   echo "no CUDA compiler found: CUDA compile check skipped"
 elif [[ -f $bg_dir/cuda.ok ]]; then
   passed=$((passed + 1))
