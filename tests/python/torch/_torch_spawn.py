@@ -7,7 +7,8 @@
 # torch.save and torch.load as a checkpoint file would; torchrun() runs an example under
 # torchrun; error() turns a call's exception into plain data a rank can return; need_gloo()
 # skips a test module, saying why, where torch, its gloo backend or the bindings are missing;
-# stalled_sync() and check_torch_recipe() are scenarios two test files share.
+# stalled_sync() and check_torch_recipe() are scenarios two test files share; diloco_model()
+# and plain() are the DiLoCo tests' model and their view of tensors as lists.
 import io
 import os
 import subprocess
@@ -92,6 +93,23 @@ def check_torch_recipe(seen, steps=10, warmup=4, merges=(4, 7)):
         assert merged == (step in merges), step
         same = len({s[step][1] for s in seen}) == 1
         assert same == (step < warmup or step in merges), step
+
+
+def diloco_model():
+    """The DiLoCo tests' model: Linear(3, 2) then Linear(2, 1), parameter i filled with i + 1,
+    the same on every rank."""
+    import torch
+
+    m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    with torch.no_grad():
+        for i, p in enumerate(m.parameters()):
+            p.fill_(float(i + 1))
+    return m
+
+
+def plain(tensors):
+    """Each tensor as a flat list of Python numbers (comparable and picklable)."""
+    return [t.detach().reshape(-1).tolist() for t in tensors]
 
 
 def roundtrip(sd):

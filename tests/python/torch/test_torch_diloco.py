@@ -10,13 +10,7 @@ torch = _spawn.need_gloo()  # or skip, saying what is missing
 
 N = 2
 
-
-def _model():
-    m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
-    with torch.no_grad():
-        for i, p in enumerate(m.parameters()):
-            p.fill_(float(i + 1))
-    return m
+_model = _spawn.diloco_model
 
 
 def _inner(model, rank):
@@ -26,9 +20,8 @@ def _inner(model, rank):
             p.add_(float(rank + 1))
 
 
-def _plain(tensors):
-    # Plain lists: tensors sent back through the spawn's queue would need shared memory.
-    return [t.detach().reshape(-1).tolist() for t in tensors]
+# Plain lists: tensors sent back through the spawn's queue would need shared memory.
+_plain = _spawn.plain
 
 
 def _scenarios(rank, n):

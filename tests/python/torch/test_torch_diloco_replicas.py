@@ -24,16 +24,8 @@ DURATIONS = (0.001, 0.0005, 0.001, 0.003)
 SLOWEST_US = (1000, 3000)  # per replica: its slower member's duration in microseconds
 
 
-def _model():
-    m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
-    with torch.no_grad():
-        for i, p in enumerate(m.parameters()):
-            p.fill_(float(i + 1))
-    return m
-
-
-def _plain(tensors):
-    return [t.detach().reshape(-1).tolist() for t in tensors]
+_model = _spawn.diloco_model
+_plain = _spawn.plain
 
 
 def _traced(rank, groups, config, syncs, stop_rank, stop_at):

@@ -16,16 +16,8 @@ torch = _spawn.need_gloo()  # or skip, saying what is missing
 N = 3
 
 
-def _model():
-    m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
-    with torch.no_grad():
-        for i, p in enumerate(m.parameters()):
-            p.fill_(float(i + 1))
-    return m
-
-
-def _plain(tensors):
-    return [t.detach().reshape(-1).tolist() for t in tensors]
+_model = _spawn.diloco_model
+_plain = _spawn.plain
 
 
 def _inner(model, rank):
