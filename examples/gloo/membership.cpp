@@ -15,69 +15,22 @@
 #include <cadence/transport/tcp_store.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
 
-#include <atomic>
+#include "../membership_job.hpp"  // the four ranks as threads, the rendezvous, the final check
+
 #include <chrono>
-#include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
-#include <mutex>
+#include <cstddef>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace mb = cadence::membership;
 using cadence::transport::zmq_communicator;
 using cadence::transport::zmq_options;
+using namespace membership_job;
 using namespace std::chrono_literals;
 
 namespace {
 
-constexpr int ranks = 4;
-constexpr int victim = 1;
-constexpr std::uint64_t merges = 12;
-
-struct shared {
-  std::mutex m;
-  std::condition_variable cv;
-  std::string address;
-  cadence::transport::job_secret secret = cadence::transport::job_secret::generate();
-  std::string store;  // gloo's rendezvous: the job's TCP store
-  std::atomic<bool> left{false};
-  std::vector<std::string> lines;
-  std::vector<std::uint64_t> hash = std::vector<std::uint64_t>(ranks, 0);
-  std::vector<std::uint64_t> committed = std::vector<std::uint64_t>(ranks, 0);
-  bool failed = false;
-};
-
-zmq_options options_for(int r, shared& s, const mb::timeouts& t) {
-  zmq_options o;
-  o.secret = s.secret;
-  o.heartbeat_interval = t.heartbeat_interval;
-  o.heartbeat_timeout = t.heartbeat_timeout;
-  if (r == 0) {
-    o.rendezvous = "tcp://127.0.0.1:0";
-    o.on_rendezvous_bound = [&s](const std::string& a) {
-      std::lock_guard<std::mutex> lock(s.m);
-      s.address = a;
-      s.cv.notify_all();
-    };
-  } else {
-    std::unique_lock<std::mutex> lock(s.m);
-    s.cv.wait(lock, [&] { return !s.address.empty(); });
-    o.rendezvous = s.address;
-  }
-  return o;
-}
-
-void say(shared& s, const std::string& line) {
-  std::lock_guard<std::mutex> lock(s.m);
-  std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
-}
-
-void run(int rank, bool replacement, shared& s, std::size_t elements) {
+void run(int rank, bool replacement, shared& s, const std::string& store, std::size_t elements) {
   mb::member_options opts;
   opts.timeouts = mb::timeouts::scaled(1000ms);  // heartbeat 1 s < op 4 s < quorum 8 s
   opts.on_event = [&s](const std::string& line) { say(s, "  " + line); };
@@ -88,7 +41,7 @@ void run(int rank, bool replacement, shared& s, std::size_t elements) {
   std::vector<double> params(elements, 1.0);
   m.add_state(params);
   cadence::transport::gloo_options go;
-  go.rendezvous = s.store;
+  go.rendezvous = store;  // gloo's rendezvous: the job's TCP store
   go.store.secret = s.secret;
   auto data = mb::make_gloo_group(m, go);  // gloo among each quorum's members, built at its first use
   if (replacement)
@@ -104,10 +57,8 @@ void run(int rank, bool replacement, shared& s, std::size_t elements) {
     const mb::sync_report r =
         data->transact([&] { avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())}); }, {params});
     if (r.outcome != mb::outcome::committed) avg.restart_period();
-    if (rank == victim && !replacement && m.committed() == 5) {
-      s.left = true;
+    if (rank == victim && !replacement && m.committed() == 5)
       return;  // its communicators close here: the others see rank 1 lost at once
-    }
   }
   m.finish();  // the closing sync: a last merge committed here but failed elsewhere reaches the others
   const mb::member_stats st = m.stats();
@@ -119,40 +70,18 @@ void run(int rank, bool replacement, shared& s, std::size_t elements) {
              std::to_string(static_cast<int>(gs.max_build_seconds * 1000)) + " ms), " +
              std::to_string(gs.data_failures) + " gloo failures, state received " +
              std::to_string(st.state_received_bytes) + " bytes, hash " + std::to_string(m.state_hash()));
-  std::lock_guard<std::mutex> lock(s.m);
-  s.hash[static_cast<std::size_t>(rank)] = m.state_hash();
-  s.committed[static_cast<std::size_t>(rank)] = m.committed();
+  record(s, rank, m.state_hash(), m.committed());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const double mib = argc > 1 ? std::atof(argv[1]) : 4.0;
-  const auto elements = static_cast<std::size_t>(mib * 1024 * 1024 / sizeof(double));
   shared s;
   cadence::transport::tcp_store_options so;
   so.secret = s.secret;
   cadence::transport::tcp_store_server store("127.0.0.1:0", so);  // outlives every rank, as a launcher's
-  s.store = store.address();
-  auto guarded = [&](int r, bool replacement) {
-    try {
-      run(r, replacement, s, elements);
-    } catch (const std::exception& e) {
-      say(s, "rank " + std::to_string(r) + " failed: " + e.what());
-      std::lock_guard<std::mutex> lock(s.m);
-      s.failed = true;
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) threads.emplace_back(guarded, r, false);
-  threads[victim].join();
-  threads[victim] = std::thread(guarded, victim, true);  // a new process in rank 1's slot
-  for (auto& t : threads) t.join();
-  bool ok = !s.failed;
-  for (int r = 0; r < ranks; ++r)
-    if (s.committed[static_cast<std::size_t>(r)] < merges || s.committed[static_cast<std::size_t>(r)] != s.committed[0] ||
-        s.hash[static_cast<std::size_t>(r)] != s.hash[0])
-      ok = false;
-  std::printf("%s\n", ok ? "ok: every rank finished with the same state" : "FAILED: the ranks differ");
-  return ok ? 0 : 1;
+  const std::string address = store.address();
+  return run_job(argc, argv, s, [&](int rank, bool replacement, shared& sh, std::size_t elements) {
+    run(rank, replacement, sh, address, elements);
+  });
 }

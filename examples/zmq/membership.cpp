@@ -11,66 +11,20 @@
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
 
-#include <atomic>
+#include "../membership_job.hpp"  // the four ranks as threads, the rendezvous, the final check
+
 #include <chrono>
-#include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
-#include <mutex>
+#include <cstddef>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace mb = cadence::membership;
 using cadence::transport::zmq_communicator;
 using cadence::transport::zmq_options;
+using namespace membership_job;
 using namespace std::chrono_literals;
 
 namespace {
-
-constexpr int ranks = 4;
-constexpr int victim = 1;
-constexpr std::uint64_t merges = 12;
-
-struct shared {
-  std::mutex m;
-  std::condition_variable cv;
-  std::string address;
-  cadence::transport::job_secret secret = cadence::transport::job_secret::generate();
-  std::atomic<bool> left{false};
-  std::vector<std::string> lines;
-  std::vector<std::uint64_t> hash = std::vector<std::uint64_t>(ranks, 0);
-  std::vector<std::uint64_t> committed = std::vector<std::uint64_t>(ranks, 0);
-  bool failed = false;
-};
-
-zmq_options options_for(int r, shared& s, const mb::timeouts& t) {
-  zmq_options o;
-  o.secret = s.secret;
-  o.heartbeat_interval = t.heartbeat_interval;
-  o.heartbeat_timeout = t.heartbeat_timeout;
-  if (r == 0) {
-    o.rendezvous = "tcp://127.0.0.1:0";
-    o.on_rendezvous_bound = [&s](const std::string& a) {
-      std::lock_guard<std::mutex> lock(s.m);
-      s.address = a;
-      s.cv.notify_all();
-    };
-  } else {
-    std::unique_lock<std::mutex> lock(s.m);
-    s.cv.wait(lock, [&] { return !s.address.empty(); });
-    o.rendezvous = s.address;
-  }
-  return o;
-}
-
-void say(shared& s, const std::string& line) {
-  std::lock_guard<std::mutex> lock(s.m);
-  std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
-}
 
 void run(int rank, bool replacement, shared& s, std::size_t elements) {
   mb::member_options opts;
@@ -95,10 +49,8 @@ void run(int rank, bool replacement, shared& s, std::size_t elements) {
     const mb::sync_report r = m.transact([&] { avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())}); },
                                          {params});
     if (r.outcome != mb::outcome::committed) avg.restart_period();
-    if (rank == victim && !replacement && m.committed() == 5) {
-      s.left = true;
+    if (rank == victim && !replacement && m.committed() == 5)
       return;  // the communicator closes here: the others see rank 1 lost at once
-    }
   }
   m.finish();  // the closing sync: a last merge committed here but failed elsewhere reaches the others
   const mb::member_stats st = m.stats();
@@ -108,36 +60,12 @@ void run(int rank, bool replacement, shared& s, std::size_t elements) {
              " ms, state received " + std::to_string(st.state_received_bytes) + " bytes in " +
              std::to_string(static_cast<int>(st.state_receive_seconds * 1000)) + " ms, hash " +
              std::to_string(m.state_hash()));
-  std::lock_guard<std::mutex> lock(s.m);
-  s.hash[static_cast<std::size_t>(rank)] = m.state_hash();
-  s.committed[static_cast<std::size_t>(rank)] = m.committed();
+  record(s, rank, m.state_hash(), m.committed());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const double mib = argc > 1 ? std::atof(argv[1]) : 4.0;
-  const auto elements = static_cast<std::size_t>(mib * 1024 * 1024 / sizeof(double));
   shared s;
-  auto guarded = [&](int r, bool replacement) {
-    try {
-      run(r, replacement, s, elements);
-    } catch (const std::exception& e) {
-      say(s, "rank " + std::to_string(r) + " failed: " + e.what());
-      std::lock_guard<std::mutex> lock(s.m);
-      s.failed = true;
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) threads.emplace_back(guarded, r, false);
-  threads[victim].join();
-  threads[victim] = std::thread(guarded, victim, true);  // a new process in rank 1's slot
-  for (auto& t : threads) t.join();
-  bool ok = !s.failed;
-  for (int r = 0; r < ranks; ++r)
-    if (s.committed[static_cast<std::size_t>(r)] < merges || s.committed[static_cast<std::size_t>(r)] != s.committed[0] ||
-        s.hash[static_cast<std::size_t>(r)] != s.hash[0])
-      ok = false;
-  std::printf("%s\n", ok ? "ok: every rank finished with the same state" : "FAILED: the ranks differ");
-  return ok ? 0 : 1;
+  return run_job(argc, argv, s, run);
 }

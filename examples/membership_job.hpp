@@ -1,0 +1,102 @@
+// The job around the two membership examples (zmq/membership.cpp, gloo/membership.cpp), which
+// differ only in how a rank averages: four ranks as threads of this process, each with its own
+// ZeroMQ communicator meeting at rank 0's rendezvous on 127.0.0.1; rank 1 leaves and a new
+// thread takes its slot; at the end every rank must have made the same merges to the same state.
+// Each example's run() is the part to read.
+#pragma once
+
+#include <cadence/membership/timeouts.hpp>
+#include <cadence/transport/zmq/communicator.hpp>
+
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace membership_job {
+
+constexpr int ranks = 4;
+constexpr int victim = 1;           // the rank that drops out and is replaced
+constexpr std::uint64_t merges = 12;  // every rank merges at least this often
+
+// What the ranks (threads) share: rank 0's rendezvous address, the job secret and the results.
+struct shared {
+  std::mutex m;
+  std::condition_variable cv;
+  std::string address;
+  cadence::transport::job_secret secret = cadence::transport::job_secret::generate();
+  std::vector<std::uint64_t> hash = std::vector<std::uint64_t>(ranks, 0);
+  std::vector<std::uint64_t> committed = std::vector<std::uint64_t>(ranks, 0);
+  bool failed = false;
+};
+
+// Rank r's communicator options: the membership's heartbeats, and rank 0's rendezvous (rank 0
+// binds it and publishes the address; the others wait for it).
+inline cadence::transport::zmq_options options_for(int r, shared& s, const cadence::membership::timeouts& t) {
+  cadence::transport::zmq_options o;
+  o.secret = s.secret;
+  o.heartbeat_interval = t.heartbeat_interval;
+  o.heartbeat_timeout = t.heartbeat_timeout;
+  if (r == 0) {
+    o.rendezvous = "tcp://127.0.0.1:0";
+    o.on_rendezvous_bound = [&s](const std::string& a) {
+      std::lock_guard<std::mutex> lock(s.m);
+      s.address = a;
+      s.cv.notify_all();
+    };
+  } else {
+    std::unique_lock<std::mutex> lock(s.m);
+    s.cv.wait(lock, [&] { return !s.address.empty(); });
+    o.rendezvous = s.address;
+  }
+  return o;
+}
+
+// One line on stdout, whole among the threads.
+inline void say(shared& s, const std::string& line) {
+  std::lock_guard<std::mutex> lock(s.m);
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+// What a rank ends with, for the check at the end.
+inline void record(shared& s, int rank, std::uint64_t state_hash, std::uint64_t committed) {
+  std::lock_guard<std::mutex> lock(s.m);
+  s.hash[static_cast<std::size_t>(rank)] = state_hash;
+  s.committed[static_cast<std::size_t>(rank)] = committed;
+}
+
+// The job: argv[1] MiB of parameters (default 4); run(rank, replacement, s, elements) for every
+// rank, then for a replacement in the victim's slot once the victim's thread has returned. Exit 0
+// when every rank finished with the same merges (at least `merges`) and state, else 1.
+template <class Run>
+int run_job(int argc, char** argv, shared& s, Run run) {
+  const double mib = argc > 1 ? std::atof(argv[1]) : 4.0;
+  const auto elements = static_cast<std::size_t>(mib * 1024 * 1024 / sizeof(double));
+  auto guarded = [&](int r, bool replacement) {
+    try {
+      run(r, replacement, s, elements);
+    } catch (const std::exception& e) {
+      say(s, "rank " + std::to_string(r) + " failed: " + e.what());
+      std::lock_guard<std::mutex> lock(s.m);
+      s.failed = true;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) threads.emplace_back(guarded, r, false);
+  threads[victim].join();
+  threads[victim] = std::thread(guarded, victim, true);  // a new process in rank 1's slot
+  for (auto& t : threads) t.join();
+  bool ok = !s.failed;
+  for (std::size_t r = 0; r < ranks; ++r)
+    if (s.committed[r] < merges || s.committed[r] != s.committed[0] || s.hash[r] != s.hash[0]) ok = false;
+  std::printf("%s\n", ok ? "ok: every rank finished with the same state" : "FAILED: the ranks differ");
+  return ok ? 0 : 1;
+}
+
+}  // namespace membership_job
