@@ -86,7 +86,7 @@ struct peek : gloo::transport::tcp::UnboundBuffer {
 };
 int main() { return 0; }
 ]=])
-set(_cadence_gloo_compat_dir ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/compat)
+set(_cadence_gloo_compat_dir ${cadence_SOURCE_DIR}/include/cadence/transport/gloo/compat)
 check_cxx_source_compiles("${_cadence_gloo_peek_check}" CADENCE_GLOO_TCP_PEEK)
 set(_cadence_gloo_needs_compat OFF)
 if(NOT CADENCE_GLOO_TCP_PEEK)
@@ -123,10 +123,7 @@ else()
                  "${_cadence_gloo_api}; not exported with the package)")
 endif()
 
-add_library(cadence_gloo INTERFACE)
-add_library(cadence::gloo ALIAS cadence_gloo)
-set_target_properties(cadence_gloo PROPERTIES EXPORT_NAME gloo)
-target_link_libraries(cadence_gloo INTERFACE cadence::cadence)
+cadence_backend(gloo)
 if(_cadence_gloo_from_config)
   target_link_libraries(cadence_gloo INTERFACE gloo)
 else()
@@ -137,15 +134,9 @@ endif()
 target_compile_definitions(cadence_gloo INTERFACE
   CADENCE_GLOO_RENDEZVOUS_SHARED_STORE=${_cadence_gloo_shared_store}
   CADENCE_GLOO_TCP_PEEK=${_cadence_gloo_peek})
-target_sources(cadence_gloo INTERFACE
-  FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include
-  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/membership/gloo/group.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/communicator.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/options.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/detail/link.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/detail/p2p.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/detail/rendezvous.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/gloo/detail/wire.hpp)
+cadence_headers(cadence_gloo membership/gloo group.hpp)
+cadence_headers(cadence_gloo transport/gloo communicator.hpp options.hpp)
+cadence_headers(cadence_gloo transport/gloo/detail link.hpp p2p.hpp rendezvous.hpp wire.hpp)
 if(_cadence_gloo_needs_compat)
   target_include_directories(cadence_gloo SYSTEM INTERFACE
     $<BUILD_INTERFACE:${_cadence_gloo_compat_dir}>
@@ -154,7 +145,3 @@ if(_cadence_gloo_needs_compat)
   message(STATUS "cadence: gloo lacks gloo/common/memory.h; using cadence's stand-in for its TCP header")
 endif()
 set(CADENCE_GLOO_FROM_CONFIG ${_cadence_gloo_from_config})
-
-if(CADENCE_BUILD_TESTS)
-  set_target_properties(cadence_gloo PROPERTIES VERIFY_INTERFACE_HEADER_SETS ON)
-endif()

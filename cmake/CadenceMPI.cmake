@@ -15,16 +15,10 @@ if(NOT MPI_CXX_FOUND)
 endif()
 message(STATUS "cadence: cadence::mpi with MPI ${MPI_CXX_VERSION} (${MPIEXEC_EXECUTABLE})")
 
-add_library(cadence_mpi INTERFACE)
-add_library(cadence::mpi ALIAS cadence_mpi)
-set_target_properties(cadence_mpi PROPERTIES EXPORT_NAME mpi)
-target_link_libraries(cadence_mpi INTERFACE cadence::cadence MPI::MPI_CXX)
-target_sources(cadence_mpi INTERFACE
-  FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include
-  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/mpi/communicator.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/mpi/options.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/mpi/detail/layout.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/mpi/detail/wire.hpp)
+cadence_backend(mpi)
+target_link_libraries(cadence_mpi INTERFACE MPI::MPI_CXX)
+cadence_headers(cadence_mpi transport/mpi communicator.hpp options.hpp)
+cadence_headers(cadence_mpi transport/mpi/detail layout.hpp wire.hpp)
 
 # mpirun flags for our tests and benchmark: Open MPI refuses to run as root without
 # --allow-run-as-root, and 4 ranks on a 2-core CI machine need --oversubscribe.
@@ -37,8 +31,4 @@ if(NOT DEFINED CADENCE_MPIEXEC_TEST_FLAGS)
   endif()
   set(CADENCE_MPIEXEC_TEST_FLAGS "${_cadence_mpiexec_flags}" CACHE STRING
       "Extra mpiexec flags for Cadence's MPI tests and benchmark")
-endif()
-
-if(CADENCE_BUILD_TESTS)
-  set_target_properties(cadence_mpi PROPERTIES VERIFY_INTERFACE_HEADER_SETS ON)
 endif()

@@ -49,21 +49,11 @@ if(NOT TARGET cadence_nccl_library)
     INTERFACE_INCLUDE_DIRECTORIES ${CADENCE_NCCL_INCLUDE_DIR})
 endif()
 
-add_library(cadence_nccl INTERFACE)
-add_library(cadence::nccl ALIAS cadence_nccl)
-set_target_properties(cadence_nccl PROPERTIES EXPORT_NAME nccl)
+cadence_backend(nccl)
 # An imported target is not exported: the installed package's config (cadence-config.cmake)
 # finds CUDAToolkit and NCCL again and recreates the library as cadence::nccl_library.
-target_link_libraries(cadence_nccl INTERFACE cadence::cadence CUDA::cudart
+target_link_libraries(cadence_nccl INTERFACE CUDA::cudart
   $<BUILD_INTERFACE:cadence_nccl_library>
   $<INSTALL_INTERFACE:cadence::nccl_library>)
-target_sources(cadence_nccl INTERFACE
-  FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include
-  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/nccl/api.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/nccl/protocol.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/nccl/communicator.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/membership/nccl/group.hpp)
-
-if(CADENCE_BUILD_TESTS)
-  set_target_properties(cadence_nccl PROPERTIES VERIFY_INTERFACE_HEADER_SETS ON)
-endif()
+cadence_headers(cadence_nccl transport/nccl api.hpp protocol.hpp communicator.hpp)
+cadence_headers(cadence_nccl membership/nccl group.hpp)

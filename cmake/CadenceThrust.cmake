@@ -72,28 +72,13 @@ message(STATUS "cadence: cadence::thrust with Thrust ${_cadence_thrust_version} 
                "(${CADENCE_CCCL_INCLUDE_DIR}), device system ${CADENCE_THRUST_SYSTEM}")
 
 # ---- the target ----
-add_library(cadence_thrust INTERFACE)
-add_library(cadence::thrust ALIAS cadence_thrust)
-set_target_properties(cadence_thrust PROPERTIES EXPORT_NAME thrust)
-target_link_libraries(cadence_thrust INTERFACE cadence::cadence)
+cadence_backend(thrust)
 # The toolkit's include directory is an absolute system path; it is exported as such, so an
 # installed Cadence expects the CUDA toolkit (or CCCL) where it was found at build time.
 target_include_directories(cadence_thrust SYSTEM INTERFACE ${CADENCE_CCCL_INCLUDE_DIR})
-# Listed, not globbed, so a header is installed and checked only when it is meant to ship.
-set(_cadence_thrust_headers
-  cadence/thrust/config.hpp
-  cadence/thrust/workspace.hpp
-  cadence/thrust/zipline.hpp
-  cadence/thrust/detail/device.hpp
-  cadence/thrust/detail/functors.hpp
-  cadence/thrust/detail/memory.hpp
-  cadence/thrust/detail/predict.hpp
-  cadence/thrust/detail/row_functors.hpp
-  cadence/thrust/detail/solve.hpp
-  cadence/thrust/detail/subset.hpp)
-list(TRANSFORM _cadence_thrust_headers PREPEND ${CMAKE_CURRENT_LIST_DIR}/../include/)
-target_sources(cadence_thrust INTERFACE
-  FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include FILES ${_cadence_thrust_headers})
+cadence_headers(cadence_thrust thrust config.hpp workspace.hpp zipline.hpp)
+cadence_headers(cadence_thrust thrust/detail device.hpp functors.hpp memory.hpp predict.hpp row_functors.hpp
+                solve.hpp subset.hpp)
 
 # Device system of the consuming target: its CADENCE_THRUST_DEVICE_SYSTEM property, else ours.
 set(_cadence_sys_prop "$<TARGET_PROPERTY:CADENCE_THRUST_DEVICE_SYSTEM>")
@@ -109,7 +94,7 @@ if(OpenMP_CXX_FOUND)
   target_link_options(cadence_thrust INTERFACE "$<${_cadence_is_omp}:${_cadence_omp_flags}>")
 endif()
 
-if(CADENCE_BUILD_TESTS AND NOT CADENCE_THRUST_SYSTEM STREQUAL "CUDA")
-  # Each public Thrust header compiles on its own (as a C++ source, so not for CUDA).
-  set_target_properties(cadence_thrust PROPERTIES VERIFY_INTERFACE_HEADER_SETS ON)
+if(CADENCE_THRUST_SYSTEM STREQUAL "CUDA")
+  # The headers are checked one by one as C++ sources, which a CUDA device system cannot compile.
+  set_target_properties(cadence_thrust PROPERTIES VERIFY_INTERFACE_HEADER_SETS OFF)
 endif()

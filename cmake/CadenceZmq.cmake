@@ -45,27 +45,10 @@ if(NOT TARGET cadence_zmq_library)
     INTERFACE_INCLUDE_DIRECTORIES ${CADENCE_ZMQ_INCLUDE_DIR})
 endif()
 
-add_library(cadence_zmq INTERFACE)
-add_library(cadence::zmq ALIAS cadence_zmq)
-set_target_properties(cadence_zmq PROPERTIES EXPORT_NAME zmq)
-target_link_libraries(cadence_zmq INTERFACE cadence::cadence
+cadence_backend(zmq)
+target_link_libraries(cadence_zmq INTERFACE
   $<BUILD_INTERFACE:cadence_zmq_library>
   $<INSTALL_INTERFACE:cadence::zmq_library>)
-target_sources(cadence_zmq INTERFACE
-  FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}/../include
-  FILES ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/communicator.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/options.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/collectives.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/colls.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/curve.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/engine.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/ops.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/p2p.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/peers.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/rendezvous.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/sockets.hpp
-        ${CMAKE_CURRENT_LIST_DIR}/../include/cadence/transport/zmq/detail/wire.hpp)
-
-if(CADENCE_BUILD_TESTS)
-  set_target_properties(cadence_zmq PROPERTIES VERIFY_INTERFACE_HEADER_SETS ON)
-endif()
+cadence_headers(cadence_zmq transport/zmq communicator.hpp options.hpp)
+cadence_headers(cadence_zmq transport/zmq/detail collectives.hpp colls.hpp curve.hpp engine.hpp ops.hpp
+                p2p.hpp peers.hpp rendezvous.hpp sockets.hpp wire.hpp)
