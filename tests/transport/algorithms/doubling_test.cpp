@@ -33,22 +33,11 @@ void check_doubling(const doubling_case& c) {
   for (int k = 0; k < c.calls; ++k)
     for (int r = 0; r < c.n; ++r)
       sim.add(r, {algorithm::doubling, data[static_cast<std::size_t>(k)].buf(r), c.count, c.type, c.op, c.average});
-  const outcome out = sim.run(rng());
+  const outcome out = run_to_completion(sim, c.calls, rng());
   INFO(out.describe());
-  REQUIRE(out.all_completed(c.calls));
-  CHECK(sim.net().quiet());
-  for (int k = 0; k < c.calls; ++k) {
-    const auto want = expected_bytes(inputs[static_cast<std::size_t>(k)],
-                                     [&](const auto& x, std::size_t) { return doubling_oracle(x, c.op, c.average); });
-    const int bad = first_differing(data[static_cast<std::size_t>(k)], want);
-    INFO("call " << k << ": "
-                 << (bad < 0 ? std::string() : first_difference(data[static_cast<std::size_t>(k)], bad, want)));
-    CHECK(bad == -1);
-  }
-}
-
-cadence::transport::detail::collective_signature sig_of(const call& c, std::int64_t index) {
-  return cadence::transport::detail::collective_signature::allreduce(index, c.count, c.type, c.op, c.average);
+  for (int k = 0; k < c.calls; ++k)
+    check_bits(data[static_cast<std::size_t>(k)], doubling_expected(inputs[static_cast<std::size_t>(k)], c.op, c.average),
+               k);
 }
 
 TEST_CASE(
@@ -141,26 +130,9 @@ TEST_CASE(
     simulation<false> sim(n, flavour(wire));
     sim.watch_buffers = true;
     rank_data data(n, 8, dtype::f64, rng);  // room for any of the calls
-    const rank_data before = data;
-    for (int r = 0; r < n; ++r) {
-      call c = r == odd ? other : base;
-      c.buf = data.buf(r);
-      sim.add(r, c);
-    }
-    const outcome out = sim.run(rng());
-    INFO(out.describe());
-    CHECK(out.misuse.empty());
-    const std::string theirs = "rank " + std::to_string(odd) + " called " + sig_of(other, 1).describe();
-    for (int r = 0; r < n; ++r) {
-      INFO("rank " << r);
-      REQUIRE(out.ranks[static_cast<std::size_t>(r)].failed);
-      const std::string& e = out.ranks[static_cast<std::size_t>(r)].error;
+    check_arguments_differ(sim, data, base, odd, other, rng(), [](int, const std::string& e) {
       CHECK(contains(e, "cadence::transport[fake]: allreduce"));
-      CHECK(contains(e, "arguments differ across ranks in collective #1"));
-      CHECK(contains(e, theirs));
-      CHECK(contains(e, " called " + sig_of(base, 1).describe()));
-      CHECK(std::memcmp(data.bytes_of(r), before.bytes_of(r), data.bytes()) == 0);
-    }
+    });
     ++cases;
   }
   CHECK(cases == 120);
@@ -223,12 +195,8 @@ TEST_CASE(
       simulation<true> sim(n, flavour(wire));
       sim.watch_buffers = true;
       rank_data data(n, 5, dtype::f64, rng);
-      add_allreduce(sim, algorithm::doubling, data);
-      sim.never_starts(absent);
-      const outcome out = sim.run(rng());
+      const outcome out = run_without(sim, algorithm::doubling, data, absent, rng());
       INFO(out.describe());
-      CHECK(out.misuse.empty());
-      CHECK(out.stuck);
       for (int r = 0; r < n; ++r) {
         const auto& x = out.ranks[static_cast<std::size_t>(r)];
         CHECK_FALSE(x.failed);
@@ -250,37 +218,26 @@ TEST_CASE(
     "right sum") {
   for (std::uint64_t seed = 0; seed < 150; ++seed) {
     std::mt19937_64 rng(seed + 5000);
-    const int n = std::uniform_int_distribution<int>(2, 9)(rng);
-    const int stopped = std::uniform_int_distribution<int>(0, n - 1)(rng);
-    const int steps = std::uniform_int_distribution<int>(1, 6)(rng);
-    const int wire = static_cast<int>(seed % 3);
-    INFO("n " << n << ", rank " << stopped << " stops after " << steps << " steps, " << flavour_name(wire) << ", seed "
-              << seed);
-    simulation<false> sim(n, flavour(wire));
-    rank_data data(n, 6, dtype::i64, rng);
+    const stop_case s(rng, seed, 9, 6);
+    INFO(s.describe());
+    simulation<false> sim(s.n, flavour(s.wire));
+    rank_data data(s.n, 6, dtype::i64, rng);
     const rank_data in = data;
-    add_allreduce(sim, algorithm::doubling, data);
-    sim.stop_after(stopped, 0, steps);
-    const outcome out = sim.run(rng());
+    const outcome out = s.run(sim, algorithm::doubling, data, rng());
     INFO(out.describe());
-    CHECK(out.misuse.empty());
-    const auto want =
-        expected_bytes(in, [](const auto& x, std::size_t) { return doubling_oracle(x, reduce_op::sum, false); });
+    const auto want = doubling_expected(in);
     bool someone_names_it = false;
     int waiting = 0;
-    for (int r = 0; r < n; ++r) {
+    for (int r = 0; r < s.n; ++r) {
       const auto& x = out.ranks[static_cast<std::size_t>(r)];
-      CHECK_FALSE(x.failed);
       if (x.completed == 1) {
         CHECK(std::memcmp(data.bytes_of(r), want.data(), want.size()) == 0);
         continue;
       }
-      if (r == stopped) continue;
+      if (r == s.stopped) continue;
       ++waiting;
       REQUIRE(x.unfinished);
-      CHECK_FALSE(x.awaited.peers.empty());
-      for (int p : x.awaited.peers) CHECK(p != r);
-      for (int p : x.awaited.peers) someone_names_it = someone_names_it || p == stopped;
+      for (int p : x.awaited.peers) someone_names_it = someone_names_it || p == s.stopped;
     }
     if (waiting > 0) CHECK(someone_names_it);
   }
@@ -298,23 +255,15 @@ TEST_CASE(
       sim.watch_buffers = true;
       rank_data data(n, 7, dtype::f32, rng);
       const rank_data in = data;
-      add_allreduce(sim, algorithm::doubling, data);
-      sim.net().hold = [&](const message& m, step_kind) { return m.from == late && m.notice; };
-      outcome out = sim.run(rng());
+      const outcome out = run_held(
+          sim, algorithm::doubling, data, [&](const message& m, step_kind) { return m.from == late && m.notice; },
+          rng());
       INFO(out.describe());
-      CHECK(out.stuck);
-      CHECK(out.misuse.empty());
       for (int r = 0; r < n; ++r) {
         CHECK(out.ranks[static_cast<std::size_t>(r)].completed == 0);
         if (r != late) CHECK(out.ranks[static_cast<std::size_t>(r)].awaited.peers == std::vector<int>{late});
       }
-      sim.net().hold = nullptr;
-      out = sim.run(rng());
-      INFO(out.describe());
-      REQUIRE(out.all_completed(1));
-      const auto want =
-          expected_bytes(in, [](const auto& x, std::size_t) { return doubling_oracle(x, reduce_op::sum, false); });
-      CHECK(first_differing(data, want) == -1);
+      release_and_check(sim, data, doubling_expected(in), rng());
     }
 }
 
@@ -329,11 +278,10 @@ TEST_CASE(
     sim.watch_buffers = true;
     rank_data data(4, 5, dtype::f64, rng);
     const rank_data in = data;
-    add_allreduce(sim, algorithm::doubling, data);
-    sim.net().hold = [](const message& m, step_kind) { return m.notice && m.from == 3 && m.to == 0; };
-    outcome out = sim.run(rng());
+    const outcome out = run_held(
+        sim, algorithm::doubling, data,
+        [](const message& m, step_kind) { return m.notice && m.from == 3 && m.to == 0; }, rng());
     INFO(out.describe());
-    CHECK(out.misuse.empty());
     REQUIRE(out.ranks[0].unfinished);
     CHECK(out.ranks[0].awaited.peers == std::vector<int>{3});
     CHECK(out.ranks[0].awaited.note == "they never started this collective");
@@ -343,13 +291,7 @@ TEST_CASE(
     REQUIRE(out.ranks[3].unfinished);
     CHECK(out.ranks[3].awaited.peers == std::vector<int>{0});
     CHECK(out.ranks[3].awaited.note == "it did not take this collective's notice");
-    sim.net().hold = nullptr;
-    out = sim.run(rng());
-    INFO(out.describe());
-    REQUIRE(out.all_completed(1));
-    const auto want =
-        expected_bytes(in, [](const auto& x, std::size_t) { return doubling_oracle(x, reduce_op::sum, false); });
-    CHECK(first_differing(data, want) == -1);
+    release_and_check(sim, data, doubling_expected(in), rng());
   }
 }
 

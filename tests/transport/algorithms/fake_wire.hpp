@@ -28,6 +28,8 @@
 #include <cadence/transport/engine/operation.hpp>
 #include <cadence/transport/engine/signature.hpp>
 
+#include <doctest/doctest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -1280,5 +1282,137 @@ void for_each_reduction(const reduction_case& base, F&& f) {
 
 /// Whether s contains part (error messages).
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// The bytes every rank should hold after a recursive doubling of `in` (doubling_oracle).
+inline std::vector<unsigned char> doubling_expected(const rank_data& in, reduce_op op = reduce_op::sum,
+                                                    bool average = false) {
+  return expected_bytes(in, [&](const auto& x, std::size_t) { return doubling_oracle(x, op, average); });
+}
+
+/// Checks that every rank of `got` holds `want` after call k of a sequence; the message names
+/// the first element that differs.
+inline void check_bits(const rank_data& got, const std::vector<unsigned char>& want, int k) {
+  const int bad = first_differing(got, want);
+  INFO("call " << k << ": " << (bad < 0 ? std::string() : first_difference(got, bad, want)));
+  CHECK(bad == -1);
+}
+
+/// The signature an all-reduce call `c` sends as collective #index (what error messages name).
+inline cd::collective_signature signature_of(const call& c, std::int64_t index = 1) {
+  return cd::collective_signature::allreduce(index, c.count, c.type, c.op, c.average);
+}
+
+/// Runs every rank's calls of a seeded sequence (`calls` each) until nothing moves and checks
+/// that all completed everywhere with nothing left on the wire; the caller checks the bits.
+template <bool Over>
+outcome run_to_completion(simulation<Over>& sim, int calls, std::uint64_t seed) {
+  const outcome out = sim.run(seed);
+  INFO(out.describe());
+  REQUIRE(out.all_completed(calls));
+  CHECK(sim.net().quiet());
+  return out;
+}
+
+/// Every rank but `odd` calls the all-reduce `base` over its own buffer of `data`, `odd` calls
+/// `other` (arguments that differ). Checks that every rank fails, naming both calls as collective
+/// #1, with its buffer as it was; extra(r, error) adds an algorithm's own checks of rank r.
+template <class Extra>
+void check_arguments_differ(simulation<false>& sim, rank_data& data, const call& base, int odd, const call& other,
+                            std::uint64_t seed, Extra&& extra) {
+  const rank_data before = data;
+  for (int r = 0; r < sim.size(); ++r) {
+    call c = r == odd ? other : base;
+    c.buf = data.buf(r);
+    sim.add(r, c);
+  }
+  const outcome out = sim.run(seed);
+  INFO(out.describe());
+  CHECK(out.misuse.empty());
+  for (int r = 0; r < sim.size(); ++r) {
+    INFO("rank " << r);
+    REQUIRE(out.ranks[static_cast<std::size_t>(r)].failed);
+    const std::string& e = out.ranks[static_cast<std::size_t>(r)].error;
+    CHECK(contains(e, "arguments differ across ranks in collective #1"));
+    CHECK(contains(e, "rank " + std::to_string(odd) + " called " + signature_of(other).describe()));
+    CHECK(contains(e, " called " + signature_of(base).describe()));
+    extra(r, e);
+    CHECK(std::memcmp(data.bytes_of(r), before.bytes_of(r), data.bytes()) == 0);
+  }
+}
+
+/// Every rank of `data` but `absent` calls the all-reduce `algo`; `absent` never starts. Runs
+/// until nothing moves and checks that the others are left waiting, with no misuse.
+template <bool Over>
+outcome run_without(simulation<Over>& sim, algorithm algo, rank_data& data, int absent, std::uint64_t seed) {
+  add_allreduce(sim, algo, data);
+  sim.never_starts(absent);
+  const outcome out = sim.run(seed);
+  INFO(out.describe());
+  CHECK(out.misuse.empty());
+  CHECK(out.stuck);
+  return out;
+}
+
+/// Every rank of `data` calls the all-reduce `algo` while the network holds back what
+/// hold(message, step) picks. Runs until nothing moves and checks that the ranks are left
+/// waiting, with no misuse.
+template <bool Over, class Hold>
+outcome run_held(simulation<Over>& sim, algorithm algo, rank_data& data, Hold hold, std::uint64_t seed) {
+  add_allreduce(sim, algo, data);
+  sim.net().hold = hold;
+  const outcome out = sim.run(seed);
+  INFO(out.describe());
+  CHECK(out.stuck);
+  CHECK(out.misuse.empty());
+  return out;
+}
+
+/// A seeded case of the tests in which one rank stops mid-collective (a hung or crashed
+/// process): n ranks (2 to max_n), the rank that stops and after how many of its steps (1 to
+/// max_steps), drawn from rng in that order; the wire's flavour from the seed.
+struct stop_case {
+  std::uint64_t seed;
+  int n, stopped, steps, wire;
+
+  stop_case(std::mt19937_64& rng, std::uint64_t seed_, int max_n, int max_steps)
+      : seed(seed_),
+        n(std::uniform_int_distribution<int>(2, max_n)(rng)),
+        stopped(std::uniform_int_distribution<int>(0, n - 1)(rng)),
+        steps(std::uniform_int_distribution<int>(1, max_steps)(rng)),
+        wire(static_cast<int>(seed_ % 3)) {}
+  std::string describe() const {
+    return "n " + std::to_string(n) + ", rank " + std::to_string(stopped) + " stops after " + std::to_string(steps) +
+           " steps, " + flavour_name(wire) + ", seed " + std::to_string(seed);
+  }
+  /// Every rank of `data` calls the all-reduce `algo` and `stopped` stops; runs until nothing
+  /// moves and checks that no rank failed or misused the wire, and that every rank still
+  /// waiting (but the one that stopped) names a peer, not itself.
+  outcome run(simulation<false>& sim, algorithm algo, rank_data& data, std::uint64_t run_seed) const {
+    add_allreduce(sim, algo, data);
+    sim.stop_after(stopped, 0, steps);
+    const outcome out = sim.run(run_seed);
+    INFO(out.describe());
+    CHECK(out.misuse.empty());
+    for (int r = 0; r < n; ++r) {
+      const auto& x = out.ranks[static_cast<std::size_t>(r)];
+      CHECK_FALSE(x.failed);
+      if (r == stopped || !x.unfinished) continue;
+      CHECK_FALSE(x.awaited.peers.empty());
+      for (int p : x.awaited.peers) CHECK(p != r);
+    }
+    return out;
+  }
+};
+
+/// Lets what was held move and runs on: every rank completes its one call holding `want`.
+template <bool Over>
+void release_and_check(simulation<Over>& sim, const rank_data& data, const std::vector<unsigned char>& want,
+                       std::uint64_t seed) {
+  sim.net().hold = nullptr;
+  const outcome out = sim.run(seed);
+  INFO(out.describe());
+  REQUIRE(out.all_completed(1));
+  CHECK(first_differing(data, want) == -1);
+}
 
 }  // namespace cadence_fake_wire

@@ -21,13 +21,7 @@ namespace cadence_fake_wire {
 namespace ring_tests {
 
 cd::ring_schedule schedule(int n, int r, std::size_t count, std::size_t esize, std::size_t piece) {
-  cd::ring_schedule g;
-  g.n = n;
-  g.r = r;
-  g.count = count;
-  g.esize = esize;
-  g.piece = piece;
-  return g;
+  return {n, r, count, esize, piece};
 }
 
 // A case: rings in a row on a seeded schedule (fake_wire.hpp), in pieces of `piece` bytes.
@@ -100,24 +94,16 @@ void check_ring(const ring_case& c) {
         sim.add(r,
                 {algorithm::doubling, small[static_cast<std::size_t>(k)].buf(r), 3, dtype::i64, reduce_op::sum, false});
     }
-  const outcome out = sim.run(rng());
+  const outcome out = run_to_completion(sim, c.calls * (c.mix ? 2 : 1), rng());
   INFO(out.describe());
-  REQUIRE(out.all_completed(c.calls * (c.mix ? 2 : 1)));
-  CHECK(sim.net().quiet());
   for (int k = 0; k < c.calls; ++k) {
     const auto& got = data[static_cast<std::size_t>(k)];
     const auto& in = inputs[static_cast<std::size_t>(k)];
-    const auto want = ring_expected(in, c.op, c.average);
-    const int bad = first_differing(got, want);
-    INFO("call " << k << ": " << (bad < 0 ? std::string() : first_difference(got, bad, want)));
-    CHECK(bad == -1);
+    check_bits(got, ring_expected(in, c.op, c.average), k);
     if (c.op == reduce_op::sum) CHECK(near_plain_sum(in, got, c.average));
-    if (c.mix) {
-      const auto want_small = expected_bytes(small_inputs[static_cast<std::size_t>(k)], [](const auto& x, std::size_t) {
-        return doubling_oracle(x, reduce_op::sum, false);
-      });
-      CHECK(first_differing(small[static_cast<std::size_t>(k)], want_small) == -1);
-    }
+    if (c.mix)
+      CHECK(first_differing(small[static_cast<std::size_t>(k)], doubling_expected(small_inputs[static_cast<std::size_t>(k)])) ==
+            -1);
   }
 }
 
@@ -275,77 +261,53 @@ TEST_CASE(
     simulation<false> sim(n, o);
     sim.watch_buffers = true;
     rank_data data(n, 8 * static_cast<std::size_t>(n) + 8, dtype::f64, rng);
-    const rank_data before = data;
-    for (int r = 0; r < n; ++r) {
-      call c = r == odd ? other : base;
-      c.buf = data.buf(r);
-      sim.add(r, c);
-    }
-    const outcome out = sim.run(rng());
-    INFO(out.describe());
-    CHECK(out.misuse.empty());
-    const auto sig = [](const call& c) {
-      return cd::collective_signature::allreduce(1, c.count, c.type, c.op, c.average).describe();
-    };
-    for (int r = 0; r < n; ++r) {
-      INFO("rank " << r);
-      REQUIRE(out.ranks[static_cast<std::size_t>(r)].failed);
-      const std::string& e = out.ranks[static_cast<std::size_t>(r)].error;
-      CHECK(contains(e, "arguments differ across ranks in collective #1"));
-      CHECK(contains(e, "rank " + std::to_string(odd) + " called " + sig(other)));
-      CHECK(contains(e, " called " + sig(base)));
+    check_arguments_differ(sim, data, base, odd, other, rng(), [&](int r, const std::string&) {
       CHECK(sim.wire(r).exposed_ever() == sim.wire(r).reads_caller_early());  // for reading only, if at all
-      CHECK(std::memcmp(data.bytes_of(r), before.bytes_of(r), data.bytes()) == 0);
-    }
+    });
   }
 }
 
-TEST_CASE("a rank that never starts keeps every other rank in the ring's agreement, naming it, its buffer untouched") {
+// The runs of the tests in which one rank never starts: 2 to 9 ranks over every flavour of
+// wire, a seeded rank absent, the buffers watched where `watch`; check(sim, out, absent) each.
+template <class Check>
+void for_each_absent_run(bool watch, Check&& check) {
   for (int n = 2; n <= 9; ++n)
     for (int wire = 0; wire < 3; ++wire) {
       std::mt19937_64 rng(static_cast<std::uint64_t>(n * 5 + wire));
       const int absent = std::uniform_int_distribution<int>(0, n - 1)(rng);
       INFO("n " << n << ", rank " << absent << " never starts, " << flavour_name(wire));
       simulation<true> sim(n, flavour(wire));
-      sim.watch_buffers = true;
+      sim.watch_buffers = watch;
       rank_data data(n, 6 * static_cast<std::size_t>(n), dtype::f32, rng);
-      add_allreduce(sim, algorithm::ring, data);
-      sim.never_starts(absent);
-      const outcome out = sim.run(rng());
+      const outcome out = run_without(sim, algorithm::ring, data, absent, rng());
       INFO(out.describe());
-      CHECK(out.misuse.empty());
-      CHECK(out.stuck);
-      for (int r = 0; r < n; ++r) {
-        if (r == absent) continue;
-        const auto& x = out.ranks[static_cast<std::size_t>(r)];
-        REQUIRE(x.unfinished);
-        CHECK(sim.op(r).phase == 0);
-        CHECK(sim.wire(r).exposed_ever() == sim.wire(r).reads_caller_early());  // for reading only, if at all
-        REQUIRE_FALSE(x.awaited.peers.empty());
-        CHECK(std::find(x.awaited.peers.begin(), x.awaited.peers.end(), absent) != x.awaited.peers.end());
-        CHECK(x.awaited.note == "they never started this collective; in the ring all-reduce");
-        CHECK(x.awaited.native == sim.wire(r).native(cd::wire_point::notice_in, x.awaited.peers.front()));
-      }
+      check(sim, out, absent);
     }
+}
+
+TEST_CASE("a rank that never starts keeps every other rank in the ring's agreement, naming it, its buffer untouched") {
+  for_each_absent_run(true, [](simulation<true>& sim, const outcome& out, int absent) {
+    for (int r = 0; r < sim.size(); ++r) {
+      if (r == absent) continue;
+      const auto& x = out.ranks[static_cast<std::size_t>(r)];
+      REQUIRE(x.unfinished);
+      CHECK(sim.op(r).phase == 0);
+      CHECK(sim.wire(r).exposed_ever() == sim.wire(r).reads_caller_early());  // for reading only, if at all
+      REQUIRE_FALSE(x.awaited.peers.empty());
+      CHECK(std::find(x.awaited.peers.begin(), x.awaited.peers.end(), absent) != x.awaited.peers.end());
+      CHECK(x.awaited.note == "they never started this collective; in the ring all-reduce");
+      CHECK(x.awaited.native == sim.wire(r).native(cd::wire_point::notice_in, x.awaited.peers.front()));
+    }
+  });
 }
 
 // A regression test: phase 0 once returned at the first missing notice, so the deadline named
 // ranks that had started too.
 TEST_CASE("a rank that never starts is the only rank the others name in the ring's agreement") {
-  for (int n = 2; n <= 9; ++n)
-    for (int wire = 0; wire < 3; ++wire) {
-      std::mt19937_64 rng(static_cast<std::uint64_t>(n * 5 + wire));
-      const int absent = std::uniform_int_distribution<int>(0, n - 1)(rng);
-      INFO("n " << n << ", rank " << absent << " never starts, " << flavour_name(wire));
-      simulation<true> sim(n, flavour(wire));
-      rank_data data(n, 6 * static_cast<std::size_t>(n), dtype::f32, rng);
-      add_allreduce(sim, algorithm::ring, data);
-      sim.never_starts(absent);
-      const outcome out = sim.run(rng());
-      INFO(out.describe());
-      for (int r = 0; r < n; ++r)
-        if (r != absent) CHECK(out.ranks[static_cast<std::size_t>(r)].awaited.peers == std::vector<int>{absent});
-    }
+  for_each_absent_run(false, [](simulation<true>& sim, const outcome& out, int absent) {
+    for (int r = 0; r < sim.size(); ++r)
+      if (r != absent) CHECK(out.ranks[static_cast<std::size_t>(r)].awaited.peers == std::vector<int>{absent});
+  });
 }
 
 TEST_CASE(
@@ -362,21 +324,15 @@ TEST_CASE(
     const std::size_t count = 9 * static_cast<std::size_t>(n) + 2;
     rank_data data(n, count, dtype::f64, rng);
     const rank_data in = data;
-    add_allreduce(sim, algorithm::ring, data);
-    sim.net().hold = [&](const message& m, step_kind) { return m.notice && m.from == from && m.to == to; };
-    outcome out = sim.run(rng());
+    const outcome out = run_held(
+        sim, algorithm::ring, data,
+        [&](const message& m, step_kind) { return m.notice && m.from == from && m.to == to; }, rng());
     INFO(out.describe());
-    CHECK(out.stuck);
-    CHECK(out.misuse.empty());
     CHECK(sim.wire(to).exposed_ever() == sim.wire(to).reads_caller_early());
     const auto& named = out.ranks[static_cast<std::size_t>(to)].awaited.peers;
     CHECK(named == std::vector<int>{from});
     CHECK(std::memcmp(data.bytes_of(to), in.bytes_of(to), data.bytes()) == 0);
-    sim.net().hold = nullptr;
-    out = sim.run(rng());
-    INFO(out.describe());
-    REQUIRE(out.all_completed(1));
-    CHECK(first_differing(data, ring_expected(in, reduce_op::sum, false)) == -1);
+    release_and_check(sim, data, ring_expected(in, reduce_op::sum, false), rng());
   }
 }
 
@@ -389,6 +345,8 @@ TEST_CASE(
     auto hold_completions = [](const message& m, step_kind k) {
       return m.on == lane::bulk && k == step_kind::complete;
     };
+    // Held, no misuse: no receive went over a pending send (mpi_like), nothing landed where a
+    // send had not read yet (gloo_like).
     {
       std::mt19937_64 rng(static_cast<std::uint64_t>(n));
       wire_options o = mpi_like();
@@ -396,43 +354,28 @@ TEST_CASE(
       simulation<false> sim(n, o);
       rank_data data(n, count, dtype::i32, rng);
       const rank_data in = data;
-      add_allreduce(sim, algorithm::ring, data);
-      sim.net().hold = hold_completions;
-      outcome out = sim.run(rng());
+      const outcome out = run_held(sim, algorithm::ring, data, hold_completions, rng());
       INFO(out.describe());
-      CHECK(out.stuck);
-      CHECK(out.misuse.empty());  // no receive went over a pending send
       for (int r = 0; r < n; ++r) {
         CHECK(sim.op(r).phase == 1);
         CHECK(sim.op(r).posted_step <= n - 2);  // not one allgather step posted
       }
-      sim.net().hold = nullptr;
-      out = sim.run(rng());
-      INFO(out.describe());
-      REQUIRE(out.all_completed(1));
-      CHECK(first_differing(data, ring_expected(in, reduce_op::sum, false)) == -1);
+      release_and_check(sim, data, ring_expected(in, reduce_op::sum, false), rng());
     }
     {
       std::mt19937_64 rng(static_cast<std::uint64_t>(n));
-      wire_options o = gloo_like();
-      simulation<true> sim(n, o);
+      simulation<true> sim(n, gloo_like());
       rank_data data(n, count, dtype::i32, rng);
       const rank_data in = data;
-      add_allreduce(sim, algorithm::ring, data);
-      sim.net().hold = hold_completions;
-      outcome out = sim.run(rng());
+      const outcome out = run_held(sim, algorithm::ring, data, hold_completions, rng());
       INFO(out.describe());
-      CHECK(out.stuck);
-      CHECK(out.misuse.empty());  // nothing landed where a send had not read yet
       for (int r = 0; r < n; ++r) {
         CHECK(sim.op(r).phase == 2);  // every piece received; only the sends' completions wait
         CHECK(out.ranks[static_cast<std::size_t>(r)].awaited.peers == std::vector<int>{(r + 1) % n});
       }
-      CHECK(first_differing(data, ring_expected(in, reduce_op::sum, false)) == -1);
-      sim.net().hold = nullptr;
-      out = sim.run(rng());
-      INFO(out.describe());
-      REQUIRE(out.all_completed(1));
+      const auto want = ring_expected(in, reduce_op::sum, false);
+      CHECK(first_differing(data, want) == -1);
+      release_and_check(sim, data, want, rng());
     }
   }
 }
@@ -507,28 +450,14 @@ TEST_CASE("the ring on one rank completes and leaves the buffer as it was") {
 TEST_CASE("a rank that stops mid-ring is named by its right neighbour, and no rank waiting names nobody") {
   for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(120); ++seed) {
     std::mt19937_64 rng(seed + 31337);
-    const int n = std::uniform_int_distribution<int>(2, 8)(rng);
-    const int stopped = std::uniform_int_distribution<int>(0, n - 1)(rng);
-    const int steps = std::uniform_int_distribution<int>(1, 8)(rng);
-    const int wire = static_cast<int>(seed % 3);
-    INFO("n " << n << ", rank " << stopped << " stops after " << steps << " steps, " << flavour_name(wire) << ", seed "
-              << seed);
-    simulation<false> sim(n, flavour(wire));
-    const std::size_t count = 7 * static_cast<std::size_t>(n);
-    rank_data data(n, count, dtype::i64, rng);
-    add_allreduce(sim, algorithm::ring, data);
-    sim.stop_after(stopped, 0, steps);
-    const outcome out = sim.run(rng());
+    const stop_case s(rng, seed, 8, 8);
+    INFO(s.describe());
+    simulation<false> sim(s.n, flavour(s.wire));
+    rank_data data(s.n, 7 * static_cast<std::size_t>(s.n), dtype::i64, rng);
+    const outcome out = s.run(sim, algorithm::ring, data, rng());
     INFO(out.describe());
-    CHECK(out.misuse.empty());
-    const int right = (stopped + 1) % n;
-    for (int r = 0; r < n; ++r) {
-      const auto& x = out.ranks[static_cast<std::size_t>(r)];
-      CHECK_FALSE(x.failed);
-      if (r == stopped || !x.unfinished) continue;
-      CHECK_FALSE(x.awaited.peers.empty());
-      for (int p : x.awaited.peers) CHECK(p != r);
-    }
+    const int stopped = s.stopped;
+    const int right = (stopped + 1) % s.n;
     const auto& next = out.ranks[static_cast<std::size_t>(right)];
     if (right != stopped && next.unfinished && sim.op(right).phase <= 1) {
       CHECK(std::find(next.awaited.peers.begin(), next.awaited.peers.end(), stopped) != next.awaited.peers.end());
