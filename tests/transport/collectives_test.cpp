@@ -28,6 +28,7 @@ struct scripted {
   };
   std::vector<call> calls_;
 
+  scripted(int rank, int size) : rank_(rank), size_(size) {}
   int rank() const { return rank_; }
   int size() const { return size_; }
   void allreduce(void* buf, std::size_t count, dtype t, reduce_op op, deadline) {
@@ -59,8 +60,7 @@ std::vector<unsigned char> bytes_of(const std::vector<T>& v) {
 }  // namespace
 
 TEST_CASE("barrier is one all-reduce of a single byte") {
-  scripted c;
-  c.size_ = 4;
+  scripted c(0, 4);
   barrier(c);
   REQUIRE(c.calls_.size() == 1);
   CHECK(c.calls_[0].count == 1);
@@ -69,9 +69,7 @@ TEST_CASE("barrier is one all-reduce of a single byte") {
 
 TEST_CASE("allgather places every rank's block at its offset, in place or not") {
   // Rank 1 of 3 gathers 3-byte blocks; the script supplies ranks 0 and 2's one-hot buffers.
-  scripted c;
-  c.rank_ = 1;
-  c.size_ = 3;
+  scripted c(1, 3);
   c.others_ = {{7, 8, 9, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 255, 0, 1}};
   const std::vector<unsigned char> expected{7, 8, 9, 4, 5, 6, 255, 0, 1};
   SUBCASE("separate send buffer; stale bytes in recv are overwritten") {
@@ -92,15 +90,13 @@ TEST_CASE("allgather places every rank's block at its offset, in place or not") 
 }
 
 TEST_CASE("allgather of zero bytes still takes part in one collective") {
-  scripted c;
-  c.size_ = 2;
+  scripted c(0, 2);
   allgather(c, nullptr, nullptr, 0);
   CHECK(c.calls_.size() == 1);
 }
 
 TEST_CASE("allgather rejects null buffers and sizes that overflow") {
-  scripted c;
-  c.size_ = 2;
+  scripted c(0, 2);
   unsigned char buf[4] = {};
   CHECK_THROWS_WITH_AS(allgather(c, nullptr, buf, 2), doctest::Contains("allgather on rank 0"),
                        invalid_parameter_error);
@@ -110,8 +106,7 @@ TEST_CASE("allgather rejects null buffers and sizes that overflow") {
 }
 
 TEST_CASE("allreduce_avg sums then divides by the number of ranks") {
-  scripted c;
-  c.size_ = 4;
+  scripted c(0, 4);
   SUBCASE("f32") {
     c.others_ = {bytes_of(std::vector<float>{1, -8, 2}), bytes_of(std::vector<float>{2, 0, 2}),
                  bytes_of(std::vector<float>{3, 0, 2})};
@@ -131,9 +126,7 @@ TEST_CASE("allreduce_avg sums then divides by the number of ranks") {
 }
 
 TEST_CASE("allreduce_avg refuses integer dtypes, naming the rank") {
-  scripted c;
-  c.rank_ = 2;
-  c.size_ = 3;
+  scripted c(2, 3);
   std::int32_t v = 3;
   CHECK_THROWS_WITH_AS(allreduce_avg(c, &v, 1, dtype::i32),
                        doctest::Contains("allreduce_avg on rank 2: dtype i32"),
@@ -142,8 +135,7 @@ TEST_CASE("allreduce_avg refuses integer dtypes, naming the rank") {
 }
 
 TEST_CASE("the host helpers refuse a communicator with device buffers") {
-  scripted c;
-  c.size_ = 2;
+  scripted c(0, 2);
   c.device_ = true;
   float v = 1;
   unsigned char b = 0, out[2] = {};
