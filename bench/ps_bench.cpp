@@ -475,17 +475,8 @@ int run(int argc, char** argv) {
                "zmq: raw = the same push_pull over an open communicator (ours:\n"
                "authenticated); with --rank it also binds the next two ports");
   if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
-  if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
-    throw usage_error("--max-bytes: must be a multiple of 4, at least 4096, got " + std::to_string(cfg.max_bytes));
-  if (cfg.security_cost && cfg.backend != "zmq")
-    throw usage_error("--security-cost: only for --backend zmq (the others have no wire security)");
-  if (cfg.processes() && cfg.backend != "zmq")
-    throw usage_error("--rendezvous: ranks as processes are for --backend zmq (mpi: mpirun starts them)");
-  // The roofline's copy bandwidth, before the ranks start, where the rows are printed (mpi:
-  // rank 0 measures it in run_mpi).
-  if (cfg.backend != "mpi" && (!cfg.processes() || cfg.rank == 0)) {
-    cfg.copy = cadence_bench::copy_rates(sizes_for(cfg));
-  }
+  cadence_bench::check_sizes_and_backend(cfg, cfg.security_cost, "zmq");
+  if (cadence_bench::measures_copy_first(cfg)) cfg.copy = cadence_bench::copy_rates(sizes_for(cfg));
   return cadence_bench::run_backend(
       cfg.backend, {CADENCE_BENCH_MPI([&] { return run_mpi(cfg); }),
                     CADENCE_BENCH_ZMQ([&] { return cfg.processes() ? run_zmq_process(cfg) : run_zmq(cfg); })});

@@ -87,7 +87,6 @@ namespace {
 
 using namespace cadence::transport;
 using steady = std::chrono::steady_clock;
-using cadence::tools::usage_error;
 
 struct config : cadence_bench::common_config {
   config() {
@@ -629,17 +628,9 @@ int run(int argc, char** argv) {
   cli.add_flag_callback("--no-ring", [&cfg] { cfg.ring = false; },
                         "mpi: every all-reduce by recursive doubling (no ring)");
   if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
-  if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
-    throw usage_error("--max-bytes: must be a multiple of 4, at least 8, got " + std::to_string(cfg.max_bytes));
-  if (cfg.security_cost && cfg.backend != "zmq")
-    throw usage_error("--security-cost: only for --backend zmq (the others have no wire security)");
-  if (cfg.processes() && cfg.backend != "gloo")
-    throw usage_error("--rendezvous: ranks as processes are for --backend gloo (mpi: mpirun starts them)");
-  // The roofline's copy bandwidth, before the ranks start, where the rows are printed (mpi:
-  // rank 0 measures it in run_mpi).
-  if (cfg.backend != "mpi" && (!cfg.processes() || cfg.rank == 0)) {
+  cadence_bench::check_sizes_and_backend(cfg, cfg.security_cost, "gloo");
+  if (cadence_bench::measures_copy_first(cfg))
     cfg.copy = cadence_bench::copy_rates({cfg.max_bytes});  // no row copies: the largest size only
-  }
   return cadence_bench::run_backend(
       cfg.backend, {{"inproc", [&] { return print(run_inproc(cfg), cfg); }, {}},
                     CADENCE_BENCH_MPI([&] { return run_mpi(cfg); }),

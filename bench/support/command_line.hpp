@@ -113,6 +113,29 @@ inline bool read_flags(cadence::tools::command_line& cli, common_config& cfg, in
   return true;
 }
 
+/// The checks cadence-bench-ps and -transport make of the flags they share, after read_flags:
+/// --max-bytes a multiple of 4 and at least the smallest size (min_bytes, not a flag there);
+/// --security-cost (`security_cost`) only over zmq; ranks as processes (--rendezvous) only over
+/// `processes_backend`. Throws usage_error naming the flag.
+inline void check_sizes_and_backend(const common_config& cfg, bool security_cost,
+                                    const std::string& processes_backend) {
+  using cadence::tools::usage_error;
+  if (cfg.max_bytes < cfg.min_bytes || cfg.max_bytes % sizeof(float) != 0)
+    throw usage_error("--max-bytes: must be a multiple of 4, at least " + std::to_string(cfg.min_bytes) + ", got " +
+                      std::to_string(cfg.max_bytes));
+  if (security_cost && cfg.backend != "zmq")
+    throw usage_error("--security-cost: only for --backend zmq (the others have no wire security)");
+  if (cfg.processes() && cfg.backend != processes_backend)
+    throw usage_error("--rendezvous: ranks as processes are for --backend " + processes_backend +
+                      " (mpi: mpirun starts them)");
+}
+
+/// Whether this process measures the roofline's copy bandwidth before the ranks start: the one
+/// that prints the rows (mpi: rank 0 measures it in its run_mpi instead).
+inline bool measures_copy_first(const common_config& cfg) {
+  return cfg.backend != "mpi" && (!cfg.processes() || cfg.rank == 0);
+}
+
 // ---- --backend ----
 
 /// A backend a benchmark runs: its name and what runs it (returning main's status); or, for
