@@ -113,18 +113,23 @@ def load_sociopatterns(path: str) -> TemporalEdges:
                 continue
             if len(fields) != 5:
                 raise DataError(f"{path}:{line_no}: expected 5 fields 't i j Ci Cj', got {len(fields)}")
-            vals = _integers(path, line_no, "field", zip(("t", "i", "j"), fields[:3]))
-            if vals[1] < 0 or vals[2] < 0:
-                raise DataError(f"{path}:{line_no}: negative node id")
-            for node, cls in ((vals[1], fields[3]), (vals[2], fields[4])):
+            t, i, j = _integers(path, line_no, "field", zip(("t", "i", "j"), fields[:3]))
+            _add_edge(path, line_no, (src, dst, ts), i, j, t)
+            for node, cls in ((i, fields[3]), (j, fields[4])):
                 if labels.setdefault(node, cls) != cls:
                     raise DataError(f"{path}:{line_no}: node {node} has class {cls!r} here but {labels[node]!r} before")
-            ts.append(vals[0])
-            src.append(vals[1])
-            dst.append(vals[2])
     if not src:
         raise DataError(f"{path}:1: no contact lines")
     return _finish(path, src, dst, ts, labels)
+
+
+def _add_edge(path, line, edges, u, v, t) -> None:
+    """Appends the edge u -> v at time t to the lists ``edges`` (sources, destinations, times);
+    DataError naming the file and line for a negative node id."""
+    if u < 0 or v < 0:
+        raise DataError(f"{path}:{line}: negative node id")
+    for column, value in zip(edges, (u, v, t)):
+        column.append(value)
 
 
 def _integers(path, line, what, named) -> list:
@@ -165,12 +170,8 @@ def load_temporal_csv(path: str, src_col: str = "u", dst_col: str = "i", ts_col:
                 continue
             if len(row) != width:
                 raise DataError(f"{path}:{line}: expected {width} fields, got {len(row)}")
-            vals = _integers(path, line, "column", ((n, row[cols[n]].strip()) for n in (src_col, dst_col, ts_col)))
-            if vals[0] < 0 or vals[1] < 0:
-                raise DataError(f"{path}:{line}: negative node id")
-            src.append(vals[0])
-            dst.append(vals[1])
-            ts.append(vals[2])
+            u, v, t = _integers(path, line, "column", ((n, row[cols[n]].strip()) for n in (src_col, dst_col, ts_col)))
+            _add_edge(path, line, (src, dst, ts), u, v, t)
     if not src:
         raise DataError(f"{path}:2: no data rows")
     return _finish(path, src, dst, ts)
