@@ -361,6 +361,30 @@ class DiLoCo:
             raise TransportError(f"{self._here()}{what} at step {self.step_count} failed or did not complete "
                                  f"within {self.timeout:g} s: {e}") from e
 
+    def _latest_durations(self, have: int) -> List[int]:
+        """The latest ``have`` step durations recorded, oldest first."""
+        return [self._ring[(self._recorded - have + i) % self._history] for i in range(have)]
+
+    def _replica_max(self, record: List[int], deadline: Deadline) -> List[int]:
+        """``record``, each value the largest of the replica group's (one record per replica: its
+        members follow one plan; the slowest member's durations); as it is without replicas."""
+        if self.replica_group is None or self.replica_size <= 1:
+            return record
+        t = _device.ops.tensor(record, torch.int64, self._ctrl)
+        self._wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.replica_group, async_op=True),
+                   "the timing record (all_reduce in the replica group)", deadline)
+        return [int(v) for v in t.cpu().tolist()]
+
+    def _all_gather_rows(self, row: List[int], what: str, deadline: Deadline):
+        """Every rank's ``row`` (int64 values), gathered: a NumPy array with a row per rank."""
+        ops = _device.ops
+        mine = ops.tensor(row, torch.int64, self._ctrl)
+        gathered = [ops.empty(len(row), torch.int64, self._ctrl) for _ in range(self.world_size)]
+        work = dist.all_gather(gathered, mine, group=self.process_group, async_op=True)
+        self.bytes_sent += _ring_bytes(self.world_size * len(row) * 8, self.world_size)
+        self._wait(work, what, deadline)
+        return torch.stack(gathered).cpu().numpy()
+
     @property
     def schedule(self) -> str:
         """The schedule in force: ``"fixed:<H>"`` or the planner's canonical elastic config."""
@@ -544,21 +568,11 @@ class DiLoCo:
         row = [0] * (w + 2)  # the planner's record, the stop flag, the plan hash
         row[0] = self.local_steps
         row[1] = have
-        for i in range(have):
-            row[2 + i] = self._ring[(self._recorded - have + i) % self._history]
+        row[2:2 + have] = self._latest_durations(have)
         row[w] = 1 if self._stop else 0
-        if self.replica_group is not None and self.replica_size > 1:
-            t = ops.tensor(row[:w + 1], torch.int64, self._ctrl)
-            self._wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.replica_group, async_op=True),
-                       "the timing record (all_reduce in the replica group)", deadline)
-            row[:w + 1] = [int(v) for v in t.cpu().tolist()]
+        row[:w + 1] = self._replica_max(row[:w + 1], deadline)
         row[w + 1] = int(self._round.hash) >> 2
-        mine = ops.tensor(row, torch.int64, self._ctrl)
-        gathered = [ops.empty(w + 2, torch.int64, self._ctrl) for _ in range(self.world_size)]
-        work = dist.all_gather(gathered, mine, group=self.process_group, async_op=True)
-        self.bytes_sent += _ring_bytes(self.world_size * (w + 2) * 8, self.world_size)
-        self._wait(work, "all_gather of the timing records", deadline)
-        rows = torch.stack(gathered).cpu().numpy()
+        rows = self._all_gather_rows(row, "all_gather of the timing records", deadline)
         hashes = rows[:, w + 1]
         if (hashes != hashes[0]).any():
             raise TransportError(
@@ -605,21 +619,10 @@ class DiLoCo:
         h = int(self._round.hash)
         row[S.RECORD_HASH] = h - (1 << 64) if h >= 1 << 63 else h  # as C++'s static_cast<int64_t>
         row[S.RECORD_HAVE] = have
-        for i in range(have):
-            row[S.RECORD_HEAD + i] = self._ring[(self._recorded - have + i) % self._history]
+        row[S.RECORD_HEAD:S.RECORD_HEAD + have] = self._latest_durations(have)
         row[w] = 1 if self._stop else 0
-        if self.replica_group is not None and self.replica_size > 1:
-            # one record per replica: its members follow one plan; the slowest member's durations
-            t = ops.tensor(row, torch.int64, self._ctrl)
-            self._wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.replica_group, async_op=True),
-                       "the timing record (all_reduce in the replica group)", deadline)
-            row = [int(v) for v in t.cpu().tolist()]
-        mine = ops.tensor(row, torch.int64, self._ctrl)
-        gathered = [ops.empty(w + 1, torch.int64, self._ctrl) for _ in range(self.world_size)]
-        work = dist.all_gather(gathered, mine, group=self.process_group, async_op=True)
-        self.bytes_sent += _ring_bytes(self.world_size * (w + 1) * 8, self.world_size)
-        self._wait(work, "all_gather of the sync records", deadline)
-        rows = torch.stack(gathered).cpu().numpy()
+        row = self._replica_max(row, deadline)
+        rows = self._all_gather_rows(row, "all_gather of the sync records", deadline)
         hashes = rows[:, S.RECORD_HASH]
         other = [r for r in range(self.world_size) if hashes[r] != row[S.RECORD_HASH]]
         if other:
