@@ -124,6 +124,19 @@ private:
 
 enum class output { table, json, csv };
 
+// simulate(): a config the library rejects (parse_error, invalid_parameter_error) is a bad
+// --policy (usage_error, exit status 2).
+template <class Simulate>
+auto with_policy_errors(Simulate simulate) {
+  try {
+    return simulate();
+  } catch (const cadence::parse_error& e) {
+    throw usage_error(std::string("--policy: ") + e.what());
+  } catch (const cadence::invalid_parameter_error& e) {
+    throw usage_error(std::string("--policy: ") + e.what());
+  }
+}
+
 bool has_links(const cadence::sim::scenario& s) {
   for (const auto& w : s.workers)
     if (w.push_seconds || w.pull_seconds) return true;
@@ -153,13 +166,7 @@ int run_collective(const cadence::sim::scenario& s, std::vector<std::string> mod
   for (const auto& mode : modes) {
     progress_bar bar(mode);
     if (tty) opt.progress = [&bar](double f) { bar(f); };
-    try {
-      runs.push_back(cadence::sim::simulate_collective(mode, s, opt));
-    } catch (const cadence::parse_error& e) {
-      throw usage_error(std::string("--policy: ") + e.what());
-    } catch (const cadence::invalid_parameter_error& e) {
-      throw usage_error(std::string("--policy: ") + e.what());
-    }
+    runs.push_back(with_policy_errors([&] { return cadence::sim::simulate_collective(mode, s, opt); }));
   }
   if (format == output::json) {
     cadence::sim::write_collective_json(std::cout, runs);
@@ -221,15 +228,8 @@ int run_local_sgd(const cadence::sim::scenario& s, std::vector<std::string> conf
                   const cadence::sim::local_sgd_sim_options& opt, output format) {
   if (configs.empty()) configs.assign(std::begin(default_local_sgd), std::end(default_local_sgd));
   std::vector<cadence::sim::local_sgd_metrics> runs;
-  for (const auto& config : configs) {
-    try {
-      runs.push_back(cadence::sim::simulate_local_sgd(config, s, opt));
-    } catch (const cadence::parse_error& e) {
-      throw usage_error(std::string("--policy: ") + e.what());
-    } catch (const cadence::invalid_parameter_error& e) {
-      throw usage_error(std::string("--policy: ") + e.what());
-    }
-  }
+  for (const auto& config : configs)
+    runs.push_back(with_policy_errors([&] { return cadence::sim::simulate_local_sgd(config, s, opt); }));
   if (format == output::json) {
     cadence::sim::write_local_sgd_json(std::cout, runs);
   } else if (format == output::csv) {
