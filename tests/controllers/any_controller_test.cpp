@@ -13,11 +13,8 @@ using namespace cadence;
 
 TEST_CASE("any_controller decides exactly like the controller it holds") {
   for (std::uint64_t seed = 0; seed < 50; ++seed) {
-    test::schedule_options opt;
-    opt.workers = 2 + seed % 6;
-    opt.events = 200;
-    opt.remove_probability = 0.02;
-    opt.add_probability = 0.02;
+    const test::schedule_options opt{/*workers=*/2 + seed % 6, /*events=*/200,
+                                     /*remove_probability=*/0.02, /*add_probability=*/0.02};
     SUBCASE("ssp") {
       any_controller a = ssp(opt.workers, 2);
       ssp b(opt.workers, 2);

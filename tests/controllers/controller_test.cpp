@@ -5,6 +5,8 @@
 #include <cadence/controllers/make_controller.hpp>
 #include <cadence/controllers/ssp.hpp>
 
+#include "support/controller_stubs.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -17,19 +19,8 @@ using namespace cadence;
 namespace {
 
 // Requirement 5 missing: a timeout could not name the stragglers.
-struct no_waiting_for {
-  decision push(worker_id, timestamp) { return {}; }
-  span<const worker_id> remove_worker(worker_id) { return {}; }
-  worker_id add_worker() { return 0; }
-  std::size_t worker_capacity() const { return 0; }
-  clock_value clock(worker_id) const { return 0; }
-  bool is_active(worker_id) const { return false; }
-  bool is_waiting(worker_id) const { return false; }
-  std::size_t active_workers() const { return 0; }
-  clock_value min_clock() const { return 0; }
-  clock_value staleness(worker_id) const { return 0; }
+struct no_waiting_for : test::controller_stub {
   clock_value max_staleness() const { return 0; }
-  std::string config() const { return "x"; }
 };
 
 // The smallest type that models the concept: every numbered requirement, nothing more (the

@@ -185,12 +185,10 @@ TEST_CASE("dssp never lets a worker start an iteration more than s_U clocks ahea
   for (auto [lo, hi] : {std::pair<clock_value, clock_value>{0, 0}, {0, 4}, {1, 5}, {3, 15}, {2, 3}}) {
     for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(250); ++seed) {
       std::mt19937_64 rng(seed * 7 + static_cast<std::uint64_t>(hi));
-      test::schedule_options opt;
-      opt.workers = 2 + seed % 8;
-      opt.events = 400;
-      opt.remove_probability = seed % 3 == 0 ? 0.02 : 0.0;
-      opt.add_probability = seed % 4 == 0 ? 0.02 : 0.0;
-      opt.equal_times = seed % 5 == 0;
+      const test::schedule_options opt{/*workers=*/2 + seed % 8, /*events=*/400,
+                                       /*remove_probability=*/seed % 3 == 0 ? 0.02 : 0.0,
+                                       /*add_probability=*/seed % 4 == 0 ? 0.02 : 0.0,
+                                       /*equal_times=*/seed % 5 == 0};
       dssp c(opt.workers, lo, hi);
       const clock_value bound = hi;  // structured bindings cannot be captured before C++20 (clang 14: at all)
       const bool live = test::run_random_schedule(c, rng, opt, [&](const dssp& cc, std::size_t) {
@@ -206,11 +204,9 @@ TEST_CASE("dssp decides exactly like the contract's rules run by scanning every 
   for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(400); ++seed) {
     const clock_value lo = static_cast<clock_value>(seed % 4);
     const clock_value hi = lo + static_cast<clock_value>(seed % 7);
-    test::schedule_options opt;
-    opt.workers = 2 + seed % 10;
-    opt.events = 300;
-    opt.remove_probability = seed % 2 ? 0.02 : 0.0;
-    opt.add_probability = seed % 3 ? 0.02 : 0.0;
+    const test::schedule_options opt{/*workers=*/2 + seed % 10, /*events=*/300,
+                                     /*remove_probability=*/seed % 2 ? 0.02 : 0.0,
+                                     /*add_probability=*/seed % 3 ? 0.02 : 0.0};
     dssp fast(opt.workers, lo, hi);
     naive_dssp slow(opt.workers, lo, hi);
     require_same_decisions(fast, slow, seed, opt);
@@ -220,11 +216,8 @@ TEST_CASE("dssp decides exactly like the contract's rules run by scanning every 
 TEST_CASE("dssp with s_L = s_U decides exactly like ssp(s_L)") {
   for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(200); ++seed) {
     const clock_value s = static_cast<clock_value>(seed % 6);
-    test::schedule_options opt;
-    opt.workers = 1 + seed % 9;
-    opt.events = 300;
-    opt.remove_probability = 0.02;
-    opt.add_probability = 0.02;
+    const test::schedule_options opt{/*workers=*/1 + seed % 9, /*events=*/300,
+                                     /*remove_probability=*/0.02, /*add_probability=*/0.02};
     dssp a(opt.workers, s, s);
     ssp b(opt.workers, s);
     require_same_decisions(a, b, seed, opt);
@@ -252,39 +245,35 @@ TEST_CASE("a dssp worker with fewer than two pushes gets no extension") {
 }
 
 TEST_CASE("a dssp fast worker whose last two pushes share a timestamp gets no extension") {
-  // Worker 1 pushes every 2 s; worker 0 reaches s_L + 1 = 2 ahead with pushes at 10, 10.
-  // (Under last_interval only the last two pushes count.)
-  // Equal times predict a zero interval: every candidate ties, so r* = 0 and worker 0 waits,
-  // where searching the strictly-increasing predictions as they are would grant s_U - s_L.
-  dssp c(2, 1, 5);
-  c.push(1, 1.0);
-  c.push(0, 2.0);
-  c.push(1, 3.0);
-  CHECK(c.push(0, 9.0).proceed);
-  CHECK(c.push(0, 10.0).proceed);
-  CHECK_FALSE(c.push(0, 10.0).proceed);
-  CHECK(c.grants() == 0);
-  CHECK(c.extra_iterations(0) == 0);
+  // Worker 1 pushes every 2 s (at 1 and 3), worker 0 at 2 and then at a, b and c: it goes on at
+  // a and b, and at c only when `third_proceeds`. Returns the grants worker 0 earned, having
+  // required that none of them is left over.
+  const auto grants_after = [](double a, double b, double c, bool third_proceeds) {
+    dssp d(2, 1, 5);
+    d.push(1, 1.0);
+    d.push(0, 2.0);
+    d.push(1, 3.0);
+    CHECK(d.push(0, a).proceed);
+    CHECK(d.push(0, b).proceed);
+    CHECK(d.push(0, c).proceed == third_proceeds);
+    CHECK(d.extra_iterations(0) == 0);
+    return d.grants();
+  };
+  // Worker 0 reaches s_L + 1 = 2 ahead with pushes at 10, 10 (under last_interval only the
+  // last two pushes count). Equal times predict a zero interval: every candidate ties, so
+  // r* = 0 and worker 0 waits, where searching the strictly-increasing predictions as they are
+  // would grant s_U - s_L.
+  CHECK(grants_after(9.0, 10.0, 10.0, false) == 0);
 
   // The same schedule with a real interval (0.5 s) is granted r* = 1: P_1 = 4.5 + 0.5 lands
   // exactly on worker 1's predicted push at 3 + 2.
-  dssp d(2, 1, 5);
-  d.push(1, 1.0);
-  d.push(0, 2.0);
-  d.push(1, 3.0);
-  CHECK(d.push(0, 3.5).proceed);
-  CHECK(d.push(0, 4.0).proceed);
-  CHECK(d.push(0, 4.5).proceed);
-  CHECK(d.grants() == 1);
-  CHECK(d.extra_iterations(0) == 0);
+  CHECK(grants_after(3.5, 4.0, 4.5, true) == 1);
 }
 
 TEST_CASE("dssp takes any predictor, and the default decides exactly like the paper's formula") {
   // The naive reference above computes P_i = A_p + i I_p and S_k = A_s + (k+1) I_s directly.
   for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(100); ++seed) {
-    test::schedule_options opt;
-    opt.workers = 2 + seed % 6;
-    opt.events = 300;
+    const test::schedule_options opt{/*workers=*/2 + seed % 6, /*events=*/300};
     basic_dssp<any_predictor<>> erased(opt.workers, 1, 6, make_predictor("last"));
     naive_dssp reference(opt.workers, 1, 6);
     require_same_decisions(erased, reference, seed, opt);
@@ -292,11 +281,8 @@ TEST_CASE("dssp takes any predictor, and the default decides exactly like the pa
   // A robust predictor still keeps the bound.
   for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(100); ++seed) {
     std::mt19937_64 rng(seed);
-    test::schedule_options opt;
-    opt.workers = 2 + seed % 7;
-    opt.events = 400;
-    opt.remove_probability = 0.01;
-    opt.add_probability = 0.01;
+    const test::schedule_options opt{/*workers=*/2 + seed % 7, /*events=*/400,
+                                     /*remove_probability=*/0.01, /*add_probability=*/0.01};
     basic_dssp<median_interval> c(opt.workers, 2, 8, median_interval(3));
     const bool live = test::run_random_schedule(c, rng, opt, [&](const auto& cc, std::size_t) {
       test::check_staleness_and_progress(cc, 8, cc.worker_capacity());

@@ -90,12 +90,10 @@ TEST_CASE("with perfectly regular workers the barrier falls where the brute-forc
 TEST_CASE("elastic_bsp bounds the work between barriers by the monitoring pushes plus R") {
   for (std::uint64_t seed = 0; seed < 300; ++seed) {
     const std::size_t r = 1 + seed % 30;
-    test::schedule_options opt;
-    opt.workers = 2 + seed % 9;
-    opt.events = 600;
-    opt.remove_probability = seed % 3 == 0 ? 0.01 : 0.0;
-    opt.add_probability = seed % 4 == 0 ? 0.01 : 0.0;
-    opt.equal_times = seed % 5 == 0;
+    const test::schedule_options opt{/*workers=*/2 + seed % 9, /*events=*/600,
+                                     /*remove_probability=*/seed % 3 == 0 ? 0.01 : 0.0,
+                                     /*add_probability=*/seed % 4 == 0 ? 0.01 : 0.0,
+                                     /*equal_times=*/seed % 5 == 0};
     elastic_bsp c(opt.workers, r);
     std::vector<std::size_t> monitoring, running;
     std::size_t barriers = 0;

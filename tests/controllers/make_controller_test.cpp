@@ -1,25 +1,12 @@
 #include <cadence/controllers/make_controller.hpp>
 
+#include "support/message_of.hpp"
+
 #include <doctest/doctest.h>
 
 #include <string>
 
 using namespace cadence;
-
-namespace {
-
-// The message of the invalid_parameter_error that make() throws.
-template <class F>
-std::string invalid_parameter_message(F&& make) {
-  try {
-    make();
-  } catch (const invalid_parameter_error& e) {
-    return e.what();
-  }
-  return "(no invalid_parameter_error)";
-}
-
-}  // namespace
 
 TEST_CASE("make_controller builds each policy from its config string and round-trips it") {
   for (const char* config : {"bsp", "asp", "ssp:0", "ssp:3", "dssp:3:15", "dssp:0:0", "dssp:3:15:median:5",
@@ -57,9 +44,10 @@ TEST_CASE("make_controller enforces the constructors' bounds on memory-sizing pa
   // The same bound, checked before anything is allocated, with the config string in front.
   const auto same_bound = [](const char* config, std::size_t workers, auto direct) {
     CAPTURE(config);
-    const std::string expected = invalid_parameter_message(direct);
+    const std::string expected = test::message_of<invalid_parameter_error>(direct);
     CHECK(expected.find("exceeds") != std::string::npos);
-    CHECK(invalid_parameter_message([&] { return make_controller(config, workers); }) ==
+    CHECK(test::message_of<invalid_parameter_error>(
+              [&] { return make_controller(config, workers); }) ==
           "cadence: policy '" + std::string(config) + "' for " + std::to_string(workers) +
               " workers: " + expected);
   };
@@ -73,7 +61,8 @@ TEST_CASE("make_controller enforces the constructors' bounds on memory-sizing pa
   same_bound("elastic:100000000", 4, [] { return elastic_bsp(4, 100'000'000); });
   same_bound("elastic:65536:opt-bs", 300,
              [] { return elastic_bsp(300, 65536, {}, zipline_variant::paper_opt_bs); });
-  CHECK(invalid_parameter_message([] { return make_controller("elastic:100000000", 4); }) ==
+  CHECK(test::message_of<invalid_parameter_error>(
+            [] { return make_controller("elastic:100000000", 4); }) ==
         "cadence: policy 'elastic:100000000' for 4 workers: cadence::elastic_bsp: lookahead R = "
         "100000000 exceeds elastic_bsp::max_lookahead = 65536");
   // The bounds themselves are accepted.

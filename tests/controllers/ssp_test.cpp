@@ -71,12 +71,10 @@ TEST_CASE("ssp never lets a worker run more than s clocks ahead of the slowest")
   for (clock_value s : {0, 1, 3, 7}) {
     for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(300); ++seed) {
       std::mt19937_64 rng(seed);
-      test::schedule_options opt;
-      opt.workers = 2 + seed % 9;
-      opt.events = 300;
-      opt.remove_probability = seed % 3 == 0 ? 0.02 : 0.0;
-      opt.add_probability = seed % 5 == 0 ? 0.02 : 0.0;
-      opt.equal_times = seed % 2 == 0;
+      const test::schedule_options opt{/*workers=*/2 + seed % 9, /*events=*/300,
+                                       /*remove_probability=*/seed % 3 == 0 ? 0.02 : 0.0,
+                                       /*add_probability=*/seed % 5 == 0 ? 0.02 : 0.0,
+                                       /*equal_times=*/seed % 2 == 0};
       ssp c(opt.workers, s);
       const bool live = test::run_random_schedule(c, rng, opt, [&](const ssp& cc, std::size_t) {
         test::check_staleness_and_progress(cc, s, cc.worker_capacity());
@@ -91,11 +89,8 @@ TEST_CASE("ssp never lets a worker run more than s clocks ahead of the slowest")
 TEST_CASE("ssp decides exactly like the scan-everything definition") {
   for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(400); ++seed) {
     const clock_value s = static_cast<clock_value>(seed % 5);
-    test::schedule_options opt;
-    opt.workers = 1 + seed % 12;
-    opt.events = 250;
-    opt.remove_probability = 0.03;
-    opt.add_probability = 0.03;
+    const test::schedule_options opt{/*workers=*/1 + seed % 12, /*events=*/250,
+                                     /*remove_probability=*/0.03, /*add_probability=*/0.03};
     ssp fast(opt.workers, s);
     naive_ssp slow(opt.workers, s);
     require_same_decisions(fast, slow, seed, opt);
@@ -104,11 +99,9 @@ TEST_CASE("ssp decides exactly like the scan-everything definition") {
 
 TEST_CASE("bsp decides exactly like ssp(0) and asp like ssp with a huge bound") {
   for (std::uint64_t seed = 0; seed < cadence_test::sanitized_trials(200); ++seed) {
-    test::schedule_options opt;
-    opt.workers = 1 + seed % 10;
-    opt.events = 300;
-    opt.remove_probability = seed % 2 ? 0.02 : 0.0;
-    opt.add_probability = seed % 3 ? 0.02 : 0.0;
+    const test::schedule_options opt{/*workers=*/1 + seed % 10, /*events=*/300,
+                                     /*remove_probability=*/seed % 2 ? 0.02 : 0.0,
+                                     /*add_probability=*/seed % 3 ? 0.02 : 0.0};
     SUBCASE("bsp") {
       bsp a(opt.workers);
       ssp b(opt.workers, 0);
@@ -214,11 +207,8 @@ TEST_CASE("a push or removal that throws leaves bsp, ssp and asp exactly as they
     REQUIRE(live);
   };
   for (std::uint64_t seed = 0; seed < 12; ++seed) {
-    test::schedule_options opt;
-    opt.workers = 2 + seed % 5;
-    opt.events = 120;
-    opt.remove_probability = 0.03;
-    opt.add_probability = 0.03;
+    const test::schedule_options opt{/*workers=*/2 + seed % 5, /*events=*/120,
+                                     /*remove_probability=*/0.03, /*add_probability=*/0.03};
     run(bsp(opt.workers), seed, opt);
     run(ssp(opt.workers, 2), seed, opt);
     run(asp(opt.workers), seed, opt);
