@@ -1,40 +1,38 @@
 #include <cadence/sim/collective.hpp>
 #include <cadence/sim/scenarios.hpp>
 
+#include "sim/steady_scenarios.hpp"
+
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <sstream>
 #include <string>
 
 using namespace cadence;
 using namespace cadence::sim;
+using test::steady_pair;
 
 namespace {
 
-// Two ranks without jitter: 0.1 s and 0.3 s per step, merges of 10 ms, 30 s.
-scenario steady_pair() {
-  scenario s;
-  s.name = "steady_pair";
-  worker_model fast, slow;
-  fast.iteration_seconds = 0.1;
-  slow.iteration_seconds = 0.3;
-  s.workers = {fast, slow};
-  s.push_seconds = s.pull_seconds = 0.005;
-  s.seconds = 30;
-  return s;
+// Runs steady_pair() under `mode` and checks the hand count: 30 s of rounds of `round_seconds`,
+// each `local_steps` steps per rank and `wait_seconds` of waiting (the fast rank's).
+collective_metrics check_steady_rounds(const std::string& mode, double round_seconds,
+                                       std::int64_t local_steps, double wait_seconds) {
+  const collective_metrics m = simulate_collective(mode, steady_pair());
+  const auto rounds = static_cast<std::uint64_t>(30 / round_seconds);
+  CHECK(m.barriers == rounds);
+  CHECK(m.steps == 2 * static_cast<std::uint64_t>(local_steps) * rounds);
+  CHECK(m.wait_seconds == doctest::Approx(wait_seconds * static_cast<double>(rounds)));
+  CHECK(m.max_local_steps == local_steps);
+  return m;
 }
 
 }  // namespace
 
 TEST_CASE("collective bsp waits for the slowest rank every step, as computed by hand") {
-  const collective_metrics m = simulate_collective("bsp", steady_pair());
   // Each round: 0.3 s of the slow rank plus a 10 ms merge; the fast rank waits 0.2 s.
-  const auto rounds = static_cast<std::uint64_t>(30 / 0.31);
-  CHECK(m.barriers == rounds);
-  CHECK(m.steps == 2 * rounds);
-  CHECK(m.wait_seconds == doctest::Approx(0.2 * static_cast<double>(rounds)));
-  CHECK(m.max_local_steps == 1);
-  CHECK(m.steps_per_barrier == 1.0);
+  CHECK(check_steady_rounds("bsp", 0.31, 1, 0.2).steps_per_barrier == 1.0);
 }
 
 TEST_CASE("a synchronous all-reduce is paced by the slowest link unless its cost is given") {
@@ -63,12 +61,8 @@ TEST_CASE("a synchronous all-reduce is paced by the slowest link unless its cost
 }
 
 TEST_CASE("collective periodic averaging runs k local steps per rank between merges") {
-  const collective_metrics m = simulate_collective("periodic:5", steady_pair());
-  const auto rounds = static_cast<std::uint64_t>(30 / 1.51);
-  CHECK(m.barriers == rounds);
-  CHECK(m.steps == 10 * rounds);
-  CHECK(m.wait_seconds == doctest::Approx(1.0 * static_cast<double>(rounds)));
-  CHECK(m.max_local_steps == 5);
+  // Each round: five steps of the slow rank (1.5 s) plus a 10 ms merge; the fast rank waits 1 s.
+  check_steady_rounds("periodic:5", 1.51, 5, 1.0);
 }
 
 TEST_CASE("collective elastic plans 3:1 steps for a 3x speed gap and stops waiting") {
@@ -109,10 +103,8 @@ TEST_CASE("collective modes never run more than R or k local steps on the shippe
 }
 
 TEST_CASE("collective runs with a step target stop once every rank made that many on average") {
-  scenario s = steady_pair();
-  s.seconds = 0;
-  s.iterations = 50;
-  const collective_metrics m = simulate_collective("periodic:5", s);
+  const collective_metrics m =
+      simulate_collective("periodic:5", test::iteration_limited(steady_pair(), 50));
   CHECK(m.steps == 100);
   CHECK(m.barriers == 10);
   CHECK(m.simulated_seconds == doctest::Approx(10 * 1.51));

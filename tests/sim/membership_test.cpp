@@ -1,6 +1,8 @@
 #include <cadence/sim/membership.hpp>
 #include <cadence/sim/scenario.hpp>
 
+#include "sim/steady_scenarios.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -177,45 +179,37 @@ TEST_CASE("a membership job that loses most of its quorum at once ends") {
 }
 
 TEST_CASE("bad membership models and run options are refused, naming the field") {
-  auto refused = [](membership_model m, const char* what) {
-    CHECK_THROWS_WITH_AS(expected_membership(m), doctest::Contains(what), invalid_parameter_error);
-    CHECK_THROWS_WITH_AS(simulate_membership(m), doctest::Contains(what), invalid_parameter_error);
+  // Each case spoils the default model; both the closed form and the simulation must refuse it
+  // with an error that contains `names`.
+  struct bad_model {
+    void (*spoil)(membership_model&);
+    const char* names;
   };
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  membership_model m;
-  m.workers = 0;
-  refused(m, "workers must be >= 1, got 0");
-  m = {};
-  m.mtbf_seconds = -1;
-  refused(m, "mtbf_seconds must be > 0");
-  m = {};
-  m.mtbf_seconds = nan;
-  refused(m, "mtbf_seconds must be > 0");
-  m = {};
-  m.detection_seconds = nan;
-  refused(m, "detection_seconds must be finite and >= 0, got nan");
-  m = {};
-  m.reconfiguration_seconds = -0.5;
-  refused(m, "reconfiguration_seconds must be finite and >= 0, got -0.5");
-  m = {};
-  m.restart_seconds = std::numeric_limits<double>::infinity();
-  refused(m, "restart_seconds must be finite");
-  m = {};
-  m.link_bytes_per_second = 0;
-  refused(m, "link_bytes_per_second must be finite and > 0");
-  m = {};
-  m.sync_every = 0;
-  refused(m, "sync_every must be >= 1");
-  m = {};
-  m.step_seconds = 0;
-  m.sync_seconds = 0;
-  refused(m, "a round");
-  m = {};
-  m.donors = 0;
-  refused(m, "donors must be >= 1");
-  m = {};
-  m.max_attempts = 0;
-  refused(m, "max_attempts must be >= 1");
+  constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+  const bad_model cases[] = {
+      {[](membership_model& m) { m.workers = 0; }, "workers must be >= 1, got 0"},
+      {[](membership_model& m) { m.mtbf_seconds = -1; }, "mtbf_seconds must be > 0"},
+      {[](membership_model& m) { m.mtbf_seconds = nan; }, "mtbf_seconds must be > 0"},
+      {[](membership_model& m) { m.detection_seconds = nan; },
+       "detection_seconds must be finite and >= 0, got nan"},
+      {[](membership_model& m) { m.reconfiguration_seconds = -0.5; },
+       "reconfiguration_seconds must be finite and >= 0, got -0.5"},
+      {[](membership_model& m) { m.restart_seconds = std::numeric_limits<double>::infinity(); },
+       "restart_seconds must be finite"},
+      {[](membership_model& m) { m.link_bytes_per_second = 0; },
+       "link_bytes_per_second must be finite and > 0"},
+      {[](membership_model& m) { m.sync_every = 0; }, "sync_every must be >= 1"},
+      {[](membership_model& m) { m.step_seconds = m.sync_seconds = 0; }, "a round"},
+      {[](membership_model& m) { m.donors = 0; }, "donors must be >= 1"},
+      {[](membership_model& m) { m.max_attempts = 0; }, "max_attempts must be >= 1"},
+  };
+  for (const auto& c : cases) {
+    membership_model m;
+    c.spoil(m);
+    CAPTURE(c.names);
+    CHECK_THROWS_WITH_AS(expected_membership(m), doctest::Contains(c.names), invalid_parameter_error);
+    CHECK_THROWS_WITH_AS(simulate_membership(m), doctest::Contains(c.names), invalid_parameter_error);
+  }
   membership_run_options o;
   o.batches = 1;
   CHECK_THROWS_WITH_AS(simulate_membership({}, o), doctest::Contains("batches must be >= 2"), invalid_parameter_error);
@@ -227,14 +221,7 @@ TEST_CASE("bad membership models and run options are refused, naming the field")
 TEST_CASE("a replica's step time for the membership model comes from a simulated all-reduce run") {
   // Two ranks at 0.1 s and 0.3 s per step, 10 ms merges, 50 BSP steps: each round is the slow
   // rank's 0.3 s plus the merge.
-  scenario s;
-  worker_model fast, slow;
-  fast.iteration_seconds = 0.1;
-  slow.iteration_seconds = 0.3;
-  s.workers = {fast, slow};
-  s.push_seconds = s.pull_seconds = 0.005;
-  s.seconds = 0;
-  s.iterations = 50;
+  const scenario s = test::iteration_limited(test::steady_pair(), 50);
   CHECK(round_step_seconds(simulate_collective("bsp", s), 0.01) == doctest::Approx(0.3));
   CHECK(round_step_seconds(simulate_collective("periodic:5", s), 0.01) == doctest::Approx(0.3));
   CHECK_THROWS_AS(round_step_seconds(collective_metrics{}, 0.01), invalid_parameter_error);

@@ -1,5 +1,7 @@
 #include <cadence/sim/scenario.hpp>
 
+#include "sim/steady_scenarios.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -9,14 +11,7 @@ using namespace cadence;
 using namespace cadence::sim;
 
 namespace {
-scenario two_workers() {
-  scenario s;
-  s.name = "pair";
-  s.workers.resize(2);
-  for (auto& w : s.workers) w.iteration_seconds = 0.1;
-  s.seconds = 10;
-  return s;
-}
+scenario two_workers() { return test::steady_scenario("pair", {0.1, 0.1}, 0, 0, 10); }
 }  // namespace
 
 TEST_CASE("scenario validation names the scenario and the field that cannot run") {

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
 
 using namespace cadence;
 using namespace cadence::sim;
@@ -83,10 +84,18 @@ TEST_CASE("every elasticbsp flavour reports its barriers and keeps each superste
   }
 }
 
-TEST_CASE("on a heterogeneous cluster elasticbsp waits less than bsp and its clock gap exceeds bsp's") {
+namespace {
+
+// Two policies' runs on the same shortened hetero16 cluster.
+std::pair<run_metrics, run_metrics> on_hetero16(const std::string& a, const std::string& b) {
   const scenario s = short_scenario("hetero16");
-  const run_metrics bsp_run = simulate("bsp", s);
-  const run_metrics elastic_run = simulate("elastic:15", s);
+  return {simulate(a, s), simulate(b, s)};
+}
+
+}  // namespace
+
+TEST_CASE("on a heterogeneous cluster elasticbsp waits less than bsp and its clock gap exceeds bsp's") {
+  const auto [bsp_run, elastic_run] = on_hetero16("bsp", "elastic:15");
   CHECK(elastic_run.wait_fraction < bsp_run.wait_fraction);
   CHECK(elastic_run.iterations_per_second > bsp_run.iterations_per_second);
   // The clock gap grows with the speed gap, by design; the superstep stays bounded.
@@ -95,9 +104,7 @@ TEST_CASE("on a heterogeneous cluster elasticbsp waits less than bsp and its clo
 }
 
 TEST_CASE("a larger lookahead R gives fewer barriers") {
-  const scenario s = short_scenario("hetero16");
-  const run_metrics small = simulate("elastic:5", s);
-  const run_metrics large = simulate("elastic:60", s);
+  const auto [small, large] = on_hetero16("elastic:5", "elastic:60");
   CHECK(large.barriers < small.barriers);
   CHECK(large.superstep_iterations_max > small.superstep_iterations_max);
 }

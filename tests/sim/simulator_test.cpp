@@ -3,6 +3,7 @@
 #include <cadence/sim/scenarios.hpp>
 #include <cadence/sim/simulator.hpp>
 
+#include "sim/steady_scenarios.hpp"
 #include "support/scenarios.hpp"
 #include "support/schedule.hpp"
 
@@ -15,6 +16,7 @@
 using namespace cadence;
 using namespace cadence::sim;
 using test::short_scenario;
+using test::steady_scenario;
 
 namespace {
 
@@ -88,17 +90,7 @@ constexpr bounded_policy bounded_policies[] = {{"bsp", 0}, {"ssp:0", 0}, {"ssp:3
 // A constant-time scenario whose times are exact binary fractions, so event times carry no
 // rounding and the expected counts below are exact.
 scenario constant_scenario() {
-  scenario s;
-  s.name = "constant";
-  for (const double d : {0.25, 0.125, 0.1875, 0.25, 0.09375}) {
-    worker_model m;
-    m.iteration_seconds = d;
-    s.workers.push_back(m);
-  }
-  s.push_seconds = 0.0625;
-  s.pull_seconds = 0.03125;
-  s.seconds = 50;
-  return s;
+  return steady_scenario("constant", {0.25, 0.125, 0.1875, 0.25, 0.09375}, 0.0625, 0.03125, 50);
 }
 
 bool same_outcome(const run_metrics& a, const run_metrics& b) {
@@ -120,17 +112,7 @@ bool same_outcome(const run_metrics& a, const run_metrics& b) {
 // Two workers with constant times that are exact binary fractions, so every event time below
 // is exact and no two pushes arrive together.
 scenario two_worker_scenario(double slow_seconds) {
-  scenario s;
-  s.name = "two";
-  for (const double d : {0.25, slow_seconds}) {
-    worker_model m;
-    m.iteration_seconds = d;
-    s.workers.push_back(m);
-  }
-  s.push_seconds = 0.0625;
-  s.pull_seconds = 0.09375;
-  s.seconds = 1.5;
-  return s;
+  return steady_scenario("two", {0.25, slow_seconds}, 0.0625, 0.09375, 1.5);
 }
 
 }  // namespace
@@ -218,13 +200,8 @@ namespace {
 // link is 10 times slower (10/128 s each way): a network straggler, at 0.28125 s per
 // iteration against the others' 0.140625 s. Binary fractions, so the hand counts are exact.
 scenario slow_link_scenario() {
-  scenario s;
-  s.name = "slow_link";
-  s.workers.resize(4);
-  for (auto& w : s.workers) w.iteration_seconds = 0.125;
-  s.push_seconds = s.pull_seconds = 1.0 / 128;
+  scenario s = steady_scenario("slow_link", {0.125, 0.125, 0.125, 0.125}, 1.0 / 128, 1.0 / 128, 64);
   s.workers[3].push_seconds = s.workers[3].pull_seconds = 10.0 / 128;
-  s.seconds = 64;
   return s;
 }
 
@@ -288,10 +265,7 @@ TEST_CASE("a worker's own link replaces the scenario's cost, one direction at a 
 }
 
 TEST_CASE("an iteration-limited run stops at iterations * workers pushes") {
-  scenario s = constant_scenario();
-  s.seconds = 0;
-  s.iterations = 40;
-  const run_metrics m = simulate("bsp", s);
+  const run_metrics m = simulate("bsp", test::iteration_limited(constant_scenario(), 40));
   CHECK(m.iterations == 200);
   // 40 rounds of the slowest cycle; the run ends at the 200th push, before the last pull.
   CHECK(m.simulated_seconds == doctest::Approx(40 * (0.25 + 0.0625 + 0.03125) - 0.03125));

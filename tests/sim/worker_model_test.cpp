@@ -1,5 +1,7 @@
 #include <cadence/sim/worker_model.hpp>
 
+#include "support/message_of.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -53,50 +55,37 @@ TEST_CASE("jittered iteration times keep their mean and stay positive") {
 }
 
 TEST_CASE("a bad worker model is an invalid_parameter_error naming the worker and the field") {
-  auto message = [](worker_model m) {
-    try {
-      validate(m, 7);
-    } catch (const invalid_parameter_error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+  const auto message = [](const worker_model& m) {
+    return test::message_of<invalid_parameter_error>([&] { validate(m, 7); });
   };
+  // Each case spoils one field of a valid model; the message must contain `names`.
+  struct bad_field {
+    void (*spoil)(worker_model&);
+    const char* names;
+  };
+  const bad_field cases[] = {
+      {[](worker_model& m) { m.iteration_seconds = 0; }, "worker 7: iteration_seconds"},
+      {[](worker_model& m) { m.iteration_seconds = NAN; }, "iteration_seconds"},
+      {[](worker_model& m) { m.jitter_cv = -0.1; }, "jitter_cv"},
+      {[](worker_model& m) { m.straggle_probability = 1.5; }, "straggle_probability"},
+      {[](worker_model& m) { m.straggle_probability = 0.1; }, "straggle_seconds"},
+      {[](worker_model& m) { m.straggle_factor = 0; }, "straggle_factor"},
+      {[](worker_model& m) { m.drift_per_second = 2; }, "drift_per_second"},
+      {[](worker_model& m) { m.fails_at = -1; }, "fails_at"},
+      {[](worker_model& m) { m.push_seconds = -0.001; },
+       "worker 7: push_seconds (its own link) must be finite and >= 0"},
+      {[](worker_model& m) { m.pull_seconds = NAN; }, "worker 7: pull_seconds (its own link)"},
+      {[](worker_model& m) { m.pull_seconds = HUGE_VAL; }, "pull_seconds"},
+  };
+  for (const auto& c : cases) {
+    worker_model m;
+    c.spoil(m);
+    CAPTURE(c.names);
+    CHECK(message(m).find(c.names) != std::string::npos);
+  }
   worker_model m;
-  m.iteration_seconds = 0;
-  CHECK(message(m).find("worker 7: iteration_seconds") != std::string::npos);
-  m = {};
-  m.iteration_seconds = NAN;
-  CHECK(message(m).find("iteration_seconds") != std::string::npos);
-  m = {};
-  m.jitter_cv = -0.1;
-  CHECK(message(m).find("jitter_cv") != std::string::npos);
-  m = {};
-  m.straggle_probability = 1.5;
-  CHECK(message(m).find("straggle_probability") != std::string::npos);
-  m = {};
-  m.straggle_probability = 0.1;
-  CHECK(message(m).find("straggle_seconds") != std::string::npos);
-  m = {};
-  m.straggle_factor = 0;
-  CHECK(message(m).find("straggle_factor") != std::string::npos);
-  m = {};
-  m.drift_per_second = 2;
-  CHECK(message(m).find("drift_per_second") != std::string::npos);
-  m = {};
-  m.fails_at = -1;
-  CHECK(message(m).find("fails_at") != std::string::npos);
-  m = {};
-  m.push_seconds = -0.001;
-  CHECK(message(m).find("worker 7: push_seconds (its own link) must be finite and >= 0") != std::string::npos);
-  m = {};
-  m.pull_seconds = NAN;
-  CHECK(message(m).find("worker 7: pull_seconds (its own link)") != std::string::npos);
-  m = {};
-  m.pull_seconds = HUGE_VAL;
-  CHECK(message(m).find("pull_seconds") != std::string::npos);
-  m = {};
   m.push_seconds = 0;  // a free link is allowed
   m.pull_seconds = 0.5;
-  CHECK(message(m) == "no error");
-  CHECK(message(worker_model{}) == "no error");
+  CHECK(message(m) == test::no_exception);
+  CHECK(message(worker_model{}) == test::no_exception);
 }
