@@ -6,9 +6,7 @@
 #include <sstream>
 
 TEST_CASE("the io header round-trips a generated push history through the published format") {
-  cadence::generator_options options;
-  options.workers = 3;
-  options.pushes = 5;
+  cadence::generator_options options{/*workers=*/3, /*pushes=*/5};
   options.seed = 7;
   const auto generated = cadence::generate_push_history(options);
   std::ostringstream out;

@@ -8,9 +8,7 @@
 #include <vector>
 
 TEST_CASE("the generator gives each worker a constant interval in range and a start below it") {
-  cadence::generator_options o;
-  o.workers = 50;
-  o.pushes = 20;
+  cadence::generator_options o{/*workers=*/50, /*pushes=*/20};
   o.seed = 7;
   const auto h = cadence::generate_push_history(o);
   REQUIRE(h.size() == 50);
@@ -28,9 +26,7 @@ TEST_CASE("the generator gives each worker a constant interval in range and a st
 }
 
 TEST_CASE("the same seed gives the same history and another seed a different one") {
-  cadence::generator_options o;
-  o.workers = 10;
-  o.pushes = 5;
+  cadence::generator_options o{/*workers=*/10, /*pushes=*/5};
   const auto a = cadence::generate_push_history(o);
   CHECK(a == cadence::generate_push_history(o));
   o.seed = 2;
@@ -39,29 +35,28 @@ TEST_CASE("the same seed gives the same history and another seed a different one
 
 TEST_CASE("the generator's output is fixed across standard libraries") {
   // Pinned values: the distribution is implemented in Cadence, not taken from <random>.
-  cadence::generator_options o;
-  o.workers = 2;
-  o.pushes = 2;
-  const auto h = cadence::generate_push_history(o);
+  const auto h = cadence::generate_push_history({/*workers=*/2, /*pushes=*/2});
   const auto r0 = h.row(0), r1 = h.row(1);
   CHECK(std::vector<std::int64_t>{r0[0], r0[1], r1[0], r1[1]} == std::vector<std::int64_t>{78, 1194, 370, 1823});
 }
 
 TEST_CASE("bad generator options are invalid_parameter_errors naming the option") {
-  cadence::generator_options o;
-  o.workers = 0;
-  o.pushes = 3;
-  CHECK_THROWS_WITH_AS(cadence::generate_push_history(o), doctest::Contains("workers"),
-                       cadence::invalid_parameter_error);
-  o.workers = 3;
-  o.pushes = 0;
-  CHECK_THROWS_WITH_AS(cadence::generate_push_history(o), doctest::Contains("pushes"),
-                       cadence::invalid_parameter_error);
-  o.pushes = 3;
-  o.interval_lo = 2000;
-  CHECK_THROWS_WITH_AS(cadence::generate_push_history(o), doctest::Contains("interval_lo"),
-                       cadence::invalid_parameter_error);
-  o.interval_lo = 0;
-  o.interval_hi = 5;
-  CHECK_THROWS_AS(cadence::generate_push_history(o), cadence::invalid_parameter_error);
+  // Each case spoils one field of valid options; the error must contain `names`.
+  struct bad_options {
+    void (*spoil)(cadence::generator_options&);
+    const char* names;
+  };
+  const bad_options cases[] = {
+      {[](cadence::generator_options& o) { o.workers = 0; }, "workers must be >= 1"},
+      {[](cadence::generator_options& o) { o.pushes = 0; }, "pushes must be >= 1"},
+      {[](cadence::generator_options& o) { o.interval_lo = 2000; }, "interval_lo"},
+      {[](cadence::generator_options& o) { o.interval_lo = 0; o.interval_hi = 5; },
+       "interval_lo <= interval_hi, got 0,5"},
+  };
+  for (const auto& c : cases) {
+    cadence::generator_options o{/*workers=*/3, /*pushes=*/3};
+    c.spoil(o);
+    CHECK_THROWS_WITH_AS(cadence::generate_push_history(o), doctest::Contains(c.names),
+                         cadence::invalid_parameter_error);
+  }
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <sstream>
 #include <streambuf>
 #include <string>
@@ -25,6 +26,21 @@ cadence::push_history<T> parse(const std::string& text,
 cadence::any_push_history parse_any(const std::string& text) {
   std::istringstream in(text);
   return cadence::read_any_push_history(in);
+}
+
+// An input that must not parse, and a piece of the parse_error's message.
+struct malformed_history {
+  const char* text;
+  const char* message;
+};
+
+// Every case read as a push_history<T> is a parse_error whose message contains the case's.
+template <class T>
+void check_malformed(std::initializer_list<malformed_history> cases) {
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    CHECK_THROWS_WITH_AS(parse<T>(c.text), doctest::Contains(c.message), cadence::parse_error);
+  }
 }
 
 template <class T>
@@ -69,11 +85,7 @@ TEST_CASE("writing then reading a history gives it back unchanged") {
 }
 
 TEST_CASE("malformed lines are parse_errors naming the source, the line and the problem") {
-  struct bad_case {
-    const char* text;
-    const char* message;
-  };
-  const bad_case cases[] = {
+  check_malformed<std::int64_t>({
       {"0:1,2,\n1 2 3\n", "<stream>:2: expected 'id:t1,t2,...,' but found no ':'"},
       {"x:1,2,\n", "<stream>:1: worker id 'x' is not an integer"},
       {"0:1,2,\n\n7:\n", "<stream>:3: worker 7 has no timestamps"},
@@ -86,11 +98,7 @@ TEST_CASE("malformed lines are parse_errors naming the source, the line and the 
        "<stream>:2: worker 1: timestamp 2 (3) is earlier than timestamp 1 (5); timestamps must "
        "not go backwards"},
       {"4:1,\n5:2,\n4:3,\n", "<stream>:3: duplicate worker id 4 (first on line 1)"},
-  };
-  for (const auto& c : cases) {
-    CAPTURE(c.text);
-    CHECK_THROWS_WITH_AS(parse(c.text), doctest::Contains(c.message), cadence::parse_error);
-  }
+  });
 }
 
 TEST_CASE("a file that cannot be opened is a parse_error naming it") {
@@ -157,11 +165,7 @@ TEST_CASE("floating-point histories read decimals and exponents exactly as writt
 }
 
 TEST_CASE("malformed decimals are parse_errors naming the line, the timestamp and the rule") {
-  struct bad_case {
-    const char* text;
-    const char* message;
-  };
-  const bad_case cases[] = {
+  check_malformed<double>({
       {"0:1.5,\n1:1.2.3,\n", "<stream>:2: worker 1: timestamp 1 '1.2.3' is not a number"},
       {"0:1,nan,\n", "<stream>:1: worker 0: timestamp 2 'nan' is not a finite number"},
       {"0:1,\n\n2:inf,\n", "<stream>:3: worker 2: timestamp 1 'inf' is not a finite number"},
@@ -170,12 +174,7 @@ TEST_CASE("malformed decimals are parse_errors naming the line, the timestamp an
       {"0:2.5,1.25,\n",
        "<stream>:1: worker 0: timestamp 2 (1.25) is earlier than timestamp 1 (2.5); timestamps "
        "must not go backwards"},
-  };
-  for (const auto& c : cases) {
-    CAPTURE(c.text);
-    CHECK_THROWS_WITH_AS(parse<double>(c.text), doctest::Contains(c.message),
-                         cadence::parse_error);
-  }
+  });
 }
 
 TEST_CASE("a floating-point history writes its shortest round-trip form and reads back unchanged") {
@@ -226,25 +225,30 @@ TEST_CASE("read_any_push_history names the line of an integer beyond 64 bits in 
 }
 
 TEST_CASE("the reader stops at its bounds with the line and the bound") {
-  cadence::push_history_read_options o;
-  o.max_line_length = 8;
-  CHECK(parse("0:1,2,3,\n", o).size() == 1);  // 8 bytes: at the bound
-  CHECK_THROWS_WITH_AS(parse("0:1,\n0:1,2,3,4,\n", o),
-                       "cadence::read_push_history: <stream>:2: line is longer than 8 bytes (the "
-                       "reader's max_line_length)",
-                       cadence::parse_error);
-  o = {};
-  o.max_workers = 2;
-  CHECK_THROWS_WITH_AS(parse("0:1,\n1:1,\n\n2:1,\n", o),
-                       "cadence::read_push_history: <stream>:4: more than 2 workers (the reader's "
-                       "max_workers)",
-                       cadence::parse_error);
-  o = {};
-  o.max_timestamps = 3;
-  CHECK_THROWS_WITH_AS(parse("0:1,2,\n1:1,2,\n", o),
-                       "cadence::read_push_history: <stream>:2: more than 3 timestamps in all (the "
-                       "reader's max_timestamps)",
-                       cadence::parse_error);
+  cadence::push_history_read_options at_bound;
+  at_bound.max_line_length = 8;
+  CHECK(parse("0:1,2,3,\n", at_bound).size() == 1);  // 8 bytes: at the bound
+  // Each case sets one bound of the default options; its text goes past it.
+  struct past_bound {
+    void (*bound)(cadence::push_history_read_options&);
+    const char* text;
+    const char* message;
+  };
+  const past_bound cases[] = {
+      {[](cadence::push_history_read_options& o) { o.max_line_length = 8; }, "0:1,\n0:1,2,3,4,\n",
+       "cadence::read_push_history: <stream>:2: line is longer than 8 bytes (the reader's "
+       "max_line_length)"},
+      {[](cadence::push_history_read_options& o) { o.max_workers = 2; }, "0:1,\n1:1,\n\n2:1,\n",
+       "cadence::read_push_history: <stream>:4: more than 2 workers (the reader's max_workers)"},
+      {[](cadence::push_history_read_options& o) { o.max_timestamps = 3; }, "0:1,2,\n1:1,2,\n",
+       "cadence::read_push_history: <stream>:2: more than 3 timestamps in all (the reader's "
+       "max_timestamps)"},
+  };
+  for (const auto& c : cases) {
+    cadence::push_history_read_options o;
+    c.bound(o);
+    CHECK_THROWS_WITH_AS(parse(c.text, o), c.message, cadence::parse_error);
+  }
 }
 
 TEST_CASE("one endless line fails at the default line-length bound, having read little more") {
