@@ -92,6 +92,24 @@ bool waiting(B& bc, std::initializer_list<worker_id> workers) {
   });
 }
 
+// Resets the manual clock to 0 and returns options that evict a worker silent for
+// `evict_after` on it: where every eviction test on the manual clock starts.
+blocking_options start_manual_clock(std::chrono::nanoseconds evict_after) {
+  manual_clock::reset();
+  blocking_options options;
+  options.evict_after = evict_after;
+  return options;
+}
+
+// Pushes worker 0 of bc on a thread of its own (what the push throws goes to `error`) and
+// returns that thread once worker 0 waits in its push.
+template <class C>
+std::thread block_worker_0(blocking_controller<C, manual_clock>& bc, std::string& error) {
+  std::thread pusher([&bc, &error] { guarded(error, [&] { bc.push(0, 30s); }); });
+  CHECK(eventually([&] { return waiting(bc, {0}); }));
+  return pusher;
+}
+
 // When the victim's thread dies (returns without finish).
 enum class death {
   at_start,           // before its first push
@@ -138,11 +156,9 @@ void dies_and_is_evicted(const std::string& policy, death when) {
   const std::string phase = to_string(when);
   CAPTURE(policy);
   CAPTURE(phase);
-  manual_clock::reset();
   constexpr worker_id victim = 1;
-  blocking_options options;
-  options.evict_after = 1h;
-  blocking_controller<any_controller, manual_clock> bc(make_controller(policy, 3), options);
+  blocking_controller<any_controller, manual_clock> bc(make_controller(policy, 3),
+                                                       start_manual_clock(1h));
   std::atomic<bool> dead{false};
   std::string errors[3];
   clock_value victim_pushes = 0;
@@ -355,10 +371,7 @@ TEST_CASE("evict_after must be positive") {
 }
 
 TEST_CASE("a silent worker is evicted at the deadline and not before; a worker calling in is alive however late") {
-  manual_clock::reset();
-  blocking_options options;
-  options.evict_after = 1s;
-  blocking_controller<asp, manual_clock> bc(asp(3), options);
+  blocking_controller<asp, manual_clock> bc(asp(3), start_manual_clock(1s));
   for (worker_id p = 0; p < 3; ++p) bc.push(p);
   manual_clock::advance(1s - 1ns);
   CHECK(bc.check_liveness().empty());
@@ -378,10 +391,7 @@ TEST_CASE("a silent worker is evicted at the deadline and not before; a worker c
 }
 
 TEST_CASE("a push or finish after eviction is a worker_error saying why it was evicted") {
-  manual_clock::reset();
-  blocking_options options;
-  options.evict_after = 1s;
-  blocking_controller<ssp, manual_clock> bc(ssp(2, 3), options);
+  blocking_controller<ssp, manual_clock> bc(ssp(2, 3), start_manual_clock(1s));
   bc.push(1);
   manual_clock::advance(2500ms);
   bc.push(0);
@@ -397,13 +407,9 @@ TEST_CASE("a push or finish after eviction is a worker_error saying why it was e
 
 TEST_CASE("time blocked in push is not silence, and a released worker's silence starts at its release" *
           doctest::timeout(30)) {
-  manual_clock::reset();
-  blocking_options options;
-  options.evict_after = 1s;
-  blocking_controller<bsp, manual_clock> bc(bsp(2), options);
+  blocking_controller<bsp, manual_clock> bc(bsp(2), start_manual_clock(1s));
   std::string error;
-  std::thread a([&] { guarded(error, [&] { bc.push(0, 30s); }); });
-  CHECK(eventually([&] { return waiting(bc, {0}); }));
+  std::thread a = block_worker_0(bc, error);
   manual_clock::advance(10s);
   bc.check_liveness();  // or worker 0's timed wait notices first: either evicts at 10 s
   a.join();
@@ -424,13 +430,9 @@ TEST_CASE("time blocked in push is not silence, and a released worker's silence 
 }
 
 TEST_CASE("a blocked thread notices a dead peer by itself when nobody calls in" * doctest::timeout(30)) {
-  manual_clock::reset();
-  blocking_options options;
-  options.evict_after = 50ms;
-  blocking_controller<bsp, manual_clock> bc(bsp(2), options);
+  blocking_controller<bsp, manual_clock> bc(bsp(2), start_manual_clock(50ms));
   std::string error;
-  std::thread a([&] { guarded(error, [&] { bc.push(0, 30s); }); });
-  CHECK(eventually([&] { return waiting(bc, {0}); }));
+  std::thread a = block_worker_0(bc, error);
   manual_clock::advance(1s);
   // Nothing else calls in: only worker 0's own timed wait (at most 50 ms of real time, the
   // deadline it computed) can see that worker 1 never pushed. Without it, push times out.

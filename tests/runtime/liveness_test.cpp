@@ -6,15 +6,28 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace cadence;
 
+namespace {
+
+// A tracker with the given deadline that has heard each (worker, time), in order.
+liveness_tracker<> tracker_that_heard(double deadline,
+                                      std::initializer_list<std::pair<worker_id, double>> calls) {
+  liveness_tracker<> t(deadline);
+  for (const auto& [p, at] : calls) t.heard(p, at);
+  return t;
+}
+
+}  // namespace
+
 TEST_CASE("a worker is silent once the deadline has passed since it was last heard, not before") {
-  liveness_tracker<> t(2.0);
-  t.heard(0, 1.0);
+  liveness_tracker<> t = tracker_that_heard(2.0, {{0, 1.0}});
   CHECK(t.silent(2.75).empty());
   CHECK(t.silent(3.0) == std::vector<worker_id>{0});  // exactly the deadline counts as silent
   CHECK(t.silent(10.0) == std::vector<worker_id>{0});
@@ -22,19 +35,14 @@ TEST_CASE("a worker is silent once the deadline has passed since it was last hea
 }
 
 TEST_CASE("hearing from a worker restarts its silence") {
-  liveness_tracker<> t(2.0);
-  t.heard(0, 0.0);
-  t.heard(1, 0.5);
-  t.heard(0, 1.5);
+  liveness_tracker<> t = tracker_that_heard(2.0, {{0, 0.0}, {1, 0.5}, {0, 1.5}});
   CHECK(t.silent(2.5) == std::vector<worker_id>{1});
   CHECK(t.next_deadline() == 2.5);
   CHECK(t.silent(3.5) == std::vector<worker_id>{1, 0});
 }
 
 TEST_CASE("an excused worker is not silent however long it waits, until it is heard again") {
-  liveness_tracker<> t(1.0);
-  t.heard(0, 0.0);
-  t.heard(1, 0.0);
+  liveness_tracker<> t = tracker_that_heard(1.0, {{0, 0.0}, {1, 0.0}});
   t.excuse(1);
   CHECK(t.state(1) == liveness_state::excused);
   CHECK(t.last_heard(1) == 0.0);  // kept, for reports
@@ -47,9 +55,7 @@ TEST_CASE("an excused worker is not silent however long it waits, until it is he
 }
 
 TEST_CASE("a forgotten worker is never reported again unless it is heard again") {
-  liveness_tracker<> t(1.0);
-  t.heard(0, 0.0);
-  t.heard(1, 0.0);
+  liveness_tracker<> t = tracker_that_heard(1.0, {{0, 0.0}, {1, 0.0}});
   t.forget(0);
   t.forget(7);  // never heard: nothing to forget, and no error
   CHECK(t.state(0) == liveness_state::untracked);
