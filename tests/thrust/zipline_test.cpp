@@ -11,8 +11,9 @@
 #include <thrust/device_vector.h>
 #include <thrust/execution_policy.h>
 
+#include "support/message_of.hpp"
+#include "support/ragged_rows.hpp"
 #include "support/separate_rows.hpp"
-#include "support/subset_rows.hpp"
 #include "support/trials.hpp"
 
 #include <doctest/doctest.h>
@@ -38,17 +39,7 @@ constexpr int trials(int n) { return static_cast<int>(cadence_test::sanitized_tr
 
 // Rows stored ragged (values + offsets), the general layout.
 template <class T>
-struct instance {
-  std::vector<T> values;
-  std::vector<std::size_t> offsets{0};
-  cadence::rows_view<T> view() const {
-    return cadence::rows_view<T>::ragged(values.data(), offsets.data(), offsets.size() - 1);
-  }
-  void add_row(const std::vector<T>& row) {
-    values.insert(values.end(), row.begin(), row.end());
-    offsets.push_back(values.size());
-  }
-};
+using instance = cadence::test::ragged_rows<T>;
 
 // n rows of 1..max_len strictly increasing values drawn from a grid of `range` steps of
 // `step`: a small range forces equal timestamps across rows and tied optima.
@@ -68,7 +59,7 @@ instance<T> random_instance(std::mt19937_64& rng, std::size_t n, std::size_t max
     std::sort(grid.begin(), grid.end());
     std::vector<T> row;
     for (int g : grid) row.push_back(static_cast<T>(static_cast<T>(g) * step));
-    inst.add_row(row);
+    inst.add(row);
   }
   return inst;
 }
@@ -104,15 +95,22 @@ cadence::zipline_result<T> sliding_window_reference(cadence::rows_view<T> rows) 
   return best;
 }
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
+using cadence::test::message_of;
+
+// The Thrust ZipLine checked against zipline_brute_force, its workspace and result kept from
+// call to call as a trainer keeps them.
+template <class T>
+struct thrust_vs_brute_force {
+  cadence::thrust_zipline_workspace ws;
+  cadence::zipline_result<T> got;
+  // Solves rows and requires the brute force's exact answer, naming `what` if not.
+  void require_same(cadence::rows_view<T> rows, const std::string& what) {
+    cadence::zipline_thrust(rows, ws, got);
+    const auto want = cadence::zipline_brute_force(rows);
+    REQUIRE_MESSAGE(got == want, what << ": spread " << got.spread << " vs " << want.spread
+                                      << ", barrier " << got.barrier << " vs " << want.barrier);
   }
-  return "<no exception>";
-}
+};
 
 // What the host's last_interval predictor makes of each worker's two pushes, row after row.
 template <class T>
@@ -168,24 +166,18 @@ TEST_CASE("the Thrust ZipLine reports the device system this file was built for"
 
 TEST_CASE("the Thrust ZipLine equals the brute force on thousands of random integer instances") {
   std::mt19937_64 rng(20240611);
-  cadence::thrust_zipline_workspace ws;
-  cadence::zipline_result<int> got;
+  thrust_vs_brute_force<int> check;
   for (int trial = 0; trial < trials(1500); ++trial) {
     const std::size_t n = 1 + rng() % 8;
     const int range = 4 + static_cast<int>(rng() % 40);  // small ranges: many equal timestamps
     const auto inst = random_instance<int>(rng, n, 10, range, 1, trial % 3 == 0);
-    cadence::zipline_thrust(inst.view(), ws, got);
-    const auto want = cadence::zipline_brute_force(inst.view());
-    REQUIRE_MESSAGE(got == want, "trial " << trial << " n " << n << ": spread " << got.spread
-                                          << " vs " << want.spread << ", barrier " << got.barrier
-                                          << " vs " << want.barrier);
+    check.require_same(inst.view(), "trial " + std::to_string(trial) + " n " + std::to_string(n));
   }
 }
 
 TEST_CASE("the Thrust ZipLine equals the brute force on random double instances, matrix, ragged and separate") {
   std::mt19937_64 rng(7);
-  cadence::thrust_zipline_workspace ws;
-  cadence::zipline_result<double> got;
+  thrust_vs_brute_force<double> check;
   for (int trial = 0; trial < trials(1000); ++trial) {
     const std::size_t n = 1 + rng() % 10;
     const bool matrix = trial % 2 == 0;
@@ -194,13 +186,10 @@ TEST_CASE("the Thrust ZipLine equals the brute force on random double instances,
     const auto rows = matrix ? cadence::rows_view<double>::matrix(inst.values.data(), n,
                                                                   inst.offsets[1])
                              : inst.view();
-    cadence::zipline_thrust(rows, ws, got);
-    const auto want = cadence::zipline_brute_force(rows);
-    REQUIRE_MESSAGE(got == want, "trial " << trial);
+    check.require_same(rows, "trial " + std::to_string(trial));
     // The same rows in separate allocations: gathered on the host, one transfer.
     const cadence::test::separate_rows<double> sep(rows);
-    cadence::zipline_thrust(sep.view(), ws, got);
-    REQUIRE_MESSAGE(got == want, "trial " << trial << " (separate rows)");
+    check.require_same(sep.view(), "trial " + std::to_string(trial) + " (separate rows)");
   }
 }
 
@@ -274,15 +263,7 @@ TEST_CASE("from 256 rows the Thrust ZipLine sweeps a certified row subset, in on
   cadence::thrust_zipline_workspace ws;
   for (int trial = 0; trial < trials(40); ++trial) {
     CAPTURE(trial);
-    const std::size_t n = 256 + rng() % 5000;
-    const std::size_t r = 3 + rng() % 12;
-    const int mode = trial % 4;
-    instance<std::int64_t> ints;
-    instance<double> doubles;
-    cadence::test::subset_rows(rng, n, r, mode, [&](const auto& row, const auto& drow) {
-      ints.add_row(row);
-      doubles.add_row(drow);
-    });
+    const auto [n, r, mode, ints, doubles] = cadence::test::draw_subset_trial(rng, trial, 5000);
     const auto want_ints = cadence::zipline_fast(ints.view());
     const auto want_doubles = cadence::zipline_fast(doubles.view());
     cadence::zipline_result<std::int64_t> got_ints;

@@ -1,5 +1,7 @@
 #include <cadence/zipline/brute_force.hpp>
 
+#include "support/ragged_rows.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -43,19 +45,6 @@ zipline_result<T> enumerate_all(const std::vector<std::vector<T>>& rows) {
   return best;
 }
 
-template <class T>
-struct ragged {
-  std::vector<T> values;
-  std::vector<std::size_t> offsets{0};
-  explicit ragged(const std::vector<std::vector<T>>& rows) {
-    for (const auto& r : rows) {
-      values.insert(values.end(), r.begin(), r.end());
-      offsets.push_back(values.size());
-    }
-  }
-  rows_view<T> view() const { return rows_view<T>::ragged(values.data(), offsets.data(), offsets.size() - 1); }
-};
-
 }  // namespace
 
 TEST_CASE("the brute-force oracle agrees with enumerating every selection") {
@@ -71,7 +60,7 @@ TEST_CASE("the brute-force oracle agrees with enumerating every selection") {
         t += 1 + static_cast<std::int64_t>(rng() % 4);
       }
     }
-    const ragged<std::int64_t> in(rows);
+    const test::ragged_rows<std::int64_t> in(rows);
     CHECK(zipline_brute_force(in.view()) == enumerate_all(rows));
   }
 }

@@ -5,8 +5,9 @@
 #include <cadence/zipline/fast.hpp>
 #include <cadence/zipline/paper.hpp>
 
+#include "support/message_of.hpp"
+#include "support/ragged_rows.hpp"
 #include "support/separate_rows.hpp"
-#include "support/subset_rows.hpp"
 
 #include <doctest/doctest.h>
 
@@ -20,24 +21,13 @@
 
 namespace {
 
-template <class T>
-struct owned_rows {
-  std::vector<T> values;
-  std::vector<std::size_t> offsets{0};
-  void add(const std::vector<T>& row) {
-    values.insert(values.end(), row.begin(), row.end());
-    offsets.push_back(values.size());
-  }
-  cadence::rows_view<T> view() const {
-    return cadence::rows_view<T>::ragged(values.data(), offsets.data(), offsets.size() - 1);
-  }
-};
+using cadence::test::ragged_rows;
 
 /// Rows like the ElasticBSP generator's predictions: constant per-row interval, random start.
 template <class T>
-owned_rows<T> periodic_rows(std::mt19937_64& rng, std::size_t n, std::size_t r, std::uint64_t lo,
+ragged_rows<T> periodic_rows(std::mt19937_64& rng, std::size_t n, std::size_t r, std::uint64_t lo,
                             std::uint64_t hi, std::uint64_t start_spread) {
-  owned_rows<T> rows;
+  ragged_rows<T> rows;
   for (std::size_t p = 0; p < n; ++p) {
     const auto interval = static_cast<T>(lo + rng() % (hi - lo + 1));
     const auto start = static_cast<T>(rng() % start_spread);
@@ -63,7 +53,7 @@ TEST_CASE("zipline_fast matches the oracle on generator-like periodic rows") {
 }
 
 TEST_CASE("zipline_fast trims rows that start late or end early without losing the answer") {
-  owned_rows<std::int64_t> rows;
+  ragged_rows<std::int64_t> rows;
   rows.add({0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100});
   rows.add({44, 47});  // every row has a point by 46; the best window is [46, 50]
   rows.add({1, 2, 3, 43, 48, 90, 91, 92});
@@ -80,7 +70,7 @@ TEST_CASE("zipline_fast matches the oracle when most points share one bucket") {
   // per-bucket sort fallback runs.
   std::mt19937_64 rng(8);
   for (int iter = 0; iter < 20; ++iter) {
-    owned_rows<std::int64_t> rows;
+    ragged_rows<std::int64_t> rows;
     rows.add({0, 1000000000});
     const std::size_t n = 2 + rng() % 30;
     for (std::size_t p = 0; p < n; ++p) {
@@ -149,9 +139,9 @@ namespace {
 /// Random strictly increasing rows: point k of the grid is value(k); grid positions advance
 /// by 1..4, so equal values across rows are common.
 template <class T, class F>
-owned_rows<T> grid_rows(std::mt19937_64& rng, std::size_t n, std::size_t len, std::uint64_t span,
+ragged_rows<T> grid_rows(std::mt19937_64& rng, std::size_t n, std::size_t len, std::uint64_t span,
                         F value) {
-  owned_rows<T> rows;
+  ragged_rows<T> rows;
   for (std::size_t p = 0; p < n; ++p) {
     std::vector<T> row;
     std::uint64_t k = rng() % span;
@@ -162,7 +152,7 @@ owned_rows<T> grid_rows(std::mt19937_64& rng, std::size_t n, std::size_t len, st
 }
 
 template <class T>
-void check_fast(const owned_rows<T>& rows) {
+void check_fast(const ragged_rows<T>& rows) {
   CHECK(cadence::zipline_fast(rows.view()) == cadence::zipline_brute_force(rows.view()));
 }
 
@@ -191,8 +181,8 @@ TEST_CASE("zipline_fast's trim bound covers d(L), also when rows do not overlap"
     CHECK(!(bounds.cut < ends.min_back + (ends.max_front - lowest)));
   };
   for (int iter = 0; iter < 200; ++iter) {
-    owned_rows<std::int64_t> ints;
-    owned_rows<double> doubles;
+    ragged_rows<std::int64_t> ints;
+    ragged_rows<double> doubles;
     const std::size_t n = 2 + rng() % (iter % 4 == 0 ? 400 : 12);
     for (std::size_t p = 0; p < n; ++p) {
       // Starts spread far wider than the rows are long: some rows end before others start.
@@ -212,7 +202,7 @@ TEST_CASE("zipline_fast's trim bound covers d(L), also when rows do not overlap"
     CHECK(cadence::zipline_fast(ints.view()) == cadence::zipline_paper_opt_bs(ints.view()));
     CHECK(cadence::zipline_fast(doubles.view()) == cadence::zipline_paper_opt_bs(doubles.view()));
   }
-  owned_rows<std::int64_t> apart;
+  ragged_rows<std::int64_t> apart;
   apart.add({0, 1, 2});
   apart.add({10, 11});  // L = 10, min_p last(p) = 2: d(L) = 8, wider than every gap
   CHECK(cadence::zipline_fast(apart.view()) == cadence::zipline_brute_force(apart.view()));
@@ -258,8 +248,8 @@ TEST_CASE("zipline_fast recounts when a point has a low bit the rows' first poin
   std::mt19937_64 rng(14);
   for (int iter = 0; iter < 200; ++iter) {
     const std::size_t n = 2 + rng() % 20;
-    owned_rows<std::int64_t> rows;
-    owned_rows<double> drows;
+    ragged_rows<std::int64_t> rows;
+    ragged_rows<double> drows;
     for (std::size_t p = 0; p < n; ++p) {
       std::vector<std::int64_t> row{8 * static_cast<std::int64_t>(rng() % 4)};
       for (std::size_t i = 0, len = rng() % 12; i < len; ++i)
@@ -287,7 +277,7 @@ TEST_CASE("zipline_fast uses 64-bit records when key and row do not fit in 32 bi
 }
 
 TEST_CASE("zipline_fast handles surviving points that are all equal") {
-  owned_rows<double> rows;
+  ragged_rows<double> rows;
   rows.add({1.0, 5.0, 9.0});
   rows.add({5.0});
   rows.add({5.0, 7.0});
@@ -296,28 +286,20 @@ TEST_CASE("zipline_fast handles surviving points that are all equal") {
   CHECK(res.spread == 0.0);
   CHECK(res.barrier == 5.0);
   CHECK(res.choice == std::vector<std::size_t>{1, 0, 0});
-  owned_rows<std::int8_t> same;
+  ragged_rows<std::int8_t> same;
   for (int p = 0; p < 4; ++p) same.add({-7});
   check_fast(same);
 }
 
 namespace {
 template <class T>
-std::string message_of(void (*f)(cadence::rows_view<T>), cadence::rows_view<T> rows) {
-  try {
-    f(rows);
-  } catch (const cadence::zipline_input_error& e) {
-    return e.what();
-  }
-  return "no error";
+std::string fast_error(cadence::rows_view<T> rows) {
+  return cadence::test::message_of<cadence::zipline_input_error>(
+      [&] { (void)cadence::zipline_fast(rows); });
 }
 template <class T>
-void run_fast(cadence::rows_view<T> rows) {
-  (void)cadence::zipline_fast(rows);
-}
-template <class T>
-void run_validate(cadence::rows_view<T> rows) {
-  cadence::validate(rows);
+std::string validate_error(cadence::rows_view<T> rows) {
+  return cadence::test::message_of<cadence::zipline_input_error>([&] { cadence::validate(rows); });
 }
 }  // namespace
 
@@ -333,20 +315,18 @@ TEST_CASE("zipline_fast reports exactly validate's error when several problems e
       {{1, 2}, {0.5, 1.5, 1.5}},            // the last pair only
   };
   for (const auto& c : cases) {
-    owned_rows<double> rows;
+    ragged_rows<double> rows;
     for (const auto& r : c) rows.add(r);
-    const std::string expected = message_of<double>(run_validate<double>, rows.view());
+    const std::string expected = validate_error(rows.view());
     CAPTURE(expected);
-    CHECK(expected != "no error");
-    CHECK(message_of<double>(run_fast<double>, rows.view()) == expected);
+    CHECK(expected != cadence::test::no_exception);
+    CHECK(fast_error(rows.view()) == expected);
   }
-  owned_rows<std::int32_t> wide;
+  ragged_rows<std::int32_t> wide;
   wide.add({std::numeric_limits<std::int32_t>::min(), 0});
   wide.add({5, std::numeric_limits<std::int32_t>::max()});
-  CHECK(message_of<std::int32_t>(run_fast<std::int32_t>, wide.view()) ==
-        message_of<std::int32_t>(run_validate<std::int32_t>, wide.view()));
-  CHECK(message_of<double>(run_fast<double>, cadence::rows_view<double>()) ==
-        message_of<double>(run_validate<double>, cadence::rows_view<double>()));
+  CHECK(fast_error(wide.view()) == validate_error(wide.view()));
+  CHECK(fast_error(cadence::rows_view<double>()) == validate_error(cadence::rows_view<double>()));
 }
 
 TEST_CASE("zipline_fast's general path sorts clustered fine buckets (non-dyadic doubles)") {
@@ -355,7 +335,7 @@ TEST_CASE("zipline_fast's general path sorts clustered fine buckets (non-dyadic 
   // points two fine buckets later (insertion sort).
   std::mt19937_64 rng(16);
   for (int iter = 0; iter < 20; ++iter) {
-    owned_rows<double> rows;
+    ragged_rows<double> rows;
     rows.add({0.0, 1e9});
     const std::size_t n = 2 + rng() % 30;
     for (std::size_t p = 0; p < n; ++p) {
@@ -384,15 +364,7 @@ TEST_CASE("zipline_fast's row subset gives the whole input's answer, in one roun
   int rounds_seen[3] = {0, 0, 0};
   for (int trial = 0; trial < 48; ++trial) {
     CAPTURE(trial);
-    const std::size_t n = 256 + rng() % 1200;
-    const std::size_t r = 3 + rng() % 12;
-    const int mode = trial % 4;
-    owned_rows<std::int64_t> ints;
-    owned_rows<double> doubles;
-    cadence::test::subset_rows(rng, n, r, mode, [&](const auto& row, const auto& drow) {
-      ints.add(row);
-      doubles.add(drow);
-    });
+    const auto [n, r, mode, ints, doubles] = cadence::test::draw_subset_trial(rng, trial, 1200);
     const auto want_ints = cadence::zipline_paper_opt_bs(ints.view());
     const auto want_doubles = cadence::zipline_paper_opt_bs(doubles.view());
     cadence::zipline_workspace<std::int64_t> ws;
@@ -419,7 +391,7 @@ TEST_CASE("zipline_fast's row subset gives the whole input's answer, in one roun
 TEST_CASE("zipline_fast's exact keys handle a spread of 2^32 - 1, the widest they hold") {
   // Keys are offsets in 32 bits; a spread of 2^32 - 1 is a real answer, not a sentinel.
   const std::int64_t w = 4294967295;  // 2^32 - 1
-  owned_rows<std::int64_t> two, three;
+  ragged_rows<std::int64_t> two, three;
   two.add({0});
   two.add({w});
   three.add({0, w - 2});

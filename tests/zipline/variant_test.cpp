@@ -3,6 +3,7 @@
 #include <cadence/zipline/brute_force.hpp>
 #include <cadence/zipline/variant.hpp>
 
+#include "support/ragged_rows.hpp"
 #include "support/separate_rows.hpp"
 
 #include <doctest/doctest.h>
@@ -23,19 +24,7 @@ using cadence::zipline_variant;
 constexpr zipline_variant all_variants[] = {zipline_variant::paper, zipline_variant::paper_opt,
                                             zipline_variant::paper_opt_bs, zipline_variant::fast};
 
-/// Ragged rows owned by the test.
-template <class T>
-struct ragged_rows {
-  std::vector<T> values;
-  std::vector<std::size_t> offsets{0};
-  void add(const std::vector<T>& row) {
-    values.insert(values.end(), row.begin(), row.end());
-    offsets.push_back(values.size());
-  }
-  rows_view<T> view() const {
-    return rows_view<T>::ragged(values.data(), offsets.data(), offsets.size() - 1);
-  }
-};
+using cadence::test::ragged_rows;
 
 /// n rows of 1..max_len strictly increasing values base + step * k for k in [0, span): small
 /// spans make equal timestamps across rows common.
@@ -82,6 +71,39 @@ void check_all_variants(rows_view<T> rows, cadence::zipline_workspace<T>& ws) {
   }
 }
 
+// check_all_variants, and the answer they all gave (the brute force's) is the one given.
+template <class T>
+void check_answer(const ragged_rows<T>& rows, cadence::zipline_workspace<T>& ws, T spread, T barrier,
+                  const std::vector<std::size_t>& choice) {
+  check_all_variants(rows.view(), ws);
+  const auto res = cadence::zipline_brute_force(rows.view());
+  CHECK(res.spread == spread);
+  CHECK(res.barrier == barrier);
+  CHECK(res.choice == choice);
+}
+
+// `iterations` inputs random_rows<T>(rng, max_n, max_len, span(rng), base, step) drawn from
+// one seed, each checked on every variant against the brute force.
+template <class T>
+void check_random_inputs(std::uint64_t seed, int iterations, std::size_t max_n, std::size_t max_len,
+                         std::uint64_t (*span)(std::mt19937_64&), T base, T step) {
+  std::mt19937_64 rng(seed);
+  cadence::zipline_workspace<T> ws;
+  for (int iter = 0; iter < iterations; ++iter) {
+    const auto rows = random_rows<T>(rng, max_n, max_len, span(rng), base, step);
+    check_all_variants(rows.view(), ws);
+  }
+}
+
+// Spans of 1..40 grid steps: small ones make equal timestamps across rows common.
+std::uint64_t small_span(std::mt19937_64& rng) { return 1 + rng() % 40; }
+
+// Every input spans S grid steps.
+template <std::uint64_t S>
+std::uint64_t fixed_span(std::mt19937_64&) {
+  return S;
+}
+
 }  // namespace
 
 TEST_CASE("variant names round-trip through parse_zipline_variant and to_string") {
@@ -107,138 +129,68 @@ TEST_CASE("an unknown variant name is a parse_error that lists the valid names")
 }
 
 TEST_CASE("every variant returns the brute-force answer on thousands of random integer inputs") {
-  std::mt19937_64 rng(20240601);
-  cadence::zipline_workspace<int> ws;
-  for (int iter = 0; iter < 3000; ++iter) {
-    const auto rows = random_rows<int>(rng, 7, 8, 1 + rng() % 40, -20, 1);
-    check_all_variants(rows.view(), ws);
-  }
+  check_random_inputs<int>(20240601, 3000, 7, 8, small_span, -20, 1);
 }
 
 TEST_CASE("every variant returns the brute-force answer on thousands of random double inputs") {
-  std::mt19937_64 rng(77);
-  cadence::zipline_workspace<double> ws;
-  for (int iter = 0; iter < 3000; ++iter) {
-    const auto rows = random_rows<double>(rng, 7, 8, 1 + rng() % 40, -3.5, 0.25);
-    check_all_variants(rows.view(), ws);
-  }
+  check_random_inputs<double>(77, 3000, 7, 8, small_span, -3.5, 0.25);
 }
 
 TEST_CASE("every variant returns the brute-force answer on wide random inputs") {
-  std::mt19937_64 rng(5);
-  cadence::zipline_workspace<std::int64_t> ws;
-  for (int iter = 0; iter < 200; ++iter) {
-    const auto rows = random_rows<std::int64_t>(rng, 40, 30, 400, 1000, 7);
-    check_all_variants(rows.view(), ws);
-  }
+  check_random_inputs<std::int64_t>(5, 200, 40, 30, fixed_span<400>, 1000, 7);
 }
 
 TEST_CASE("values near the limits of the timestamp type do not overflow any variant") {
-  std::mt19937_64 rng(99);
+  // Each subcase from the same seed (doctest runs the test case once per subcase).
+  constexpr std::uint64_t seed = 99;
+  using i64 = std::numeric_limits<std::int64_t>;
+  using u64 = std::numeric_limits<std::uint64_t>;
   SUBCASE("int64 just below its maximum") {
-    cadence::zipline_workspace<std::int64_t> ws;
-    for (int iter = 0; iter < 500; ++iter)
-      check_all_variants(random_rows<std::int64_t>(rng, 6, 6, 30,
-                                                   std::numeric_limits<std::int64_t>::max() - 40, 1)
-                             .view(),
-                         ws);
+    check_random_inputs<std::int64_t>(seed, 500, 6, 6, fixed_span<30>, i64::max() - 40, 1);
   }
   SUBCASE("int64 just above its minimum") {
-    cadence::zipline_workspace<std::int64_t> ws;
-    for (int iter = 0; iter < 500; ++iter)
-      check_all_variants(
-          random_rows<std::int64_t>(rng, 6, 6, 30, std::numeric_limits<std::int64_t>::min(), 1)
-              .view(),
-          ws);
+    check_random_inputs<std::int64_t>(seed, 500, 6, 6, fixed_span<30>, i64::min(), 1);
   }
   SUBCASE("int64 spanning almost its whole range") {
-    cadence::zipline_workspace<std::int64_t> ws;
-    const std::int64_t step = std::numeric_limits<std::int64_t>::max() / 16;
-    for (int iter = 0; iter < 500; ++iter)
-      check_all_variants(random_rows<std::int64_t>(rng, 6, 6, 16, -8 * step, step).view(), ws);
+    const std::int64_t step = i64::max() / 16;
+    check_random_inputs<std::int64_t>(seed, 500, 6, 6, fixed_span<16>, -8 * step, step);
   }
   SUBCASE("uint64 just below its maximum") {
-    cadence::zipline_workspace<std::uint64_t> ws;
-    for (int iter = 0; iter < 500; ++iter)
-      check_all_variants(random_rows<std::uint64_t>(
-                             rng, 6, 6, 30, std::numeric_limits<std::uint64_t>::max() - 40, 1)
-                             .view(),
-                         ws);
+    check_random_inputs<std::uint64_t>(seed, 500, 6, 6, fixed_span<30>, u64::max() - 40, 1);
   }
   SUBCASE("uint64 spanning its whole range") {
-    cadence::zipline_workspace<std::uint64_t> ws;
-    const std::uint64_t step = std::numeric_limits<std::uint64_t>::max() / 20;
-    for (int iter = 0; iter < 500; ++iter)
-      check_all_variants(random_rows<std::uint64_t>(rng, 6, 6, 20, 0, step).view(), ws);
+    check_random_inputs<std::uint64_t>(seed, 500, 6, 6, fixed_span<20>, 0, u64::max() / 20);
   }
   SUBCASE("int8 around zero") {
-    cadence::zipline_workspace<std::int8_t> ws;
-    for (int iter = 0; iter < 500; ++iter)
-      check_all_variants(
-          random_rows<std::int8_t>(rng, 6, 6, 120, static_cast<std::int8_t>(-60), 1).view(), ws);
+    check_random_inputs<std::int8_t>(seed, 500, 6, 6, fixed_span<120>, -60, 1);
   }
   SUBCASE("uint8 up to its maximum") {
-    cadence::zipline_workspace<std::uint8_t> ws;
-    for (int iter = 0; iter < 500; ++iter)
-      check_all_variants(random_rows<std::uint8_t>(rng, 6, 6, 255, 0, 1).view(), ws);
+    check_random_inputs<std::uint8_t>(seed, 500, 6, 6, fixed_span<255>, 0, 1);
   }
   SUBCASE("double values near its maximum") {
-    cadence::zipline_workspace<double> ws;
     const double big = std::numeric_limits<double>::max() / 4;
-    for (int iter = 0; iter < 300; ++iter)
-      check_all_variants(random_rows<double>(rng, 6, 6, 30, big, big / 64).view(), ws);
+    check_random_inputs<double>(seed, 300, 6, 6, fixed_span<30>, big, big / 64);
   }
 }
 
 TEST_CASE("equal timestamps across rows do not change the answer") {
   cadence::zipline_workspace<int> ws;
   SUBCASE("all rows identical") {
-    ragged_rows<int> r;
-    for (int p = 0; p < 5; ++p) r.add({1, 4, 9});
-    check_all_variants(r.view(), ws);
-    const auto res = cadence::zipline_fast(r.view());
-    CHECK(res.spread == 0);
-    CHECK(res.barrier == 1);
-    CHECK(res.choice == std::vector<std::size_t>(5, 0));
+    check_answer(ragged_rows<int>(std::vector<std::vector<int>>(5, {1, 4, 9})), ws, 0, 1,
+                 std::vector<std::size_t>(5, 0));
   }
   SUBCASE("a tie at the barrier between rows of different lengths") {
-    ragged_rows<int> r;
-    r.add({0, 10});
-    r.add({5, 10});
-    r.add({10});
-    check_all_variants(r.view(), ws);
-    const auto res = cadence::zipline_paper_opt(r.view());
-    CHECK(res.spread == 0);
-    CHECK(res.barrier == 10);
-    CHECK(res.choice == std::vector<std::size_t>{1, 1, 0});
+    check_answer(ragged_rows<int>({{0, 10}, {5, 10}, {10}}), ws, 0, 10, {1, 1, 0});
   }
   SUBCASE("two optimal windows: the smaller barrier wins") {
-    ragged_rows<int> r;
-    r.add({0, 100});
-    r.add({3, 103});
-    check_all_variants(r.view(), ws);
-    const auto res = cadence::zipline_paper(r.view());
-    CHECK(res.spread == 3);
-    CHECK(res.barrier == 3);
-    CHECK(res.choice == std::vector<std::size_t>{0, 0});
+    check_answer(ragged_rows<int>({{0, 100}, {3, 103}}), ws, 3, 3, {0, 0});
   }
 }
 
 TEST_CASE("a single row and rows of length one have the obvious answers") {
   cadence::zipline_workspace<double> ws;
-  ragged_rows<double> one;
-  one.add({2.5, 3.0, 7.0});
-  check_all_variants(one.view(), ws);
-  CHECK(cadence::zipline_fast(one.view()).barrier == 2.5);
-  ragged_rows<double> singles;
-  singles.add({4.0});
-  singles.add({1.0});
-  singles.add({9.0});
-  check_all_variants(singles.view(), ws);
-  const auto res = cadence::zipline_paper_opt_bs(singles.view());
-  CHECK(res.spread == 8.0);
-  CHECK(res.barrier == 9.0);
-  CHECK(res.choice == std::vector<std::size_t>{0, 0, 0});
+  check_answer(ragged_rows<double>({{2.5, 3.0, 7.0}}), ws, 0.0, 2.5, {0});
+  check_answer(ragged_rows<double>({{4.0}, {1.0}, {9.0}}), ws, 8.0, 9.0, {0, 0, 0});
 }
 
 TEST_CASE("matrix, ragged and separate layouts of the same rows give the same answer") {
