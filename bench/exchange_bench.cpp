@@ -370,21 +370,16 @@ int print(const std::vector<row>& rows, const config& cfg) {
     out.push_back(std::move(j));
   }
   using cadence_bench::formatted;
-  using cadence_bench::number_column;
   cadence_bench::table t;
   t.title = "collective adapters vs the native all-reduce, backend " + cfg.backend + ", " +
             std::to_string(rows.empty() ? 0 : rows.front().ranks) + " ranks (busbw in GB/s); " +
             (cfg.device_copy_gbps > 0 ? "device copy " + formatted("%.1f", cfg.device_copy_gbps) + " GB/s, host "
                                       : std::string()) +
             cfg.copy.note();
-  t.columns = {cadence_bench::text_column("op", -20, "op"),
-               cadence_bench::text_column("bytes", 10, "bytes"),
-               number_column("raw us", 10, "raw_us", "%.1f"),
-               number_column("ours us", 10, "ours_us", "%.1f"),
-               number_column("raw busbw", 10, "raw_busbw", "%.3f"),
-               number_column("ours busbw", 10, "ours_busbw", "%.3f"),
-               // the ratio of bus bandwidths: the inverse of the times' ratio
-               cadence_bench::ratio_column("ours/raw", 9, "raw_us", "ours_us", "%.1f%%", 100.0)};
+  t.columns = {cadence_bench::text_column("op", -20, "op")};
+  for (auto& c : cadence_bench::raw_ours_columns(10, "%.1f", "busbw", "busbw")) t.columns.push_back(std::move(c));
+  // the ratio of bus bandwidths: the inverse of the times' ratio
+  t.columns.push_back(cadence_bench::ratio_column("ours/raw", 9, "raw_us", "ours_us", "%.1f%%", 100.0));
   for (auto& c : cadence_bench::roofline_columns()) t.columns.push_back(std::move(c));
   // bsp_overlap: its own line (its raw is the sequential run, not the native call).
   t.remark_after = 2;

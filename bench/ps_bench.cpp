@@ -191,23 +191,15 @@ void print(const std::vector<row>& rows, const config& cfg, int workers) {
                                 cfg.copy.at(r.bytes).shared_rate(workers));
   }
   using cadence_bench::formatted;
-  using cadence_bench::number_column;
   cadence_bench::table t;
   t.title = std::string(op) + ", backend " + cfg.backend + ", 1 server, " + std::to_string(workers) + " worker(s)" +
             (cfg.sgd ? ", sgd update" : ", no-op update") + " (GB/s both ways, all workers); " +
-            cfg.copy.note() +
-            (cfg.security_cost ? "; --security-cost: raw = the same push_pull over an open communicator, ours = "
-                                 "authenticated and encrypted (CURVE)"
-                               : "");
-  t.columns = {cadence_bench::text_column("bytes", 12, "bytes"),
-               number_column("raw us", 12, "raw_us", "%.2f"),
-               number_column("ours us", 12, "ours_us", "%.2f"),
-               number_column("raw GB/s", 10, "raw_gbps", "%.3f"),
-               number_column("ours GB/s", 10, "ours_gbps", "%.3f"),
-               cadence_bench::ratio_column("ours/raw", 9, "raw_us", "ours_us", "%.2f"),
-               {"added us", 10, [](const cadence_bench::row& j) {
-                  return formatted("%.2f", j.at("ours_us").get<double>() - j.at("raw_us").get<double>());
-                }}};
+            cfg.copy.note() + cadence_bench::security_cost_note(cfg.security_cost, "push_pull");
+  t.columns = cadence_bench::raw_ours_columns(12, "%.2f", "GB/s", "gbps");
+  t.columns.push_back(cadence_bench::ratio_column("ours/raw", 9, "raw_us", "ours_us", "%.2f"));
+  t.columns.push_back({"added us", 10, [](const cadence_bench::row& j) {
+                         return formatted("%.2f", j.at("ours_us").get<double>() - j.at("raw_us").get<double>());
+                       }});
   for (auto& c : cadence_bench::roofline_columns()) t.columns.push_back(std::move(c));
   cadence_bench::print(out, cfg, t);
   cfg.copy.report("cadence-bench-ps");  // after the rows: stdout starts with them

@@ -194,19 +194,12 @@ int print(const std::vector<row>& rows, const config& cfg) {
     // Nothing to copy beyond the native all-reduce: the limit is raw.
     cadence_bench::add_roofline(out.back(), r.raw_us, r.ours_us, 0, cfg.copy.at(r.bytes).shared_rate(r.ranks));
   }
-  using cadence_bench::number_column;
   cadence_bench::table t;
   t.title = "all-reduce f32 sum, backend " + cfg.backend + ", " + std::to_string(rows.empty() ? 0 : rows.front().ranks) +
             " ranks (busbw in GB/s); " + cfg.copy.note() +
-            (cfg.security_cost ? "; --security-cost: raw = the same all-reduce over an open communicator, ours = "
-                                 "authenticated and encrypted (CURVE)"
-                               : "");
-  t.columns = {cadence_bench::text_column("bytes", 12, "bytes"),
-               number_column("raw us", 12, "raw_us", "%.2f"),
-               number_column("ours us", 12, "ours_us", "%.2f"),
-               number_column("raw busbw", 10, "raw_busbw", "%.3f"),
-               number_column("ours busbw", 10, "ours_busbw", "%.3f"),
-               cadence_bench::ratio_column("ours/raw", 8, "ours_us", "raw_us", "%.2f")};
+            cadence_bench::security_cost_note(cfg.security_cost, "all-reduce");
+  t.columns = cadence_bench::raw_ours_columns(12, "%.2f", "busbw", "busbw");
+  t.columns.push_back(cadence_bench::ratio_column("ours/raw", 8, "ours_us", "raw_us", "%.2f"));
   for (auto& c : cadence_bench::roofline_columns()) t.columns.push_back(std::move(c));
   cadence_bench::print(out, cfg, t);
   cfg.copy.report("cadence-bench-transport");  // after the rows: stdout starts with them

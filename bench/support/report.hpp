@@ -56,6 +56,25 @@ inline column text_column(std::string header, int width, std::string key) {
           }};
 }
 
+/// The columns every raw-against-ours table has, in this order: bytes, the raw and ours times in
+/// microseconds (printf's `us_fmt`, `width` wide), then the raw and ours rates (row keys
+/// raw_<rate_key> and ours_<rate_key>, headings "raw <rate_header>" and "ours <rate_header>").
+inline std::vector<column> raw_ours_columns(int width, const char* us_fmt, const std::string& rate_header,
+                                            const std::string& rate_key) {
+  return {text_column("bytes", width, "bytes"), number_column("raw us", width, "raw_us", us_fmt),
+          number_column("ours us", width, "ours_us", us_fmt),
+          number_column("raw " + rate_header, 10, "raw_" + rate_key, "%.3f"),
+          number_column("ours " + rate_header, 10, "ours_" + rate_key, "%.3f")};
+}
+
+/// The end of a table's title under --security-cost (`on`): what raw and ours are for `op`
+/// ("push_pull", "all-reduce"); empty without it.
+inline std::string security_cost_note(bool on, const std::string& op) {
+  return on ? "; --security-cost: raw = the same " + op + " over an open communicator, ours = authenticated and "
+              "encrypted (CURVE)"
+            : "";
+}
+
 /// The table: a title line, the headings, a line per row. A row for which `remark` returns
 /// text shows its first `remark_after` cells and then that text instead of the others.
 struct table {
