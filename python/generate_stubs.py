@@ -5,11 +5,12 @@ import, so stubgen can only re-export them) and the numpy import the signatures 
     python python/generate_stubs.py           # writes python/cadence/_core.pyi
     python python/generate_stubs.py --check   # exits 1, printing a diff, when it drifted
 
-Run it with the package installed in the running interpreter. `_thrust.pyi` (python/src/,
-installed by CMake beside the module only when `cadence._thrust` is built) is written by hand
+Run it with the package installed in the running interpreter. `_thrust.pyi` and `_membership.pyi`
+(python/src/, installed by CMake beside their modules only when `cadence._thrust` and
+`cadence._membership` are built) are written by hand
 with tighter types than stubgen infers; --check prints its diff for information only.
 tests/python/test_stubs.py runs the check in CI, comparing what the stubs declare (names, bases,
-signatures; names only for _thrust) rather than their formatting, which varies between nanobind
+signatures; names only for _thrust and _membership) rather than their formatting, which varies between nanobind
 versions.
 """
 
@@ -25,9 +26,10 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 #: module -> the committed stub
 STUBS = {"cadence._core": HERE / "cadence" / "_core.pyi",
-         "cadence._thrust": HERE / "src" / "_thrust.pyi"}
+         "cadence._thrust": HERE / "src" / "_thrust.pyi",
+         "cadence._membership": HERE / "src" / "_membership.pyi"}
 #: stubs written by hand: never overwritten, and their diff does not fail --check
-BY_HAND = {"cadence._thrust"}
+BY_HAND = {"cadence._thrust", "cadence._membership"}
 
 
 def _installed():

@@ -2,8 +2,8 @@
 bases and signatures as python/generate_stubs.py produces from the extension now (formatting and
 docstrings, which vary with the nanobind version, are not compared); `_thrust.pyi`, written by
 hand with tighter types than stubgen infers (and device_system's value depends on the build),
-the same names. `_thrust.pyi` is checked only when `cadence._thrust` is built, and a wheel holds
-it only then."""
+the same names, as `_membership.pyi` is. Each is checked only when its module is built, and a
+wheel holds it only then."""
 
 import ast
 import importlib.util
@@ -48,7 +48,7 @@ def shape(source: str):
 
 MODULES = list(generate_stubs.STUBS)
 #: what is compared: the full shape, or the declared names only (a hand-written stub)
-NAMES_ONLY = {"cadence._thrust"}
+NAMES_ONLY = {"cadence._thrust", "cadence._membership"}
 
 
 def names(source: str):

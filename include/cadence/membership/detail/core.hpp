@@ -38,6 +38,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -551,14 +552,21 @@ private:
     }
   }
 
+  // On a communicator of one rank no frame can come (and a receive from any source is refused
+  // there), so nothing is posted: a job of one member runs its syncs alone.
   void post_ctrl() {
-    if (!ctrl_w_) ctrl_w_.emplace(comm_->irecv(&ctrl_in_, sizeof(frame), transport::any_source, tags_.control()));
+    if (!ctrl_w_ && comm_->size() > 1)
+      ctrl_w_.emplace(comm_->irecv(&ctrl_in_, sizeof(frame), transport::any_source, tags_.control()));
   }
 
   /// Blocks until a control frame comes or `until` (no failure either way).
   void wait_ctrl(clock::time_point until) {
     try {
       post_ctrl();
+      if (!ctrl_w_) {
+        std::this_thread::sleep_until(until);
+        return;
+      }
       block_on(*ctrl_w_, until);
     } catch (const transport_error&) {
       ctrl_w_.reset();  // every candidate lost (this member is alone): posted again later
@@ -572,7 +580,7 @@ private:
     for (int taken = 0; taken < 4096; ++taken) {
       try {
         post_ctrl();
-        if (!ctrl_w_->test()) break;
+        if (!ctrl_w_ || !ctrl_w_->test()) break;
       } catch (const transport_error&) {
         ctrl_w_.reset();
         break;

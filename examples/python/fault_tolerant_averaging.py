@@ -1,0 +1,200 @@
+"""A torch job that survives the loss of any process: model averaging over cadence.membership.
+
+Each process trains its own replica of a small model and averages the weights with the others
+every --period steps through cadence.torch.FaultTolerantAverager: a transaction over ZeroMQ that
+either completes on every member or is run again on the survivors when a member is lost. A
+replacement started with --join takes a lost rank's slot and receives the weights and the
+optimizer's momentum from a member; nothing is read from a checkpoint.
+
+One process (what a scheduler starts on each host; rank 0 writes the rendezvous address to the
+shared file, the others read it; the job secret from $CADENCE_JOB_SECRET, 64 hex digits):
+
+    python fault_tolerant_averaging.py --rank R --size N --rendezvous-file /shared/job.addr
+    python fault_tolerant_averaging.py --rank R --size N --rendezvous-file /shared/job.addr --join
+
+The demonstration on this machine (--demo): starts --size processes on loopback, kills
+--kill with SIGKILL after --kill-after syncs, starts a replacement in its slot (not rank 0's:
+rank 0 holds the rendezvous, so after its loss the others go on without it), and prints one
+JSON object: whether every process ended with the same weights, the quorum, the state the
+replacement received. Exit status 0 when every process ended with the same weights.
+
+    python examples/python/fault_tolerant_averaging.py --demo --size 3 --kill 1
+
+Each process prints one JSON line per event (start, sync, done) on stdout. Do not start the
+processes with torchrun: its agent restarts the whole group when one process fails, where here
+the others go on (docs/python-torch.md, "Surviving a lost process").
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import queue
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def emit(**event) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def run_rank(a: argparse.Namespace) -> int:
+    import torch
+
+    import cadence.membership as membership
+    import cadence.torch as ct
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # every replica starts from the same weights
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    member = membership.Member(a.rank, a.size, rendezvous_file=a.rendezvous_file, insecure=a.insecure,
+                               heartbeat=a.heartbeat, join_timeout=a.join_timeout)
+    avg = ct.FaultTolerantAverager(model, member, period=a.period, optimizer=opt)
+    member.on_change(lambda c: emit(event="reconfig", rank=a.rank, members=c["after"]["ranks"], lost=c["lost"],
+                                    admitted=c["admitted"], step=c["committed"]))
+    if a.join:
+        avg.join()
+    else:
+        avg.start()
+    emit(event="start", rank=a.rank, join=a.join, members=member.quorum["ranks"], step=avg.syncs)
+    g = torch.Generator().manual_seed(1000 + a.rank + 100 * int(a.join))  # each replica its own data
+    target = torch.linspace(-1, 1, 8)
+    while not avg.stopping:
+        x = torch.randn(64, 8, generator=g)
+        y = (x @ target).unsqueeze(1) + 0.01 * torch.randn(64, 1, generator=g)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        held = a.hold_file is not None and os.path.exists(a.hold_file)
+        report = avg.step(stop=avg.syncs >= a.steps and not held)
+        if report is not None:
+            emit(event="sync", rank=a.rank, step=report["committed"], outcome=report["outcome"],
+                 members=member.quorum["ranks"], loss=round(float(loss), 6))
+    avg.finish()
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    emit(event="done", rank=a.rank, step=avg.syncs, members=member.quorum["ranks"], hash=f"{member.state_hash:016x}",
+         weights=hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16], stats=member.stats(),
+         momentum=all(opt.state[p].get("momentum_buffer") is not None for p in model.parameters()))
+    member.close()
+    return 0
+
+
+class Proc:
+    """A rank started by the demonstration: a thread reads its JSON lines as they come (a full
+    pipe would stall the rank, and the others would count it lost)."""
+
+    def __init__(self, argv: list[str], env: dict) -> None:
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+        self.events: list[dict] = []
+        self.queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            e = json.loads(line)
+            self.events.append(e)
+            self.queue.put(e)
+        self.queue.put(None)
+
+    def wait_for(self, pred, deadline: float) -> dict:
+        while True:
+            try:
+                e = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError("the demonstration ran past --bound seconds") from None
+            if e is None:
+                raise RuntimeError(f"a rank ended before the awaited event (exit {self.p.wait()})")
+            if pred(e):
+                return e
+
+
+def demo(a: argparse.Namespace) -> int:
+    if not 0 <= a.kill < a.size:
+        raise SystemExit(f"--kill {a.kill} is not a rank of --size {a.size}")
+    # Rank 0 holds the ZeroMQ rendezvous: once it is lost the others go on, but no process can
+    # join any more (docs/status.md), so its slot is not refilled.
+    replace = a.kill != 0
+    deadline = time.monotonic() + a.bound
+    with tempfile.TemporaryDirectory() as tmp:
+        path, hold = os.path.join(tmp, "rendezvous"), os.path.join(tmp, "hold")
+        open(hold, "w").close()  # the others go on until the replacement is in
+        env = dict(os.environ, CADENCE_JOB_SECRET=secrets.token_hex(32))
+        base = [sys.executable, os.path.abspath(__file__), "--size", str(a.size), "--rendezvous-file", path,
+                "--hold-file", hold, "--steps", str(a.steps), "--period", str(a.period),
+                "--heartbeat", str(a.heartbeat)]
+        procs = {r: Proc(base + ["--rank", str(r)], env) for r in range(a.size)}
+        try:
+            victim = procs[a.kill]
+            victim.wait_for(lambda e: e["event"] == "sync" and e["step"] >= a.kill_after, deadline)
+            victim.p.send_signal(signal.SIGKILL)
+            victim.p.wait()
+            killed_at = time.monotonic()
+            if replace:
+                new = Proc(base + ["--rank", str(a.kill), "--join"], env)
+                procs[a.kill] = new
+                new.wait_for(lambda e: e["event"] == "start", deadline)
+            else:
+                del procs[a.kill]
+            os.unlink(hold)
+            done = {r: p.wait_for(lambda e: e["event"] == "done", deadline) for r, p in procs.items()}
+            for p in procs.values():
+                p.p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            for p in procs.values():
+                if p.p.poll() is None:
+                    p.p.kill()
+                    p.p.wait()
+    survivors = [r for r in procs if r != a.kill]
+    recovered = [e for r in survivors for e in procs[r].events
+                 if e["event"] == "reconfig" and a.kill in e["lost"]]
+    summary = {
+        "size": a.size, "killed": a.kill, "killed_after_syncs": a.kill_after,
+        "same_weights": len({d["weights"] for d in done.values()}) == 1,
+        "same_state_hash": len({d["hash"] for d in done.values()}) == 1,
+        "members": done[survivors[0]]["members"],
+        "syncs": {r: d["step"] for r, d in done.items()},
+        "loss_seen_by": sorted({e["rank"] for e in recovered}),
+        "replaced": replace,
+        "replacement_state_bytes": done[a.kill]["stats"]["state_received_bytes"] if replace else 0,
+        "replacement_has_momentum": done[a.kill]["momentum"] if replace else None,
+        "seconds_after_the_kill": round(time.monotonic() - killed_at, 3),
+    }
+    print(json.dumps(summary))
+    return 0 if summary["same_weights"] and summary["same_state_hash"] else 1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--demo", action="store_true", help="run the local demonstration (see above)")
+    p.add_argument("--rank", type=int, help="this process's slot")
+    p.add_argument("--size", type=int, default=3, help="slots in the job (default 3)")
+    p.add_argument("--rendezvous-file", help="rank 0 writes its ZeroMQ address here, the others read it")
+    p.add_argument("--join", action="store_true", help="a replacement: join the running job")
+    p.add_argument("--insecure", action="store_true", help="no job secret (loopback only)")
+    p.add_argument("--steps", type=int, default=8, help="syncs before the job may stop (default 8)")
+    p.add_argument("--period", type=int, default=2, help="local steps between syncs (default 2)")
+    p.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat timeout in seconds (default 1)")
+    p.add_argument("--join-timeout", type=float, default=120.0, help="--join: the wait to be admitted")
+    p.add_argument("--hold-file", help="go on past --steps while this file exists")
+    p.add_argument("--kill", type=int, default=1, help="--demo: the rank killed (default 1)")
+    p.add_argument("--kill-after", type=int, default=3, help="--demo: syncs before the kill (default 3)")
+    p.add_argument("--bound", type=float, default=240.0, help="--demo: seconds before it gives up (default 240)")
+    a = p.parse_args()
+    if a.demo:
+        return demo(a)
+    if a.rank is None or a.rendezvous_file is None:
+        p.error("a process needs --rank and --rendezvous-file (or --demo)")
+    return run_rank(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Fault-tolerant collectives over ZeroMQ: a job that loses any process goes on with the rest.
+
+:class:`Member` is one process's part in such a job (the C++ ``cadence::membership::member``
+over a ZeroMQ communicator, docs/collective.md). The processes form a *quorum*; each sync is
+a *transaction* (:meth:`Member.transact`) whose collectives (:meth:`Member.allreduce`,
+:meth:`Member.allreduce_average`, :meth:`Member.broadcast`) either complete on every member
+or, when a member is lost, stalls or leaves, fail on every survivor: the survivors agree on a
+smaller quorum and then run the sync again on it (``policy="retry"``, after putting the
+``backup`` arrays back) or give it up everywhere (``policy="discard"``), so the registered state
+is identical on every member after every sync. A replacement (``Member(..., )`` then
+:meth:`Member.join`) is admitted at the next sync and receives the registered state from a
+member.
+
+    m = cadence.membership.Member(rank, size, rendezvous_file="/shared/job.addr",
+                                  secret=os.environ["CADENCE_JOB_SECRET"])
+    m.add_state(weights)                  # NumPy arrays or torch CPU tensors, registered once
+    m.join() if restarted else m.start()
+    for step in range(steps):
+        local_step(weights)
+        m.transact(lambda: m.allreduce_average(weights), backup=[weights])
+    m.finish()                            # every member, after the same syncs
+
+Rank 0 holds the ZeroMQ rendezvous: it may be lost like any rank once the job runs, but after
+that no process can join (docs/status.md). ``cadence.torch.FaultTolerantAverager`` averages a
+torch model's parameters this way. This module needs the compiled ``cadence._membership``,
+built when libzmq is found at ``pip install`` time (Debian: ``libzmq3-dev``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Iterable
+
+from ._core import InvalidParameterError
+
+try:
+    from . import _membership
+except ImportError as _e:  # built without libzmq
+    raise ImportError(
+        "cadence.membership needs the compiled module cadence._membership, which is built only when "
+        f"libzmq is found when the package is installed ({_e}). Install libzmq's headers (Debian: "
+        "apt-get install libzmq3-dev pkgconf) and reinstall cadence-sync (pip install .); "
+        "docs/python.md, 'Fault-tolerant collectives'.") from _e
+
+SyncFailed = _membership.SyncFailed
+EvictedError = _membership.EvictedError
+QuorumError = _membership.QuorumError
+
+__all__ = ["Member", "SyncFailed", "EvictedError", "QuorumError", "publish_address", "read_address"]
+
+
+def _array(x: Any, who: str) -> Any:
+    """A NumPy array or a torch CPU tensor as an object with the buffer protocol, sharing memory."""
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        if x.device.type != "cpu":
+            raise InvalidParameterError(
+                f"cadence.membership.{who}: a tensor on {x.device} (the membership moves host memory: "
+                "keep a CPU copy of what it syncs, or stage it)")
+        if not x.is_contiguous():
+            raise InvalidParameterError(f"cadence.membership.{who}: the tensor is not contiguous")
+        return x.detach().numpy()
+    return x
+
+
+def publish_address(path: str, address: str) -> None:
+    """Writes ``address`` to ``path`` atomically (a temporary file renamed into place), as rank 0
+    does with ``rendezvous_file``."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(address + "\n")
+    os.replace(tmp, path)
+
+
+def read_address(path: str, timeout: float) -> str:
+    """The address rank 0 wrote to ``path``, waiting up to ``timeout`` seconds for it."""
+    until = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path, encoding="ascii") as f:
+                line = f.readline().strip()
+            if line:
+                return line
+        except FileNotFoundError:
+            pass
+        if time.monotonic() >= until:
+            raise TimeoutError(f"cadence.membership: no rendezvous address written to {path} within "
+                               f"{timeout:g} s (is rank 0 running?)")
+        time.sleep(0.01)
+
+
+class Member:
+    """One process of a fault-tolerant collective job over ZeroMQ.
+
+    Arguments:
+        rank, size: this process's slot and the number of slots. A replacement takes a lost
+            rank's slot (not rank 0's: it holds the rendezvous).
+        rendezvous: the ZeroMQ address rank 0 binds and the others register at
+            (``"tcp://10.0.0.1:29500"``; rank 0 may give port 0). Or:
+        rendezvous_file: rank 0 binds ``tcp://{address}:0`` (or ``rendezvous``) and writes the
+            address it got here; the others wait for the file (up to ``connect_timeout``).
+        address: the interface this process binds its own endpoint on (default loopback).
+        secret: the job secret as hex (64 digits; ``cadence-chaos-rank`` and the C++ tools read
+            it from ``$CADENCE_JOB_SECRET``): every connection is authenticated and encrypted
+            (CURVE). Default: ``$CADENCE_JOB_SECRET``. Or ``insecure=True``: nothing is
+            authenticated (loopback tests only).
+        heartbeat: the heartbeat timeout in seconds; a peer silent that long is lost. The op
+            timeout is 4x and the quorum timeout 8x (``timeouts::scaled``).
+        join_timeout: how long :meth:`join` waits to be admitted.
+        connect_timeout: the wait for the rendezvous file and the communicator's construction.
+        min_size: the fewest members a quorum may have (``QuorumError`` below it).
+        max_attempts: runs of a ``retry`` sync before it is discarded.
+        sync_initial_state: the first quorum streams the leader's state to every member, so
+            replicas start identical even when initialised apart.
+        on_event: called with a log line at every change of membership.
+
+    Every call must come from the thread that created the member. Use it as a context manager
+    (or call :meth:`close`) so that its sockets close.
+    """
+
+    def __init__(self, rank: int, size: int, *, rendezvous: str | None = None,
+                 rendezvous_file: str | None = None, address: str = "127.0.0.1",
+                 secret: str | None = None, insecure: bool = False, heartbeat: float = 1.0,
+                 join_timeout: float = 120.0, connect_timeout: float = 60.0, min_size: int = 1,
+                 max_attempts: int = 8, sync_initial_state: bool = False,
+                 on_event: Callable[[str], None] | None = None) -> None:
+        if rendezvous is None and rendezvous_file is None:
+            raise InvalidParameterError("cadence.membership.Member: needs rendezvous= or rendezvous_file=")
+        if not isinstance(rank, int) or not isinstance(size, int):
+            raise InvalidParameterError("cadence.membership.Member: rank and size must be ints")
+        if min_size < 1:
+            raise InvalidParameterError(f"cadence.membership.Member: min_size {min_size} must be >= 1")
+        on_bound = None
+        if rendezvous is None:
+            if rank == 0:
+                rendezvous = f"tcp://{address}:0"
+            elif 0 <= rank < size:
+                rendezvous = read_address(rendezvous_file, connect_timeout)
+        if rank == 0 and rendezvous_file is not None:
+            path = rendezvous_file
+            on_bound = lambda a: publish_address(path, a)  # noqa: E731
+        if not insecure and secret is None:
+            secret = os.environ.get("CADENCE_JOB_SECRET", "")
+        self._m = _membership._Member(rank, size, rendezvous or "", address, secret or "", insecure,
+                                      float(heartbeat), float(join_timeout), float(connect_timeout),
+                                      int(min_size), int(max_attempts), bool(sync_initial_state),
+                                      on_bound, on_event)
+        self._state: list[Any] = []
+
+    # ---- the replica's state ----
+
+    def add_state(self, *arrays: Any) -> None:
+        """Registers arrays of the replica's state (parameters, optimizer moments): streamed to a
+        newcomer or a member left behind, in registration order. NumPy arrays or torch CPU
+        tensors, C-contiguous; every member registers the same sizes in the same order, before
+        :meth:`start` or :meth:`join`. The arrays are held and must not be resized."""
+        for a in arrays:
+            arr = _array(a, "Member.add_state")
+            self._m.add_state(arr)
+            self._state.append(arr)
+
+    def add_blob(self, name: str, save: Callable[[], bytes], load: Callable[[bytes], None]) -> None:
+        """Registers small state that is not an array (counters, a schedule's clock) under
+        ``name``: ``save()`` runs on a member that sends the state, ``load(data)`` on one that
+        receives it."""
+        self._m.add_blob(name, save, load)
+
+    def on_change(self, callback: Callable[[dict], None]) -> None:
+        """Calls ``callback(change)`` after every reconfiguration (the first quorum included),
+        after the state transfer: ``change`` holds ``before`` and ``after`` (quorums: ``id`` and
+        ``ranks``), ``lost``, ``admitted``, ``healed`` and ``committed``. An exception it raises
+        is reported as unraisable, not propagated (it runs inside the reconfiguration)."""
+        self._m.on_change(callback)
+
+    # ---- forming and joining ----
+
+    def start(self) -> None:
+        """Forms the first quorum with the other initial processes (each calls start()).
+        Raises :class:`QuorumError` when too few arrive within the quorum timeout."""
+        self._m.start()
+
+    def join(self) -> None:
+        """Asks the running quorum to admit this process (new, or restarted in a lost rank's
+        slot); returns once admitted, with the quorum's state in the registered arrays."""
+        self._m.join()
+
+    # ---- syncs ----
+
+    def transact(self, body: Callable[[], None], backup: Iterable[Any] = (), policy: str = "retry") -> dict:
+        """Runs ``body()`` (collectives on this member) as one sync of the quorum.
+
+        When a member is lost during it, the collectives raise :class:`SyncFailed`; let it
+        propagate out of ``body``. The survivors then agree on a new quorum, and this member is
+        healed from one that committed the sync, or its ``backup`` arrays are put back and
+        ``body`` runs again (``policy="retry"``, up to ``max_attempts`` runs) or the sync is
+        given up (``policy="discard"``). Another exception raised by ``body`` ends the sync on
+        this member (the others see it leave) and propagates. Returns the report: ``outcome``
+        ("committed", "healed" or "discarded"), ``committed`` (syncs committed so far),
+        ``attempts`` and ``reconfigurations``."""
+        arrays = [_array(a, "Member.transact") for a in backup]
+        return self._m.transact(body, arrays, policy)
+
+    def allreduce(self, array: Any, op: str = "sum") -> None:
+        """All-reduces ``array`` in place over the quorum (``op``: sum, min or max)."""
+        self._m.allreduce(_array(array, "Member.allreduce"), op)
+
+    def allreduce_average(self, array: Any) -> None:
+        """Replaces the float32/float64 ``array`` by its mean over the quorum, in place."""
+        self._m.allreduce_average(_array(array, "Member.allreduce_average"))
+
+    def broadcast(self, array: Any, root: int = 0) -> None:
+        """Copies ``array`` from the quorum member with view rank ``root`` to every member."""
+        self._m.broadcast(_array(array, "Member.broadcast"), root)
+
+    def finish(self) -> dict:
+        """Ends this member's part after its last sync: one closing sync that changes no state,
+        so that a last sync committed on some members and failed on others is healed. Every
+        member calls it once, after the same syncs. Returns its report."""
+        return self._m.finish()
+
+    # ---- what it knows ----
+
+    @property
+    def rank(self) -> int:
+        """This process's slot."""
+        return self._m.rank
+
+    @property
+    def size(self) -> int:
+        """The number of slots."""
+        return self._m.size
+
+    @property
+    def quorum(self) -> dict:
+        """The quorum adopted last: ``id`` (only grows) and ``ranks``."""
+        return self._m.quorum
+
+    @property
+    def view_rank(self) -> int:
+        """This member's rank within the current quorum (0 .. len(quorum["ranks"]) - 1)."""
+        return self._m.view_rank
+
+    @property
+    def committed(self) -> int:
+        """Syncs the quorum has committed."""
+        return self._m.committed
+
+    @property
+    def state_hash(self) -> int:
+        """A 64-bit hash of the registered state: equal on every member after every sync."""
+        return self._m.state_hash
+
+    @property
+    def nonce(self) -> int:
+        """This process's nonce (the quorum's name for it)."""
+        return self._m.nonce
+
+    def stats(self) -> dict:
+        """Counts since start: reconfigurations, failed syncs, retries, discarded, healed, state
+        bytes sent and received, the last reconfiguration's seconds."""
+        return self._m.stats()
+
+    def close(self) -> None:
+        """Closes the member and its sockets; later calls raise."""
+        self._m.close()
+
+    def __enter__(self) -> "Member":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,169 @@
+# Periodic model averaging that survives the loss of any process: the replicas' parameters
+# averaged inside cadence.membership transactions over ZeroMQ (no torch.distributed group, which
+# dies with any rank), and a replacement process admitted with the current weights.
+from __future__ import annotations
+
+import io
+from typing import Optional
+
+import torch
+
+from ._common import InvalidParameterError
+
+
+class FaultTolerantAverager:
+    r"""Averages ``module``'s parameters (and floating-point buffers) over the processes of a
+    :class:`cadence.membership.Member` every ``period`` steps, so that the job goes on when any
+    process is lost (rank 0 included) and takes back a replacement without a checkpoint.
+
+    Each sync is a transaction of the member: when a process is lost during it, the survivors
+    re-form the quorum and run the sync again without it (``policy="retry"``, the weights put
+    back first) or give it up (``"discard"``); every survivor holds the same weights after every
+    sync (``member.state_hash`` is equal). The weights are synced through flat CPU copies (one
+    per dtype), so the module may live on any device; a replacement receives them, and the
+    optimizer's ``state_dict()`` when ``optimizer`` is given, from a member at its admission::
+
+        member = cadence.membership.Member(rank, size, rendezvous_file=path)
+        avg = cadence.torch.FaultTolerantAverager(model, member, period=8, optimizer=opt)
+        avg.join() if restarted else avg.start()
+        for batch in data:
+            loss(model, batch).backward(); opt.step(); opt.zero_grad()
+            avg.step()                   # averages every 8th call, surviving faults
+        avg.finish()                     # every process, after the same steps
+
+    Construct it before :meth:`start` / :meth:`join` (it registers the state with the member).
+    One process per replica: DDP inside a replica is not combined with it yet
+    (docs/python-torch.md, "Surviving a lost process").
+    """
+
+    def __init__(self, module: torch.nn.Module, member, period: int = 1, *, optimizer=None,
+                 buffers: bool = True, policy: str = "retry"):
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: period must be an integer >= 1, "
+                                        f"got {period!r}")
+        if policy not in ("retry", "discard"):
+            raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: policy {policy!r} is neither "
+                                        "'retry' nor 'discard'")
+        self.module = module
+        self.member = member
+        self.period = period
+        self.policy = policy
+        self.optimizer = optimizer
+        self.local_steps = 0
+        tensors = [p for p in module.parameters()]
+        if buffers:
+            tensors += [b for b in module.buffers() if b.is_floating_point()]
+        if not tensors:
+            raise InvalidParameterError("cadence.torch.FaultTolerantAverager: the module has no parameters")
+        for t in tensors:
+            if not t.is_floating_point():
+                raise InvalidParameterError("cadence.torch.FaultTolerantAverager: a parameter of dtype "
+                                            f"{t.dtype} (averaging needs floating point)")
+            if t.dtype not in (torch.float32, torch.float64):
+                raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: dtype {t.dtype} is not "
+                                            "averaged by the membership yet (float32 or float64)")
+        self._tensors = tensors
+        # One flat CPU copy per dtype, each tensor a slice of it: what the member registers,
+        # averages and streams to a newcomer.
+        self._flat: dict[torch.dtype, torch.Tensor] = {}
+        self._slices = []
+        sizes: dict[torch.dtype, int] = {}
+        for t in tensors:
+            start = sizes.get(t.dtype, 0)
+            self._slices.append((t.dtype, start, t.numel()))
+            sizes[t.dtype] = start + t.numel()
+        for dtype, n in sizes.items():
+            self._flat[dtype] = torch.zeros(n, dtype=dtype)
+        self._to_flat()
+        # Whether a member asked the job to stop, agreed in every sync (the maximum of the
+        # members' flags); registered, so a newcomer admitted at that sync knows it too.
+        self._stop = torch.zeros(1, dtype=torch.float64)
+        member.add_state(*self._flat.values(), self._stop)
+        member.add_blob("cadence.torch.FaultTolerantAverager", self._save_counters, self._load_counters)
+        if optimizer is not None:
+            member.add_blob("optimizer", self._save_optimizer, self._load_optimizer)
+
+    # ---- the flat copies ----
+
+    @torch.no_grad()
+    def _to_flat(self) -> None:
+        for t, (dtype, start, n) in zip(self._tensors, self._slices):
+            self._flat[dtype][start:start + n].copy_(t.detach().reshape(-1))
+
+    @torch.no_grad()
+    def _from_flat(self) -> None:
+        for t, (dtype, start, n) in zip(self._tensors, self._slices):
+            t.copy_(self._flat[dtype][start:start + n].view_as(t))
+
+    # A newcomer takes up the donor's step count at the sync that admits it, so that it syncs
+    # at the same steps as the others.
+    def _save_counters(self) -> bytes:
+        return str(self.local_steps).encode()
+
+    def _load_counters(self, data: bytes) -> None:
+        self.local_steps = int(data.decode())
+
+    @property
+    def syncs(self) -> int:
+        """Syncs the job has committed (``member.committed``)."""
+        return self.member.committed
+
+    def _save_optimizer(self) -> bytes:
+        buf = io.BytesIO()
+        torch.save(self.optimizer.state_dict(), buf)
+        return buf.getvalue()
+
+    def _load_optimizer(self, data: bytes) -> None:
+        self.optimizer.load_state_dict(torch.load(io.BytesIO(data)))
+
+    # ---- the job ----
+
+    def start(self) -> None:
+        """Forms the first quorum (``member.start()``) and takes up the state it agreed on."""
+        self.member.start()
+        self._from_flat()
+
+    def join(self) -> None:
+        """Joins the running job (``member.join()``): returns once admitted, with the quorum's
+        weights (and optimizer state) in the module."""
+        self.member.join()
+        self._from_flat()
+
+    def step(self, stop: bool = False) -> Optional[dict]:
+        """Counts one local step; on every ``period``-th, averages (:meth:`sync`) and returns
+        the sync's report, else None."""
+        self.local_steps += 1
+        if self.local_steps % self.period != 0:
+            return None
+        return self.sync(stop)
+
+    @property
+    def stopping(self) -> bool:
+        """True once a sync agreed to stop (a member passed ``stop=True``): every member sees it
+        after the same sync, so all leave their loops together (then :meth:`finish`)."""
+        return bool(self._stop[0] != 0)
+
+    def sync(self, stop: bool = False) -> dict:
+        """Averages the weights over the quorum now, as one transaction; returns the member's
+        report (``outcome``: committed, healed or discarded). The module holds the result.
+        ``stop``: this member asks the job to stop after this sync (:attr:`stopping`)."""
+        self._to_flat()
+        flats = list(self._flat.values())
+
+        def body():
+            flag = torch.tensor([1.0 if stop else 0.0], dtype=torch.float64)
+            self.member.allreduce(flag, "max")
+            for f in flats:
+                self.member.allreduce_average(f)
+            self._stop.copy_(flag)  # once the sync completed here
+
+        report = self.member.transact(body, backup=flats, policy=self.policy)
+        self._from_flat()
+        return report
+
+    def finish(self) -> dict:
+        """The closing sync (``member.finish()``): every process calls it once, after the same
+        steps; the module then holds the job's final weights."""
+        report = self.member.finish()
+        self._from_flat()
+        return report

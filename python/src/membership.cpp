@@ -1,0 +1,518 @@
+// cadence._membership: a member of a fault-tolerant collective job over ZeroMQ for Python
+// (cadence::membership::member on a zmq_communicator), wrapped by cadence.membership and used
+// by cadence.torch.FaultTolerantAverager. Its own module, built only where libzmq is found, so
+// that cadence._core never needs libzmq. Errors are raised as cadence._core's classes (looked up
+// by name) or as this module's SyncFailed, EvictedError and QuorumError.
+//
+// Threads and the GIL: every call is made on the thread that created the member (the
+// communicator's owning thread), and releases the GIL while it communicates; a transaction's
+// body, the state's save/load functions and the on_change/on_event callbacks run with the GIL.
+#include <cadence/membership/member.hpp>
+#include <cadence/transport/zmq/communicator.hpp>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace nb = nanobind;
+
+namespace cadence::python {
+
+namespace {
+
+namespace mb = cadence::membership;
+namespace tr = cadence::transport;
+using comm_t = tr::zmq_communicator;
+using member_t = mb::member<comm_t>;
+
+// This module's exception classes (owned by the module's attributes).
+struct membership_types {
+  PyObject* sync_failed = nullptr;
+  PyObject* evicted = nullptr;
+  PyObject* quorum = nullptr;
+};
+membership_types types;
+
+[[noreturn]] void raise_type(PyObject* type, const char* what) {
+  PyErr_SetString(type, what);
+  throw nb::python_error();
+}
+
+[[noreturn]] void raise_core(const char* name, const char* what) {
+  nb::object cls = nb::module_::import_("cadence._core").attr(name);
+  raise_type(cls.ptr(), what);
+}
+
+// A Python exception raised by a transaction's body, carried through member::transact() (which
+// tells the others this member left the sync) as a C++ exception, and raised again outside.
+struct body_raised : std::exception {
+  const char* what() const noexcept override { return "cadence.membership: the transaction's body raised"; }
+};
+
+// f() with the library's exceptions raised as their Python classes. Call it with the GIL held:
+// a gil_scoped_release inside f is undone before the handlers run.
+template <class F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const nb::python_error&) {
+    throw;
+  } catch (const mb::sync_failed& e) {
+    raise_type(types.sync_failed, e.what());
+  } catch (const mb::evicted_error& e) {
+    raise_type(types.evicted, e.what());
+  } catch (const mb::quorum_error& e) {
+    raise_type(types.quorum, e.what());
+  } catch (const invalid_parameter_error& e) {
+    raise_core("InvalidParameterError", e.what());
+  } catch (const timeout_error& e) {
+    raise_core("TimeoutError", e.what());
+  } catch (const transport_error& e) {
+    raise_core("TransportError", e.what());
+  } catch (const error& e) {
+    raise_core("Error", e.what());
+  }
+}
+
+// A writable, C-contiguous CPU buffer seen without copying (a NumPy array, or a torch CPU
+// tensor's .numpy()): the object is held while the member may touch its memory.
+struct block {
+  nb::object owner;
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+  tr::dtype type = tr::dtype::u8;
+};
+
+tr::dtype dtype_of(const char* format, Py_ssize_t itemsize, const std::string& who) {
+  std::string f = format ? format : "B";
+  if (!f.empty() && (f[0] == '<' || f[0] == '=' || f[0] == '@')) f.erase(0, 1);
+  if (f == "f" && itemsize == 4) return tr::dtype::f32;
+  if (f == "d" && itemsize == 8) return tr::dtype::f64;
+  if ((f == "i" || f == "l" || f == "q") && itemsize == 4) return tr::dtype::i32;
+  if ((f == "l" || f == "q") && itemsize == 8) return tr::dtype::i64;
+  if ((f == "B" || f == "b" || f == "c") && itemsize == 1) return tr::dtype::u8;
+  if (f == "e" && itemsize == 2) return tr::dtype::f16;
+  throw invalid_parameter_error(who + ": element type '" + f + "' (" + std::to_string(itemsize) +
+                                " bytes) is not one the collectives carry (float32, float64, int32, int64, uint8, "
+                                "float16)");
+}
+
+block block_of(nb::handle obj, const std::string& who) {
+  Py_buffer v;
+  if (PyObject_GetBuffer(obj.ptr(), &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) != 0) {
+    PyErr_Clear();
+    raise_core("ArrayTypeError",
+               (who + ": needs a writable, C-contiguous array in CPU memory (a NumPy array, or a torch CPU "
+                      "tensor through cadence.membership, which passes tensor.numpy()); got " +
+                std::string(Py_TYPE(obj.ptr())->tp_name))
+                   .c_str());
+  }
+  block b;
+  b.owner = nb::borrow(obj);
+  b.data = v.buf;
+  b.bytes = static_cast<std::size_t>(v.len);
+  try {
+    b.type = dtype_of(v.format, v.itemsize, who);
+  } catch (...) {
+    PyBuffer_Release(&v);
+    throw;
+  }
+  b.count = b.bytes / tr::dtype_size(b.type);
+  PyBuffer_Release(&v);
+  return b;
+}
+
+tr::reduce_op op_of(const std::string& op) {
+  if (op == "sum") return tr::reduce_op::sum;
+  if (op == "min") return tr::reduce_op::min;
+  if (op == "max") return tr::reduce_op::max;
+  throw invalid_parameter_error("cadence.membership: unknown reduce op '" + op + "' (sum, min or max)");
+}
+
+nb::list ranks_of(const mb::quorum& q) {
+  nb::list l;
+  for (int r : q.ranks) l.append(r);
+  return l;
+}
+
+nb::dict quorum_dict(const mb::quorum& q) {
+  nb::dict d;
+  d["id"] = q.id;
+  d["ranks"] = ranks_of(q);
+  return d;
+}
+
+nb::list int_list(const std::vector<int>& v) {
+  nb::list l;
+  for (int r : v) l.append(r);
+  return l;
+}
+
+// Reports a Python callback's exception that cannot propagate (it ran inside a reconfiguration)
+// as unraisable, the way Python reports an exception in a __del__.
+void report_unraisable(nb::python_error& e, const char* where) { e.discard_as_unraisable(where); }
+
+class py_member {
+public:
+  py_member(int rank, int size, std::string rendezvous, std::string address, std::string secret_hex, bool insecure,
+            double heartbeat_s, double join_timeout_s, double connect_timeout_s, std::size_t min_size,
+            int max_attempts, bool sync_initial_state, nb::object on_bound, nb::object on_event) {
+    const std::string here = "cadence.membership.Member";
+    if (size < 1) throw invalid_parameter_error(here + ": size " + std::to_string(size) + " must be >= 1");
+    if (rank < 0 || rank >= size)
+      throw invalid_parameter_error(here + ": rank " + std::to_string(rank) + " is out of range for size " +
+                                    std::to_string(size) + " (ranks 0.." + std::to_string(size - 1) + ")");
+    const auto ms = [&](double s, const char* name) {
+      if (!(s > 0) || s > 1e7)
+        throw invalid_parameter_error(here + ": " + name + " must be a positive number of seconds, got " +
+                                      std::to_string(s));
+      return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000 + 0.5));
+    };
+    if (rendezvous.empty()) throw invalid_parameter_error(here + ": needs a rendezvous address (tcp://HOST:PORT)");
+    on_bound_ = std::move(on_bound);
+    on_event_ = std::move(on_event);
+
+    mb::member_options mo;
+    mo.timeouts = mb::timeouts::scaled(ms(heartbeat_s, "heartbeat"));
+    mo.join_timeout = ms(join_timeout_s, "join_timeout");
+    mo.min_size = min_size;
+    mo.max_attempts = max_attempts;
+    mo.sync_initial_state = sync_initial_state;
+    if (!on_event_.is_none())
+      mo.on_event = [this](const std::string& line) {
+        nb::gil_scoped_acquire gil;
+        try {
+          on_event_(line);
+        } catch (nb::python_error& e) {
+          report_unraisable(e, "cadence.membership.Member on_event callback");
+        }
+      };
+    tr::zmq_options zo;
+    if (insecure) {
+      if (!secret_hex.empty()) throw invalid_parameter_error(here + ": give a secret or insecure=True, not both");
+      zo.security = tr::wire_security::open;
+    } else {
+      if (secret_hex.empty())
+        throw invalid_parameter_error(here + ": no job secret: pass secret= (hex, as cadence-chaos-rank's "
+                                             "$CADENCE_JOB_SECRET) or insecure=True (loopback only)");
+      zo.secret = tr::job_secret::from_hex(secret_hex, here + " secret");
+    }
+    zo.heartbeat_interval = mo.timeouts.heartbeat_interval;
+    zo.heartbeat_timeout = mo.timeouts.heartbeat_timeout;
+    zo.endpoint = "tcp://" + address + ":0";
+    // Any process may be a late one or a replacement: construction waits for this rank alone
+    // (the first quorum's absentees are bounded by the quorum timeout).
+    zo.wait_for = tr::zmq_wait_for::self;
+    zo.rendezvous = std::move(rendezvous);
+    if (rank == 0 && !on_bound_.is_none())
+      zo.on_rendezvous_bound = [this](const std::string& a) {
+        nb::gil_scoped_acquire gil;
+        on_bound_(a);  // a Python error here fails the construction (python_error)
+      };
+    const tr::deadline connect(ms(connect_timeout_s, "connect_timeout"));
+    {
+      nb::gil_scoped_release unlocked;
+      comm_ = std::make_unique<comm_t>(rank, size, zo, connect);
+    }
+    member_ = std::make_unique<member_t>(*comm_, std::move(mo));
+  }
+
+  ~py_member() { close(); }
+
+  // Destroys the member and its communicator (the sockets close; later calls raise), then lets
+  // go of the Python objects it held: the arrays and the callbacks, which often refer back to
+  // this member (an averager's bound methods), a cycle Python's collector cannot see through C++.
+  void close() {
+    if (comm_) {
+      nb::gil_scoped_release unlocked;
+      member_.reset();
+      comm_.reset();
+    }
+    held_.clear();
+    blobs_.clear();
+    changes_.clear();
+    on_bound_ = nb::object();
+    on_event_ = nb::object();
+  }
+
+  member_t& m(const char* what) {
+    if (!member_)
+      throw invalid_parameter_error(std::string("cadence.membership.Member.") + what + ": the member is closed");
+    return *member_;
+  }
+
+  void add_state(nb::handle obj) {
+    if (started_) throw invalid_parameter_error("cadence.membership.Member.add_state: register state before start() or join()");
+    block b = block_of(obj, "cadence.membership.Member.add_state");
+    m("add_state").add_state(mb::buffer(b.data, b.bytes));
+    held_.push_back(std::move(b));
+  }
+
+  void add_blob(std::string name, nb::callable save, nb::callable load) {
+    if (started_) throw invalid_parameter_error("cadence.membership.Member.add_blob: register state before start() or join()");
+    blobs_.push_back({save, load});
+    const std::size_t i = blobs_.size() - 1;
+    const std::string who = "cadence.membership: state '" + name + "'";
+    m("add_blob").add_state(
+        name,
+        [this, i, who]() {
+          nb::gil_scoped_acquire gil;
+          nb::object r = blobs_[i].first();
+          if (!nb::isinstance<nb::bytes>(r)) throw error(who + ": save() must return bytes");
+          const nb::bytes b = nb::borrow<nb::bytes>(r);
+          const auto* p = static_cast<const unsigned char*>(static_cast<const void*>(b.c_str()));
+          return std::vector<unsigned char>(p, p + b.size());
+        },
+        [this, i](const std::vector<unsigned char>& v) {
+          nb::gil_scoped_acquire gil;
+          blobs_[i].second(nb::bytes(reinterpret_cast<const char*>(v.data()), v.size()));
+        });
+  }
+
+  void on_change(nb::callable f) {
+    // The callable stays here, destroyed with the GIL held; the member's function (destroyed
+    // without it, in close()) holds only its index.
+    changes_.push_back(std::move(f));
+    const std::size_t i = changes_.size() - 1;
+    m("on_change").on_change([this, i](const mb::change& c) {
+      nb::gil_scoped_acquire gil;
+      try {
+        nb::dict d;
+        d["before"] = quorum_dict(c.before);
+        d["after"] = quorum_dict(c.after);
+        d["lost"] = int_list(c.lost);
+        d["admitted"] = int_list(c.admitted);
+        d["healed"] = c.healed;
+        d["committed"] = c.committed;
+        changes_[i](d);
+      } catch (nb::python_error& e) {
+        report_unraisable(e, "cadence.membership.Member on_change callback");
+      }
+    });
+  }
+
+  void start() {
+    started_ = true;
+    member_t& mm = m("start");
+    nb::gil_scoped_release unlocked;
+    mm.start();
+  }
+
+  void join() {
+    started_ = true;
+    member_t& mm = m("join");
+    nb::gil_scoped_release unlocked;
+    mm.join();
+  }
+
+  nb::dict transact(nb::callable body, nb::list backup, const std::string& policy) {
+    member_t& mm = m("transact");
+    mb::on_loss pol;
+    if (policy == "retry")
+      pol = mb::on_loss::retry;
+    else if (policy == "discard")
+      pol = mb::on_loss::discard;
+    else
+      throw invalid_parameter_error("cadence.membership.Member.transact: policy '" + policy +
+                                    "' is neither 'retry' nor 'discard'");
+    std::vector<block> held;
+    std::vector<mb::buffer> bufs;
+    for (nb::handle h : backup) {
+      held.push_back(block_of(h, "cadence.membership.Member.transact backup"));
+      bufs.emplace_back(held.back().data, held.back().bytes);
+    }
+    std::optional<nb::python_error> raised;
+    mb::sync_report r;
+    try {
+      nb::gil_scoped_release unlocked;
+      r = mm.transact(
+          [&] {
+            nb::gil_scoped_acquire gil;
+            pending_ = nullptr;
+            in_body_ = true;
+            try {
+              body();
+            } catch (nb::python_error& e) {
+              in_body_ = false;
+              // A view call failed because the quorum changed (SyncFailed raised through the
+              // body): member::transact() recovers from the C++ exception it stands for.
+              if (pending_) std::rethrow_exception(std::exchange(pending_, nullptr));
+              raised.emplace(e);
+              throw body_raised();
+            }
+            in_body_ = false;
+          },
+          span<const mb::buffer>(bufs.data(), bufs.size()), pol);
+    } catch (const body_raised&) {
+      nb::python_error e = *raised;
+      raised.reset();
+      throw e;
+    }
+    nb::dict d;
+    d["outcome"] = mb::outcome_name(r.outcome);
+    d["committed"] = r.committed;
+    d["attempts"] = r.attempts;
+    d["reconfigurations"] = r.reconfigurations;
+    return d;
+  }
+
+  // A collective on the quorum's view, for a transaction's body.
+  template <class F>
+  void view_call(const char* what, F&& f) {
+    member_t& mm = m(what);
+    try {
+      nb::gil_scoped_release unlocked;
+      f(mm.view());
+    } catch (const mb::sync_failed&) {
+      if (in_body_) pending_ = std::current_exception();
+      throw;
+    }
+  }
+
+  void allreduce(nb::handle obj, const std::string& op) {
+    const block b = block_of(obj, "cadence.membership.Member.allreduce");
+    const tr::reduce_op o = op_of(op);
+    view_call("allreduce", [&](auto& v) { v.allreduce(b.data, b.count, b.type, o); });
+  }
+
+  void allreduce_average(nb::handle obj) {
+    const block b = block_of(obj, "cadence.membership.Member.allreduce_average");
+    if (b.type != tr::dtype::f32 && b.type != tr::dtype::f64)
+      throw invalid_parameter_error("cadence.membership.Member.allreduce_average: needs float32 or float64");
+    view_call("allreduce_average", [&](auto& v) { v.allreduce_average(b.data, b.count, b.type); });
+  }
+
+  void broadcast(nb::handle obj, int root) {
+    const block b = block_of(obj, "cadence.membership.Member.broadcast");
+    view_call("broadcast", [&](auto& v) { v.broadcast(b.data, b.bytes, root); });
+  }
+
+  nb::dict finish() {
+    member_t& mm = m("finish");
+    mb::sync_report r;
+    {
+      nb::gil_scoped_release unlocked;
+      r = mm.finish();
+    }
+    nb::dict d;
+    d["outcome"] = mb::outcome_name(r.outcome);
+    d["committed"] = r.committed;
+    d["attempts"] = r.attempts;
+    d["reconfigurations"] = r.reconfigurations;
+    return d;
+  }
+
+  nb::dict stats() {
+    const mb::member_stats s = m("stats").stats();
+    nb::dict d;
+    d["reconfigurations"] = s.reconfigurations;
+    d["failed_syncs"] = s.failed_syncs;
+    d["retries"] = s.retries;
+    d["discarded"] = s.discarded;
+    d["healed"] = s.healed;
+    d["state_sent_bytes"] = s.state_sent_bytes;
+    d["state_received_bytes"] = s.state_received_bytes;
+    d["state_receive_seconds"] = s.state_receive_seconds;
+    d["drained_messages"] = s.drained_messages;
+    d["last_reconfiguration_seconds"] = s.last_reconfiguration_seconds;
+    return d;
+  }
+
+  int rank() { return comm_ ? comm_->rank() : -1; }
+  int size() { return comm_ ? comm_->size() : 0; }
+  std::uint64_t committed() { return m("committed").committed(); }
+  std::uint64_t state_hash() { return m("state_hash").state_hash(); }
+  std::uint64_t nonce() { return m("nonce").nonce(); }
+  nb::dict quorum() { return quorum_dict(m("quorum").current()); }
+  int view_rank() { return m("view_rank").view().rank(); }
+
+private:
+  std::unique_ptr<comm_t> comm_;
+  std::unique_ptr<member_t> member_;
+  std::vector<block> held_;
+  std::vector<std::pair<nb::callable, nb::callable>> blobs_;
+  std::vector<nb::callable> changes_;
+  nb::object on_bound_, on_event_;
+  std::exception_ptr pending_;
+  bool in_body_ = false, started_ = false;
+};
+
+PyObject* make_type(nb::module_& m, const char* name, PyObject* base, const char* doc) {
+  const std::string qualified = std::string("cadence.membership.") + name;
+  PyObject* t = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, base, nullptr);
+  if (!t) throw nb::python_error();
+  m.attr(name) = nb::steal(t);
+  return t;
+}
+
+}  // namespace
+
+}  // namespace cadence::python
+
+NB_MODULE(_membership, m) {
+  namespace py = cadence::python;
+  using py::guarded;
+  using py::py_member;
+  m.doc() = "A fault-tolerant collective member over ZeroMQ; use cadence.membership, not this module.";
+  nb::module_ core = nb::module_::import_("cadence._core");
+  py::types.sync_failed = py::make_type(
+      m, "SyncFailed", core.attr("TransportError").ptr(),
+      "A collective of a transaction failed because the quorum changed under it. Raised from "
+      "Member.allreduce and friends inside a transaction's body: let it propagate, and "
+      "Member.transact re-forms the quorum and retries or discards the sync.");
+  py::types.evicted = py::make_type(
+      m, "EvictedError", core.attr("Error").ptr(),
+      "This member is no longer in the quorum: close it and come back as a new process (join).");
+  py::types.quorum = py::make_type(m, "QuorumError", core.attr("Error").ptr(),
+                                   "The quorum cannot form or re-form (too few members left).");
+
+  nb::class_<py_member>(m, "_Member")
+      .def(
+          "__init__",
+          [](py_member* self, int rank, int size, std::string rendezvous, std::string address, std::string secret,
+             bool insecure, double heartbeat, double join_timeout, double connect_timeout, std::size_t min_size,
+             int max_attempts, bool sync_initial_state, nb::object on_bound, nb::object on_event) {
+            guarded([&] {
+              new (self) py_member(rank, size, std::move(rendezvous), std::move(address), std::move(secret), insecure,
+                                   heartbeat, join_timeout, connect_timeout, min_size, max_attempts,
+                                   sync_initial_state, std::move(on_bound), std::move(on_event));
+            });
+          },
+          nb::arg("rank"), nb::arg("size"), nb::arg("rendezvous"), nb::arg("address"), nb::arg("secret"),
+          nb::arg("insecure"), nb::arg("heartbeat"), nb::arg("join_timeout"), nb::arg("connect_timeout"),
+          nb::arg("min_size"), nb::arg("max_attempts"), nb::arg("sync_initial_state"), nb::arg("on_bound").none(),
+          nb::arg("on_event").none())
+      .def("close", [](py_member& s) { guarded([&] { s.close(); }); })
+      .def("add_state", [](py_member& s, nb::handle a) { guarded([&] { s.add_state(a); }); })
+      .def("add_blob", [](py_member& s, std::string name, nb::callable save, nb::callable load) {
+        guarded([&] { s.add_blob(std::move(name), std::move(save), std::move(load)); });
+      })
+      .def("on_change", [](py_member& s, nb::callable f) { guarded([&] { s.on_change(std::move(f)); }); })
+      .def("start", [](py_member& s) { guarded([&] { s.start(); }); })
+      .def("join", [](py_member& s) { guarded([&] { s.join(); }); })
+      .def("transact", [](py_member& s, nb::callable body, nb::list backup, const std::string& policy) {
+        return guarded([&] { return s.transact(std::move(body), std::move(backup), policy); });
+      })
+      .def("allreduce", [](py_member& s, nb::handle a, const std::string& op) { guarded([&] { s.allreduce(a, op); }); })
+      .def("allreduce_average", [](py_member& s, nb::handle a) { guarded([&] { s.allreduce_average(a); }); })
+      .def("broadcast", [](py_member& s, nb::handle a, int root) { guarded([&] { s.broadcast(a, root); }); })
+      .def("finish", [](py_member& s) { return guarded([&] { return s.finish(); }); })
+      .def("stats", [](py_member& s) { return guarded([&] { return s.stats(); }); })
+      .def_prop_ro("rank", [](py_member& s) { return s.rank(); })
+      .def_prop_ro("size", [](py_member& s) { return s.size(); })
+      .def_prop_ro("committed", [](py_member& s) { return guarded([&] { return s.committed(); }); })
+      .def_prop_ro("state_hash", [](py_member& s) { return guarded([&] { return s.state_hash(); }); })
+      .def_prop_ro("nonce", [](py_member& s) { return guarded([&] { return s.nonce(); }); })
+      .def_prop_ro("quorum", [](py_member& s) { return guarded([&] { return s.quorum(); }); })
+      .def_prop_ro("view_rank", [](py_member& s) { return guarded([&] { return s.view_rank(); }); });
+}

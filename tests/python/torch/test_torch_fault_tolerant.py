@@ -1,0 +1,60 @@
+"""cadence.torch.FaultTolerantAverager: a torch job whose processes average their model over
+cadence.membership survives a process killed with SIGKILL (rank 0 included) and takes back a
+replacement, which receives the weights and the optimizer's momentum; every process ends with
+the same weights. Runs examples/python/fault_tolerant_averaging.py --demo (real processes on
+loopback, a job secret, every wait bounded) and checks the JSON it prints."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+cadence = pytest.importorskip("cadence")
+try:
+    import cadence.membership  # noqa: F401
+except ImportError as e:  # built without libzmq (tests/python/test_membership.py says when that is wrong)
+    pytest.skip(f"cadence.membership is not built ({e})", allow_module_level=True)
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "python" / "fault_tolerant_averaging.py"
+
+
+def demo(*args):
+    out = subprocess.run([sys.executable, str(EXAMPLE), "--demo", "--bound", "200", *args],
+                         capture_output=True, text=True, timeout=240, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_killed_process_is_replaced_and_every_process_ends_with_the_same_weights():
+    s = demo("--size", "3", "--kill", "1", "--steps", "6")
+    assert s["same_weights"] and s["same_state_hash"]
+    assert s["members"] == [0, 1, 2] and s["replaced"]
+    assert s["loss_seen_by"] == [0, 2]
+    assert s["replacement_state_bytes"] > 0
+    assert s["replacement_has_momentum"]  # the optimizer's state came with the weights
+    assert len(set(s["syncs"].values())) == 1
+
+
+def test_the_job_outlives_rank_0():
+    s = demo("--size", "3", "--kill", "0", "--steps", "6")
+    assert s["same_weights"] and s["same_state_hash"]
+    assert s["members"] == [1, 2] and not s["replaced"]
+    assert s["loss_seen_by"] == [1, 2]
+
+
+def test_arguments_are_checked():
+    import cadence.torch as ct
+
+    class Member:  # never reached: the checks come first
+        pass
+
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ct.InvalidParameterError, match="period must be an integer >= 1"):
+        ct.FaultTolerantAverager(model, Member(), period=0)
+    with pytest.raises(ct.InvalidParameterError, match="policy 'later'"):
+        ct.FaultTolerantAverager(model, Member(), policy="later")
+    with pytest.raises(ct.InvalidParameterError, match="float32 or float64"):
+        ct.FaultTolerantAverager(model.to(torch.float16), Member())
