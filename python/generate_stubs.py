@@ -55,7 +55,7 @@ def render(module: str) -> str:
     if errors:
         # Bases before subclasses (Error first).
         errors.sort(key=lambda e: (e[0], e[1]))
-        text = re.sub(r"from cadence import \([^)]*\)\n", "import builtins\n\n\n" +
+        text = re.sub(r"from cadence(?:\.\w+)? import \([^)]*\)\n", "import builtins\n\n\n" +
                       "\n".join(e[2] for e in errors), text, count=1)
         text = text.replace("class TimeoutError(Error, TimeoutError)",
                             "class TimeoutError(Error, builtins.TimeoutError)")

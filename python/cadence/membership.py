@@ -47,7 +47,7 @@ SyncFailed = _membership.SyncFailed
 EvictedError = _membership.EvictedError
 QuorumError = _membership.QuorumError
 
-__all__ = ["Member", "SyncFailed", "EvictedError", "QuorumError", "publish_address", "read_address"]
+__all__ = ["Member", "DiLoCo", "SyncFailed", "EvictedError", "QuorumError", "publish_address", "read_address"]
 
 
 def _array(x: Any, who: str) -> Any:
@@ -270,3 +270,74 @@ class Member:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class DiLoCo:
+    """DiLoCo's outer steps as transactions of a :class:`Member` (the C++
+    ``exchange::diloco_member``, docs/local-sgd.md "Faults: on the membership layer"): a
+    process lost during an outer sync drops out of it and the others run it again without its
+    pseudo-gradient; a replacement (:meth:`join`) starts from the current global weights and
+    outer optimizer state.
+
+    ``weights``: this process's float32 arrays (NumPy, or torch CPU tensors), the inner
+    optimizer's parameters, read for the pseudo-gradient and overwritten with the new global
+    weights at each outer step. ``config``: the C++ local-SGD config,
+    ``"<schedule>[,outer=<optimizer>][,fragments=F][,alpha=A][,codec=C][,feedback=0|1][,weights=steps|uniform]"``
+    (``fixed:H``, ``elastic:R``, ``lag:H:s``, ``quorum:K:H[:grace]``; outer ``nesterov:0.7:0.9``
+    by default; ``delay`` must be 0 here). Make it before the member's start/join, then call
+    :meth:`start` or :meth:`join` instead of the member's; every sync of the member goes
+    through it.
+
+        m = Member(rank, size, rendezvous_file=path)
+        outer = DiLoCo(m, [w], "fixed:20,outer=nesterov:0.7:0.9")
+        outer.join() if restarted else outer.start()
+        while outer.outer_steps < steps:
+            t = time.perf_counter(); inner_step(w)
+            if outer.step_done(time.perf_counter() - t):
+                outer.sync()
+        outer.finish()
+    """
+
+    def __init__(self, member: Member, weights: Iterable[Any], config: str = "fixed:20") -> None:
+        arrays = [_array(w, "DiLoCo") for w in weights]
+        self._d = _membership._DiLoCo(member._m, arrays, config)
+        self._weights = arrays
+        self.member = member
+
+    def start(self) -> None:
+        """Forms the first quorum; the first member's weights become everyone's."""
+        self._d.start()
+
+    def join(self) -> None:
+        """Joins the running job: returns with the global weights in ``weights``."""
+        self._d.join()
+
+    def step_done(self, seconds: float) -> bool:
+        """This process finished an inner step that took ``seconds``: whether :meth:`sync` is
+        due now (the timed schedules plan from the durations)."""
+        return self._d.step_done(seconds)
+
+    @property
+    def due(self) -> bool:
+        """Whether :meth:`sync` must be called now."""
+        return self._d.due
+
+    def sync(self) -> dict:
+        """The outer sync due now, as a transaction; returns the member's report (``outcome``
+        committed, healed or discarded). ``weights`` then hold the new global weights."""
+        return self._d.sync()
+
+    def finish(self) -> dict:
+        """The member's closing sync, after the last outer step (every process)."""
+        return self._d.finish()
+
+    @property
+    def outer_steps(self) -> int:
+        """Outer steps the job has applied (shared: equal on every member)."""
+        return self._d.outer_steps
+
+    @property
+    def global_hash(self) -> int:
+        """A hash of the global weights and the outer optimizer's state: equal on every member
+        after every commit."""
+        return self._d.global_hash

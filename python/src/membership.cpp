@@ -7,6 +7,7 @@
 // Threads and the GIL: every call is made on the thread that created the member (the
 // communicator's owning thread), and releases the GIL while it communicates; a transaction's
 // body, the state's save/load functions and the on_change/on_event callbacks run with the GIL.
+#include <cadence/exchange/local_sgd/membership.hpp>
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
 
@@ -74,6 +75,8 @@ auto guarded(F&& f) -> decltype(f()) {
     raise_type(types.quorum, e.what());
   } catch (const invalid_parameter_error& e) {
     raise_core("InvalidParameterError", e.what());
+  } catch (const parse_error& e) {
+    raise_core("ParseError", e.what());
   } catch (const timeout_error& e) {
     raise_core("TimeoutError", e.what());
   } catch (const transport_error& e) {
@@ -137,6 +140,15 @@ tr::reduce_op op_of(const std::string& op) {
   if (op == "min") return tr::reduce_op::min;
   if (op == "max") return tr::reduce_op::max;
   throw invalid_parameter_error("cadence.membership: unknown reduce op '" + op + "' (sum, min or max)");
+}
+
+nb::dict report_dict(const mb::sync_report& r) {
+  nb::dict d;
+  d["outcome"] = mb::outcome_name(r.outcome);
+  d["committed"] = r.committed;
+  d["attempts"] = r.attempts;
+  d["reconfigurations"] = r.reconfigurations;
+  return d;
 }
 
 nb::list ranks_of(const mb::quorum& q) {
@@ -358,12 +370,7 @@ public:
       raised.reset();
       throw e;
     }
-    nb::dict d;
-    d["outcome"] = mb::outcome_name(r.outcome);
-    d["committed"] = r.committed;
-    d["attempts"] = r.attempts;
-    d["reconfigurations"] = r.reconfigurations;
-    return d;
+    return report_dict(r);
   }
 
   // A collective on the quorum's view, for a transaction's body.
@@ -404,12 +411,7 @@ public:
       nb::gil_scoped_release unlocked;
       r = mm.finish();
     }
-    nb::dict d;
-    d["outcome"] = mb::outcome_name(r.outcome);
-    d["committed"] = r.committed;
-    d["attempts"] = r.attempts;
-    d["reconfigurations"] = r.reconfigurations;
-    return d;
+    return report_dict(r);
   }
 
   nb::dict stats() {
@@ -435,6 +437,8 @@ public:
   std::uint64_t nonce() { return m("nonce").nonce(); }
   nb::dict quorum() { return quorum_dict(m("quorum").current()); }
   int view_rank() { return m("view_rank").view().rank(); }
+  bool started() const noexcept { return started_; }
+  void mark_started() noexcept { started_ = true; }
 
 private:
   std::unique_ptr<comm_t> comm_;
@@ -445,6 +449,74 @@ private:
   nb::object on_bound_, on_event_;
   std::exception_ptr pending_;
   bool in_body_ = false, started_ = false;
+};
+
+// exchange::diloco_member on a Member: DiLoCo's outer steps as transactions of the quorum. The
+// member (its Python object) and the weights are held while this lives; its syncs are C++ only,
+// so they run without the GIL.
+class py_diloco {
+public:
+  py_diloco(nb::object member, nb::list weights, const std::string& config) : owner_(std::move(member)) {
+    py_member& pm = nb::cast<py_member&>(owner_);
+    if (pm.started())
+      throw invalid_parameter_error("cadence.membership.DiLoCo: make it before the member's start() or join()");
+    std::vector<exchange::tensor_ref> refs;
+    for (nb::handle h : weights) {
+      block b = block_of(h, "cadence.membership.DiLoCo weights");
+      if (b.type != tr::dtype::f32)
+        throw invalid_parameter_error("cadence.membership.DiLoCo: the weights must be float32 (the outer state is)");
+      refs.emplace_back(static_cast<float*>(b.data), b.count);
+      held_.push_back(std::move(b));
+    }
+    if (refs.empty()) throw invalid_parameter_error("cadence.membership.DiLoCo: no weights");
+    const exchange::diloco_config c = exchange::parse_diloco_config(config);
+    // The schedule is checked here, for the job's size, rather than at start().
+    (void)exchange::outer_schedule(c.options.schedule, static_cast<std::size_t>(pm.size()), c.options.history);
+    d_ = std::make_unique<exchange::diloco_member<comm_t>>(pm.m("DiLoCo"), span<const exchange::tensor_ref>(refs),
+                                                           exchange::make_outer_optimizer(c.outer), c.options);
+  }
+
+  void start() {
+    nb::cast<py_member&>(owner_).mark_started();
+    nb::gil_scoped_release unlocked;
+    d_->start();
+  }
+  void join() {
+    nb::cast<py_member&>(owner_).mark_started();
+    nb::gil_scoped_release unlocked;
+    d_->join();
+  }
+  bool step_done(double seconds) {
+    if (!(seconds > 0) || seconds > 1e6)
+      throw invalid_parameter_error("cadence.membership.DiLoCo.step_done: the step's duration " +
+                                    std::to_string(seconds) + " s is not a positive number of seconds");
+    return d_->step_done(static_cast<std::int64_t>(seconds * 1e6 + 0.5) < 1 ? std::int64_t{1}
+                                                                           : static_cast<std::int64_t>(seconds * 1e6 + 0.5));
+  }
+  nb::dict sync() {
+    mb::sync_report r;
+    {
+      nb::gil_scoped_release unlocked;
+      r = d_->sync();
+    }
+    return report_dict(r);
+  }
+  nb::dict finish() {
+    mb::sync_report r;
+    {
+      nb::gil_scoped_release unlocked;
+      r = d_->finish();
+    }
+    return report_dict(r);
+  }
+  bool due() { return d_->adapter().due(); }
+  std::uint64_t outer_steps() { return d_->adapter().outer_steps(); }
+  std::uint64_t global_hash() { return d_->global_hash(); }
+
+private:
+  nb::object owner_;  // the py_member: outlives d_, which holds its member
+  std::vector<block> held_;
+  std::unique_ptr<exchange::diloco_member<comm_t>> d_;
 };
 
 PyObject* make_type(nb::module_& m, const char* name, PyObject* base, const char* doc) {
@@ -515,4 +587,20 @@ NB_MODULE(_membership, m) {
       .def_prop_ro("nonce", [](py_member& s) { return guarded([&] { return s.nonce(); }); })
       .def_prop_ro("quorum", [](py_member& s) { return guarded([&] { return s.quorum(); }); })
       .def_prop_ro("view_rank", [](py_member& s) { return guarded([&] { return s.view_rank(); }); });
+
+  nb::class_<py::py_diloco>(m, "_DiLoCo")
+      .def(
+          "__init__",
+          [](py::py_diloco* self, nb::object member, nb::list weights, const std::string& config) {
+            guarded([&] { new (self) py::py_diloco(std::move(member), std::move(weights), config); });
+          },
+          nb::arg("member"), nb::arg("weights"), nb::arg("config"))
+      .def("start", [](py::py_diloco& s) { guarded([&] { s.start(); }); })
+      .def("join", [](py::py_diloco& s) { guarded([&] { s.join(); }); })
+      .def("step_done", [](py::py_diloco& s, double seconds) { return guarded([&] { return s.step_done(seconds); }); })
+      .def("sync", [](py::py_diloco& s) { return guarded([&] { return s.sync(); }); })
+      .def("finish", [](py::py_diloco& s) { return guarded([&] { return s.finish(); }); })
+      .def_prop_ro("due", [](py::py_diloco& s) { return guarded([&] { return s.due(); }); })
+      .def_prop_ro("outer_steps", [](py::py_diloco& s) { return guarded([&] { return s.outer_steps(); }); })
+      .def_prop_ro("global_hash", [](py::py_diloco& s) { return guarded([&] { return s.global_hash(); }); });
 }

@@ -82,9 +82,35 @@ def _rank(rank, size, path, steps, kill_at, join, hold, results):
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_job(tmp_path, size, steps, kill=None, replace=None):
-    """Runs `size` ranks (rank `kill` SIGKILLs itself before sync kill_at); with `replace`, a new
-    process takes the killed rank's slot once it died. Returns {rank: result}."""
+def _diloco_rank(rank, size, path, steps, kill_at, join, hold, results):
+    """One rank of DiLoCo over the member: an inner step adds rank+1 to its weights, an outer
+    step every 2 inner steps with outer SGD at lr 1 (so the global weights become the mean of
+    the local ones). kill_at: SIGKILL itself once that many outer steps are applied."""
+    try:
+        m = membership.Member(rank, size, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT,
+                              connect_timeout=60.0)
+        w = initial(rank).astype(np.float32)
+        outer = membership.DiLoCo(m, [w], "fixed:2,outer=sgd:1")
+        outer.start()
+        outcomes = []
+        while outer.outer_steps < steps:
+            if kill_at is not None and outer.outer_steps == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            w += rank + 1
+            if outer.step_done(0.001):
+                outcomes.append(outer.sync()["outcome"])
+        outer.finish()
+        results.put((rank, "ok", dict(hash=outer.global_hash, w0=float(w[0]), same=bool((w == w[0]).all()),
+                                      quorum=m.quorum["ranks"], outer_steps=outer.outer_steps,
+                                      outcomes=outcomes)))
+        m.close()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_job(tmp_path, size, steps, kill=None, replace=None, target=_rank):
+    """Runs `size` ranks of `target` (rank `kill` SIGKILLs itself before sync kill_at); with
+    `replace`, a new process takes the killed rank's slot once it died. Returns {rank: result}."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     path = str(tmp_path / "rendezvous")
@@ -94,7 +120,7 @@ def run_job(tmp_path, size, steps, kill=None, replace=None):
     procs = {}
     for r in range(size):
         kill_at = kill[1] if kill and kill[0] == r else None
-        p = ctx.Process(target=_rank, args=(r, size, path, steps, kill_at, False, hold, results))
+        p = ctx.Process(target=target, args=(r, size, path, steps, kill_at, False, hold, results))
         p.start()
         procs[r] = p
     out = {}
@@ -103,7 +129,7 @@ def run_job(tmp_path, size, steps, kill=None, replace=None):
             victim = procs[kill[0]]
             victim.join(BOUND)
             assert victim.exitcode == -signal.SIGKILL, f"rank {kill[0]} did not die as planned: {victim.exitcode}"
-            p = ctx.Process(target=_rank, args=(kill[0], size, path, steps, None, True, hold, results))
+            p = ctx.Process(target=target, args=(kill[0], size, path, steps, None, True, hold, results))
             p.start()
             procs[kill[0]] = p
         expected = size - (1 if kill and not replace else 0)
@@ -180,6 +206,39 @@ def test_a_replacement_joins_with_the_quorums_state(tmp_path):
     assert any(2 in admitted for _, _, admitted in out[0]["changes"])
 
 
+def diloco_value(size, steps, lost=None):
+    """DiLoCo with outer SGD at lr 1 and 2 inner steps an outer step: the global weights start
+    as rank 0's (0) and each outer step adds 2 x the mean of (rank + 1) over the ranks in it."""
+    v, ranks = 0.0, list(range(size))
+    for s in range(steps):
+        if lost and s == lost[1]:
+            ranks.remove(lost[0])
+        v += 2 * np.mean([r + 1 for r in ranks])
+    return v
+
+
+def test_diloco_outer_steps_commit_the_mean_of_the_local_weights(tmp_path):
+    out = run_job(tmp_path, 3, steps=4, target=_diloco_rank)
+    assert len({v["hash"] for v in out.values()}) == 1
+    for v in out.values():
+        assert v["same"] and v["w0"] == diloco_value(3, 4)
+        assert v["outer_steps"] == 4 and v["outcomes"] == ["committed"] * 4
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["a worker", "rank 0"])
+def test_diloco_drops_a_killed_ranks_pseudo_gradient_and_goes_on(tmp_path, victim):
+    out = run_job(tmp_path, 3, steps=5, kill=(victim, 2), target=_diloco_rank)
+    survivors = sorted(r for r in range(3) if r != victim)
+    assert sorted(out) == survivors
+    assert len({v["hash"] for v in out.values()}) == 1
+    for v in out.values():
+        # Outer steps 0-1 with every rank, the rest without the victim; or, when its last
+        # message of step 1 died with it, step 1 too was run again without it. A survivor
+        # healed from one that completed a step takes its global weights: the same values.
+        assert v["same"] and v["w0"] in (diloco_value(3, 5, lost=(victim, 2)), diloco_value(3, 5, lost=(victim, 1)))
+        assert v["quorum"] == survivors and v["outer_steps"] == 5
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(cadence.InvalidParameterError, match="rank 3 is out of range for size 2"):
         membership.Member(3, 2, rendezvous="tcp://127.0.0.1:0", insecure=True)
@@ -208,8 +267,14 @@ def test_a_single_member_checks_its_arrays_and_arguments():
             m.add_state([1.0, 2.0])
         with pytest.raises(cadence.InvalidParameterError, match="float32, float64"):
             m.add_state(np.zeros(2, dtype=np.complex64))
+        with pytest.raises(cadence.InvalidParameterError, match="must be float32"):
+            membership.DiLoCo(m, [np.zeros(3)])
+        with pytest.raises(cadence.ParseError, match="unknown schedule 'sometimes'"):
+            membership.DiLoCo(m, [np.zeros(3, dtype=np.float32)], "sometimes")
         m.start()
         assert m.quorum["ranks"] == [0] and m.view_rank == 0
+        with pytest.raises(cadence.InvalidParameterError, match="before the member's start"):
+            membership.DiLoCo(m, [np.zeros(3, dtype=np.float32)])
         with pytest.raises(cadence.InvalidParameterError, match="before start"):
             m.add_state(np.zeros(2))
         r = m.transact(lambda: m.allreduce_average(w), backup=[w])
