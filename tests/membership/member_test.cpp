@@ -81,9 +81,7 @@ void kill_case(int victim, int at_call, std::size_t elements, mb::on_loss policy
     finish(m, out);
     out.stats.discarded = discarded;
   });
-  const std::vector<int> survivors = all_but(4, {victim});
-  CHECK(res[static_cast<std::size_t>(victim)].error == "killed");
-  check_survivors(res, survivors, 12);
+  const std::vector<int> survivors = check_killed(res, victim, 12);
   for (int r : survivors) CHECK_MESSAGE(res[static_cast<std::size_t>(r)].stats.reconfigurations >= 2, "rank ", r);
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
 }
@@ -105,19 +103,11 @@ TEST_CASE("membership: a member killed inside a ring all-reduce") {
       CAPTURE(skip);
       inproc_world world(4);
       ledger book;
-      cadence::transport::inproc_step at;
-      at.op = "send";
-      at.skip = skip;  // a sync has 63 sends here: in the first, second and fourth
-      world.on_step(victim, at, [victim](inproc_world& w) { w.kill(victim); });
+      kill_at_send(world, victim, skip);  // a sync has 63 sends here: in the first, second and fourth
       const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
         auto o = test_options();
         o.piece_bytes = 4096;
-        mb::member<inproc_communicator> m(c, o);
-        replica r(20000);  // 160 KB: the ring, ten pieces a segment
-        register_state(m, r);
-        m.start();
-        run_syncs(m, r, book, 8, rank);
-        finish(m, out);
+        sync_rank(c, o, 20000, book, 8, rank, out);  // 160 KB: the ring, ten pieces a segment
       });
       CHECK(res[static_cast<std::size_t>(victim)].error != "");
       std::uint64_t h = 0;
@@ -146,10 +136,7 @@ TEST_CASE("membership: a second member lost inside the reconfiguration of the fi
     inproc_world world(5);
     ledger book;
     const int control_tag = test_options().tag_base;  // tags::control(): the reconfiguration's frames
-    cadence::transport::inproc_step at;
-    at.op = "send";
-    at.skip = 30;  // inside sync 8's ring
-    world.on_step(1, at, [second, control_tag](inproc_world& w) {
+    on_send(world, 1, 30, [second, control_tag](inproc_world& w) {  // inside sync 8's ring
       cadence::transport::inproc_step next;
       next.op = "send";
       next.tag = control_tag;
@@ -159,12 +146,7 @@ TEST_CASE("membership: a second member lost inside the reconfiguration of the fi
     const auto res = run_ranks(world, 5, [&](int rank, inproc_communicator& c, rank_result& out) {
       auto o = test_options();
       o.piece_bytes = 4096;
-      mb::member<inproc_communicator> m(c, o);
-      replica r(8000);
-      register_state(m, r);
-      m.start();
-      run_syncs(m, r, book, 12, rank);
-      finish(m, out);
+      sync_rank(c, o, 8000, book, 12, rank, out);
     });
     CHECK(res[1].error != "");
     CHECK(res[static_cast<std::size_t>(second)].error != "");
@@ -190,37 +172,19 @@ void restart_case(const int n) {
     auto o = test_options();
     o.transfer_bytes = 4096;
     replica r(5000);
-    if (rank == victim && job.restarted()) {
-      // The new process in the victim's slot: its state is overwritten by the quorum's.
-      inproc_communicator c = world.restart(victim);
-      mb::member<inproc_communicator> m(c, o);
-      register_state(m, r);
-      r.params.assign(r.params.size(), -7.0);
-      job.asking();
-      m.join();
-      CHECK(m.current().contains(victim));
-      CHECK(m.stats().healed == 1);
-      CHECK(r.steps >= 3);  // the blob came with the tensors
-      CHECK(m.committed() >= 3);
-      job.admitted(m.committed() + 3);  // the members wait for it after the admission
-      run_syncs(m, r, book, job.target(), rank);
-      finish(m, out);
-      return;
-    }
-    inproc_communicator c = world.join(rank);
-    mb::member<inproc_communicator> m(c, o);
-    register_state(m, r);
-    m.start();
-    run_syncs(m, r, book, 3, rank);
-    if (rank == victim) {
-      job.dying(m.nonce());
-      world.kill(victim);
-      throw killed{};
-    }
-    // Until the newcomer is in, then a few syncs with it.
-    job.admit(m, [&] { run_syncs(m, r, book, m.committed() + 1, rank); });
-    run_syncs(m, r, book, job.target(), rank);
-    finish(m, out);
+    // 3 syncs before the kill; the members wait for the new process 3 more after its admission.
+    job.live(
+        world, rank, o, r, book, 3, 3, out,
+        [&](mb::member<inproc_communicator>& m) {  // the new process in the victim's slot, joined
+          CHECK(m.current().contains(victim));
+          CHECK(m.stats().healed == 1);
+          CHECK(r.steps >= 3);  // the blob came with the tensors
+          CHECK(m.committed() >= 3);
+        },
+        [&](mb::member<inproc_communicator>& m) {
+          // Until the newcomer is in, then a few syncs with it.
+          job.admit(m, [&] { run_syncs(m, r, book, m.committed() + 1, rank); });
+        });
   });
   for (const auto& x : res) CHECK_MESSAGE(x.error == "", x.error);
   for (const auto& x : res) CHECK(x.hash == res[0].hash);
@@ -239,10 +203,8 @@ TEST_CASE("membership: a stalled member is left out at the op timeout and stops 
   inproc_world world(4);
   ledger book;
   std::atomic<bool> reformed{false};
-  cadence::transport::inproc_step at;
-  at.op = "send";
-  at.skip = 20;  // in the third sync (six sends a sync, after the first quorum's frames)
-  world.on_step(2, at, [](inproc_world& w) { w.stall(2); });
+  // In the third sync (six sends a sync, after the first quorum's frames).
+  on_send(world, 2, 20, [](inproc_world& w) { w.stall(2); });
   std::thread resumer([&] {
     while (!reformed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     world.resume(2);
@@ -250,12 +212,7 @@ TEST_CASE("membership: a stalled member is left out at the op timeout and stops 
   const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
     auto o = short_options();  // op 1 s, quorum 2 s
     if (rank == 0) o.on_event = flag_on(reformed, "lost rank 2");
-    mb::member<inproc_communicator> m(c, o);
-    replica r(40);
-    register_state(m, r);
-    m.start();
-    run_syncs(m, r, book, 8, rank);
-    finish(m, out);
+    sync_rank(c, o, 40, book, 8, rank, out);
   });
   resumer.join();
   // Whichever it meets first: the announcement without it, the leader's refusal, or (the others
@@ -325,10 +282,7 @@ TEST_CASE("membership: periodic, bucketed and elastic averaging on the quorum vi
     CAPTURE(adapter);
     inproc_world world(4);
     ledger book;
-    cadence::transport::inproc_step at;
-    at.op = "send";
-    at.skip = 30;
-    world.on_step(1, at, [](inproc_world& w) { w.kill(1); });
+    kill_at_send(world, 1, 30);
     const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
       mb::member<inproc_communicator> m(c, test_options());
       replica r(20000);

@@ -225,6 +225,21 @@ void await(F&& done, const char* what, std::chrono::seconds limit = std::chrono:
     throw std::runtime_error(std::string("timed out after ") + std::to_string(limit.count()) + " s waiting for " + what);
 }
 
+/// Arms a fault trap in `world`: `action(world)` runs on rank `rank`'s thread as it enters its
+/// send after the first `skip` (part of its messages out, the rest not).
+template <class Action>
+void on_send(inproc_world& world, int rank, int skip, Action action) {
+  cadence::transport::inproc_step at;
+  at.op = "send";
+  at.skip = skip;
+  world.on_step(rank, at, std::move(action));
+}
+
+/// on_send() that kills the rank: it dies part-way into its messages.
+inline void kill_at_send(inproc_world& world, int rank, int skip) {
+  on_send(world, rank, skip, [rank](inproc_world& w) { w.kill(rank); });
+}
+
 // ---- a rank's replica and its syncs ----
 
 /// One replica: a parameter vector, averaged at every sync after a local step that depends on
@@ -291,6 +306,20 @@ void finish(cadence::membership::member<C>& m, rank_result& out) {
   out.last_quorum = m.current().ranks;
 }
 
+/// The body of a rank that only syncs: a member over `c` with options `o`, a replica of
+/// `elements` parameters registered with it, started, syncs until it has committed `target`,
+/// then finish() into `out`.
+template <class C>
+void sync_rank(C& c, const cadence::membership::member_options& o, std::size_t elements, ledger& book,
+               std::uint64_t target, int rank, rank_result& out) {
+  cadence::membership::member<C> m(c, o);
+  replica r(elements);
+  register_state(m, r);
+  m.start();
+  run_syncs(m, r, book, target, rank);
+  finish(m, out);
+}
+
 /// Ranks 0..n-1 but those in `lost`, ascending: the quorum a fault's survivors end in.
 inline std::vector<int> all_but(int n, std::initializer_list<int> lost) {
   std::vector<int> out;
@@ -311,6 +340,16 @@ void check_survivors(const std::vector<Result>& res, const std::vector<int>& sur
     CHECK(x.hash == res[static_cast<std::size_t>(survivors.front())].hash);
     CHECK(x.last_quorum == survivors);
   }
+}
+
+/// After `victim` was killed (a fault trap ended its body): its error says so, and every other
+/// rank of `res` ended as check_survivors() says. Returns those survivors.
+template <class Result>
+std::vector<int> check_killed(const std::vector<Result>& res, int victim, std::uint64_t committed) {
+  CHECK(res[static_cast<std::size_t>(victim)].error == "killed");
+  std::vector<int> survivors = all_but(static_cast<int>(res.size()), {victim});
+  check_survivors(res, survivors, committed);
+  return survivors;
 }
 
 // ---- a rank killed and restarted ----
@@ -347,6 +386,46 @@ public:
     threads[v] = std::thread(one, victim_);
     for (auto& t : threads) t.join();
     return res;
+  }
+
+  /// Rank `rank`'s part in the job over `world`: a member with options `o` syncing replica `r`
+  /// (its commits to `book`), ended by finish() into `out`.
+  /// - At first every rank starts and commits `before` syncs; then the victim dies.
+  /// - A survivor goes on with `survive(m)` (admit() in it, or the replacement is never let in).
+  /// - The replacement (restarted()) joins with its state overwritten, so that only the quorum's
+  ///   can show; `joined(m)`; it is admitted with `after` syncs to go.
+  /// Survivors and replacement then sync until target().
+  template <class Joined, class Survive>
+  void live(inproc_world& world, int rank, const cadence::membership::member_options& o, replica& r, ledger& book,
+            std::uint64_t before, std::uint64_t after, rank_result& out, Joined&& joined, Survive&& survive) {
+    auto to_the_end = [&](cadence::membership::member<inproc_communicator>& m) {
+      run_syncs(m, r, book, target(), rank);
+      finish(m, out);
+    };
+    if (rank == victim_ && restarted_) {
+      inproc_communicator c = world.restart(victim_);
+      cadence::membership::member<inproc_communicator> m(c, o);
+      register_state(m, r);
+      r.params.assign(r.params.size(), -7.0);
+      asking();
+      m.join();
+      joined(m);
+      admitted(m.committed() + after);
+      to_the_end(m);
+      return;
+    }
+    inproc_communicator c = world.join(rank);
+    cadence::membership::member<inproc_communicator> m(c, o);
+    register_state(m, r);
+    m.start();
+    run_syncs(m, r, book, before, rank);
+    if (rank == victim_) {
+      dying(m.nonce());
+      world.kill(victim_);
+      throw killed{};
+    }
+    survive(m);
+    to_the_end(m);
   }
 
   /// The victim's first process, about to die: its member's `nonce`, by which the survivors

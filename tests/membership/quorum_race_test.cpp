@@ -33,8 +33,6 @@ namespace cadence_membership_test {
 namespace race_test {
 namespace {
 
-using member_t = mb::member<seeing_communicator>;
-
 // Seed 1, trial 18 of the chaos soak, step by step. Four members commit 3 syncs; then rank 0,
 // the leader, stops between syncs (as under SIGSTOP): ranks 1 and 2 see it lost at once, rank 3
 // only after its request for the next quorum has gone to rank 0. The three re-form as
@@ -67,8 +65,7 @@ TEST_CASE("membership: a leader stopped with a member's request on its way, then
     // Rank 3's request is in rank 0's queue; now rank 3's heartbeat tier sees rank 0 gone, and
     // rank 0 (stopped) will not hear from rank 3 again either.
     armed = false;
-    s.hide(3, 0);
-    s.hide(0, 3);
+    s.cut(3, 0);
     request_caught = true;
   };
   const auto res = run_ranks(world, 4, s, [&](int rank, seeing_communicator& c, rank_result& out) {
@@ -78,9 +75,7 @@ TEST_CASE("membership: a leader stopped with a member's request on its way, then
     });
     member_t m(c, o);
     replica r(40);
-    m.add_state(r.params);
-    m.start();
-    run_syncs(m, r, book, 3, rank);
+    start_syncing(m, r, book, 3, rank);
     if (rank == 0) {
       // Stopped: the others' sync 4 waits for it past the op timeout.
       s.hide(1, 0);
@@ -141,9 +136,7 @@ TEST_CASE("membership: a sync committed by a follower but not by the leader conf
   const auto res = run_ranks(world, 4, nobody_hidden, [&](int rank, seeing_communicator& c, rank_result& out) {
     member_t m(c, race_options(out, mu));
     replica r(20000);  // 160 KB: the ring, one piece per segment among three members
-    m.add_state(r.params);
-    m.start();
-    run_syncs(m, r, book, 3, rank);
+    start_syncing(m, r, book, 3, rank);
     if (rank == 1) {
       world.kill(1);
       throw killed{};

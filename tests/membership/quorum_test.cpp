@@ -20,6 +20,14 @@ mb::quorum make(std::vector<int> ranks) {
   return q;
 }
 
+// The ranks r < n whose bit r is set in `mask`, ascending.
+std::vector<int> ranks_in(int n, unsigned mask) {
+  std::vector<int> out;
+  for (int r = 0; r < n; ++r)
+    if ((mask >> r) & 1u) out.push_back(r);
+  return out;
+}
+
 TEST_CASE("membership::quorum: positions, leader, holds, describe") {
   mb::quorum q = make({1, 4, 6});
   q.nonces = {11, 44, 66};
@@ -39,13 +47,11 @@ TEST_CASE("membership::quorum: positions, leader, holds, describe") {
 
 TEST_CASE("membership::may_succeed: of two disjoint groups of survivors at most one may go on") {
   for (int n = 1; n <= 7; ++n) {
-    std::vector<int> ranks;
-    for (int r = 0; r < n; ++r) ranks.push_back(r);
-    const mb::quorum q = make(ranks);
+    const mb::quorum q = make(ranks_in(n, ~0u));
     // Every split of the members into two disjoint groups (a partition; non-members ignored).
     for (unsigned mask = 0; mask < (1u << n); ++mask) {
-      std::vector<int> a, b;
-      for (int r = 0; r < n; ++r) ((mask >> r) & 1u ? a : b).push_back(r);
+      std::vector<int> a = ranks_in(n, mask);
+      const std::vector<int> b = ranks_in(n, ~mask);
       a.push_back(100);  // a newcomer does not count
       CAPTURE(n);
       CAPTURE(mask);
@@ -72,22 +78,15 @@ TEST_CASE("membership::may_succeed: against the quorum of the last commit, never
   CHECK(mb::may_succeed(make({1, 2, 3}), make({0, 1, 2, 3}), {1, 2, 3}));   // the majority goes on
   CHECK(mb::may_succeed(make({0, 1, 2}), make({0, 1, 2, 3}), {0, 1}));      // two losses, half with the leader
   for (int n = 1; n <= 6; ++n) {
-    std::vector<int> all;
-    for (int r = 0; r < n; ++r) all.push_back(r);
-    const mb::quorum confirmed = make(all);
+    const mb::quorum confirmed = make(ranks_in(n, ~0u));
     // Each group adopted a quorum of its own since the commit (any subset of the members,
     // each holding the group: what it announced), then lost the rest of it.
     for (unsigned split = 0; split < (1u << n); ++split) {
-      std::vector<int> a, b;
-      for (int r = 0; r < n; ++r) ((split >> r) & 1u ? a : b).push_back(r);
+      const std::vector<int> a = ranks_in(n, split), b = ranks_in(n, ~split);
       for (unsigned pa = 0; pa < (1u << n); pa += 1 + (n > 4)) {
-        std::vector<int> qa;
-        for (int r = 0; r < n; ++r)
-          if (((pa >> r) & 1u) || ((split >> r) & 1u)) qa.push_back(r);
+        const std::vector<int> qa = ranks_in(n, pa | split);
         for (unsigned pb = 0; pb < (1u << n); pb += 1 + (n > 4)) {
-          std::vector<int> qb;
-          for (int r = 0; r < n; ++r)
-            if (((pb >> r) & 1u) || !((split >> r) & 1u)) qb.push_back(r);
+          const std::vector<int> qb = ranks_in(n, pb | ~split);
           CAPTURE(n);
           CAPTURE(split);
           CHECK_FALSE((mb::may_succeed(make(qa), confirmed, a) && mb::may_succeed(make(qb), confirmed, b)));

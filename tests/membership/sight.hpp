@@ -36,6 +36,11 @@ public:
     std::lock_guard<std::mutex> lock(m_);
     hidden_.erase({observer, peer});
   }
+  /// The link between `a` and `b` cut: each counts the other lost.
+  void cut(int a, int b) {
+    hide(a, b);
+    hide(b, a);
+  }
   bool hides(int observer, int peer) const {
     std::lock_guard<std::mutex> lock(m_);
     return hidden_.count({observer, peer}) != 0;
@@ -71,6 +76,17 @@ private:
 template <class Result = rank_result, class Body>
 std::vector<Result> run_ranks(cadence::transport::inproc_world& world, int n, sight& s, Body body) {
   return run_joined<Result>(n, [&world, &s](int r) { return seeing_communicator(world.join(r), s); }, std::move(body));
+}
+
+/// A race's member, over its rank's own sight of its peers.
+using member_t = cadence::membership::member<seeing_communicator>;
+
+/// A race's rank up to its fault: replica `r`'s parameters (alone) registered with `m`, `m`
+/// started, and syncs until it has committed `count`.
+inline void start_syncing(member_t& m, replica& r, ledger& book, std::uint64_t count, int rank) {
+  m.add_state(r.params);
+  m.start();
+  run_syncs(m, r, book, count, rank);
 }
 
 /// Test options (op 1 s, quorum 2 s) with the rank's events kept in `out` (under `mu`), and

@@ -25,6 +25,7 @@ namespace ex = cadence::exchange;
 using cadence::transport::inproc_communicator;
 using cadence::transport::inproc_world;
 using cadence_membership_test::killed;
+using cadence_membership_test::kill_at_send;
 using cadence_membership_test::ledger;
 using cadence_membership_test::test_options;
 using glue = ex::diloco_member<inproc_communicator>;
@@ -150,10 +151,7 @@ TEST_CASE("diloco_member: a rank killed inside an outer sync's all-reduce drops 
         CAPTURE(skip);
         inproc_world world(4);
         ledger book;
-        cadence::transport::inproc_step at;
-        at.op = "send";
-        at.skip = skip;
-        world.on_step(victim, at, [victim](inproc_world& wd) { wd.kill(victim); });
+        kill_at_send(world, victim, skip);
         const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
           auto o = test_options();
           o.piece_bytes = 4096;

@@ -53,6 +53,24 @@ gloo_options data_options(const tcp_store_server& store) {
   return o;
 }
 
+/// A job of n ranks syncing over gloo groups: its rendezvous (the store every quorum's group
+/// meets at), the ranks' in-process world and the ledger of their commits.
+struct gloo_job {
+  tcp_store_server store{"127.0.0.1:0", store_options()};
+  inproc_world world;
+  ledger book;
+  explicit gloo_job(int n) : world(n) {}
+  /// body(rank, comm, result) on a thread per rank (run_ranks()).
+  template <class Body>
+  std::vector<group_result> run(Body body) {
+    return run_ranks<group_result>(world, world.size(), std::move(body));
+  }
+  /// A gloo group for member `m`, built at this job's rendezvous.
+  std::unique_ptr<group> group_of(mb::member<inproc_communicator>& m) const {
+    return mb::make_gloo_group(m, data_options(store));
+  }
+};
+
 // A member lost inside sync `at`: it closes its communicators (the in-process one killed, the
 // gloo one aborted and destroyed) before or after its own all-reduce. The survivors' gloo call
 // (or their vote) fails, they re-form, rebuild the gloo group on three and retry the sync.
@@ -60,26 +78,22 @@ void lost_in_sync(int victim, std::uint64_t at, bool after_data, std::size_t ele
   CAPTURE(victim);
   CAPTURE(after_data);
   CAPTURE(elements);
-  tcp_store_server store("127.0.0.1:0", store_options());
-  inproc_world world(4);
-  ledger book;
-  const auto res = run_ranks<group_result>(world, 4, [&](int rank, inproc_communicator& c, group_result& out) {
+  gloo_job job(4);
+  const auto res = job.run([&](int rank, inproc_communicator& c, group_result& out) {
     mb::member<inproc_communicator> m(c, test_options());
     replica r(elements);
     m.add_state(r.params);
-    auto g = mb::make_gloo_group(m, data_options(store));
+    auto g = job.group_of(m);
     m.start();
     while (m.committed() < 10) {
       const bool dies = rank == victim && m.committed() + 1 == at;
-      sync_once(m, *g, r, book, rank, [&](bool after) {
-        if (dies && (after || !after_data)) lose(world, rank, *g);
+      sync_once(m, *g, r, job.book, rank, [&](bool after) {
+        if (dies && (after || !after_data)) lose(job.world, rank, *g);
       });
     }
     finish(m, *g, out);
   });
-  const std::vector<int> survivors = all_but(4, {victim});
-  CHECK(res[static_cast<std::size_t>(victim)].error == "killed");
-  check_survivors(res, survivors, 10);
+  const std::vector<int> survivors = check_killed(res, victim, 10);
   for (int r : survivors) {
     CAPTURE(r);
     const auto& x = res[static_cast<std::size_t>(r)];
@@ -90,7 +104,7 @@ void lost_in_sync(int victim, std::uint64_t at, bool after_data, std::size_t ele
     // (its connections closed) can wake them, and it must fail their sync.
     if (!after_data) CHECK_MESSAGE(x.group.data_failures >= 1, "rank ", r, ": no gloo failure seen");
   }
-  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+  CHECK_MESSAGE(job.book.divergent().empty(), job.book.describe_divergent());
 }
 
 TEST_CASE("quorum_group: a member lost before its gloo all-reduce: the survivors rebuild the group and retry" *
@@ -112,28 +126,26 @@ TEST_CASE("quorum_group: a member lost after its gloo all-reduce, before the vot
 TEST_CASE("quorum_group: a member stalled before its gloo all-reduce is left out at the op timeout" *
           doctest::timeout(120)) {
   constexpr int stalled = 2;
-  tcp_store_server store("127.0.0.1:0", store_options());
-  inproc_world world(4);
-  ledger book;
+  gloo_job job(4);
   std::atomic<bool> reformed{false}, released{false};
   std::thread resumer([&] {
     while (!reformed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    world.resume(stalled);
+    job.world.resume(stalled);
     released = true;
   });
-  const auto res = run_ranks<group_result>(world, 4, [&](int rank, inproc_communicator& c, group_result& out) {
+  const auto res = job.run([&](int rank, inproc_communicator& c, group_result& out) {
     auto o = short_options();  // op 1 s, quorum 2 s
     if (rank == 0) o.on_event = flag_on(reformed, "lost rank 2");
     mb::member<inproc_communicator> m(c, o);
     replica r(500);
     m.add_state(r.params);
-    auto g = mb::make_gloo_group(m, data_options(store));
+    auto g = job.group_of(m);
     m.start();
     while (m.committed() < 8) {
       const bool stops = rank == stalled && m.committed() + 1 == 3;
-      sync_once(m, *g, r, book, rank, [&](bool after) {
+      sync_once(m, *g, r, job.book, rank, [&](bool after) {
         if (!stops || after) return;
-        world.stall(rank);  // its control frames wait too, as a stopped process's
+        job.world.stall(rank);  // its control frames wait too, as a stopped process's
         while (!released) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       });
     }
@@ -163,7 +175,7 @@ TEST_CASE("quorum_group: a member stalled before its gloo all-reduce is left out
     CHECK_MESSAGE((x.last_quorum == std::vector<int>{0, 1, 3} || x.last_quorum == std::vector<int>{0, 1, 2, 3}),
                   "rank ", r);
   }
-  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+  CHECK_MESSAGE(job.book.divergent().empty(), job.book.describe_divergent());
 }
 
 // The exchange adapters on the group unchanged: periodic averaging (blocking all-reduces) and
@@ -173,15 +185,13 @@ TEST_CASE("quorum_group: periodic averaging and the bucketed all-reducer over th
   for (int adapter = 0; adapter < 2; ++adapter) {
     CAPTURE(adapter);
     constexpr int victim = 1;
-    tcp_store_server store("127.0.0.1:0", store_options());
-    inproc_world world(3);
-    ledger book;
-    const auto res = run_ranks<group_result>(world, 3, [&](int rank, inproc_communicator& c, group_result& out) {
+    gloo_job job(3);
+    const auto res = job.run([&](int rank, inproc_communicator& c, group_result& out) {
       mb::member<inproc_communicator> m(c, test_options());
       replica r(40000);
       std::vector<double> grad(r.params.size());
       m.add_state(r.params);
-      auto g = mb::make_gloo_group(m, data_options(store));
+      auto g = job.group_of(m);
       m.start();
       cadence::exchange::periodic_averager<group> avg(*g, 2);
       cadence::exchange::bucketed_allreducer_options bo;
@@ -191,7 +201,7 @@ TEST_CASE("quorum_group: periodic averaging and the bucketed all-reducer over th
       while (m.committed() < 8) {
         const bool dies = rank == victim && m.committed() + 1 == 4;
         auto die = [&] {
-          if (dies) lose(world, rank, *g);
+          if (dies) lose(job.world, rank, *g);
         };
         mb::sync_report rep;
         if (adapter == 0) {
@@ -216,14 +226,13 @@ TEST_CASE("quorum_group: periodic averaging and the bucketed all-reducer over th
           if (rep.outcome == mb::outcome::committed)
             for (std::size_t i = 0; i < grad.size(); ++i) r.params[i] -= grad[i];
         }
-        if (rep.outcome == mb::outcome::committed) book.record(rank, m);
+        if (rep.outcome == mb::outcome::committed) job.book.record(rank, m);
       }
       finish(m, *g, out);
     });
-    CHECK(res[victim].error == "killed");
-    check_survivors(res, {0, 2}, 8);
+    check_killed(res, victim, 8);  // survivors {0, 2}
     for (int r : {0, 2}) CHECK_MESSAGE(res[static_cast<std::size_t>(r)].data_size == 2, "rank ", r);
-    CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+    CHECK_MESSAGE(job.book.divergent().empty(), job.book.describe_divergent());
   }
 }
 
@@ -303,24 +312,22 @@ TEST_CASE("quorum_group: building a gloo group that a rank never joins fails nam
 // fails at the op timeout naming it, both re-form, and the retried sync builds and commits.
 TEST_CASE("quorum_group: a build that a member misses fails the sync naming it, and the retry rebuilds" *
           doctest::timeout(120)) {
-  tcp_store_server store("127.0.0.1:0", store_options());
-  inproc_world world(2);
-  ledger book;
-  const auto res = run_ranks<group_result>(world, 2, [&](int rank, inproc_communicator& c, group_result& out) {
+  gloo_job job(2);
+  const auto res = job.run([&](int rank, inproc_communicator& c, group_result& out) {
     mb::member<inproc_communicator> m(c, test_options());
     replica r(100);
     m.add_state(r.params);
-    auto make = mb::gloo_group_factory(data_options(store));
+    auto make = mb::gloo_group_factory(data_options(job.store));
     int calls = 0;
     group g(m, [&](const mb::group_spec& s) -> std::unique_ptr<gloo_communicator> {
       if (rank == 1 && ++calls == 1) throw transport_error("rank 1 stays away from its first rendezvous (test)");
       return make(s);
     });
     m.start();
-    const mb::sync_report rep = sync_once(m, g, r, book, rank);
+    const mb::sync_report rep = sync_once(m, g, r, job.book, rank);
     CHECK(rep.outcome == mb::outcome::committed);
     CHECK(rep.attempts == 2);
-    run_syncs(m, g, r, book, 3, rank);
+    run_syncs(m, g, r, job.book, 3, rank);
     finish(m, g, out);
   });
   for (const auto& x : res) {
@@ -334,7 +341,7 @@ TEST_CASE("quorum_group: a build that a member misses fails the sync naming it, 
   CHECK_MESSAGE(why.find("rank 1") != std::string::npos, why);
   CHECK_MESSAGE(why.find("never arrived") != std::string::npos, why);
   CHECK_MESSAGE(why.find("1 = member 1") != std::string::npos, why);
-  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+  CHECK_MESSAGE(job.book.divergent().empty(), job.book.describe_divergent());
 }
 
 TEST_CASE("quorum_group: data calls outside transact() are refused, naming the call") {
