@@ -3,8 +3,7 @@
 #include <cadence/exchange/bucketed_allreducer.hpp>
 #include <cadence/transport/inproc.hpp>
 
-#include "exchange/collective_suite.hpp"
-#include "transport/inproc_ranks.hpp"
+#include "exchange/inproc_suites.hpp"
 
 #include <doctest/doctest.h>
 
@@ -17,8 +16,7 @@ using namespace cadence::transport;
 using namespace cadence::exchange;
 using namespace std::chrono_literals;
 
-CADENCE_BUCKETED_ALLREDUCER_SUITE(cadence_test::inproc_4);
-CADENCE_BUCKETED_ALLREDUCER_SUITE(cadence_test::inproc_3);
+CADENCE_INPROC_EXCHANGE_SUITE(CADENCE_BUCKETED_ALLREDUCER_SUITE);
 
 TEST_CASE("the bucketed all-reducer fuses small tensors and leaves big ones alone" * doctest::timeout(30)) {
   inproc_world world(2);
@@ -47,6 +45,37 @@ bool poll_until_done(R& red) {
     if (std::chrono::steady_clock::now() > until) return false;
   return true;
 }
+
+// Options with buckets of `bucket_bytes`, and a timeout that only catches a hang.
+bucketed_allreducer_options timed(std::size_t bucket_bytes) {
+  bucketed_allreducer_options o;
+  o.bucket_bytes = bucket_bytes;
+  o.timeout = 30s;
+  return o;
+}
+
+// Three float tensors of n values, registered with `red` as tensors 0, 1 and 2 (a, b, d). On rank
+// r they hold 2r, 4r and 6r, so over two ranks their averages are 1, 2 and 3.
+struct three_tensors {
+  std::vector<float> a, b, d;
+
+  template <class R>
+  three_tensors(R& red, std::size_t n, int r)
+      : a(n, static_cast<float>(2 * r)), b(n, static_cast<float>(4 * r)), d(n, static_cast<float>(6 * r)) {
+    red.add(a);
+    red.add(b);
+    red.add(d);
+  }
+  three_tensors(const three_tensors&) = delete;  // the reducer holds pointers to a, b and d
+  three_tensors& operator=(const three_tensors&) = delete;
+
+  // Every tensor holds the average over two ranks.
+  void check_averaged() const {
+    CHECK(a == std::vector<float>(a.size(), 1.0f));
+    CHECK(b == std::vector<float>(b.size(), 2.0f));
+    CHECK(d == std::vector<float>(d.size(), 3.0f));
+  }
+};
 }  // namespace
 
 TEST_CASE("buckets go in reverse registration order, as DDP's reducer: the last tensors first" *
@@ -73,16 +102,10 @@ TEST_CASE("a bucket's all-reduce runs while backward goes on: it completes on ev
           "the earlier tensors are marked ready" * doctest::timeout(60)) {
   inproc_world world(2);
   cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
-    bucketed_allreducer_options o;
-    o.bucket_bytes = 64;  // 16 floats: one tensor per bucket
-    o.timeout = 30s;
-    bucketed_allreducer<inproc_communicator> red(c, o);
+    bucketed_allreducer<inproc_communicator> red(c, timed(64));  // 16 floats: one tensor per bucket
     const int r = c.rank();
-    std::vector<float> a(16, static_cast<float>(2 * r)), b(16, static_cast<float>(4 * r)),
-        d(16, static_cast<float>(6 * r));
-    red.add(a);
-    red.add(b);
-    red.add(d);
+    three_tensors t(red, 16, r);
+    auto& [a, b, d] = t;
     REQUIRE(red.buckets() == 3);
     CHECK(red.launched() == 0);
     red.mark_ready(2);  // the last tensor: bucket 0 starts
@@ -96,8 +119,7 @@ TEST_CASE("a bucket's all-reduce runs while backward goes on: it completes on ev
     CHECK(red.launched() == 2);
     red.mark_ready(0);
     red.finish();
-    CHECK(a == std::vector<float>(16, 1.0f));
-    CHECK(b == std::vector<float>(16, 2.0f));
+    t.check_averaged();
     CHECK(red.launched() == 0);  // the step is over
   });
 }
@@ -106,10 +128,7 @@ TEST_CASE("a ready bucket waits for the lower buckets, so every rank issues the 
           "the same order whatever order its gradients come in" * doctest::timeout(60)) {
   inproc_world world(3);
   cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
-    bucketed_allreducer_options o;
-    o.bucket_bytes = 32;  // 8 doubles: one tensor per bucket
-    o.timeout = 30s;
-    bucketed_allreducer<inproc_communicator> red(c, o);
+    bucketed_allreducer<inproc_communicator> red(c, timed(32));  // 8 doubles: one tensor per bucket
     std::vector<std::vector<double>> t(5, std::vector<double>(4));
     for (auto& v : t) red.add(v);
     for (int step = 0; step < 3; ++step) {
@@ -194,19 +213,14 @@ TEST_CASE("a copying bucket goes in parts: a part's all-reduce starts once the t
           "it are marked, and completes before the rest of its bucket is marked" * doctest::timeout(60)) {
   inproc_world world(2);
   cadence_test::run_inproc_ranks(world, [](inproc_communicator& c) {
-    bucketed_allreducer_options o;
-    o.bucket_bytes = 1024;
+    bucketed_allreducer_options o = timed(1024);
     o.part_bytes = 40;  // 10 floats
-    o.timeout = 30s;
     bucketed_allreducer<inproc_communicator> red(c, o);
     const int r = c.rank();
     // 12 floats in three separate allocations: one bucket of 48 bytes, copied, cut into parts
     // [40, 48) (launched first) and [0, 40).
-    std::vector<float> a(4, static_cast<float>(2 * r)), b(4, static_cast<float>(4 * r)),
-        d(4, static_cast<float>(6 * r));
-    red.add(a);
-    red.add(b);
-    red.add(d);
+    three_tensors t(red, 4, r);
+    auto& [a, b, d] = t;
     REQUIRE(red.buckets() == 1);
     REQUIRE(red.in_place_buckets() == 0);
     CHECK(red.allreduces() == 2);
@@ -220,9 +234,7 @@ TEST_CASE("a copying bucket goes in parts: a part's all-reduce starts once the t
     red.mark_ready(0);
     CHECK(red.launched() == 1);
     red.finish();
-    CHECK(a == std::vector<float>(4, 1.0f));
-    CHECK(b == std::vector<float>(4, 2.0f));
-    CHECK(d == std::vector<float>(4, 3.0f));
+    t.check_averaged();
     // part_bytes 0: one all-reduce for the bucket; in place: one whatever part_bytes says.
     o.part_bytes = 0;
     bucketed_allreducer<inproc_communicator> whole(c, o);

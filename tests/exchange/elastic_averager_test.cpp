@@ -5,8 +5,7 @@
 #include <cadence/exchange/elastic_averager.hpp>
 #include <cadence/transport/inproc.hpp>
 
-#include "exchange/collective_suite.hpp"
-#include "transport/inproc_ranks.hpp"
+#include "exchange/inproc_suites.hpp"
 
 #include <doctest/doctest.h>
 
@@ -23,8 +22,7 @@ using namespace cadence::transport;
 using namespace cadence::exchange;
 using namespace std::chrono_literals;
 
-CADENCE_ELASTIC_AVERAGER_SUITE(cadence_test::inproc_4);
-CADENCE_ELASTIC_AVERAGER_SUITE(cadence_test::inproc_3);
+CADENCE_INPROC_EXCHANGE_SUITE(CADENCE_ELASTIC_AVERAGER_SUITE);
 
 static_assert(is_communicator_v<inproc_communicator>);
 

@@ -62,12 +62,9 @@ struct fault_run {
   bool restart_after_kill = false;     // a killed slot gets a new process (world.restart)
 };
 
-struct fault_result {
-  std::vector<ps_stats> servers;
-  std::vector<std::vector<float>> slices;
-  std::vector<std::int64_t> done;          // per slot: successful push_pulls, across ids
-  std::vector<std::string> errors;         // per slot: what its worker saw, in order
-  std::string server_error;
+struct fault_result : cadence_ps_suite::server_results {
+  std::vector<std::int64_t> done;   // per slot: successful push_pulls, across ids
+  std::vector<std::string> errors;  // per slot: what its worker saw, in order
 };
 
 std::string event_name(const ps_event& e) {
@@ -93,82 +90,62 @@ fault_result run(const fault_run& sc, const cadence_test::events& ev) {
   o.observer = [&ev](const ps_event& e) { ev.post(event_name(e)); };
   if (sc.setup) sc.setup(world);
   fault_result out;
-  out.servers.resize(static_cast<std::size_t>(sc.servers));
-  out.slices.resize(static_cast<std::size_t>(sc.servers));
   out.done.assign(static_cast<std::size_t>(sc.workers), 0);
   out.errors.assign(static_cast<std::size_t>(sc.workers), "");
   std::mutex m;
-  const std::vector<float> w0 = cadence_ps_suite::initial<float>(model);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      auto comm = world.join(r);
-      if (r < sc.servers) {
-        try {
-          parameter_server<inproc_communicator, any_controller> server(
-              comm, model, w0.data(), make_controller(sc.policy, static_cast<std::size_t>(initial)), sgd<float>{lr}, o);
-          server.run();
-          std::lock_guard<std::mutex> lock(m);
-          out.servers[static_cast<std::size_t>(r)] = server.stats();
-          out.slices[static_cast<std::size_t>(r)].assign(server.weights().begin(), server.weights().end());
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(m);
-          out.server_error += "server " + std::to_string(r) + ": " + e.what() + "\n";
-        }
-        return;
-      }
-      const int slot = r - sc.servers;
-      auto note = [&](const std::string& what) {
-        std::lock_guard<std::mutex> lock(m);
-        out.errors[static_cast<std::size_t>(slot)] += what + "\n";
-      };
-      if (sc.late && sc.late(slot)) CHECK(ev.wait("start." + std::to_string(slot)));
-      std::int64_t done = 0;
-      bool restarted = false;
-      for (;;) {  // one pass per process of this slot
-        try {
-          ps_worker<inproc_communicator> worker(comm, model, o);
-          std::vector<float> weights(model), g(model);
-          worker.pull(weights.data());
-          const std::int64_t most = 100000;  // only catches a keep_training that never ends
-          while (done < most && (done < sc.iterations || (sc.keep_training && sc.keep_training(slot)))) {
-            if (sc.before_push) sc.before_push(world, slot, done + 1);
-            cadence_ps_suite::gradient(worker.id(), worker.iteration() + 1, g);
-            try {
-              worker.push_pull(g.data(), weights.data());
-              ++done;
-            } catch (const worker_error& e) {
-              note(e.what());
-              if (!sc.rejoin_after_eviction || std::string(e.what()).find("evicted") == std::string::npos) throw;
-              worker.rejoin(weights.data());
-            }
-          }
-          worker.finish();
-          break;
-        } catch (const std::exception& e) {
-          note(e.what());
-          if (!sc.restart_after_kill || restarted || std::string(e.what()).find("killed") == std::string::npos) break;
-          restarted = true;
-          comm = world.restart(r);
-        }
-      }
+  std::thread beside;  // it waits for the events it needs, so it may start before the ranks
+  if (sc.beside) beside = std::thread([&] { sc.beside(world); });
+  auto work = [&](inproc_communicator& comm, int r) {
+    const int slot = r - sc.servers;
+    auto note = [&](const std::string& what) {
       std::lock_guard<std::mutex> lock(m);
-      out.done[static_cast<std::size_t>(slot)] = done;
-    });
-  }
-  if (sc.beside) threads.emplace_back([&] { sc.beside(world); });
-  for (auto& t : threads) t.join();
+      out.errors[static_cast<std::size_t>(slot)] += what + "\n";
+    };
+    if (sc.late && sc.late(slot)) CHECK(ev.wait("start." + std::to_string(slot)));
+    std::int64_t done = 0;
+    bool restarted = false;
+    for (;;) {  // one pass per process of this slot
+      try {
+        ps_worker<inproc_communicator> worker(comm, model, o);
+        std::vector<float> weights(model), g(model);
+        worker.pull(weights.data());
+        const std::int64_t most = 100000;  // only catches a keep_training that never ends
+        while (done < most && (done < sc.iterations || (sc.keep_training && sc.keep_training(slot)))) {
+          if (sc.before_push) sc.before_push(world, slot, done + 1);
+          cadence_ps_suite::gradient(worker.id(), worker.iteration() + 1, g);
+          try {
+            worker.push_pull(g.data(), weights.data());
+            ++done;
+          } catch (const worker_error& e) {
+            note(e.what());
+            if (!sc.rejoin_after_eviction || std::string(e.what()).find("evicted") == std::string::npos) throw;
+            worker.rejoin(weights.data());
+          }
+        }
+        worker.finish();
+        break;
+      } catch (const std::exception& e) {
+        note(e.what());
+        if (!sc.restart_after_kill || restarted || std::string(e.what()).find("killed") == std::string::npos) break;
+        restarted = true;
+        comm = world.restart(r);
+      }
+    }
+    std::lock_guard<std::mutex> lock(m);
+    out.done[static_cast<std::size_t>(slot)] = done;
+  };
+  cadence_ps_suite::run_job(world, n, sc.policy, static_cast<std::size_t>(initial),
+                            cadence_ps_suite::initial<float>(model), lr, o, out, m, work);
+  if (beside.joinable()) beside.join();
   return out;
 }
 
 // Every server's slice equals the initial slice with its log replayed; every worker id's pushes
 // appear once each, in order; the policy's bound held at every release, for every id.
 void check_server(const fault_result& r, int servers, clock_value bound) {
-  const std::vector<float> w0 = cadence_ps_suite::initial<float>(model);
+  cadence_ps_suite::check_replays(r, cadence_ps_suite::initial<float>(model), servers, lr);
   for (int s = 0; s < servers; ++s) {
     const auto i = static_cast<std::size_t>(s);
-    CHECK_MESSAGE(cadence_ps_suite::replay(w0, ps_slice_of(model, servers, s), r.servers[i].log, lr) == r.slices[i],
-                  "server " << s << ": replay differs");
     std::vector<std::int64_t> next(r.servers[i].pushes.size(), 1);
     for (const ps_log_entry& e : r.servers[i].log) CHECK(e.iteration == next[e.worker]++);
     for (std::size_t w = 0; w < next.size(); ++w) CHECK(next[w] - 1 == r.servers[i].pushes[w]);

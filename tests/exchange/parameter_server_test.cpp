@@ -39,13 +39,9 @@ using cadence_ps_suite::gradient;
 
 std::vector<float> initial() { return cadence_ps_suite::initial<float>(model); }
 
-struct run_result {
-  std::vector<ps_stats> servers;          // per server
-  std::vector<std::vector<float>> slices;  // per server
+struct run_result : cadence_ps_suite::server_results {
   std::vector<std::int64_t> iterations;    // per worker, completed push_pulls
   std::vector<std::string> worker_errors;  // per worker, "" when none
-  std::string server_error;
-  std::string config;
   std::size_t supersteps_hint = 0;
 };
 
@@ -82,73 +78,44 @@ run_result run(const scenario& sc, const cadence_test::events& ev = cadence_test
   o.observer = [&ev](const ps_event& e) { ev.post(event_name(e)); };
   if (sc.setup) sc.setup(world);
   run_result out;
-  out.servers.resize(static_cast<std::size_t>(sc.servers));
-  out.slices.resize(static_cast<std::size_t>(sc.servers));
   out.iterations.assign(static_cast<std::size_t>(sc.workers), 0);
   out.worker_errors.assign(static_cast<std::size_t>(sc.workers), "");
   std::mutex m;
-  const std::vector<float> w0 = initial();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      auto comm = world.join(r);
-      if (r < sc.servers) {
-        try {
-          parameter_server<inproc_communicator, any_controller> server(
-              comm, model, w0.data(), make_controller(sc.policy, static_cast<std::size_t>(sc.workers)),
-              sgd<float>{0.125f}, o);
-          server.run();
-          std::lock_guard<std::mutex> lock(m);
-          out.servers[static_cast<std::size_t>(r)] = server.stats();
-          out.slices[static_cast<std::size_t>(r)].assign(server.weights().begin(), server.weights().end());
-          if (r == 0) out.config = server.controller().config();
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(m);
-          out.server_error += std::string("server ") + std::to_string(r) + ": " + e.what() + "\n";
+  auto work = [&](inproc_communicator& comm, int r) {
+    const auto w = static_cast<worker_id>(r - sc.servers);
+    try {
+      ps_worker<inproc_communicator> worker(comm, model, o);
+      CHECK(worker.id() == w);
+      std::vector<float> weights(model), g(model);
+      worker.pull(weights.data());
+      for (std::int64_t k = 1; k <= sc.iterations; ++k) {
+        if (sc.keep_going && !sc.keep_going(w, k)) {
+          // Stalled, not crashed: silent while its rank stays up (a destroyed communicator
+          // would make it a lost peer instead) until server 0 has evicted it.
+          CHECK(ev.wait("evicted." + std::to_string(w)));
+          return;
         }
-        return;
-      }
-      const auto w = static_cast<worker_id>(r - sc.servers);
-      try {
-        ps_worker<inproc_communicator> worker(comm, model, o);
-        CHECK(worker.id() == w);
-        std::vector<float> weights(model), g(model);
-        worker.pull(weights.data());
-        for (std::int64_t k = 1; k <= sc.iterations; ++k) {
-          if (sc.keep_going && !sc.keep_going(w, k)) {
-            // Stalled, not crashed: silent while its rank stays up (a destroyed communicator
-            // would make it a lost peer instead) until server 0 has evicted it.
-            CHECK(ev.wait("evicted." + std::to_string(w)));
-            return;
-          }
-          if (sc.finish_before && sc.finish_before(w, k)) break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(sc.ms_per_iteration[w]));
-          if (sc.before_push) sc.before_push(world, w, k);
-          gradient(w, k, g);
-          worker.push_pull(g.data(), weights.data());
-          std::lock_guard<std::mutex> lock(m);
-          out.iterations[w] = k;
-        }
-        worker.finish();
-      } catch (const std::exception& e) {
+        if (sc.finish_before && sc.finish_before(w, k)) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(sc.ms_per_iteration[w]));
+        if (sc.before_push) sc.before_push(world, w, k);
+        gradient(w, k, g);
+        worker.push_pull(g.data(), weights.data());
         std::lock_guard<std::mutex> lock(m);
-        out.worker_errors[w] = e.what();
+        out.iterations[w] = k;
       }
-    });
-  }
-  for (auto& t : threads) t.join();
+      worker.finish();
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(m);
+      out.worker_errors[w] = e.what();
+    }
+  };
+  cadence_ps_suite::run_job(world, n, sc.policy, static_cast<std::size_t>(sc.workers), initial(), 0.125f, o, out, m,
+                            work);
   return out;
 }
 
 // Each server's slice equals the initial slice with its logged pushes applied in log order.
-void check_replay(const run_result& r, int servers) {
-  const std::vector<float> w0 = initial();
-  for (int s = 0; s < servers; ++s) {
-    const auto i = static_cast<std::size_t>(s);
-    const std::vector<float> w = cadence_ps_suite::replay(w0, ps_slice_of(model, servers, s), r.servers[i].log, 0.125f);
-    CHECK_MESSAGE(w == r.slices[i], "server " << s << ": replay differs");
-  }
-}
+void check_replay(const run_result& r, int servers) { cadence_ps_suite::check_replays(r, initial(), servers, 0.125f); }
 
 }  // namespace
 

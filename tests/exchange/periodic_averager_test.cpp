@@ -3,8 +3,7 @@
 #include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/transport/inproc.hpp>
 
-#include "exchange/collective_suite.hpp"
-#include "transport/inproc_ranks.hpp"
+#include "exchange/inproc_suites.hpp"
 
 #include <doctest/doctest.h>
 
@@ -13,8 +12,7 @@
 using namespace cadence::transport;
 using namespace cadence::exchange;
 
-CADENCE_PERIODIC_AVERAGER_SUITE(cadence_test::inproc_4);
-CADENCE_PERIODIC_AVERAGER_SUITE(cadence_test::inproc_3);
+CADENCE_INPROC_EXCHANGE_SUITE(CADENCE_PERIODIC_AVERAGER_SUITE);
 
 TEST_CASE("several tensors of both dtypes merge at once, and a sync without tensors still counts" *
           doctest::timeout(30)) {

@@ -22,6 +22,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -61,6 +63,71 @@ std::vector<T> replay(const std::vector<T>& w0, ps_slice sl, const std::vector<p
     sgd<T>{lr}(w.data(), g.data() + sl.offset, sl.count, e.worker);
   }
   return w;
+}
+
+// What the servers of a job with ranks as threads ended with, by server rank: the in-process
+// tests keep it beside what their workers did.
+struct server_results {
+  std::vector<ps_stats> servers;
+  std::vector<std::vector<float>> slices;
+  std::string server_error;  // "server <rank>: <what>" for each server that threw, a line each
+  std::string config;        // server 0's controller's config string
+  /// Room for `n` servers' results, written by serve().
+  void for_servers(int n) {
+    servers.resize(static_cast<std::size_t>(n));
+    slices.resize(static_cast<std::size_t>(n));
+  }
+};
+
+// Server rank r's whole run over c, on its thread of such a job: a parameter server of w0.size()
+// floats starting at w0, under `policy` for `workers` workers, applying sgd{lr}. What it ended
+// with, or what it threw, goes to `out` under `m`.
+template <class C>
+void serve(C& c, int r, const std::vector<float>& w0, const std::string& policy, std::size_t workers, float lr,
+           const ps_options& o, server_results& out, std::mutex& m) {
+  try {
+    parameter_server<C, any_controller> server(c, w0.size(), w0.data(), make_controller(policy, workers),
+                                               sgd<float>{lr}, o);
+    server.run();
+    std::lock_guard<std::mutex> lock(m);
+    out.servers[static_cast<std::size_t>(r)] = server.stats();
+    out.slices[static_cast<std::size_t>(r)].assign(server.weights().begin(), server.weights().end());
+    if (r == 0) out.config = server.controller().config();
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(m);
+    out.server_error += "server " + std::to_string(r) + ": " + e.what() + "\n";
+  }
+}
+
+// A job with ranks as threads over `world` (world.join(r): rank r's communicator), ranks
+// [0, o.servers) its servers: each serve()s `policy` for `workers` workers from `w0` with
+// sgd{lr}, into `out` under `m`. Every other rank r runs work(comm, r) on a thread of its own.
+// Returns once every rank has ended.
+template <class World, class Work>
+void run_job(World& world, int ranks, const std::string& policy, std::size_t workers, const std::vector<float>& w0,
+             float lr, const ps_options& o, server_results& out, std::mutex& m, Work work) {
+  out.for_servers(o.servers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = world.join(r);
+      if (r < o.servers)
+        serve(comm, r, w0, policy, workers, lr, o, out, m);
+      else
+        work(comm, r);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Each of the `servers` slices in `r` equals its slice of the initial weights `w0` with its
+// logged pushes applied in log order by sgd{lr}.
+inline void check_replays(const server_results& r, const std::vector<float>& w0, int servers, float lr) {
+  for (int s = 0; s < servers; ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    CHECK_MESSAGE(replay(w0, ps_slice_of(w0.size(), servers, s), r.servers[i].log, lr) == r.slices[i],
+                  "server " << s << ": replay differs");
+  }
 }
 
 // A well-behaved worker's whole run over c: pull, `iterations` push_pulls of gradient(), finish().

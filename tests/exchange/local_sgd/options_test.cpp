@@ -11,29 +11,43 @@
 using namespace cadence;
 using namespace cadence::exchange;
 
+namespace {
+
+// What a parsed config must hold besides its schedule, key by key.
+struct expected_config {
+  const char* outer;
+  decltype(diloco_options::fragments) fragments;
+  decltype(diloco_options::delay) delay;
+  float alpha;
+  outer_codec codec;
+  bool error_feedback;
+  bool weight_by_steps;
+};
+
+void check_config(const diloco_config& c, const expected_config& e) {
+  CHECK(c.outer == e.outer);
+  const diloco_options& o = c.options;
+  CHECK(o.fragments == e.fragments);
+  CHECK(o.delay == e.delay);
+  CHECK(o.alpha == e.alpha);
+  CHECK(o.codec == e.codec);
+  CHECK(o.error_feedback == e.error_feedback);
+  CHECK(o.weight_by_steps == e.weight_by_steps);
+}
+
+}  // namespace
+
 TEST_CASE("a bare schedule is DiLoCo as published: nesterov 0.7/0.9, one fragment, f32, steps weights") {
   const diloco_config c = parse_diloco_config("fixed:50");
   CHECK(c.options.schedule == "fixed:50");
-  CHECK(c.outer == "nesterov:0.7:0.9");
-  CHECK(c.options.fragments == 1);
-  CHECK(c.options.delay == 0);
-  CHECK(c.options.alpha == 0.0f);
-  CHECK(c.options.codec == outer_codec::f32);
-  CHECK(c.options.error_feedback);
-  CHECK(c.options.weight_by_steps);
+  check_config(c, {"nesterov:0.7:0.9", 1, 0, 0.0f, outer_codec::f32, true, true});
   CHECK(diloco_config_string(c.options, c.outer) == "fixed:50");
 }
 
 TEST_CASE("every key parses, and the canonical string reads back to the same options") {
   const diloco_config c = parse_diloco_config(
       "fixed:40,outer=adam:0.01,fragments=4,delay=2,alpha=0.5,codec=int4,feedback=0,weights=uniform");
-  CHECK(c.outer == "adam:0.01");
-  CHECK(c.options.fragments == 4);
-  CHECK(c.options.delay == 2);
-  CHECK(c.options.alpha == 0.5f);
-  CHECK(c.options.codec == outer_codec::int4);
-  CHECK_FALSE(c.options.error_feedback);
-  CHECK_FALSE(c.options.weight_by_steps);
+  check_config(c, {"adam:0.01", 4, 2, 0.5f, outer_codec::int4, false, false});
   const std::string s = diloco_config_string(c.options, c.outer);
   CHECK(s == "fixed:40,outer=adam:0.01,fragments=4,delay=2,alpha=0.5,codec=int4,feedback=0,weights=uniform");
   const diloco_config back = parse_diloco_config(s);

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -34,6 +35,25 @@ namespace ps_server_test {
 
 constexpr std::size_t test_model = 1000;
 
+// The policies a test runs under, one after another.
+const char* const every_policy[] = {"bsp", "ssp:1", "dssp:1:3", "asp", "elastic:3"};
+
+// A server over `c` of test_model floats from the suite's initial weights, under `policy` for
+// `workers` workers, with the shipped SGD (lr 0.125).
+template <class C>
+parameter_server<C, any_controller> make_server(C& c, const char* policy, std::size_t workers, const ps_options& o) {
+  const auto w0 = cadence_ps_suite::initial<float>(test_model);  // the server keeps a copy of its slice
+  return parameter_server<C, any_controller>(c, test_model, w0.data(), make_controller(policy, workers),
+                                             sgd<float>{0.125f}, o);
+}
+
+// A ps_options::observer that posts "<name>.<worker>" to `ev` for each event of kind `kind`.
+std::function<void(const ps_event&)> post_each(const cadence_test::events& ev, ps_event::kind kind, std::string name) {
+  return [&ev, kind, name](const ps_event& e) {
+    if (e.what == kind) ev.post(name + "." + std::to_string(e.worker));
+  };
+}
+
 // The shipped SGD, and an event per push it applied: "applied.<worker>.<its n-th push>". It runs
 // on server 0's thread before the controller sees the push, so a worker that waits for another's
 // "applied" knows the server has parked (or released) that push before it reads this one.
@@ -49,6 +69,9 @@ struct announcing_sgd {
 }  // namespace ps_server_test
 
 using ps_server_test::announcing_sgd;
+using ps_server_test::every_policy;
+using ps_server_test::make_server;
+using ps_server_test::post_each;
 using ps_server_test::test_model;
 
 TEST_CASE("server 0 counts how long each worker's pushes stayed parked: the wait for a slow worker "
@@ -228,25 +251,21 @@ TEST_CASE("a worker that takes its last reply, finishes and leaves before the se
   constexpr int workers = 3;
   constexpr std::int64_t iterations = 5;
   constexpr int victim = 2;  // rank 2, worker 1
-  for (const char* policy : {"bsp", "ssp:1", "dssp:1:3", "asp", "elastic:3"}) {
+  for (const char* policy : every_policy) {
     CAPTURE(policy);
     inproc_world world(1 + workers);
     const cadence_test::events ev;
     ps_options o;
     o.evict_after = 60s;  // nobody is evicted for silence here
     o.reply_timeout = 200s;
-    o.observer = [&ev](const ps_event& e) {
-      if (e.what == ps_event::kind::finished) ev.post("finished." + std::to_string(e.worker));
-    };
+    o.observer = post_each(ev, ps_event::kind::finished, "finished");
     ps_stats stats;
     std::string server_error;
     cadence_test::run_inproc_ranks(world, [&](inproc_communicator& comm) {
       if (comm.rank() == 0) {
         // The last push's reply: request 1 is the pull, request 1 + k the k-th push.
         ps_server_test::held_reply_comm held(comm, victim, o.tag_base + 2, 1 + iterations);
-        const auto w0 = cadence_ps_suite::initial<float>(test_model);
-        parameter_server<ps_server_test::held_reply_comm, any_controller> server(
-            held, test_model, w0.data(), make_controller(policy, workers), sgd<float>{0.125f}, o);
+        auto server = make_server(held, policy, workers, o);
         server.run();
         stats = server.stats();
         return;
@@ -268,22 +287,18 @@ TEST_CASE("drop_absent: an initial member absent at the start is evicted before 
   constexpr int workers = 3;
   constexpr std::int64_t iterations = 4;
   constexpr int absent = 3;  // rank 3, worker 2
-  for (const char* policy : {"bsp", "ssp:1", "dssp:1:3", "asp", "elastic:3"}) {
+  for (const char* policy : every_policy) {
     CAPTURE(policy);
     inproc_world world(1 + workers);
     const cadence_test::events ev;
     ps_options o;  // no evict_after: a server that waited for the absent worker would wait forever
-    o.observer = [&ev](const ps_event& e) {
-      if (e.what == ps_event::kind::joined) ev.post("joined." + std::to_string(e.worker));
-    };
+    o.observer = post_each(ev, ps_event::kind::joined, "joined");
     ps_stats stats;
     std::vector<std::int64_t> done(1 + workers, 0);
     worker_id late_id = 0;
     cadence_test::run_inproc_ranks(world, [&](inproc_communicator& comm) {
       if (comm.rank() == 0) {
-        const auto w0 = cadence_ps_suite::initial<float>(test_model);
-        parameter_server<inproc_communicator, any_controller> server(
-            comm, test_model, w0.data(), make_controller(policy, workers), sgd<float>{0.125f}, o);
+        auto server = make_server(comm, policy, workers, o);
         CHECK_THROWS_AS(server.drop_absent(7, "no such worker"), invalid_parameter_error);
         server.drop_absent(absent - 1, "rank 3 never came");
         CHECK_THROWS_AS(server.drop_absent(absent - 1, "twice"), invalid_parameter_error);
@@ -329,9 +344,7 @@ TEST_CASE("drop_absent is server 0's, and only before run()" * doctest::timeout(
   o.servers = 2;
   std::thread second([&] {
     auto c = world.join(1);
-    const auto w0 = cadence_ps_suite::initial<float>(test_model);
-    parameter_server<inproc_communicator, any_controller> s(c, test_model, w0.data(), make_controller("asp", 1),
-                                                            sgd<float>{0.125f}, o);
+    auto s = make_server(c, "asp", 1, o);
     CHECK_THROWS_WITH_AS(s.drop_absent(0, "x"), doctest::Contains("only server 0"), invalid_parameter_error);
   });
   second.join();
@@ -367,13 +380,11 @@ TEST_CASE("a server other than 0 that drops a worker while it answers held relea
   std::string errors;
   std::mutex m;
   std::vector<std::thread> threads;
-  const auto w0 = cadence_ps_suite::initial<float>(test_model);
   for (int s : {0, 1}) {
     threads.emplace_back([&, s] {
       auto c = world.join(s);
       try {
-        parameter_server<inproc_communicator, any_controller> server(c, test_model, w0.data(),
-                                                                     make_controller("bsp", 2), sgd<float>{0.125f}, o);
+        auto server = make_server(c, "bsp", 2, o);
         server.run();
         std::lock_guard<std::mutex> lock(m);
         stats[static_cast<std::size_t>(s)] = server.stats();
