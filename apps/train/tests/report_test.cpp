@@ -7,26 +7,36 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace cadence;
 using namespace cadence::train;
 
+namespace {
+// A 30 s report of `policy` with the measured figures both JSON tests give; each sets the rest.
+policy_report measured(const char* policy, double iterations_per_second, double wait_fraction, double time_to_70,
+                       std::vector<double> worker_transfer_seconds) {
+  policy_report r;
+  r.policy = policy;
+  r.seconds = 30;
+  r.iterations_per_second = iterations_per_second;
+  r.wait_fraction = wait_fraction;
+  r.time_to_70 = time_to_70;
+  r.worker_transfer_seconds = std::move(worker_transfer_seconds);
+  return r;
+}
+}  // namespace
+
 TEST_CASE("JSON: exactly the documented keys in order, null for targets never reached") {
-  policy_report a;
-  a.policy = "bsp";
+  policy_report a = measured("bsp", 20, 0.25, 7, {0.0101, 0.0905});
   a.workers = 4;
-  a.seconds = 30;
   a.iterations = 600;
-  a.iterations_per_second = 20;
-  a.wait_fraction = 0.25;
   a.max_staleness = 0;
   a.final_accuracy = 0.81;
   a.best_accuracy = 0.82;
-  a.time_to_70 = 7;
   a.simulated_iterations_per_second = 20.5;
   a.simulated_wait_fraction = 0.24;
-  a.worker_transfer_seconds = {0.0101, 0.0905};
   policy_report b = a;
   b.worker_transfer_seconds = {0.02, std::nan("")};
   b.policy = "asp";
@@ -53,14 +63,7 @@ TEST_CASE("JSON: exactly the documented keys in order, null for targets never re
 }
 
 TEST_CASE("JSON: measured figures keep 6 significant digits, times to accuracy the millisecond") {
-  policy_report r;
-  r.policy = "ssp:3";
-  r.seconds = 30;
-  r.iterations_per_second = 22.466666666;
-  r.wait_fraction = 0.2273561234;
-  r.time_to_70 = 6.0004;
-  r.worker_transfer_seconds = {0.002362734567};
-  const std::string j = to_json({r});
+  const std::string j = to_json({measured("ssp:3", 22.466666666, 0.2273561234, 6.0004, {0.002362734567})});
   CHECK(j.find("\"iterations_per_second\": 22.4667, \"wait_fraction\": 0.227356,") != std::string::npos);
   CHECK(j.find("\"time_to_70\": 6.0,") != std::string::npos);
   CHECK(j.find("\"worker_transfer_seconds\": [0.00236273]") != std::string::npos);
