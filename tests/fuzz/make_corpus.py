@@ -142,29 +142,26 @@ def policy_corpus():
         write("policy_config", "%02d-%s" % (i, config.replace(":", "_")), bytes([workers - 1]) + config.encode())
 
 
-# ---- push_history: byte 0 (bounds), then the file ----
+# ---- push_history: byte 0 (bounds), then the file; trace: byte 0 (bit 0 small bounds), then the file ----
 
-def history_corpus():
-    write("push_history", "integers", b"\0" + b"0:100,200,300,\n1:150,260,380,\n")
-    write("push_history", "decimals", b"\0" + b"0: 1.5, 2e3 ,\r\n\n2:0.25,0.5\n")
-    write("push_history", "strict-small-bounds", b"\x0e" + b"3:1,2,3\n1:4,5,6\n")
-    write("push_history", "huge-integer", b"\0" + b"0:1,99999999999999999999\n")
-    write("push_history", "duplicate-id", b"\0" + b"1:1,2\n1:3,4\n")
-    write("push_history", "decreasing", b"\0" + b"0:5,4\n")
-    write("push_history", "nan", b"\0" + b"0:1,nan,inf\n")
-    write("push_history", "no-colon", b"\0" + b"12345\n")
-
-
-# ---- trace: byte 0 (bit 0 small bounds), then the file ----
-
-def trace_corpus():
-    write("trace", "with-costs", b"\0" + b"# a run\nworker,start,compute,push,pull\n0,0,0.1012,0.0004,0.0003\n"
-                                          b"1,0,0.1705,0.0004,0.0003\n0,0.1031,0.0998,0.0004,0.0003\n")
-    write("trace", "without-costs", b"\1" + b"worker,start,compute\r\n0,0,1\r\n1,0.5,1e-3\r\n")
-    write("trace", "missing-worker", b"\0" + b"worker,start,compute\n2,0,1\n")
-    write("trace", "backwards", b"\0" + b"worker,start,compute\n0,1,1\n0,0.5,1\n")
-    write("trace", "worker-huge", b"\0" + b"worker,start,compute\n99999999999999,0,1\n")
-    write("trace", "nul-byte", b"\0" + b"worker,start,compute\n0,0\0,1\n")
+def text_corpora():
+    for target, name, flags, text in [
+            ("push_history", "integers", 0, b"0:100,200,300,\n1:150,260,380,\n"),
+            ("push_history", "decimals", 0, b"0: 1.5, 2e3 ,\r\n\n2:0.25,0.5\n"),
+            ("push_history", "strict-small-bounds", 0x0e, b"3:1,2,3\n1:4,5,6\n"),
+            ("push_history", "huge-integer", 0, b"0:1,99999999999999999999\n"),
+            ("push_history", "duplicate-id", 0, b"1:1,2\n1:3,4\n"),
+            ("push_history", "decreasing", 0, b"0:5,4\n"),
+            ("push_history", "nan", 0, b"0:1,nan,inf\n"),
+            ("push_history", "no-colon", 0, b"12345\n"),
+            ("trace", "with-costs", 0, b"# a run\nworker,start,compute,push,pull\n0,0,0.1012,0.0004,0.0003\n"
+                                       b"1,0,0.1705,0.0004,0.0003\n0,0.1031,0.0998,0.0004,0.0003\n"),
+            ("trace", "without-costs", 1, b"worker,start,compute\r\n0,0,1\r\n1,0.5,1e-3\r\n"),
+            ("trace", "missing-worker", 0, b"worker,start,compute\n2,0,1\n"),
+            ("trace", "backwards", 0, b"worker,start,compute\n0,1,1\n0,0.5,1\n"),
+            ("trace", "worker-huge", 0, b"worker,start,compute\n99999999999999,0,1\n"),
+            ("trace", "nul-byte", 0, b"worker,start,compute\n0,0\0,1\n")]:
+        write(target, name, bytes([flags]) + text)
 
 
 def main():
@@ -172,8 +169,7 @@ def main():
     store_corpus()
     ps_corpus()
     policy_corpus()
-    history_corpus()
-    trace_corpus()
+    text_corpora()
     return 0
 
 

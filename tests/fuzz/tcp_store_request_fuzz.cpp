@@ -13,6 +13,8 @@
 // a 32-byte code); the rest is what the client sent.
 #include <cadence/transport/tcp_store.hpp>
 
+#include "fuzz_check.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -26,13 +28,7 @@ namespace {
 namespace ct = cadence::transport;
 namespace cd = cadence::transport::detail;
 
-#define FUZZ_CHECK(cond)                                                                      \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
-      std::fprintf(stderr, "tcp_store_request_fuzz: %s failed at line %d\n", #cond, __LINE__); \
-      std::abort();                                                                           \
-    }                                                                                         \
-  } while (0)
+#define FUZZ_CHECK(cond) CADENCE_FUZZ_CHECK("tcp_store_request_fuzz", cond)
 
 }  // namespace
 

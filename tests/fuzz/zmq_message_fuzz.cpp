@@ -17,6 +17,8 @@
 // frame and the second one. For the rendezvous the rest after byte 2 is the message.
 #include <cadence/transport/zmq/detail/wire.hpp>
 
+#include "fuzz_check.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -29,13 +31,7 @@ namespace {
 
 using namespace cadence::transport::detail;
 
-#define FUZZ_CHECK(cond)                                                               \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "zmq_message_fuzz: %s failed at line %d\n", #cond, __LINE__); \
-      std::abort();                                                                    \
-    }                                                                                  \
-  } while (0)
+#define FUZZ_CHECK(cond) CADENCE_FUZZ_CHECK("zmq_message_fuzz", cond)
 
 // A frame in a heap block of exactly its size (none for an empty one: a null pointer that must
 // not be read).
