@@ -342,6 +342,40 @@ void check_survivors(const std::vector<Result>& res, const std::vector<int>& sur
   }
 }
 
+/// After member `stalled` of 0..3 stopped taking part (stalled, alive to the transport) and was
+/// resumed once the others had re-formed without it, every one syncing to `committed`:
+/// - it ended as the others (its request to come back reached them in time for a sync: admitted
+///   with the state), or stopped with whichever refusal it met first (the announcement without
+///   it, the leader's refusal, or, the others already gone, the rule that a minority must not go
+///   on alone);
+/// - the others ended with no error, `committed` syncs and one state, in the quorum without it,
+///   or with it when its request, sent as it resumed, reached them in their closing sync (which
+///   then admitted it: a newcomer gone by the next sync is lost there as any other).
+template <class Result>
+void check_stalled(const std::vector<Result>& res, int stalled, std::uint64_t committed) {
+  const std::vector<int> all = {0, 1, 2, 3}, others = all_but(4, {stalled});
+  const Result& back = res[static_cast<std::size_t>(stalled)];
+  const std::string& e = back.error;
+  if (e.empty()) {
+    CHECK(back.committed == committed);
+    CHECK(back.hash == res[0].hash);
+    CHECK(back.last_quorum == all);
+  } else {
+    CHECK_MESSAGE((e.find("without this member") != std::string::npos || e.find("refused this member") != std::string::npos ||
+                   e.find("must not go on alone") != std::string::npos),
+                  e);
+  }
+  for (int r : others) {
+    const Result& x = res[static_cast<std::size_t>(r)];
+    CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+    CHECK(x.committed == committed);
+    CHECK(x.hash == res[0].hash);
+    std::string q;
+    for (int m : x.last_quorum) q += std::to_string(m) + " ";
+    CHECK_MESSAGE((x.last_quorum == others || x.last_quorum == all), "rank ", r, " ended in quorum ", q);
+  }
+}
+
 /// After `victim` was killed (a fault trap ended its body): its error says so, and every other
 /// rank of `res` ended as check_survivors() says. Returns those survivors.
 template <class Result>
