@@ -3,6 +3,7 @@
 // collectives one at a time in issue order beside point to point, the failure latch (contract
 // b), abort from another thread, deadlines that name whom an operation waits for, try_recv's
 // poll outcomes, wait_until's timed return, orphaned handles, the argument checks at every call.
+#include "error_of.hpp"
 #include "scripted_engine.hpp"
 
 #include <doctest/doctest.h>
@@ -26,16 +27,7 @@ bool ends_with(const std::string& s, const std::string& p) {
   return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
 }
 
-// The message of the transport_error `f` throws ("" if it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const cadence::transport_error& e) {
-    return e.what();
-  }
-  return "";
-}
+using cadence_engine_test::error_of;
 
 TEST_CASE("collectives activate one at a time in issue order while point-to-point operations complete beside them") {
   scripted b(0, 3);
@@ -154,19 +146,17 @@ TEST_CASE("a deadline that passes names whom the operation waits for and why, an
     CHECK(b.failed());
     CHECK(error_of([&] { b.send(buf, 8, 0, 0); }) == e);
   }
-  SUBCASE("nobody named: every other rank") {
-    scripted b(1, 4);
+  // The error of an all-reduce whose deadline passes on rank r of n, the backend naming nobody.
+  auto nobody_named = [&](int r, int n) {
+    scripted b(r, n);
     b.waits_for = {{}, ""};
-    const std::string e =
-        error_of([&] { b.allreduce(buf, 2, dtype::f32, reduce_op::sum, std::chrono::milliseconds(2)); });
-    CHECK(ends_with(e, " s after the call while waiting for ranks 0, 2, 3"));
+    return error_of([&] { b.allreduce(buf, 2, dtype::f32, reduce_op::sum, std::chrono::milliseconds(2)); });
+  };
+  SUBCASE("nobody named: every other rank") {
+    CHECK(ends_with(nobody_named(1, 4), " s after the call while waiting for ranks 0, 2, 3"));
   }
   SUBCASE("nobody named on one rank: the rank itself (a timeout that names nobody is a bug)") {
-    scripted b(0, 1);
-    b.waits_for = {{}, ""};
-    const std::string e =
-        error_of([&] { b.allreduce(buf, 2, dtype::f32, reduce_op::sum, std::chrono::milliseconds(2)); });
-    CHECK(ends_with(e, " s after the call while waiting for rank 0"));
+    CHECK(ends_with(nobody_named(0, 1), " s after the call while waiting for rank 0"));
   }
   SUBCASE("a handle's wait") {
     scripted b(2, 3);

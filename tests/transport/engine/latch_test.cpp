@@ -2,6 +2,8 @@
 // contract b): the first failure sticks, abort() from any thread makes the owner's calls throw.
 #include <cadence/transport/engine/latch.hpp>
 
+#include "error_of.hpp"
+
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -16,22 +18,14 @@ cd::call_info a_call(const char* op, std::uint64_t seq) {
   return {"latched", op, seq, 1, 3, cadence::transport::deadline::clock::now()};
 }
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const cadence::transport_error& e) {
-    return e.what();
-  }
-  return "";
-}
+using cadence_engine_test::error_of;
 
 TEST_CASE("a fresh latch lets every call through") {
   cd::failure_latch l;
   CHECK_FALSE(l.failed());
   CHECK_FALSE(l.aborted());
   CHECK_FALSE(l.has_failure());
-  CHECK(message_of([&] { l.enter(a_call("send", 1)); }).empty());
+  CHECK(error_of([&] { l.enter(a_call("send", 1)); }).empty());
 }
 
 TEST_CASE("the first failure recorded sticks: enter() rethrows it for every later call, even after abort()") {
@@ -40,10 +34,10 @@ TEST_CASE("the first failure recorded sticks: enter() rethrows it for every late
   l.record(cadence::transport_error("second"));
   CHECK(l.failed());
   CHECK(l.has_failure());
-  CHECK(message_of([&] { l.enter(a_call("recv", 4)); }) == "first");
-  CHECK(message_of([&] { l.rethrow(); }) == "first");
+  CHECK(error_of([&] { l.enter(a_call("recv", 4)); }) == "first");
+  CHECK(error_of([&] { l.rethrow(); }) == "first");
   l.abort();
-  CHECK(message_of([&] { l.enter(a_call("allreduce", 5)); }) == "first");
+  CHECK(error_of([&] { l.enter(a_call("allreduce", 5)); }) == "first");
 }
 
 TEST_CASE("after abort() with no failure, enter() throws naming the call") {
@@ -53,7 +47,7 @@ TEST_CASE("after abort() with no failure, enter() throws naming the call") {
   CHECK(l.failed());
   CHECK(l.aborted());
   CHECK_FALSE(l.has_failure());
-  CHECK(message_of([&] { l.enter(a_call("broadcast", 9)); }) ==
+  CHECK(error_of([&] { l.enter(a_call("broadcast", 9)); }) ==
         "cadence::transport[latched]: broadcast #9 on rank 1 of 3: the communicator was aborted (abort())");
 }
 
@@ -68,7 +62,7 @@ TEST_CASE("abort() from another thread is seen by the owner's next enter()" * do
   go = true;
   other.join();
   CHECK(l.failed());
-  CHECK_FALSE(message_of([&] { l.enter(a_call("send", 2)); }).empty());
+  CHECK_FALSE(error_of([&] { l.enter(a_call("send", 2)); }).empty());
 }
 
 TEST_CASE("a failure recorded on the owning thread is seen by failed() on another") {
