@@ -100,6 +100,52 @@ void check_allreduce(C& c, std::size_t count, reduce_op op, deadline d = 60s) {
                                     << " elements: " << wrong << " wrong, first at " << first_wrong);
 }
 
+/// A watchdog: calls c.abort() (the one call allowed from any thread) from a thread of its own
+/// once `after` has passed, as a user's watchdog would on a hung call; joined at scope exit.
+class abort_after {
+public:
+  template <class C>
+  abort_after(C& c, std::chrono::milliseconds after)
+      : thread_([&c, after] {
+          std::this_thread::sleep_for(after);
+          c.abort();
+        }) {}
+  ~abort_after() { thread_.join(); }
+  abort_after(const abort_after&) = delete;
+  abort_after& operator=(const abort_after&) = delete;
+
+private:
+  std::thread thread_;
+};
+
+/// What a rank that gave up on a stalled peer saw: the error's message and the seconds it waited.
+struct gave_up {
+  std::string error;
+  double waited = 0;
+};
+
+/// The stalled-rank fault: every rank but the last runs `call`, which must throw transport_error
+/// with every needle within 10 s (a deadline of a second or so), failing the communicator; the
+/// last rank stays away, alive and silent, until all of them have (a departed rank would be
+/// reported as lost instead; 60 s only catches a hang). What the rank saw, or nothing on the last.
+template <class C, class F>
+std::optional<gave_up> expect_deadline_without_last(C& c, F&& call, std::initializer_list<std::string> needles) {
+  const int stalled = c.size() - 1;
+  const cadence_test::events& ev = cadence_test::current_events();
+  if (c.rank() == stalled) {
+    CHECK(ev.wait_ranks("threw", c.size(), stalled));
+    return std::nullopt;
+  }
+  const auto t0 = steady::now();
+  gave_up g;
+  g.error = expect_throw<transport_error>(c.rank(), call, needles);
+  g.waited = seconds_since(t0);
+  ev.post_rank("threw", c.rank());
+  CHECK_MESSAGE(g.waited < 10.0, "rank " << c.rank() << " overran its deadline: " << g.waited << " s");
+  CHECK(c.failed());
+  return g;
+}
+
 /// The deadline fault: rank 0 runs `call`, which must wait out a 300 ms deadline and throw
 /// transport_error with every needle (naming the call and the rank it waited for), failing the
 /// communicator; the other ranks stay alive, silent, until it has (a departed peer would be
@@ -143,6 +189,18 @@ void run_if_async(Body body) {
     if constexpr (has_async_v<std::decay_t<decltype(c)>>) body(c);
   });
 }
+
+/// What a backend's own test file uses beside the suite, in one
+/// `using namespace cadence_conformance::test_names;`.
+namespace test_names {
+using namespace cadence;
+using namespace cadence::transport;
+using namespace std::chrono_literals;
+using cadence_conformance::expect_throw;
+using cadence_conformance::abort_after;
+using cadence_conformance::seconds_since;
+using steady = std::chrono::steady_clock;
+}  // namespace test_names
 
 }  // namespace cadence_conformance
 
@@ -304,25 +362,13 @@ CADENCE_CONFORMANCE_TEST("a stalled rank makes the others throw transport_error 
                          conformance_stalled_rank) {
   using namespace cadence_conformance;
   H::run([](auto& c) {
-    const int stalled = c.size() - 1;
-    const cadence_test::events& ev = cadence_test::current_events();
-    if (c.rank() == stalled) {
-      // Stops taking part until every other rank's 1 s deadline has passed (a departed rank
-      // would be reported as lost instead); 60 s only catches a hang.
-      CHECK(ev.wait_ranks("threw", c.size(), stalled));
-      return;
-    }
     float x = 1;
-    const auto t0 = steady::now();
-    const std::string original = expect_throw<transport_error>(
-        c.rank(), [&] { c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 1s); },
-        {"allreduce #1 on rank " + std::to_string(c.rank()),
-         "rank " + std::to_string(stalled)});
-    const double waited = seconds_since(t0);
-    ev.post_rank("threw", c.rank());
-    CHECK_MESSAGE(waited >= 0.99, "rank " << c.rank() << " gave up early, after " << waited << " s");
-    CHECK_MESSAGE(waited < 10.0, "rank " << c.rank() << " overran its 1 s deadline: " << waited << " s");
-    CHECK(c.failed());
+    const std::optional<gave_up> g = expect_deadline_without_last(
+        c, [&] { c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 1s); },
+        {"allreduce #1 on rank " + std::to_string(c.rank()), "rank " + std::to_string(c.size() - 1)});
+    if (!g) return;  // the stalled rank
+    const std::string& original = g->error;
+    CHECK_MESSAGE(g->waited >= 0.99, "rank " << c.rank() << " gave up early, after " << g->waited << " s");
 
     // The first failure sticks: every later call throws it again, without waiting.
     const auto t1 = steady::now();
@@ -731,7 +777,6 @@ CADENCE_CONFORMANCE_TEST("async: test() has no deadline; wait(d) names the await
                          conformance_async_deadline) {
   using namespace cadence_conformance;
   run_if_async<H>([](auto& c) {
-    const cadence_test::events& ev = cadence_test::current_events();
     const int r = c.rank();
     const std::string me = " on rank " + std::to_string(r);
     expect_throw<invalid_parameter_error>(r, [&] { (void)c.iallreduce(nullptr, 4, dtype::f32, reduce_op::sum); },
@@ -742,19 +787,15 @@ CADENCE_CONFORMANCE_TEST("async: test() has no deadline; wait(d) names the await
     expect_throw<invalid_parameter_error>(r, [&] { (void)c.irecv(&x, sizeof x, 0, -1); },
                                           {"recv #3" + me, "tag -1"});
     CHECK_FALSE(c.failed());
-    if (r != 0) {
-      // Alive until rank 0's deadline has passed (a departed peer would be lost instead).
-      CHECK(ev.wait("rank 0 timed out"));
-      return;
-    }
-    auto w = c.irecv(&x, sizeof x, 1, 21);
-    for (int k = 0; k < 100; ++k) CHECK_FALSE(w.test());  // no deadline: never a failure
-    CHECK_FALSE(c.failed());
-    const auto t0 = steady::now();
-    expect_throw<transport_error>(0, [&] { w.wait(300ms); }, {"recv #4 on rank 0", "deadline passed", "rank 1"});
-    ev.post("rank 0 timed out");
-    CHECK(seconds_since(t0) >= 0.299);
-    CHECK(c.failed());
+    expect_deadline_on_rank0(
+        c,
+        [&] {
+          auto w = c.irecv(&x, sizeof x, 1, 21);
+          for (int k = 0; k < 100; ++k) CHECK_FALSE(w.test());  // no deadline: never a failure
+          CHECK_FALSE(c.failed());
+          w.wait(300ms);
+        },
+        {"recv #4 on rank 0", "deadline passed", "rank 1"});
   });
 }
 

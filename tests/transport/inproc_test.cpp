@@ -14,12 +14,7 @@
 #include <thread>
 #include <vector>
 
-using namespace cadence;
-using namespace cadence::transport;
-using namespace std::chrono_literals;
-using cadence_conformance::expect_throw;
-using cadence_conformance::seconds_since;
-using steady = std::chrono::steady_clock;
+using namespace cadence_conformance::test_names;
 
 CADENCE_TRANSPORT_CONFORMANCE(cadence_test::inproc_4);
 
@@ -382,17 +377,13 @@ TEST_CASE("abort() from another thread wakes a blocked call, which throws" * doc
   inproc_world world(2);
   auto c0 = world.join(0);
   auto c1 = world.join(1);  // joined but silent: rank 0 waits for it
-  std::thread watchdog([&] {
-    std::this_thread::sleep_for(100ms);
-    c0.abort();
-  });
+  const abort_after watchdog(c0, 100ms);
   float x = 0;
   const auto t0 = steady::now();
   CHECK_THROWS_WITH_AS(c0.recv(&x, sizeof x, 1, 0, 30s),
                        doctest::Contains("recv #1 on rank 0 of 2: the communicator was aborted"),
                        transport_error);
   CHECK(seconds_since(t0) < 20.0);
-  watchdog.join();
   CHECK(c0.failed());
   CHECK_FALSE(c1.failed());
 }

@@ -25,11 +25,7 @@
 #include <thread>
 #include <vector>
 
-using namespace cadence;
-using namespace cadence::transport;
-using namespace std::chrono_literals;
-using cadence_conformance::expect_throw;
-using steady = std::chrono::steady_clock;
+using namespace cadence_conformance::test_names;
 
 CADENCE_REQUIRE_COMMUNICATOR(gloo_communicator);
 
@@ -125,15 +121,11 @@ TEST_CASE("abort() from a watchdog thread ends a blocked call; later calls throw
           doctest::timeout(60)) {
   gloo_pair_harness::run([](gloo_communicator& c) {
     if (c.rank() == 0) {
-      std::thread watchdog([&] {
-        std::this_thread::sleep_for(100ms);
-        c.abort();
-      });
+      const abort_after watchdog(c, 100ms);
       float x = 0;
       const auto t0 = steady::now();
       const std::string first = expect_throw<transport_error>(
           0, [&] { c.recv(&x, sizeof x, 1, 77, 30s); }, {"recv #1 on rank 0", "aborted", "rank 1"});
-      watchdog.join();
       CHECK(std::chrono::duration<double>(steady::now() - t0).count() < 10.0);
       CHECK(c.failed());
       // The first failure sticks: the same error, at once.
@@ -250,16 +242,12 @@ TEST_CASE("gloo try_recv: a large message, and abort() wakes a waiting try_recv"
     }
     barrier(c, 30s);
     if (c.rank() == 0) {
-      std::thread watchdog([&] {
-        std::this_thread::sleep_for(200ms);
-        c.abort();
-      });
+      const abort_after watchdog(c, 200ms);
       int got = 0;
       const auto t0 = steady::now();
       expect_throw<transport_error>(0, [&] { (void)c.try_recv(&got, sizeof got, 1, 9, 20s); },
                                     {"try_recv", "abort"});
       CHECK(std::chrono::duration<double>(steady::now() - t0).count() < 5.0);
-      watchdog.join();
     }
   });
 }

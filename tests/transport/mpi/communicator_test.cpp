@@ -18,10 +18,7 @@
 #include <string>
 #include <thread>
 
-using namespace cadence;
-using namespace cadence::transport;
-using namespace std::chrono_literals;
-using cadence_conformance::expect_throw;
+using namespace cadence_conformance::test_names;
 
 namespace {
 
@@ -38,6 +35,13 @@ mpi_options tiny_messages() {
   mpi_options o;
   o.max_message_bytes = 1000;
   o.ring_min_bytes = 4096;
+  return o;
+}
+// Collectives posted at once, without first checking that every rank called them: a rank that
+// never joins leaves the others' operations posted inside MPI until their deadline.
+mpi_options posting_at_once() {
+  mpi_options o;
+  o.verify_before_posting = false;
   return o;
 }
 using mpi_harness = cadence_mpi_test::mpi_harness_for<&bounced>;
@@ -173,17 +177,13 @@ TEST_CASE("abort() from a watchdog thread ends a blocked call on the owning thre
   if (c.rank() == 0) {
     // The watchdog cannot see the recv block; 300 ms makes it all but certain, and an abort
     // that lands before the call is still an abort (only the last needle would be missing).
-    std::thread watchdog([&] {
-      std::this_thread::sleep_for(300ms);
-      c.abort();
-    });
+    const abort_after watchdog(c, 300ms);
     float x = 0;
     const auto t0 = std::chrono::steady_clock::now();
     const std::string what = expect_throw<transport_error>(0, [&] { c.recv(&x, sizeof x, 1, 77, 30s); },
                                                            {"recv #1 on rank 0", "aborted"});
     WARN_MESSAGE(what.find("waiting for rank 1") != std::string::npos, what);
     CHECK(cadence_conformance::seconds_since(t0) < 20.0);
-    watchdog.join();
   }
   // Everyone leaves together, so rank 1 cannot be gone while rank 0 still waits for it (that
   // would not change the outcome under MPI, but keeps the test's story simple).
@@ -208,18 +208,17 @@ TEST_CASE("construction is bounded by its deadline when a rank never constructs"
   int rank = 0, size = 0;
   MPI_Comm_rank(scratch, &rank);
   MPI_Comm_size(scratch, &size);
-  if (rank == size - 1) {
-    cadence_mpi_test::wait_others_gave_up(rank);  // never constructs
-  } else {
-    const auto t0 = std::chrono::steady_clock::now();
-    expect_throw<transport_error>(
-        rank, [&] { mpi_communicator c(scratch, {}, 500ms); },
-        {"construction on rank " + std::to_string(rank), "deadline passed",
-         std::to_string(size - 1)});
-    CHECK(cadence_conformance::seconds_since(t0) >= 0.499);
-    CHECK(cadence_conformance::seconds_since(t0) < 10.0);
-    cadence_mpi_test::post_gave_up(size - 1);
-  }
+  cadence_mpi_test::last_rank_stalls(
+      rank, size,
+      [&] {
+        const auto t0 = std::chrono::steady_clock::now();
+        expect_throw<transport_error>(
+            rank, [&] { mpi_communicator c(scratch, {}, 500ms); },
+            {"construction on rank " + std::to_string(rank), "deadline passed", std::to_string(size - 1)});
+        CHECK(cadence_conformance::seconds_since(t0) >= 0.499);
+        CHECK(cadence_conformance::seconds_since(t0) < 10.0);
+      },
+      [] {});  // never constructs
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
@@ -228,25 +227,24 @@ TEST_CASE("a rank that joins a collective after the others gave up cannot write 
   // Without verify_before_posting the others post the all-reduce and abandon it on their
   // deadline; the late rank's call then completes it inside MPI. The bounce buffer, not the
   // caller's, receives that late result.
-  mpi_options options;
-  options.verify_before_posting = false;
-  mpi_communicator c(MPI_COMM_WORLD, options, 30s);
+  mpi_communicator c(MPI_COMM_WORLD, posting_at_once(), 30s);
   const int late = c.size() - 1;
   std::vector<float> grad(1024, 1.0f);
-  if (c.rank() == late) {
-    // Joins only once every other rank has given up (their 300 ms deadline passed).
-    cadence_mpi_test::wait_others_gave_up(late);
-    // It may even succeed: the others' abandoned requests are still posted inside MPI.
-    try {
-      c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 1s);
-    } catch (const transport_error&) {
-    }
-  } else {
-    expect_throw<transport_error>(
-        c.rank(), [&] { c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 300ms); },
-        {"allreduce #1 on rank " + std::to_string(c.rank()), "waiting for rank " + std::to_string(late)});
-    cadence_mpi_test::post_gave_up(late);
-  }
+  cadence_mpi_test::last_rank_stalls(
+      c.rank(), c.size(),
+      [&] {
+        expect_throw<transport_error>(
+            c.rank(), [&] { c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 300ms); },
+            {"allreduce #1 on rank " + std::to_string(c.rank()), "waiting for rank " + std::to_string(late)});
+      },
+      [&] {
+        // Joins only once every other rank has given up (their 300 ms deadline passed). It
+        // may even succeed: the others' abandoned requests are still posted inside MPI.
+        try {
+          c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 1s);
+        } catch (const transport_error&) {
+        }
+      });
   // Let MPI progress the abandoned operation everywhere, then look at the callers' buffers.
   MPI_Barrier(MPI_COMM_WORLD);
   std::this_thread::sleep_for(100ms);
@@ -259,19 +257,15 @@ TEST_CASE("a ring all-reduce that a rank never joins fails on its deadline and l
           "posted" * doctest::timeout(60)) {
   // Without verify_before_posting the ring starts at once; its point-to-point steps wait for
   // the neighbours and are cancelled on the deadline.
-  mpi_options options;
-  options.verify_before_posting = false;
-  mpi_communicator c(MPI_COMM_WORLD, options, 30s);
-  const int stalled = c.size() - 1;
-  if (c.rank() == stalled) {
-    cadence_mpi_test::wait_others_gave_up(stalled);
-  } else {
-    std::vector<float> grad(std::size_t{1} << 20, 1.0f);  // 4 MiB: the ring path
-    expect_throw<transport_error>(
-        c.rank(), [&] { c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 500ms); },
-        {"allreduce #1 on rank " + std::to_string(c.rank()), "in the ring all-reduce",
-         "waiting for rank"});
-    cadence_mpi_test::post_gave_up(stalled);
-  }
+  mpi_communicator c(MPI_COMM_WORLD, posting_at_once(), 30s);
+  cadence_mpi_test::last_rank_stalls(
+      c.rank(), c.size(),
+      [&] {
+        std::vector<float> grad(std::size_t{1} << 20, 1.0f);  // 4 MiB: the ring path
+        expect_throw<transport_error>(
+            c.rank(), [&] { c.allreduce(grad.data(), grad.size(), dtype::f32, reduce_op::sum, 500ms); },
+            {"allreduce #1 on rank " + std::to_string(c.rank()), "in the ring all-reduce", "waiting for rank"});
+      },
+      [] {});
   MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -66,6 +66,20 @@ inline void wait_others_gave_up(int stalled) {
     MPI_Recv(&dummy, 1, MPI_INT, r, gave_up_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
   }
 }
+/// The fault with the last rank of `size` stalled: every other rank runs `give_up` (a call that
+/// must fail on its deadline) and reports it; the last stays away until all of them have, then
+/// runs `late`.
+template <class GiveUp, class Late>
+void last_rank_stalls(int rank, int size, GiveUp&& give_up, Late&& late) {
+  const int stalled = size - 1;
+  if (rank == stalled) {
+    wait_others_gave_up(stalled);
+    late();
+  } else {
+    give_up();
+    post_gave_up(stalled);
+  }
+}
 
 }  // namespace cadence_mpi_test
 

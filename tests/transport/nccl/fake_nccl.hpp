@@ -92,6 +92,11 @@ struct item {
   stream* waited = nullptr;   // wait: the stream the event was recorded on
   std::uint64_t until = 0;    // wait: how far that stream must have run
   std::uint64_t position = 0;  // this item's place in its stream
+
+  item() = default;
+  /// A copy of `n` bytes from `from` to `to`, or a memset of them to `v`.
+  item(what kind, void* to, const void* from, std::size_t n, int v = 0)
+      : k(kind), dst(to), src(from), bytes(n), value(v) {}
 };
 
 struct stream {
@@ -539,20 +544,10 @@ struct world {
       return rc == 100 ? "no CUDA-capable device is detected" : "unknown CUDA error";
     };
     a.memcpy_async = [](void* dst, const void* src, std::size_t bytes, void* s) -> int {
-      item it;
-      it.k = item::what::copy;
-      it.dst = dst;
-      it.src = src;
-      it.bytes = bytes;
-      return enqueue_use(s, std::move(it));
+      return enqueue_use(s, item(item::what::copy, dst, src, bytes));
     };
     a.memset_async = [](void* p, int value, std::size_t bytes, void* s) -> int {
-      item it;
-      it.k = item::what::memset;
-      it.dst = p;
-      it.value = value;
-      it.bytes = bytes;
-      return enqueue_use(s, std::move(it));
+      return enqueue_use(s, item(item::what::memset, p, nullptr, bytes, value));
     };
     a.device_malloc = [](void** p, std::size_t bytes) -> int {
       *p = std::malloc(bytes);

@@ -19,11 +19,7 @@
 #include <thread>
 #include <vector>
 
-using namespace cadence;
-using namespace cadence::transport;
-using namespace std::chrono_literals;
-using cadence_conformance::expect_throw;
-using steady = std::chrono::steady_clock;
+using namespace cadence_conformance::test_names;
 
 CADENCE_REQUIRE_COMMUNICATOR(zmq_communicator);
 static_assert(has_try_recv_v<zmq_communicator>, "the zmq backend offers try_recv");
@@ -312,16 +308,12 @@ TEST_CASE("abort() from a watchdog thread wakes a blocked recv; later calls thro
       CHECK(ev.wait("rank 0 done"));  // alive until then: a departed rank 1 would be lost instead
       return;
     }
-    std::thread watchdog([&] {
-      std::this_thread::sleep_for(100ms);
-      c.abort();
-    });
+    const abort_after watchdog(c, 100ms);
     float x = 0;
     const auto t0 = steady::now();
     // The recv is blocked by the time the watchdog aborts (if it were not yet, it would throw
     // at its start: the same error but for the rank it waited for).
     expect_throw<transport_error>(0, [&] { c.recv(&x, sizeof x, 1, 77, 30s); }, {"recv #1 on rank 0", "aborted"});
-    watchdog.join();
     CHECK(steady::now() - t0 < 10s);
     CHECK(c.failed());
     expect_throw<transport_error>(0, [&] { c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 30s); },
