@@ -12,6 +12,9 @@
 
 #include <cuda_runtime.h>
 
+#include "gpu_ranks.hpp"
+#include "transport/conformance.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -27,12 +30,10 @@ using steady = std::chrono::steady_clock;
 
 static_assert(is_communicator_v<nccl_communicator>);
 
-namespace {
+using cadence_conformance::expect_throw;
+using cadence_nccl_gpu_test::too_few_gpus;
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+namespace {
 
 // Host values of `t` for the small integers the checks use (exact in every dtype).
 std::vector<unsigned char> encode(dtype t, const std::vector<int>& v) {
@@ -75,19 +76,12 @@ TEST_CASE("the real NCCL communicator: fails cleanly without a GPU, computes exa
           doctest::timeout(120)) {
   inproc_world boot(1);
   auto b = boot.join(0);
-  if (!have_gpu()) {
+  if (cadence_nccl_gpu_test::gpus() < 1) {
     int n = 0;
     const cudaError_t rc = cudaGetDeviceCount(&n);
     MESSAGE("no GPU (cudaGetDeviceCount: " << std::string(cudaGetErrorString(rc)) << "): checking the clean failure");
-    try {
-      nccl_communicator c(real_nccl_api(), b, 0, {}, 10s);
-      FAIL("constructed an NCCL communicator without a GPU");
-    } catch (const transport_error& e) {
-      const std::string msg = e.what();
-      CHECK(msg.find("construction on rank 0 of 1") != std::string::npos);
-      CHECK(msg.find("cudaGetDeviceCount failed") != std::string::npos);
-      CHECK(msg.find(cudaGetErrorString(rc)) != std::string::npos);
-    }
+    expect_throw<transport_error>(0, [&] { nccl_communicator c(real_nccl_api(), b, 0, {}, 10s); },
+                                  {"construction on rank 0 of 1", "cudaGetDeviceCount failed", cudaGetErrorString(rc)});
     return;
   }
   nccl_communicator c(real_nccl_api(), b, 0, {}, 30s);
@@ -115,10 +109,7 @@ TEST_CASE("the real NCCL communicator: fails cleanly without a GPU, computes exa
 
 TEST_CASE("a real NCCL init whose second rank never joins times out and aborts within the "
           "deadline" * doctest::timeout(120)) {
-  if (!have_gpu()) {
-    MESSAGE("no GPU: skipped");
-    return;
-  }
+  if (too_few_gpus(1, "the init that times out")) return;
   // Rank 1 takes part in the bootstrap (the unique id broadcast and the readiness allgather,
   // done by hand here) but never calls NCCL, so rank 0's non-blocking init cannot complete.
   inproc_world boot(2);
@@ -133,15 +124,8 @@ TEST_CASE("a real NCCL init whose second rank never joins times out and aborts w
   });
   auto b0 = boot.join(0);
   const auto t0 = steady::now();
-  try {
-    nccl_communicator c(real_nccl_api(), b0, 0, {}, 2s);
-    FAIL("init completed without rank 1");
-  } catch (const transport_error& e) {
-    const std::string msg = e.what();
-    CHECK(msg.find("deadline passed") != std::string::npos);
-    CHECK(msg.find("rank 1") != std::string::npos);
-    CHECK(msg.find("ncclCommAbort") != std::string::npos);
-  }
+  expect_throw<transport_error>(0, [&] { nccl_communicator c(real_nccl_api(), b0, 0, {}, 2s); },
+                                {"deadline passed", "rank 1", "ncclCommAbort"});
   const double waited = std::chrono::duration<double>(steady::now() - t0).count();
   MESSAGE("init aborted after " << waited << " s (deadline 2 s)");
   CHECK(waited < 4.0);
@@ -150,19 +134,12 @@ TEST_CASE("a real NCCL init whose second rank never joins times out and aborts w
 
 TEST_CASE("the parameter server's NCCL form on real GPUs: a server and a worker, each on its "
           "own device" * doctest::timeout(120)) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
-    // NCCL refuses two ranks of one communicator on one device.
-    MESSAGE("fewer than 2 GPUs: the parameter server over NCCL skipped");
-    return;
-  }
+  if (too_few_gpus(2, "the parameter server over NCCL")) return;
   constexpr std::size_t model = 1 << 16;
   constexpr std::int64_t iterations = 20;
-  inproc_world world(2);
   std::vector<float> final_weights(model), expected(model, 1.0f);
   for (std::int64_t k = 1; k <= iterations; ++k)
     for (auto& w : expected) w -= 0.5f * static_cast<float>(k);
-  std::string errors[2];
   // The update runs on the host through copies: a test has no kernel of its own (g++ only).
   struct host_sgd {
     void operator()(float* w, const float* g, std::size_t n, worker_id) const {
@@ -173,42 +150,31 @@ TEST_CASE("the parameter server's NCCL form on real GPUs: a server and a worker,
       cudaMemcpy(w, hw.data(), n * sizeof(float), cudaMemcpyHostToDevice);
     }
   };
-  auto rank = [&](int r) {
-    try {
-      auto control = world.join(r);
-      nccl_communicator bulk(real_nccl_api(), control, r, {}, 60s);
-      cudaSetDevice(r);
-      float *a = nullptr, *b = nullptr;
-      cudaMalloc(&a, model * sizeof(float));
-      cudaMalloc(&b, model * sizeof(float));
-      exchange::ps_options o;
-      if (r == 0) {
-        const std::vector<float> ones(model, 1.0f);
-        cudaMemcpy(a, ones.data(), model * sizeof(float), cudaMemcpyHostToDevice);
-        exchange::parameter_server<inproc_communicator, any_controller, float, host_sgd, nccl_communicator>
-            server(control, bulk, model, a, b, make_controller("bsp", 1), host_sgd{}, o);
-        server.run();
-        cudaMemcpy(final_weights.data(), a, model * sizeof(float), cudaMemcpyDeviceToHost);
-      } else {
-        exchange::ps_worker<inproc_communicator, float, nccl_communicator> worker(control, bulk, model, o);
-        worker.pull(b);
-        for (std::int64_t k = 1; k <= iterations; ++k) {
-          const std::vector<float> g(model, static_cast<float>(k));
-          cudaMemcpy(a, g.data(), model * sizeof(float), cudaMemcpyHostToDevice);
-          worker.push_pull(a, b);
-        }
-        worker.finish();
+  cadence_nccl_gpu_test::run_two_gpu_ranks([&](int r, inproc_communicator& control, nccl_communicator& bulk) {
+    cudaSetDevice(r);
+    float *a = nullptr, *b = nullptr;
+    cudaMalloc(&a, model * sizeof(float));
+    cudaMalloc(&b, model * sizeof(float));
+    exchange::ps_options o;
+    if (r == 0) {
+      const std::vector<float> ones(model, 1.0f);
+      cudaMemcpy(a, ones.data(), model * sizeof(float), cudaMemcpyHostToDevice);
+      exchange::parameter_server<inproc_communicator, any_controller, float, host_sgd, nccl_communicator>
+          server(control, bulk, model, a, b, make_controller("bsp", 1), host_sgd{}, o);
+      server.run();
+      cudaMemcpy(final_weights.data(), a, model * sizeof(float), cudaMemcpyDeviceToHost);
+    } else {
+      exchange::ps_worker<inproc_communicator, float, nccl_communicator> worker(control, bulk, model, o);
+      worker.pull(b);
+      for (std::int64_t k = 1; k <= iterations; ++k) {
+        const std::vector<float> g(model, static_cast<float>(k));
+        cudaMemcpy(a, g.data(), model * sizeof(float), cudaMemcpyHostToDevice);
+        worker.push_pull(a, b);
       }
-      cudaFree(a);
-      cudaFree(b);
-    } catch (const std::exception& e) {
-      errors[r] = e.what();
+      worker.finish();
     }
-  };
-  std::thread t1(rank, 1);
-  rank(0);
-  t1.join();
-  CHECK_MESSAGE(errors[0].empty(), errors[0]);
-  CHECK_MESSAGE(errors[1].empty(), errors[1]);
+    cudaFree(a);
+    cudaFree(b);
+  });
   CHECK(final_weights == expected);
 }

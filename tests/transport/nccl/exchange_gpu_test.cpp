@@ -14,12 +14,13 @@
 
 #include <cuda_runtime.h>
 
+#include "gpu_ranks.hpp"
+
 #include <cstdint>
 #include <exception>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 using namespace cadence;
@@ -27,12 +28,9 @@ using namespace cadence::exchange;
 using namespace cadence::transport;
 using namespace std::chrono_literals;
 
-namespace {
+using cadence_nccl_gpu_test::too_few_gpus;
 
-int gpus() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
+namespace {
 
 void cuda_check(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(rc));
@@ -68,13 +66,9 @@ std::vector<T> iota_values(std::size_t n, int seed) {
 
 TEST_CASE("the adapters' device helpers on a real GPU: ncclAvg, PreMulSum, async copies and "
           "device memory through the real table" * doctest::timeout(120)) {
-  if (gpus() < 1) {
-    MESSAGE("no GPU: the adapters' device helpers skipped");
-    return;
-  }
-  inproc_world boot(1);
-  auto b = boot.join(0);
-  nccl_communicator c(real_nccl_api(), b, 0, {}, 30s);
+  if (too_few_gpus(1, "the adapters' device helpers")) return;
+  cadence_nccl_gpu_test::one_gpu_rank one;
+  nccl_communicator& c = one.c;
   void* s = c.stream();
   const auto x = iota_values<float>(1000, 1);
   device_vector<float> d(x);
@@ -106,13 +100,10 @@ TEST_CASE("the adapters' device helpers on a real GPU: ncclAvg, PreMulSum, async
 
 TEST_CASE("every adapter on one real GPU, on the caller's stream: fused buckets, views, "
           "periodic and elastic merges give back the inputs exactly" * doctest::timeout(120)) {
-  if (gpus() < 1) {
-    MESSAGE("no GPU: the adapters on a GPU skipped");
-    return;
-  }
-  inproc_world boot(1);
-  auto control = boot.join(0);
-  nccl_communicator c(real_nccl_api(), control, 0, {}, 30s);
+  if (too_few_gpus(1, "the adapters on a GPU")) return;
+  cadence_nccl_gpu_test::one_gpu_rank one;
+  nccl_communicator& c = one.c;
+  inproc_communicator& control = one.control;
   cudaStream_t mine = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking) == cudaSuccess);
   {
@@ -176,41 +167,25 @@ TEST_CASE("every adapter on one real GPU, on the caller's stream: fused buckets,
 }
 
 TEST_CASE("two ranks on two real GPUs merge exactly with every rule" * doctest::timeout(120)) {
-  if (gpus() < 2) {
-    MESSAGE("fewer than 2 GPUs: the two-rank merges skipped (NCCL refuses two ranks on one GPU)");
-    return;
-  }
-  inproc_world world(2);
-  std::string errors[2];
+  if (too_few_gpus(2, "the two-rank merges")) return;
   std::vector<double> merged[2][3];
-  auto rank = [&](int r) {
-    try {
-      auto control = world.join(r);
-      nccl_communicator bulk(real_nccl_api(), control, r, {}, 60s);
-      int i = 0;
-      for (merge_rule rule : {merge_rule::average, merge_rule::step_weighted, merge_rule::summed_deltas}) {
-        elastic_averager_options o;
-        o.merge = rule;
-        o.timeout = 30s;
-        elastic_averager<inproc_communicator, nccl_communicator> avg(control, bulk, "elastic:1", o);
-        device_vector<double> d(std::vector<double>(64, 2.0 * r));  // 0 and 2
-        avg.step_done(100);
-        avg.sync(tensor_ref(d.p, d.n));  // every rule averages first: 1
-        std::vector<double> next(64, 1.0 + 4.0 * r);  // deltas 0 and 4
-        cuda_check(cudaMemcpy(d.p, next.data(), 64 * sizeof(double), cudaMemcpyHostToDevice), "cudaMemcpy");
-        avg.step_done(100);
-        avg.sync(tensor_ref(d.p, d.n));
-        merged[r][i++] = d.host();
-      }
-    } catch (const std::exception& e) {
-      errors[r] = e.what();
+  cadence_nccl_gpu_test::run_two_gpu_ranks([&](int r, inproc_communicator& control, nccl_communicator& bulk) {
+    int i = 0;
+    for (merge_rule rule : {merge_rule::average, merge_rule::step_weighted, merge_rule::summed_deltas}) {
+      elastic_averager_options o;
+      o.merge = rule;
+      o.timeout = 30s;
+      elastic_averager<inproc_communicator, nccl_communicator> avg(control, bulk, "elastic:1", o);
+      device_vector<double> d(std::vector<double>(64, 2.0 * r));  // 0 and 2
+      avg.step_done(100);
+      avg.sync(tensor_ref(d.p, d.n));  // every rule averages first: 1
+      std::vector<double> next(64, 1.0 + 4.0 * r);  // deltas 0 and 4
+      cuda_check(cudaMemcpy(d.p, next.data(), 64 * sizeof(double), cudaMemcpyHostToDevice), "cudaMemcpy");
+      avg.step_done(100);
+      avg.sync(tensor_ref(d.p, d.n));
+      merged[r][i++] = d.host();
     }
-  };
-  std::thread t1(rank, 1);
-  rank(0);
-  t1.join();
-  CHECK_MESSAGE(errors[0].empty(), errors[0]);
-  CHECK_MESSAGE(errors[1].empty(), errors[1]);
+  });
   for (int r = 0; r < 2; ++r) {
     CHECK(merged[r][0] == std::vector<double>(64, 3.0));  // (1 + 5) / 2
     CHECK(merged[r][1] == std::vector<double>(64, 3.0));  // one step each: weights 1/2
