@@ -52,16 +52,27 @@ bool all_equal(const std::vector<float>& v, float x) {
   return std::all_of(v.begin(), v.end(), [x](float y) { return y == x; });
 }
 
-}  // namespace
-
-TEST_CASE("parameter server over MPI, default options: a server that never takes the gradient fails the push "
-          "naming it, and the send MPI cannot withdraw later reads what was pushed, not freed memory" *
-          doctest::timeout(120)) {
+int world_rank() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  mpi_communicator c(MPI_COMM_WORLD, {}, 30s);
-  const ps::ps_tags tags(lone_worker().tag_base);
+  return rank;
+}
+
+// What both tests start from: this process's rank and a communicator over MPI_COMM_WORLD, the
+// lone worker's tags and the size of the lent model in bytes.
+struct lent_model_test {
+  const int rank = world_rank();
+  mpi_communicator c{MPI_COMM_WORLD, {}, 30s};
+  const ps::ps_tags tags{lone_worker().tag_base};
   const std::size_t bytes = lent_model * sizeof(float);
+};
+
+}  // namespace
+
+TEST_CASE_FIXTURE(lent_model_test,
+                  "parameter server over MPI, default options: a server that never takes the gradient fails the push "
+                  "naming it, and the send MPI cannot withdraw later reads what was pushed, not freed memory" *
+                  doctest::timeout(120)) {
   if (rank == 0) {  // a server that answers the pull, then stalls until the worker gave up
     ps::ps_header h;
     c.recv(&h, sizeof h, 1, tags.control, 30s);
@@ -101,14 +112,10 @@ TEST_CASE("parameter server over MPI, default options: a server that never takes
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-TEST_CASE("parameter server over MPI, default options: a reply the worker never takes drops it as lost, and the "
-          "version it reads outlives the server for the send MPI cannot withdraw" *
-          doctest::timeout(120)) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  mpi_communicator c(MPI_COMM_WORLD, {}, 30s);
-  const ps::ps_tags tags(lone_worker().tag_base);
-  const std::size_t bytes = lent_model * sizeof(float);
+TEST_CASE_FIXTURE(lent_model_test,
+                  "parameter server over MPI, default options: a reply the worker never takes drops it as lost, and "
+                  "the version it reads outlives the server for the send MPI cannot withdraw" *
+                  doctest::timeout(120)) {
   if (rank == 0) {
     cadence::exchange::ps_stats stats;
     {
