@@ -15,12 +15,14 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <utility>
@@ -264,14 +266,32 @@ rank_process start(const std::string& scenario, int rank, const cadence_test::ev
   return start(scenario, rank, ev, "rank " + std::to_string(rank));
 }
 
+// Starts rank r of scenarios[r] for every r.
+std::vector<rank_process> start_ranks(const cadence_test::events& ev, const std::vector<std::string>& scenarios) {
+  std::vector<rank_process> kids;
+  for (std::size_t r = 0; r < scenarios.size(); ++r) kids.push_back(start(scenarios[r], static_cast<int>(r), ev));
+  return kids;
+}
+
 // "kill" and "stop": starts the three ranks and waits until ranks 0 and 1 are talking and the
 // victim, rank 2, is ready for the fault.
 std::vector<rank_process> start_lost(const std::string& scenario, const cadence_test::events& ev) {
-  std::vector<rank_process> kids;
-  for (int r = 0; r < 3; ++r) kids.push_back(start(scenario, r, ev));
+  std::vector<rank_process> kids = start_ranks(ev, {scenario, scenario, scenario});
   CHECK(ev.wait("victim ready"));
   CHECK(ev.wait("talking"));
   return kids;
+}
+
+// Waits for every rank (a minute at most) and checks how each ended: killed by the SIGKILL the
+// test sent for the ranks in `killed`, exited cleanly (its own checks passed) for the others.
+void check_ends(std::vector<rank_process>& kids, std::initializer_list<std::size_t> killed = {}) {
+  cadence_test::wait_ranks(kids, 60s);
+  for (std::size_t i = 0; i < kids.size(); ++i) {
+    if (std::find(killed.begin(), killed.end(), i) != killed.end())
+      check_killed(kids[i]);
+    else
+      check_exited(kids[i]);
+  }
 }
 
 }  // namespace
@@ -286,10 +306,7 @@ TEST_CASE("a peer killed with SIGKILL while the others talk fails only the recei
   const cadence_test::events ev;
   std::vector<rank_process> kids = start_lost("kill", ev);
   kids[2].kill();
-  cadence_test::wait_ranks(kids, 60s);
-  check_exited(kids[0]);
-  check_exited(kids[1]);
-  check_killed(kids[2]);
+  check_ends(kids, {2});
 }
 
 TEST_CASE("a peer stopped with SIGSTOP past the heartbeat timeout is lost for the others, who go "
@@ -300,39 +317,28 @@ TEST_CASE("a peer stopped with SIGSTOP past the heartbeat timeout is lost for th
   CHECK(ev.wait("survivors done"));
   ev.post("victim resumed");
   kids[2].resume();
-  cadence_test::wait_ranks(kids, 60s);
-  for (const auto& k : kids) check_exited(k);
+  check_ends(kids);
 }
 
 TEST_CASE("a rank restarted in its slot (a new process) is seen alive again with a new "
           "incarnation, its messages flow and the old process's are dropped" * doctest::timeout(120)) {
   const cadence_test::events ev;
-  std::vector<rank_process> kids;
-  kids.push_back(start("restart-survivor", 0, ev));
-  kids.push_back(start("restart-survivor", 1, ev));
-  kids.push_back(start("restart-old", 2, ev));
+  std::vector<rank_process> kids = start_ranks(ev, {"restart-survivor", "restart-survivor", "restart-old"});
   CHECK(ev.wait("old sent"));
   CHECK(ev.wait_ranks("survivor ready", 2, -1));
   kids[2].kill();
   CHECK(ev.wait_ranks("lost seen", 2, -1));
   kids.push_back(start("restart-new", 2, ev, "the restarted rank 2"));
-  cadence_test::wait_ranks(kids, 60s);
-  check_exited(kids[0]);
-  check_exited(kids[1]);
-  check_killed(kids[2]);
-  check_exited(kids[3]);
+  check_ends(kids, {2});
 }
 
 TEST_CASE("a late rank joins a running world (wait_for = self): what waited for it is delivered "
           "and collectives then include it" * doctest::timeout(120)) {
   const cadence_test::events ev;
-  std::vector<rank_process> kids;
-  kids.push_back(start("late", 0, ev));
-  kids.push_back(start("late", 1, ev));
+  std::vector<rank_process> kids = start_ranks(ev, {"late", "late"});
   CHECK(ev.wait("running"));
   kids.push_back(start("late", 2, ev));
-  cadence_test::wait_ranks(kids, 60s);
-  for (const auto& k : kids) check_exited(k);
+  check_ends(kids);
 }
 
 // The harness must be able to fail: a rank that fails a check and a rank that hangs past the
@@ -340,15 +346,14 @@ TEST_CASE("a late rank joins a running world (wait_for = self): what waited for 
 TEST_CASE("the process harness fails a test whose rank fails its checks" * doctest::should_fail() *
           doctest::timeout(60)) {
   const cadence_test::events ev;
-  std::vector<rank_process> kids{start("fails", 0, ev)};
-  cadence_test::wait_ranks(kids, 60s);
-  check_exited(kids[0]);
+  std::vector<rank_process> kids = start_ranks(ev, {"fails"});
+  check_ends(kids);
 }
 
 TEST_CASE("the process harness kills a rank still running at its limit and fails the test" *
           doctest::should_fail() * doctest::timeout(60)) {
   const cadence_test::events ev;
-  std::vector<rank_process> kids{start("hangs", 0, ev)};
+  std::vector<rank_process> kids = start_ranks(ev, {"hangs"});
   cadence_test::wait_ranks(kids, 1s);  // the rank never ends: the limit always passes
   CHECK(kids[0].killed());             // passes: killed at the limit; wait_ranks failed the test
 }
