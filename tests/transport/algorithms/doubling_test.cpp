@@ -73,22 +73,17 @@ TEST_CASE(
     "recursive doubling gives every rank the bits of a brute-force reduction in its own order, for 1 to 9 ranks, every "
     "dtype, op and averaging") {
   std::uint64_t seed = 100;
-  for (int n = 1; n <= 9; ++n) {
-    doubling_case base;
-    base.n = n;
-    for_each_reduction(base, [&](doubling_case c) {
-      // Fewer elements than ranks, as many, more, and the most the wire takes inline.
-      const std::size_t most =
-          std::max<std::size_t>(64, 8 * static_cast<std::size_t>(n)) / cadence::transport::dtype_size(c.type);
-      for (std::size_t count :
-           {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(n), static_cast<std::size_t>(n) + 3, most}) {
-        if (count > most) continue;
-        c.count = count;
-        c.take_seed(seed);
-        over_or_not(seed % 2 == 0, [&](auto over) { check_doubling<decltype(over)::value>(c); });
-      }
-    });
-  }
+  for_each_reduction(1, 9, [&](doubling_case c) {
+    // Fewer elements than ranks, as many, more, and the most the wire takes inline.
+    const auto n = static_cast<std::size_t>(c.n);
+    const std::size_t most = std::max<std::size_t>(64, 8 * n) / cadence::transport::dtype_size(c.type);
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, n, n + 3, most}) {
+      if (count > most) continue;
+      c.count = count;
+      c.take_seed(seed);
+      over_or_not(seed % 2 == 0, [&](auto over) { check_doubling<decltype(over)::value>(c); });
+    }
+  });
 }
 
 TEST_CASE(

@@ -1264,20 +1264,23 @@ struct reduction_case : seeded_case {
   }
 };
 
-/// Calls f(c) for every dtype and op, and again averaging where an average exists (a sum of a
-/// type that averages), with c's type, op and average set and the rest as `base` has them.
+/// Calls f(c) for first_n to last_n ranks, every dtype and op, and again averaging where an
+/// average exists (a sum of a type that averages), with c's n, type, op and average set and the
+/// rest as a default reduction_case has them.
 template <class F>
-void for_each_reduction(const reduction_case& base, F&& f) {
-  for (dtype t : all_dtypes)
-    for (reduce_op op : all_ops)
-      for (int avg = 0; avg < 2; ++avg) {
-        if (avg && (op != reduce_op::sum || !cd::averageable(t))) continue;
-        reduction_case c = base;
-        c.type = t;
-        c.op = op;
-        c.average = avg != 0;
-        f(c);
-      }
+void for_each_reduction(int first_n, int last_n, F&& f) {
+  for (int n = first_n; n <= last_n; ++n)
+    for (dtype t : all_dtypes)
+      for (reduce_op op : all_ops)
+        for (int avg = 0; avg < 2; ++avg) {
+          if (avg && (op != reduce_op::sum || !cd::averageable(t))) continue;
+          reduction_case c;
+          c.n = n;
+          c.type = t;
+          c.op = op;
+          c.average = avg != 0;
+          f(c);
+        }
 }
 
 /// Whether s contains part (error messages).

@@ -201,23 +201,19 @@ TEST_CASE(
     "the ring all-reduce gives every rank the bits of the ring's own order of reduction, for 2 to 9 ranks, every "
     "dtype, op and averaging") {
   std::uint64_t seed = 1000;
-  for (int n = 2; n <= 9; ++n) {
-    reduction_case base;
-    base.n = n;
-    for_each_reduction(base, [&](const reduction_case& r) {
-      const std::size_t e = cadence::transport::dtype_size(r.type);
-      // As many elements as ranks, a few more (segments of unequal sizes), and many (pieces
-      // that do not divide a segment).
-      for (std::size_t count :
-           {static_cast<std::size_t>(n), static_cast<std::size_t>(n) + 3, 11 * static_cast<std::size_t>(n) + 5}) {
-        ring_case c(r);
-        c.count = count;
-        c.piece = (seed % 2 == 0 ? 3 : 5) * e;
-        c.take_seed(seed);
-        over_or_not(seed % 2 == 0, [&](auto over) { check_ring<decltype(over)::value>(c); });
-      }
-    });
-  }
+  for_each_reduction(2, 9, [&](const reduction_case& r) {
+    const std::size_t e = cadence::transport::dtype_size(r.type);
+    // As many elements as ranks, a few more (segments of unequal sizes), and many (pieces that
+    // do not divide a segment).
+    const auto n = static_cast<std::size_t>(r.n);
+    for (std::size_t count : {n, n + 3, 11 * n + 5}) {
+      ring_case c(r);
+      c.count = count;
+      c.piece = (seed % 2 == 0 ? 3 : 5) * e;
+      c.take_seed(seed);
+      over_or_not(seed % 2 == 0, [&](auto over) { check_ring<decltype(over)::value>(c); });
+    }
+  });
 }
 
 TEST_CASE(
