@@ -3,9 +3,10 @@
 // (and its quorum) after every sync it commits, so a test proves that no two members ever
 // committed different states at the same count (and that the survivors of every fault agree).
 // Also what every membership test's rank does and ends with: a replica stepped per rank, a sync
-// of it, syncs to a count, the closing sync and the record of the rank's end (rank_result).
-// group_ranks.hpp adds the same for ranks that sync over a quorum_group; sight.hpp, ranks with
-// their own sight of their peers.
+// of it, syncs to a count, the closing sync and the record of the rank's end (rank_result);
+// a fault trap at a rank's send; what the ranks must end with after a kill or a stall; a rank
+// killed and restarted in its slot (restarted_rank). group_ranks.hpp adds the same for ranks
+// that sync over a quorum_group; sight.hpp, ranks with their own sight of their peers.
 #pragma once
 
 #include <cadence/membership/member.hpp>
