@@ -1343,17 +1343,29 @@ void check_arguments_differ(simulation<false>& sim, rank_data& data, const call&
   }
 }
 
-/// Every rank of `data` but `absent` calls the all-reduce `algo`; `absent` never starts. Runs
-/// until nothing moves and checks that the others are left waiting, with no misuse.
-template <bool Over>
-outcome run_without(simulation<Over>& sim, algorithm algo, rank_data& data, int absent, std::uint64_t seed) {
-  add_allreduce(sim, algo, data);
-  sim.never_starts(absent);
-  const outcome out = sim.run(seed);
-  INFO(out.describe());
-  CHECK(out.misuse.empty());
-  CHECK(out.stuck);
-  return out;
+/// The runs of the tests in which one rank never starts: 2 to 9 ranks over every flavour of
+/// wire call the all-reduce `algo` over count(n) elements of `type` (the buffers watched where
+/// `watch`), and a rank drawn from the seed n * seed_step + wire never starts. Each run goes on
+/// until nothing moves and must leave the others waiting, with no misuse; then
+/// check(sim, out, absent).
+template <class Count, class Check>
+void for_each_absent_run(algorithm algo, int seed_step, dtype type, Count&& count, bool watch, Check&& check) {
+  for (int n = 2; n <= 9; ++n)
+    for (int wire = 0; wire < 3; ++wire) {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(n * seed_step + wire));
+      const int absent = std::uniform_int_distribution<int>(0, n - 1)(rng);
+      INFO("n " << n << ", rank " << absent << " never starts, " << flavour_name(wire));
+      simulation<true> sim(n, flavour(wire));
+      sim.watch_buffers = watch;
+      rank_data data(n, count(n), type, rng);
+      add_allreduce(sim, algo, data);
+      sim.never_starts(absent);
+      const outcome out = sim.run(rng());
+      INFO(out.describe());
+      CHECK(out.misuse.empty());
+      CHECK(out.stuck);
+      check(sim, out, absent);
+    }
 }
 
 /// Every rank of `data` calls the all-reduce `algo` while the network holds back what

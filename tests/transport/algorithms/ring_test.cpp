@@ -263,26 +263,16 @@ TEST_CASE(
   }
 }
 
-// The runs of the tests in which one rank never starts: 2 to 9 ranks over every flavour of
-// wire, a seeded rank absent, the buffers watched where `watch`; check(sim, out, absent) each.
+// The ring's runs in which one rank never starts (fake_wire.hpp's for_each_absent_run): six
+// f32 elements a rank.
 template <class Check>
-void for_each_absent_run(bool watch, Check&& check) {
-  for (int n = 2; n <= 9; ++n)
-    for (int wire = 0; wire < 3; ++wire) {
-      std::mt19937_64 rng(static_cast<std::uint64_t>(n * 5 + wire));
-      const int absent = std::uniform_int_distribution<int>(0, n - 1)(rng);
-      INFO("n " << n << ", rank " << absent << " never starts, " << flavour_name(wire));
-      simulation<true> sim(n, flavour(wire));
-      sim.watch_buffers = watch;
-      rank_data data(n, 6 * static_cast<std::size_t>(n), dtype::f32, rng);
-      const outcome out = run_without(sim, algorithm::ring, data, absent, rng());
-      INFO(out.describe());
-      check(sim, out, absent);
-    }
+void for_each_absent_ring(bool watch, Check&& check) {
+  for_each_absent_run(
+      algorithm::ring, 5, dtype::f32, [](int n) { return 6 * static_cast<std::size_t>(n); }, watch, check);
 }
 
 TEST_CASE("a rank that never starts keeps every other rank in the ring's agreement, naming it, its buffer untouched") {
-  for_each_absent_run(true, [](simulation<true>& sim, const outcome& out, int absent) {
+  for_each_absent_ring(true, [](simulation<true>& sim, const outcome& out, int absent) {
     for (int r = 0; r < sim.size(); ++r) {
       if (r == absent) continue;
       const auto& x = out.ranks[static_cast<std::size_t>(r)];
@@ -300,7 +290,7 @@ TEST_CASE("a rank that never starts keeps every other rank in the ring's agreeme
 // A regression test: phase 0 once returned at the first missing notice, so the deadline named
 // ranks that had started too.
 TEST_CASE("a rank that never starts is the only rank the others name in the ring's agreement") {
-  for_each_absent_run(false, [](simulation<true>& sim, const outcome& out, int absent) {
+  for_each_absent_ring(false, [](simulation<true>& sim, const outcome& out, int absent) {
     for (int r = 0; r < sim.size(); ++r)
       if (r != absent) CHECK(out.ranks[static_cast<std::size_t>(r)].awaited.peers == std::vector<int>{absent});
   });
