@@ -169,11 +169,10 @@ TEST_CASE("a deadline that passes names whom the operation waits for and why, an
   }
 }
 
-TEST_CASE(
+TEST_CASE_FIXTURE(
+    rank0_of_two,
     "try_recv whose receive is withdrawn at its deadline returns nothing and leaves the communicator usable; a "
     "deadline already passed polls once") {
-  scripted b(0, 2);
-  float buf[2] = {};
   b.poll_outcomes.push_back({true, false, std::nullopt});
   const std::optional<int> got =
       b.try_recv(buf, 8, 1, 4, ct::deadline::at(clock_type::now() - std::chrono::seconds(1)));
@@ -221,9 +220,9 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("wait_until returns false at its time, which is no failure, and a later wait completes the operation") {
-  scripted b(0, 2);
-  float buf[2] = {};
+TEST_CASE_FIXTURE(
+    rank0_of_two,
+    "wait_until returns false at its time, which is no failure, and a later wait completes the operation") {
   auto w = b.irecv(buf, 8, 1, 0);
   CHECK_FALSE(w.wait_until(clock_type::now() + std::chrono::milliseconds(2)));
   CHECK_FALSE(w.wait_until(clock_type::now() - std::chrono::seconds(1)));  // already past: no failure either
@@ -259,11 +258,10 @@ TEST_CASE(
   s.wait(std::chrono::minutes(1));
 }
 
-TEST_CASE(
+TEST_CASE_FIXTURE(
+    rank0_of_two,
     "bad arguments throw invalid_parameter_error naming the call before anything starts, and leave the communicator "
     "usable (contract d)") {
-  scripted b(0, 2);
-  float buf[2] = {};
   const std::string head = "cadence::transport[scripted]: ";
   CHECK_THROWS_WITH_AS(b.allreduce(nullptr, 2, dtype::f32, reduce_op::sum),
                        (head + "allreduce #1 on rank 0 of 2: null buffer with 8 bytes").c_str(),

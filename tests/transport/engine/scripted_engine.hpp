@@ -158,4 +158,11 @@ private:
   void on_abort() noexcept { aborts_seen.fetch_add(1); }
 };
 
+/// What most engine tests start from: rank 0 of two and a buffer of two floats (a fixture:
+/// TEST_CASE_FIXTURE(rank0_of_two, ...)).
+struct rank0_of_two {
+  scripted b{0, 2};
+  float buf[2] = {};
+};
+
 }  // namespace cadence_scripted_engine

@@ -47,9 +47,7 @@ TEST_CASE("a default-constructed handle is complete: test is true, wait returns,
   CHECK(w.source() == -1);
 }
 
-TEST_CASE("a moved-from handle is complete and the handle moved to carries the operation") {
-  scripted b(0, 2);
-  float buf[2] = {};
+TEST_CASE_FIXTURE(rank0_of_two, "a moved-from handle is complete and the handle moved to carries the operation") {
   work a = b.irecv(buf, 8, 1, 0);
   work c(std::move(a));
   CHECK(a.test());  // NOLINT(bugprone-use-after-move): the concept says it is complete
@@ -59,9 +57,9 @@ TEST_CASE("a moved-from handle is complete and the handle moved to carries the o
   CHECK(c.source() == 1);
 }
 
-TEST_CASE("destroying an incomplete handle cancels it: a receive is withdrawn, a send goes on in the background") {
-  scripted b(0, 2);
-  float buf[2] = {};
+TEST_CASE_FIXTURE(
+    rank0_of_two,
+    "destroying an incomplete handle cancels it: a receive is withdrawn, a send goes on in the background") {
   { work r = b.irecv(buf, 8, 1, 0); }
   CHECK(b.started[0]->cancelled);
   CHECK(b.in_flight() == 0);
@@ -75,9 +73,7 @@ TEST_CASE("destroying an incomplete handle cancels it: a receive is withdrawn, a
   CHECK_FALSE(b.failed());
 }
 
-TEST_CASE("move-assigning over an incomplete handle cancels the operation it held") {
-  scripted b(0, 2);
-  float buf[2] = {};
+TEST_CASE_FIXTURE(rank0_of_two, "move-assigning over an incomplete handle cancels the operation it held") {
   work w = b.irecv(buf, 8, 1, 0);
   w = b.irecv(buf, 8, 1, 1);
   CHECK(b.started[0]->cancelled);
@@ -85,11 +81,10 @@ TEST_CASE("move-assigning over an incomplete handle cancels the operation it hel
   CHECK_FALSE(w.test());
 }
 
-TEST_CASE(
+TEST_CASE_FIXTURE(
+    rank0_of_two,
     "cancel() withdraws a receive (true) but not a send or a collective (false); once complete it is true without "
     "asking") {
-  scripted b(0, 2);
-  float buf[2] = {};
   work r = b.irecv(buf, 8, 1, 0);
   work s = b.isend(buf, 8, 1, 0);
   work a = b.iallreduce(buf, 2, ct::dtype::f32, ct::reduce_op::sum);
