@@ -20,9 +20,18 @@ replacement received. Exit status 0 when every process ended with the same weigh
 
     python examples/python/fault_tolerant_averaging.py --demo --size 3 --kill 1
 
-Each process prints one JSON line per event (start, sync, done) on stdout. Do not start the
-processes with torchrun: its agent restarts the whole group when one process fails, where here
-the others go on (docs/python-torch.md, "Surviving a lost process").
+A replica of several processes (DDP inside it) is one torchrun job per replica, --rank the
+replica's id; its agent restarts the replica when one of its processes fails, and the restarted
+replica rejoins while the others go on (not replica 0: its first rank holds the rendezvous):
+
+    torchrun --nproc_per_node 2 --max_restarts 3 fault_tolerant_averaging.py --rank R --size N \
+        --rendezvous-file /shared/job.addr
+    python examples/python/fault_tolerant_averaging.py --demo --size 2 --replica-ranks 2 --kill 1
+
+Each process (each replica's first) prints one JSON line per event (start, sync, reconfig,
+done) on stdout. Do not start the replicas as one torchrun job: its agent would restart them
+all when one process fails, where here the others go on (docs/python-torch.md, "Surviving a
+lost process").
 """
 
 from __future__ import annotations
@@ -45,6 +54,23 @@ def emit(**event) -> None:
     print(json.dumps(event), flush=True)
 
 
+def init_replica_group() -> None:
+    """The replica's gloo group, from torchrun's environment, under a store prefix of its own per
+    restart: recent torch's gloo group otherwise found the previous attempt's addresses in the
+    store after a restart and failed to connect (3 runs in 4 with torch 2.15)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent and rank == 0, timeout=datetime.timedelta(seconds=60))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"cadence/attempt{attempt}", store), rank=rank,
+                            world_size=world)
+
+
 def run_rank(a: argparse.Namespace) -> int:
     import torch
 
@@ -54,37 +80,62 @@ def run_rank(a: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)  # every replica starts from the same weights
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    # Started by torchrun: this process is one of the replica's (DDP inside it); its first rank
+    # holds the replica's member (--rank is the replica's id) and speaks for it.
+    group, first, restarted, net = None, True, False, model
+    if "LOCAL_RANK" in os.environ:
+        import torch.distributed as dist
+
+        init_replica_group()
+        group, first = dist.group.WORLD, dist.get_rank() == 0
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        net = torch.nn.parallel.DistributedDataParallel(model)
+    join = a.join or restarted
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    member = membership.Member(a.rank, a.size, rendezvous_file=a.rendezvous_file, insecure=a.insecure,
-                               heartbeat=a.heartbeat, join_timeout=a.join_timeout)
-    avg = ct.FaultTolerantAverager(model, member, period=a.period, optimizer=opt)
-    member.on_change(lambda c: emit(event="reconfig", rank=a.rank, members=c["after"]["ranks"], lost=c["lost"],
-                                    admitted=c["admitted"], step=c["committed"]))
-    if a.join:
-        avg.join()
-    else:
-        avg.start()
-    emit(event="start", rank=a.rank, join=a.join, members=member.quorum["ranks"], step=avg.syncs)
-    g = torch.Generator().manual_seed(1000 + a.rank + 100 * int(a.join))  # each replica its own data
+    member = None
+    if first:
+        member = membership.Member(a.rank, a.size, rendezvous_file=a.rendezvous_file, insecure=a.insecure,
+                                   heartbeat=a.heartbeat, join_timeout=a.join_timeout)
+        member.on_change(lambda c: emit(event="reconfig", rank=a.rank, members=c["after"]["ranks"],
+                                        lost=c["lost"], admitted=c["admitted"], step=c["committed"]))
+    avg = ct.FaultTolerantAverager(model, member, period=a.period, optimizer=opt, replica_group=group)
+    avg.join() if join else avg.start()
+    pids = [os.getpid()]
+    if group is not None:
+        pids = [None] * dist.get_world_size()
+        dist.all_gather_object(pids, os.getpid())
+    if first:
+        emit(event="start", rank=a.rank, join=join, members=member.quorum["ranks"], step=avg.syncs, pids=pids)
+    seed = 1000 + a.rank + 100 * int(join) + 10000 * (dist.get_rank() if group is not None else 0)
+    g = torch.Generator().manual_seed(seed)  # each process its own data
     target = torch.linspace(-1, 1, 8)
     while not avg.stopping:
         x = torch.randn(64, 8, generator=g)
         y = (x @ target).unsqueeze(1) + 0.01 * torch.randn(64, 1, generator=g)
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss = torch.nn.functional.mse_loss(net(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         held = a.hold_file is not None and os.path.exists(a.hold_file)
-        report = avg.step(stop=avg.syncs >= a.steps and not held)
-        if report is not None:
+        report = avg.step(stop=avg.syncs >= a.steps and not held)  # the replica's first rank's counts
+        if report is not None and first:
             emit(event="sync", rank=a.rank, step=report["committed"], outcome=report["outcome"],
-                 members=member.quorum["ranks"], loss=round(float(loss), 6))
+                 members=member.quorum["ranks"], loss=round(float(loss.detach()), 6))
     avg.finish()
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    emit(event="done", rank=a.rank, step=avg.syncs, members=member.quorum["ranks"], hash=f"{member.state_hash:016x}",
-         weights=hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16], stats=member.stats(),
-         momentum=all(opt.state[p].get("momentum_buffer") is not None for p in model.parameters()))
-    member.close()
+    digest = hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]
+    momentum = all(opt.state[p].get("momentum_buffer") is not None for p in model.parameters())
+    replica = [(digest, momentum)]
+    if group is not None:
+        replica = [None] * dist.get_world_size()
+        dist.all_gather_object(replica, (digest, momentum))
+    if first:
+        emit(event="done", rank=a.rank, step=avg.syncs, members=member.quorum["ranks"],
+             hash=f"{member.state_hash:016x}", weights=digest, stats=member.stats(),
+             replica_same=len({d for d, _ in replica}) == 1, momentum=all(m for _, m in replica))
+        member.close()
+    if group is not None:
+        dist.destroy_process_group()
     return 0
 
 
@@ -93,7 +144,8 @@ class Proc:
     pipe would stall the rank, and the others would count it lost)."""
 
     def __init__(self, argv: list[str], env: dict) -> None:
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+        # Its own session: a torchrun agent and its workers are stopped together (stop()).
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
         self.events: list[dict] = []
         self.queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -104,6 +156,14 @@ class Proc:
             self.events.append(e)
             self.queue.put(e)
         self.queue.put(None)
+
+    def stop(self) -> None:
+        """Kills what is left of it (its whole session)."""
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.p.wait()
 
     def wait_for(self, pred, deadline: float) -> dict:
         while True:
@@ -117,12 +177,26 @@ class Proc:
                 return e
 
 
+def torchrun_args(nproc: int) -> list[str]:
+    """torchrun on this interpreter: one agent, nproc processes, one restart."""
+    import torch
+
+    args = ["-m", "torch.distributed.run", "--standalone", "--monitor_interval", "0.1", "--max_restarts", "1",
+            "--nproc_per_node", str(nproc)]
+    if int(torch.__version__.split(".")[0]) < 2 and sys.version_info >= (3, 11):
+        args += ["-r", "2", "-t", "2"]  # torch 1.13's torchrun cannot parse its default "--redirects 0" on 3.11
+    return args
+
+
 def demo(a: argparse.Namespace) -> int:
     if not 0 <= a.kill < a.size:
         raise SystemExit(f"--kill {a.kill} is not a rank of --size {a.size}")
     # Rank 0 holds the ZeroMQ rendezvous: once it is lost the others go on, but no process can
     # join any more (docs/status.md), so its slot is not refilled.
     replace = a.kill != 0
+    if a.replica_ranks > 1 and a.kill == 0:
+        raise SystemExit("--replica-ranks: --kill 0 would restart replica 0, whose first rank holds the "
+                         "rendezvous: kill another replica")
     deadline = time.monotonic() + a.bound
     with tempfile.TemporaryDirectory() as tmp:
         path, hold = os.path.join(tmp, "rendezvous"), os.path.join(tmp, "hold")
@@ -131,34 +205,43 @@ def demo(a: argparse.Namespace) -> int:
         base = [sys.executable, os.path.abspath(__file__), "--size", str(a.size), "--rendezvous-file", path,
                 "--hold-file", hold, "--steps", str(a.steps), "--period", str(a.period),
                 "--heartbeat", str(a.heartbeat)]
+        if a.replica_ranks > 1:
+            # Each replica its own torchrun (DDP inside it), restarted by its agent once.
+            base[1:1] = torchrun_args(a.replica_ranks)
         procs = {r: Proc(base + ["--rank", str(r)], env) for r in range(a.size)}
         try:
             victim = procs[a.kill]
+            started = victim.wait_for(lambda e: e["event"] == "start", deadline)
             victim.wait_for(lambda e: e["event"] == "sync" and e["step"] >= a.kill_after, deadline)
-            victim.p.send_signal(signal.SIGKILL)
-            victim.p.wait()
             killed_at = time.monotonic()
-            if replace:
-                new = Proc(base + ["--rank", str(a.kill), "--join"], env)
-                procs[a.kill] = new
-                new.wait_for(lambda e: e["event"] == "start", deadline)
+            if a.replica_ranks > 1:
+                # A process of the replica other than its first: the replica fails as a whole
+                # and its torchrun starts it again, which rejoins.
+                os.kill(started["pids"][1], signal.SIGKILL)
+                victim.wait_for(lambda e: e["event"] == "start" and e["join"], deadline)
             else:
-                del procs[a.kill]
+                victim.p.send_signal(signal.SIGKILL)
+                victim.p.wait()
+                if replace:
+                    new = Proc(base + ["--rank", str(a.kill), "--join"], env)
+                    procs[a.kill] = new
+                    new.wait_for(lambda e: e["event"] == "start", deadline)
+                else:
+                    del procs[a.kill]
             os.unlink(hold)
             done = {r: p.wait_for(lambda e: e["event"] == "done", deadline) for r, p in procs.items()}
             for p in procs.values():
                 p.p.wait(timeout=max(1.0, deadline - time.monotonic()))
         finally:
             for p in procs.values():
-                if p.p.poll() is None:
-                    p.p.kill()
-                    p.p.wait()
+                p.stop()
     survivors = [r for r in procs if r != a.kill]
     recovered = [e for r in survivors for e in procs[r].events
                  if e["event"] == "reconfig" and a.kill in e["lost"]]
     summary = {
         "size": a.size, "killed": a.kill, "killed_after_syncs": a.kill_after,
-        "same_weights": len({d["weights"] for d in done.values()}) == 1,
+        "replica_ranks": a.replica_ranks,
+        "same_weights": len({d["weights"] for d in done.values()}) == 1 and all(d["replica_same"] for d in done.values()),
         "same_state_hash": len({d["hash"] for d in done.values()}) == 1,
         "members": done[survivors[0]]["members"],
         "syncs": {r: d["step"] for r, d in done.items()},
@@ -185,7 +268,10 @@ def main() -> int:
     p.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat timeout in seconds (default 1)")
     p.add_argument("--join-timeout", type=float, default=120.0, help="--join: the wait to be admitted")
     p.add_argument("--hold-file", help="go on past --steps while this file exists")
-    p.add_argument("--kill", type=int, default=1, help="--demo: the rank killed (default 1)")
+    p.add_argument("--kill", type=int, default=1, help="--demo: the rank (replica) killed (default 1)")
+    p.add_argument("--replica-ranks", type=int, default=1,
+                   help="--demo: processes per replica (default 1); above 1, each replica is a torchrun job with "
+                        "DDP inside, and --kill kills one of its processes, which its torchrun restarts")
     p.add_argument("--kill-after", type=int, default=3, help="--demo: syncs before the kill (default 3)")
     p.add_argument("--bound", type=float, default=240.0, help="--demo: seconds before it gives up (default 240)")
     a = p.parse_args()

@@ -32,18 +32,42 @@ class FaultTolerantAverager:
         avg.finish()                     # every process, after the same steps
 
     Construct it before :meth:`start` / :meth:`join` (it registers the state with the member).
-    One process per replica: DDP inside a replica is not combined with it yet
-    (docs/python-torch.md, "Surviving a lost process").
+
+    **Replicas of several processes** (DDP or any data parallelism inside a replica):
+    ``replica_group`` is the ``torch.distributed`` group of the replica's processes (a gloo
+    group, or one with a CPU backend: the weights travel as CPU tensors); its first rank holds
+    the member (one member per replica, the replica's id as its rank) and every other rank
+    passes ``member=None``. After each sync the replica's first rank broadcasts the result (and
+    the stop flag, the step count and, at start or join, the optimizer's state) to the others,
+    so every rank of every replica holds the same weights. A replica that loses a process dies
+    as a whole (its group does): start each replica with its own ``torchrun --max-restarts``, and
+    its restart rejoins (``join()`` when ``TORCHELASTIC_RESTART_COUNT`` > 0) while the other
+    replicas go on (docs/python-torch.md, "Surviving a lost process").
     """
 
     def __init__(self, module: torch.nn.Module, member, period: int = 1, *, optimizer=None,
-                 buffers: bool = True, policy: str = "retry"):
+                 buffers: bool = True, policy: str = "retry", replica_group=None):
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: period must be an integer >= 1, "
                                         f"got {period!r}")
         if policy not in ("retry", "discard"):
             raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: policy {policy!r} is neither "
                                         "'retry' nor 'discard'")
+        self.replica_group = replica_group
+        self._leader, self._src = True, 0
+        if replica_group is not None:
+            import torch.distributed as dist
+
+            from ._common import global_rank
+
+            self._leader = dist.get_rank(replica_group) == 0
+            self._src = global_rank(replica_group, 0)
+        if self._leader and member is None:
+            raise InvalidParameterError("cadence.torch.FaultTolerantAverager: needs a member (on a replica's "
+                                        "first rank when replica_group is given)")
+        if not self._leader and member is not None:
+            raise InvalidParameterError("cadence.torch.FaultTolerantAverager: only the replica's first rank holds "
+                                        "the member; pass member=None on its other ranks")
         self.module = module
         self.member = member
         self.period = period
@@ -78,10 +102,12 @@ class FaultTolerantAverager:
         # Whether a member asked the job to stop, agreed in every sync (the maximum of the
         # members' flags); registered, so a newcomer admitted at that sync knows it too.
         self._stop = torch.zeros(1, dtype=torch.float64)
-        member.add_state(*self._flat.values(), self._stop)
-        member.add_blob("cadence.torch.FaultTolerantAverager", self._save_counters, self._load_counters)
-        if optimizer is not None:
-            member.add_blob("optimizer", self._save_optimizer, self._load_optimizer)
+        self._syncs = 0  # the member's committed count, as the replica's first rank last told
+        if member is not None:
+            member.add_state(*self._flat.values(), self._stop)
+            member.add_blob("cadence.torch.FaultTolerantAverager", self._save_counters, self._load_counters)
+            if optimizer is not None:
+                member.add_blob("optimizer", self._save_optimizer, self._load_optimizer)
 
     # ---- the flat copies ----
 
@@ -105,8 +131,29 @@ class FaultTolerantAverager:
 
     @property
     def syncs(self) -> int:
-        """Syncs the job has committed (``member.committed``)."""
-        return self.member.committed
+        """Syncs the job has committed (``member.committed``; on a replica's other ranks, as its
+        first rank last told them)."""
+        return self.member.committed if self.member is not None else self._syncs
+
+    def _share(self, optimizer_state: bool = False) -> None:
+        """The replica's first rank hands its weights, stop flag and counters (and, after start
+        or join, the optimizer's state) to the replica's other ranks."""
+        if self.replica_group is None:
+            return
+        import torch.distributed as dist
+
+        for f in self._flat.values():
+            dist.broadcast(f, self._src, group=self.replica_group)
+        counters = torch.tensor([float(self._stop[0]), float(self.local_steps), float(self.syncs)],
+                                dtype=torch.float64)
+        dist.broadcast(counters, self._src, group=self.replica_group)
+        self._stop[0] = counters[0]
+        self.local_steps, self._syncs = int(counters[1]), int(counters[2])
+        if optimizer_state and self.optimizer is not None:
+            box = [self.optimizer.state_dict() if self._leader else None]
+            dist.broadcast_object_list(box, self._src, group=self.replica_group)
+            if not self._leader:
+                self.optimizer.load_state_dict(box[0])
 
     def _save_optimizer(self) -> bytes:
         buf = io.BytesIO()
@@ -119,14 +166,19 @@ class FaultTolerantAverager:
     # ---- the job ----
 
     def start(self) -> None:
-        """Forms the first quorum (``member.start()``) and takes up the state it agreed on."""
-        self.member.start()
+        """Forms the first quorum (``member.start()``) and takes up the state it agreed on
+        (every rank of the replica calls it)."""
+        if self.member is not None:
+            self.member.start()
+        self._share(optimizer_state=True)
         self._from_flat()
 
     def join(self) -> None:
         """Joins the running job (``member.join()``): returns once admitted, with the quorum's
-        weights (and optimizer state) in the module."""
-        self.member.join()
+        weights (and optimizer state) in the module (every rank of the replica calls it)."""
+        if self.member is not None:
+            self.member.join()
+        self._share(optimizer_state=True)
         self._from_flat()
 
     def step(self, stop: bool = False) -> Optional[dict]:
@@ -149,21 +201,26 @@ class FaultTolerantAverager:
         ``stop``: this member asks the job to stop after this sync (:attr:`stopping`)."""
         self._to_flat()
         flats = list(self._flat.values())
+        report = {"outcome": "committed"}
+        if self.member is not None:
+            def body():
+                flag = torch.tensor([1.0 if stop else 0.0], dtype=torch.float64)
+                self.member.allreduce(flag, "max")
+                for f in flats:
+                    self.member.allreduce_average(f)
+                self._stop.copy_(flag)  # once the sync completed here
 
-        def body():
-            flag = torch.tensor([1.0 if stop else 0.0], dtype=torch.float64)
-            self.member.allreduce(flag, "max")
-            for f in flats:
-                self.member.allreduce_average(f)
-            self._stop.copy_(flag)  # once the sync completed here
-
-        report = self.member.transact(body, backup=flats, policy=self.policy)
+            report = self.member.transact(body, backup=flats, policy=self.policy)
+        self._share()
         self._from_flat()
+        if self.member is None:
+            report["committed"] = self._syncs
         return report
 
     def finish(self) -> dict:
         """The closing sync (``member.finish()``): every process calls it once, after the same
         steps; the module then holds the job's final weights."""
-        report = self.member.finish()
+        report = self.member.finish() if self.member is not None else {"outcome": "committed"}
+        self._share()
         self._from_flat()
         return report

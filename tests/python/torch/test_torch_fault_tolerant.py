@@ -1,7 +1,8 @@
 """cadence.torch.FaultTolerantAverager: a torch job whose processes average their model over
 cadence.membership survives a process killed with SIGKILL (rank 0 included) and takes back a
 replacement, which receives the weights and the optimizer's momentum; every process ends with
-the same weights. Runs examples/python/fault_tolerant_averaging.py --demo (real processes on
+the same weights; with replicas of several processes (DDP inside, each replica a torchrun job),
+a replica restarted by torchrun rejoins. Runs examples/python/fault_tolerant_averaging.py --demo (real processes on
 loopback, a job secret, every wait bounded) and checks the JSON it prints."""
 
 import json
@@ -45,6 +46,17 @@ def test_the_job_outlives_rank_0():
     assert s["loss_seen_by"] == [1, 2]
 
 
+def test_replicas_run_ddp_inside_and_a_replica_restarted_by_torchrun_rejoins():
+    # Two replicas, each a torchrun job of 2 processes with DDP inside; a process of replica 1
+    # killed: its torchrun restarts the replica, whose first rank rejoins and hands the weights
+    # and the momentum to the other; replica 0 goes on throughout.
+    s = demo("--size", "2", "--kill", "1", "--replica-ranks", "2", "--steps", "6")
+    assert s["same_weights"] and s["same_state_hash"]  # across the replicas and inside each
+    assert s["members"] == [0, 1] and s["replaced"]
+    assert s["loss_seen_by"] == [0]
+    assert s["replacement_state_bytes"] > 0 and s["replacement_has_momentum"]
+
+
 def test_arguments_are_checked():
     import cadence.torch as ct
 
@@ -58,3 +70,5 @@ def test_arguments_are_checked():
         ct.FaultTolerantAverager(model, Member(), policy="later")
     with pytest.raises(ct.InvalidParameterError, match="float32 or float64"):
         ct.FaultTolerantAverager(model.to(torch.float16), Member())
+    with pytest.raises(ct.InvalidParameterError, match="needs a member"):
+        ct.FaultTolerantAverager(torch.nn.Linear(2, 1), None)
