@@ -3,6 +3,16 @@
 /// The NCCL backend's logic without NCCL: nccl_communicator and its work handle, over the
 /// function table of nccl/api.hpp. Includes no CUDA header, so the protocol is unit-tested on
 /// CPU against a fake table; nccl/communicator.hpp adds the real one.
+///
+///     ---- nccl_work ----            the work handle (test, wait, cancel), its bodies at the end
+///     ---- the concept's calls ----  on stream(), after the caller's stream; on an explicit stream
+///     ---- device helpers ----       what the collective adapters (cadence/exchange/) call
+///     ---- construction ----         the communicator's init, abort and re-init
+///     ---- calls, starts, events --  argument checks, ordering after the caller's stream
+///     ---- polling ----              the work handle's test against NCCL's async error
+///
+/// Over 800 lines: the communicator and its work handle are one protocol (each handle polls
+/// the communicator's events and abort state), which a split would only spread over files.
 #pragma once
 
 #include <cadence/core/error.hpp>
