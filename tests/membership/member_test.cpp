@@ -55,6 +55,27 @@ TEST_CASE("membership: four members commit syncs with identical state and no rec
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
 }
 
+// A job of one process: nothing can arrive from a peer (a receive from any source is refused on
+// a communicator of one rank), so the member posts none; it forms its quorum of one and runs its
+// syncs alone (cadence.membership's single-process use, and a job started at min_size 1).
+TEST_CASE("membership: a job of one member forms its quorum and commits its syncs alone") {
+  inproc_world world(1);
+  ledger book;
+  const auto res = run_ranks(world, 1, [&](int rank, inproc_communicator& c, rank_result& out) {
+    mb::member<inproc_communicator> m(c, test_options());
+    replica r(3000);
+    register_state(m, r);
+    m.start();
+    CHECK(m.current().ranks == std::vector<int>{0});
+    run_syncs(m, r, book, 3, rank);
+    finish(m, out);
+  });
+  REQUIRE(res.size() == 1);
+  CHECK_MESSAGE(res[0].error == "", res[0].error);
+  CHECK(res[0].committed == 3);  // the closing sync left out
+  CHECK(res[0].stats.failed_syncs == 0);
+}
+
 // A rank killed at its k-th collective call (an on_step trap on its own thread): the survivors
 // fail that sync, re-form without it and go on; every commit agrees.
 void kill_case(int victim, int at_call, std::size_t elements, mb::on_loss policy) {
