@@ -301,6 +301,7 @@ class DiLoCo:
     def __init__(self, member: Member, weights: Iterable[Any], config: str = "fixed:20") -> None:
         arrays = [_array(w, "DiLoCo") for w in weights]
         self._d = _membership._DiLoCo(member._m, arrays, config)
+        member._m._keep(self._d)  # the member's reconfiguration hook calls it: alive until close()
         self._weights = arrays
         self.member = member
 

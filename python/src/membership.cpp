@@ -253,6 +253,7 @@ public:
     held_.clear();
     blobs_.clear();
     changes_.clear();
+    kept_.clear();
     on_bound_ = nb::object();
     on_event_ = nb::object();
   }
@@ -437,6 +438,9 @@ public:
   std::uint64_t nonce() { return m("nonce").nonce(); }
   nb::dict quorum() { return quorum_dict(m("quorum").current()); }
   int view_rank() { return m("view_rank").view().rank(); }
+  // Holds `o` until close(): a DiLoCo whose reconfiguration hook the member calls must live as
+  // long as the member does.
+  void keep(nb::object o) { kept_.push_back(std::move(o)); }
   bool started() const noexcept { return started_; }
   void mark_started() noexcept { started_ = true; }
 
@@ -446,6 +450,7 @@ private:
   std::vector<block> held_;
   std::vector<std::pair<nb::callable, nb::callable>> blobs_;
   std::vector<nb::callable> changes_;
+  std::vector<nb::object> kept_;
   nb::object on_bound_, on_event_;
   std::exception_ptr pending_;
   bool in_body_ = false, started_ = false;
@@ -476,42 +481,53 @@ public:
                                                            exchange::make_outer_optimizer(c.outer), c.options);
   }
 
+  // The glue, after checking that its member is still open (Member.close() destroys the member
+  // it refers to).
+  exchange::diloco_member<comm_t>& d(const char* what) {
+    (void)nb::cast<py_member&>(owner_).m(what);
+    return *d_;
+  }
+
   void start() {
+    exchange::diloco_member<comm_t>& dm = d("DiLoCo.start");
     nb::cast<py_member&>(owner_).mark_started();
     nb::gil_scoped_release unlocked;
-    d_->start();
+    dm.start();
   }
   void join() {
+    exchange::diloco_member<comm_t>& dm = d("DiLoCo.join");
     nb::cast<py_member&>(owner_).mark_started();
     nb::gil_scoped_release unlocked;
-    d_->join();
+    dm.join();
   }
   bool step_done(double seconds) {
     if (!(seconds > 0) || seconds > 1e6)
       throw invalid_parameter_error("cadence.membership.DiLoCo.step_done: the step's duration " +
                                     std::to_string(seconds) + " s is not a positive number of seconds");
-    return d_->step_done(static_cast<std::int64_t>(seconds * 1e6 + 0.5) < 1 ? std::int64_t{1}
-                                                                           : static_cast<std::int64_t>(seconds * 1e6 + 0.5));
+    const auto us = static_cast<std::int64_t>(seconds * 1e6 + 0.5);
+    return d("DiLoCo.step_done").step_done(us < 1 ? std::int64_t{1} : us);
   }
   nb::dict sync() {
+    exchange::diloco_member<comm_t>& dm = d("DiLoCo.sync");
     mb::sync_report r;
     {
       nb::gil_scoped_release unlocked;
-      r = d_->sync();
+      r = dm.sync();
     }
     return report_dict(r);
   }
   nb::dict finish() {
+    exchange::diloco_member<comm_t>& dm = d("DiLoCo.finish");
     mb::sync_report r;
     {
       nb::gil_scoped_release unlocked;
-      r = d_->finish();
+      r = dm.finish();
     }
     return report_dict(r);
   }
-  bool due() { return d_->adapter().due(); }
-  std::uint64_t outer_steps() { return d_->adapter().outer_steps(); }
-  std::uint64_t global_hash() { return d_->global_hash(); }
+  bool due() { return d("DiLoCo.due").adapter().due(); }
+  std::uint64_t outer_steps() { return d("DiLoCo.outer_steps").adapter().outer_steps(); }
+  std::uint64_t global_hash() { return d("DiLoCo.global_hash").global_hash(); }
 
 private:
   nb::object owner_;  // the py_member: outlives d_, which holds its member
@@ -565,6 +581,7 @@ NB_MODULE(_membership, m) {
           nb::arg("min_size"), nb::arg("max_attempts"), nb::arg("sync_initial_state"), nb::arg("on_bound").none(),
           nb::arg("on_event").none())
       .def("close", [](py_member& s) { guarded([&] { s.close(); }); })
+      .def("_keep", [](py_member& s, nb::object o) { s.keep(std::move(o)); })
       .def("add_state", [](py_member& s, nb::handle a) { guarded([&] { s.add_state(a); }); })
       .def("add_blob", [](py_member& s, std::string name, nb::callable save, nb::callable load) {
         guarded([&] { s.add_blob(std::move(name), std::move(save), std::move(load)); });

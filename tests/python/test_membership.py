@@ -306,3 +306,20 @@ def test_an_exception_in_the_body_propagates_and_ends_the_members_part():
         m.start()
         with pytest.raises(cadence.InvalidParameterError, match="unknown reduce op 'prod'"):
             m.transact(lambda: m.allreduce(w, "prod"))
+
+
+def test_diloco_alone_then_closed():
+    w = np.full(4, 2.0, dtype=np.float32)
+    m = single()
+    outer = membership.DiLoCo(m, [w], "fixed:2,outer=sgd:1")
+    outer.start()
+    for _ in range(4):
+        w += 1
+        if outer.step_done(0.001):
+            assert outer.sync()["outcome"] == "committed"
+    # Alone, outer SGD at lr 1 takes the local weights as they are.
+    assert outer.outer_steps == 2 and np.array_equal(w, np.full(4, 6.0, dtype=np.float32))
+    outer.finish()
+    m.close()
+    with pytest.raises(cadence.InvalidParameterError, match="the member is closed"):
+        outer.sync()
