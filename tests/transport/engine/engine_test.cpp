@@ -3,7 +3,9 @@
 // collectives one at a time in issue order beside point to point, the failure latch (contract
 // b), abort from another thread, deadlines that name whom an operation waits for, try_recv's
 // poll outcomes, wait_until's timed return, orphaned handles, the argument checks at every call.
-#include "error_of.hpp"
+#include <cadence/core/error.hpp>
+
+#include "support/message_of.hpp"
 #include "scripted_engine.hpp"
 
 #include <doctest/doctest.h>
@@ -13,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace cadence_scripted_engine {
@@ -27,7 +30,11 @@ bool ends_with(const std::string& s, const std::string& p) {
   return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
 }
 
-using cadence_engine_test::error_of;
+// The message of the transport_error a call throws (cadence::test::no_exception if none).
+template <class F>
+std::string error_of(F&& f) {
+  return cadence::test::message_of<cadence::transport_error>(std::forward<F>(f));
+}
 
 TEST_CASE("collectives activate one at a time in issue order while point-to-point operations complete beside them") {
   scripted b(0, 3);
