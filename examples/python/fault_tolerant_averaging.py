@@ -43,6 +43,7 @@ import os
 import queue
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -177,12 +178,21 @@ class Proc:
                 return e
 
 
-def torchrun_args(nproc: int) -> list[str]:
-    """torchrun on this interpreter: one agent, nproc processes, one restart."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_args(nproc: int, replica: int) -> list[str]:
+    """torchrun on this interpreter: one agent, nproc processes, one restart, its rendezvous on a
+    port of its own (--standalone takes port 29400 in torch 1.13, where two replicas' agents on
+    one host would meet)."""
     import torch
 
-    args = ["-m", "torch.distributed.run", "--standalone", "--monitor_interval", "0.1", "--max_restarts", "1",
-            "--nproc_per_node", str(nproc)]
+    args = ["-m", "torch.distributed.run", "--nnodes", "1", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", f"localhost:{free_port()}", "--rdzv_id", f"replica{replica}",
+            "--monitor_interval", "0.1", "--max_restarts", "1", "--nproc_per_node", str(nproc)]
     if int(torch.__version__.split(".")[0]) < 2 and sys.version_info >= (3, 11):
         args += ["-r", "2", "-t", "2"]  # torch 1.13's torchrun cannot parse its default "--redirects 0" on 3.11
     return args
@@ -205,10 +215,13 @@ def demo(a: argparse.Namespace) -> int:
         base = [sys.executable, os.path.abspath(__file__), "--size", str(a.size), "--rendezvous-file", path,
                 "--hold-file", hold, "--steps", str(a.steps), "--period", str(a.period),
                 "--heartbeat", str(a.heartbeat)]
-        if a.replica_ranks > 1:
+        def argv(r: int) -> list[str]:
+            if a.replica_ranks == 1:
+                return base + ["--rank", str(r)]
             # Each replica its own torchrun (DDP inside it), restarted by its agent once.
-            base[1:1] = torchrun_args(a.replica_ranks)
-        procs = {r: Proc(base + ["--rank", str(r)], env) for r in range(a.size)}
+            return base[:1] + torchrun_args(a.replica_ranks, r) + base[1:] + ["--rank", str(r)]
+
+        procs = {r: Proc(argv(r), env) for r in range(a.size)}
         try:
             victim = procs[a.kill]
             started = victim.wait_for(lambda e: e["event"] == "start", deadline)

@@ -135,25 +135,32 @@ class FaultTolerantAverager:
         first rank last told them)."""
         return self.member.committed if self.member is not None else self._syncs
 
-    def _share(self, optimizer_state: bool = False) -> None:
-        """The replica's first rank hands its weights, stop flag and counters (and, after start
-        or join, the optimizer's state) to the replica's other ranks."""
+    _OUTCOMES = ("committed", "healed", "discarded")
+
+    def _share(self, optimizer_state: bool = False, report: Optional[dict] = None) -> Optional[dict]:
+        """The replica's first rank hands its weights, stop flag, counters and the sync's outcome
+        (and, after start or join, the optimizer's state) to the replica's other ranks; returns
+        the report as the first rank had it."""
         if self.replica_group is None:
-            return
+            return report
         import torch.distributed as dist
 
         for f in self._flat.values():
             dist.broadcast(f, self._src, group=self.replica_group)
-        counters = torch.tensor([float(self._stop[0]), float(self.local_steps), float(self.syncs)],
+        outcome = self._OUTCOMES.index(report["outcome"]) if report is not None and self._leader else 0
+        counters = torch.tensor([float(self._stop[0]), float(self.local_steps), float(self.syncs), float(outcome)],
                                 dtype=torch.float64)
         dist.broadcast(counters, self._src, group=self.replica_group)
         self._stop[0] = counters[0]
         self.local_steps, self._syncs = int(counters[1]), int(counters[2])
+        if report is not None and not self._leader:
+            report = {"outcome": self._OUTCOMES[int(counters[3])], "committed": self._syncs}
         if optimizer_state and self.optimizer is not None:
             box = [self.optimizer.state_dict() if self._leader else None]
             dist.broadcast_object_list(box, self._src, group=self.replica_group)
             if not self._leader:
                 self.optimizer.load_state_dict(box[0])
+        return report
 
     def _save_optimizer(self) -> bytes:
         buf = io.BytesIO()
@@ -201,7 +208,7 @@ class FaultTolerantAverager:
         ``stop``: this member asks the job to stop after this sync (:attr:`stopping`)."""
         self._to_flat()
         flats = list(self._flat.values())
-        report = {"outcome": "committed"}
+        report = None
         if self.member is not None:
             def body():
                 flag = torch.tensor([1.0 if stop else 0.0], dtype=torch.float64)
@@ -211,16 +218,14 @@ class FaultTolerantAverager:
                 self._stop.copy_(flag)  # once the sync completed here
 
             report = self.member.transact(body, backup=flats, policy=self.policy)
-        self._share()
+        report = self._share(report=report if report is not None else {"outcome": "committed"})
         self._from_flat()
-        if self.member is None:
-            report["committed"] = self._syncs
         return report
 
     def finish(self) -> dict:
         """The closing sync (``member.finish()``): every process calls it once, after the same
         steps; the module then holds the job's final weights."""
         report = self.member.finish() if self.member is not None else {"outcome": "committed"}
-        self._share()
+        report = self._share(report=report)
         self._from_flat()
         return report

@@ -23,7 +23,8 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "python" / 
 
 
 def demo(*args):
-    out = subprocess.run([sys.executable, str(EXAMPLE), "--demo", "--bound", "200", *args],
+    # A 3 s heartbeat: a loaded machine must not make a live process look lost.
+    out = subprocess.run([sys.executable, str(EXAMPLE), "--demo", "--bound", "200", "--heartbeat", "3", *args],
                          capture_output=True, text=True, timeout=240, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
