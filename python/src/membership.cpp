@@ -151,28 +151,26 @@ nb::dict report_dict(const mb::sync_report& r) {
   return d;
 }
 
-nb::list ranks_of(const mb::quorum& q) {
-  nb::list l;
-  for (int r : q.ranks) l.append(r);
-  return l;
-}
-
-nb::dict quorum_dict(const mb::quorum& q) {
-  nb::dict d;
-  d["id"] = q.id;
-  d["ranks"] = ranks_of(q);
-  return d;
-}
-
 nb::list int_list(const std::vector<int>& v) {
   nb::list l;
   for (int r : v) l.append(r);
   return l;
 }
 
-// Reports a Python callback's exception that cannot propagate (it ran inside a reconfiguration)
-// as unraisable, the way Python reports an exception in a __del__.
-void report_unraisable(nb::python_error& e, const char* where) { e.discard_as_unraisable(where); }
+nb::dict quorum_dict(const mb::quorum& q) {
+  nb::dict d;
+  d["id"] = q.id;
+  d["ranks"] = int_list(q.ranks);
+  return d;
+}
+
+// f() with the GIL released: the member's and the glue's calls that communicate (and may wait
+// seconds for the quorum) let the process's other Python threads run.
+template <class F>
+auto unlocked(F&& f) -> decltype(f()) {
+  nb::gil_scoped_release released;
+  return f();
+}
 
 class py_member {
 public:
@@ -206,7 +204,7 @@ public:
         try {
           on_event_(line);
         } catch (nb::python_error& e) {
-          report_unraisable(e, "cadence.membership.Member on_event callback");
+          e.discard_as_unraisable("cadence.membership.Member on_event callback");  // inside a reconfiguration
         }
       };
     tr::zmq_options zo;
@@ -232,10 +230,7 @@ public:
         on_bound_(a);  // a Python error here fails the construction (python_error)
       };
     const tr::deadline connect(ms(connect_timeout_s, "connect_timeout"));
-    {
-      nb::gil_scoped_release unlocked;
-      comm_ = std::make_unique<comm_t>(rank, size, zo, connect);
-    }
+    comm_ = unlocked([&] { return std::make_unique<comm_t>(rank, size, zo, connect); });
     member_ = std::make_unique<member_t>(*comm_, std::move(mo));
   }
 
@@ -309,7 +304,7 @@ public:
         d["committed"] = c.committed;
         changes_[i](d);
       } catch (nb::python_error& e) {
-        report_unraisable(e, "cadence.membership.Member on_change callback");
+        e.discard_as_unraisable("cadence.membership.Member on_change callback");  // inside a reconfiguration
       }
     });
   }
@@ -317,15 +312,13 @@ public:
   void start() {
     started_ = true;
     member_t& mm = m("start");
-    nb::gil_scoped_release unlocked;
-    mm.start();
+    unlocked([&] { mm.start(); });
   }
 
   void join() {
     started_ = true;
     member_t& mm = m("join");
-    nb::gil_scoped_release unlocked;
-    mm.join();
+    unlocked([&] { mm.join(); });
   }
 
   nb::dict transact(nb::callable body, nb::list backup, const std::string& policy) {
@@ -352,18 +345,15 @@ public:
           [&] {
             nb::gil_scoped_acquire gil;
             pending_ = nullptr;
-            in_body_ = true;
             try {
               body();
             } catch (nb::python_error& e) {
-              in_body_ = false;
               // A view call failed because the quorum changed (SyncFailed raised through the
               // body): member::transact() recovers from the C++ exception it stands for.
               if (pending_) std::rethrow_exception(std::exchange(pending_, nullptr));
               raised.emplace(e);
               throw body_raised();
             }
-            in_body_ = false;
           },
           span<const mb::buffer>(bufs.data(), bufs.size()), pol);
     } catch (const body_raised&) {
@@ -374,15 +364,15 @@ public:
     return report_dict(r);
   }
 
-  // A collective on the quorum's view, for a transaction's body.
+  // A collective on the quorum's view, for a transaction's body. A sync_failed is kept for the
+  // body's wrapper in transact(), which clears it at each attempt (outside a body nothing reads it).
   template <class F>
   void view_call(const char* what, F&& f) {
     member_t& mm = m(what);
     try {
-      nb::gil_scoped_release unlocked;
-      f(mm.view());
+      unlocked([&] { f(mm.view()); });
     } catch (const mb::sync_failed&) {
-      if (in_body_) pending_ = std::current_exception();
+      pending_ = std::current_exception();
       throw;
     }
   }
@@ -407,12 +397,7 @@ public:
 
   nb::dict finish() {
     member_t& mm = m("finish");
-    mb::sync_report r;
-    {
-      nb::gil_scoped_release unlocked;
-      r = mm.finish();
-    }
-    return report_dict(r);
+    return report_dict(unlocked([&] { return mm.finish(); }));
   }
 
   nb::dict stats() {
@@ -453,7 +438,7 @@ private:
   std::vector<nb::object> kept_;
   nb::object on_bound_, on_event_;
   std::exception_ptr pending_;
-  bool in_body_ = false, started_ = false;
+  bool started_ = false;
 };
 
 // exchange::diloco_member on a Member: DiLoCo's outer steps as transactions of the quorum. The
@@ -491,14 +476,12 @@ public:
   void start() {
     exchange::diloco_member<comm_t>& dm = d("DiLoCo.start");
     nb::cast<py_member&>(owner_).mark_started();
-    nb::gil_scoped_release unlocked;
-    dm.start();
+    unlocked([&] { dm.start(); });
   }
   void join() {
     exchange::diloco_member<comm_t>& dm = d("DiLoCo.join");
     nb::cast<py_member&>(owner_).mark_started();
-    nb::gil_scoped_release unlocked;
-    dm.join();
+    unlocked([&] { dm.join(); });
   }
   bool step_done(double seconds) {
     if (!(seconds > 0) || seconds > 1e6)
@@ -509,21 +492,11 @@ public:
   }
   nb::dict sync() {
     exchange::diloco_member<comm_t>& dm = d("DiLoCo.sync");
-    mb::sync_report r;
-    {
-      nb::gil_scoped_release unlocked;
-      r = dm.sync();
-    }
-    return report_dict(r);
+    return report_dict(unlocked([&] { return dm.sync(); }));
   }
   nb::dict finish() {
     exchange::diloco_member<comm_t>& dm = d("DiLoCo.finish");
-    mb::sync_report r;
-    {
-      nb::gil_scoped_release unlocked;
-      r = dm.finish();
-    }
-    return report_dict(r);
+    return report_dict(unlocked([&] { return dm.finish(); }));
   }
   bool due() { return d("DiLoCo.due").adapter().due(); }
   std::uint64_t outer_steps() { return d("DiLoCo.outer_steps").adapter().outer_steps(); }
