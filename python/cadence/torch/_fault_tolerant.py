@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from ._common import InvalidParameterError
+from ._common import InvalidParameterError, copy_slices, global_rank
 
 
 class FaultTolerantAverager:
@@ -58,8 +58,6 @@ class FaultTolerantAverager:
         if replica_group is not None:
             import torch.distributed as dist
 
-            from ._common import global_rank
-
             self._leader = dist.get_rank(replica_group) == 0
             self._src = global_rank(replica_group, 0)
         if self._leader and member is None:
@@ -86,18 +84,12 @@ class FaultTolerantAverager:
             if t.dtype not in (torch.float32, torch.float64):
                 raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: dtype {t.dtype} is not "
                                             "averaged by the membership yet (float32 or float64)")
-        self._tensors = tensors
-        # One flat CPU copy per dtype, each tensor a slice of it: what the member registers,
-        # averages and streams to a newcomer.
-        self._flat: dict[torch.dtype, torch.Tensor] = {}
-        self._slices = []
-        sizes: dict[torch.dtype, int] = {}
+        # One flat CPU copy per dtype, the tensors of that dtype in order: what the member
+        # registers, averages and streams to a newcomer.
+        self._groups: dict[torch.dtype, list] = {}
         for t in tensors:
-            start = sizes.get(t.dtype, 0)
-            self._slices.append((t.dtype, start, t.numel()))
-            sizes[t.dtype] = start + t.numel()
-        for dtype, n in sizes.items():
-            self._flat[dtype] = torch.zeros(n, dtype=dtype)
+            self._groups.setdefault(t.dtype, []).append(t)
+        self._flat = {d: torch.zeros(sum(t.numel() for t in ts), dtype=d) for d, ts in self._groups.items()}
         self._to_flat()
         # Whether a member asked the job to stop, agreed in every sync (the maximum of the
         # members' flags); registered, so a newcomer admitted at that sync knows it too.
@@ -113,13 +105,12 @@ class FaultTolerantAverager:
 
     @torch.no_grad()
     def _to_flat(self) -> None:
-        for t, (dtype, start, n) in zip(self._tensors, self._slices):
-            self._flat[dtype][start:start + n].copy_(t.detach().reshape(-1))
+        for d, ts in self._groups.items():
+            self._flat[d].copy_(torch.cat([t.detach().reshape(-1) for t in ts]))
 
-    @torch.no_grad()
     def _from_flat(self) -> None:
-        for t, (dtype, start, n) in zip(self._tensors, self._slices):
-            t.copy_(self._flat[dtype][start:start + n].view_as(t))
+        for d, ts in self._groups.items():
+            copy_slices(ts, self._flat[d])
 
     # A newcomer takes up the donor's step count at the sync that admits it, so that it syncs
     # at the same steps as the others.
