@@ -146,7 +146,6 @@ class Member:
                                       float(heartbeat), float(join_timeout), float(connect_timeout),
                                       int(min_size), int(max_attempts), bool(sync_initial_state),
                                       on_bound, on_event)
-        self._state: list[Any] = []
 
     # ---- the replica's state ----
 
@@ -156,9 +155,7 @@ class Member:
         tensors, C-contiguous; every member registers the same sizes in the same order, before
         :meth:`start` or :meth:`join`. The arrays are held and must not be resized."""
         for a in arrays:
-            arr = _array(a, "Member.add_state")
-            self._m.add_state(arr)
-            self._state.append(arr)
+            self._m.add_state(_array(a, "Member.add_state"))  # held by the member until close()
 
     def add_blob(self, name: str, save: Callable[[], bytes], load: Callable[[bytes], None]) -> None:
         """Registers small state that is not an array (counters, a schedule's clock) under
@@ -300,9 +297,8 @@ class DiLoCo:
 
     def __init__(self, member: Member, weights: Iterable[Any], config: str = "fixed:20") -> None:
         arrays = [_array(w, "DiLoCo") for w in weights]
-        self._d = _membership._DiLoCo(member._m, arrays, config)
+        self._d = _membership._DiLoCo(member._m, arrays, config)  # holds the arrays
         member._m._keep(self._d)  # the member's reconfiguration hook calls it: alive until close()
-        self._weights = arrays
         self.member = member
 
     def start(self) -> None:
