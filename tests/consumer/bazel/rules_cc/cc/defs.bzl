@@ -1,16 +1,7 @@
 """The native C++ rules under rules_cc's names (see ../WORKSPACE)."""
 
-def cc_binary(**kwargs):
-    native.cc_binary(**kwargs)
-
-def cc_library(**kwargs):
-    native.cc_library(**kwargs)
-
-def cc_test(**kwargs):
-    native.cc_test(**kwargs)
-
-def cc_toolchain(**kwargs):
-    native.cc_toolchain(**kwargs)
-
-def cc_toolchain_suite(**kwargs):
-    native.cc_toolchain_suite(**kwargs)
+cc_binary = native.cc_binary
+cc_library = native.cc_library
+cc_test = native.cc_test
+cc_toolchain = native.cc_toolchain
+cc_toolchain_suite = native.cc_toolchain_suite
