@@ -33,6 +33,7 @@ constexpr const char* default_collective_modes[] = {"bsp", "periodic:4", "elasti
 constexpr const char* default_local_sgd[] = {"fixed:1,outer=sgd:1", "fixed:20", "fixed:20,fragments=4,delay=2,codec=int4",
                                              "elastic:20", "quorum:3:20"};
 
+namespace sim = cadence::sim;
 using cadence::tools::usage_error;
 
 constexpr const char* usage = "usage: cadence-sim [options]\n";
@@ -156,6 +157,45 @@ std::string links_text(const cadence::sim::scenario& s) {
   return out;
 }
 
+// The three forms a tool's results take, one cadence::sim writer each.
+template <class Metrics>
+struct report_writers {
+  using writer = void (*)(std::ostream&, const std::vector<Metrics>&);
+  writer json, csv, table;
+};
+
+// Prints runs as JSON, as CSV, or as the table between header() and after() (printf lines;
+// stdout is flushed before the table goes through std::cout). Returns main's exit status.
+template <class Metrics, class Header, class After = void (*)()>
+int print_runs(output format, const std::vector<Metrics>& runs, report_writers<Metrics> w, Header header,
+               After after = [] {}) {
+  if (format == output::json) {
+    w.json(std::cout, runs);
+  } else if (format == output::csv) {
+    w.csv(std::cout, runs);
+  } else {
+    header();
+    std::fflush(stdout);
+    w.table(std::cout, runs);
+    after();
+  }
+  return 0;
+}
+
+// The table's first line: "scenario NAME (N ranks, seed K): DESCRIPTION" (ranks or workers).
+void print_scenario(const cadence::sim::scenario& s, const char* members) {
+  std::printf("scenario %s (%zu %s, seed %llu): %s\n", s.name.c_str(), s.workers.size(), members,
+              static_cast<unsigned long long>(s.seed), s.description.c_str());
+}
+
+// The end of an all-reduce table's header: "S simulated s" or "N steps per rank", after `before`.
+void print_run_length(const cadence::sim::scenario& s, const char* before) {
+  if (s.seconds > 0)
+    std::printf("%s%g simulated s\n\n", before, s.seconds);
+  else
+    std::printf("%s%llu steps per rank\n\n", before, static_cast<unsigned long long>(s.iterations));
+}
+
 int run_collective(const cadence::sim::scenario& s, std::vector<std::string> modes,
                    double allreduce_cost, output format) {
   if (modes.empty()) modes.assign(std::begin(default_collective_modes), std::end(default_collective_modes));
@@ -168,24 +208,15 @@ int run_collective(const cadence::sim::scenario& s, std::vector<std::string> mod
     if (tty) opt.progress = [&bar](double f) { bar(f); };
     runs.push_back(with_policy_errors([&] { return cadence::sim::simulate_collective(mode, s, opt); }));
   }
-  if (format == output::json) {
-    cadence::sim::write_collective_json(std::cout, runs);
-  } else if (format == output::csv) {
-    cadence::sim::write_collective_csv(std::cout, runs);
-  } else {
-    std::printf("scenario %s (%zu ranks, seed %llu): %s\n", s.name.c_str(), s.workers.size(),
-                static_cast<unsigned long long>(s.seed), s.description.c_str());
+  const report_writers<sim::collective_metrics> writers{sim::write_collective_json, sim::write_collective_csv,
+                                                    sim::write_collective_table};
+  return print_runs(format, runs, writers, [&] {
+    print_scenario(s, "ranks");
     std::printf("all-reduce cluster: merge %g ms%s; ",
                 1e3 * (allreduce_cost >= 0 ? allreduce_cost : cadence::sim::link_allreduce_seconds(s)),
                 allreduce_cost < 0 && has_links(s) ? " (the slowest link's)" : "");
-    if (s.seconds > 0)
-      std::printf("%g simulated s\n\n", s.seconds);
-    else
-      std::printf("%llu steps per rank\n\n", static_cast<unsigned long long>(s.iterations));
-    std::fflush(stdout);
-    cadence::sim::write_collective_table(std::cout, runs);
-  }
-  return 0;
+    print_run_length(s, "");
+  });
 }
 
 // --membership: the membership model at each worker count, simulated and in closed form.
@@ -200,11 +231,9 @@ int run_membership(cadence::sim::membership_model model, std::vector<std::size_t
       throw usage_error(std::string("--membership: ") + e.what());
     }
   }
-  if (format == output::json) {
-    cadence::sim::write_membership_json(std::cout, runs);
-  } else if (format == output::csv) {
-    cadence::sim::write_membership_csv(std::cout, runs);
-  } else {
+  const report_writers<sim::membership_metrics> writers{sim::write_membership_json, sim::write_membership_csv,
+                                                    sim::write_membership_table};
+  return print_runs(format, runs, writers, [&] {
     const bool retry = model.loss == cadence::membership::on_loss::retry;
     std::printf("membership model: MTBF %g s per worker; detection %g s, reconfiguration %g s, restart %g s;\n"
                 "state %g MB over %g MB/s from %zu donor(s); %zu step(s) of %g s, then a %g s sync; %s a failed sync\n",
@@ -217,10 +246,7 @@ int run_membership(cadence::sim::membership_model model, std::vector<std::size_t
     else
       std::printf("about %llu faults per row, seed %llu\n\n", static_cast<unsigned long long>(opt.faults),
                   static_cast<unsigned long long>(opt.seed));
-    std::fflush(stdout);
-    cadence::sim::write_membership_table(std::cout, runs);
-  }
-  return 0;
+  });
 }
 
 // --local-sgd: the local-SGD configs (exchange::diloco's) on an all-reduce cluster.
@@ -230,24 +256,15 @@ int run_local_sgd(const cadence::sim::scenario& s, std::vector<std::string> conf
   std::vector<cadence::sim::local_sgd_metrics> runs;
   for (const auto& config : configs)
     runs.push_back(with_policy_errors([&] { return cadence::sim::simulate_local_sgd(config, s, opt); }));
-  if (format == output::json) {
-    cadence::sim::write_local_sgd_json(std::cout, runs);
-  } else if (format == output::csv) {
-    cadence::sim::write_local_sgd_csv(std::cout, runs);
-  } else {
-    std::printf("scenario %s (%zu ranks, seed %llu): %s\n", s.name.c_str(), s.workers.size(),
-                static_cast<unsigned long long>(s.seed), s.description.c_str());
+  const report_writers<sim::local_sgd_metrics> writers{sim::write_local_sgd_json, sim::write_local_sgd_csv,
+                                                   sim::write_local_sgd_table};
+  return print_runs(format, runs, writers, [&] {
+    print_scenario(s, "ranks");
     std::printf("local SGD: %zu f32 parameters, links of %g MB/s", opt.parameters, opt.bytes_per_second / 1e6);
     for (std::size_t p = 0; p < opt.link_scale.size(); ++p)
       if (opt.link_scale[p] != 1.0) std::printf(" (worker %zu: x%g)", p, opt.link_scale[p]);
-    if (s.seconds > 0)
-      std::printf("; %g simulated s\n\n", s.seconds);
-    else
-      std::printf("; %llu steps per rank\n\n", static_cast<unsigned long long>(s.iterations));
-    std::fflush(stdout);
-    cadence::sim::write_local_sgd_table(std::cout, runs);
-  }
-  return 0;
+    print_run_length(s, "; ");
+  });
 }
 
 int run(int argc, char** argv) {
@@ -538,46 +555,43 @@ int run(int argc, char** argv) {
     runs.push_back(trace ? cadence::sim::simulate_trace(c, s, *trace, replay, opt) : cadence::sim::simulate(c, s, opt));
   }
 
-  if (format == output::json) {
-    cadence::sim::write_json(std::cout, runs);
-  } else if (format == output::csv) {
-    cadence::sim::write_csv(std::cout, runs);
-  } else {
-    if (trace)
-      std::printf("%s: %s%s\n", s.name.c_str(), s.description.c_str(),
-                  replay.wrap ? ", each worker's rows repeated" : ", until the first worker runs out");
-    else
-      std::printf("scenario %s (%zu workers, seed %llu): %s\n", s.name.c_str(), s.workers.size(),
-                  static_cast<unsigned long long>(s.seed), s.description.c_str());
-    if (trace) {
-      char length[64];
-      if (s.seconds > 0)
-        std::snprintf(length, sizeof length, "%g simulated s", s.seconds);
-      else
-        std::snprintf(length, sizeof length, "%llu iterations per worker", static_cast<unsigned long long>(s.iterations));
-      const bool recorded = trace->has_costs && replay.push_seconds < 0 && replay.pull_seconds < 0;
-      std::printf("run: at most %s, push %g ms, pull %g ms%s\n\n", length, 1e3 * s.push_seconds, 1e3 * s.pull_seconds,
-                  recorded ? " (the recorded ones' means; each iteration pays its own)" : "");
-    } else if (s.seconds > 0)
-      std::printf("run: %g simulated s, push %g ms, pull %g ms%s\n\n", s.seconds, 1e3 * s.push_seconds,
-                  1e3 * s.pull_seconds, links_text(s).c_str());
-    else
-      std::printf("run: %llu iterations per worker, push %g ms, pull %g ms%s\n\n",
-                  static_cast<unsigned long long>(s.iterations), 1e3 * s.push_seconds, 1e3 * s.pull_seconds,
-                  links_text(s).c_str());
-    std::fflush(stdout);
-    cadence::sim::write_table(std::cout, runs);
-    // The simulator's own speed (wall clock, so it varies from run to run).
-    std::cout << "\nsimulator speed (wall clock):";
-    for (const auto& m : runs) {
-      char cell[128];
-      std::snprintf(cell, sizeof cell, " %s %.2f M events/s (%.1f s);", m.policy.c_str(),
-                    m.events_per_second / 1e6, m.wall_seconds);
-      std::cout << cell;
-    }
-    std::cout << "\n";
-  }
-  return 0;
+  return print_runs(
+      format, runs, {sim::write_json, sim::write_csv, sim::write_table},
+      [&] {
+        if (trace)
+          std::printf("%s: %s%s\n", s.name.c_str(), s.description.c_str(),
+                      replay.wrap ? ", each worker's rows repeated" : ", until the first worker runs out");
+        else
+          print_scenario(s, "workers");
+        if (trace) {
+          char length[64];
+          if (s.seconds > 0)
+            std::snprintf(length, sizeof length, "%g simulated s", s.seconds);
+          else
+            std::snprintf(length, sizeof length, "%llu iterations per worker",
+                          static_cast<unsigned long long>(s.iterations));
+          const bool recorded = trace->has_costs && replay.push_seconds < 0 && replay.pull_seconds < 0;
+          std::printf("run: at most %s, push %g ms, pull %g ms%s\n\n", length, 1e3 * s.push_seconds,
+                      1e3 * s.pull_seconds, recorded ? " (the recorded ones' means; each iteration pays its own)" : "");
+        } else if (s.seconds > 0)
+          std::printf("run: %g simulated s, push %g ms, pull %g ms%s\n\n", s.seconds, 1e3 * s.push_seconds,
+                      1e3 * s.pull_seconds, links_text(s).c_str());
+        else
+          std::printf("run: %llu iterations per worker, push %g ms, pull %g ms%s\n\n",
+                      static_cast<unsigned long long>(s.iterations), 1e3 * s.push_seconds, 1e3 * s.pull_seconds,
+                      links_text(s).c_str());
+      },
+      [&] {
+        // The simulator's own speed (wall clock, so it varies from run to run).
+        std::cout << "\nsimulator speed (wall clock):";
+        for (const auto& m : runs) {
+          char cell[128];
+          std::snprintf(cell, sizeof cell, " %s %.2f M events/s (%.1f s);", m.policy.c_str(),
+                        m.events_per_second / 1e6, m.wall_seconds);
+          std::cout << cell;
+        }
+        std::cout << "\n";
+      });
 }
 
 }  // namespace
