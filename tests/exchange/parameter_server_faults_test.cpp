@@ -67,27 +67,16 @@ struct fault_result : cadence_ps_suite::server_results {
   std::vector<std::string> errors;  // per slot: what its worker saw, in order
 };
 
-std::string event_name(const ps_event& e) {
-  const char* what = e.what == ps_event::kind::evicted  ? "evicted"
-                     : e.what == ps_event::kind::refused ? "refused"
-                     : e.what == ps_event::kind::joined  ? "joined"
-                                                         : "finished";
-  return std::string(what) + "." + std::to_string(e.worker);
-}
-
 fault_result run(const fault_run& sc, const cadence_test::events& ev) {
   const int n = sc.servers + sc.workers;
   inproc_options wo;
   wo.eager_limit = 1024;
   inproc_world world(n, wo);
-  ps_options o = sc.options;
-  o.servers = sc.servers;
-  o.keep_log = true;
+  ps_options o = cadence_ps_suite::scenario_options(sc.options, sc.servers, ev);
   int initial = sc.workers;
   if (sc.late)
     for (int s = 0; s < sc.workers; ++s) initial -= sc.late(s) ? 1 : 0;
   o.initial_workers = initial;
-  o.observer = [&ev](const ps_event& e) { ev.post(event_name(e)); };
   if (sc.setup) sc.setup(world);
   fault_result out;
   out.done.assign(static_cast<std::size_t>(sc.workers), 0);

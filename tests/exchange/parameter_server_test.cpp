@@ -62,20 +62,10 @@ struct scenario {
   std::function<void(inproc_world&)> setup;
 };
 
-// What the servers saw, as events a rank can wait for: "evicted.<w>", "refused.<w>",
-// "finished.<w>" (ps_options::observer).
-std::string event_name(const ps_event& e) {
-  const char* what = e.what == ps_event::kind::evicted ? "evicted" : e.what == ps_event::kind::refused ? "refused" : "finished";
-  return std::string(what) + "." + std::to_string(e.worker);
-}
-
 run_result run(const scenario& sc, const cadence_test::events& ev = cadence_test::events()) {
   const int n = sc.servers + sc.workers;
   inproc_world world(n);
-  ps_options o = sc.options;
-  o.servers = sc.servers;
-  o.keep_log = true;
-  o.observer = [&ev](const ps_event& e) { ev.post(event_name(e)); };
+  ps_options o = cadence_ps_suite::scenario_options(sc.options, sc.servers, ev);
   if (sc.setup) sc.setup(world);
   run_result out;
   out.iterations.assign(static_cast<std::size_t>(sc.workers), 0);

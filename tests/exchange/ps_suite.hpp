@@ -130,6 +130,26 @@ inline void check_replays(const server_results& r, const std::vector<float>& w0,
   }
 }
 
+// What the servers saw, as events a rank can wait for: "evicted.<w>", "refused.<w>",
+// "joined.<w>", "finished.<w>" (ps_options::observer).
+inline std::string event_name(const ps_event& e) {
+  const char* what = e.what == ps_event::kind::evicted  ? "evicted"
+                     : e.what == ps_event::kind::refused ? "refused"
+                     : e.what == ps_event::kind::joined  ? "joined"
+                                                         : "finished";
+  return std::string(what) + "." + std::to_string(e.worker);
+}
+
+// The options every rank of an in-process scenario runs with: `base` for `servers` servers, the
+// log kept (the checks replay it) and each server event posted to `ev` under its event_name().
+inline ps_options scenario_options(const ps_options& base, int servers, const cadence_test::events& ev) {
+  ps_options o = base;
+  o.servers = servers;
+  o.keep_log = true;
+  o.observer = [&ev](const ps_event& e) { ev.post(event_name(e)); };
+  return o;
+}
+
 // A well-behaved worker's whole run over c: pull, `iterations` push_pulls of gradient(), finish().
 // Returns the worker's iteration() before it finished.
 template <class C>
