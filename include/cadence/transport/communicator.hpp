@@ -248,6 +248,33 @@ template <class C>
 concept communicator = is_communicator_v<C>;
 #endif
 
+namespace detail {
+// The detection idiom (std::experimental::detected_t): the type of the expression alias
+// Op<Args...>, or `none` where that expression is ill-formed. Each optional extension below is
+// an alias for its call and a test of what the call returns, not a pair of specializations.
+struct none {
+  none() = delete;
+  none(const none&) = delete;
+  ~none() = delete;
+};
+template <class Void, template <class...> class Op, class... Args>
+struct detector {
+  using type = none;
+};
+template <template <class...> class Op, class... Args>
+struct detector<std::void_t<Op<Args...>>, Op, Args...> {
+  using type = Op<Args...>;
+};
+template <template <class...> class Op, class... Args>
+using detected_t = typename detector<void, Op, Args...>::type;
+// Whether Op<Args...> is well-formed.
+template <template <class...> class Op, class... Args>
+inline constexpr bool is_detected_v = !std::is_same_v<detected_t<Op, Args...>, none>;
+// Whether Op<Args...> is well-formed and converts to To (none converts to nothing).
+template <class To, template <class...> class Op, class... Args>
+inline constexpr bool detected_convertible_v = std::is_convertible_v<detected_t<Op, Args...>, To>;
+}  // namespace detail
+
 // An optional extension: c.try_recv(buf, n, src, tag, d) -> std::optional<int>. The same as
 // recv(), except that a deadline passing before a matching message has arrived is not a
 // failure: it returns std::nullopt, consumes nothing and leaves the communicator usable; a
@@ -255,21 +282,14 @@ concept communicator = is_communicator_v<C>;
 // worker) waits for "the next message or the next liveness deadline" with it, which recv()
 // cannot express: its deadline fails the communicator. Every other error is recv()'s.
 namespace detail {
-template <class C, class = void>
-struct has_try_recv_impl : std::false_type {};
 template <class C>
-struct has_try_recv_impl<
-    C, std::void_t<decltype(std::declval<C&>().try_recv(std::declval<void*>(), std::size_t{},
-                                                        int{}, int{}, std::declval<deadline>()))>>
-    : std::bool_constant<std::is_convertible_v<
-          decltype(std::declval<C&>().try_recv(std::declval<void*>(), std::size_t{}, int{}, int{},
-                                               std::declval<deadline>())),
-          std::optional<int>>> {};
+using try_recv_t =
+    decltype(std::declval<C&>().try_recv(std::declval<void*>(), std::size_t{}, int{}, int{}, std::declval<deadline>()));
 }  // namespace detail
 
 /// Whether C offers try_recv (the in-process, MPI and gloo backends do).
 template <class C>
-inline constexpr bool has_try_recv_v = detail::has_try_recv_impl<C>::value;
+inline constexpr bool has_try_recv_v = detail::detected_convertible_v<std::optional<int>, detail::try_recv_t, C>;
 
 // ---- asynchronous operations (an optional extension) ----
 //
@@ -300,44 +320,37 @@ inline constexpr bool has_try_recv_v = detail::has_try_recv_impl<C>::value;
 // tests and waits. Buffers stay the caller's: valid, and for sends and collectives unchanged,
 // until the handle completes (or see 4).
 namespace detail {
-template <class W, class = void>
-struct is_work_impl : std::false_type {};
 template <class W>
-struct is_work_impl<W, std::void_t<decltype(std::declval<W&>().test()),
-                                   decltype(std::declval<W&>().wait(std::declval<deadline>())),
-                                   decltype(std::declval<const W&>().source()),
-                                   decltype(std::declval<W&>().cancel())>>
-    : std::bool_constant<std::is_convertible_v<decltype(std::declval<W&>().test()), bool> &&
-                         std::is_convertible_v<decltype(std::declval<const W&>().source()), int> &&
-                         noexcept(std::declval<W&>().cancel()) && std::is_move_constructible_v<W> &&
-                         !std::is_copy_constructible_v<W>> {};
+using test_t = decltype(std::declval<W&>().test());
+template <class W>
+using wait_t = decltype(std::declval<W&>().wait(std::declval<deadline>()));
+template <class W>
+using source_t = decltype(std::declval<const W&>().source());
+template <class W>
+using noexcept_cancel_t = std::enable_if_t<noexcept(std::declval<W&>().cancel())>;
 
-template <class C, class = void>
-struct has_async_impl : std::false_type {};
 template <class C>
-struct has_async_impl<
-    C, std::void_t<decltype(std::declval<C&>().iallreduce(std::declval<void*>(), std::size_t{}, dtype{},
-                                                          reduce_op{})),
-                   decltype(std::declval<C&>().ibroadcast(std::declval<void*>(), std::size_t{}, int{})),
-                   decltype(std::declval<C&>().isend(std::declval<const void*>(), std::size_t{}, int{}, int{})),
-                   decltype(std::declval<C&>().irecv(std::declval<void*>(), std::size_t{}, int{}, int{}))>>
-    : std::bool_constant<
-          is_work_impl<decltype(std::declval<C&>().iallreduce(std::declval<void*>(), std::size_t{}, dtype{},
-                                                              reduce_op{}))>::value &&
-          is_work_impl<decltype(std::declval<C&>().ibroadcast(std::declval<void*>(), std::size_t{}, int{}))>::value &&
-          is_work_impl<decltype(std::declval<C&>().isend(std::declval<const void*>(), std::size_t{}, int{},
-                                                         int{}))>::value &&
-          is_work_impl<decltype(std::declval<C&>().irecv(std::declval<void*>(), std::size_t{}, int{},
-                                                         int{}))>::value> {};
+using iallreduce_t = decltype(std::declval<C&>().iallreduce(std::declval<void*>(), std::size_t{}, dtype{}, reduce_op{}));
+template <class C>
+using ibroadcast_t = decltype(std::declval<C&>().ibroadcast(std::declval<void*>(), std::size_t{}, int{}));
+template <class C>
+using isend_t = decltype(std::declval<C&>().isend(std::declval<const void*>(), std::size_t{}, int{}, int{}));
+template <class C>
+using irecv_t = decltype(std::declval<C&>().irecv(std::declval<void*>(), std::size_t{}, int{}, int{}));
 }  // namespace detail
 
 /// Whether W models a work handle (requirements 1-5 above, as far as types can say).
 template <class W>
-inline constexpr bool is_work_v = detail::is_work_impl<W>::value;
+inline constexpr bool is_work_v =
+    detail::detected_convertible_v<bool, detail::test_t, W> && detail::is_detected_v<detail::wait_t, W> &&
+    detail::detected_convertible_v<int, detail::source_t, W> && detail::is_detected_v<detail::noexcept_cancel_t, W> &&
+    std::is_move_constructible_v<W> && !std::is_copy_constructible_v<W>;
 
 /// Whether C offers the asynchronous operations (iallreduce, ibroadcast, isend, irecv).
 template <class C>
-inline constexpr bool has_async_v = detail::has_async_impl<C>::value;
+inline constexpr bool has_async_v =
+    is_work_v<detail::detected_t<detail::iallreduce_t, C>> && is_work_v<detail::detected_t<detail::ibroadcast_t, C>> &&
+    is_work_v<detail::detected_t<detail::isend_t, C>> && is_work_v<detail::detected_t<detail::irecv_t, C>>;
 
 // ---- averaging all-reduce (an optional extension) ----
 //
@@ -353,28 +366,20 @@ inline constexpr bool has_async_v = detail::has_async_impl<C>::value;
 // to round). It is a collective of its own: every rank must call the averaging form for the same
 // collective (a sum on one rank and an average on another is an argument mismatch).
 namespace detail {
-template <class C, class = void>
-struct has_allreduce_average_impl : std::false_type {};
 template <class C>
-struct has_allreduce_average_impl<
-    C, std::void_t<decltype(std::declval<C&>().allreduce_average(std::declval<void*>(), std::size_t{},
-                                                                 dtype{}, std::declval<deadline>()))>>
-    : std::true_type {};
-template <class C, class = void>
-struct has_async_average_impl : std::false_type {};
+using allreduce_average_t = decltype(std::declval<C&>().allreduce_average(std::declval<void*>(), std::size_t{},
+                                                                          dtype{}, std::declval<deadline>()));
 template <class C>
-struct has_async_average_impl<
-    C, std::void_t<decltype(std::declval<C&>().iallreduce_average(std::declval<void*>(), std::size_t{}, dtype{}))>>
-    : std::bool_constant<is_work_impl<decltype(std::declval<C&>().iallreduce_average(
-          std::declval<void*>(), std::size_t{}, dtype{}))>::value> {};
+using iallreduce_average_t =
+    decltype(std::declval<C&>().iallreduce_average(std::declval<void*>(), std::size_t{}, dtype{}));
 }  // namespace detail
 
 /// Whether C offers allreduce_average (the in-process, MPI, gloo and NCCL backends do).
 template <class C>
-inline constexpr bool has_allreduce_average_v = detail::has_allreduce_average_impl<C>::value;
+inline constexpr bool has_allreduce_average_v = detail::is_detected_v<detail::allreduce_average_t, C>;
 /// Whether C offers iallreduce_average, returning a work handle.
 template <class C>
-inline constexpr bool has_async_average_v = detail::has_async_average_impl<C>::value;
+inline constexpr bool has_async_average_v = is_work_v<detail::detected_t<detail::iallreduce_average_t, C>>;
 
 // ---- lost peers (an optional extension) ----
 //
@@ -385,16 +390,13 @@ inline constexpr bool has_async_average_v = detail::has_async_average_impl<C>::v
 // first. Owning thread only. A parameter server drops a lost worker at once instead of at its
 // liveness deadline, so survivors waiting for it (BSP) go on without waiting evict_after.
 namespace detail {
-template <class C, class = void>
-struct has_peer_lost_impl : std::false_type {};
 template <class C>
-struct has_peer_lost_impl<C, std::void_t<decltype(std::declval<const C&>().peer_lost(int{}))>>
-    : std::bool_constant<std::is_convertible_v<decltype(std::declval<const C&>().peer_lost(int{})), bool>> {};
+using peer_lost_t = decltype(std::declval<const C&>().peer_lost(int{}));
 }  // namespace detail
 
 /// Whether C offers peer_lost (the in-process and ZeroMQ backends do).
 template <class C>
-inline constexpr bool has_peer_lost_v = detail::has_peer_lost_impl<C>::value;
+inline constexpr bool has_peer_lost_v = detail::detected_convertible_v<bool, detail::peer_lost_t, C>;
 
 /// @}
 }  // namespace cadence::transport
