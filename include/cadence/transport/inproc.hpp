@@ -287,28 +287,30 @@ private:
   }
 
   op_ptr start_send(const char* name, const void* buf, std::size_t bytes, int dst, int tag, const deadline* d) {
-    auto op = make_op(detail::inproc_op::kind::send, name);
-    std::unique_lock<std::mutex> lock(state_->mutex);
-    op->throw_if_failed();
-    detail::check_send(op->c, buf, bytes, dst, tag, d, {/*self=*/true});
-    op->cbuf = buf;
-    op->bytes = bytes;
-    op->peer = dst;
-    op->tag = tag;
-    start(lock, op, dst, tag);
-    return op;
+    return start_p2p(detail::inproc_op::kind::send, name, buf, nullptr, bytes, dst, tag, d);
   }
 
   op_ptr start_recv(const char* name, void* buf, std::size_t bytes, int src, int tag, const deadline* d) {
-    auto op = make_op(detail::inproc_op::kind::recv, name);
+    return start_p2p(detail::inproc_op::kind::recv, name, nullptr, buf, bytes, src, tag, d);
+  }
+
+  // A send (from cbuf, to `peer`) or a receive (into buf, from `peer`): one path for both, so
+  // the two differ only in which arguments are checked.
+  op_ptr start_p2p(detail::inproc_op::kind what, const char* name, const void* cbuf, void* buf, std::size_t bytes,
+                   int peer, int tag, const deadline* d) {
+    auto op = make_op(what, name);
     std::unique_lock<std::mutex> lock(state_->mutex);
     op->throw_if_failed();
-    detail::check_recv(op->c, buf, bytes, src, tag, d, {/*self=*/true});
+    if (what == detail::inproc_op::kind::send)
+      detail::check_send(op->c, cbuf, bytes, peer, tag, d, {/*self=*/true});
+    else
+      detail::check_recv(op->c, buf, bytes, peer, tag, d, {/*self=*/true});
+    op->cbuf = cbuf;
     op->buf = buf;
     op->bytes = bytes;
-    op->peer = src;
+    op->peer = peer;
     op->tag = tag;
-    start(lock, op, src, tag);
+    start(lock, op, peer, tag);
     return op;
   }
 

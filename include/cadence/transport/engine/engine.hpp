@@ -161,10 +161,14 @@ protected:
     latch_.enter(c);
   }
 
-  op_ptr make(op_kind what, const call_info& c) {
+  // The record of call `c`: `bytes` bytes with `peer` (a broadcast's root, a send's destination,
+  // a receive's source; none for an all-reduce).
+  op_ptr make(op_kind what, const call_info& c, std::size_t bytes, int peer = -1) {
     auto o = std::make_shared<Op>();
     o->what = what;
     o->c = c;
+    o->bytes = bytes;
+    o->peer = peer;
     return o;
   }
 
@@ -174,10 +178,8 @@ protected:
                        const deadline* d, allreduce_rules rules = {}) {
     const call_info c = begin(name);
     enter(c);
-    const std::size_t bytes = check_allreduce(c, buf, count, t, r, average, d, rules);
-    auto o = make(op_kind::allreduce, c);
+    auto o = make(op_kind::allreduce, c, check_allreduce(c, buf, count, t, r, average, d, rules));
     o->buf = buf;
-    o->bytes = bytes;
     o->count = count;
     o->type = t;
     o->rop = r;
@@ -190,37 +192,36 @@ protected:
     const call_info c = begin("broadcast");
     enter(c);
     check_broadcast(c, buf, bytes, root, d);
-    auto o = make(op_kind::broadcast, c);
+    auto o = make(op_kind::broadcast, c, bytes, root);
     o->buf = buf;
-    o->bytes = bytes;
-    o->peer = root;
     o->sig = collective_signature::broadcast(++collectives_, bytes, root);
     return o;
   }
 
   op_ptr new_send(const void* buf, std::size_t bytes, int dst, int tag, const deadline* d, p2p_rules rules = {}) {
-    const call_info c = begin("send");
-    enter(c);
-    check_send(c, buf, bytes, dst, tag, d, rules);
-    auto o = make(op_kind::send, c);
-    o->cbuf = buf;
-    o->bytes = bytes;
-    o->peer = dst;
-    o->source = dst;
-    o->tag = tag;
-    return o;
+    return new_p2p(op_kind::send, "send", buf, nullptr, bytes, dst, tag, d, rules);
   }
 
   op_ptr new_recv(const char* name, void* buf, std::size_t bytes, int src, int tag, const deadline* d,
                   p2p_rules rules = {}) {
+    return new_p2p(op_kind::recv, name, nullptr, buf, bytes, src, tag, d, rules);
+  }
+
+  // A send (from cbuf, to `peer`) or a receive (into buf, from `peer`): one path for both, so
+  // the two differ only in which arguments are checked.
+  op_ptr new_p2p(op_kind what, const char* name, const void* cbuf, void* buf, std::size_t bytes, int peer, int tag,
+                 const deadline* d, p2p_rules rules) {
     const call_info c = begin(name);
     enter(c);
-    check_recv(c, buf, bytes, src, tag, d, rules);
-    auto o = make(op_kind::recv, c);
+    if (what == op_kind::send)
+      check_send(c, cbuf, bytes, peer, tag, d, rules);
+    else
+      check_recv(c, buf, bytes, peer, tag, d, rules);
+    auto o = make(what, c, bytes, peer);
+    o->cbuf = cbuf;
     o->buf = buf;
-    o->bytes = bytes;
-    o->peer = src;
     o->tag = tag;
+    if (what == op_kind::send) o->source = peer;  // a send's source_or_peer() is its destination
     return o;
   }
 
