@@ -34,6 +34,7 @@ constexpr const char* default_local_sgd[] = {"fixed:1,outer=sgd:1", "fixed:20", 
                                              "elastic:20", "quorum:3:20"};
 
 namespace sim = cadence::sim;
+namespace tools = cadence::tools;
 using cadence::tools::usage_error;
 
 constexpr const char* usage = "usage: cadence-sim [options]\n";
@@ -373,62 +374,46 @@ int run(int argc, char** argv) {
                "discard the sync, a replacement rejoins with the state; prints the\n"
                "committed-step efficiency for 100, 1000, 10000 and 100000 workers\n"
                "(or --workers), simulated and in closed form (docs/collective.md)");
-  cli.add_option("--mtbf", model.mtbf_seconds,
-                 "with --membership: mean seconds between failures of one worker\n"
-                 "(default 1e7)")
-      ->option_text("S")
-      ->check(cadence::tools::positive(1e15));
-  cli.add_option("--detection", model.detection_seconds,
-                 "with --membership: seconds from a fault to the survivors' failed\n"
-                 "sync at the latest: 0 for crashes, the heartbeat timeout for hangs\n"
-                 "(default 5)")
-      ->option_text("S")
-      ->check(cadence::tools::non_negative());
-  cli.add_option("--reconfiguration", model.reconfiguration_seconds,
-                 "with --membership: seconds of one re-forming of the quorum (default 1)")
-      ->option_text("S")
-      ->check(cadence::tools::non_negative());
-  cli.add_option("--restart", model.restart_seconds,
-                 "with --membership: seconds from a fault to its replacement's join\n"
-                 "request (default 60)")
-      ->option_text("S")
-      ->check(cadence::tools::non_negative());
-  cli.add_option("--state-bytes", model.state_bytes,
-                 "with --membership: bytes of state a replacement receives (default 1e9)")
-      ->option_text("B")
-      ->check(cadence::tools::non_negative(1e15));
-  cli.add_option("--link-rate", model.link_bytes_per_second,
-                 "with --membership: bytes per second of a donor's link (default 1.25e9)")
-      ->option_text("B")
-      ->check(cadence::tools::positive(1e15));
-  cli.add_option("--donors", model.donors,
-                 "with --membership: members streaming the state to replacements\n"
-                 "admitted together (member_options::max_donors; default 1)")
-      ->option_text("N")
-      ->check(cadence::tools::integer<std::size_t>(1, 1000000));
-  cli.add_option("--step-time", model.step_seconds,
-                 "with --membership: seconds of one local step (default 1)")
-      ->option_text("S")
-      ->check(cadence::tools::non_negative());
-  cli.add_option("--sync-every", model.sync_every,
-                 "with --membership: local steps per sync (default 1: BSP)")
-      ->option_text("K")
-      ->check(cadence::tools::integer<std::size_t>(1, 1000000));
-  cli.add_option("--sync-cost", model.sync_seconds,
-                 "with --membership: seconds of one fault-free sync (default 0.1)")
-      ->option_text("S")
-      ->check(cadence::tools::non_negative());
-  cli.add_option("--on-loss", loss_text,
-                 "with --membership: what a sync that lost a member does: retry\n"
-                 "(model averaging keeps the local steps) or discard (BSP gradients;\n"
-                 "default retry)")
-      ->option_text("RULE")
-      ->check(cadence::tools::one_of({"retry", "discard"}));
-  cli.add_option("--faults", membership_opt.faults,
-                 "with --membership: faults to simulate per row, unless --seconds\n"
-                 "gives the length (default 20000)")
-      ->option_text("N")
-      ->check(cadence::tools::integer<std::uint64_t>(1, 100000000));
+  // The membership model's flags: each says "with --membership: " first and is rejected
+  // without it (membership_only, below).
+  std::vector<std::string> membership_only;
+  const auto membership_flag = [&](const std::string& name, auto& value, const std::string& value_name,
+                                   const CLI::Validator& rule, const std::string& help) {
+    membership_only.push_back(name);
+    cli.add_option(name, value, "with --membership: " + help)->option_text(value_name)->check(rule);
+  };
+  membership_flag("--mtbf", model.mtbf_seconds, "S", tools::positive(1e15),
+                  "mean seconds between failures of one worker\n"
+                  "(default 1e7)");
+  membership_flag("--detection", model.detection_seconds, "S", tools::non_negative(),
+                  "seconds from a fault to the survivors' failed\n"
+                  "sync at the latest: 0 for crashes, the heartbeat timeout for hangs\n"
+                  "(default 5)");
+  membership_flag("--reconfiguration", model.reconfiguration_seconds, "S", tools::non_negative(),
+                  "seconds of one re-forming of the quorum (default 1)");
+  membership_flag("--restart", model.restart_seconds, "S", tools::non_negative(),
+                  "seconds from a fault to its replacement's join\n"
+                  "request (default 60)");
+  membership_flag("--state-bytes", model.state_bytes, "B", tools::non_negative(1e15),
+                  "bytes of state a replacement receives (default 1e9)");
+  membership_flag("--link-rate", model.link_bytes_per_second, "B", tools::positive(1e15),
+                  "bytes per second of a donor's link (default 1.25e9)");
+  membership_flag("--donors", model.donors, "N", tools::integer<std::size_t>(1, 1000000),
+                  "members streaming the state to replacements\n"
+                  "admitted together (member_options::max_donors; default 1)");
+  membership_flag("--step-time", model.step_seconds, "S", tools::non_negative(),
+                  "seconds of one local step (default 1)");
+  membership_flag("--sync-every", model.sync_every, "K", tools::integer<std::size_t>(1, 1000000),
+                  "local steps per sync (default 1: BSP)");
+  membership_flag("--sync-cost", model.sync_seconds, "S", tools::non_negative(),
+                  "seconds of one fault-free sync (default 0.1)");
+  membership_flag("--on-loss", loss_text, "RULE", tools::one_of({"retry", "discard"}),
+                  "what a sync that lost a member does: retry\n"
+                  "(model averaging keeps the local steps) or discard (BSP gradients;\n"
+                  "default retry)");
+  membership_flag("--faults", membership_opt.faults, "N", tools::integer<std::uint64_t>(1, 100000000),
+                  "faults to simulate per row, unless --seconds\n"
+                  "gives the length (default 20000)");
   cli.add_flag("--json", json, "print one JSON array, one object per policy");
   cli.add_flag("--csv", csv, "print CSV: a header row and one row per policy; not with --json");
   cli.add_flag("--list-scenarios", list_scenarios, "list the named scenarios and exit");
@@ -445,9 +430,6 @@ int run(int argc, char** argv) {
     return 0;
   }
   const output format = json ? output::json : csv ? output::csv : output::table;
-  static const char* const membership_only[] = {"--mtbf", "--detection", "--reconfiguration", "--restart",
-                                                "--state-bytes", "--link-rate", "--donors", "--step-time",
-                                                "--sync-every", "--sync-cost", "--on-loss", "--faults"};
   if (membership) {
     for (const char* other : {"--scenario", "--iterations", "--policy", "--push-cost", "--pull-cost", "--link", "--trace",
                               "--trace-wrap", "--collective", "--allreduce-cost", "--local-sgd", "--parameters",
@@ -460,8 +442,8 @@ int run(int argc, char** argv) {
     if (workers > 0) counts = {workers};
     return run_membership(model, counts, membership_opt, format);
   }
-  for (const char* only : membership_only)
-    if (cli.given(only)) throw usage_error(std::string(only) + ": only with --membership");
+  for (const auto& only : membership_only)
+    if (cli.given(only)) throw usage_error(only + ": only with --membership");
   std::vector<cadence::tools::link_flag> links;
   for (const auto& text : link_texts) links.push_back(cadence::tools::parse_link(text));
 
