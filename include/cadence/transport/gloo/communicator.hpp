@@ -228,21 +228,23 @@ private:
       o.done = true;  // nothing to exchange; an average over one rank is the value itself
       return;
     }
-    if (o.what == detail::op_kind::broadcast)
-      root_broadcast::start(wire_, o);
-    else if (o.ring)
-      ring::start(wire_, o);
-    else
-      small::start(wire_, o);
+    by_algorithm(o, [&](auto algorithm) { algorithm.start(wire_, o); });
   }
 
   void progress_collective(op_t& o) {
+    by_algorithm(o, [&](auto algorithm) { algorithm.advance(wire_, o); });
+  }
+
+  // The algorithm that moves collective `o` (root_broadcast, ring or small), handed to `step` as
+  // a value of its empty type, so starting and advancing choose it by the same rule.
+  template <class Step>
+  static void by_algorithm(const op_t& o, Step step) {
     if (o.what == detail::op_kind::broadcast)
-      root_broadcast::advance(wire_, o);
+      step(root_broadcast{});
     else if (o.ring)
-      ring::advance(wire_, o);
+      step(ring{});
     else
-      small::advance(wire_, o);
+      step(small{});
   }
 
   void progress_p2p(op_t& o) {
