@@ -785,32 +785,27 @@ private:
   }
 
   bool write_all(const char* p, std::size_t n, const deadline& d) {
-    while (n > 0) {
-      const ssize_t w = ::send(fd_.get(), p, n, MSG_NOSIGNAL);
-      if (w > 0) {
-        p += w;
-        n -= static_cast<std::size_t>(w);
-      } else if (w < 0 && errno == EINTR) {
-        continue;
-      } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (!detail::wait_fd(fd_.get(), POLLOUT, d)) return false;
-      } else {
-        return false;
-      }
-    }
-    return true;
+    return move_all(p, n, POLLOUT, d,
+                    [this](const char* q, std::size_t k) { return ::send(fd_.get(), q, k, MSG_NOSIGNAL); });
   }
 
   bool read_all(char* p, std::size_t n, const deadline& d) {
+    return move_all(p, n, POLLIN, d, [this](char* q, std::size_t k) { return ::recv(fd_.get(), q, k, 0); });
+  }
+
+  // Moves all n bytes at p with `io` (a send or a recv on the socket), waiting for `events`
+  // while the socket would block; false on a closed connection, an error or the deadline.
+  template <class Char, class Io>
+  bool move_all(Char* p, std::size_t n, short events, const deadline& d, Io io) {
     while (n > 0) {
-      const ssize_t r = ::recv(fd_.get(), p, n, 0);
+      const ssize_t r = io(p, n);
       if (r > 0) {
         p += r;
         n -= static_cast<std::size_t>(r);
       } else if (r < 0 && errno == EINTR) {
         continue;
       } else if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (!detail::wait_fd(fd_.get(), POLLIN, d)) return false;
+        if (!detail::wait_fd(fd_.get(), events, d)) return false;
       } else {
         return false;
       }
