@@ -298,26 +298,25 @@ public:
 
   // ---- lost and replaced peers ----
 
+  // Fails alone, and forgets, every operation of `by_peer` (keyed by peer and id) with lost peer p.
+  template <class Map>
+  static void isolate(Map& by_peer, int p, const std::string& how) {
+    for (auto it = by_peer.begin(); it != by_peer.end();) {
+      if (it->first.first != p) {
+        ++it;
+        continue;
+      }
+      it->second->isolated = lost_peer_error(it->second->c, {p}, how);
+      it = by_peer.erase(it);
+    }
+  }
+
   /// p is lost: what needs it fails (alone: point to point isolates a lost peer).
   void peer_lost(int p, const std::string& how) {
-    for (auto it = announced_.begin(); it != announced_.end();) {
-      if (it->first.first != p) {
-        ++it;
-        continue;
-      }
-      it->second->isolated = lost_peer_error(it->second->c, {p}, how);
-      it = announced_.erase(it);
-    }
+    isolate(announced_, p, how);
     for (auto& op : streaming_out_)
       if (op->peer == p && !op->finished()) op->isolated = lost_peer_error(op->c, {p}, how);
-    for (auto it = streaming_in_.begin(); it != streaming_in_.end();) {
-      if (it->first.first != p) {
-        ++it;
-        continue;
-      }
-      it->second->isolated = lost_peer_error(it->second->c, {p}, how);
-      it = streaming_in_.erase(it);
-    }
+    isolate(streaming_in_, p, how);
     for (auto it = posted_.begin(); it != posted_.end();) {
       std::vector<int> lost;
       std::string why;
