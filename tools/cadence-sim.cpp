@@ -126,6 +126,42 @@ private:
 
 enum class output { table, json, csv };
 
+// The flags of one mode (--local-sgd, --membership): each one's help says "with MODE: " first,
+// and reject_given() turns them down when the mode is off.
+class mode_flags {
+public:
+  mode_flags(tools::command_line& cli, std::string mode) : cli_(cli), mode_(std::move(mode)) {}
+
+  template <class T>
+  void add(const std::string& name, T& value, const std::string& value_name, const CLI::Validator& rule,
+           const std::string& help) {
+    cli_.add_option(name, value, declared(name, help))->option_text(value_name)->check(rule);
+  }
+  // A repeatable one (command_line::add_list), checked where it is used.
+  template <class T>
+  void add_list(const std::string& name, std::vector<T>& values, const std::string& value_name,
+                const std::string& help) {
+    cli_.add_list(name, values, declared(name, help))->option_text(value_name);
+  }
+
+  // Throws usage_error "FLAG: only with MODE" for the first of them (in declaration order) given.
+  void reject_given() const {
+    for (const auto& name : names_)
+      if (cli_.given(name)) throw usage_error(name + ": only with " + mode_);
+  }
+
+private:
+  // Records `name` for reject_given(); returns its help as --help shows it.
+  std::string declared(const std::string& name, const std::string& help) {
+    names_.push_back(name);
+    return "with " + mode_ + ": " + help;
+  }
+
+  tools::command_line& cli_;
+  std::string mode_;
+  std::vector<std::string> names_;
+};
+
 // simulate(): a config the library rejects (parse_error, invalid_parameter_error) is a bad
 // --policy (usage_error, exit status 2).
 template <class Simulate>
@@ -352,18 +388,14 @@ int run(int argc, char** argv) {
                "cluster instead: --policy takes its config strings (default:\n"
                "fixed:1,outer=sgd:1 fixed:20 fixed:20,fragments=4,delay=2,codec=int4\n"
                "elastic:20 quorum:3:20); see docs/local-sgd.md");
-  cli.add_option("--parameters", local_opt.parameters,
-                 "with --local-sgd: f32 elements of the model (default 1000000)")
-      ->option_text("N")
-      ->check(cadence::tools::integer<std::size_t>(1, std::size_t{1} << 40));
-  cli.add_option("--bandwidth", local_opt.bytes_per_second,
-                 "with --local-sgd: bytes per second of a link (default 1.25e9)")
-      ->option_text("B")
-      ->check(cadence::tools::positive(1e15));
-  cli.add_list("--link-share", share_texts,
-               "with --local-sgd: worker W's link runs at F (in (0, 1]) of\n"
-               "--bandwidth; a ring is paced by its slowest link. Repeat for others")
-      ->option_text("W=F");
+  mode_flags local_sgd_flags(cli, "--local-sgd");
+  local_sgd_flags.add("--parameters", local_opt.parameters, "N", tools::integer<std::size_t>(1, std::size_t{1} << 40),
+                      "f32 elements of the model (default 1000000)");
+  local_sgd_flags.add("--bandwidth", local_opt.bytes_per_second, "B", tools::positive(1e15),
+                      "bytes per second of a link (default 1.25e9)");
+  local_sgd_flags.add_list("--link-share", share_texts, "W=F",
+                           "worker W's link runs at F (in (0, 1]) of\n"
+                           "--bandwidth; a ring is paced by its slowest link. Repeat for others");
   bool membership = false;
   cadence::sim::membership_model model;
   cadence::sim::membership_run_options membership_opt;
@@ -374,46 +406,39 @@ int run(int argc, char** argv) {
                "discard the sync, a replacement rejoins with the state; prints the\n"
                "committed-step efficiency for 100, 1000, 10000 and 100000 workers\n"
                "(or --workers), simulated and in closed form (docs/collective.md)");
-  // The membership model's flags: each says "with --membership: " first and is rejected
-  // without it (membership_only, below).
-  std::vector<std::string> membership_only;
-  const auto membership_flag = [&](const std::string& name, auto& value, const std::string& value_name,
-                                   const CLI::Validator& rule, const std::string& help) {
-    membership_only.push_back(name);
-    cli.add_option(name, value, "with --membership: " + help)->option_text(value_name)->check(rule);
-  };
-  membership_flag("--mtbf", model.mtbf_seconds, "S", tools::positive(1e15),
-                  "mean seconds between failures of one worker\n"
-                  "(default 1e7)");
-  membership_flag("--detection", model.detection_seconds, "S", tools::non_negative(),
-                  "seconds from a fault to the survivors' failed\n"
-                  "sync at the latest: 0 for crashes, the heartbeat timeout for hangs\n"
-                  "(default 5)");
-  membership_flag("--reconfiguration", model.reconfiguration_seconds, "S", tools::non_negative(),
-                  "seconds of one re-forming of the quorum (default 1)");
-  membership_flag("--restart", model.restart_seconds, "S", tools::non_negative(),
-                  "seconds from a fault to its replacement's join\n"
-                  "request (default 60)");
-  membership_flag("--state-bytes", model.state_bytes, "B", tools::non_negative(1e15),
-                  "bytes of state a replacement receives (default 1e9)");
-  membership_flag("--link-rate", model.link_bytes_per_second, "B", tools::positive(1e15),
-                  "bytes per second of a donor's link (default 1.25e9)");
-  membership_flag("--donors", model.donors, "N", tools::integer<std::size_t>(1, 1000000),
-                  "members streaming the state to replacements\n"
-                  "admitted together (member_options::max_donors; default 1)");
-  membership_flag("--step-time", model.step_seconds, "S", tools::non_negative(),
-                  "seconds of one local step (default 1)");
-  membership_flag("--sync-every", model.sync_every, "K", tools::integer<std::size_t>(1, 1000000),
-                  "local steps per sync (default 1: BSP)");
-  membership_flag("--sync-cost", model.sync_seconds, "S", tools::non_negative(),
-                  "seconds of one fault-free sync (default 0.1)");
-  membership_flag("--on-loss", loss_text, "RULE", tools::one_of({"retry", "discard"}),
-                  "what a sync that lost a member does: retry\n"
-                  "(model averaging keeps the local steps) or discard (BSP gradients;\n"
-                  "default retry)");
-  membership_flag("--faults", membership_opt.faults, "N", tools::integer<std::uint64_t>(1, 100000000),
-                  "faults to simulate per row, unless --seconds\n"
-                  "gives the length (default 20000)");
+  mode_flags membership_flags(cli, "--membership");
+  membership_flags.add("--mtbf", model.mtbf_seconds, "S", tools::positive(1e15),
+                       "mean seconds between failures of one worker\n"
+                       "(default 1e7)");
+  membership_flags.add("--detection", model.detection_seconds, "S", tools::non_negative(),
+                       "seconds from a fault to the survivors' failed\n"
+                       "sync at the latest: 0 for crashes, the heartbeat timeout for hangs\n"
+                       "(default 5)");
+  membership_flags.add("--reconfiguration", model.reconfiguration_seconds, "S", tools::non_negative(),
+                       "seconds of one re-forming of the quorum (default 1)");
+  membership_flags.add("--restart", model.restart_seconds, "S", tools::non_negative(),
+                       "seconds from a fault to its replacement's join\n"
+                       "request (default 60)");
+  membership_flags.add("--state-bytes", model.state_bytes, "B", tools::non_negative(1e15),
+                       "bytes of state a replacement receives (default 1e9)");
+  membership_flags.add("--link-rate", model.link_bytes_per_second, "B", tools::positive(1e15),
+                       "bytes per second of a donor's link (default 1.25e9)");
+  membership_flags.add("--donors", model.donors, "N", tools::integer<std::size_t>(1, 1000000),
+                       "members streaming the state to replacements\n"
+                       "admitted together (member_options::max_donors; default 1)");
+  membership_flags.add("--step-time", model.step_seconds, "S", tools::non_negative(),
+                       "seconds of one local step (default 1)");
+  membership_flags.add("--sync-every", model.sync_every, "K", tools::integer<std::size_t>(1, 1000000),
+                       "local steps per sync (default 1: BSP)");
+  membership_flags.add("--sync-cost", model.sync_seconds, "S", tools::non_negative(),
+                       "seconds of one fault-free sync (default 0.1)");
+  membership_flags.add("--on-loss", loss_text, "RULE", tools::one_of({"retry", "discard"}),
+                       "what a sync that lost a member does: retry\n"
+                       "(model averaging keeps the local steps) or discard (BSP gradients;\n"
+                       "default retry)");
+  membership_flags.add("--faults", membership_opt.faults, "N", tools::integer<std::uint64_t>(1, 100000000),
+                       "faults to simulate per row, unless --seconds\n"
+                       "gives the length (default 20000)");
   cli.add_flag("--json", json, "print one JSON array, one object per policy");
   cli.add_flag("--csv", csv, "print CSV: a header row and one row per policy; not with --json");
   cli.add_flag("--list-scenarios", list_scenarios, "list the named scenarios and exit");
@@ -442,8 +467,7 @@ int run(int argc, char** argv) {
     if (workers > 0) counts = {workers};
     return run_membership(model, counts, membership_opt, format);
   }
-  for (const auto& only : membership_only)
-    if (cli.given(only)) throw usage_error(only + ": only with --membership");
+  membership_flags.reject_given();
   std::vector<cadence::tools::link_flag> links;
   for (const auto& text : link_texts) links.push_back(cadence::tools::parse_link(text));
 
@@ -509,8 +533,7 @@ int run(int argc, char** argv) {
     }
     return run_local_sgd(s, policies, local_opt, format);
   }
-  for (const char* only : {"--parameters", "--bandwidth", "--link-share"})
-    if (cli.given(only)) throw usage_error(std::string(only) + ": only with --local-sgd");
+  local_sgd_flags.reject_given();
   if (collective) return run_collective(s, policies, allreduce_cost, format);
   if (cli.given("--allreduce-cost"))
     throw usage_error("--allreduce-cost: only with --collective");
