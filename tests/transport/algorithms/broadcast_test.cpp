@@ -55,9 +55,8 @@ void add_broadcast(simulation<Over>& sim, byte_buffers& data, int root, std::siz
 template <bool Over>
 void check_broadcast(const broadcast_case& c) {
   INFO(c.describe() << std::string(Over ? ", posts over delivered sends" : ""));
-  std::mt19937_64 rng(c.seed);
-  simulation<Over> sim(c.n, c.options(c.piece));
-  sim.watch_buffers = true;
+  seeded_run<Over> run(c, c.piece);
+  auto& [rng, sim] = run;
   std::vector<byte_buffers> data;
   std::vector<rank_data> small;
   data.reserve(static_cast<std::size_t>(c.calls));
@@ -120,10 +119,7 @@ TEST_CASE(
     c.root = std::uniform_int_distribution<int>(0, c.n - 1)(rng);
     c.bytes = std::uniform_int_distribution<std::size_t>(0, 400)(rng);
     c.piece = 8 * std::uniform_int_distribution<std::size_t>(1, 12)(rng);
-    c.wire = static_cast<int>(rng() % 3);
-    c.calls = 3;
-    c.mix = rng() % 2 == 0;
-    c.seed = seed;
+    c.pick_schedule(rng, seed, 3, true);
     over_or_not(seed % 2 != 0, [&](auto over) { check_broadcast<decltype(over)::value>(c); });
   }
 }
@@ -267,11 +263,10 @@ TEST_CASE("with the root's head handed over, a receiver that takes fewer bytes t
   sim.add(1, {algorithm::broadcast, data.buf(1), 12});
   const outcome out = sim.run(2);
   INFO(out.describe());
-  CHECK(out.misuse.empty());
-  REQUIRE(out.ranks[1].failed);
-  CHECK(out.ranks[1].error ==
-        "cadence::transport[fake]: broadcast #1 on rank 1 of 2: arguments differ across ranks in collective #1: rank 0 "
-        "called broadcast(20 bytes, root 0), rank 1 called broadcast(12 bytes, root 0)");
+  check_fails_with(
+      out, 1,
+      "cadence::transport[fake]: broadcast #1 on rank 1 of 2: arguments differ across ranks in collective #1: rank 0 "
+      "called broadcast(20 bytes, root 0), rank 1 called broadcast(12 bytes, root 0)");
 }
 
 // A regression test: a receiver whose wire cuts pieces of another size than the root's once

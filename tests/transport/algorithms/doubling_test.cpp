@@ -23,9 +23,8 @@ using doubling_case = reduction_case;
 template <bool Over>
 void check_doubling(const doubling_case& c) {
   INFO(c.describe_reduction() << c.describe_schedule() << std::string(Over ? ", posts over delivered sends" : ""));
-  std::mt19937_64 rng(c.seed);
-  simulation<Over> sim(c.n, c.options());
-  sim.watch_buffers = true;
+  seeded_run<Over> run(c);
+  auto& [rng, sim] = run;
   std::vector<rank_data> data, inputs;
   data.reserve(static_cast<std::size_t>(c.calls));
   for (int k = 0; k < c.calls; ++k) data.emplace_back(c.n, c.count, c.type, rng);
@@ -96,9 +95,7 @@ TEST_CASE(
     const std::size_t most =
         std::max<std::size_t>(64, 8 * static_cast<std::size_t>(c.n)) / cadence::transport::dtype_size(c.type);
     c.count = std::uniform_int_distribution<std::size_t>(0, most)(rng);
-    c.wire = static_cast<int>(rng() % 3);
-    c.calls = 3;
-    c.seed = seed;
+    c.pick_schedule(rng, seed, 3, false);
     over_or_not(seed % 2 != 0, [&](auto over) { check_doubling<decltype(over)::value>(c); });
   }
 }
@@ -136,48 +133,45 @@ TEST_CASE(
 TEST_CASE(
     "a rank on another collective index fails its peers where they compare its message, and looks absent where notices "
     "are kept by index") {
-  for (int n = 2; n <= 6; ++n)
-    for (int wire = 0; wire < 3; ++wire) {
-      INFO("n " << n << ", " << flavour_name(wire));
-      std::mt19937_64 rng(static_cast<std::uint64_t>(n * 10 + wire));
-      simulation<false> sim(n, flavour(wire));
-      rank_data data(n, 4, dtype::i32, rng);
-      const int odd = n - 1;
+  for_each_world(2, 6, 10, [](int n, int wire, std::mt19937_64& rng) {
+    simulation<false> sim(n, flavour(wire));
+    rank_data data(n, 4, dtype::i32, rng);
+    const int odd = n - 1;
+    for (int r = 0; r < n; ++r) {
+      call c{algorithm::doubling, data.buf(r), 4, dtype::i32, reduce_op::sum, false};
+      if (r == odd) c.index = 2;  // it skipped one
+      sim.add(r, c);
+    }
+    const outcome out = sim.run(rng());
+    INFO(out.describe());
+    CHECK(out.misuse.empty());
+    const bool by_index = flavour(wire).notices_by_index;
+    if (n == 2 || !by_index) {
+      // The message itself is compared: another collective altogether, named by its index.
       for (int r = 0; r < n; ++r) {
-        call c{algorithm::doubling, data.buf(r), 4, dtype::i32, reduce_op::sum, false};
-        if (r == odd) c.index = 2;  // it skipped one
-        sim.add(r, c);
+        const auto& x = out.ranks[static_cast<std::size_t>(r)];
+        if (!x.failed) continue;
+        CHECK(contains(x.error, "arguments differ across ranks in collective #"));
+        CHECK(contains(x.error, " as collective #"));
       }
-      const outcome out = sim.run(rng());
-      INFO(out.describe());
-      CHECK(out.misuse.empty());
-      const bool by_index = flavour(wire).notices_by_index;
-      if (n == 2 || !by_index) {
-        // The message itself is compared: another collective altogether, named by its index.
-        for (int r = 0; r < n; ++r) {
-          const auto& x = out.ranks[static_cast<std::size_t>(r)];
-          if (!x.failed) continue;
-          CHECK(contains(x.error, "arguments differ across ranks in collective #"));
-          CHECK(contains(x.error, " as collective #"));
-        }
-        CHECK(out.ranks[static_cast<std::size_t>(odd)].failed);
-        CHECK(out.ranks[0].failed);
-      } else {
-        // Its notice of #1 never comes: to its peers it never started #1, and it waits for
-        // theirs of #2.
-        CHECK(out.stuck);
-        for (int r = 0; r < n; ++r) {
-          const auto& x = out.ranks[static_cast<std::size_t>(r)];
-          CHECK_FALSE(x.failed);
-          REQUIRE(x.unfinished);
-          CHECK(x.awaited.note == "they never started this collective");
-          if (r != odd)
-            CHECK(x.awaited.peers == std::vector<int>{odd});
-          else
-            CHECK(x.awaited.peers.size() == static_cast<std::size_t>(n - 1));
-        }
+      CHECK(out.ranks[static_cast<std::size_t>(odd)].failed);
+      CHECK(out.ranks[0].failed);
+    } else {
+      // Its notice of #1 never comes: to its peers it never started #1, and it waits for
+      // theirs of #2.
+      CHECK(out.stuck);
+      for (int r = 0; r < n; ++r) {
+        const auto& x = out.ranks[static_cast<std::size_t>(r)];
+        CHECK_FALSE(x.failed);
+        REQUIRE(x.unfinished);
+        CHECK(x.awaited.note == "they never started this collective");
+        if (r != odd)
+          CHECK(x.awaited.peers == std::vector<int>{odd});
+        else
+          CHECK(x.awaited.peers.size() == static_cast<std::size_t>(n - 1));
       }
     }
+  });
 }
 
 TEST_CASE(
@@ -234,25 +228,21 @@ TEST_CASE(
 TEST_CASE(
     "while one rank's notices are held back no rank writes its buffer; once they move, the all-reduce completes with "
     "the oracle's bits") {
-  for (int n = 3; n <= 9; ++n)
-    for (int wire = 0; wire < 3; ++wire) {
-      INFO("n " << n << ", " << flavour_name(wire));
-      std::mt19937_64 rng(static_cast<std::uint64_t>(n * 31 + wire));
-      const int late = std::uniform_int_distribution<int>(0, n - 1)(rng);
-      simulation<false> sim(n, flavour(wire));
-      sim.watch_buffers = true;
-      rank_data data(n, 7, dtype::f32, rng);
-      const rank_data in = data;
-      const outcome out = run_held(
-          sim, algorithm::doubling, data, [&](const message& m, step_kind) { return m.from == late && m.notice; },
-          rng());
-      INFO(out.describe());
-      for (int r = 0; r < n; ++r) {
-        CHECK(out.ranks[static_cast<std::size_t>(r)].completed == 0);
-        if (r != late) CHECK(out.ranks[static_cast<std::size_t>(r)].awaited.peers == std::vector<int>{late});
-      }
-      release_and_check(sim, data, doubling_expected(in), rng());
+  for_each_world(3, 9, 31, [](int n, int wire, std::mt19937_64& rng) {
+    const int late = std::uniform_int_distribution<int>(0, n - 1)(rng);
+    simulation<false> sim(n, flavour(wire));
+    sim.watch_buffers = true;
+    rank_data data(n, 7, dtype::f32, rng);
+    const rank_data in = data;
+    const outcome out = run_held(
+        sim, algorithm::doubling, data, [&](const message& m, step_kind) { return m.from == late && m.notice; }, rng());
+    INFO(out.describe());
+    for (int r = 0; r < n; ++r) {
+      CHECK(out.ranks[static_cast<std::size_t>(r)].completed == 0);
+      if (r != late) CHECK(out.ranks[static_cast<std::size_t>(r)].awaited.peers == std::vector<int>{late});
     }
+    release_and_check(sim, data, doubling_expected(in), rng());
+  });
 }
 
 TEST_CASE(
@@ -294,11 +284,10 @@ TEST_CASE("a message longer than the receive a wire posted for it fails the rank
     sim.add(1, {algorithm::doubling, data.buf(1), 8, dtype::f32, reduce_op::sum, false});
     const outcome out = sim.run(9);
     INFO(out.describe());
-    CHECK(out.misuse.empty());
-    REQUIRE(out.ranks[0].failed);
-    CHECK(out.ranks[0].error ==
-          "cadence::transport[fake]: allreduce #1 on rank 0 of 2: rank 1 sent a longer message in collective #1 than "
-          "allreduce(count 4, f32, sum) on rank 0 takes: the ranks' arguments differ");
+    check_fails_with(
+        out, 0,
+        "cadence::transport[fake]: allreduce #1 on rank 0 of 2: rank 1 sent a longer message in collective #1 than "
+        "allreduce(count 4, f32, sum) on rank 0 takes: the ranks' arguments differ");
     // Rank 1 took the shorter message whole: its summary names both sides.
     REQUIRE(out.ranks[1].failed);
     CHECK(contains(out.ranks[1].error, "rank 0 called allreduce(count 4, f32, sum)"));
@@ -339,12 +328,10 @@ TEST_CASE("a data message of another size than agreed fails the rank that takes 
   };
   const outcome out = sim.run(5);
   INFO(out.describe());
-  CHECK(out.misuse.empty());
   // Rank 0's only partner over four ranks is rank 1.
-  REQUIRE(out.ranks[1].failed);
-  CHECK(out.ranks[1].error ==
-        "cadence::transport[fake]: allreduce #1 on rank 1 of 4: rank 0 sent 16 bytes in collective #1 where "
-        "allreduce(count 3, f32, sum) takes 12");
+  check_fails_with(out, 1,
+                   "cadence::transport[fake]: allreduce #1 on rank 1 of 4: rank 0 sent 16 bytes in collective #1 where "
+                   "allreduce(count 3, f32, sum) takes 12");
 }
 
 // A regression test: a partner that left was once also named among the ranks that "never

@@ -113,6 +113,18 @@ inline std::string flavour_name(int i) {
   }
 }
 
+/// Calls f(n, wire, rng) for first_n to last_n ranks and each flavour, in an INFO naming both, with
+/// rng seeded n * stride + wire.
+template <class F>
+void for_each_world(int first_n, int last_n, std::uint64_t stride, F&& f) {
+  for (int n = first_n; n <= last_n; ++n)
+    for (int wire = 0; wire < 3; ++wire) {
+      INFO("n " << n << ", " << flavour_name(wire));
+      std::mt19937_64 rng(static_cast<std::uint64_t>(n) * stride + static_cast<std::uint64_t>(wire));
+      f(n, wire, rng);
+    }
+}
+
 /// The streams between two ranks: notices (when kept apart), collective data (and, on a
 /// one-stream wire, notices too), bulk pieces.
 enum class lane : std::uint8_t { notice, data, bulk };
@@ -428,15 +440,7 @@ public:
     ++net_->activity;
   }
 
-  unsigned char* bulk_base(cd::bulk_region r) noexcept {
-    switch (r) {
-      case cd::bulk_region::scratch0: return scratch_[0].data();
-      case cd::bulk_region::scratch1: return scratch_[1].data();
-      case cd::bulk_region::staging: return staging_.data();
-      case cd::bulk_region::caller: break;
-    }
-    return caller_;
-  }
+  unsigned char* bulk_base(cd::bulk_region r) noexcept { return region(r).first; }
 
   void bulk_recv(const cd::call_info&, int p, cd::bulk_region r, std::size_t offset, std::size_t capacity) {
     check_peer(p, "bulk_recv");
@@ -621,21 +625,23 @@ private:
       misuse(std::string(call) + " names rank " + std::to_string(p) + " (of " + std::to_string(size_) + ")");
   }
 
-  std::size_t region_size(cd::bulk_region r) const noexcept {
+  // A region's first byte and its size in bytes (the caller's buffer: as bulk_begin registered it).
+  std::pair<unsigned char*, std::size_t> region(cd::bulk_region r) noexcept {
     switch (r) {
-      case cd::bulk_region::scratch0: return scratch_[0].size();
-      case cd::bulk_region::scratch1: return scratch_[1].size();
-      case cd::bulk_region::staging: return staging_.size();
+      case cd::bulk_region::scratch0: return {scratch_[0].data(), scratch_[0].size()};
+      case cd::bulk_region::scratch1: return {scratch_[1].data(), scratch_[1].size()};
+      case cd::bulk_region::staging: return {staging_.data(), staging_.size()};
       case cd::bulk_region::caller: break;
     }
-    return caller_bytes_;
+    return {caller_, caller_bytes_};
   }
-  void check_region(cd::bulk_region r, std::size_t offset, std::size_t n, const char* call) const {
+  void check_region(cd::bulk_region r, std::size_t offset, std::size_t n, const char* call) {
     if (r == cd::bulk_region::caller && caller_ == nullptr)
       misuse(std::string(call) + " on the caller's buffer outside bulk_begin/bulk_end");
-    if (offset > region_size(r) || n > region_size(r) - offset)
+    const std::size_t size = region(r).second;
+    if (offset > size || n > size - offset)
       misuse(std::string(call) + " of " + std::to_string(n) + " bytes at " + std::to_string(offset) + " of " +
-             region_name(r) + ", which holds " + std::to_string(region_size(r)));
+             region_name(r) + ", which holds " + std::to_string(size));
   }
 
   void repost(coll_in& in, int p, std::size_t capacity) {
@@ -1229,6 +1235,14 @@ struct seeded_case {
     if (seed % 3 == 0) o.eager_bytes = 0;
     return o;
   }
+  /// Seed `s` of a seeded sweep of `k` calls in a row: the wire drawn from rng, then, where the
+  /// check can mix small all-reduces in (`mixable`), whether it does.
+  void pick_schedule(std::mt19937_64& rng, std::uint64_t s, int k, bool mixable) {
+    wire = static_cast<int>(rng() % 3);
+    calls = k;
+    if (mixable) mix = rng() % 2 == 0;
+    seed = s;
+  }
   /// Takes the next seed of a sweep from `counter` (incremented), its wire from the one before.
   void take_seed(std::uint64_t& counter) {
     wire = static_cast<int>(counter % 3);
@@ -1239,6 +1253,18 @@ struct seeded_case {
     return ", " + flavour_name(wire) + ", " + std::to_string(calls) + " calls" +
            (mix ? " with small all-reduces between" : "") + (seed % 3 == 0 ? ", no eager sends" : "") + ", seed " +
            std::to_string(seed);
+  }
+};
+
+/// What a seeded check runs on: the case's simulation, its buffers watched, and the rng of its
+/// schedule, seeded with the case's seed (taken apart as `auto& [rng, sim] = run;`).
+template <bool Over>
+struct seeded_run {
+  std::mt19937_64 rng;
+  simulation<Over> sim;
+  /// Pieces of `piece` bytes (0: the flavour's).
+  explicit seeded_run(const seeded_case& c, std::size_t piece = 0) : rng(c.seed), sim(c.n, c.options(piece)) {
+    sim.watch_buffers = true;
   }
 };
 
@@ -1285,6 +1311,14 @@ void for_each_reduction(int first_n, int last_n, F&& f) {
 
 /// Whether s contains part (error messages).
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// Checks that a run kept the wire's requirements and that rank r failed with exactly `error`
+/// (the caller's INFO says what ran).
+inline void check_fails_with(const outcome& out, int r, const std::string& error) {
+  CHECK(out.misuse.empty());
+  REQUIRE(out.ranks[static_cast<std::size_t>(r)].failed);
+  CHECK(out.ranks[static_cast<std::size_t>(r)].error == error);
+}
 
 /// The bytes every rank should hold after a recursive doubling of `in` (doubling_oracle).
 inline std::vector<unsigned char> doubling_expected(const rank_data& in, reduce_op op = reduce_op::sum,

@@ -76,9 +76,8 @@ bool near_plain_sum(const rank_data& in, const rank_data& got, bool average) {
 template <bool Over>
 void check_ring(const ring_case& c) {
   INFO(c.describe() << std::string(Over ? ", posts over delivered sends" : ""));
-  std::mt19937_64 rng(c.seed);
-  simulation<Over> sim(c.n, c.options(c.piece));
-  sim.watch_buffers = true;
+  seeded_run<Over> run(c, c.piece);
+  auto& [rng, sim] = run;
   std::vector<rank_data> data, small;
   data.reserve(static_cast<std::size_t>(c.calls));
   small.reserve(static_cast<std::size_t>(c.calls));
@@ -227,10 +226,7 @@ TEST_CASE(
     c.count = std::uniform_int_distribution<std::size_t>(static_cast<std::size_t>(c.n),
                                                          16 * static_cast<std::size_t>(c.n))(rng);
     c.piece = e * std::uniform_int_distribution<std::size_t>(1, 9)(rng);
-    c.wire = static_cast<int>(rng() % 3);
-    c.calls = 2;
-    c.mix = rng() % 2 == 0;
-    c.seed = seed;
+    c.pick_schedule(rng, seed, 2, true);
     over_or_not(seed % 2 != 0, [&](auto over) { check_ring<decltype(over)::value>(c); });
   }
 }
