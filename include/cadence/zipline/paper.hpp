@@ -17,6 +17,20 @@ namespace cadence {
 /// \addtogroup zipline
 /// @{
 
+namespace detail {
+
+/// ZipLine's Algorithm 2 on ws's buffers: the whole scan of spec section 5, "zipline" (merge,
+/// scan with Z, linear search and replace, evaluate d and drop the leftmost), and with `prune`
+/// also "zipline_opt" (the leftmost point's row checked before the search). The two public
+/// names are this one algorithm with the pruning off and on; errors carry the name called.
+template <bool prune, class T>
+void zipline_paper_algorithm2(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
+  zipline_paper_scan<prune>(rows, zipline_workspace_access::buffers(ws), out,
+                            prune ? "zipline_paper_opt" : "zipline_paper");
+}
+
+}  // namespace detail
+
 /// ZipLine as published (Algorithm 2): merge all points on one timeline and scan it with a
 /// set Z of at most one point per row; an arriving point replaces its row's old point, found
 /// by linear search; when Z holds every row its spread is evaluated and its leftmost point is
@@ -25,14 +39,7 @@ namespace cadence {
 /// Takes rows, ws and out as cadence::zipline does.
 template <class T>
 void zipline_paper(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
-  detail::zipline_paper_scan<false>(rows, detail::zipline_workspace_access::buffers(ws), out,
-                                    "zipline_paper");
-}
-
-/// Convenience overload: solves rows with a workspace and a result it allocates.
-template <class T>
-zipline_result<T> zipline_paper(rows_view<T> rows) {
-  return detail::solve_with_fresh_workspace<T>(rows, zipline_paper<T>);
+  detail::zipline_paper_algorithm2<false>(rows, ws, out);
 }
 
 /// zipline_paper with the paper's pruning: when the arriving point's row owns Z's leftmost
@@ -41,11 +48,17 @@ zipline_result<T> zipline_paper(rows_view<T> rows) {
 /// Takes rows, ws and out as cadence::zipline does.
 template <class T>
 void zipline_paper_opt(rows_view<T> rows, zipline_workspace<T>& ws, zipline_result<T>& out) {
-  detail::zipline_paper_scan<true>(rows, detail::zipline_workspace_access::buffers(ws), out,
-                                   "zipline_paper_opt");
+  detail::zipline_paper_algorithm2<true>(rows, ws, out);
 }
 
-/// Convenience overload: solves rows with a workspace and a result it allocates.
+/// Convenience overload of zipline_paper: solves rows with a workspace and a result it allocates.
+template <class T>
+zipline_result<T> zipline_paper(rows_view<T> rows) {
+  return detail::solve_with_fresh_workspace<T>(rows, zipline_paper<T>);
+}
+
+/// Convenience overload of zipline_paper_opt: solves rows with a workspace and a result it
+/// allocates.
 template <class T>
 zipline_result<T> zipline_paper_opt(rows_view<T> rows) {
   return detail::solve_with_fresh_workspace<T>(rows, zipline_paper_opt<T>);
