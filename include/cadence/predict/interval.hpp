@@ -61,6 +61,22 @@ inline std::string format_double(double v) {
   return std::string(buf, res.ptr);
 }
 
+/// What mean_interval and median_interval share: k, the most of the last intervals they read,
+/// and the two push times (one interval) they need at the least.
+class last_k_intervals {
+public:
+  /// Two push times: the fewest that hold an interval.
+  static constexpr std::size_t min_history() noexcept { return 2; }
+  /// The most intervals read: averaged by mean_interval, their median taken by median_interval.
+  std::size_t k() const noexcept { return k_; }
+
+protected:
+  explicit last_k_intervals(std::size_t k) noexcept : k_(k) {}
+
+private:
+  std::size_t k_;
+};
+
 }  // namespace detail
 
 /// The paper's predictor: e[i] = t_last + i * (t_last - t_prev), i = 1..r. Exact for
@@ -90,10 +106,10 @@ public:
 /// e[i] = t_last + i * (t_last - t_{last-m}) / m with m the intervals used. Integers round
 /// i * mean to the nearest value (halves up), computed exactly. Pick it for noisy but
 /// stationary iteration times.
-class mean_interval {
+class mean_interval : public detail::last_k_intervals {
 public:
   /// Averages the last k intervals; throws invalid_parameter_error for k = 0.
-  explicit mean_interval(std::size_t k) : k_(k) {
+  explicit mean_interval(std::size_t k) : last_k_intervals(k) {
     if (k == 0) throw invalid_parameter_error("cadence::mean_interval: k must be >= 1, got 0");
   }
   /// Writes the r push times after history (oldest first) into out[0..r), as is_predictor_v
@@ -103,7 +119,7 @@ public:
   void predict(span<const T> history, std::size_t r, T* out) const {
     detail::check_history(history, min_history(), "mean_interval");
     const std::size_t h = history.size();
-    const std::size_t m = std::min(k_, h - 1);
+    const std::size_t m = std::min(k(), h - 1);
     const T t = history[h - 1];
     if constexpr (std::is_integral_v<T>) {
       T total;
@@ -131,15 +147,8 @@ public:
     }
     detail::make_strictly_increasing(t, out, r, "mean_interval");
   }
-  /// Two push times: the fewest that hold an interval.
-  static constexpr std::size_t min_history() noexcept { return 2; }
   /// "mean:K": the config string make_predictor parses back into this predictor.
-  std::string name() const { return "mean:" + std::to_string(k_); }
-  /// The most intervals averaged.
-  std::size_t k() const noexcept { return k_; }
-
-private:
-  std::size_t k_;
+  std::string name() const { return "mean:" + std::to_string(k()); }
 };
 
 /// Median of the last k intervals (fewer when the history is shorter); an even count takes
@@ -147,13 +156,13 @@ private:
 /// e[i] = t_last + i * median. Pick it when occasional stragglers (one slow iteration) should
 /// not move the prediction. k <= max_k: the intervals are sorted in a fixed stack buffer so
 /// predict never allocates.
-class median_interval {
+class median_interval : public detail::last_k_intervals {
 public:
   /// The largest k: the size of the stack buffer predict sorts in.
   static constexpr std::size_t max_k = 64;
 
   /// The median of the last k intervals; throws invalid_parameter_error unless 1 <= k <= max_k.
-  explicit median_interval(std::size_t k) : k_(k) {
+  explicit median_interval(std::size_t k) : last_k_intervals(k) {
     if (k == 0 || k > max_k)
       throw invalid_parameter_error("cadence::median_interval: k must be in [1, " +
                                     std::to_string(max_k) + "], got " + std::to_string(k));
@@ -165,7 +174,7 @@ public:
   void predict(span<const T> history, std::size_t r, T* out) const {
     detail::check_history(history, min_history(), "median_interval");
     const std::size_t h = history.size();
-    const std::size_t m = std::min(k_, h - 1);
+    const std::size_t m = std::min(k(), h - 1);
     std::array<T, max_k> buf;
     for (std::size_t j = 0; j < m; ++j)
       buf[j] = detail::interval_at(history, h - 1 - j, "median_interval");
@@ -181,15 +190,8 @@ public:
       out[i] = detail::advance_half(t, i + 1, a, b, "median_interval");
     detail::make_strictly_increasing(t, out, r, "median_interval");
   }
-  /// Two push times: the fewest that hold an interval.
-  static constexpr std::size_t min_history() noexcept { return 2; }
   /// "median:K": the config string make_predictor parses back into this predictor.
-  std::string name() const { return "median:" + std::to_string(k_); }
-  /// The most intervals whose median is taken.
-  std::size_t k() const noexcept { return k_; }
-
-private:
-  std::size_t k_;
+  std::string name() const { return "median:" + std::to_string(k()); }
 };
 
 /// Exponentially weighted mean of all intervals in the history, oldest first:
