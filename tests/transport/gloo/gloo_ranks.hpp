@@ -5,6 +5,7 @@
 
 #include <cadence/transport/gloo/communicator.hpp>
 
+#include "support/thread_harnesses.hpp"
 #include "support/threads.hpp"
 
 #include <doctest/doctest.h>
@@ -52,15 +53,7 @@ struct gloo_world {
   }
 };
 
-// Ranks as threads of this process.
-template <int N>
-using gloo_threads_harness = cadence_test::threads_harness<N, gloo_world>;
-using gloo_harness = gloo_threads_harness<3>;
-using gloo_pair_harness = gloo_threads_harness<2>;
-
 }  // namespace cadence_gloo_test
 
-// The suites' names for the harnesses, declared once here so that test files sharing a unity
-// build do not declare them twice.
-TYPE_TO_STRING_AS("gloo_harness", cadence_gloo_test::gloo_threads_harness<3>);
-TYPE_TO_STRING_AS("gloo_4", cadence_gloo_test::gloo_threads_harness<4>);
+// Ranks as threads of this process: gloo_threads_harness<N>, gloo_harness, gloo_pair_harness.
+CADENCE_THREAD_HARNESSES(cadence_gloo_test, gloo, gloo_world);

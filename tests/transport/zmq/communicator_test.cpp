@@ -56,13 +56,12 @@ TEST_CASE("zmq capabilities: any_source, and a lost peer is detected, survived a
 using cadence_zmq_test::alone_options;
 using cadence_zmq_test::options_for;
 using cadence_zmq_test::rendezvous_box;
-using cadence_zmq_test::run_threads;
+using cadence_zmq_test::run_world;
 using cadence_zmq_test::thread_options;
 
 TEST_CASE("a rank that never registers fails construction within the deadline on every rank, "
           "naming it" * doctest::timeout(60)) {
-  rendezvous_box box;
-  run_threads(2, [&](int r) {
+  run_world(2, [&](int r, rendezvous_box& box) {
     const auto t0 = steady::now();
     expect_throw<transport_error>(r, [&] { zmq_communicator c(r, 3, thread_options(r, box), 500ms); },
                                   {"construction on rank " + std::to_string(r) + " of 3", "deadline passed",
@@ -85,8 +84,7 @@ TEST_CASE("without rank 0 a rank's construction fails within the deadline, namin
 
 TEST_CASE("a registration with another world size is refused, naming both sizes" * doctest::timeout(60)) {
   const cadence_test::events ev;
-  rendezvous_box box;
-  run_threads(2, [&](int r) {
+  run_world(2, [&](int r, rendezvous_box& box) {
     if (r == 0) {
       zmq_communicator c(0, 2, alone_options(box), 10s);
       // Rank 0 answers registrations in its calls: poll until rank 1 has its answer.
@@ -149,8 +147,7 @@ TEST_CASE("a world of one: collectives are local, point to point with itself is 
 TEST_CASE("a peer that leaves is lost to the others (\"it left\"): point to point with it fails "
           "alone, traffic between the others goes on, a collective fails naming it" * doctest::timeout(60)) {
   const cadence_test::events ev;
-  rendezvous_box box;
-  run_threads(3, [&](int r) {
+  run_world(3, [&](int r, rendezvous_box& box) {
     zmq_communicator c(r, 3, thread_options(r, box), 20s);
     if (r == 2) {
       const std::int32_t last = 9;
@@ -194,8 +191,7 @@ TEST_CASE("ranks that complete a ring all-reduce and leave at once do not fail a
   constexpr std::size_t count = 200000;  // 800 KB: the ring, in several chunks per segment
   for (int trial = 0; trial < 10; ++trial) {
     CAPTURE(trial);
-    rendezvous_box box;
-    run_threads(n, [&](int r) {
+    run_world(n, [&](int r, rendezvous_box& box) {
       zmq_communicator c(r, n, thread_options(r, box), 20s);
       std::vector<float> v(count);
       for (int round = 0; round < 2; ++round) {
@@ -212,8 +208,7 @@ TEST_CASE("ranks that complete a ring all-reduce and leave at once do not fail a
 TEST_CASE("a communicator constructed again in a rank's slot is a new incarnation: every peer sees "
           "it alive again, and what the old one sent that nobody took is dropped" * doctest::timeout(60)) {
   const cadence_test::events ev;
-  rendezvous_box box;
-  run_threads(3, [&](int r) {
+  run_world(3, [&](int r, rendezvous_box& box) {
     if (r == 2) {
       {
         zmq_communicator old(2, 3, thread_options(2, box), 20s);
@@ -253,8 +248,7 @@ TEST_CASE("a receiver that stops receiving holds at most credit_bytes of a sende
           "further sends wait (pending, or named on their deadline) while other peers are served" *
           doctest::timeout(60)) {
   const cadence_test::events ev;
-  rendezvous_box box;
-  run_threads(3, [&](int r) {
+  run_world(3, [&](int r, rendezvous_box& box) {
     auto o = thread_options(r, box);
     o.eager_bytes = 1024;
     o.credit_bytes = 4 * (1024 + 64);  // four 1 KiB messages

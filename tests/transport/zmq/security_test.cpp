@@ -29,7 +29,7 @@ using cadence_conformance::expect_throw;
 using cadence_zmq_test::alone_options;
 using cadence_zmq_test::options_for;
 using cadence_zmq_test::rendezvous_box;
-using cadence_zmq_test::run_threads;
+using cadence_zmq_test::run_world;
 using cadence_zmq_test::thread_options;
 
 namespace {
@@ -97,8 +97,7 @@ TEST_CASE("zmq security: no secret, or open security on a network address, is re
 }
 
 TEST_CASE("zmq security: open security on loopback works when asked for by name" * doctest::timeout(60)) {
-  rendezvous_box box;
-  run_threads(2, [&](int r) {
+  run_world(2, [&](int r, rendezvous_box& box) {
     auto o = thread_options(r, box);
     o.secret = job_secret();
     o.security = wire_security::open;
@@ -112,9 +111,8 @@ TEST_CASE("zmq security: open security on loopback works when asked for by name"
 TEST_CASE("zmq security: a process with another secret cannot register; rank 0 counts and reports "
           "the refusal, and the job goes on" * doctest::timeout(120)) {
   const cadence_test::events ev;
-  rendezvous_box box;
   reporting_rank0 rank0;
-  run_threads(2, [&](int r) {
+  run_world(2, [&](int r, rendezvous_box& box) {
     if (r == 0) {
       zmq_communicator c(0, 2, rank0.options(box), 30s);
       poll_until(c, [&] { return c.stats().refused_connections >= 1; });
@@ -147,8 +145,7 @@ TEST_CASE("zmq security: a process with another secret cannot register; rank 0 c
 
 TEST_CASE("zmq security: a client without authentication is turned away by an authenticated rank 0, "
           "naming the handshake" * doctest::timeout(60)) {
-  rendezvous_box box;
-  run_threads(2, [&](int r) {
+  run_world(2, [&](int r, rendezvous_box& box) {
     if (r == 0) {
       zmq_communicator c(0, 2, alone_options(box), 30s);
       poll_until(c, [&] { return c.stats().refused_connections >= 1; });
@@ -166,8 +163,7 @@ TEST_CASE("zmq security: a client without authentication is turned away by an au
 TEST_CASE("zmq security: bytes that are not ZeroMQ, at the rendezvous and at a data endpoint, harm "
           "nobody" * doctest::timeout(60)) {
   const cadence_test::events ev;
-  rendezvous_box box;
-  run_threads(2, [&](int r) {
+  run_world(2, [&](int r, rendezvous_box& box) {
     if (r == 0) {
       zmq_communicator c(0, 2, alone_options(box), 30s);
       const std::string junk = std::string("GET / HTTP/1.1\r\n\r\n") + std::string(4096, '\xff');
@@ -192,10 +188,9 @@ TEST_CASE("zmq security: bytes that are not ZeroMQ, at the rendezvous and at a d
 
 TEST_CASE("zmq security: in open mode a frame that breaks the protocol is counted and reported, and "
           "the rank goes on" * doctest::timeout(60)) {
-  rendezvous_box box;
   reporting_rank0 rank0;
   const cadence_test::events ev;
-  run_threads(2, [&](int r) {
+  run_world(2, [&](int r, rendezvous_box& box) {
     if (r == 0) {
       auto o = rank0.options(box);
       o.secret = job_secret();

@@ -6,6 +6,7 @@
 
 #include <cadence/transport/zmq/communicator.hpp>
 
+#include "support/thread_harnesses.hpp"
 #include "support/threads.hpp"
 
 #include <doctest/doctest.h>
@@ -92,6 +93,13 @@ inline cadence::transport::zmq_options alone_options(rendezvous_box& box) {
 
 using cadence_test::run_threads;
 
+/// Runs body(r, box) on n threads (run_threads), `box` rank 0's rendezvous address for them all.
+template <class Body>
+void run_world(int n, Body body) {
+  rendezvous_box box;
+  run_threads(n, [&](int r) { body(r, box); });
+}
+
 // What the ranks of one run share: rank 0's rendezvous address. Each rank has its own
 // communicator (and ZeroMQ context) over 127.0.0.1.
 struct zmq_world {
@@ -101,15 +109,7 @@ struct zmq_world {
   }
 };
 
-// Ranks as threads of this process.
-template <int N>
-using zmq_threads_harness = cadence_test::threads_harness<N, zmq_world>;
-using zmq_harness = zmq_threads_harness<3>;
-using zmq_pair_harness = zmq_threads_harness<2>;
-
 }  // namespace cadence_zmq_test
 
-// The suites' names for the harnesses, declared once here so that test files sharing a unity
-// build do not declare them twice.
-TYPE_TO_STRING_AS("zmq_harness", cadence_zmq_test::zmq_threads_harness<3>);
-TYPE_TO_STRING_AS("zmq_4", cadence_zmq_test::zmq_threads_harness<4>);
+// Ranks as threads of this process: zmq_threads_harness<N>, zmq_harness, zmq_pair_harness.
+CADENCE_THREAD_HARNESSES(cadence_zmq_test, zmq, zmq_world);
