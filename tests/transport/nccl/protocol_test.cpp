@@ -37,6 +37,13 @@ void run_ranks(int n, Body body) {
   });
 }
 
+// run_ranks(n, ...) with world w's function table: body(r, api, b).
+template <class Body>
+void run_ranks_with(fake::world& w, int n, Body body) {
+  const nccl_api api = w.api();
+  run_ranks(n, [&](int r, inproc_communicator& b) { body(r, api, b); });
+}
+
 // The fake's "device" memory is host memory, so the host-side helpers (barrier, allgather,
 // allreduce_avg) may run on it: the conformance harness hands the suite this view, which
 // forwards every call and reports device_buffers = false. The contract is unchanged; only the
@@ -74,8 +81,7 @@ struct nccl_fake_harness {
     const cadence_test::events ev;
     const cadence_test::scoped_events scope(ev);
     fake::world w;
-    const nccl_api api = w.api();
-    run_ranks(4, [&](int r, inproc_communicator& b) {
+    run_ranks_with(w, 4, [&](int r, const nccl_api& api, inproc_communicator& b) {
       nccl_communicator c(api, b, r, {}, 30s);
       host_view v(c);
       body(v);
@@ -345,8 +351,7 @@ TEST_CASE("setup failures: no device fails every rank at once; a device out of r
     fake::faults f;
     f.device_count_error = 100;
     fake::world w(f);
-    const nccl_api api = w.api();
-    run_ranks(2, [&](int r, inproc_communicator& b) {
+    run_ranks_with(w, 2, [&](int r, const nccl_api& api, inproc_communicator& b) {
       expect_throw<transport_error>(r, [&] { nccl_communicator c(api, b, 0, {}, 10s); },
                                     {"construction on rank " + std::to_string(r),
                                      "cudaGetDeviceCount failed", "no CUDA-capable device"});
@@ -356,8 +361,7 @@ TEST_CASE("setup failures: no device fails every rank at once; a device out of r
     fake::faults f;
     f.devices = 2;
     fake::world w(f);
-    const nccl_api api = w.api();
-    run_ranks(2, [&](int r, inproc_communicator& b) {
+    run_ranks_with(w, 2, [&](int r, const nccl_api& api, inproc_communicator& b) {
       const auto t0 = steady::now();
       if (r == 1)
         expect_throw<invalid_parameter_error>(1, [&] { nccl_communicator c(api, b, 5, {}, 10s); },
@@ -371,8 +375,7 @@ TEST_CASE("setup failures: no device fails every rank at once; a device out of r
   }
   SUBCASE("a bootstrap that takes device buffers") {
     fake::world w;
-    const nccl_api api = w.api();
-    run_ranks(1, [&](int, inproc_communicator& b) {
+    run_ranks_with(w, 1, [&](int, const nccl_api& api, inproc_communicator& b) {
       nccl_communicator first(api, b, 0, {}, 10s);
       expect_throw<invalid_parameter_error>(0, [&] { nccl_communicator c(api, first, 0, {}, 10s); },
                                             {"construction on rank 0 of 1", "bootstrap", "device buffers"});
@@ -391,8 +394,7 @@ TEST_CASE("setup failures: no device fails every rank at once; a device out of r
 
 TEST_CASE("calls run on the caller's stream when one is passed" * doctest::timeout(30)) {
   fake::world w;
-  const nccl_api api = w.api();
-  run_ranks(2, [&](int r, inproc_communicator& b) {
+  run_ranks_with(w, 2, [&](int r, const nccl_api& api, inproc_communicator& b) {
     void* mine = nullptr;
     REQUIRE(api.stream_create(&mine) == 0);
     {
