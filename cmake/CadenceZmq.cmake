@@ -52,3 +52,4 @@ target_link_libraries(cadence_zmq INTERFACE
 cadence_headers(cadence_zmq transport/zmq communicator.hpp options.hpp)
 cadence_headers(cadence_zmq transport/zmq/detail collectives.hpp colls.hpp curve.hpp engine.hpp ops.hpp
                 p2p.hpp peers.hpp rendezvous.hpp sockets.hpp wire.hpp)
+cadence_headers(cadence_zmq membership/zmq rendezvous.hpp)

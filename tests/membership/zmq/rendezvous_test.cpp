@@ -1,0 +1,211 @@
+// The rendezvous held outside the quorum (include/cadence/membership/zmq/rendezvous.hpp): ranks
+// as threads of this process, each with its own ZeroMQ communicator over 127.0.0.1; rank 0 only
+// holds the rendezvous, ranks 1..3 are the members. The first member (the quorum's leader) is
+// lost and a new process takes its slot and joins, which a job whose rank 0 is a member cannot
+// do once rank 0 is gone.
+#include <cadence/exchange/periodic_averager.hpp>
+#include <cadence/membership/member.hpp>
+#include <cadence/membership/zmq/rendezvous.hpp>
+#include <cadence/transport/zmq/communicator.hpp>
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace mb = cadence::membership;
+namespace tr = cadence::transport;
+using namespace std::chrono_literals;
+
+// What the threads share: the rendezvous address, the secret, the members' results, the
+// holder's lines.
+struct job {
+  std::mutex m;
+  std::condition_variable cv;
+  std::string address;
+  tr::job_secret secret = tr::job_secret::generate();
+  std::vector<std::string> events, errors;
+  std::vector<std::uint64_t> hash = std::vector<std::uint64_t>(4, 0), committed = std::vector<std::uint64_t>(4, 0);
+  std::vector<std::vector<int>> first_quorum = std::vector<std::vector<int>>(4);
+
+  tr::zmq_options options(int rank, const mb::timeouts& t) {
+    tr::zmq_options o;
+    o.secret = secret;
+    o.heartbeat_interval = t.heartbeat_interval;
+    o.heartbeat_timeout = t.heartbeat_timeout;
+    o.wait_for = tr::zmq_wait_for::self;
+    if (rank == 0) {
+      o.rendezvous = "tcp://127.0.0.1:0";
+      o.on_rendezvous_bound = [this](const std::string& a) {
+        std::lock_guard<std::mutex> lock(m);
+        address = a;
+        cv.notify_all();
+      };
+    } else {
+      std::unique_lock<std::mutex> lock(m);
+      cv.wait(lock, [&] { return !address.empty(); });
+      o.rendezvous = address;
+    }
+    return o;
+  }
+  void fail(const std::string& what) {
+    std::lock_guard<std::mutex> lock(m);
+    errors.push_back(what);
+  }
+};
+
+constexpr int size = 4;  // rank 0 the rendezvous, ranks 1..3 the members
+constexpr int victim = 1;  // the first member: the quorum's leader
+constexpr std::uint64_t merges = 12;
+
+mb::member_options member_options() {
+  mb::member_options o;
+  o.timeouts = mb::timeouts::scaled(1000ms);
+  o.eligible = mb::members_besides_rendezvous(size);
+  o.join_timeout = 60s;
+  return o;
+}
+
+void member(job& j, int rank, bool replacement) {
+  const mb::member_options opts = member_options();
+  tr::zmq_communicator comm(rank, size, j.options(rank, opts.timeouts), tr::deadline(30s));
+  mb::member<tr::zmq_communicator> m(comm, opts);
+  std::vector<double> params(64 * 1024, 1.0);
+  m.add_state(params);
+  if (replacement)
+    m.join();
+  else
+    m.start();
+  if (!replacement) {
+    std::lock_guard<std::mutex> lock(j.m);
+    j.first_quorum[static_cast<std::size_t>(rank)] = m.current().ranks;
+  }
+  cadence::exchange::periodic_averager<mb::quorum_view<tr::zmq_communicator>> avg(m.view(), 2);
+  while (m.committed() < merges || m.current().size() < static_cast<std::size_t>(size - 1)) {
+    for (std::size_t i = 0; i < params.size(); i += 97) params[i] += 0.01 * rank;
+    if (!avg.step_done()) continue;
+    const mb::sync_report r = m.transact(
+        [&] { avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())}); }, {params});
+    if (r.outcome != mb::outcome::committed) avg.restart_period();
+    if (rank == victim && !replacement && m.committed() == 5) return;  // closes: the others see it lost
+  }
+  m.finish();
+  std::lock_guard<std::mutex> lock(j.m);
+  j.hash[static_cast<std::size_t>(rank)] = m.state_hash();
+  j.committed[static_cast<std::size_t>(rank)] = m.committed();
+}
+
+template <class F>
+std::thread guarded(job& j, const std::string& who, F f) {
+  return std::thread([&j, who, f] {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      j.fail(who + ": " + e.what());
+    }
+  });
+}
+
+}  // namespace
+
+TEST_CASE("membership: with the rendezvous held outside the quorum, the lost leader's slot is taken by a new process" *
+          doctest::timeout(180)) {
+  job j;
+  mb::rendezvous_report rep;
+  std::atomic<bool> give_up{false};  // only if a member thread failed: the hold must not outlive the test
+  std::thread holder = guarded(j, "rendezvous", [&] {
+    tr::zmq_communicator comm(0, size, j.options(0, member_options().timeouts), tr::deadline(30s));
+    mb::rendezvous_options ro;
+    ro.exit_when_empty = 300ms;
+    ro.tick = 50ms;
+    ro.on_event = [&](const std::string& line) {
+      std::lock_guard<std::mutex> lock(j.m);
+      j.events.push_back(line);
+    };
+    rep = mb::hold_rendezvous(comm, [&] { return give_up.load(); }, ro);
+  });
+  std::vector<std::thread> members;
+  for (int r = 1; r < size; ++r)
+    members.push_back(guarded(j, "rank " + std::to_string(r), [&j, r] { member(j, r, false); }));
+  members[0].join();  // the victim returned: its slot is lost
+  members[0] = guarded(j, "replacement", [&j] { member(j, victim, true); });
+  for (auto& t : members) t.join();
+  {
+    std::lock_guard<std::mutex> lock(j.m);
+    if (!j.errors.empty()) give_up = true;
+  }
+  holder.join();
+
+  for (const std::string& e : j.errors) FAIL_CHECK(e);
+  REQUIRE(j.errors.empty());
+  // The victim was the first quorum's leader (its lowest rank), and rank 0 was in no quorum.
+  CHECK(j.first_quorum[1] == std::vector<int>{1, 2, 3});
+  // Every member, the replacement included, finished with the same merges and state.
+  for (int r = 1; r < size; ++r) {
+    CAPTURE(r);
+    CHECK(j.committed[static_cast<std::size_t>(r)] >= merges);
+    CHECK(j.committed[static_cast<std::size_t>(r)] == j.committed[1]);
+    CHECK(j.hash[static_cast<std::size_t>(r)] == j.hash[1]);
+  }
+  // The holder saw three first registrations and the replacement's, the victim lost and every
+  // member gone at the end, and returned on its own once the job was over.
+  CHECK(rep.registrations == 4);
+  CHECK(rep.losses == 4);
+  CHECK(rep.alive == 0);
+  CHECK(rep.emptied);
+  bool replaced = false;
+  for (const std::string& e : j.events) replaced = replaced || e == "rendezvous: slot 1 registered (incarnation 2)";
+  CHECK(replaced);
+}
+
+TEST_CASE("membership: hold_rendezvous returns when stop() says so, and refuses what cannot hold" * doctest::timeout(60)) {
+  job j;
+  const mb::timeouts t = mb::timeouts::scaled(1000ms);
+  tr::zmq_communicator holder(0, 2, j.options(0, t), tr::deadline(30s));
+  SUBCASE("stop() ends it before anyone registers") {
+    int asked = 0;
+    const mb::rendezvous_report rep = mb::hold_rendezvous(holder, [&] { return ++asked == 3; });
+    CHECK(asked == 3);
+    CHECK(rep.registrations == 0);
+    CHECK_FALSE(rep.emptied);
+  }
+  SUBCASE("a tick that is not positive") {
+    mb::rendezvous_options o;
+    o.tick = 0ms;
+    CHECK_THROWS_WITH_AS(mb::hold_rendezvous(holder, [] { return true; }, o), doctest::Contains("tick must be positive"),
+                         cadence::invalid_parameter_error);
+  }
+  SUBCASE("a rank other than 0") {
+    // Rank 1's construction needs rank 0 inside a call: the holder holds on this thread while
+    // rank 1 registers and tries to hold on its own.
+    std::atomic<bool> done{false};
+    std::string refusal;
+    std::thread one([&] {
+      try {
+        tr::zmq_communicator c(1, 2, j.options(1, t), tr::deadline(30s));
+        mb::hold_rendezvous(c, [] { return true; });
+      } catch (const cadence::invalid_parameter_error& e) {
+        refusal = e.what();
+      } catch (const std::exception& e) {
+        refusal = std::string("another error: ") + e.what();
+      }
+      done = true;
+    });
+    const mb::rendezvous_report rep = mb::hold_rendezvous(holder, [&] { return done.load(); });
+    one.join();
+    CHECK(refusal.find("rank 1 does not hold the rendezvous; only rank 0 binds it") != std::string::npos);
+    CHECK(rep.registrations == 1);
+  }
+  CHECK(mb::members_besides_rendezvous(4) == std::vector<int>{1, 2, 3});
+  CHECK_THROWS_WITH_AS(mb::members_besides_rendezvous(1), doctest::Contains("size 1 leaves no member"),
+                       cadence::invalid_parameter_error);
+}
