@@ -8,11 +8,12 @@
 #include <cadence/membership/zmq/rendezvous.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
 
+#include "transport/zmq/zmq_ranks.hpp"  // rank 0's rendezvous address handed to the others
+
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -26,35 +27,19 @@ namespace mb = cadence::membership;
 namespace tr = cadence::transport;
 using namespace std::chrono_literals;
 
-// What the threads share: the rendezvous address, the secret, the members' results, the
-// holder's lines.
+// What the threads share: rank 0's rendezvous address (tests/transport/zmq/zmq_ranks.hpp), the
+// members' results, the holder's lines.
 struct job {
   std::mutex m;
-  std::condition_variable cv;
-  std::string address;
-  tr::job_secret secret = tr::job_secret::generate();
+  cadence_zmq_test::rendezvous_box box;
   std::vector<std::string> events, errors;
   std::vector<std::uint64_t> hash = std::vector<std::uint64_t>(4, 0), committed = std::vector<std::uint64_t>(4, 0);
   std::vector<std::vector<int>> first_quorum = std::vector<std::vector<int>>(4);
 
+  // Rank r's options: the membership's heartbeat timeout, construction waiting for r alone.
   tr::zmq_options options(int rank, const mb::timeouts& t) {
-    tr::zmq_options o;
-    o.secret = secret;
-    o.heartbeat_interval = t.heartbeat_interval;
-    o.heartbeat_timeout = t.heartbeat_timeout;
+    tr::zmq_options o = cadence_zmq_test::thread_options(rank, box, t.heartbeat_timeout);
     o.wait_for = tr::zmq_wait_for::self;
-    if (rank == 0) {
-      o.rendezvous = "tcp://127.0.0.1:0";
-      o.on_rendezvous_bound = [this](const std::string& a) {
-        std::lock_guard<std::mutex> lock(m);
-        address = a;
-        cv.notify_all();
-      };
-    } else {
-      std::unique_lock<std::mutex> lock(m);
-      cv.wait(lock, [&] { return !address.empty(); });
-      o.rendezvous = address;
-    }
     return o;
   }
   void fail(const std::string& what) {
