@@ -17,6 +17,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace cadence::exchange {
 /// \addtogroup exchange
@@ -38,26 +39,26 @@ enum class outer_codec : std::uint8_t {
 /// Elements that share one scale in the int8 and int4 formats.
 inline constexpr std::size_t codec_block = 128;
 
+namespace detail {
+// Every codec with its name, which outer_codec_name gives and parse_outer_codec reads.
+inline constexpr std::pair<outer_codec, const char*> outer_codec_names[] = {
+    {outer_codec::f32, "f32"}, {outer_codec::bf16, "bf16"}, {outer_codec::fp16, "fp16"},
+    {outer_codec::int8, "int8"}, {outer_codec::int4, "int4"}};
+}  // namespace detail
+
 /// The name of `c`: "f32", "bf16", "fp16", "int8" or "int4".
 constexpr const char* outer_codec_name(outer_codec c) noexcept {
-  switch (c) {
-    case outer_codec::f32: return "f32";
-    case outer_codec::bf16: return "bf16";
-    case outer_codec::fp16: return "fp16";
-    case outer_codec::int8: return "int8";
-    case outer_codec::int4: return "int4";
-  }
+  for (const auto& e : detail::outer_codec_names)
+    if (e.first == c) return e.second;
   return "unknown codec";
 }
 
 /// The codec `name` names ("f32" or "none", "bf16", "fp16", "int8", "int4"); throws
 /// parse_error naming it and the valid names.
 inline outer_codec parse_outer_codec(std::string_view name) {
-  if (name == "f32" || name == "none") return outer_codec::f32;
-  if (name == "bf16") return outer_codec::bf16;
-  if (name == "fp16") return outer_codec::fp16;
-  if (name == "int8") return outer_codec::int8;
-  if (name == "int4") return outer_codec::int4;
+  if (name == "none") return outer_codec::f32;
+  for (const auto& e : detail::outer_codec_names)
+    if (name == e.second) return e.first;
   throw parse_error("cadence: unknown codec '" + std::string(name) + "' (valid: f32, none, bf16, fp16, int8, int4)");
 }
 
@@ -208,6 +209,49 @@ void decode_blocks(const unsigned char* in, std::size_t n, float* out) noexcept 
   }
 }
 
+// The 2-byte formats (bf16, fp16): element i is the 16 bits at 2 i, Narrow(x) of x and Widen(h)
+// back.
+template <std::uint16_t (*Narrow)(float) noexcept>
+void encode_16(const float* in, std::size_t n, unsigned char* out) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t h = Narrow(in[i]);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+template <float (*Widen)(std::uint16_t) noexcept>
+void decode_16(const unsigned char* in, std::size_t n, float* out) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, in + 2 * i, 2);
+    out[i] = Widen(h);
+  }
+}
+
+// The two directions of every format but f32 (a plain copy either way), so that encode and
+// decode share one dispatch on the codec.
+struct encoding {
+  static constexpr auto bf16 = encode_16<bf16_from_float>;
+  static constexpr auto fp16 = encode_16<half_from_float>;
+  static constexpr auto int8 = encode_blocks<127>;
+  static constexpr auto int4 = encode_blocks<7>;
+};
+struct decoding {
+  static constexpr auto bf16 = decode_16<float_from_bf16>;
+  static constexpr auto fp16 = decode_16<float_from_half>;
+  static constexpr auto int8 = decode_blocks<127>;
+  static constexpr auto int4 = decode_blocks<7>;
+};
+template <class Direction, class In, class Out>
+void transcode(outer_codec c, const In* in, std::size_t n, Out* out) noexcept {
+  switch (c) {
+    case outer_codec::f32: std::memcpy(out, in, 4 * n); return;
+    case outer_codec::bf16: Direction::bf16(in, n, out); return;
+    case outer_codec::fp16: Direction::fp16(in, n, out); return;
+    case outer_codec::int8: Direction::int8(in, n, out); return;
+    case outer_codec::int4: Direction::int4(in, n, out); return;
+  }
+}
+
 }  // namespace detail
 
 /// Writes `n` floats from `in` in format `c` to `out` (encoded_bytes(c, n) bytes). int8 and
@@ -215,46 +259,12 @@ void decode_blocks(const unsigned char* in, std::size_t n, float* out) noexcept 
 /// magnitude is 0 encodes as zeros, one holding a NaN or an infinity decodes as NaNs (a diverged
 /// run stays visible).
 inline void encode(outer_codec c, const float* in, std::size_t n, unsigned char* out) noexcept {
-  switch (c) {
-    case outer_codec::f32: std::memcpy(out, in, 4 * n); return;
-    case outer_codec::bf16:
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::uint16_t h = detail::bf16_from_float(in[i]);
-        std::memcpy(out + 2 * i, &h, 2);
-      }
-      return;
-    case outer_codec::fp16:
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::uint16_t h = detail::half_from_float(in[i]);
-        std::memcpy(out + 2 * i, &h, 2);
-      }
-      return;
-    case outer_codec::int8: detail::encode_blocks<127>(in, n, out); return;
-    case outer_codec::int4: detail::encode_blocks<7>(in, n, out); return;
-  }
+  detail::transcode<detail::encoding>(c, in, n, out);
 }
 
 /// Reads `n` floats in format `c` from `in` into `out`.
 inline void decode(outer_codec c, const unsigned char* in, std::size_t n, float* out) noexcept {
-  switch (c) {
-    case outer_codec::f32: std::memcpy(out, in, 4 * n); return;
-    case outer_codec::bf16:
-      for (std::size_t i = 0; i < n; ++i) {
-        std::uint16_t h;
-        std::memcpy(&h, in + 2 * i, 2);
-        out[i] = detail::float_from_bf16(h);
-      }
-      return;
-    case outer_codec::fp16:
-      for (std::size_t i = 0; i < n; ++i) {
-        std::uint16_t h;
-        std::memcpy(&h, in + 2 * i, 2);
-        out[i] = detail::float_from_half(h);
-      }
-      return;
-    case outer_codec::int8: detail::decode_blocks<127>(in, n, out); return;
-    case outer_codec::int4: detail::decode_blocks<7>(in, n, out); return;
-  }
+  detail::transcode<detail::decoding>(c, in, n, out);
 }
 
 /// @}
