@@ -199,6 +199,30 @@ inline float outer_field(std::string_view spec, std::string_view field, const ch
                              number_text(lo) + ", " + number_text(hi) + (hi_open ? ")" : "]"));
   return static_cast<float>(v);
 }
+
+// One field of an outer optimizer's spec: where it goes, its name and its range (open or closed
+// at either end).
+template <class O>
+struct outer_param {
+  float O::*member;
+  const char* name;
+  double lo, hi;
+  bool lo_open, hi_open;
+};
+
+// The optimizer of kind O with the fields after the kind, f[1], f[2], ..., read into `params` in
+// order (those not given keep O's defaults); more fields than params fail with `takes`.
+template <class O, std::size_t N>
+O read_outer_params(std::string_view spec, const std::vector<std::string_view>& f, const outer_param<O> (&params)[N],
+                    const char* takes) {
+  if (f.size() > N + 1) bad_outer_spec(spec, takes);
+  O o;
+  for (std::size_t k = 1; k < f.size(); ++k) {
+    const outer_param<O>& p = params[k - 1];
+    o.*p.member = outer_field(spec, f[k], p.name, p.lo, p.hi, p.lo_open, p.hi_open);
+  }
+  return o;
+}
 }  // namespace detail
 
 /// The outer optimizer `spec` names: "sgd[:lr]" (lr 1), "nesterov[:lr[:momentum]]" (0.7, 0.9),
@@ -213,28 +237,21 @@ inline any_outer_optimizer make_outer_optimizer(std::string_view spec) {
     start = at + 1;
   }
   constexpr double big = 1e6;
-  if (f[0] == "sgd") {
-    if (f.size() > 2) detail::bad_outer_spec(spec, "sgd takes at most a learning rate");
-    outer_sgd o;
-    if (f.size() > 1) o.lr = detail::outer_field(spec, f[1], "lr", 0, big, true, false);
-    return o;
-  }
-  if (f[0] == "nesterov") {
-    if (f.size() > 3) detail::bad_outer_spec(spec, "nesterov takes at most lr and momentum");
-    outer_nesterov o;
-    if (f.size() > 1) o.lr = detail::outer_field(spec, f[1], "lr", 0, big, true, false);
-    if (f.size() > 2) o.momentum = detail::outer_field(spec, f[2], "momentum", 0, 1, false, true);
-    return o;
-  }
-  if (f[0] == "adam") {
-    if (f.size() > 5) detail::bad_outer_spec(spec, "adam takes at most lr, beta1, beta2 and eps");
-    outer_adam o;
-    if (f.size() > 1) o.lr = detail::outer_field(spec, f[1], "lr", 0, big, true, false);
-    if (f.size() > 2) o.beta1 = detail::outer_field(spec, f[2], "beta1", 0, 1, false, true);
-    if (f.size() > 3) o.beta2 = detail::outer_field(spec, f[3], "beta2", 0, 1, false, true);
-    if (f.size() > 4) o.eps = detail::outer_field(spec, f[4], "eps", 0, 1, true, false);
-    return o;
-  }
+  if (f[0] == "sgd")
+    return detail::read_outer_params<outer_sgd>(spec, f, {{&outer_sgd::lr, "lr", 0, big, true, false}},
+                                                "sgd takes at most a learning rate");
+  if (f[0] == "nesterov")
+    return detail::read_outer_params<outer_nesterov>(spec, f,
+                                                     {{&outer_nesterov::lr, "lr", 0, big, true, false},
+                                                      {&outer_nesterov::momentum, "momentum", 0, 1, false, true}},
+                                                     "nesterov takes at most lr and momentum");
+  if (f[0] == "adam")
+    return detail::read_outer_params<outer_adam>(spec, f,
+                                                 {{&outer_adam::lr, "lr", 0, big, true, false},
+                                                  {&outer_adam::beta1, "beta1", 0, 1, false, true},
+                                                  {&outer_adam::beta2, "beta2", 0, 1, false, true},
+                                                  {&outer_adam::eps, "eps", 0, 1, true, false}},
+                                                 "adam takes at most lr, beta1, beta2 and eps");
   detail::bad_outer_spec(spec, "unknown kind '" + std::string(f[0]) + "'");
 }
 
