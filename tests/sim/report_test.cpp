@@ -81,12 +81,11 @@ TEST_CASE("the table and the JSON show an elasticbsp run's barriers and superste
   std::ostringstream table, json;
   write_table(table, {m});
   write_json(json, {m});
-  char superstep[64];
-  std::snprintf(superstep, sizeof superstep, "%llu-%llu (%llu+%llu)",
-                static_cast<unsigned long long>(m.superstep_iterations_min),
-                static_cast<unsigned long long>(m.superstep_iterations_max),
-                static_cast<unsigned long long>(m.superstep_monitoring_max),
-                static_cast<unsigned long long>(m.superstep_planned_max));
+  // The superstep column: "MIN-MAX (MONITORING+PLANNED)".
+  const std::string superstep = std::to_string(m.superstep_iterations_min) + "-" +
+                                std::to_string(m.superstep_iterations_max) + " (" +
+                                std::to_string(m.superstep_monitoring_max) + "+" +
+                                std::to_string(m.superstep_planned_max) + ")";
   CHECK(table.str().find(superstep) != std::string::npos);
   CHECK(json.str().find("\"barriers\": " + std::to_string(*m.barriers) + ",") != std::string::npos);
   CHECK(json.str().find("\"superstep_planned_max\": " + std::to_string(m.superstep_planned_max) + ",") !=

@@ -6,6 +6,7 @@
 
 #include <cadence/controllers/elastic_planner.hpp>
 #include <cadence/core/error.hpp>
+#include <cadence/sim/detail/run.hpp>
 #include <cadence/sim/random.hpp>
 #include <cadence/sim/report.hpp>
 #include <cadence/sim/scenario.hpp>
@@ -52,6 +53,19 @@ struct collective_metrics {
   std::uint64_t bsp_barriers = 0;
 };
 
+namespace detail {
+
+// The columns of write_collective_json and write_collective_csv, in order, with one run's values.
+inline row collective_row(const collective_metrics& r) {
+  row v = run_row("mode", r.mode, r);
+  v.add("wait_seconds", r.wait_seconds).add("wait_fraction", r.wait_fraction);
+  v.add("allreduce_fraction", r.allreduce_fraction).add("barriers", r.barriers);
+  v.add("steps_per_barrier", r.steps_per_barrier).add("max_local_steps", r.max_local_steps);
+  return v.add("bsp_barriers", r.bsp_barriers);
+}
+
+}  // namespace detail
+
 /// How simulate_collective runs, beside the mode and the scenario.
 struct collective_options {
   /// Seconds of one merge all-reduce; negative: the links' cost (link_allreduce_seconds).
@@ -93,6 +107,18 @@ inline std::size_t fixed_period(std::string_view mode) {
                     "'; expected bsp, periodic:<k> or elastic:<R>[:<predictor>][:<variant>]");
 }
 
+// What a collective mode runs for n ranks: every rank `period` local steps a round, or, for
+// "elastic:...", period 0 and the planner that sets each round's steps.
+struct collective_schedule {
+  std::size_t period;
+  std::unique_ptr<exchange::elastic_planner> planner;
+};
+inline collective_schedule parse_collective_mode(std::string_view mode, std::size_t n) {
+  const std::size_t period = fixed_period(mode);
+  if (period != 0) return {period, nullptr};
+  return {0, std::make_unique<exchange::elastic_planner>(mode, n)};
+}
+
 }  // namespace detail
 
 /// Simulates `mode` ("bsp", "periodic:<k>", "elastic:<R>[:...]") on an all-reduce cluster: all
@@ -108,25 +134,15 @@ inline collective_metrics simulate_collective(std::string_view mode, const scena
                                               const collective_options& opt = {}) {
   validate(s);
   const std::size_t n = s.workers.size();
-  const std::size_t period = detail::fixed_period(mode);
-  std::unique_ptr<exchange::elastic_planner> planner;
-  if (period == 0) planner = std::make_unique<exchange::elastic_planner>(mode, n);
+  auto [period, planner] = detail::parse_collective_mode(mode, n);
   const double cost = opt.allreduce_seconds >= 0 ? opt.allreduce_seconds : link_allreduce_seconds(s);
 
   collective_metrics m;
   m.mode = planner ? planner->config() : std::string(mode);
-  m.scenario = s.name;
-  m.seed = s.seed;
-  m.workers = n;
-
-  std::vector<iteration_sampler> sampler;
-  sampler.reserve(n);
-  for (std::size_t p = 0; p < n; ++p) sampler.emplace_back(s.workers[p], mix_seed(s.seed, p));
-  const std::size_t history = planner ? planner->history() : 0;
+  std::vector<iteration_sampler> sampler = detail::start_run(s, m);
   const std::size_t w = planner ? planner->record_words() : 0;
   std::vector<std::int64_t> records(n * w, 0);
-  std::vector<std::vector<std::int64_t>> ring(n, std::vector<std::int64_t>(history, 0));
-  std::vector<std::uint64_t> recorded(n, 0);
+  detail::step_history durations(n, planner ? planner->history() : 0);
   exchange::elastic_round round;
   if (planner) round = planner->bsp_round(0);
   std::vector<double> end(n);
@@ -145,12 +161,7 @@ inline collective_metrics simulate_collective(std::string_view mode, const scena
       for (std::int64_t i = 0; i < steps[p]; ++i) {
         const double d = sampler[p].next(t);
         t += d;
-        if (planner) {
-          const double us = std::ceil(d * 1e6);
-          ring[p][recorded[p] % history] =
-              static_cast<std::int64_t>(std::clamp(us, 1.0, 1e12));
-          ++recorded[p];
-        }
+        if (planner) durations.record(p, d);
       }
       end[p] = t;
       last = std::max(last, t);
@@ -168,9 +179,7 @@ inline collective_metrics simulate_collective(std::string_view mode, const scena
       for (std::size_t p = 0; p < n; ++p) {
         std::int64_t* rec = records.data() + p * w;
         rec[0] = steps[p];
-        const std::size_t have = static_cast<std::size_t>(std::min<std::uint64_t>(recorded[p], history));
-        rec[1] = static_cast<std::int64_t>(have);
-        for (std::size_t i = 0; i < have; ++i) rec[2 + i] = ring[p][(recorded[p] - have + i) % history];
+        durations.write(p, rec + 1, rec + 2);
       }
       round = planner->plan(records, round.barrier + 1);
     }
@@ -181,10 +190,10 @@ inline collective_metrics simulate_collective(std::string_view mode, const scena
   }
   m.simulated_seconds = timed ? s.seconds : t0;
   const double rank_seconds = static_cast<double>(n) * m.simulated_seconds;
-  m.steps_per_second = m.simulated_seconds > 0 ? static_cast<double>(m.steps) / m.simulated_seconds : 0;
+  m.steps_per_second = detail::per_second(static_cast<double>(m.steps), m.simulated_seconds);
   m.wait_seconds = wait;
-  m.wait_fraction = rank_seconds > 0 ? wait / rank_seconds : 0;
-  m.allreduce_fraction = m.simulated_seconds > 0 ? static_cast<double>(m.barriers) * cost / m.simulated_seconds : 0;
+  m.wait_fraction = detail::per_second(wait, rank_seconds);
+  m.allreduce_fraction = detail::per_second(static_cast<double>(m.barriers) * cost, m.simulated_seconds);
   m.steps_per_barrier = m.barriers > 0 ? static_cast<double>(m.steps) / static_cast<double>(m.barriers * n) : 0;
   if (opt.progress) opt.progress(1.0);
   return m;
@@ -193,51 +202,25 @@ inline collective_metrics simulate_collective(std::string_view mode, const scena
 /// Writes runs to os as an aligned table, one row per run: mode, steps/s, wait %,
 /// all-reduce %, barriers, steps per barrier.
 inline void write_collective_table(std::ostream& os, const std::vector<collective_metrics>& runs) {
-  char line[256];
-  std::snprintf(line, sizeof line, "%-26s %10s %7s %7s %9s %10s %9s\n", "mode", "steps/s", "wait%",
-                "comm%", "barriers", "steps/bar", "max local");
-  os << line;
-  for (const auto& r : runs) {
-    std::snprintf(line, sizeof line, "%-26s %10.1f %6.1f%% %6.1f%% %9llu %10.2f %9lld\n",
-                  r.mode.c_str(), r.steps_per_second, 100 * r.wait_fraction,
-                  100 * r.allreduce_fraction, static_cast<unsigned long long>(r.barriers),
-                  r.steps_per_barrier, static_cast<long long>(r.max_local_steps));
-    os << line;
-  }
+  os << detail::table_line<256>("%-26s %10s %7s %7s %9s %10s %9s\n", "mode", "steps/s", "wait%", "comm%",
+                                "barriers", "steps/bar", "max local");
+  for (const auto& r : runs)
+    os << detail::table_line<256>("%-26s %10.1f %6.1f%% %6.1f%% %9llu %10.2f %9lld\n", r.mode.c_str(),
+                                  r.steps_per_second, 100 * r.wait_fraction, 100 * r.allreduce_fraction,
+                                  static_cast<unsigned long long>(r.barriers), r.steps_per_barrier,
+                                  static_cast<long long>(r.max_local_steps));
 }
 
 /// Writes runs to os as one JSON array, one object per run with every field of
 /// collective_metrics under its own name; ends with a newline.
 inline void write_collective_json(std::ostream& os, const std::vector<collective_metrics>& runs) {
-  using detail::format_number;
-  os << "[";
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    const auto& r = runs[i];
-    os << (i ? ",\n " : "\n ") << "{\"mode\": " << detail::json_string(r.mode)
-       << ", \"scenario\": " << detail::json_string(r.scenario) << ", \"seed\": " << r.seed
-       << ", \"workers\": " << r.workers << ", \"simulated_seconds\": " << format_number(r.simulated_seconds)
-       << ", \"steps\": " << r.steps << ", \"steps_per_second\": " << format_number(r.steps_per_second)
-       << ", \"wait_seconds\": " << format_number(r.wait_seconds)
-       << ", \"wait_fraction\": " << format_number(r.wait_fraction)
-       << ", \"allreduce_fraction\": " << format_number(r.allreduce_fraction)
-       << ", \"barriers\": " << r.barriers << ", \"steps_per_barrier\": " << format_number(r.steps_per_barrier)
-       << ", \"max_local_steps\": " << r.max_local_steps << ", \"bsp_barriers\": " << r.bsp_barriers << "}";
-  }
-  os << "\n]\n";
+  detail::write_json_rows(os, runs, detail::collective_row);
 }
 
 /// Writes runs to os as CSV: a header row and one row per run, the same fields as
 /// write_collective_json.
 inline void write_collective_csv(std::ostream& os, const std::vector<collective_metrics>& runs) {
-  using detail::format_number;
-  os << "mode,scenario,seed,workers,simulated_seconds,steps,steps_per_second,wait_seconds,"
-        "wait_fraction,allreduce_fraction,barriers,steps_per_barrier,max_local_steps,bsp_barriers\n";
-  for (const auto& r : runs)
-    os << r.mode << "," << r.scenario << "," << r.seed << "," << r.workers << ","
-       << format_number(r.simulated_seconds) << "," << r.steps << "," << format_number(r.steps_per_second)
-       << "," << format_number(r.wait_seconds) << "," << format_number(r.wait_fraction) << ","
-       << format_number(r.allreduce_fraction) << "," << r.barriers << ","
-       << format_number(r.steps_per_barrier) << "," << r.max_local_steps << "," << r.bsp_barriers << "\n";
+  detail::write_csv_rows(os, runs, detail::collective_row);
 }
 
 /// @}

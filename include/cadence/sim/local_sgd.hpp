@@ -11,6 +11,7 @@
 #include <cadence/exchange/local_sgd/detail/coded_allreduce.hpp>
 #include <cadence/exchange/local_sgd/options.hpp>
 #include <cadence/exchange/local_sgd/schedule.hpp>
+#include <cadence/sim/detail/run.hpp>
 #include <cadence/sim/random.hpp>
 #include <cadence/sim/report.hpp>
 #include <cadence/sim/scenario.hpp>
@@ -51,6 +52,18 @@ struct local_sgd_metrics {
   std::uint64_t stale_contributions = 0;  ///< contributions that came late (quorum)
   std::int64_t max_local_steps = 0;       ///< the most inner steps a rank ran between syncs
 };
+
+namespace detail {
+
+// The columns of write_local_sgd_json and write_local_sgd_csv, in order, with one run's values.
+inline row local_sgd_row(const local_sgd_metrics& r) {
+  row v = run_row("config", r.config, r);
+  v.add("idle_seconds", r.idle_seconds).add("idle_fraction", r.idle_fraction).add("syncs", r.syncs);
+  v.add("bytes_per_worker", r.bytes_per_worker).add("bytes_per_second", r.bytes_per_second);
+  return v.add("stale_contributions", r.stale_contributions).add("max_local_steps", r.max_local_steps);
+}
+
+}  // namespace detail
 
 /// The network and model of simulate_local_sgd.
 struct local_sgd_sim_options {
@@ -120,14 +133,9 @@ inline local_sgd_metrics simulate_local_sgd(std::string_view config, const scena
     o.schedule = sched.config();
     m.config = exchange::diloco_config_string(o, c.outer);
   }
-  m.scenario = s.name;
-  m.seed = s.seed;
-  m.workers = n;
+  std::vector<iteration_sampler> sampler = detail::start_run(s, m);
   const bool timed = s.seconds > 0;
   const std::uint64_t target = timed ? 0 : s.iterations;
-  std::vector<iteration_sampler> sampler;
-  sampler.reserve(n);
-  for (std::size_t p = 0; p < n; ++p) sampler.emplace_back(s.workers[p], mix_seed(s.seed, p));
   std::vector<double> clock(n, 0.0);
   std::vector<std::uint64_t> done(n, 0);
   double idle = 0;
@@ -190,13 +198,12 @@ inline local_sgd_metrics simulate_local_sgd(std::string_view config, const scena
     m.max_local_steps = static_cast<std::int64_t>(h);
   } else {
     // ---- timed: the plan's steps from a common start, then records and the whole model ----
-    const std::size_t w = sched.record_words(), history = sched.history();
+    const std::size_t w = sched.record_words();
     const double records_seconds =
         static_cast<double>(n - 1) * (opt.latency_seconds + static_cast<double>(w * 8) / bw);
     const double model_seconds = detail::ring_seconds(codec, elems, n, bw, opt.latency_seconds);
     exchange::outer_plan plan = sched.first_plan();
-    std::vector<std::vector<std::int64_t>> ring(n, std::vector<std::int64_t>(history, 0));
-    std::vector<std::uint64_t> recorded(n, 0);
+    detail::step_history durations(n, sched.history());
     std::vector<std::int64_t> progress(n, 0), carried(n, 0), records(n * w, 0);
     double t0 = 0;
     while (!over()) {
@@ -208,8 +215,7 @@ inline local_sgd_metrics simulate_local_sgd(std::string_view config, const scena
           const double d = sampler[p].next(clock[p]);
           clock[p] += d;
           if (!timed || clock[p] <= s.seconds) ++within[p];
-          ring[p][recorded[p] % history] = static_cast<std::int64_t>(std::clamp(std::ceil(d * 1e6), 1.0, 1e12));
-          ++recorded[p];
+          durations.record(p, d);
         }
         last = std::max(last, clock[p]);
       }
@@ -231,10 +237,7 @@ inline local_sgd_metrics simulate_local_sgd(std::string_view config, const scena
         rec[exchange::outer_record::carried] = carried[p];
         rec[exchange::outer_record::contributes] = plan.contributes[p];
         rec[exchange::outer_record::hash] = static_cast<std::int64_t>(plan.hash);
-        const std::size_t have = static_cast<std::size_t>(std::min<std::uint64_t>(recorded[p], history));
-        rec[exchange::outer_record::have] = static_cast<std::int64_t>(have);
-        for (std::size_t i = 0; i < have; ++i)
-          rec[exchange::outer_record::head + i] = ring[p][(recorded[p] - have + i) % history];
+        durations.write(p, rec + exchange::outer_record::have, rec + exchange::outer_record::head);
         if (plan.contributes[p] != 0 && carried[p] > 0) ++m.stale_contributions;
       }
       idle += static_cast<double>(n) * cost;
@@ -256,62 +259,36 @@ inline local_sgd_metrics simulate_local_sgd(std::string_view config, const scena
   m.simulated_seconds = timed ? s.seconds : *std::max_element(clock.begin(), clock.end());
   for (const std::uint64_t d : done) m.steps += d;
   const double rank_seconds = static_cast<double>(n) * m.simulated_seconds;
-  m.steps_per_second = m.simulated_seconds > 0 ? static_cast<double>(m.steps) / m.simulated_seconds : 0;
+  m.steps_per_second = detail::per_second(static_cast<double>(m.steps), m.simulated_seconds);
   m.idle_seconds = idle;
-  m.idle_fraction = rank_seconds > 0 ? idle / rank_seconds : 0;
-  m.bytes_per_second = m.simulated_seconds > 0 ? static_cast<double>(m.bytes_per_worker) / m.simulated_seconds : 0;
+  m.idle_fraction = detail::per_second(idle, rank_seconds);
+  m.bytes_per_second = detail::per_second(static_cast<double>(m.bytes_per_worker), m.simulated_seconds);
   return m;
 }
 
 /// Writes runs to os as an aligned table, one row per run: config, steps/s, idle %, syncs,
 /// MB rank 0 sent, MB/s, stale contributions, most local steps.
 inline void write_local_sgd_table(std::ostream& os, const std::vector<local_sgd_metrics>& runs) {
-  char line[320];
-  std::snprintf(line, sizeof line, "%-44s %9s %6s %6s %11s %9s %6s %9s\n", "config", "steps/s", "idle%", "syncs",
-                "MB sent", "MB/s", "stale", "max local");
-  os << line;
-  for (const auto& r : runs) {
-    std::snprintf(line, sizeof line, "%-44s %9.1f %5.1f%% %6llu %11.2f %9.3f %6llu %9lld\n", r.config.c_str(),
-                  r.steps_per_second, 100 * r.idle_fraction, static_cast<unsigned long long>(r.syncs),
-                  static_cast<double>(r.bytes_per_worker) / 1e6, r.bytes_per_second / 1e6,
-                  static_cast<unsigned long long>(r.stale_contributions), static_cast<long long>(r.max_local_steps));
-    os << line;
-  }
+  os << detail::table_line<320>("%-44s %9s %6s %6s %11s %9s %6s %9s\n", "config", "steps/s", "idle%", "syncs",
+                                "MB sent", "MB/s", "stale", "max local");
+  for (const auto& r : runs)
+    os << detail::table_line<320>("%-44s %9.1f %5.1f%% %6llu %11.2f %9.3f %6llu %9lld\n", r.config.c_str(),
+                                  r.steps_per_second, 100 * r.idle_fraction, static_cast<unsigned long long>(r.syncs),
+                                  static_cast<double>(r.bytes_per_worker) / 1e6, r.bytes_per_second / 1e6,
+                                  static_cast<unsigned long long>(r.stale_contributions),
+                                  static_cast<long long>(r.max_local_steps));
 }
 
 /// Writes runs to os as one JSON array, one object per run with every field of
 /// local_sgd_metrics under its own name; ends with a newline.
 inline void write_local_sgd_json(std::ostream& os, const std::vector<local_sgd_metrics>& runs) {
-  using detail::format_number;
-  os << "[";
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    const auto& r = runs[i];
-    os << (i ? ",\n " : "\n ") << "{\"config\": " << detail::json_string(r.config)
-       << ", \"scenario\": " << detail::json_string(r.scenario) << ", \"seed\": " << r.seed
-       << ", \"workers\": " << r.workers << ", \"simulated_seconds\": " << format_number(r.simulated_seconds)
-       << ", \"steps\": " << r.steps << ", \"steps_per_second\": " << format_number(r.steps_per_second)
-       << ", \"idle_seconds\": " << format_number(r.idle_seconds)
-       << ", \"idle_fraction\": " << format_number(r.idle_fraction) << ", \"syncs\": " << r.syncs
-       << ", \"bytes_per_worker\": " << r.bytes_per_worker
-       << ", \"bytes_per_second\": " << format_number(r.bytes_per_second)
-       << ", \"stale_contributions\": " << r.stale_contributions << ", \"max_local_steps\": " << r.max_local_steps
-       << "}";
-  }
-  os << "\n]\n";
+  detail::write_json_rows(os, runs, detail::local_sgd_row);
 }
 
 /// Writes runs to os as CSV: a header row and one row per run, the same fields as
 /// write_local_sgd_json (the config quoted: it holds commas).
 inline void write_local_sgd_csv(std::ostream& os, const std::vector<local_sgd_metrics>& runs) {
-  using detail::format_number;
-  os << "config,scenario,seed,workers,simulated_seconds,steps,steps_per_second,idle_seconds,idle_fraction,syncs,"
-        "bytes_per_worker,bytes_per_second,stale_contributions,max_local_steps\n";
-  for (const auto& r : runs)
-    os << '"' << r.config << "\"," << r.scenario << "," << r.seed << "," << r.workers << ","
-       << format_number(r.simulated_seconds) << "," << r.steps << "," << format_number(r.steps_per_second) << ","
-       << format_number(r.idle_seconds) << "," << format_number(r.idle_fraction) << "," << r.syncs << ","
-       << r.bytes_per_worker << "," << format_number(r.bytes_per_second) << "," << r.stale_contributions << ","
-       << r.max_local_steps << "\n";
+  detail::write_csv_rows(os, runs, detail::local_sgd_row, "config");
 }
 
 /// @}

@@ -448,60 +448,46 @@ inline membership_metrics simulate_membership(const membership_model& m, const m
 /// standard error, the closed form, the lost-work ideal, reconfigurations per hour and the
 /// shares of time in reconfiguration, detection and transfer.
 inline void write_membership_table(std::ostream& os, const std::vector<membership_metrics>& runs) {
-  char line[256];
-  std::snprintf(line, sizeof line, "%8s %10s %19s %9s %9s %9s %7s %7s %7s %7s\n", "workers", "faults/h",
-                "simulated +- s.e.", "closed", "ideal", "reconf/h", "reconf%", "detect%", "xfer%", "overlap");
-  os << line;
+  os << detail::table_line<256>("%8s %10s %19s %9s %9s %9s %7s %7s %7s %7s\n", "workers", "faults/h",
+                                "simulated +- s.e.", "closed", "ideal", "reconf/h", "reconf%", "detect%", "xfer%",
+                                "overlap");
   for (const auto& r : runs) {
     const double hours = r.simulated_seconds / 3600;
-    std::snprintf(line, sizeof line, "%8zu %10.3g %8.3f%% +-%-8.2g %8.3f%% %8.3f%% %9.3g %6.2f%% %6.2f%% %6.2f%% %7.3f%s\n",
-                  r.workers, hours > 0 ? static_cast<double>(r.faults) / hours : 0.0, 100 * r.efficiency,
-                  100 * r.efficiency_stderr, 100 * r.expected_efficiency, 100 * r.lost_work_ideal,
-                  hours > 0 ? static_cast<double>(r.reconfigurations) / hours : 0.0, 100 * r.reconfiguration_fraction,
-                  100 * r.detection_fraction, 100 * r.transfer_fraction, r.overlap,
-                  r.quorum_lost ? "  quorum lost" : "");
-    os << line;
+    os << detail::table_line<256>("%8zu %10.3g %8.3f%% +-%-8.2g %8.3f%% %8.3f%% %9.3g %6.2f%% %6.2f%% %6.2f%% %7.3f%s\n",
+                                  r.workers, hours > 0 ? static_cast<double>(r.faults) / hours : 0.0,
+                                  100 * r.efficiency, 100 * r.efficiency_stderr, 100 * r.expected_efficiency,
+                                  100 * r.lost_work_ideal, hours > 0 ? static_cast<double>(r.reconfigurations) / hours : 0.0,
+                                  100 * r.reconfiguration_fraction, 100 * r.detection_fraction, 100 * r.transfer_fraction,
+                                  r.overlap, r.quorum_lost ? "  quorum lost" : "");
   }
 }
+
+namespace detail {
+
+// The columns of write_membership_json and write_membership_csv, in order, with one run's values.
+inline row membership_row(const membership_metrics& r) {
+  row v;
+  v.add("workers", r.workers).add("mtbf_seconds", r.mtbf_seconds).add("seed", r.seed);
+  v.add("simulated_seconds", r.simulated_seconds).add("faults", r.faults).add("efficiency", r.efficiency);
+  v.add("efficiency_stderr", r.efficiency_stderr).add("expected_efficiency", r.expected_efficiency);
+  v.add("lost_work_ideal", r.lost_work_ideal).add("overlap", r.overlap).add("failed_syncs", r.failed_syncs);
+  v.add("discarded_syncs", r.discarded_syncs).add("reconfigurations", r.reconfigurations).add("admitted", r.admitted);
+  v.add("reconfiguration_fraction", r.reconfiguration_fraction).add("detection_fraction", r.detection_fraction);
+  v.add("transfer_fraction", r.transfer_fraction).add("mean_quorum", r.mean_quorum);
+  return v.add("quorum_lost", r.quorum_lost);
+}
+
+}  // namespace detail
 
 /// Writes `runs` to `os` as one JSON array, one object per run with every field of membership_metrics
 /// under its own name; ends with a newline.
 inline void write_membership_json(std::ostream& os, const std::vector<membership_metrics>& runs) {
-  using detail::format_number;
-  os << "[";
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    const auto& r = runs[i];
-    os << (i ? ",\n " : "\n ") << "{\"workers\": " << r.workers << ", \"mtbf_seconds\": " << format_number(r.mtbf_seconds)
-       << ", \"seed\": " << r.seed << ", \"simulated_seconds\": " << format_number(r.simulated_seconds)
-       << ", \"faults\": " << r.faults << ", \"efficiency\": " << format_number(r.efficiency)
-       << ", \"efficiency_stderr\": " << format_number(r.efficiency_stderr)
-       << ", \"expected_efficiency\": " << format_number(r.expected_efficiency)
-       << ", \"lost_work_ideal\": " << format_number(r.lost_work_ideal) << ", \"overlap\": " << format_number(r.overlap)
-       << ", \"failed_syncs\": " << r.failed_syncs << ", \"discarded_syncs\": " << r.discarded_syncs
-       << ", \"reconfigurations\": " << r.reconfigurations << ", \"admitted\": " << r.admitted
-       << ", \"reconfiguration_fraction\": " << format_number(r.reconfiguration_fraction)
-       << ", \"detection_fraction\": " << format_number(r.detection_fraction)
-       << ", \"transfer_fraction\": " << format_number(r.transfer_fraction)
-       << ", \"mean_quorum\": " << format_number(r.mean_quorum)
-       << ", \"quorum_lost\": " << (r.quorum_lost ? "true" : "false") << "}";
-  }
-  os << "\n]\n";
+  detail::write_json_rows(os, runs, detail::membership_row);
 }
 
 /// Writes `runs` to `os` as CSV: a header row and one row per run, the fields of write_membership_json.
 inline void write_membership_csv(std::ostream& os, const std::vector<membership_metrics>& runs) {
-  using detail::format_number;
-  os << "workers,mtbf_seconds,seed,simulated_seconds,faults,efficiency,efficiency_stderr,expected_efficiency,"
-        "lost_work_ideal,overlap,failed_syncs,discarded_syncs,reconfigurations,admitted,reconfiguration_fraction,"
-        "detection_fraction,transfer_fraction,mean_quorum,quorum_lost\n";
-  for (const auto& r : runs)
-    os << r.workers << "," << format_number(r.mtbf_seconds) << "," << r.seed << "," << format_number(r.simulated_seconds)
-       << "," << r.faults << "," << format_number(r.efficiency) << "," << format_number(r.efficiency_stderr) << ","
-       << format_number(r.expected_efficiency) << "," << format_number(r.lost_work_ideal) << ","
-       << format_number(r.overlap) << "," << r.failed_syncs << "," << r.discarded_syncs << "," << r.reconfigurations
-       << "," << r.admitted << "," << format_number(r.reconfiguration_fraction) << ","
-       << format_number(r.detection_fraction) << "," << format_number(r.transfer_fraction) << ","
-       << format_number(r.mean_quorum) << "," << (r.quorum_lost ? "true" : "false") << "\n";
+  detail::write_csv_rows(os, runs, detail::membership_row);
 }
 
 /// @}
