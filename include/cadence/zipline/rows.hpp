@@ -61,11 +61,7 @@ public:
   /// n rows of r points each, row after row in data (n * r points). data must outlive the
   /// view.
   static constexpr rows_view matrix(const T* data, std::size_t n, std::size_t r) noexcept {
-    rows_view v;
-    v.values_ = data;
-    v.n_ = n;
-    v.width_ = r;
-    return v;
+    return rows_view(data, nullptr, nullptr, n, r);
   }
 
   /// Rows of different lengths in one array: row p is values[offsets[p]] up to
@@ -73,11 +69,7 @@ public:
   /// view.
   static constexpr rows_view ragged(const T* values, const std::size_t* offsets,
                                     std::size_t n) noexcept {
-    rows_view v;
-    v.values_ = values;
-    v.offsets_ = offsets;
-    v.n_ = n;
-    return v;
+    return rows_view(values, nullptr, offsets, n, 0);
   }
 
   /// Rows that are not in one allocation: row p at rows[p], its length offsets[p+1] -
@@ -85,11 +77,7 @@ public:
   /// rows and offsets must outlive the view.
   static constexpr rows_view separate(const T* const* rows, const std::size_t* offsets,
                                       std::size_t n) noexcept {
-    rows_view v;
-    v.rows_ = rows;
-    v.offsets_ = offsets;
-    v.n_ = n;
-    return v;
+    return rows_view(nullptr, rows, offsets, n, 0);
   }
 
   /// Number of rows (workers).
@@ -131,6 +119,11 @@ public:
   constexpr const T* const* row_pointers() const noexcept { return rows_; }
 
 private:
+  // What the three layouts set; each leaves what it does not use null (or 0).
+  constexpr rows_view(const T* values, const T* const* rows, const std::size_t* offsets, std::size_t n,
+                      std::size_t width) noexcept
+      : values_(values), rows_(rows), offsets_(offsets), n_(n), width_(width) {}
+
   const T* values_ = nullptr;
   const T* const* rows_ = nullptr;  // separate(): one pointer per row
   const std::size_t* offsets_ = nullptr;
@@ -168,6 +161,19 @@ bool zipline_span_ok(T lo, T hi) noexcept {
   }
 }
 
+/// How every validity pass starts row p: sets v and m to its points and their count, and returns
+/// whether it has any and, for floating point, finite first and last ones.
+template <class T>
+bool zipline_row_ends_valid(rows_view<T> rows, std::size_t p, const T*& v, std::size_t& m) noexcept {
+  m = rows.row_size(p);
+  if (m == 0) return false;
+  v = rows.row_data(p);
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(v[0]) || !std::isfinite(v[m - 1])) return false;
+  }
+  return true;
+}
+
 /// A branch-free pass over the input that returns true only if validate(rows) would not
 /// throw (callers that get false call validate for the exact error). Rows that are strictly
 /// increasing with a finite first and last element are finite throughout, so the inner loop
@@ -178,12 +184,9 @@ bool zipline_rows_valid(rows_view<T> rows) noexcept {
   if (n == 0) return false;
   T lo = T(), hi = T();
   for (std::size_t p = 0; p < n; ++p) {
-    const std::size_t m = rows.row_size(p);
-    if (m == 0) return false;
-    const T* const v = rows.row_data(p);
-    if constexpr (std::is_floating_point_v<T>) {
-      if (!std::isfinite(v[0]) || !std::isfinite(v[m - 1])) return false;
-    }
+    const T* v = nullptr;
+    std::size_t m = 0;
+    if (!zipline_row_ends_valid(rows, p, v, m)) return false;
     unsigned bad0 = 0, bad1 = 0, bad2 = 0, bad3 = 0;
     std::size_t i = 1;
     for (; i + 4 <= m; i += 4) {
@@ -316,12 +319,9 @@ bool zipline_rows_valid_gaps(rows_view<T> rows, T* gaps,
   T lo = T(), hi = T(), front = T(), back = T(), widest = T();
   std::size_t front_row = 0;
   for (std::size_t p = 0; p < n; ++p) {
-    const std::size_t m = rows.row_size(p);
-    if (m == 0) return false;
-    const T* const v = rows.row_data(p);
-    if constexpr (std::is_floating_point_v<T>) {
-      if (!std::isfinite(v[0]) || !std::isfinite(v[m - 1])) return false;
-    }
+    const T* v = nullptr;
+    std::size_t m = 0;
+    if (!zipline_row_ends_valid(rows, p, v, m)) return false;
     D gap = 0;
     if (!zipline_row_increasing(v, m, gap)) return false;
     const T row_gap = static_cast<T>(gap);
