@@ -58,29 +58,32 @@ inline auto zl_policy(thrust_zipline_workspace& ws, device_stream stream) {
 #endif
 }
 
+// One copy of count U between host and device memory, to the device or back to the host (the
+// CPU systems share one memory: a memcpy). A copy back waits for the stream, so the host can
+// read what it got.
 template <class U>
-void zl_to_device(U* dst, const U* src, std::size_t count, device_stream stream) {
+void zl_copy(U* dst, const U* src, std::size_t count, bool to_device, device_stream stream) {
   if (count == 0) return;
 #if CADENCE_THRUST_CUDA
-  cuda_check(cudaMemcpyAsync(dst, src, count * sizeof(U), cudaMemcpyHostToDevice, stream),
-             "cudaMemcpyAsync host to device");
+  cuda_check(cudaMemcpyAsync(dst, src, count * sizeof(U), to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                             stream),
+             to_device ? "cudaMemcpyAsync host to device" : "cudaMemcpyAsync device to host");
+  if (!to_device) cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 #else
+  (void)to_device;
   (void)stream;
   std::memcpy(dst, src, count * sizeof(U));
 #endif
 }
 
 template <class U>
+void zl_to_device(U* dst, const U* src, std::size_t count, device_stream stream) {
+  zl_copy(dst, src, count, true, stream);
+}
+
+template <class U>
 void zl_to_host(U* dst, const U* src, std::size_t count, device_stream stream) {
-  if (count == 0) return;
-#if CADENCE_THRUST_CUDA
-  cuda_check(cudaMemcpyAsync(dst, src, count * sizeof(U), cudaMemcpyDeviceToHost, stream),
-             "cudaMemcpyAsync device to host");
-  cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-#else
-  (void)stream;
-  std::memcpy(dst, src, count * sizeof(U));
-#endif
+  zl_copy(dst, src, count, false, stream);
 }
 
 // Runs f, turning Thrust's and CUDA's failures into cadence::device_error with the API, the
