@@ -196,25 +196,15 @@ public:
   work_type isend(const void* buf, std::size_t bytes, int dst, int tag) {
     const transport::detail::call_info c = call("send");
     transport::detail::check_send(c, buf, bytes, dst, tag, nullptr);
-    check_user_tag(c, tag);
-    before_p2p("send");
-    try {
-      return {core_, core_->comm().isend(buf, bytes, world(dst), core_->tag_map().user(tag)), dst};
-    } catch (const transport_error& e) {
-      core_->fail(std::string("send to member ") + std::to_string(dst) + " failed: " + e.what());
-    }
+    return start_p2p(c, "send to member ", dst, tag,
+                     [&](auto& comm, int peer, int t) { return comm.isend(buf, bytes, peer, t); });
   }
   /// recv() of `bytes` into `buf` from member `src` with `tag`, started.
   work_type irecv(void* buf, std::size_t bytes, int src, int tag) {
     const transport::detail::call_info c = call("recv");
     transport::detail::check_recv(c, buf, bytes, src, tag, nullptr, {false, false});
-    check_user_tag(c, tag);
-    before_p2p("recv");
-    try {
-      return {core_, core_->comm().irecv(buf, bytes, world(src), core_->tag_map().user(tag)), src};
-    } catch (const transport_error& e) {
-      core_->fail(std::string("receive from member ") + std::to_string(src) + " failed: " + e.what());
-    }
+    return start_p2p(c, "receive from member ", src, tag,
+                     [&](auto& comm, int peer, int t) { return comm.irecv(buf, bytes, peer, t); });
   }
 
   /// Fails every later call of this member (any thread).
@@ -248,36 +238,51 @@ private:
     if (!core_->in_transaction())
       throw invalid_parameter_error(std::string("cadence::membership: ") + what + " on a quorum view outside member::transact()");
   }
+  // What isend and irecv share once their arguments are checked: the tag and the transaction
+  // checks, then `start(comm, world rank, world tag)` on the member's communicator; a transport
+  // failure fails the sync with "<what><peer> failed: ...".
+  template <class Start>
+  work_type start_p2p(const transport::detail::call_info& c, const char* what, int peer, int tag, Start start) {
+    check_user_tag(c, tag);
+    before_p2p(c.op);
+    try {
+      return {core_, start(core_->comm(), world(peer), core_->tag_map().user(tag)), peer};
+    } catch (const transport_error& e) {
+      core_->fail(std::string(what) + std::to_string(peer) + " failed: " + e.what());
+    }
+  }
   int world(int view_rank) const { return core_->current().ranks[static_cast<std::size_t>(view_rank)]; }
 
   std::shared_ptr<detail::p2p_collective<C>> start_allreduce(const char* name, void* buf, std::size_t count, transport::dtype t,
                                              transport::reduce_op op, bool average, const transport::deadline* d) {
     const transport::detail::call_info c = call(name);
     transport::detail::check_allreduce(c, buf, count, t, op, average, d);
-    if (aborted_) throw transport_error(transport::detail::describe(c) + ": the view was aborted");
-    typename detail::p2p_collective<C>::params p;
-    p.kind = detail::op_kind::allreduce;
-    p.buf = buf;
-    p.count = count;
-    p.type = t;
-    p.rop = op;
-    p.average = average;
-    p.small_bytes = core_->options().small_bytes;
-    p.piece_bytes = core_->options().piece_bytes;
-    return core_->start_op(p, name);
+    return start_collective(c, name, detail::op_kind::allreduce, buf, count, [&](auto& p) {
+      p.type = t;
+      p.rop = op;
+      p.average = average;
+    });
   }
   std::shared_ptr<detail::p2p_collective<C>> start_broadcast(void* buf, std::size_t bytes, int root, const transport::deadline* d) {
     const transport::detail::call_info c = call("broadcast");
     transport::detail::check_broadcast(c, buf, bytes, root, d);
+    return start_collective(c, "broadcast", detail::op_kind::broadcast, buf, bytes, [&](auto& p) { p.root = root; });
+  }
+  // What every collective shares once its arguments are checked: fails on an aborted view, else
+  // starts `kind` over `count` at `buf` with the view's piece sizes; `extra` sets the rest.
+  template <class Extra>
+  std::shared_ptr<detail::p2p_collective<C>> start_collective(const transport::detail::call_info& c, const char* name,
+                                                               detail::op_kind kind, void* buf, std::size_t count,
+                                                               Extra extra) {
     if (aborted_) throw transport_error(transport::detail::describe(c) + ": the view was aborted");
     typename detail::p2p_collective<C>::params p;
-    p.kind = detail::op_kind::broadcast;
+    p.kind = kind;
     p.buf = buf;
-    p.count = bytes;
-    p.root = root;
+    p.count = count;
+    extra(p);
     p.small_bytes = core_->options().small_bytes;
     p.piece_bytes = core_->options().piece_bytes;
-    return core_->start_op(p, "broadcast");
+    return core_->start_op(p, name);
   }
 
   detail::core<C>* core_;
