@@ -85,10 +85,7 @@ using steady = std::chrono::steady_clock;
 using cadence::tools::usage_error;
 
 struct config : cadence_bench::common_config {
-  config() {
-    min_bytes = 1024;
-    max_bytes = std::size_t{16} << 20;
-  }
+  config() : common_config(1024, std::size_t{16} << 20) {}
   bool overlap = true;
   std::size_t part_bytes = bucketed_allreducer_options{}.part_bytes;  // bsp_allreduce's
   cadence_bench::copy_rates copy;  // the roofline's, measured before the ranks start

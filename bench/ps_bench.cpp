@@ -73,10 +73,7 @@ using steady = std::chrono::steady_clock;
 using cadence::tools::usage_error;
 
 struct config : cadence_bench::common_config {
-  config() {
-    min_bytes = 4 << 10;  // not a flag
-    max_bytes = 16 << 20;
-  }
+  config() : common_config(4 << 10, 16 << 20) {}  // min_bytes is not a flag
   bool bounce = true;
   bool gradient_buffer = false;  // mpi: push from ps_worker::gradient_buffer()
   bool sgd = false;

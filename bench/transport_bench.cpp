@@ -89,10 +89,7 @@ using namespace cadence::transport;
 using steady = std::chrono::steady_clock;
 
 struct config : cadence_bench::common_config {
-  config() {
-    min_bytes = 8;  // not a flag
-    max_bytes = std::size_t{64} << 20;
-  }
+  config() : common_config(8, std::size_t{64} << 20) {}  // min_bytes is not a flag
   bool bounce = true;
   bool verify = true;
   bool ring = true;

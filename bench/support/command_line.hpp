@@ -23,8 +23,11 @@
 namespace cadence_bench {
 
 /// What every such benchmark may take; a benchmark's config derives from it and sets the
-/// defaults of its own.
+/// defaults of its own (the buffer sizes it measures through the constructor).
 struct common_config {
+  common_config() = default;
+  common_config(std::size_t min, std::size_t max) : min_bytes(min), max_bytes(max) {}
+
   std::string backend;
   bool json = false;
   bool csv = false;
