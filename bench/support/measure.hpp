@@ -7,10 +7,9 @@
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
+#include <future>
 #include <mutex>
 #include <stdexcept>
-#include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -51,20 +50,17 @@ inline std::pair<double, double> median_pair(std::vector<std::pair<double, doubl
 /// any.
 template <class Body>
 void run_ranks_as_threads(int ranks, Body body) {
-  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
+  // A rank's future keeps what escaped it; every rank has ended before the first is rethrown.
+  std::vector<std::future<void>> ended;
+  for (int r = 0; r < ranks; ++r) ended.push_back(std::async(std::launch::async, [&body, r] { body(r); }));
+  for (auto& f : ended) f.wait();
+  for (auto& f : ended) {
+    try {
+      f.get();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(e.what());
+    }
   }
-  for (auto& t : threads) t.join();
-  for (const auto& e : errors)
-    if (!e.empty()) throw std::runtime_error(e);
 }
 
 /// Runs body(rank) for ranks 0..ranks-1 as run_ranks_as_threads does and returns what rank 0's
