@@ -92,20 +92,16 @@ options parse(int argc, char** argv, std::string& help) {
                  "fault is absorbed, so the job cannot end under a joiner); the members decide\n"
                  "together in each sync, so all stop after the same one")
       ->option_text("F");
-  cli.add_option("--step-ms", o.step_ms, "milliseconds a local step sleeps (its compute; default 2)")
-      ->option_text("MS")
-      ->check(integer<int>(0, 60000));
-  cli.add_option("--heartbeat-ms", o.heartbeat_ms,
-                 "the heartbeat timeout; op = 4x, quorum = 8x (membership::timeouts::scaled;\ndefault 1000)")
-      ->option_text("MS")
-      ->check(integer<int>(10, 600000));
-  cli.add_option("--join-timeout-ms", o.join_timeout_ms, "--join: the wait to be admitted (default 30000)")
-      ->option_text("MS")
-      ->check(integer<int>(1, 3600000));
-  cli.add_option("--connect-timeout-ms", o.connect_timeout_ms,
-                 "the wait for the rendezvous file and the communicator's construction\n(default 30000)")
-      ->option_text("MS")
-      ->check(integer<int>(1, 3600000));
+  // The durations: whole milliseconds in [min, max].
+  const auto milliseconds = [&cli](const char* name, int& value, int min, int max, const char* description) {
+    cli.add_option(name, value, description)->option_text("MS")->check(integer<int>(min, max));
+  };
+  milliseconds("--step-ms", o.step_ms, 0, 60000, "milliseconds a local step sleeps (its compute; default 2)");
+  milliseconds("--heartbeat-ms", o.heartbeat_ms, 10, 600000,
+               "the heartbeat timeout; op = 4x, quorum = 8x (membership::timeouts::scaled;\ndefault 1000)");
+  milliseconds("--join-timeout-ms", o.join_timeout_ms, 1, 3600000, "--join: the wait to be admitted (default 30000)");
+  milliseconds("--connect-timeout-ms", o.connect_timeout_ms, 1, 3600000,
+               "the wait for the rendezvous file and the communicator's construction\n(default 30000)");
   cli.at_most_one_of({"--secret-file", "--insecure"});
   if (!cli.read(argc, argv)) {
     help = cli.help();
