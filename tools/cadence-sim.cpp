@@ -337,11 +337,9 @@ int run(int argc, char** argv) {
                "elastic:<R>[:...]; repeat to compare several (default: bsp, asp,\n"
                "ssp:3, dssp:3:15, elastic:15, elastic:60)")
       ->option_text("CONFIG");
-  cli.add_option("--seed", seed,
-                 "random seed (default 1); a seed gives the same run every time (not with\n"
-                 "--trace: a replay draws no random numbers)")
-      ->option_text("N")
-      ->check(cadence::tools::integer<std::uint64_t>(0, UINT64_MAX));
+  cli.add_seed(seed, "N",
+               "random seed (default 1); a seed gives the same run every time (not with\n"
+               "--trace: a replay draws no random numbers)");
   cli.add_option("--push-cost", push_cost, "seconds for a push to reach the server (default: the scenario's)")
       ->option_text("S")
       ->check(cadence::tools::non_negative());

@@ -159,11 +159,16 @@ options parse_args(int argc, char** argv) {
                  "--predicted); with --evaluate a comma-separated list (default\n"
                  "last,mean:4,median:5,ewma:0.3)")
       ->option_text("NAME");
-  cli.add_option("--history", o.history,
-                 "with --evaluate: each prediction sees the worker's latest H pushes\n"
-                 "(default 16, ElasticBSP's default; at least 2)")
-      ->option_text("H")
-      ->check(cadence::tools::integer<std::size_t>(2, 1000000, "H"));
+  // A count from `min` to 1000000; `what` names it in --help and in its errors.
+  const auto count = [&cli](const char* name, std::size_t& value, const char* what, std::size_t min,
+                            const char* help) {
+    cli.add_option(name, value, help)
+        ->option_text(what)
+        ->check(cadence::tools::integer<std::size_t>(min, 1000000, what));
+  };
+  count("--history", o.history, "H", 2,
+        "with --evaluate: each prediction sees the worker's latest H pushes\n"
+        "(default 16, ElasticBSP's default; at least 2)");
   cli.add_option("--interval", o.interval_text,
                  "per-worker push interval range in ms for --generate (default 1000,1500)")
       ->option_text("LO,HI")
@@ -171,19 +176,15 @@ options parse_args(int argc, char** argv) {
         const auto [lo, hi] = cadence::tools::parse_pair<std::int64_t>(text, 1, std::int64_t{1} << 40, "LO", "HI");
         if (lo > hi) throw usage_error("LO must be at most HI, got " + text);
       }));
-  cli.add_option("--seed", o.seed, "generator seed for --generate (default 1)")
-      ->option_text("S")
-      ->check(cadence::tools::integer<std::uint64_t>(0, UINT64_MAX));
+  cli.add_seed(o.seed, "S", "generator seed for --generate (default 1)");
   cli.add_option("--variant", o.variant,
                  "zipline | opt | opt-bs | fast | thrust | all (default fast); all runs every\n"
                  "variant available in this build and fails if any two disagree")
       ->option_text("V")
       ->check(cadence::tools::checked([](std::string& text) { (void)variants_to_run(text); }));
-  cli.add_option("--repeat", o.repeat,
-                 "run each variant K times (default 1); 'seconds' is the BEST (minimum)\n"
-                 "wall time of the K runs, prediction and input reading excluded")
-      ->option_text("K")
-      ->check(cadence::tools::integer<std::size_t>(1, 1000000, "K"));
+  count("--repeat", o.repeat, "K", 1,
+        "run each variant K times (default 1); 'seconds' is the BEST (minimum)\n"
+        "wall time of the K runs, prediction and input reading excluded");
   cli.add_flag("--json", o.json,
                "print exactly one JSON document: an object for one variant, an array\n"
                "for --variant all; each {\"variant\", \"n\", \"spread\", \"barrier\",\n"

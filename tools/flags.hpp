@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -237,11 +238,11 @@ private:
 // ---- command_line ----
 
 /// A CLI::App with the tools' rules: declare the flags with add_option/add_flag (the value's
-/// name in option_text, the rule in check), repeatable ones with add_list, groups of flags
-/// that exclude each other with at_most_one_of, then read(argc, argv):
+/// name in option_text, the rule in check), repeatable ones with add_list, --seed with
+/// add_seed, groups of flags that exclude each other with at_most_one_of, then read(argc, argv):
 ///   cadence::tools::command_line cli("usage: tool [options]\n", "What it does.\n");
-///   cli.add_option("--seed", seed, "random seed (default 1)")->option_text("N")
-///       ->check(cadence::tools::integer<std::uint64_t>(0, UINT64_MAX));
+///   cli.add_option("--workers", workers, "number of workers (default 16)")->option_text("N")
+///       ->check(cadence::tools::integer<std::size_t>(1, 100000));
 ///   cli.add_flag("--json", json, "print JSON");
 ///   cli.at_most_one_of({"--json", "--csv"});
 ///   if (!cli.read(argc, argv)) { std::cout << cli.help(); return 0; }
@@ -268,6 +269,14 @@ public:
     return add_option(std::move(name), values, std::move(help))
         ->allow_extra_args(false)
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  }
+
+  /// --seed: any 64-bit unsigned integer (a seed gives the same run every time); `value_name`
+  /// names it in --help.
+  CLI::Option* add_seed(std::uint64_t& seed, std::string value_name, std::string help) {
+    return add_option("--seed", seed, std::move(help))
+        ->option_text(std::move(value_name))
+        ->check(integer<std::uint64_t>(0, UINT64_MAX));
   }
 
   /// --help (and -h) with this description, in the group of the flags declared before it.

@@ -129,9 +129,7 @@ int run(int argc, char** argv) {
                "a make_controller config (bsp, asp, ssp:<s>, dssp:<s_L>:<s_U>,\n"
                "elastic:<R>...); repeat to compare several")
       ->option_text("CONFIG");
-  cli.add_option("--seed", seed, "seed of the cluster and of the data order (default 1)")
-      ->option_text("N")
-      ->check(cadence::tools::integer<std::uint64_t>(0, UINT64_MAX));
+  cli.add_seed(seed, "N", "seed of the cluster and of the data order (default 1)");
   cli.add_option("--lr", o.learning_rate, "SGD step size the server applies per push (default 0.005)")
       ->option_text("X")
       ->check(cadence::tools::positive(1e9));

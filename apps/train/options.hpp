@@ -101,11 +101,9 @@ inline train_options parse_options(int argc, char** argv) {
   cli.add_option("--seconds", o.seconds, "wall-clock seconds of training per policy (default 30)")
       ->option_text("S")
       ->check(positive(86400));
-  cli.add_option("--seed", o.seed,
-                 "seed of the profile's iteration times, the data order and the initial\n"
-                 "weights (default 1)")
-      ->option_text("K")
-      ->check(integer<std::uint64_t>(0, UINT64_MAX));
+  cli.add_seed(o.seed, "K",
+               "seed of the profile's iteration times, the data order and the initial\n"
+               "weights (default 1)");
   cli.add_option("--data", o.data,
                  "Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist,\n"
                  "from the Debian package dataset-fashion-mnist)")

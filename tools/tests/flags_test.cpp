@@ -32,7 +32,7 @@ struct example {
   cadence::tools::command_line cli{"usage: tool [options]\n"};
   example() {
     cli.add_option("--lookahead", lookahead, "R")->check(cadence::tools::integer<int>(1, 100, "R"));
-    cli.add_option("--seed", seed, "seed")->check(cadence::tools::integer<std::uint64_t>(0, UINT64_MAX));
+    cli.add_seed(seed, "N", "seed");
     cli.add_option("--seconds", seconds, "seconds")->check(cadence::tools::positive());
     cli.add_option("--push-cost", cost, "cost")->check(cadence::tools::non_negative());
     cli.add_option("--input", input, "a file");
