@@ -2,10 +2,13 @@
 // differ only in how a rank averages: four ranks as threads of this process, each with its own
 // ZeroMQ communicator meeting at rank 0's rendezvous on 127.0.0.1; rank 1 leaves and a new
 // thread takes its slot; at the end every rank must have made the same merges to the same state.
-// Each example's run() is the part to read.
+// With --holder, rank 0 only holds the rendezvous (membership::hold_rendezvous) and ranks 1..3
+// are the members, so the rank that leaves is the quorum's leader. Each example's run() is the
+// part to read.
 #pragma once
 
 #include <cadence/membership/timeouts.hpp>
+#include <cadence/membership/zmq/rendezvous.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
 
 #include <condition_variable>
@@ -33,7 +36,16 @@ struct shared {
   std::vector<std::uint64_t> hash = std::vector<std::uint64_t>(ranks, 0);
   std::vector<std::uint64_t> committed = std::vector<std::uint64_t>(ranks, 0);
   bool failed = false;
+  bool holder = false;  // --holder: rank 0 holds the rendezvous and is no member
 };
+
+// The members' ranks (membership::member_options::eligible): every rank, or 1..3 with --holder.
+inline std::vector<int> members(const shared& s) {
+  return s.holder ? cadence::membership::members_besides_rendezvous(ranks) : std::vector<int>{};
+}
+
+// How many members the job has when none is missing.
+inline std::size_t member_count(const shared& s) { return static_cast<std::size_t>(s.holder ? ranks - 1 : ranks); }
 
 // Rank r's communicator options: the membership's heartbeats, and rank 0's rendezvous (rank 0
 // binds it and publishes the address; the others wait for it).
@@ -71,16 +83,34 @@ inline void record(shared& s, int rank, std::uint64_t state_hash, std::uint64_t 
   s.committed[static_cast<std::size_t>(rank)] = committed;
 }
 
-// The job: argv[1] MiB of parameters (default 4); run(rank, replacement, s, elements) for every
-// rank, then for a replacement in the victim's slot once the victim's thread has returned. Exit 0
-// when every rank finished with the same merges (at least `merges`) and state, else 1.
+// Rank 0 with --holder: holds the rendezvous until every member has left, saying what it saw.
+inline void hold(shared& s, const cadence::membership::timeouts& t) {
+  cadence::transport::zmq_options o = options_for(0, s, t);
+  o.wait_for = cadence::transport::zmq_wait_for::self;  // the members come after
+  cadence::transport::zmq_communicator comm(0, ranks, o, cadence::transport::deadline(std::chrono::seconds(30)));
+  cadence::membership::rendezvous_options ro;
+  ro.exit_when_empty = std::chrono::milliseconds(500);
+  ro.on_event = [&s](const std::string& line) { say(s, "  " + line); };
+  const cadence::membership::rendezvous_report r = cadence::membership::hold_rendezvous(comm, [] { return false; }, ro);
+  say(s, "rank 0 (rendezvous): " + std::to_string(r.registrations) + " registrations, " + std::to_string(r.losses) +
+             " losses");
+}
+
+// The job: argv[1] MiB of parameters (default 4), argv[2] --holder or nothing; run(rank,
+// replacement, s, elements) for every member rank (hold() for rank 0 with --holder), then for a
+// replacement in the victim's slot once the victim's thread has returned. Exit 0 when every
+// member finished with the same merges (at least `merges`) and state, else 1.
 template <class Run>
 int run_job(int argc, char** argv, shared& s, Run run) {
   const double mib = argc > 1 ? std::atof(argv[1]) : 4.0;
   const auto elements = static_cast<std::size_t>(mib * 1024 * 1024 / sizeof(double));
+  s.holder = argc > 2 && std::string(argv[2]) == "--holder";
   auto guarded = [&](int r, bool replacement) {
     try {
-      run(r, replacement, s, elements);
+      if (s.holder && r == 0)
+        hold(s, cadence::membership::timeouts::scaled(std::chrono::milliseconds(1000)));
+      else
+        run(r, replacement, s, elements);
     } catch (const std::exception& e) {
       say(s, "rank " + std::to_string(r) + " failed: " + e.what());
       std::lock_guard<std::mutex> lock(s.m);
@@ -93,8 +123,9 @@ int run_job(int argc, char** argv, shared& s, Run run) {
   threads[victim] = std::thread(guarded, victim, true);  // a new process in rank 1's slot
   for (auto& t : threads) t.join();
   bool ok = !s.failed;
-  for (std::size_t r = 0; r < ranks; ++r)
-    if (s.committed[r] < merges || s.committed[r] != s.committed[0] || s.hash[r] != s.hash[0]) ok = false;
+  const std::size_t first = s.holder ? 1 : 0;  // the first member
+  for (std::size_t r = first; r < ranks; ++r)
+    if (s.committed[r] < merges || s.committed[r] != s.committed[first] || s.hash[r] != s.hash[first]) ok = false;
   std::printf("%s\n", ok ? "ok: every rank finished with the same state" : "FAILED: the ranks differ");
   return ok ? 0 : 1;
 }

@@ -8,7 +8,8 @@
 // state, and gloo is rebuilt on four. Prints each rank's gloo builds and the last build's time,
 // and fails (exit 1) when the ranks' state hashes differ or a rank did not finish.
 //
-//   build-*/bin/cadence-example-gloo_membership [state_mib]   (default 4 MiB of parameters)
+//   build-*/bin/cadence-example-gloo_membership [state_mib] [--holder]   (default 4 MiB; --holder:
+//   rank 0 only holds the rendezvous, as in zmq/membership.cpp)
 #include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/membership/gloo/group.hpp>
 #include <cadence/membership/member.hpp>
@@ -34,6 +35,7 @@ void run(int rank, bool replacement, shared& s, const std::string& store, std::s
   mb::member_options opts;
   opts.timeouts = mb::timeouts::scaled(1000ms);  // heartbeat 1 s < op 4 s < quorum 8 s
   opts.on_event = [&s](const std::string& line) { say(s, "  " + line); };
+  opts.eligible = members(s);  // --holder: ranks 1..3 (rank 0 holds the rendezvous)
   zmq_options zo = options_for(rank, s, opts.timeouts);
   if (replacement) zo.wait_for = cadence::transport::zmq_wait_for::self;  // a running world
   zmq_communicator comm(rank, ranks, zo, cadence::transport::deadline(30s));
@@ -51,7 +53,7 @@ void run(int rank, bool replacement, shared& s, const std::string& store, std::s
   cadence::exchange::periodic_averager<mb::gloo_quorum_group<zmq_communicator>> avg(*data, 2);
   // At least `merges` merges, and on until the replacement is in (every rank then stops at
   // the same merge: the one after which the quorum admitted it).
-  while (m.committed() < merges || m.current().size() < static_cast<std::size_t>(ranks)) {
+  while (m.committed() < merges || m.current().size() < member_count(s)) {
     for (std::size_t i = 0; i < params.size(); i += 97) params[i] += 0.01 * (rank + 1);  // a local step
     if (!avg.step_done()) continue;
     const mb::sync_report r =

@@ -6,7 +6,12 @@
 // and receives the state. Prints each rank's reconfigurations and the time the first took, and
 // fails (exit 1) when the survivors' state hashes differ or a rank did not finish.
 //
-//   build-*/bin/cadence-example-zmq_membership [state_mib]   (default 4 MiB of parameters)
+// With --holder, rank 0 is no member: it only holds the rendezvous
+// (membership/zmq/rendezvous.hpp), so the rank that drops out, rank 1, is the quorum's leader,
+// and its replacement can still register (without a holder, losing rank 0 would leave no
+// rendezvous for a replacement).
+//
+//   build-*/bin/cadence-example-zmq_membership [state_mib] [--holder]   (default 4 MiB)
 #include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
@@ -30,6 +35,7 @@ void run(int rank, bool replacement, shared& s, std::size_t elements) {
   mb::member_options opts;
   opts.timeouts = mb::timeouts::scaled(1000ms);  // heartbeat 1 s < op 4 s < quorum 8 s
   opts.on_event = [&s](const std::string& line) { say(s, "  " + line); };
+  opts.eligible = members(s);  // --holder: ranks 1..3 (rank 0 holds the rendezvous)
   zmq_options zo = options_for(rank, s, opts.timeouts);
   if (replacement) zo.wait_for = cadence::transport::zmq_wait_for::self;  // a running world
   zmq_communicator comm(rank, ranks, zo, cadence::transport::deadline(30s));
@@ -43,7 +49,7 @@ void run(int rank, bool replacement, shared& s, std::size_t elements) {
   cadence::exchange::periodic_averager<mb::quorum_view<zmq_communicator>> avg(m.view(), 2);
   // At least `merges` merges, and on until the replacement is in (every rank then stops at
   // the same merge: the one after which the quorum admitted it).
-  while (m.committed() < merges || m.current().size() < static_cast<std::size_t>(ranks)) {
+  while (m.committed() < merges || m.current().size() < member_count(s)) {
     for (std::size_t i = 0; i < params.size(); i += 97) params[i] += 0.01 * (rank + 1);  // a local step
     if (!avg.step_done()) continue;
     const mb::sync_report r = m.transact([&] { avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())}); },
