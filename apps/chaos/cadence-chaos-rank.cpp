@@ -5,10 +5,12 @@
 // prints one JSON line per event on stdout, flushed, for the soak to check: start, every
 // committed sync (step, quorum, state hash), every reconfiguration, the first commit after a
 // loss (the member's time from detecting it), the state received, done. --join makes it a
-// restarted or late process that joins the running job. An application, not part of the library.
+// restarted or late process that joins the running job; --holder makes rank 0 hold only the
+// rendezvous (the members are ranks 1..N-1). An application, not part of the library.
 #include <cadence/exchange/bucketed_allreducer.hpp>
 #include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/membership/member.hpp>
+#include <cadence/membership/zmq/rendezvous.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
 
 #include "flags.hpp"
@@ -39,7 +41,7 @@ using view_t = mb::quorum_view<tr::zmq_communicator>;
 struct options {
   int rank = -1, size = 0;
   std::string rendezvous, rendezvous_file, secret_file, hold_file, address = "127.0.0.1", mode = "periodic";
-  bool join = false, insecure = false;
+  bool join = false, insecure = false, holder = false;
   double mib = 4;
   std::size_t period = 2;
   std::uint64_t syncs = 100;
@@ -76,6 +78,10 @@ options parse(int argc, char** argv, std::string& help) {
   cli.add_flag("--join", o.join,
                "a restarted or late process: joins the running job (not rank 0: it holds the\n"
                "rendezvous, which a new process cannot take over)");
+  cli.add_flag("--holder", o.holder,
+               "rank 0 only holds the rendezvous (membership::hold_rendezvous) and is in no\n"
+               "quorum; the members are ranks 1..N-1, any of which may be restarted (every\n"
+               "process of the job is given it)");
   cli.add_option("--mode", o.mode, "periodic (default: periodic_averager, retried on a fault) or bsp\n"
                                    "(bucketed_allreducer every step, a failed step discarded)")
       ->option_text("M")
@@ -116,6 +122,7 @@ options parse(int argc, char** argv, std::string& help) {
   if (o.join && o.rank == 0)
     throw usage_error("--join: rank 0 cannot rejoin: it holds the job's rendezvous, and a new process cannot take "
                       "it over (the others registered with the old one; docs/transports.md, ZeroMQ)");
+  if (o.holder && o.size < 2) throw usage_error("--holder needs --size 2 or more (rank 0 and a member)");
   return o;
 }
 
@@ -175,6 +182,19 @@ tr::job_secret secret_of(const options& o) {
 
 json ranks_of(const mb::quorum& q) { return json(q.ranks); }
 
+// --holder on rank 0: holds the rendezvous until every member has gone for a heartbeat timeout,
+// with a line per registration and loss, and a done line with the counts.
+int hold(const options& o, tr::zmq_communicator& comm) {
+  emit({{"event", "start"}, {"rank", 0}, {"pid", static_cast<long>(::getpid())}, {"holder", true}});
+  mb::rendezvous_options ro;
+  ro.exit_when_empty = std::chrono::milliseconds(o.heartbeat_ms);
+  ro.on_event = [](const std::string& line) { emit({{"event", "rendezvous"}, {"rank", 0}, {"line", line}}); };
+  const mb::rendezvous_report r = mb::hold_rendezvous(comm, [] { return false; }, ro);
+  emit({{"event", "done"}, {"rank", 0}, {"holder", true}, {"registrations", r.registrations}, {"losses", r.losses},
+        {"seconds", r.seconds}});
+  return 0;
+}
+
 int run(const options& o) {
   mb::member_options mo;
   mo.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(o.heartbeat_ms));
@@ -198,6 +218,8 @@ int run(const options& o) {
     zo.rendezvous = rendezvous_of(o);
   }
   tr::zmq_communicator comm(o.rank, o.size, zo, tr::deadline(std::chrono::milliseconds(o.connect_timeout_ms)));
+  if (o.holder && o.rank == 0) return hold(o, comm);
+  if (o.holder) mo.eligible = mb::members_besides_rendezvous(o.size);
 
   const auto elements = static_cast<std::size_t>(o.mib * 1024 * 1024 / sizeof(double));
   std::vector<double> params(elements, 1.0), grads(elements, 0.0);

@@ -34,7 +34,10 @@ A fault that would leave fewer than 2 members, or a majority no longer reachable
 (destructive faults need 3 live members), nor is one that hits rank 0 while a join is still to
 come, nor a join once rank 0 is gone: rank 0 holds the ZeroMQ rendezvous, and a new process
 cannot register once it is lost (docs/transports.md), so restarts and late joins need it alive
-(the others survive its loss). A link fault's victims count as lost for the rest of the
+(the others survive its loss). With --holder, rank 0 only holds the rendezvous
+(cadence-chaos-rank --holder, membership::hold_rendezvous) and is never hit: the members are
+ranks 1..N-1, any of them may be restarted, the leader included, and the holder must count
+every process that registered and end by itself once the members are gone (holder_errors). A link fault's victims count as lost for the rest of the
 schedule (they may stay). Then it checks and reports:
 
   hangs              a trial outlived --trial-timeout (generous: it only catches hangs)
@@ -122,6 +125,9 @@ def parse_args(argv):
     p.add_argument("--netns", action="store_true",
                    help="each rank in a network namespace of its own on a bridge (root), and the link faults "
                         "link_down and partition drawn too; without root or namespaces: exit 77 (skip)")
+    p.add_argument("--holder", action="store_true",
+                   help="rank 0 only holds the rendezvous and is never hit; the members are ranks 1..N-1 (so "
+                        "--ranks 4 or more), any of which may be restarted, the leader included")
     p.add_argument("--kinds", default="",
                    help="the fault kinds drawn, comma-separated (default: all; link_down and partition need "
                         "--netns; late_join is --late-join's)")
@@ -130,6 +136,8 @@ def parse_args(argv):
     check_executable(p, "--rank-program", a.rank_program)
     if a.ranks < 3:
         p.error("--ranks: at least 3 (a job of 2 cannot lose a member and go on: the majority rule)")
+    if a.holder and a.ranks < 4:
+        p.error("--holder: --ranks at least 4 (rank 0 holds the rendezvous, and 3 members are needed to lose one)")
     if not 0 <= a.late_join <= 1:
         p.error("--late-join: expected a fraction in [0, 1], got %g" % a.late_join)
     if not 0 < a.mib <= 4096:
@@ -158,7 +166,7 @@ def schedule(args, trial):
     warm = max(3, args.syncs // 10)
     last = max(warm + n, int(0.6 * args.syncs))
     steps = sorted(rng.sample(range(warm, last), n))
-    live = set(range(args.ranks)) - ({late} if late is not None else set())
+    live = set(range(1 if args.holder else 0, args.ranks)) - ({late} if late is not None else set())
     rank0 = True  # rank 0 (the rendezvous) alive
     join_pending = late is not None
     hb = args.heartbeat_ms / 1000.0
@@ -231,6 +239,8 @@ class Proc:
                "--syncs", str(a.syncs), "--mode", trial.mode, "--mib", "%g" % a.mib, "--step-ms", str(a.step_ms),
                "--heartbeat-ms", str(a.heartbeat_ms), "--join-timeout-ms", str(int(a.trial_timeout * 1000)),
                "--hold-file", trial.hold]
+        if a.holder:
+            cmd.append("--holder")
         if a.insecure:
             cmd.append("--insecure")
         if join:
@@ -291,7 +301,7 @@ class Trial:
                        "admission": [], "state": [], "steps_committed": 0, "steps_ideal": 0.0,
                        "steps_allowed": 0.0, "faulted_errors": 0, "joins_missed": 0,
                        "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0}, "link_victim_errors": 0,
-                       "lone_commits": 0}
+                       "lone_commits": 0, "holder_errors": 0}
         self.timers = []  # (time.monotonic() when, action, proc or rank)
 
     def problem(self, text):
@@ -552,7 +562,11 @@ class Trial:
         if divergent:
             r["divergent"] += len(divergent)
             self.problem("steps committed with different hashes: %s" % divergent[:10])
-        dones = [(p, p.first("done")) for p in self.procs if p.first("done")]
+        holder = [p for p in self.procs if p.first("start") and p.first("start").get("holder")]
+        members = [p for p in self.procs if p not in holder]
+        if self.args.holder:
+            self.check_holder(holder, members)
+        dones = [(p, p.first("done")) for p in members if p.first("done")]
         finals = {(d["step"], d["hash"]) for _, d in dones}
         if len(finals) > 1:
             r["divergent"] += 1
@@ -598,6 +612,28 @@ class Trial:
                 elif line.get("event") == "state":
                     r["state"].append((line["bytes"], line["seconds"]))
         self.efficiency()
+
+    def check_holder(self, holder, members):
+        """--holder: rank 0 ended by itself (exit 0, a done line) and counted every member process
+        that registered: at least those that printed their start line (admitted), at most every
+        one started; and every one of them gone by the end."""
+        r = self.result
+        if len(holder) != 1:
+            r["holder_errors"] += 1
+            self.problem("--holder: %d processes announced themselves as the rendezvous holder" % len(holder))
+            return
+        h = holder[0]
+        done = h.first("done")
+        if h.p.returncode != 0 or not done:
+            r["holder_errors"] += 1
+            self.problem("the rendezvous holder exited with status %s%s: %s"
+                         % (h.p.returncode, "" if done else " without a done line", self.tail(h)))
+            return
+        admitted = sum(1 for p in members if p.first("start"))
+        if not admitted <= done["registrations"] <= len(members) or done["losses"] != done["registrations"]:
+            r["holder_errors"] += 1
+            self.problem("the rendezvous holder counted %d registrations and %d losses; %d member processes "
+                         "started, %d admitted" % (done["registrations"], done["losses"], len(members), admitted))
 
     def efficiency(self):
         """Steps committed after the first fault against the pre-fault pace (see the module text)."""
@@ -660,7 +696,7 @@ def soak(args, cluster):
               "hangs": 0, "divergent_commits": 0, "lost_alive": 0, "rank_errors": 0, "unfinished": 0,
               "not_absorbed": 0, "faulted_errors": 0, "joins_missed": 0,
               "link_faults": {"short": 0, "long": 0}, "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0},
-              "link_victim_errors": 0, "lone_commits": 0}
+              "link_victim_errors": 0, "lone_commits": 0, "holder": args.holder, "holder_errors": 0}
     recovered, fault_to_commit, admission, state = [], [], [], []
     committed = ideal = allowed = 0.0
     failed = []
@@ -682,7 +718,8 @@ def soak(args, cluster):
         for k, key in (("divergent", "divergent_commits"), ("lost_alive", "lost_alive"), ("rank_errors", "rank_errors"),
                        ("unfinished", "unfinished"), ("not_absorbed", "not_absorbed"),
                        ("faulted_errors", "faulted_errors"), ("joins_missed", "joins_missed"),
-                       ("link_victim_errors", "link_victim_errors"), ("lone_commits", "lone_commits")):
+                       ("link_victim_errors", "link_victim_errors"), ("lone_commits", "lone_commits"),
+                       ("holder_errors", "holder_errors")):
             totals[key] += r[k]
         for k, n in r["link_victims"].items():
             totals["link_victims"][k] += n
@@ -694,7 +731,7 @@ def soak(args, cluster):
         ideal += r["steps_ideal"]
         allowed += r["steps_allowed"]
         bad = (r["hang"] or r["divergent"] or r["lost_alive"] or r["rank_errors"] or r["unfinished"] or
-               r["not_absorbed"] or r["link_victim_errors"])
+               r["not_absorbed"] or r["link_victim_errors"] or r["holder_errors"])
         faults = ", ".join("%s %s@%s%s%s%s" % (f["kind"], "+".join("r%d" % v for v in f.get("group", [f["victim"]])),
                                                f.get("at_step", f["step"]),
                                                " +%.2fs" % f["delay"] if f["delay"] else "",
