@@ -161,7 +161,9 @@ def schedule(args, trial):
     resume or the restart), drawn against the members the job will have at each fault."""
     rng = trial_rng(args.seed, trial)
     mode = rng.choice(MODES) if args.mode == "mixed" else args.mode
-    late = rng.randint(1, args.ranks - 1) if rng.random() < args.late_join else None
+    # The held-back slot is never the first quorum's leader (the lowest member: rank 0, or rank
+    # 1 with --holder): the first quorum forms around it (docs/collective.md).
+    late = rng.randint(2 if args.holder else 1, args.ranks - 1) if rng.random() < args.late_join else None
     n = rng.randint(1, args.max_faults)
     warm = max(3, args.syncs // 10)
     last = max(warm + n, int(0.6 * args.syncs))

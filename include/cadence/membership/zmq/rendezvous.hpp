@@ -68,7 +68,9 @@ inline std::vector<int> members_besides_rendezvous(int size) {
 /// options.exit_when_empty, until the job is over; answers every registration meanwhile, and
 /// reports each slot's registrations and losses through options.on_event. Asks stop() at least
 /// every options.tick. The members run membership::member with eligible =
-/// members_besides_rendezvous(size) and never send to rank 0. Throws invalid_parameter_error
+/// members_besides_rendezvous(size) and never send to rank 0; the first of them (rank 1, the
+/// first quorum's leader) must call start() with the others, as rank 0 must without a holder;
+/// any other may come later with join(). Throws invalid_parameter_error
 /// when `comm` is not rank 0 or tick is not positive, and the communicator's errors (after
 /// abort(), for example).
 template <class Stop>
