@@ -20,8 +20,16 @@ member.
         m.transact(lambda: m.allreduce_average(weights), backup=[weights])
     m.finish()                            # every member, after the same syncs
 
-Rank 0 holds the ZeroMQ rendezvous: it may be lost like any rank once the job runs, but after
-that no process can join (docs/status.md). ``cadence.torch.FaultTolerantAverager`` averages a
+Rank 0 holds the ZeroMQ rendezvous. As a member, it may be lost like any rank once the job
+runs, but after that no process can join (docs/status.md). Or the job's rank 0 runs
+:func:`hold_rendezvous` alone, outside every quorum, and the members (ranks 1..size-1) pass
+``holder=True``: then any member can be lost and replaced, the first one included.
+
+    report = cadence.membership.hold_rendezvous(size, rendezvous_file="/shared/job.addr",
+                                                exit_when_empty=10.0)   # rank 0's process
+    m = cadence.membership.Member(rank, size, rendezvous_file="/shared/job.addr", holder=True)
+
+``cadence.torch.FaultTolerantAverager`` averages a
 torch model's parameters this way. This module needs the compiled ``cadence._membership``,
 built when libzmq is found at ``pip install`` time (Debian: ``libzmq3-dev``).
 """
@@ -29,6 +37,7 @@ built when libzmq is found at ``pip install`` time (Debian: ``libzmq3-dev``).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Callable, Iterable
 
@@ -47,7 +56,8 @@ SyncFailed = _membership.SyncFailed
 EvictedError = _membership.EvictedError
 QuorumError = _membership.QuorumError
 
-__all__ = ["Member", "DiLoCo", "SyncFailed", "EvictedError", "QuorumError", "publish_address", "read_address"]
+__all__ = ["Member", "DiLoCo", "SyncFailed", "EvictedError", "QuorumError", "hold_rendezvous", "publish_address",
+           "read_address"]
 
 
 def _array(x: Any, who: str) -> Any:
@@ -90,12 +100,62 @@ def read_address(path: str, timeout: float) -> str:
         time.sleep(0.01)
 
 
+def _connection(who: str, rank: int, size: int, rendezvous: str | None, rendezvous_file: str | None,
+                address: str, secret: str | None, insecure: bool,
+                connect_timeout: float) -> tuple[str, Callable[[str], None] | None, str]:
+    """The rendezvous address, rank 0's publication of it (``on_bound``) and the secret, for rank
+    ``rank`` of a job, as :class:`Member` and :func:`hold_rendezvous` take them."""
+    if rendezvous is None and rendezvous_file is None:
+        raise InvalidParameterError(f"cadence.membership.{who}: needs rendezvous= or rendezvous_file=")
+    on_bound = None
+    if rendezvous is None:
+        if rank == 0:
+            rendezvous = f"tcp://{address}:0"
+        elif 0 <= rank < size:
+            rendezvous = read_address(rendezvous_file, connect_timeout)
+    if rank == 0 and rendezvous_file is not None:
+        path = rendezvous_file
+        on_bound = lambda a: publish_address(path, a)  # noqa: E731
+    if not insecure and secret is None:
+        secret = os.environ.get("CADENCE_JOB_SECRET", "")
+    return rendezvous or "", on_bound, secret or ""
+
+
+def hold_rendezvous(size: int, *, rendezvous: str | None = None, rendezvous_file: str | None = None,
+                    address: str = "127.0.0.1", secret: str | None = None, insecure: bool = False,
+                    heartbeat: float = 1.0, connect_timeout: float = 60.0, exit_when_empty: float | None = None,
+                    stop: Callable[[], bool] | threading.Event | None = None,
+                    on_event: Callable[[str], None] | None = None) -> dict:
+    """Holds the job's rendezvous as its rank 0, outside every quorum (the C++
+    ``membership::hold_rendezvous``): answers the registrations of the members, ranks
+    1..size-1 made with ``Member(..., holder=True)``, so that any of them can be lost and a
+    replacement can still register in its slot and join.
+
+    ``rendezvous``, ``rendezvous_file``, ``address``, ``secret``, ``insecure``, ``heartbeat``
+    and ``connect_timeout`` as :class:`Member`'s for rank 0 (with ``rendezvous_file``, the
+    address bound is written there). Returns once ``stop`` (a callable, or a
+    ``threading.Event``: its ``is_set``; asked about every 0.1 s) says so or, with
+    ``exit_when_empty`` seconds, once every member slot has registered and none has been
+    alive that long (the job is over; leave room for a restart). An exception ``stop`` raises
+    ends the hold and propagates. ``on_event`` gets a line for every registration and loss of a
+    member. Returns the report: ``registrations`` and ``losses`` (of member processes, goodbyes
+    included), ``alive`` (members alive at the end), ``emptied`` (whether ``exit_when_empty``
+    ended it) and ``seconds``. Raises InvalidParameterError for a size below 2."""
+    rendezvous, on_bound, secret = _connection("hold_rendezvous", 0, size, rendezvous, rendezvous_file, address,
+                                               secret, insecure, connect_timeout)
+    if isinstance(stop, threading.Event):
+        stop = stop.is_set
+    return _membership._hold_rendezvous(int(size), rendezvous, address, secret, insecure, float(heartbeat),
+                                        float(connect_timeout), float(exit_when_empty or 0.0), stop, on_bound,
+                                        on_event)
+
+
 class Member:
     """One process of a fault-tolerant collective job over ZeroMQ.
 
     Arguments:
         rank, size: this process's slot and the number of slots. A replacement takes a lost
-            rank's slot (not rank 0's: it holds the rendezvous).
+            rank's slot (not rank 0's, unless ``holder``: rank 0 holds the rendezvous).
         rendezvous: the ZeroMQ address rank 0 binds and the others register at
             (``"tcp://10.0.0.1:29500"``; rank 0 may give port 0). Or:
         rendezvous_file: rank 0 binds ``tcp://{address}:0`` (or ``rendezvous``) and writes the
@@ -114,6 +174,9 @@ class Member:
         sync_initial_state: the first quorum streams the leader's state to every member, so
             replicas start identical even when initialised apart.
         on_event: called with a log line at every change of membership.
+        holder: the job's rank 0 runs :func:`hold_rendezvous` and is no member: the members
+            are ranks 1..size-1 (this rank must not be 0), and any of them, the first one
+            included, can be lost and replaced in its slot.
 
     Every call must come from the thread that created the member. Use it as a context manager
     (or call :meth:`close`) so that its sockets close.
@@ -124,27 +187,18 @@ class Member:
                  secret: str | None = None, insecure: bool = False, heartbeat: float = 1.0,
                  join_timeout: float = 120.0, connect_timeout: float = 60.0, min_size: int = 1,
                  max_attempts: int = 8, sync_initial_state: bool = False,
-                 on_event: Callable[[str], None] | None = None) -> None:
+                 on_event: Callable[[str], None] | None = None, holder: bool = False) -> None:
         if rendezvous is None and rendezvous_file is None:
             raise InvalidParameterError("cadence.membership.Member: needs rendezvous= or rendezvous_file=")
         if not isinstance(rank, int) or not isinstance(size, int):
             raise InvalidParameterError("cadence.membership.Member: rank and size must be ints")
         if min_size < 1:
             raise InvalidParameterError(f"cadence.membership.Member: min_size {min_size} must be >= 1")
-        on_bound = None
-        if rendezvous is None:
-            if rank == 0:
-                rendezvous = f"tcp://{address}:0"
-            elif 0 <= rank < size:
-                rendezvous = read_address(rendezvous_file, connect_timeout)
-        if rank == 0 and rendezvous_file is not None:
-            path = rendezvous_file
-            on_bound = lambda a: publish_address(path, a)  # noqa: E731
-        if not insecure and secret is None:
-            secret = os.environ.get("CADENCE_JOB_SECRET", "")
-        self._m = _membership._Member(rank, size, rendezvous or "", address, secret or "", insecure,
+        rendezvous, on_bound, secret = _connection("Member", rank, size, rendezvous, rendezvous_file, address,
+                                                   secret, insecure, connect_timeout)
+        self._m = _membership._Member(rank, size, rendezvous, address, secret, insecure,
                                       float(heartbeat), float(join_timeout), float(connect_timeout),
-                                      int(min_size), int(max_attempts), bool(sync_initial_state),
+                                      int(min_size), int(max_attempts), bool(sync_initial_state), bool(holder),
                                       on_bound, on_event)
 
     # ---- the replica's state ----

@@ -9,6 +9,7 @@
 // body, the state's save/load functions and the on_change/on_event callbacks run with the GIL.
 #include <cadence/exchange/local_sgd/membership.hpp>
 #include <cadence/membership/member.hpp>
+#include <cadence/membership/zmq/rendezvous.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
 
 #include <nanobind/nanobind.h>
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -142,13 +144,25 @@ tr::reduce_op op_of(const std::string& op) {
   throw invalid_parameter_error("cadence.membership: unknown reduce op '" + op + "' (sum, min or max)");
 }
 
-nb::dict report_dict(const mb::sync_report& r) {
+// A dict of key, value, key, value, ...: the reports and changes handed to Python.
+inline void put(nb::dict&) {}
+template <class V, class... Rest>
+void put(nb::dict& d, const char* key, const V& value, const Rest&... rest) {
+  d[key] = value;
+  put(d, rest...);
+}
+template <class... KeysAndValues>
+nb::dict dict_of(const KeysAndValues&... kv) {
   nb::dict d;
-  d["outcome"] = mb::outcome_name(r.outcome);
-  d["committed"] = r.committed;
-  d["attempts"] = r.attempts;
-  d["reconfigurations"] = r.reconfigurations;
+  put(d, kv...);
   return d;
+}
+
+nb::dict report_dict(const mb::sync_report& r) {
+  return dict_of("outcome", mb::outcome_name(r.outcome),
+                 "committed", r.committed,
+                 "attempts", r.attempts,
+                 "reconfigurations", r.reconfigurations);
 }
 
 nb::list int_list(const std::vector<int>& v) {
@@ -158,10 +172,7 @@ nb::list int_list(const std::vector<int>& v) {
 }
 
 nb::dict quorum_dict(const mb::quorum& q) {
-  nb::dict d;
-  d["id"] = q.id;
-  d["ranks"] = int_list(q.ranks);
-  return d;
+  return dict_of("id", q.id, "ranks", int_list(q.ranks));
 }
 
 // f() with the GIL released: the member's and the glue's calls that communicate (and may wait
@@ -172,65 +183,98 @@ auto unlocked(F&& f) -> decltype(f()) {
   return f();
 }
 
+// `s` seconds as milliseconds, or an invalid_parameter_error naming `here` and the argument.
+std::chrono::milliseconds millis(const std::string& here, double s, const char* name) {
+  if (!(s > 0) || s > 1e7)
+    throw invalid_parameter_error(here + ": " + name + " must be a positive number of seconds, got " +
+                                  std::to_string(s));
+  return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000 + 0.5));
+}
+
+// A Python callable given one line at a time (on_event), called with the GIL; an exception it
+// raises is reported as unraisable, as `who`'s, since it runs inside a reconfiguration or a
+// hold. `f` is read through its address: its owner keeps it, and destroys it with the GIL.
+std::function<void(const std::string&)> line_sink(const nb::object& f, const char* who) {
+  if (f.is_none()) return {};
+  const nb::object* fp = &f;
+  return [fp, who](const std::string& line) {
+    nb::gil_scoped_acquire gil;
+    try {
+      (*fp)(line);
+    } catch (nb::python_error& e) {
+      e.discard_as_unraisable(who);
+    }
+  };
+}
+
+// What the communicator of every process of the job is made from: its slot, its security (a
+// secret, or insecure), the membership's heartbeat, its endpoint on `address`, its rendezvous.
+struct job_connection {
+  int rank = 0;
+  int size = 0;
+  std::string rendezvous, address, secret_hex;
+  bool insecure = false;
+  double heartbeat_s = 1.0, connect_timeout_s = 60.0;
+};
+
+// The communicator of `c.rank`, constructed without the GIL (a Member's and the rendezvous
+// holder's alike). It waits for this rank alone: any process may be a late one or a replacement
+// (the first quorum's absentees are bounded by the quorum timeout), and the holder comes before
+// its members. `on_bound`, kept by the caller for the communicator's life, is rank 0's
+// publication of the address it bound.
+std::unique_ptr<comm_t> connect(const std::string& here, const job_connection& c, const mb::timeouts& t,
+                                const nb::object& on_bound) {
+  if (c.rendezvous.empty()) throw invalid_parameter_error(here + ": needs a rendezvous address (tcp://HOST:PORT)");
+  tr::zmq_options zo;
+  if (c.insecure) {
+    if (!c.secret_hex.empty()) throw invalid_parameter_error(here + ": give a secret or insecure=True, not both");
+    zo.security = tr::wire_security::open;
+  } else {
+    if (c.secret_hex.empty())
+      throw invalid_parameter_error(here + ": no job secret: pass secret= (hex, as cadence-chaos-rank's "
+                                           "$CADENCE_JOB_SECRET) or insecure=True (loopback only)");
+    zo.secret = tr::job_secret::from_hex(c.secret_hex, here + " secret");
+  }
+  zo.heartbeat_interval = t.heartbeat_interval;
+  zo.heartbeat_timeout = t.heartbeat_timeout;
+  zo.endpoint = "tcp://" + c.address + ":0";
+  zo.wait_for = tr::zmq_wait_for::self;
+  zo.rendezvous = c.rendezvous;
+  if (c.rank == 0 && !on_bound.is_none()) {
+    const nb::object* fp = &on_bound;
+    zo.on_rendezvous_bound = [fp](const std::string& a) {
+      nb::gil_scoped_acquire gil;
+      (*fp)(a);  // a Python error here fails the construction (python_error)
+    };
+  }
+  const tr::deadline until(millis(here, c.connect_timeout_s, "connect_timeout"));
+  return unlocked([&] { return std::make_unique<comm_t>(c.rank, c.size, zo, until); });
+}
+
 class py_member {
 public:
-  py_member(int rank, int size, std::string rendezvous, std::string address, std::string secret_hex, bool insecure,
-            double heartbeat_s, double join_timeout_s, double connect_timeout_s, std::size_t min_size,
-            int max_attempts, bool sync_initial_state, nb::object on_bound, nb::object on_event) {
+  py_member(const job_connection& c, bool holder, double join_timeout_s, std::size_t min_size, int max_attempts,
+            bool sync_initial_state, nb::object on_bound, nb::object on_event) {
     const std::string here = "cadence.membership.Member";
-    if (size < 1) throw invalid_parameter_error(here + ": size " + std::to_string(size) + " must be >= 1");
-    if (rank < 0 || rank >= size)
-      throw invalid_parameter_error(here + ": rank " + std::to_string(rank) + " is out of range for size " +
-                                    std::to_string(size) + " (ranks 0.." + std::to_string(size - 1) + ")");
-    const auto ms = [&](double s, const char* name) {
-      if (!(s > 0) || s > 1e7)
-        throw invalid_parameter_error(here + ": " + name + " must be a positive number of seconds, got " +
-                                      std::to_string(s));
-      return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000 + 0.5));
-    };
-    if (rendezvous.empty()) throw invalid_parameter_error(here + ": needs a rendezvous address (tcp://HOST:PORT)");
+    if (c.size < 1) throw invalid_parameter_error(here + ": size " + std::to_string(c.size) + " must be >= 1");
+    if (c.rank < 0 || c.rank >= c.size)
+      throw invalid_parameter_error(here + ": rank " + std::to_string(c.rank) + " is out of range for size " +
+                                    std::to_string(c.size) + " (ranks 0.." + std::to_string(c.size - 1) + ")");
+    if (holder && c.rank == 0)
+      throw invalid_parameter_error(here + ": rank 0 holds the rendezvous with holder=True: run "
+                                           "cadence.membership.hold_rendezvous there");
     on_bound_ = std::move(on_bound);
     on_event_ = std::move(on_event);
 
     mb::member_options mo;
-    mo.timeouts = mb::timeouts::scaled(ms(heartbeat_s, "heartbeat"));
-    mo.join_timeout = ms(join_timeout_s, "join_timeout");
+    mo.timeouts = mb::timeouts::scaled(millis(here, c.heartbeat_s, "heartbeat"));
+    mo.join_timeout = millis(here, join_timeout_s, "join_timeout");
     mo.min_size = min_size;
     mo.max_attempts = max_attempts;
     mo.sync_initial_state = sync_initial_state;
-    if (!on_event_.is_none())
-      mo.on_event = [this](const std::string& line) {
-        nb::gil_scoped_acquire gil;
-        try {
-          on_event_(line);
-        } catch (nb::python_error& e) {
-          e.discard_as_unraisable("cadence.membership.Member on_event callback");  // inside a reconfiguration
-        }
-      };
-    tr::zmq_options zo;
-    if (insecure) {
-      if (!secret_hex.empty()) throw invalid_parameter_error(here + ": give a secret or insecure=True, not both");
-      zo.security = tr::wire_security::open;
-    } else {
-      if (secret_hex.empty())
-        throw invalid_parameter_error(here + ": no job secret: pass secret= (hex, as cadence-chaos-rank's "
-                                             "$CADENCE_JOB_SECRET) or insecure=True (loopback only)");
-      zo.secret = tr::job_secret::from_hex(secret_hex, here + " secret");
-    }
-    zo.heartbeat_interval = mo.timeouts.heartbeat_interval;
-    zo.heartbeat_timeout = mo.timeouts.heartbeat_timeout;
-    zo.endpoint = "tcp://" + address + ":0";
-    // Any process may be a late one or a replacement: construction waits for this rank alone
-    // (the first quorum's absentees are bounded by the quorum timeout).
-    zo.wait_for = tr::zmq_wait_for::self;
-    zo.rendezvous = std::move(rendezvous);
-    if (rank == 0 && !on_bound_.is_none())
-      zo.on_rendezvous_bound = [this](const std::string& a) {
-        nb::gil_scoped_acquire gil;
-        on_bound_(a);  // a Python error here fails the construction (python_error)
-      };
-    const tr::deadline connect(ms(connect_timeout_s, "connect_timeout"));
-    comm_ = unlocked([&] { return std::make_unique<comm_t>(rank, size, zo, connect); });
+    if (holder) mo.eligible = mb::members_besides_rendezvous(c.size);
+    mo.on_event = line_sink(on_event_, "cadence.membership.Member on_event callback");
+    comm_ = connect(here, c, mo.timeouts, on_bound_);
     member_ = std::make_unique<member_t>(*comm_, std::move(mo));
   }
 
@@ -295,14 +339,12 @@ public:
     m("on_change").on_change([this, i](const mb::change& c) {
       nb::gil_scoped_acquire gil;
       try {
-        nb::dict d;
-        d["before"] = quorum_dict(c.before);
-        d["after"] = quorum_dict(c.after);
-        d["lost"] = int_list(c.lost);
-        d["admitted"] = int_list(c.admitted);
-        d["healed"] = c.healed;
-        d["committed"] = c.committed;
-        changes_[i](d);
+        changes_[i](dict_of("before", quorum_dict(c.before),
+                            "after", quorum_dict(c.after),
+                            "lost", int_list(c.lost),
+                            "admitted", int_list(c.admitted),
+                            "healed", c.healed,
+                            "committed", c.committed));
       } catch (nb::python_error& e) {
         e.discard_as_unraisable("cadence.membership.Member on_change callback");  // inside a reconfiguration
       }
@@ -402,18 +444,16 @@ public:
 
   nb::dict stats() {
     const mb::member_stats s = m("stats").stats();
-    nb::dict d;
-    d["reconfigurations"] = s.reconfigurations;
-    d["failed_syncs"] = s.failed_syncs;
-    d["retries"] = s.retries;
-    d["discarded"] = s.discarded;
-    d["healed"] = s.healed;
-    d["state_sent_bytes"] = s.state_sent_bytes;
-    d["state_received_bytes"] = s.state_received_bytes;
-    d["state_receive_seconds"] = s.state_receive_seconds;
-    d["drained_messages"] = s.drained_messages;
-    d["last_reconfiguration_seconds"] = s.last_reconfiguration_seconds;
-    return d;
+    return dict_of("reconfigurations", s.reconfigurations,
+                   "failed_syncs", s.failed_syncs,
+                   "retries", s.retries,
+                   "discarded", s.discarded,
+                   "healed", s.healed,
+                   "state_sent_bytes", s.state_sent_bytes,
+                   "state_received_bytes", s.state_received_bytes,
+                   "state_receive_seconds", s.state_receive_seconds,
+                   "drained_messages", s.drained_messages,
+                   "last_reconfiguration_seconds", s.last_reconfiguration_seconds);
   }
 
   int rank() { return comm_ ? comm_->rank() : -1; }
@@ -508,6 +548,55 @@ private:
   std::unique_ptr<exchange::diloco_member<comm_t>> d_;
 };
 
+// Rank 0 of the job, holding its rendezvous outside the quorum (membership::hold_rendezvous)
+// until `stop()` returns true (asked with the GIL at every tick; an exception it raises ends
+// the hold and propagates) or, with exit_when_empty > 0 seconds, until every member slot has
+// registered and none has been alive that long. The report as a dict.
+nb::dict hold_rendezvous(const job_connection& c, double exit_when_empty_s, nb::object stop, nb::object on_bound,
+                         nb::object on_event) {
+  const std::string here = "cadence.membership.hold_rendezvous";
+  (void)mb::members_besides_rendezvous(c.size);  // a job with no member is refused before it binds
+  if (!(exit_when_empty_s >= 0) || exit_when_empty_s > 1e7)
+    throw invalid_parameter_error(here + ": exit_when_empty must be a number of seconds >= 0 (0: never), got " +
+                                  std::to_string(exit_when_empty_s));
+  const mb::timeouts t = mb::timeouts::scaled(millis(here, c.heartbeat_s, "heartbeat"));
+  mb::rendezvous_options ro;
+  ro.exit_when_empty = std::chrono::milliseconds(static_cast<std::int64_t>(exit_when_empty_s * 1000 + 0.5));
+  ro.on_event = line_sink(on_event, "cadence.membership.hold_rendezvous on_event callback");
+  std::unique_ptr<comm_t> comm = connect(here, c, t, on_bound);
+  std::optional<nb::python_error> raised;
+  const auto asked = [&] {
+    nb::gil_scoped_acquire gil;
+    try {
+      // Ctrl-C reaches a hold that never runs Python code otherwise.
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();
+      if (stop.is_none()) return false;
+      const nb::object said = stop();
+      const int truth = PyObject_IsTrue(said.ptr());
+      if (truth < 0) throw nb::python_error();
+      return truth == 1;
+    } catch (nb::python_error& e) {
+      raised.emplace(e);
+      return true;
+    }
+  };
+  const mb::rendezvous_report r = unlocked([&] {
+    const mb::rendezvous_report held = mb::hold_rendezvous(*comm, asked, ro);
+    comm.reset();  // its sockets close here, without the GIL
+    return held;
+  });
+  if (raised) {
+    nb::python_error e = *raised;
+    raised.reset();
+    throw e;
+  }
+  return dict_of("registrations", r.registrations,
+                 "losses", r.losses,
+                 "alive", r.alive,
+                 "emptied", r.emptied,
+                 "seconds", r.seconds);
+}
+
 PyObject* make_type(nb::module_& m, const char* name, PyObject* base, const char* doc) {
   const std::string qualified = std::string("cadence.membership.") + name;
   PyObject* t = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, base, nullptr);
@@ -542,17 +631,18 @@ NB_MODULE(_membership, m) {
           "__init__",
           [](py_member* self, int rank, int size, std::string rendezvous, std::string address, std::string secret,
              bool insecure, double heartbeat, double join_timeout, double connect_timeout, std::size_t min_size,
-             int max_attempts, bool sync_initial_state, nb::object on_bound, nb::object on_event) {
+             int max_attempts, bool sync_initial_state, bool holder, nb::object on_bound, nb::object on_event) {
             guarded([&] {
-              new (self) py_member(rank, size, std::move(rendezvous), std::move(address), std::move(secret), insecure,
-                                   heartbeat, join_timeout, connect_timeout, min_size, max_attempts,
-                                   sync_initial_state, std::move(on_bound), std::move(on_event));
+              const py::job_connection c{rank, size, std::move(rendezvous), std::move(address), std::move(secret),
+                                         insecure, heartbeat, connect_timeout};
+              new (self) py_member(c, holder, join_timeout, min_size, max_attempts, sync_initial_state,
+                                   std::move(on_bound), std::move(on_event));
             });
           },
           nb::arg("rank"), nb::arg("size"), nb::arg("rendezvous"), nb::arg("address"), nb::arg("secret"),
           nb::arg("insecure"), nb::arg("heartbeat"), nb::arg("join_timeout"), nb::arg("connect_timeout"),
-          nb::arg("min_size"), nb::arg("max_attempts"), nb::arg("sync_initial_state"), nb::arg("on_bound").none(),
-          nb::arg("on_event").none())
+          nb::arg("min_size"), nb::arg("max_attempts"), nb::arg("sync_initial_state"), nb::arg("holder"),
+          nb::arg("on_bound").none(), nb::arg("on_event").none())
       .def("close", [](py_member& s) { guarded([&] { s.close(); }); })
       .def("_keep", [](py_member& s, nb::object o) { s.keep(std::move(o)); })
       .def("add_state", [](py_member& s, nb::handle a) { guarded([&] { s.add_state(a); }); })
@@ -577,6 +667,20 @@ NB_MODULE(_membership, m) {
       .def_prop_ro("nonce", [](py_member& s) { return guarded([&] { return s.nonce(); }); })
       .def_prop_ro("quorum", [](py_member& s) { return guarded([&] { return s.quorum(); }); })
       .def_prop_ro("view_rank", [](py_member& s) { return guarded([&] { return s.view_rank(); }); });
+
+  m.def(
+      "_hold_rendezvous",
+      [](int size, std::string rendezvous, std::string address, std::string secret, bool insecure, double heartbeat,
+         double connect_timeout, double exit_when_empty, nb::object stop, nb::object on_bound, nb::object on_event) {
+        return guarded([&] {
+          const py::job_connection c{0, size, std::move(rendezvous), std::move(address), std::move(secret),
+                                     insecure, heartbeat, connect_timeout};
+          return py::hold_rendezvous(c, exit_when_empty, std::move(stop), std::move(on_bound), std::move(on_event));
+        });
+      },
+      nb::arg("size"), nb::arg("rendezvous"), nb::arg("address"), nb::arg("secret"), nb::arg("insecure"),
+      nb::arg("heartbeat"), nb::arg("connect_timeout"), nb::arg("exit_when_empty"), nb::arg("stop").none(),
+      nb::arg("on_bound").none(), nb::arg("on_event").none());
 
   nb::class_<py::py_diloco>(m, "_DiLoCo")
       .def(

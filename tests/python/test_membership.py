@@ -3,7 +3,8 @@
 Every rank is a spawned process on loopback (no job secret: insecure=True); the tests check the
 transaction contract from outside: after every sync every member holds the same state (equal
 state hashes and values), a rank killed with SIGKILL (rank 0 included) is dropped and the sync
-retried without it, a replacement joins with the quorum's state, and bad input is named. Each
+retried without it, a replacement joins with the quorum's state (in the first member's slot too,
+when rank 0 only holds the rendezvous: hold_rendezvous), and bad input is named. Each
 wait is bounded; a process still running at the bound is killed and fails the test.
 """
 
@@ -41,13 +42,14 @@ def initial(rank):
     return np.full(N, 10.0 * rank, dtype=np.float64)
 
 
-def _rank(rank, size, path, steps, kill_at, join, hold, results):
+def _rank(rank, size, path, steps, kill_at, join, hold, results, holder=False):
     """One rank: a local step adds rank+1, then the state is averaged in a transaction. kill_at:
     SIGKILL itself before that sync. join: a replacement. hold: the others go on past `steps`
-    while the file exists (agreed in every sync, as cadence-chaos-rank does)."""
+    while the file exists (agreed in every sync, as cadence-chaos-rank does). holder: rank 0
+    holds the rendezvous (_holder) and is no member."""
     try:
         m = membership.Member(rank, size, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT,
-                              join_timeout=60.0, connect_timeout=60.0)
+                              join_timeout=60.0, connect_timeout=60.0, holder=holder)
         w = initial(rank)
         going_on = np.zeros(1, dtype=np.float64)
         m.add_state(w, going_on)
@@ -82,6 +84,18 @@ def _rank(rank, size, path, steps, kill_at, join, hold, results):
         results.put((rank, "error", traceback.format_exc()))
 
 
+def _holder(rank, size, path, steps, kill_at, join, hold, results):
+    """Rank 0 holding the rendezvous outside the quorum until the members are gone: reports
+    hold_rendezvous's counts and the lines it saw."""
+    try:
+        events = []
+        report = membership.hold_rendezvous(size, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT,
+                                            exit_when_empty=1.0, on_event=events.append)
+        results.put((rank, "ok", dict(report, events=events)))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, "error", traceback.format_exc()))
+
+
 def _diloco_rank(rank, size, path, steps, kill_at, join, hold, results):
     """One rank of DiLoCo over the member: an inner step adds rank+1 to its weights, an outer
     step every 2 inner steps with outer SGD at lr 1 (so the global weights become the mean of
@@ -108,19 +122,23 @@ def _diloco_rank(rank, size, path, steps, kill_at, join, hold, results):
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_job(tmp_path, size, steps, kill=None, replace=None, target=_rank):
+def run_job(tmp_path, size, steps, kill=None, replace=None, target=_rank, holder=False):
     """Runs `size` ranks of `target` (rank `kill` SIGKILLs itself before sync kill_at); with
-    `replace`, a new process takes the killed rank's slot once it died. Returns {rank: result}."""
+    `replace`, a new process takes the killed rank's slot once it died. With `holder`, rank 0 is
+    _holder and the others are members with holder=True. Returns {rank: result}."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     path = str(tmp_path / "rendezvous")
     hold = str(tmp_path / "hold") if replace else ""
     if hold:
         open(hold, "w").close()
+    member = {"holder": True} if holder else {}
     procs = {}
     for r in range(size):
         kill_at = kill[1] if kill and kill[0] == r else None
-        p = ctx.Process(target=target, args=(r, size, path, steps, kill_at, False, hold, results))
+        args = (r, size, path, steps, kill_at, False, hold, results)
+        p = ctx.Process(target=_holder, args=args) if holder and r == 0 else \
+            ctx.Process(target=target, args=args, kwargs=member)
         p.start()
         procs[r] = p
     out = {}
@@ -129,7 +147,8 @@ def run_job(tmp_path, size, steps, kill=None, replace=None, target=_rank):
             victim = procs[kill[0]]
             victim.join(BOUND)
             assert victim.exitcode == -signal.SIGKILL, f"rank {kill[0]} did not die as planned: {victim.exitcode}"
-            p = ctx.Process(target=target, args=(kill[0], size, path, steps, None, True, hold, results))
+            p = ctx.Process(target=target, args=(kill[0], size, path, steps, None, True, hold, results),
+                            kwargs=member)
             p.start()
             procs[kill[0]] = p
         expected = size - (1 if kill and not replace else 0)
@@ -204,6 +223,56 @@ def test_a_replacement_joins_with_the_quorums_state(tmp_path):
     assert joiner["stats"]["state_received_bytes"] >= N * 8
     assert joiner["quorum"] == [0, 1, 2]
     assert any(2 in admitted for _, _, admitted in out[0]["changes"])
+
+
+def test_with_rank_0_holding_the_rendezvous_the_first_member_is_replaced(tmp_path):
+    # Rank 0 only holds the rendezvous; ranks 1..3 are the members and rank 1, the first (the
+    # quorum's leader), is killed after 2 syncs: a replacement registers in its slot and joins.
+    out = run_job(tmp_path, 4, steps=4, kill=(1, 2), replace=True, holder=True)
+    assert sorted(out) == [0, 1, 2, 3]
+    members = {r: v for r, v in out.items() if r != 0}
+    assert len({v["hash"] for v in members.values()}) == 1
+    assert len({v["w0"] for v in members.values()}) == 1
+    for v in members.values():
+        assert v["same"] and v["quorum"] == [1, 2, 3]
+    joiner = members[1]
+    assert joiner["stats"]["state_received_bytes"] >= N * 8
+    assert any(1 in lost for _, lost, _ in members[2]["changes"])
+    assert any(1 in admitted for _, _, admitted in members[2]["changes"])
+    # The holder saw 3 first registrations and the replacement's, the victim's loss and the
+    # goodbyes of the 3 at the end, then returned by itself once nobody was left.
+    held = out[0]
+    assert held["registrations"] == 4 and held["losses"] == 4, held
+    assert held["emptied"] and held["alive"] == 0
+    assert "rendezvous: slot 1 registered (incarnation 2)" in held["events"]
+    assert "rendezvous: slot 1 lost (incarnation 1)" in held["events"]
+
+
+def test_holder_arguments_are_checked():
+    with pytest.raises(cadence.InvalidParameterError, match="rank 0 holds the rendezvous with holder=True"):
+        membership.Member(0, 4, rendezvous="tcp://127.0.0.1:0", insecure=True, holder=True)
+    with pytest.raises(cadence.InvalidParameterError, match="size 1 leaves no member besides the rendezvous"):
+        membership.hold_rendezvous(1, rendezvous="tcp://127.0.0.1:0", insecure=True)
+    with pytest.raises(cadence.InvalidParameterError, match="needs rendezvous"):
+        membership.hold_rendezvous(3, insecure=True)
+
+
+def test_hold_rendezvous_stops_when_asked_and_a_raising_stop_propagates():
+    import threading
+
+    stop = threading.Event()
+    stop.set()
+    r = membership.hold_rendezvous(3, rendezvous="tcp://127.0.0.1:0", insecure=True, stop=stop)
+    assert r["registrations"] == 0 and not r["emptied"]
+
+    class Enough(Exception):
+        pass
+
+    def stop_raising():
+        raise Enough("from stop")
+
+    with pytest.raises(Enough, match="from stop"):
+        membership.hold_rendezvous(3, rendezvous="tcp://127.0.0.1:0", insecure=True, stop=stop_raising)
 
 
 def diloco_value(size, steps, lost=None):
