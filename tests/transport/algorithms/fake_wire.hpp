@@ -68,12 +68,12 @@ struct wire_options {
   /// An on-demand receive takes the larger of the capacity asked and the inline capacity (so a
   /// differing peer's message is read whole, as MPI's wire does); false: exactly the capacity.
   bool posts_inline = true;
+  std::size_t inline_bytes = 64;  // inline_capacity() is max(this, 8 * size)
   /// Received sizes are reported; false: coll_message::unknown (gloo).
   bool knows_sizes = true;
   /// A message longer than its receive still hands over its head (false: MPI's truncation
   /// error hides it: the algorithm gets too_long and a blank signature).
   bool head_of_too_long = false;
-  std::size_t inline_bytes = 64;  // inline_capacity() is max(this, 8 * size)
   std::size_t piece = 24;         // piece_bytes(e) is the largest multiple of e up to this
   std::size_t eager_bytes = 200;  // a send up to this many bytes may complete before it is received
   /// reads_caller_early() (wire.hpp, 8): MPI's wire says yes, gloo's no.
