@@ -465,13 +465,16 @@ class Trial:
                         measured = True
                 done = False
                 if f["kind"] in ("late_join", "restart"):
+                    # The process started for this fault, not the one it killed (itself a joiner
+                    # when a slot is restarted twice: seed 1, trial 24 of the --holder soak took
+                    # the killed joiner's start line for the newcomer's and ended the job under it).
                     newest = self.current(f["victim"])
-                    if newest.join and newest.first("start"):
+                    if newest.join and newest is not victim and newest.first("start"):
                         if not admitted:
                             self.result["admission"].append(newest.first("start")["t"] - newest.launched)
                             admitted = True
                         done = measured or f["kind"] == "late_join"
-                    elif newest.join and newest.p.poll() is not None:
+                    elif newest.join and newest is not victim and newest.p.poll() is not None:
                         self.problem("the process that joined rank %d's slot exited (status %s): %s"
                                      % (f["victim"], newest.p.returncode, self.tail(newest)))
                         done = True
@@ -515,10 +518,12 @@ class Trial:
             active = [p for p in self.running() if not p.stopped]
             if not active and not self.timers:
                 break
-            # Members are done: a joiner still waiting to be admitted came too late.
-            members_done = [p for p in active if not p.join or p.first("start")]
-            if not members_done and active and any(p.first("done") for p in self.procs):
-                for p in active:
+            # Members are done: a joiner still waiting to be admitted came too late. (The holder
+            # waits for every member slot to empty, a waiting joiner's included: not a member.)
+            members = [p for p in active if not (self.args.holder and p.rank == 0)]
+            members_done = [p for p in members if not p.join or p.first("start")]
+            if not members_done and members and any(p.first("done") for p in self.procs):
+                for p in members:
                     self.result["joins_missed"] += 1
                     self.problem("rank %d's joiner was still waiting when the job ended" % p.rank)
                     p.signal(signal.SIGKILL)
