@@ -12,21 +12,37 @@ shared file, the others read it; the job secret from $CADENCE_JOB_SECRET, 64 hex
     python fault_tolerant_averaging.py --rank R --size N --rendezvous-file /shared/job.addr
     python fault_tolerant_averaging.py --rank R --size N --rendezvous-file /shared/job.addr --join
 
+With --holder, rank 0 is no replica: it only holds the rendezvous (cadence.membership.
+hold_rendezvous), printing one JSON line per registration or loss it sees and a done line once
+the job is over, and the replicas are ranks 1..N-1 (Member(..., holder=True)), so any of them can
+be lost and restarted, the first one included:
+
+    python fault_tolerant_averaging.py --holder --rank 0 --size N --rendezvous-file /shared/job.addr
+    python fault_tolerant_averaging.py --holder --rank R --size N --rendezvous-file /shared/job.addr
+
 The demonstration on this machine (--demo): starts --size processes on loopback, kills
 --kill with SIGKILL after --kill-after syncs, starts a replacement in its slot (not rank 0's:
 rank 0 holds the rendezvous, so after its loss the others go on without it), and prints one
 JSON object: whether every process ended with the same weights, the quorum, the state the
-replacement received. Exit status 0 when every process ended with the same weights.
+replacement received. Exit status 0 when every process ended with the same weights. With
+--holder it starts the holder as rank 0 besides the --size replicas (replica i is rank i+1; the
+job has --size + 1 slots), and --kill 0 is replaced like any other.
 
     python examples/python/fault_tolerant_averaging.py --demo --size 3 --kill 1
+    python examples/python/fault_tolerant_averaging.py --demo --size 3 --kill 0 --holder
 
 A replica of several processes (DDP inside it) is one torchrun job per replica, --rank the
 replica's id; its agent restarts the replica when one of its processes fails, and the restarted
-replica rejoins while the others go on (not replica 0: its first rank holds the rendezvous):
+replica rejoins while the others go on (not replica 0 unless --holder: without it, replica 0's
+first rank holds the rendezvous):
 
     torchrun --nproc_per_node 2 --max_restarts 3 fault_tolerant_averaging.py --rank R --size N \
         --rendezvous-file /shared/job.addr
     python examples/python/fault_tolerant_averaging.py --demo --size 2 --replica-ranks 2 --kill 1
+    python examples/python/fault_tolerant_averaging.py --demo --size 3 --replica-ranks 2 --kill 0 --holder
+
+(Three replicas there: a quorum of two that loses its first member, its leader, keeps only half
+of itself without the leader, and stops rather than risk a split.)
 
 Each process (each replica's first) prints one JSON line per event (start, sync, reconfig,
 done) on stdout. Do not start the replicas as one torchrun job: its agent would restart them
@@ -72,7 +88,21 @@ def init_replica_group() -> None:
                             world_size=world)
 
 
+def run_holder(a: argparse.Namespace) -> int:
+    """Rank 0 with --holder: holds the rendezvous until every replica has left (a heartbeat
+    timeout with none alive leaves room for a restart), one JSON line per event."""
+    import cadence.membership as membership
+
+    report = membership.hold_rendezvous(a.size, rendezvous_file=a.rendezvous_file, insecure=a.insecure,
+                                        heartbeat=a.heartbeat, exit_when_empty=2 * a.heartbeat,
+                                        on_event=lambda line: emit(event="rendezvous", rank=0, line=line))
+    emit(event="done", rank=0, holder=True, **report)
+    return 0
+
+
 def run_rank(a: argparse.Namespace) -> int:
+    if a.holder and a.rank == 0:
+        return run_holder(a)
     import torch
 
     import cadence.membership as membership
@@ -96,7 +126,7 @@ def run_rank(a: argparse.Namespace) -> int:
     member = None
     if first:
         member = membership.Member(a.rank, a.size, rendezvous_file=a.rendezvous_file, insecure=a.insecure,
-                                   heartbeat=a.heartbeat, join_timeout=a.join_timeout)
+                                   heartbeat=a.heartbeat, join_timeout=a.join_timeout, holder=a.holder)
         member.on_change(lambda c: emit(event="reconfig", rank=a.rank, members=c["after"]["ranks"],
                                         lost=c["lost"], admitted=c["admitted"], step=c["committed"]))
     avg = ct.FaultTolerantAverager(model, member, period=a.period, optimizer=opt, replica_group=group)
@@ -201,29 +231,33 @@ def torchrun_args(nproc: int, replica: int) -> list[str]:
 def demo(a: argparse.Namespace) -> int:
     if not 0 <= a.kill < a.size:
         raise SystemExit(f"--kill {a.kill} is not a rank of --size {a.size}")
-    # Rank 0 holds the ZeroMQ rendezvous: once it is lost the others go on, but no process can
-    # join any more (docs/status.md), so its slot is not refilled.
-    replace = a.kill != 0
-    if a.replica_ranks > 1 and a.kill == 0:
+    # Without --holder, rank 0 holds the ZeroMQ rendezvous: once it is lost the others go on,
+    # but no process can join any more (docs/status.md), so its slot is not refilled. With it,
+    # rank 0 is the holder and replica i is rank i + 1: every replica's slot is refilled.
+    first = 1 if a.holder else 0
+    killed = a.kill + first  # the victim's rank
+    replace = killed != 0
+    if a.replica_ranks > 1 and killed == 0:
         raise SystemExit("--replica-ranks: --kill 0 would restart replica 0, whose first rank holds the "
-                         "rendezvous: kill another replica")
+                         "rendezvous: kill another replica, or give --holder")
     deadline = time.monotonic() + a.bound
     with tempfile.TemporaryDirectory() as tmp:
         path, hold = os.path.join(tmp, "rendezvous"), os.path.join(tmp, "hold")
         open(hold, "w").close()  # the others go on until the replacement is in
         env = dict(os.environ, CADENCE_JOB_SECRET=secrets.token_hex(32))
-        base = [sys.executable, os.path.abspath(__file__), "--size", str(a.size), "--rendezvous-file", path,
+        base = [sys.executable, os.path.abspath(__file__), "--size", str(a.size + first), "--rendezvous-file", path,
                 "--hold-file", hold, "--steps", str(a.steps), "--period", str(a.period),
-                "--heartbeat", str(a.heartbeat)]
+                "--heartbeat", str(a.heartbeat)] + (["--holder"] if a.holder else [])
         def argv(r: int) -> list[str]:
             if a.replica_ranks == 1:
                 return base + ["--rank", str(r)]
             # Each replica its own torchrun (DDP inside it), restarted by its agent once.
             return base[:1] + torchrun_args(a.replica_ranks, r) + base[1:] + ["--rank", str(r)]
 
-        procs = {r: Proc(argv(r), env) for r in range(a.size)}
+        holder = [Proc(base + ["--rank", "0"], env)] if a.holder else []
+        procs = {r: Proc(argv(r), env) for r in range(first, a.size + first)}
         try:
-            victim = procs[a.kill]
+            victim = procs[killed]
             started = victim.wait_for(lambda e: e["event"] == "start", deadline)
             victim.wait_for(lambda e: e["event"] == "sync" and e["step"] >= a.kill_after, deadline)
             killed_at = time.monotonic()
@@ -236,32 +270,34 @@ def demo(a: argparse.Namespace) -> int:
                 victim.p.send_signal(signal.SIGKILL)
                 victim.p.wait()
                 if replace:
-                    new = Proc(base + ["--rank", str(a.kill), "--join"], env)
-                    procs[a.kill] = new
+                    new = Proc(base + ["--rank", str(killed), "--join"], env)
+                    procs[killed] = new
                     new.wait_for(lambda e: e["event"] == "start", deadline)
                 else:
-                    del procs[a.kill]
+                    del procs[killed]
             os.unlink(hold)
             done = {r: p.wait_for(lambda e: e["event"] == "done", deadline) for r, p in procs.items()}
-            for p in procs.values():
+            for p in holder:  # it returns by itself once the replicas have left
+                p.wait_for(lambda e: e["event"] == "done", deadline)
+            for p in [*procs.values(), *holder]:
                 p.p.wait(timeout=max(1.0, deadline - time.monotonic()))
         finally:
-            for p in procs.values():
+            for p in [*procs.values(), *holder]:
                 p.stop()
-    survivors = [r for r in procs if r != a.kill]
+    survivors = [r for r in procs if r != killed]
     recovered = [e for r in survivors for e in procs[r].events
-                 if e["event"] == "reconfig" and a.kill in e["lost"]]
+                 if e["event"] == "reconfig" and killed in e["lost"]]
     summary = {
         "size": a.size, "killed": a.kill, "killed_after_syncs": a.kill_after,
-        "replica_ranks": a.replica_ranks,
+        "replica_ranks": a.replica_ranks, "holder": a.holder,
         "same_weights": len({d["weights"] for d in done.values()}) == 1 and all(d["replica_same"] for d in done.values()),
         "same_state_hash": len({d["hash"] for d in done.values()}) == 1,
         "members": done[survivors[0]]["members"],
         "syncs": {r: d["step"] for r, d in done.items()},
         "loss_seen_by": sorted({e["rank"] for e in recovered}),
         "replaced": replace,
-        "replacement_state_bytes": done[a.kill]["stats"]["state_received_bytes"] if replace else 0,
-        "replacement_has_momentum": done[a.kill]["momentum"] if replace else None,
+        "replacement_state_bytes": done[killed]["stats"]["state_received_bytes"] if replace else 0,
+        "replacement_has_momentum": done[killed]["momentum"] if replace else None,
         "seconds_after_the_kill": round(time.monotonic() - killed_at, 3),
     }
     print(json.dumps(summary))
@@ -281,6 +317,9 @@ def main() -> int:
     p.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat timeout in seconds (default 1)")
     p.add_argument("--join-timeout", type=float, default=120.0, help="--join: the wait to be admitted")
     p.add_argument("--hold-file", help="go on past --steps while this file exists")
+    p.add_argument("--holder", action="store_true",
+                   help="rank 0 only holds the rendezvous (cadence.membership.hold_rendezvous) and the replicas are "
+                        "ranks 1..N-1, so any of them can be replaced; --demo: a holder besides the --size replicas")
     p.add_argument("--kill", type=int, default=1, help="--demo: the rank (replica) killed (default 1)")
     p.add_argument("--replica-ranks", type=int, default=1,
                    help="--demo: processes per replica (default 1); above 1, each replica is a torchrun job with "

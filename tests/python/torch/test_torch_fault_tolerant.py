@@ -2,7 +2,8 @@
 cadence.membership survives a process killed with SIGKILL (rank 0 included) and takes back a
 replacement, which receives the weights and the optimizer's momentum; every process ends with
 the same weights; with replicas of several processes (DDP inside, each replica a torchrun job),
-a replica restarted by torchrun rejoins. Runs examples/python/fault_tolerant_averaging.py --demo (real processes on
+a replica restarted by torchrun rejoins, replica 0 too when rank 0 only holds the rendezvous
+(--holder). Runs examples/python/fault_tolerant_averaging.py --demo (real processes on
 loopback, a job secret, every wait bounded) and checks the JSON it prints."""
 
 import json
@@ -56,6 +57,21 @@ def test_replicas_run_ddp_inside_and_a_replica_restarted_by_torchrun_rejoins():
     assert s["members"] == [0, 1] and s["replaced"]
     assert s["loss_seen_by"] == [0]
     assert s["replacement_state_bytes"] > 0 and s["replacement_has_momentum"]
+
+
+def test_with_a_holder_replica_0_restarted_by_torchrun_rejoins():
+    # Rank 0 only holds the rendezvous (--holder) and the replicas are ranks 1..3, each a
+    # torchrun job of 2 processes; a process of replica 0 (rank 1, the quorum's first member, its
+    # leader) killed: its torchrun restarts the replica, which registers in its slot again and
+    # rejoins. Three replicas: a quorum of two does not go on without its leader (only half of
+    # it is left, without the leader).
+    s = demo("--size", "3", "--kill", "0", "--replica-ranks", "2", "--holder", "--steps", "6")
+    assert s["holder"] and s["replaced"]
+    assert s["same_weights"] and s["same_state_hash"]  # across the replicas and inside each
+    assert s["members"] == [1, 2, 3]
+    assert s["loss_seen_by"] == [2, 3]
+    assert s["replacement_state_bytes"] > 0 and s["replacement_has_momentum"]
+    assert len(set(s["syncs"].values())) == 1
 
 
 def test_arguments_are_checked():
