@@ -9,6 +9,7 @@
 #pragma once
 
 #include "report.hpp"
+#include "collective_roles.hpp"
 #include "roles.hpp"
 #include "trace.hpp"
 
