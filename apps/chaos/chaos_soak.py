@@ -37,8 +37,9 @@ cannot register once it is lost (docs/transports.md), so restarts and late joins
 (the others survive its loss). With --holder, rank 0 only holds the rendezvous
 (cadence-chaos-rank --holder, membership::hold_rendezvous) and is never hit: the members are
 ranks 1..N-1, any of them may be restarted, the leader included, and the holder must count
-every process that registered and end by itself once the members are gone (holder_errors). A link fault's victims count as lost for the rest of the
-schedule (they may stay). Then it checks and reports:
+every process that registered and end by itself once the members are gone (holder_errors).
+A link fault's victims count as lost for the rest of the schedule (they may stay). Then it
+checks and reports:
 
   hangs              a trial outlived --trial-timeout (generous: it only catches hangs)
   divergent_commits  a step that two processes committed with different state hashes, or
@@ -314,6 +315,10 @@ class Trial:
         self.procs.append(p)
         return p
 
+    def is_holder(self, p):
+        """Whether p holds the rendezvous (--holder: rank 0, never hit, never restarted)."""
+        return self.args.holder and p.rank == 0
+
     def current(self, rank):
         """The newest process in slot `rank`."""
         for p in reversed(self.procs):
@@ -520,7 +525,7 @@ class Trial:
                 break
             # Members are done: a joiner still waiting to be admitted came too late. (The holder
             # waits for every member slot to empty, a waiting joiner's included: not a member.)
-            members = [p for p in active if not (self.args.holder and p.rank == 0)]
+            members = [p for p in active if not self.is_holder(p)]
             members_done = [p for p in members if not p.join or p.first("start")]
             if not members_done and members and any(p.first("done") for p in self.procs):
                 for p in members:
@@ -569,10 +574,9 @@ class Trial:
         if divergent:
             r["divergent"] += len(divergent)
             self.problem("steps committed with different hashes: %s" % divergent[:10])
-        holder = [p for p in self.procs if p.first("start") and p.first("start").get("holder")]
-        members = [p for p in self.procs if p not in holder]
+        members = [p for p in self.procs if not self.is_holder(p)]
         if self.args.holder:
-            self.check_holder(holder, members)
+            self.check_holder(self.procs[0], members)
         dones = [(p, p.first("done")) for p in members if p.first("done")]
         finals = {(d["step"], d["hash"]) for _, d in dones}
         if len(finals) > 1:
@@ -582,7 +586,7 @@ class Trial:
         for f in self.faults:
             if f["kind"] in LINK_KINDS and "at_step" in f:
                 link_hit |= {f["procs"][v] for v in f.get("group", [f["victim"]])}
-        for p in self.procs:
+        for p in members:
             rc = p.p.returncode
             stopped = p.first("stopped")
             if p in link_hit:
@@ -620,21 +624,19 @@ class Trial:
                     r["state"].append((line["bytes"], line["seconds"]))
         self.efficiency()
 
-    def check_holder(self, holder, members):
-        """--holder: rank 0 ended by itself (exit 0, a done line) and counted every member process
-        that registered: at least those that printed their start line (admitted), at most every
-        one started; and every one of them gone by the end."""
+    def check_holder(self, h, members):
+        """--holder: rank 0 (h, the first process started) announced itself as the holder, ended
+        by itself (exit 0, a done line) and counted every member process that registered: at
+        least those that printed their start line (admitted), at most every one started; and
+        every one of them gone by the end."""
         r = self.result
-        if len(holder) != 1:
-            r["holder_errors"] += 1
-            self.problem("--holder: %d processes announced themselves as the rendezvous holder" % len(holder))
-            return
-        h = holder[0]
         done = h.first("done")
-        if h.p.returncode != 0 or not done:
+        start = h.first("start")
+        if not start or not start.get("holder") or h.p.returncode != 0 or not done:
             r["holder_errors"] += 1
-            self.problem("the rendezvous holder exited with status %s%s: %s"
-                         % (h.p.returncode, "" if done else " without a done line", self.tail(h)))
+            self.problem("the rendezvous holder exited with status %s%s%s: %s"
+                         % (h.p.returncode, "" if start and start.get("holder") else " without its holder start line",
+                            "" if done else " without a done line", self.tail(h)))
             return
         admitted = sum(1 for p in members if p.first("start"))
         if not admitted <= done["registrations"] <= len(members) or done["losses"] != done["registrations"]:

@@ -83,21 +83,15 @@ def fmt_time(t, seconds):
 
 
 def table(folder, seeds):
-    per = {}
-    order = []
+    per = {}  # policy -> [(its JSON row, worker 0's bytes)] per seed, in the run's order
     for seed in seeds:
         rows, sent = load(folder, seed)
         for r in rows:
-            p = r["policy"]
-            if p not in per:
-                per[p] = []
-                order.append(p)
-            per[p].append((r, sent.get(p)))
+            per.setdefault(r["policy"], []).append((r, sent.get(r["policy"])))
     print("| scheme | t@70% s | t@80% s (seeds " + "/".join(map(str, seeds)) +
           ") | MB sent | MB to 80% | accuracy at end | steps/s | wait |")
     print("|---|---|---|---|---|---|---|---|")
-    for p in order:
-        runs = per[p]
+    for p, runs in per.items():
         seconds = runs[0][0]["seconds"]
         t70 = median_time([r["time_to_70"] for r, _ in runs])
         t80s = [r["time_to_80"] for r, _ in runs]

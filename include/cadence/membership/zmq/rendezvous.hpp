@@ -83,12 +83,11 @@ rendezvous_report hold_rendezvous(transport::zmq_communicator& comm, Stop&& stop
   using clock = std::chrono::steady_clock;
   const clock::time_point began = clock::now();
   const auto n = static_cast<std::size_t>(comm.size());
-  // Per slot: the incarnations counted as registered and as lost so far, whether one is alive.
+  // Per slot: the incarnations counted as registered and as lost so far.
   std::vector<std::uint64_t> registered_upto(n, 0), lost_upto(n, 0);
-  std::vector<bool> alive(n, false);
   rendezvous_report rep;
-  clock::time_point empty_since = began;
-  bool was_empty = true;
+  constexpr clock::time_point never = clock::time_point::max();
+  clock::time_point empty_since = never;  // since when no member has been alive (never: one is)
   const auto say = [&](const std::string& line) {
     if (options.on_event) options.on_event(line);
   };
@@ -112,35 +111,29 @@ rendezvous_report hold_rendezvous(transport::zmq_communicator& comm, Stop&& stop
     }
     // Counted by incarnations, not by sampling states: a process that registered and was lost
     // between two looks (a short-lived replacement) still counts once each way.
+    std::size_t live = 0, registered = 0;
     for (std::size_t r = 1; r < n; ++r) {
       const int peer = static_cast<int>(r);
       const std::uint64_t inc = comm.incarnation(peer);
       const bool now_alive = comm.peer_state(peer) == transport::zmq_peer_state::alive;
-      for (std::uint64_t k = registered_upto[r] + 1; k <= inc; ++k) {
-        ++rep.registrations;
-        say("rendezvous: slot " + std::to_string(r) + " registered (incarnation " + std::to_string(k) + ")");
-      }
-      registered_upto[r] = std::max(registered_upto[r], inc);
+      for (; registered_upto[r] < inc; ++rep.registrations)
+        say("rendezvous: slot " + std::to_string(r) + " registered (incarnation " + std::to_string(++registered_upto[r]) +
+            ")");
       // Every incarnation before the current one is gone; the current one too unless alive.
-      const std::uint64_t gone = inc == 0 ? 0 : (now_alive ? inc - 1 : inc);
-      for (std::uint64_t k = lost_upto[r] + 1; k <= gone; ++k) {
-        ++rep.losses;
-        say("rendezvous: slot " + std::to_string(r) + " lost (incarnation " + std::to_string(k) + ")");
-      }
-      lost_upto[r] = std::max(lost_upto[r], gone);
-      alive[r] = now_alive;
-    }
-    std::size_t live = 0, registered = 0;
-    for (std::size_t r = 1; r < n; ++r) {
-      live += alive[r] ? 1 : 0;
-      registered += registered_upto[r] > 0 ? 1 : 0;
+      const std::uint64_t gone = now_alive ? inc - 1 : inc;
+      for (; lost_upto[r] < gone; ++rep.losses)
+        say("rendezvous: slot " + std::to_string(r) + " lost (incarnation " + std::to_string(++lost_upto[r]) + ")");
+      live += now_alive ? 1 : 0;
+      registered += inc > 0 ? 1 : 0;
     }
     rep.alive = live;
-    const bool empty = live == 0 && registered == n - 1;
-    if (empty && !was_empty) empty_since = clock::now();
-    was_empty = empty;
+    if (live > 0 || registered < n - 1)
+      empty_since = never;
+    else if (empty_since == never)
+      empty_since = clock::now();
     if (stop()) break;
-    if (options.exit_when_empty.count() > 0 && empty && clock::now() - empty_since >= options.exit_when_empty) {
+    if (options.exit_when_empty.count() > 0 && empty_since != never &&
+        clock::now() - empty_since >= options.exit_when_empty) {
       rep.emptied = true;
       break;
     }
