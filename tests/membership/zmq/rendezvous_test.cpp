@@ -190,6 +190,49 @@ TEST_CASE("membership: hold_rendezvous returns when stop() says so, and refuses 
     CHECK(refusal.find("rank 1 does not hold the rendezvous; only rank 0 binds it") != std::string::npos);
     CHECK(rep.registrations == 1);
   }
+  SUBCASE("a stray message to rank 0 is reported and dropped, whatever its size") {
+    // No member sends to rank 0; one that does (a bug, another program's code) must neither
+    // fail the hold nor stay at the head of the queue (every later wait would fail at once: a
+    // spin). Rank 1 sends 2 bytes, then 1 byte, on the tag the hold waits on: the hold ends once
+    // it has reported the second, which it reaches only past the first. (On another tag a
+    // message waits in rank 0's queue, bounded by zmq_options::credit_bytes per peer.)
+    std::atomic<bool> reported_last{false};
+    std::vector<std::string> lines;
+    std::string failure;
+    std::thread one([&] {
+      try {
+        tr::zmq_communicator c(1, 2, j.options(1, t), tr::deadline(30s));
+        const unsigned char two[2] = {1, 2}, byte = 3;
+        c.send(two, sizeof two, 0, tr::max_tag, tr::deadline(30s));
+        c.send(&byte, 1, 0, tr::max_tag, tr::deadline(30s));
+        while (!reported_last) c.poll();  // rank 1 stays alive (its sends delivered) until then
+      } catch (const std::exception& e) {
+        failure = e.what();
+        reported_last = true;
+      }
+    });
+    mb::rendezvous_options o;
+    o.tick = 20ms;
+    o.on_event = [&](const std::string& line) {
+      if (line.find("ignored") == std::string::npos) return;
+      lines.push_back(line);
+      if (line.find("1 byte from rank 1") != std::string::npos) reported_last = true;
+    };
+    const mb::rendezvous_report rep = mb::hold_rendezvous(holder, [&] { return reported_last.load(); }, o);
+    one.join();
+    CHECK(failure.empty());
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[0].find("rendezvous: ignored a message to rank 0 (no member sends to it): ") == 0);
+    CHECK(lines[0].find("rank 1") != std::string::npos);
+    CHECK(lines[1] == "rendezvous: ignored a message of 1 byte from rank 1 (no member sends to rank 0)");
+    CHECK(rep.registrations == 1);
+  }
+  SUBCASE("a communicator of one rank (no member besides the rendezvous)") {
+    tr::zmq_communicator alone(0, 1, j.options(0, t), tr::deadline(30s));
+    CHECK_THROWS_WITH_AS(mb::hold_rendezvous(alone, [] { return true; }),
+                         doctest::Contains("1 rank leaves no member besides the rendezvous"),
+                         cadence::invalid_parameter_error);
+  }
   CHECK(mb::members_besides_rendezvous(4) == std::vector<int>{1, 2, 3});
   CHECK_THROWS_WITH_AS(mb::members_besides_rendezvous(1), doctest::Contains("size 1 leaves no member"),
                        cadence::invalid_parameter_error);

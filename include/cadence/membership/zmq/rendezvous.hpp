@@ -70,15 +70,19 @@ inline std::vector<int> members_besides_rendezvous(int size) {
 /// every options.tick. The members run membership::member with eligible =
 /// members_besides_rendezvous(size) and never send to rank 0; the first of them (rank 1, the
 /// first quorum's leader) must call start() with the others, as rank 0 must without a holder;
-/// any other may come later with join(). Throws invalid_parameter_error
-/// when `comm` is not rank 0 or tick is not positive, and the communicator's errors (after
-/// abort(), for example).
+/// any other may come later with join(). A message sent to rank 0 anyway is dropped and
+/// reported through on_event. Throws invalid_parameter_error when `comm` is not rank 0, has
+/// no other rank, or tick is not positive, and the communicator's errors (after abort(), for
+/// example).
 template <class Stop>
 rendezvous_report hold_rendezvous(transport::zmq_communicator& comm, Stop&& stop, const rendezvous_options& options = {}) {
   const std::string here = "cadence::membership::hold_rendezvous: ";
   if (comm.rank() != 0)
     throw invalid_parameter_error(here + "rank " + std::to_string(comm.rank()) +
                                   " does not hold the rendezvous; only rank 0 binds it");
+  if (comm.size() < 2)
+    throw invalid_parameter_error(here + "a communicator of " + std::to_string(comm.size()) +
+                                  " rank leaves no member besides the rendezvous (rank 0); the job needs at least 2 ranks");
   if (options.tick.count() <= 0) throw invalid_parameter_error(here + "tick must be positive");
   using clock = std::chrono::steady_clock;
   const clock::time_point began = clock::now();
@@ -96,11 +100,16 @@ rendezvous_report hold_rendezvous(transport::zmq_communicator& comm, Stop&& stop
     if (rep.alive > 0) {
       // A wait that answers registrations as they come (the engine serves rank 0's ROUTER in
       // every call); nobody sends to rank 0, so it ends at its deadline, or early with an error
-      // when a member is lost meanwhile (which only that call sees: the loop goes on).
+      // when every member is lost meanwhile (which only that call sees: the loop goes on). A
+      // stray message on this tag is taken and dropped, whatever its size (one of another
+      // size fails this receive alone, consumed, so it cannot fail every later wait).
       try {
-        if (comm.try_recv(&sink, sizeof sink, transport::any_source, transport::max_tag,
-                          transport::deadline(options.tick)))
-          say("rendezvous: ignored a message to rank 0 (no member sends to it)");
+        if (const auto from = comm.try_recv(&sink, sizeof sink, transport::any_source, transport::max_tag,
+                                            transport::deadline(options.tick)))
+          say("rendezvous: ignored a message of 1 byte from rank " + std::to_string(*from) +
+              " (no member sends to rank 0)");
+      } catch (const peer_error& e) {
+        say(std::string("rendezvous: ignored a message to rank 0 (no member sends to it): ") + e.what());
       } catch (const transport_error&) {
         if (comm.failed()) throw;
       }
