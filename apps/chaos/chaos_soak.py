@@ -74,6 +74,11 @@ stderr), 2 on bad arguments, else 0.
 
   /usr/bin/python3 apps/chaos/chaos_soak.py --rank-program build/bin/cadence-chaos-rank --trials 50 --seed 1
 
+--python-ranks makes a mixed job: the slots it names run apps/chaos/chaos_rank.py (the same rank
+in Python, on cadence.membership.Member, under --python) instead of --rank-program, their
+restarts included, in one quorum with the C++ processes; both average bit-identical state, so the
+checks above compare their hashes as they do the C++ ones'.
+
 Python 3 standard library only (with apps/soak/soak_support.py, which it shares with the fault
 soak). The schedule of a trial depends only on --seed and the
 trial's number (and the options), so a failing trial can be rerun alone (--first-trial K
@@ -132,6 +137,13 @@ def parse_args(argv):
     p.add_argument("--kinds", default="",
                    help="the fault kinds drawn, comma-separated (default: all; link_down and partition need "
                         "--netns; late_join is --late-join's)")
+    p.add_argument("--python-ranks", default="", metavar="SPEC",
+                   help="the slots whose processes (restarts included) run apps/chaos/chaos_rank.py, the same "
+                        "rank on cadence.membership.Member, instead of --rank-program, in one quorum with the "
+                        "C++ ones: all, odd, even, or slots such as 1,3 (default: none)")
+    p.add_argument("--python", default=sys.executable, metavar="PYTHON",
+                   help="--python-ranks: the interpreter that runs chaos_rank.py (default: this one); it finds "
+                        "NumPy and the cadence package through the environment (PYTHONPATH)")
     add_keep(p)
     a = p.parse_args(argv)
     check_executable(p, "--rank-program", a.rank_program)
@@ -153,7 +165,53 @@ def parse_args(argv):
                     % (k, ", ".join(x for x in KINDS if x != "late_join")))
         if k in LINK_KINDS and not a.netns:
             p.error("--kinds: %s needs --netns (a link of its own per rank)" % k)
+    a.python_slots = python_slots(p, a.python_ranks, a.ranks)
+    if a.python_slots:
+        check_python(p, a.python)
     return a
+
+
+CHAOS_RANK_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos_rank.py")
+
+
+def python_slots(p, spec, ranks):
+    """--python-ranks: the sorted slots that SPEC names (all, odd, even, or a comma-separated list
+    of ranks); [] for none."""
+    if not spec:
+        return []
+    if spec == "all":
+        return list(range(ranks))
+    if spec in ("odd", "even"):
+        return [r for r in range(ranks) if r % 2 == (1 if spec == "odd" else 0)]
+    slots = set()
+    for item in spec.split(","):
+        try:
+            r = int(item)
+        except ValueError:
+            p.error("--python-ranks: '%s' is not a slot (all, odd, even, or ranks such as 1,3), in '%s'"
+                    % (item, spec))
+        if not 0 <= r < ranks:
+            p.error("--python-ranks: slot %d is out of range for --ranks %d (0..%d)" % (r, ranks, ranks - 1))
+        slots.add(r)
+    return sorted(slots)
+
+
+def check_python(p, python):
+    """--python: an interpreter that imports NumPy and cadence.membership, asked once here rather
+    than failing every Python rank of every trial."""
+    if not os.path.isfile(CHAOS_RANK_PY):
+        p.error("--python-ranks: %s is missing" % CHAOS_RANK_PY)
+    try:
+        r = subprocess.run([python, "-c", "import numpy, cadence.membership"], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    except OSError as e:
+        p.error("--python: cannot run '%s': %s" % (python, e))
+    except subprocess.TimeoutExpired:
+        p.error("--python: '%s' took over 60 s to import numpy and cadence.membership" % python)
+    if r.returncode != 0:
+        lines = r.stdout.decode(errors="replace").strip().splitlines()
+        p.error("--python: '%s' cannot import numpy and cadence.membership (PYTHONPATH=%s): %s"
+                % (python, os.environ.get("PYTHONPATH", ""), lines[-1] if lines else "exit %d" % r.returncode))
 
 
 def schedule(args, trial):
@@ -238,7 +296,8 @@ class Proc:
         self.out = os.path.join(trial.folder, "rank%d-%d.jsonl" % (rank, index))
         self.err = os.path.join(trial.folder, "rank%d-%d.err" % (rank, index))
         a = trial.args
-        cmd = [a.rank_program, "--rank", str(rank), "--size", str(a.ranks), "--rendezvous-file", trial.rendezvous,
+        program = [a.python, CHAOS_RANK_PY] if rank in a.python_slots else [a.rank_program]
+        cmd = program + ["--rank", str(rank), "--size", str(a.ranks), "--rendezvous-file", trial.rendezvous,
                "--syncs", str(a.syncs), "--mode", trial.mode, "--mib", "%g" % a.mib, "--step-ms", str(a.step_ms),
                "--heartbeat-ms", str(a.heartbeat_ms), "--join-timeout-ms", str(int(a.trial_timeout * 1000)),
                "--hold-file", trial.hold]
@@ -706,6 +765,8 @@ def soak(args, cluster):
               "not_absorbed": 0, "faulted_errors": 0, "joins_missed": 0,
               "link_faults": {"short": 0, "long": 0}, "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0},
               "link_victim_errors": 0, "lone_commits": 0, "holder": args.holder, "holder_errors": 0}
+    if args.python_slots:  # only then: the default output stays as it was
+        totals["python_ranks"] = args.python_slots
     recovered, fault_to_commit, admission, state = [], [], [], []
     committed = ideal = allowed = 0.0
     failed = []
