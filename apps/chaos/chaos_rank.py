@@ -180,6 +180,14 @@ def run(o, np, membership):
         return hold(o, membership)
     m = membership.Member(o.rank, o.size, join_timeout=o.join_timeout_ms / 1000.0, holder=o.holder,
                           **connection(o))
+    # Closed on every way out (an eviction included): its callbacks refer back to it, a cycle
+    # that only close() breaks (nanobind would report the member leaked at exit).
+    with m:
+        return member_loop(o, np, m)
+
+
+def member_loop(o, np, m):
+    """The member's part: registers the state, starts or joins, runs the syncs, finishes."""
     # As the C++ program: static_cast<size_t>(mib * 1024 * 1024 / sizeof(double)).
     elements = int(o.mib * 1024 * 1024 / 8)
     params = np.ones(elements, dtype=np.float64)
@@ -282,7 +290,6 @@ def run(o, np, membership):
           "hash": "%016x" % m.state_hash, "reconfigurations": s["reconfigurations"],
           "failed_syncs": s["failed_syncs"], "retries": s["retries"], "discarded": s["discarded"],
           "state_sent_bytes": s["state_sent_bytes"], "state_received_bytes": s["state_received_bytes"]})
-    m.close()
     return 0
 
 
