@@ -104,6 +104,41 @@ def decode(codec: str, b: torch.Tensor, n: int) -> torch.Tensor:
     return (full.view(blocks, CODEC_BLOCK) * scale[:, None]).reshape(-1)[:n]
 
 
+def _encode_piece(codec: str, x: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
+    """``x`` encoded once, with error feedback when ``residual`` (as ``x``) is given: the
+    residual is added to ``x`` (in place) before encoding and replaced by what the encoding
+    lost (encode_with_feedback in coded_allreduce.hpp). An empty ``x`` encodes as no bytes."""
+    if x.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8, device=x.device)
+    if residual is None:
+        return encode(codec, x)
+    x.add_(residual)
+    e = encode(codec, x)
+    residual.copy_(x - decode(codec, e, x.numel()))
+    return e
+
+
+def _decode_piece(codec: str, b: torch.Tensor, n: int) -> torch.Tensor:
+    """``decode`` that also takes an empty piece (``n`` 0, no bytes)."""
+    if n == 0:
+        return torch.empty(0, dtype=torch.float32, device=b.device)
+    return decode(codec, b, n)
+
+
+class _Coded:
+    """A lossy codec's exchange in flight (DiLoCo._begin_coded): ``x``, the float32 pseudo-
+    gradient (the pieces sent with their residuals added), ``cuts``, the segment bounds
+    (segment s, elements ``cuts[s]:cuts[s + 1]``, owned by rank s), ``phase`` (1: the
+    reduce-scatter's all_to_all_single in flight; 2: the all-gather's), ``recv`` and
+    ``splits``, the bytes the phase in flight receives and how many from each rank, ``own``,
+    this rank's reduced segment as every rank decodes it (phase 2)."""
+
+    __slots__ = ("x", "cuts", "phase", "recv", "splits", "own")
+
+    def __init__(self, x: torch.Tensor, cuts: List[int], recv: torch.Tensor, splits: List[int]):
+        self.x, self.cuts, self.phase, self.recv, self.splits, self.own = x, cuts, 1, recv, splits, None
+
+
 def _ring_bytes(nbytes: int, n: int) -> int:
     """What a ring all-reduce of ``nbytes`` sends from each of ``n`` ranks (C++ ring_bytes)."""
     return 0 if n <= 1 else 2 * (n - 1) * nbytes // n
@@ -169,10 +204,20 @@ class DiLoCo:
 
     ``codec``: how pseudo-gradients travel: ``"f32"`` (the backend's all-reduce), ``"bf16"``,
     ``"fp16"``, ``"int8"`` or ``"int4"`` (one f32 scale per 128 elements), with the C++ codecs'
-    rounding rules. A lossy codec's exchange is an all-gather of every rank's encoded bytes,
-    each rank decoding all of them and summing in rank order, so the global weights stay
-    identical on every rank. ``error_feedback`` (lossy codecs, default True) adds what the
-    previous encoding lost to the next contribution. ``weight_by_steps`` (default True; the
+    rounding rules. A lossy codec's exchange is a reduce-scatter then an all-gather of encoded
+    segments, as the C++ coded ring, moving 2 (n - 1) / n of the encoded bytes per rank (an
+    all-gather of whole contributions would move n - 1 times them): the pseudo-gradient is cut
+    into one segment per rank; each rank encodes the segment each other rank owns and sends it
+    to its owner, which decodes the pieces, sums them with its own in rank order, encodes the
+    sum once and sends those bytes to every rank; every rank, the owner included, decodes the
+    same bytes, so the global weights stay bit for bit identical on every rank. With ``delay``
+    >= 2 the reduce-scatter runs over the first ``delay // 2`` inner steps and the all-gather
+    over the rest (each half overlapping inner steps); otherwise both at completion. A single
+    rank sends nothing and encodes nothing (as C++). ``error_feedback`` (lossy codecs, default
+    True) adds, per element, what the previous encoding of that element lost before the next
+    one: each rank encodes every element once per exchange (the others' segments as its
+    contribution, its own segment as the reduced sum), so the loss of every encoding is fed
+    back. ``weight_by_steps`` (default True; the
     timed schedules run unequal steps) weights each rank's pseudo-gradient by the inner
     steps behind it: the outer gradient is the sum of steps_r * (global - local_r) over the sum
     of steps_r, as the C++ adapter (a quorum's carried contribution divided by 1 + its
@@ -329,7 +374,7 @@ class DiLoCo:
         self._residual = [None] * fragments
         self.step_count = 0  # inner steps since the start
         self.outer_steps = 0  # fragment outer steps applied
-        self.bytes_sent = 0  # pseudo-gradients (f32: as a ring all-reduce; coded: the all-gather) and records
+        self.bytes_sent = 0  # pseudo-gradients (f32: as a ring all-reduce; coded: the bytes both halves send) and records
         self._flight = [None] * fragments  # (work, buffers, started, divisor) per fragment
         # The timed schedules: steps since the last sync, the latest durations, the syncs done.
         self.local_steps = 0
@@ -401,7 +446,7 @@ class DiLoCo:
     # ---- exchanges -------------------------------------------------------------------------------
     def _begin(self, f: int, scale: float = 1.0, divisor: Optional[float] = None) -> None:
         """Starts fragment f's exchange: its pseudo-gradient times `scale`, summed over the
-        ranks (f32: all-reduce; a lossy codec: an all-gather of the encoded contributions); the
+        ranks (f32: all-reduce; a lossy codec: the coded reduce-scatter, _begin_coded); the
         sum will be divided by `divisor` (default: the group's size)."""
         a, b = self._frag[f]
         base = self._global if self._anchor is None else self._anchor  # where the local work started
@@ -416,31 +461,98 @@ class DiLoCo:
                 work = dist.all_reduce(flat, group=self.process_group, async_op=True)
                 self.bytes_sent += _ring_bytes(flat.numel() * flat.element_size(), self.world_size)
                 bufs = (flat, None)
+            elif self.world_size == 1:
+                work, bufs = None, (flat, None)  # nothing to send, nothing to encode (as C++)
             else:
-                x = flat.to(torch.float32)
-                if self.error_feedback:
-                    if self._residual[f] is None:
-                        self._residual[f] = torch.zeros_like(x)
-                    x.add_(self._residual[f])
-                mine = encode(self.codec, x)
-                if self.error_feedback:
-                    self._residual[f] = x - decode(self.codec, mine, x.numel())
-                got = [torch.empty_like(mine) for _ in range(self.world_size)]
-                work = dist.all_gather(got, mine, group=self.process_group, async_op=True)
-                self.bytes_sent += (self.world_size - 1) * mine.numel()
-                bufs = (flat, got)
+                work, coded = self._begin_coded(f, flat)
+                bufs = (flat, coded)
         self._flight[f] = (work, bufs, self.step_count, float(self.world_size if divisor is None else divisor))
 
+    # The lossy codecs' exchange: the C++ coded ring's reduce-scatter and all-gather
+    # (coded_allreduce.hpp), each half one all_to_all_single instead of n - 1 ring hops. Each
+    # rank still encodes every element once per exchange and sends 2 (n - 1) / n of the encoded
+    # bytes; the sums differ from the ring's only in where the partial sums are rounded (here
+    # the owner adds decoded pieces in rank order in f32, the ring re-encodes at every hop).
+    # all_to_all_single, not per-peer isend/irecv or all_gather: gloo has it in torch 1.13 and
+    # 2.x (CPU and CUDA tensors; NCCL and MPI too), with uneven and empty splits, as one
+    # collective that the group orders with the others, where per-peer isend/irecv would post
+    # 2 (n - 1) operations; and the all-gather half sends each owner's bytes unpadded, where
+    # all_gather needs equal sizes (segments differ by one element, int8/int4 blocks by a scale).
+    def _begin_coded(self, f: int, flat: torch.Tensor):
+        """The reduce-scatter's send: segment s of the pseudo-gradient (elements numel * s // n
+        to numel * (s + 1) // n) for each other rank s, encoded once with error feedback, in one
+        all_to_all_single; this rank's own segment stays exact until its sum is encoded."""
+        n, ranks, me = flat.numel(), self.world_size, self.rank
+        cuts = [n * s // ranks for s in range(ranks + 1)]
+        x = flat.to(torch.float32)
+        res = None
+        if self.error_feedback:
+            if self._residual[f] is None:
+                self._residual[f] = torch.zeros_like(x)
+            res = self._residual[f]
+        pieces, send = [], [0] * ranks
+        for o in range(ranks):
+            if o != me:
+                lo, hi = cuts[o], cuts[o + 1]
+                e = _encode_piece(self.codec, x[lo:hi], None if res is None else res[lo:hi])
+                pieces.append(e)
+                send[o] = e.numel()
+        mine = encoded_bytes(self.codec, cuts[me + 1] - cuts[me])
+        splits = [0 if r == me else mine for r in range(ranks)]
+        recv = torch.empty(sum(splits), dtype=torch.uint8, device=x.device)
+        work = dist.all_to_all_single(recv, torch.cat(pieces), splits, send, group=self.process_group,
+                                      async_op=True)
+        self.bytes_sent += sum(send)
+        return work, _Coded(x, cuts, recv, splits)
+
+    def _gather_coded(self, f: int, deadline: Deadline) -> None:
+        """The reduce-scatter's end and the all-gather's start: waits for the pieces of this
+        rank's segment, sums them with its own in rank order (the same order, so the same floats,
+        in every run), encodes the sum once (error feedback on this rank's segment) and sends
+        those bytes to every other rank in one all_to_all_single."""
+        work, (flat, c), started, divisor = self._flight[f]
+        self._wait(work, f"exchange of fragment {f}'s pseudo-gradient (the coded reduce-scatter, "
+                         "all_to_all_single)", deadline)
+        ranks, me, codec = self.world_size, self.rank, self.codec
+        with torch.no_grad():
+            lo, hi = c.cuts[me], c.cuts[me + 1]
+            total, at = None, 0
+            for r in range(ranks):
+                if r == me:
+                    part = c.x[lo:hi]
+                else:
+                    part = _decode_piece(codec, c.recv[at:at + c.splits[r]], hi - lo)
+                    at += c.splits[r]
+                total = part.clone() if total is None else total.add_(part)
+            res = self._residual[f]
+            e = _encode_piece(codec, total, None if res is None else res[lo:hi])
+            c.own = _decode_piece(codec, e, hi - lo)
+            send = [0 if r == me else e.numel() for r in range(ranks)]
+            c.splits = [0 if r == me else encoded_bytes(codec, c.cuts[r + 1] - c.cuts[r]) for r in range(ranks)]
+            c.recv = torch.empty(sum(c.splits), dtype=torch.uint8, device=e.device)
+            c.phase = 2
+            work = dist.all_to_all_single(c.recv, e.repeat(ranks - 1), c.splits, send, group=self.process_group,
+                                          async_op=True)
+        self.bytes_sent += sum(send)
+        self._flight[f] = (work, (flat, c), started, divisor)
+
     def _complete(self, f: int, deadline: Deadline, adopt: bool = True) -> None:
-        work, (flat, got), _, divisor = self._flight[f]
+        if self._flight[f][1][1] is not None and self._flight[f][1][1].phase == 1:
+            self._gather_coded(f, deadline)
+        work, (flat, c), _, divisor = self._flight[f]
         self._flight[f] = None
-        self._wait(work, f"exchange of fragment {f}'s pseudo-gradient", deadline)
-        if got is not None:  # every rank decodes the same bytes and sums them in rank order
-            n = flat.numel()
-            total = decode(self.codec, got[0], n).clone()
-            for r in range(1, len(got)):
-                total.add_(decode(self.codec, got[r], n))
-            flat = total
+        if work is not None:
+            what = "" if c is None else " (the coded all-gather, all_to_all_single)"
+            self._wait(work, f"exchange of fragment {f}'s pseudo-gradient{what}", deadline)
+        if c is not None:  # every rank decodes the same bytes: each owner's encoded sum
+            segs, at = [], 0
+            for r in range(self.world_size):
+                if r == self.rank:
+                    segs.append(c.own)
+                else:
+                    segs.append(_decode_piece(self.codec, c.recv[at:at + c.splits[r]], c.cuts[r + 1] - c.cuts[r]))
+                    at += c.splits[r]
+            flat = torch.cat(segs)
         flat.div_(divisor)
         a, b = self._frag[f]
         at = 0
@@ -489,6 +601,11 @@ class DiLoCo:
             if fl is not None and fl[2] + self.delay == t:
                 self._complete(f, deadline)
                 acted = True
+        if self.delay >= 2:  # a coded exchange's all-gather half starts halfway through its delay
+            for f in range(self.fragments):
+                fl = self._flight[f]
+                if fl is not None and fl[1][1] is not None and fl[1][1].phase == 1 and fl[2] + self.delay // 2 == t:
+                    self._gather_coded(f, deadline)
         for f in range(self.fragments):
             if self._sends_at(f, t):
                 if self._flight[f] is not None:
