@@ -374,7 +374,7 @@ class DiLoCo:
         self._residual = [None] * fragments
         self.step_count = 0  # inner steps since the start
         self.outer_steps = 0  # fragment outer steps applied
-        self.bytes_sent = 0  # pseudo-gradients (f32: as a ring all-reduce; coded: the bytes both halves send) and records
+        self.bytes_sent = 0  # pseudo-gradients (f32: as a ring all-reduce; coded: what both halves send) and records
         self._flight = [None] * fragments  # (work, buffers, started, divisor) per fragment
         # The timed schedules: steps since the last sync, the latest durations, the syncs done.
         self.local_steps = 0

@@ -15,7 +15,8 @@ import _torch_spawn as _spawn
 
 torch = _spawn.need_gloo()  # or skip, saying what is missing
 
-N = 3  # the ring sends 4/3 of the encoding per rank, an all-gather 2 (fewer processes: each pays torch 2's first-step import)
+N = 3  # the ring sends 4/3 of the encoding per rank, an all-gather 2 (3, not 4: each process pays
+#        torch 2's first-step import)
 LOSSY = ("bf16", "fp16", "int8", "int4")
 SIZES = (1001, 10, 2)  # 3 divides none; 10: segments of 3 or 4; 2: one segment empty
 # Rounding of one encoding, relative to the largest |value| it sees (bf16 and fp16: half an ulp
