@@ -28,7 +28,11 @@ namespace cadence::membership {
 /// 2. **op**: the most one collective inside a sync may take, from its start, including the
 ///    wait for members that arrive later (the skew between members' arrivals at a sync point).
 ///    It catches a member that is alive to the transport but does not take part (an
-///    application stuck in a loop, a member still computing far past the others).
+///    application stuck in a loop, a member still computing far past the others). It is also
+///    the start-up skew allowed: while the first quorum forms, a member's slot that no process
+///    has taken an op timeout after start() counts as lost (over a communicator that tells,
+///    `peer_absent()`: ZeroMQ), so a first member that never comes, the leader included, costs
+///    that wait instead of evicting the others; it may still come later, with join().
 /// 3. **quorum**: the most a reconfiguration may take: the leader's wait for every member it
 ///    believes alive to report, the announcement, the drain of a failed sync's messages and the
 ///    state transfer to a newcomer. It must exceed the op tier, since a member blocked in an op

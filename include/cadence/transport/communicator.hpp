@@ -398,6 +398,22 @@ using peer_lost_t = decltype(std::declval<const C&>().peer_lost(int{}));
 template <class C>
 inline constexpr bool has_peer_lost_v = detail::detected_convertible_v<bool, detail::peer_lost_t, C>;
 
+// ---- absent peers (an optional extension) ----
+//
+// c.peer_absent(r) -> bool: true while no process has ever taken rank r's slot (a job whose
+// ranks may start after the others: ZeroMQ's zmq_wait_for::self); false once one has, even
+// after it is lost. The membership layer counts a slot still absent an op timeout after start()
+// as lost while the first quorum forms, so a first member that never comes (the leader
+// included) costs that wait instead of the job. Owning thread only.
+namespace detail {
+template <class C>
+using peer_absent_t = decltype(std::declval<const C&>().peer_absent(int{}));
+}  // namespace detail
+
+/// Whether C offers peer_absent (the ZeroMQ backend does).
+template <class C>
+inline constexpr bool has_peer_absent_v = detail::detected_convertible_v<bool, detail::peer_absent_t, C>;
+
 /// @}
 }  // namespace cadence::transport
 

@@ -152,6 +152,82 @@ TEST_CASE("membership: with the rendezvous held outside the quorum, the lost lea
   CHECK(replaced);
 }
 
+TEST_CASE("membership: a first member that never starts (the leader's slot) costs the others an op timeout, not the job" *
+          doctest::timeout(180)) {
+  // Ranks 2 and 3 start; rank 1, the lowest member (the first quorum's leader), has not come
+  // when they do. Once it has been absent for an op timeout they count it lost: rank 2 leads
+  // and the first quorum is {2, 3} (two of three: a majority). Rank 1 arrives later, as a late
+  // process does, with join(), and is admitted with the state.
+  job j;
+  mb::rendezvous_report rep;
+  std::atomic<bool> give_up{false};
+  std::atomic<std::uint64_t> progressed{0};  // the commits of rank 2, so rank 1 comes after some
+  std::thread holder = guarded(j, "rendezvous", [&] {
+    tr::zmq_communicator comm(0, size, j.options(0, member_options().timeouts), tr::deadline(30s));
+    mb::rendezvous_options ro;
+    ro.exit_when_empty = 300ms;
+    ro.tick = 50ms;
+    rep = mb::hold_rendezvous(comm, [&] { return give_up.load(); }, ro);
+  });
+  const auto run = [&j, &progressed](int rank) {
+    const mb::member_options opts = member_options();
+    tr::zmq_communicator comm(rank, size, j.options(rank, opts.timeouts), tr::deadline(30s));
+    mb::member<tr::zmq_communicator> m(comm, opts);
+    std::vector<double> params(1024, 1.0);
+    m.add_state(params);
+    if (rank == 1)
+      m.join();
+    else
+      m.start();
+    {
+      std::lock_guard<std::mutex> lock(j.m);
+      j.first_quorum[static_cast<std::size_t>(rank)] = m.current().ranks;
+    }
+    cadence::exchange::periodic_averager<mb::quorum_view<tr::zmq_communicator>> avg(m.view(), 1);
+    while (m.committed() < merges || m.current().size() < static_cast<std::size_t>(size - 1)) {
+      for (std::size_t i = 0; i < params.size(); i += 7) params[i] += 0.01 * rank;
+      if (!avg.step_done()) continue;
+      const mb::sync_report r = m.transact(
+          [&] { avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())}); }, {params});
+      if (r.outcome != mb::outcome::committed) avg.restart_period();
+      if (rank == 2) progressed = m.committed();
+    }
+    m.finish();
+    std::lock_guard<std::mutex> lock(j.m);
+    j.hash[static_cast<std::size_t>(rank)] = m.state_hash();
+    j.committed[static_cast<std::size_t>(rank)] = m.committed();
+  };
+  std::vector<std::thread> members;
+  for (int r = 2; r < size; ++r) members.push_back(guarded(j, "rank " + std::to_string(r), [&run, r] { run(r); }));
+  // Rank 1 comes once the others have committed a sync without it (a state, not a clock).
+  while (progressed.load() < 3) {
+    {
+      std::lock_guard<std::mutex> lock(j.m);
+      if (!j.errors.empty()) break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  members.push_back(guarded(j, "rank 1 (late)", [&run] { run(1); }));
+  for (auto& t : members) t.join();
+  {
+    std::lock_guard<std::mutex> lock(j.m);
+    if (!j.errors.empty()) give_up = true;
+  }
+  holder.join();
+
+  for (const std::string& e : j.errors) FAIL_CHECK(e);
+  REQUIRE(j.errors.empty());
+  CHECK(j.first_quorum[2] == std::vector<int>{2, 3});
+  CHECK(j.first_quorum[3] == std::vector<int>{2, 3});
+  for (int r = 1; r < size; ++r) {
+    CAPTURE(r);
+    CHECK(j.committed[static_cast<std::size_t>(r)] >= merges);
+    CHECK(j.committed[static_cast<std::size_t>(r)] == j.committed[2]);
+    CHECK(j.hash[static_cast<std::size_t>(r)] == j.hash[2]);
+  }
+  CHECK(rep.registrations == 3);
+}
+
 TEST_CASE("membership: hold_rendezvous returns when stop() says so, and refuses what cannot hold" * doctest::timeout(60)) {
   job j;
   const mb::timeouts t = mb::timeouts::scaled(1000ms);

@@ -133,6 +133,7 @@ public:
     q_.ranks = o_.eligible;
     q_.nonces.assign(q_.ranks.size(), 0);
     confirmed_ = q_;
+    started_at_ = clock::now();
     reconfigure(mode::initial, {});
   }
 
@@ -471,7 +472,27 @@ private:
       if (i >= 0 && (q_.nonces[static_cast<std::size_t>(i)] == 0 || q_.nonces[static_cast<std::size_t>(i)] == it->second))
         return true;
     }
+    if (absent_too_long(r)) return true;
     if constexpr (transport::has_peer_lost_v<C>) return comm_->peer_lost(r);
+    return false;
+  }
+
+  /// While the first quorum forms (quorum id 0, after start()): whether slot r has had no process
+  /// for an op timeout since start() (the start-up skew allowed, timeouts.hpp). Such a slot
+  /// counts as lost, so the others neither wait for it as their leader nor for its request as
+  /// the leader; and it stays lost for this formation, so a process arriving just then does not
+  /// turn the others back towards it half-way (it may join() once the quorum has formed).
+  bool absent_too_long(int r) const {
+    if constexpr (transport::has_peer_absent_v<C>) {
+      if (q_.id != 0 || started_at_ == clock::time_point{}) return false;
+      if (absent_lost_.count(r) != 0) return true;
+      if (comm_->peer_absent(r) && clock::now() >= started_at_ + o_.timeouts.op) {
+        absent_lost_.insert(r);
+        event("rank " + std::to_string(rank()) + ": rank " + std::to_string(r) + " has not started within the op timeout (" +
+              std::to_string(o_.timeouts.op.count()) + " ms): the first quorum forms without it");
+        return true;
+      }
+    }
     return false;
   }
 
@@ -1334,6 +1355,8 @@ private:
   bool q_confirmed_ = false;  // q_'s confirming collective completed here (told to the next leader)
   bool closing_ = false;      // in member::finish(): the quorums this member announces say so
   std::uint64_t formed_at_ = 0;  // committed_ when q_ was adopted
+  clock::time_point started_at_{};     // when start() was called (the first quorum's start-up skew counts from it)
+  mutable std::set<int> absent_lost_;  // slots counted lost while the first quorum forms (absent_too_long)
   std::uint64_t committed_ = 0, txn_ = 0, op_seq_ = 0;
   std::size_t txn_ops_ = 0;
   bool in_txn_ = false, txn_joiner_ = false;

@@ -202,6 +202,9 @@ public:
   }
   /// The peer_lost extension (communicator.hpp): peer_state(peer) is lost.
   bool peer_lost(int peer) const { return peer_state(peer) == zmq_peer_state::lost; }
+  /// The peer_absent extension (communicator.hpp): no process has registered in `peer`'s slot
+  /// yet (incarnation(peer) is 0).
+  bool peer_absent(int peer) const { return incarnation(peer) == 0; }
   /// The incarnation of the process in `peer`'s slot (1 for the first, 2 after one restart, ...;
   /// 0 while absent), so an adapter tells a new process from the old one. incarnation(rank()) is
   /// this process's own. Owning thread only.
