@@ -68,9 +68,9 @@ inline std::vector<int> members_besides_rendezvous(int size) {
 /// options.exit_when_empty, until the job is over; answers every registration meanwhile, and
 /// reports each slot's registrations and losses through options.on_event. Asks stop() at least
 /// every options.tick. The members run membership::member with eligible =
-/// members_besides_rendezvous(size) and never send to rank 0; the first of them (rank 1, the
-/// first quorum's leader) must call start() with the others, as rank 0 must without a holder;
-/// any other may come later with join(). A message sent to rank 0 anyway is dropped and
+/// members_besides_rendezvous(size) and never send to rank 0; they call start() together
+/// (one that has not come an op timeout later is left out of the first quorum, the leader
+/// included, if a majority came: timeouts.hpp) and any may come later with join(). A message sent to rank 0 anyway is dropped and
 /// reported through on_event. Throws invalid_parameter_error when `comm` is not rank 0, has
 /// no other rank, or tick is not positive, and the communicator's errors (after abort(), for
 /// example).
