@@ -1,7 +1,10 @@
 // exchange::diloco_member: DiLoCo on the membership layer over in-process ranks. A rank killed
 // between outer syncs, a rank killed inside an outer sync's all-reduce, and a killed rank
 // restarted that rejoins: the survivors' global weights and outer state stay identical (every
-// commit's hash goes into a ledger; a count with two hashes fails), and training goes on.
+// commit's hash goes into a ledger; a count with two hashes fails), and training goes on. The
+// same with streaming (delay > 0: each fragment's sync a transaction on a thread of its own
+// while inner steps go on): without faults, with a rank lost while a fragment is in flight, and
+// with a joiner admitted by a fragment's transaction.
 #include <cadence/exchange/local_sgd/membership.hpp>
 #include <cadence/membership/member.hpp>
 #include <cadence/transport/inproc.hpp>
@@ -10,11 +13,14 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace cadence_diloco_membership_test {
@@ -34,6 +40,8 @@ struct rank_result {
   std::string error;
   std::uint64_t committed = 0, outer_steps = 0, hash = 0;
   int faulted_syncs = 0;  // outer syncs that were run again or healed here
+  std::uint64_t completed = 0;          // streaming: fragments' transactions completed by sync()
+  std::vector<float> global, local;     // streaming: the weights it ended with
   std::vector<int> last_quorum;
   mb::member_stats stats;
 };
@@ -69,6 +77,33 @@ int train(glue& dm, std::vector<float>& w, int rank, ledger& book, std::uint64_t
     }
   }
   return faulted;
+}
+
+// Streaming: inner steps and syncs until the member committed `target` syncs. The member is
+// read only between a fragment's completion point and the next send point (in flight, it
+// belongs to the fragment's thread); every commit's hash there goes into `book`.
+int train_streaming(glue& dm, std::vector<float>& w, int rank, ledger& book, std::uint64_t target) {
+  int faulted = 0;
+  mb::member<inproc_communicator>& m = dm.member();
+  for (std::uint64_t step = 0;; ++step) {
+    if (!dm.in_flight() && m.committed() >= target) return faulted;
+    inner_step(w, rank, step);
+    if (!dm.step_done(1000 + 100 * rank)) continue;
+    const mb::sync_report rep = dm.sync();
+    if (rep.attempts == 0) continue;  // a send point only: the fragment's transaction is running
+    if (rep.attempts > 1 || rep.outcome != mb::outcome::committed) ++faulted;
+    if (rep.outcome == mb::outcome::committed && !dm.in_flight())
+      book.record(rank, m.committed(), m.state_hash() ^ dm.global_hash());
+  }
+}
+
+// Fragment sends in steps 1..steps of a fixed:<h> schedule with f fragments (diloco's
+// (k + 1) h / f mod h): the fragment steps a run of that many steps ends with.
+std::uint64_t sends_in(std::uint64_t steps, std::uint64_t h, std::uint64_t f) {
+  std::uint64_t n = 0;
+  for (std::uint64_t t = 1; t <= steps; ++t)
+    for (std::uint64_t k = 0; k < f; ++k) n += t % h == (k + 1) * h / f % h ? 1 : 0;
+  return n;
 }
 
 // After the last outer sync: the closing sync (diloco_member::finish()), then what the rank
@@ -252,14 +287,210 @@ TEST_CASE("diloco_member: a restarted rank rejoins with the current global weigh
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
 }
 
+TEST_CASE("diloco_member: streaming fragments commit the same global state on every rank, one in flight at a time") {
+  // delay 1 < 2 steps between sends: a pause between a completion and the next send, where the
+  // ledger takes every commit; delay 2 = the steps between sends: each completion point is the
+  // next send point, mixing with alpha 0.5, Adam's two state slots. The oracle: diloco itself
+  // (no membership) with the same options and inner steps, whose exchanges overlap the same
+  // steps and land at the same ones (equal up to the sums' rounding order).
+  for (const std::string config :
+       {"fixed:4,fragments=2,delay=1", "fixed:6,fragments=3,delay=2,alpha=0.5,outer=adam:0.01"}) {
+    CAPTURE(config);
+    const ex::diloco_config cfg = ex::parse_diloco_config(config);
+    const std::uint64_t steps = 40;
+    inproc_world world(4);
+    ledger book;
+    const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+      mb::member<inproc_communicator> m(c, test_options());
+      std::vector<float> w(3001, 0.5f);  // fragments of unequal length
+      glue dm(m, {ex::tensor_ref(w.data(), 1000), ex::tensor_ref(w.data() + 1000, 2001)},
+              ex::make_outer_optimizer(cfg.outer), cfg.options);
+      dm.start();
+      for (std::uint64_t step = 0; step < steps; ++step) {
+        inner_step(w, rank, step);
+        if (!dm.step_done(1000 + 100 * rank)) continue;
+        CHECK(dm.due());
+        const bool was_in_flight = dm.in_flight();
+        const mb::sync_report rep = dm.sync();
+        if (rep.attempts == 0) {
+          CHECK_FALSE(was_in_flight);  // one transaction at a time
+          CHECK(dm.in_flight());
+        } else {
+          CHECK(rep.outcome == mb::outcome::committed);
+          ++out.completed;
+          if (!dm.in_flight()) book.record(rank, m.committed(), m.state_hash() ^ dm.global_hash());
+        }
+      }
+      CHECK(dm.in_flight());  // step 40 is a send point of both schedules
+      finish(dm, out);        // completes it first
+      CHECK_FALSE(dm.in_flight());
+      out.global.assign(dm.adapter().global_weights().begin(), dm.adapter().global_weights().end());
+      out.local = w;
+    });
+    inproc_world plain(4);
+    const auto ref = run_ranks(plain, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+      std::vector<float> w(3001, 0.5f);
+      const ex::tensor_ref t[] = {ex::tensor_ref(w.data(), 1000), ex::tensor_ref(w.data() + 1000, 2001)};
+      ex::diloco<inproc_communicator> d(c, {t[0], t[1]}, ex::make_outer_optimizer(cfg.outer), cfg.options);
+      for (std::uint64_t step = 0; step < steps; ++step) {
+        inner_step(w, rank, step);
+        if (d.step_done(1000 + 100 * rank)) d.sync({t[0], t[1]});
+      }
+      d.finish({t[0], t[1]});
+      out.global.assign(d.global_weights().begin(), d.global_weights().end());
+      out.local = w;
+    });
+    const std::uint64_t h = ex::outer_schedule(cfg.options.schedule, 4).period();
+    const std::uint64_t sent = sends_in(steps, h, cfg.options.fragments);
+    for (int r = 0; r < 4; ++r) {
+      const rank_result& x = res[static_cast<std::size_t>(r)];
+      CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+      CHECK(x.hash == res[0].hash);
+      CHECK(x.outer_steps == sent / cfg.options.fragments);
+      CHECK(x.committed == sent + 1);  // the weights' broadcast, then one transaction per fragment sent
+      CHECK(x.completed == sent - 1);  // by sync(): all but the last, which finish() completed
+      const rank_result& y = ref[static_cast<std::size_t>(r)];
+      REQUIRE(x.global.size() == y.global.size());
+      double worst = 0;
+      for (std::size_t i = 0; i < x.global.size(); ++i)
+        worst = std::max({worst, std::abs(static_cast<double>(x.global[i]) - y.global[i]),
+                          std::abs(static_cast<double>(x.local[i]) - y.local[i])});
+      CHECK(worst < 1e-5);
+    }
+    if (cfg.options.delay == 1) CHECK(book.counts() == sent - 1);
+    CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+  }
+}
+
+// The victim is lost while a fragment's exchange is in flight: killed at its k-th send (on the
+// fragment's thread, part-way into the all-reduce), or killed by its own thread between the
+// send point and the completion point (its destructor joins the fragment's thread). The
+// survivors run that fragment's sync again without it and go on; none hangs.
+TEST_CASE("diloco_member: a rank lost while a streaming fragment is in flight drops out of it") {
+  for (int victim : {0, 2}) {
+    // 0: killed by its own thread; else past the weights' broadcast (rank 0 sends it, 60 pieces).
+    for (int skip : {0, victim == 0 ? 75 : 12}) {
+      CAPTURE(victim);
+      CAPTURE(skip);
+      inproc_world world(4);
+      ledger book;
+      std::atomic<bool> on_fragment_thread{false};
+      std::thread::id victim_thread;
+      if (skip > 0)
+        cadence_membership_test::on_send(world, victim, skip, [&](inproc_world& wd) {
+          on_fragment_thread = std::this_thread::get_id() != victim_thread;
+          wd.kill(victim);
+        });
+      const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+        if (rank == victim) victim_thread = std::this_thread::get_id();
+        auto o = test_options();
+        o.piece_bytes = 4096;
+        mb::member<inproc_communicator> m(c, o);
+        std::vector<float> w(20000, 0.25f);
+        glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"),
+                options_for("fixed:4,fragments=2,delay=1"));
+        dm.start();
+        if (rank == victim && skip == 0) {
+          std::uint64_t step = 0;
+          while (!(dm.in_flight() && step >= 9)) {
+            inner_step(w, rank, step++);
+            if (dm.step_done(1000)) (void)dm.sync();
+          }
+          world.kill(rank);
+          throw killed{};
+        }
+        out.faulted_syncs = train_streaming(dm, w, rank, book, 8);
+        finish(dm, out);
+      });
+      check_survivors(res, victim, 8, book);
+      if (skip > 0) CHECK(on_fragment_thread);
+      int faulted = 0;
+      for (int r = 0; r < 4; ++r)
+        if (r != victim) faulted += res[static_cast<std::size_t>(r)].faulted_syncs;
+      CHECK(faulted >= 1);  // a fragment's sync was run again (or healed) on the survivors
+    }
+  }
+}
+
+TEST_CASE("diloco_member: a restarted rank joins a streaming job through a fragment's transaction") {
+  inproc_world world(4);
+  ledger book;
+  std::atomic<bool> restarted{false}, asked{false}, lost{false};
+  std::atomic<std::uint64_t> first_nonce{0};
+  std::vector<rank_result> res(4);
+  std::vector<std::thread> threads;
+  const std::string config = "fixed:4,fragments=2,delay=1";
+  auto body = [&](int rank) {
+    rank_result& out = res[static_cast<std::size_t>(rank)];
+    cadence_membership_test::keep_error(out, [&] {
+      auto o = test_options();
+      o.transfer_bytes = 4096;
+      if (rank == 0) o.on_event = cadence_membership_test::flag_on(lost, "lost rank 3");
+      std::vector<float> w(5000, 1.0f);
+      if (rank == 3 && restarted) {
+        inproc_communicator c = world.restart(3);
+        mb::member<inproc_communicator> m(c, o);
+        glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"), options_for(config));
+        w.assign(w.size(), -7.0f);  // overwritten by the quorum's global weights
+        asked = true;
+        dm.join();
+        CHECK(m.current().contains(3));
+        CHECK(dm.adapter().outer_steps() >= 2);  // the counters came with the state
+        CHECK(std::equal(w.begin(), w.end(), dm.adapter().global_weights().begin()));
+        train_streaming(dm, w, rank, book, 14);
+        finish(dm, out);
+        return;
+      }
+      inproc_communicator c = world.join(rank);
+      mb::member<inproc_communicator> m(c, o);
+      glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"), options_for(config));
+      dm.start();
+      train_streaming(dm, w, rank, book, 5);
+      if (rank == 3) {
+        first_nonce = m.nonce();
+        world.kill(3);
+        throw killed{};
+      }
+      // Until the replacement is in (admitted by a fragment's transaction), then more syncs.
+      while (!(restarted && m.current().contains(3) && m.current().nonces[3] != first_nonce)) {
+        while (!m.current().contains(3) && !asked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        REQUIRE(m.committed() < 12);  // admitted within a few syncs
+        train_streaming(dm, w, rank, book, m.committed() + 1);
+      }
+      train_streaming(dm, w, rank, book, 14);
+      finish(dm, out);
+    });
+  };
+  for (int r = 0; r < 4; ++r) threads.emplace_back(body, r);
+  threads[3].join();
+  CHECK(res[3].error == "killed");
+  while (!lost) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  res[3] = {};
+  restarted = true;
+  threads[3] = std::thread(body, 3);
+  for (auto& t : threads) t.join();
+  for (const auto& x : res) {
+    CHECK_MESSAGE(x.error == "", x.error);
+    CHECK(x.committed == 14);
+    CHECK(x.hash == res[0].hash);
+    CHECK(x.outer_steps == res[0].outer_steps);
+    CHECK(x.last_quorum == std::vector<int>{0, 1, 2, 3});
+  }
+  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
 TEST_CASE("diloco_member: what the membership cannot carry is refused before it starts") {
   inproc_world world(1);
   inproc_communicator c = world.join(0);
   mb::member<inproc_communicator> m(c, test_options());
   std::vector<float> w(8, 1.0f);
+  // One transaction at a time: the delay must end by the next fragment's send point.
   CHECK_THROWS_WITH_AS(glue(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"),
-                            options_for("fixed:4,fragments=2,delay=1")),
-                       doctest::Contains("delay=1"), cadence::invalid_parameter_error);
+                            options_for("fixed:4,fragments=2,delay=3")),
+                       doctest::Contains("use delay <= 2"), cadence::invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(glue(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"),
+                            options_for("lag:3:1,delay=1")),
+                       doctest::Contains("need the fixed schedule"), cadence::invalid_parameter_error);
   CHECK_THROWS_WITH_AS(glue(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"),
                             options_for("fixed:4,codec=int8")),
                        doctest::Contains("set diloco_options::tag lower"), cadence::invalid_parameter_error);

@@ -401,6 +401,29 @@ private:
   // as allreduce_average does, so a mean of representable values is exact.
   void begin(std::size_t f, span<const tensor_ref> weights, float scale, double divisor,
              const transport::deadline& d) {
+    contribute(f, weights, scale);
+    launch(f, divisor, d);
+    fragment& fr = frags_[f];
+    fr.in_flight = true;
+    fr.started = t_;
+  }
+
+  // Waits for fragment f's exchange, applies the outer step to its global weights and, when
+  // `adopt`, mixes them into this rank's local weights (and the anchor).
+  void complete(std::size_t f, span<const tensor_ref> weights, const transport::deadline& d, bool adopt = true) {
+    fragment& fr = frags_[f];
+    fr.exchange.wait(d);
+    fr.in_flight = false;
+    outer_step(f);
+    if (adopt) mix(f, weights);
+  }
+
+  // The parts of begin() and complete(); diloco_member runs launch(), the wait and outer_step()
+  // of a streaming fragment on its own thread, so they touch neither the step clock nor
+  // in_flight/started, and nothing outside fragment f but its counters.
+
+  // contrib_ over fragment f: its pseudo-gradient (anchor, or global, minus local) times `scale`.
+  void contribute(std::size_t f, span<const tensor_ref> weights, float scale) {
     const std::size_t a = frag_first_[f], b = frag_first_[f + 1];
     const float* anchor = anchor_.empty() ? global_.data() : anchor_.data();
     if (scale == 0.0f) {
@@ -410,22 +433,21 @@ private:
         for (std::size_t i = 0; i < n; ++i) contrib_[at + i] = scale * (anchor[at + i] - p[i]);
       });
     }
+  }
+  // Starts fragment f's exchange of contrib_ (its sum to be divided by `divisor`).
+  void launch(std::size_t f, double divisor, const transport::deadline& d) {
+    const std::size_t a = frag_first_[f], b = frag_first_[f + 1];
     fragment& fr = frags_[f];
     float* out = sum_.empty() ? contrib_.data() + a : sum_.data() + a;
     float* residual = residual_.empty() ? nullptr : residual_.data() + a;
     fr.exchange.start(*comm_, options_.codec, contrib_.data() + a, out, b - a, options_.tag + static_cast<int>(f), d,
                       residual);
-    fr.in_flight = true;
-    fr.started = t_;
     fr.divisor = divisor;
   }
-
-  // Waits for fragment f's exchange, applies the outer step to its global weights and, when
-  // `adopt`, mixes them into this rank's local weights (and the anchor).
-  void complete(std::size_t f, span<const tensor_ref> weights, const transport::deadline& d, bool adopt = true) {
+  // Fragment f's exchange completed: its mean pseudo-gradient into the outer step of its global
+  // weights and outer state, and the counters.
+  void outer_step(std::size_t f) {
     fragment& fr = frags_[f];
-    fr.exchange.wait(d);
-    fr.in_flight = false;
     const std::size_t a = frag_first_[f], b = frag_first_[f + 1];
     float* g = sum_.empty() ? contrib_.data() + a : sum_.data() + a;
     if (fr.divisor != 1.0) detail::divide_into(g, g, b - a, fr.divisor);
@@ -433,7 +455,11 @@ private:
     for (std::size_t k = 0; k < slots.size(); ++k) slots[k] = state_.data() + k * total_ + a;
     outer_.step(span<float>(global_.data() + a, b - a), span<const float>(g, b - a), slots.data(), ++fr.steps);
     ++fragment_steps_;
-    if (!adopt) return;
+  }
+  // Fragment f's global weights mixed into this rank's local weights with alpha (and into the
+  // anchor).
+  void mix(std::size_t f, span<const tensor_ref> weights) {
+    const std::size_t a = frag_first_[f], b = frag_first_[f + 1];
     const float alpha = options_.alpha;
     pieces(weights, a, b, [&](float* p, std::size_t at, std::size_t n) {
       if (alpha == 0.0f) {

@@ -17,9 +17,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -58,10 +60,31 @@ namespace cadence::exchange {
 /// work. A joiner (join()) receives the state, takes the global weights as its local weights and
 /// starts with the others' clock.
 ///
-/// Limits: `delay` must be 0 (an exchange overlapping inner steps would outlive the sync's
-/// transaction, which the member refuses); a lossy codec needs `options.tag + fragments` within
-/// the view's 256 user tags; every sync of the member goes through this object (no other
-/// transact() on the same member).
+/// **Streaming** (fixed schedule, `fragments` F, `delay` D > 0: a fragment's exchange overlaps
+/// the next D inner steps). At fragment f's send point sync() takes its pseudo-gradient (global
+/// minus local weights over the fragment, as delay 0 does) and runs the fragment's sync (its
+/// all-reduce, its outer step on the global weights and outer state, the counters) as a
+/// transaction with on_loss::retry on one background thread, its backup that pseudo-gradient,
+/// the fragment's global weights and outer state and the counters: a loss drops the lost
+/// rank's pseudo-gradient and the survivors run the sync again from the backup, a joiner is
+/// admitted and streamed the state by that thread. step_done() counts inner steps meanwhile
+/// and returns true at the completion point (D steps later), where sync() joins the thread and
+/// applies the outcome as delay 0 does: committed, the fragment's global weights mixed into
+/// the local ones with alpha; healed, the global weights taken as the local ones; discarded,
+/// nothing (the fragment's local work goes into its next exchange). The member runs one
+/// transaction at a time, so D must not exceed the steps between two fragments' send points
+/// (the least of them: H / F rounded down, or H with one fragment); a completion point that is
+/// also a send point completes first. The timed schedules have no overlap (refused with D > 0,
+/// as diloco does). **While an exchange is in flight** (in_flight(); from a send point to its
+/// completion point) the member, the view and the adapter's global weights, outer state and
+/// counters belong to that thread (the member's on_event and on_change callbacks run on it):
+/// the owning thread calls only step_done(), due(), sync(), finish(), in_flight(), the
+/// adapter's step counters (local_steps(), progress(), total_steps()) and the destructor, which
+/// joins the thread (a fault that ends it is rethrown by the sync() or finish() that joins it;
+/// the destructor drops it). The thread's start and join order what the two threads touch.
+///
+/// Limits: a lossy codec needs `options.tag + fragments` within the view's 256 user tags; every
+/// sync of the member goes through this object (no other transact() on the same member).
 template <class C, class O = any_outer_optimizer>
 class diloco_member {
 public:
@@ -73,15 +96,13 @@ public:
   /// Glue for member `m` (not started yet) and this rank's f32 `weights` (which, like `m`, must
   /// outlive it), with outer optimizer `outer` and `options` (as diloco's). Registers the
   /// state with `m` and a reconfiguration hook. Throws invalid_parameter_error for what the
-  /// membership cannot carry (delay > 0, a lossy codec's tags beyond the view's, a tensor that
+  /// membership cannot carry (a delay with a timed schedule, at or above H, or above the steps
+  /// between two fragments' send points; a lossy codec's tags beyond the view's; a tensor that
   /// is not f32), naming it.
   diloco_member(membership::member<C>& m, span<const tensor_ref> weights, O outer = O(), diloco_options options = {})
       : m_(&m), weights_(weights.begin(), weights.end()), outer_(std::move(outer)), options_(std::move(options)) {
     const std::string here = "cadence::exchange::diloco_member: ";
-    if (options_.delay != 0)
-      throw invalid_parameter_error(here + "delay=" + std::to_string(options_.delay) +
-                                    ": an exchange overlapping inner steps would outlive the sync's transaction on "
-                                    "the membership layer; use delay=0");
+    if (options_.delay != 0) check_delay(here);
     if (codec_is_lossy(options_.codec) &&
         static_cast<std::size_t>(options_.tag) + options_.fragments > static_cast<std::size_t>(user_tags))
       throw invalid_parameter_error(here + "codec " + outer_codec_name(options_.codec) + " uses tags " +
@@ -111,6 +132,10 @@ public:
 
   diloco_member(const diloco_member&) = delete;  // the member's hook holds `this`
   diloco_member& operator=(const diloco_member&) = delete;
+  /// Joins a streaming fragment's thread still in flight (its outcome, or its fault, dropped).
+  ~diloco_member() {
+    if (worker_.joinable()) worker_.join();
+  }
 
   /// Starts the member (member::start(), the first quorum) and builds the adapter in the first
   /// transaction: the first member's weights are broadcast into every member's tensors and
@@ -150,23 +175,44 @@ public:
   }
 
   /// This rank finished an inner step of `duration` (microseconds, or a std::chrono duration;
-  /// diloco::step_done): returns whether sync() is due.
+  /// diloco::step_done): returns whether sync() is due (streaming: at a send point, or at the
+  /// completion point of the fragment in flight). Throws invalid_parameter_error as diloco's
+  /// (a bad duration, or a sync() due and not called).
   template <class D>
   bool step_done(D duration) {
-    return adapter().step_done(duration);
+    adapter_type& a = adapter();
+    if (lands_now())
+      throw invalid_parameter_error("cadence::exchange::diloco_member: step_done() at fragment " +
+                                    std::to_string(job_->fragment) + "'s completion point (step " +
+                                    std::to_string(a.t_) + "): call sync() first");
+    return a.step_done(duration) || lands_now();
   }
+
+  /// Whether sync() is due now: diloco::due(), or the completion point of the streaming
+  /// fragment in flight. Throws invalid_parameter_error before start() or join().
+  bool due() {
+    adapter_type& a = adapter();
+    return a.due() || lands_now();
+  }
+
+  /// Whether a streaming fragment's exchange is in flight (between its send point and its
+  /// completion point): the member and the adapter's global state belong to its thread then.
+  bool in_flight() const noexcept { return job_.has_value(); }
 
   /// The outer sync due now, as a transaction of the quorum (see the class comment). Returns
   /// the member's report: committed (the outer step applied here), healed (received from a
   /// member that committed it; the local weights are the global ones) or discarded (every
-  /// attempt failed: the local work is kept for the next sync). Throws invalid_parameter_error
-  /// when no sync is due, and the member's evicted_error and quorum_error.
+  /// attempt failed: the local work is kept for the next sync). Streaming: the report of the
+  /// fragment's transaction that this call completed, and attempts 0 from a call that only
+  /// started one. Throws invalid_parameter_error when no sync is due, and the member's
+  /// evicted_error and quorum_error (streaming: those of the transaction it completed).
   membership::sync_report sync() {
     adapter_type& a = adapter();
-    if (!a.due())
+    if (!due())
       throw invalid_parameter_error("cadence::exchange::diloco_member: sync() before it is due (" +
                                     std::to_string(a.local_steps()) + " of " + std::to_string(a.planned()) +
                                     " inner steps done)");
+    if (streaming()) return sync_streaming(a);
     publish();
     std::vector<membership::buffer> backup;
     for (const tensor_ref& t : weights_) backup.emplace_back(t.data, t.bytes());
@@ -204,9 +250,12 @@ public:
 
   /// After this rank's last outer sync: the member's closing sync (member::finish()), so that a
   /// last sync committed here but failed on others reaches them (healed) before this rank leaves.
-  /// No exchange is in flight between syncs (delay is 0 here). Every rank calls it once, after
-  /// the same syncs. Throws as sync() does.
-  membership::sync_report finish() { return m_->finish(); }
+  /// A streaming fragment in flight completes first (joined and applied as at its completion
+  /// point). Every rank calls it once, after the same syncs. Throws as sync() does.
+  membership::sync_report finish() {
+    if (job_) (void)land();
+    return m_->finish();
+  }
 
   /// The adapter (its monitoring: outer_steps(), global_weights(), outer_state(), plan()).
   /// Throws invalid_parameter_error before start() or join().
@@ -218,9 +267,13 @@ public:
   /// The member.
   membership::member<C>& member() noexcept { return *m_; }
   /// A hash (64-bit FNV-1a) of the global weights and the outer state: equal on every member
-  /// after every commit.
+  /// after every commit. Throws invalid_parameter_error while a streaming fragment is in flight.
   std::uint64_t global_hash() {
     adapter_type& a = adapter();
+    if (job_)
+      throw invalid_parameter_error("cadence::exchange::diloco_member: global_hash() while fragment " +
+                                    std::to_string(job_->fragment) + "'s exchange is in flight (it completes at step " +
+                                    std::to_string(job_->started + options_.delay) + ")");
     std::uint64_t h = 1469598103934665603ull;
     auto mix = [&h](const std::vector<float>& v) {
       const auto* p = reinterpret_cast<const unsigned char*>(v.data());
@@ -286,6 +339,140 @@ private:
     }
   }
 
+  // ---- streaming: one fragment's transaction on worker_ ----
+
+  bool streaming() const noexcept { return options_.delay != 0; }
+
+  // Whether the fragment in flight completes at this step.
+  bool lands_now() const noexcept { return job_ && job_->started + options_.delay == adapter_->t_; }
+
+  // The constructor's checks of a delay: the fixed schedule, and at most the fewest steps
+  // between two send points (one transaction at a time).
+  void check_delay(const std::string& here) {
+    std::optional<outer_schedule> s;
+    try {
+      s.emplace(options_.schedule, 1, options_.history);
+    } catch (const error&) {
+      return;  // start() builds the adapter, which names what is wrong with the schedule
+    }
+    check_diloco_options(options_, *s, here);
+    const std::size_t h = s->period(), f = options_.fragments;
+    std::vector<std::size_t> at;
+    for (std::size_t k = 0; k < f; ++k) at.push_back((k + 1) * h / f % h);
+    std::sort(at.begin(), at.end());
+    std::size_t gap = at.front() + h - at.back();
+    for (std::size_t k = 1; k < f; ++k) gap = std::min(gap, at[k] - at[k - 1]);
+    if (options_.delay > gap)
+      throw invalid_parameter_error(here + "delay=" + std::to_string(options_.delay) + " with fragments=" +
+                                    std::to_string(f) + " and H = " + std::to_string(h) +
+                                    ": fragments are sent as few as " + std::to_string(gap) +
+                                    " steps apart and the member runs one exchange at a time; use delay <= " +
+                                    std::to_string(gap));
+  }
+
+  // sync() with delay > 0 (fixed schedule): the fragment that completes now, then the one sent
+  // now (as diloco::sync_fixed orders them).
+  membership::sync_report sync_streaming(adapter_type& a) {
+    membership::sync_report rep;
+    rep.attempts = 0;
+    if (lands_now()) rep = land();
+    a.synced_at_ = a.t_;
+    a.progress_ = 0;
+    a.local_steps_ = 0;
+    publish();  // the clock a joiner admitted by the next transaction starts from
+    for (std::size_t f = 0; f < a.frags_.size(); ++f)
+      if (a.sends_at(f, a.t_)) {
+        if (job_) rep = land();  // only after a reconfiguration moved a clock
+        send(f);
+      }
+    return rep;
+  }
+
+  // Fragment f's pseudo-gradient now, and its transaction on worker_.
+  void send(std::size_t f) {
+    adapter_type& a = *adapter_;
+    a.contribute(f, span<const tensor_ref>(weights_.data(), weights_.size()), 1.0f);
+    job_.emplace();
+    job_->fragment = f;
+    job_->started = a.t_;
+    try {
+      worker_ = std::thread([this, f] { run(f); });
+    } catch (...) {
+      job_.reset();
+      throw;
+    }
+  }
+
+  // worker_'s body: fragment f's sync as a transaction (the adapter's launch, wait and outer
+  // step, as its complete() without the mixing), retried from the backup after a loss.
+  void run(std::size_t f) {
+    try {
+      adapter_type& a = *adapter_;
+      const std::size_t lo = a.frag_first_[f], n = a.frag_first_[f + 1] - lo;
+      std::vector<membership::buffer> backup;
+      backup.emplace_back(a.contrib_.data() + lo, n * 4);
+      backup.emplace_back(a.global_.data() + lo, n * 4);
+      for (std::size_t k = 0; k < a.outer_.state_slots(); ++k)
+        backup.emplace_back(a.state_.data() + k * a.total_ + lo, n * 4);
+      backup.emplace_back(shared_);
+      job_->report = m_->transact(
+          [&] {
+            const transport::deadline d(a.options_.timeout);
+            a.launch(f, static_cast<double>(a.comm_->size()), d);
+            a.frags_[f].exchange.wait(d);
+            a.outer_step(f);
+            shared_[s_fragment_steps] = a.fragment_steps_;
+            shared_[shared_head + f] = a.frags_[f].steps;
+          },
+          span<const membership::buffer>(backup.data(), backup.size()), membership::on_loss::retry);
+    } catch (...) {
+      job_->error = std::current_exception();
+    }
+  }
+
+  // The completion point (or finish()): joins worker_ and applies its outcome on this thread.
+  membership::sync_report land() {
+    worker_.join();
+    const job done = std::move(*job_);
+    job_.reset();
+    adapter_type& a = *adapter_;
+    const bool healed = deferred_healed_;
+    if (deferred_) restart_schedule();
+    deferred_ = deferred_healed_ = false;
+    if (!done.error && (healed || done.report.outcome == membership::outcome::healed)) {
+      // Received from a member that committed it: the global weights as the local ones.
+      a.pieces(span<const tensor_ref>(weights_.data(), weights_.size()), 0, a.total_,
+               [&](float* p, std::size_t at, std::size_t n) { std::memcpy(p, a.global_.data() + at, n * 4); });
+      if (!a.anchor_.empty()) a.anchor_ = a.global_;
+      a.progress_ = 0;
+      a.carried_ = 0;
+      a.local_steps_ = 0;
+    } else if (!done.error && done.report.outcome == membership::outcome::committed) {
+      a.mix(done.fragment, span<const tensor_ref>(weights_.data(), weights_.size()));
+    }
+    publish();
+    if (done.error) std::rethrow_exception(done.error);
+    return done.report;
+  }
+
+  // The quorum changed while worker_ runs a fragment's transaction (on worker_): the counters
+  // every member shares as the backup or the donor left them, no exchange or residual; the
+  // schedule and the local weights wait for land() (this rank's thread uses them meanwhile).
+  void changed_in_flight(const membership::change& c) {
+    adapter_type& a = *adapter_;
+    a.syncs_ = shared_[s_syncs];
+    a.fragment_steps_ = shared_[s_fragment_steps];
+    a.stale_contributions_ = shared_[s_stale];
+    a.max_staleness_ = static_cast<std::int64_t>(shared_[s_max_staleness]);
+    for (std::size_t f = 0; f < a.frags_.size(); ++f) {
+      a.frags_[f].steps = shared_[shared_head + f];
+      a.frags_[f].exchange.drop();
+    }
+    if (!a.residual_.empty()) std::fill(a.residual_.begin(), a.residual_.end(), 0.0f);
+    deferred_ = true;
+    deferred_healed_ = deferred_healed_ || c.healed;
+  }
+
   // The quorum changed: the schedule for its size, nothing in flight, no residuals.
   void restart_schedule() {
     adapter_type& a = *adapter_;
@@ -331,6 +518,10 @@ private:
 
   void changed(const membership::change& c) {
     if (!adapter_ || !attached_) return;  // start() and join() set the adapter up themselves
+    if (job_) {
+      changed_in_flight(c);
+      return;
+    }
     load(c.healed);
     restart_schedule();
     publish();
@@ -347,6 +538,17 @@ private:
   std::vector<float> global_, state_;
   std::vector<std::uint64_t> shared_;
   std::vector<std::int64_t> local_;
+  // Streaming: the fragment in flight (set and cleared on this rank's thread, around worker_;
+  // worker_ writes its report or error), and a reconfiguration worker_ saw, for land().
+  struct job {
+    std::size_t fragment = 0;
+    std::uint64_t started = 0;  // the step of its send point
+    membership::sync_report report;
+    std::exception_ptr error;
+  };
+  std::optional<job> job_;
+  std::thread worker_;
+  bool deferred_ = false, deferred_healed_ = false;
 };
 
 /// @}
