@@ -3,9 +3,9 @@ fragments), ElasticBSP and periodic model averaging over
 ``torch.distributed`` (a hand-written loop, ``PostLocalSGDOptimizer``, a DDP communication hook;
 plain or DDP models, or across replica groups that run DDP or FSDP2 inside; CPU or CUDA;
 checkpoints), a parameter server that runs any Cadence policy over ``torch.distributed`` point-to-point
-calls, ``broadcast_parameters`` for the start of a job, and ``FaultTolerantAverager``: model
-averaging over ``cadence.membership`` (ZeroMQ) that survives a lost process and admits a
-replacement.
+calls, ``broadcast_parameters`` for the start of a job, and ``FaultTolerantAverager`` and
+``FaultTolerantDiLoCo``: model averaging and DiLoCo over ``cadence.membership`` (ZeroMQ) that
+survive a lost process and admit a replacement.
 
 ``import cadence`` never imports torch; this subpackage does, and needs ``torch.distributed``.
 """
@@ -25,6 +25,7 @@ from ._ddp import averager_hook, no_buffer_sync  # noqa: E402
 from ._diloco import DiLoCo  # noqa: E402
 from ._elastic import MERGE_RULES, ElasticModelAverager  # noqa: E402
 from ._fault_tolerant import FaultTolerantAverager  # noqa: E402
+from ._fault_tolerant_diloco import FaultTolerantDiLoCo  # noqa: E402
 from ._periodic import PeriodicModelAverager  # noqa: E402
 from ._common import InvalidParameterError, TransportError, WorkerError  # noqa: E402
 from ._ps_core import Eviction, Join, PSStats  # noqa: E402
@@ -34,7 +35,7 @@ from ._ps_worker import PSWorker  # noqa: E402
 
 __all__ = [
     "ElasticModelAverager", "PeriodicModelAverager", "MERGE_RULES", "OPTIMIZER_STATE", "DiLoCo",
-    "FaultTolerantAverager",
+    "FaultTolerantAverager", "FaultTolerantDiLoCo",
     "replica_groups", "ReplicaGroups", "averager_hook", "no_buffer_sync",
     "broadcast_parameters",
     "ParameterServer", "PSWorker", "PSStats", "Eviction", "Join", "SGD",

@@ -1,10 +1,12 @@
 # Shared pieces of cadence.torch: the exception types, process-group facts read through public
 # torch APIs (the one private fallback is for torch 1.13, which has no public store accessor),
 # bounded waits on torch.distributed work that
-# name the operation, its sequence number and the ranks that did not arrive.
+# name the operation, its sequence number and the ranks that did not arrive, and what the
+# classes over cadence.membership share (flat CPU staging, replica roles).
 from __future__ import annotations
 
 import datetime
+import io
 import math
 import queue
 import threading
@@ -303,3 +305,74 @@ def step_microseconds(here: str, s: float, shown) -> int:
         raise InvalidParameterError(f"{here}step duration {shown!r} s is not in "
                                     f"[0, {MAX_DURATION_US / 1e6:g}] s")
     return max(us, 1)
+
+
+# ---- over cadence.membership: staging and replica groups (the fault-tolerant classes) ----------
+
+class FlatStaging:
+    """Flat CPU copies of ``tensors`` (parameters on any device), which a
+    ``cadence.membership.Member`` registers and syncs in place: one per dtype of the tensors
+    (``dtype=None``, in order of first appearance), or one of ``dtype`` for all of them
+    (converted on the way in and out). :meth:`to_flat` stages the tensors, :meth:`from_flat`
+    writes the copies back (dtype and device converted)."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None):
+        self.groups: dict = {}
+        for t in tensors:
+            self.groups.setdefault(dtype or t.dtype, []).append(t)
+        self.flats: dict = {d: torch.zeros(sum(t.numel() for t in ts), dtype=d) for d, ts in self.groups.items()}
+
+    @torch.no_grad()
+    def to_flat(self) -> None:
+        for d, ts in self.groups.items():
+            flat = self.flats[d]
+            if len({t.device for t in ts}) == 1:  # one transfer per device (a GPU's included)
+                flat.copy_(torch.cat([t.detach().reshape(-1).to(d) for t in ts]))
+                continue
+            offset = 0
+            for t in ts:
+                k = t.numel()
+                flat[offset:offset + k].copy_(t.detach().reshape(-1))
+                offset += k
+
+    def from_flat(self) -> None:
+        for d, ts in self.groups.items():
+            copy_slices(ts, self.flats[d])
+
+
+def replica_roles(component: str, member, replica_group) -> tuple:
+    """(whether this process holds the member, the global rank of the replica's first rank) for
+    a fault-tolerant class: the replica's first rank holds ``member`` and every other rank of
+    ``replica_group`` passes None; InvalidParameterError when that does not hold."""
+    leader, src = True, 0
+    if replica_group is not None:
+        leader = dist.get_rank(replica_group) == 0
+        src = global_rank(replica_group, 0)
+    if leader and member is None:
+        raise InvalidParameterError(f"cadence.torch.{component}: needs a member (on a replica's first rank when "
+                                    "replica_group is given)")
+    if not leader and member is not None:
+        raise InvalidParameterError(f"cadence.torch.{component}: only the replica's first rank holds the member; "
+                                    "pass member=None on its other ranks")
+    return leader, src
+
+
+def state_dict_bytes(obj) -> bytes:
+    """``obj.state_dict()`` (an optimizer's) as bytes, for ``Member.add_blob``."""
+    buf = io.BytesIO()
+    torch.save(obj.state_dict(), buf)
+    return buf.getvalue()
+
+
+def load_state_dict_bytes(obj, data: bytes) -> None:
+    """The inverse of :func:`state_dict_bytes`."""
+    obj.load_state_dict(torch.load(io.BytesIO(data)))
+
+
+def broadcast_state_dict(obj, leader: bool, src: int, group) -> None:
+    """``obj``'s state dict (an optimizer's) from the replica's first rank (global rank
+    ``src``) into ``obj`` on the others of ``group``."""
+    box = [obj.state_dict() if leader else None]
+    dist.broadcast_object_list(box, src, group=group)
+    if not leader:
+        obj.load_state_dict(box[0])

@@ -3,12 +3,12 @@
 # dies with any rank), and a replacement process admitted with the current weights.
 from __future__ import annotations
 
-import io
 from typing import Optional
 
 import torch
 
-from ._common import InvalidParameterError, copy_slices, global_rank
+from ._common import (FlatStaging, InvalidParameterError, broadcast_state_dict, load_state_dict_bytes,
+                      replica_roles, state_dict_bytes)
 
 
 class FaultTolerantAverager:
@@ -54,18 +54,7 @@ class FaultTolerantAverager:
             raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: policy {policy!r} is neither "
                                         "'retry' nor 'discard'")
         self.replica_group = replica_group
-        self._leader, self._src = True, 0
-        if replica_group is not None:
-            import torch.distributed as dist
-
-            self._leader = dist.get_rank(replica_group) == 0
-            self._src = global_rank(replica_group, 0)
-        if self._leader and member is None:
-            raise InvalidParameterError("cadence.torch.FaultTolerantAverager: needs a member (on a replica's "
-                                        "first rank when replica_group is given)")
-        if not self._leader and member is not None:
-            raise InvalidParameterError("cadence.torch.FaultTolerantAverager: only the replica's first rank holds "
-                                        "the member; pass member=None on its other ranks")
+        self._leader, self._src = replica_roles("FaultTolerantAverager", member, replica_group)
         self.module = module
         self.member = member
         self.period = period
@@ -86,10 +75,8 @@ class FaultTolerantAverager:
                                             "averaged by the membership yet (float32 or float64)")
         # One flat CPU copy per dtype, the tensors of that dtype in order: what the member
         # registers, averages and streams to a newcomer.
-        self._groups: dict[torch.dtype, list] = {}
-        for t in tensors:
-            self._groups.setdefault(t.dtype, []).append(t)
-        self._flat = {d: torch.zeros(sum(t.numel() for t in ts), dtype=d) for d, ts in self._groups.items()}
+        self._staging = FlatStaging(tensors)
+        self._flat = self._staging.flats
         self._to_flat()
         # Whether a member asked the job to stop, agreed in every sync (the maximum of the
         # members' flags); registered, so a newcomer admitted at that sync knows it too.
@@ -103,14 +90,11 @@ class FaultTolerantAverager:
 
     # ---- the flat copies ----
 
-    @torch.no_grad()
     def _to_flat(self) -> None:
-        for d, ts in self._groups.items():
-            self._flat[d].copy_(torch.cat([t.detach().reshape(-1) for t in ts]))
+        self._staging.to_flat()
 
     def _from_flat(self) -> None:
-        for d, ts in self._groups.items():
-            copy_slices(ts, self._flat[d])
+        self._staging.from_flat()
 
     # A newcomer takes up the donor's step count at the sync that admits it, so that it syncs
     # at the same steps as the others.
@@ -147,19 +131,14 @@ class FaultTolerantAverager:
         if report is not None and not self._leader:
             report = {"outcome": self._OUTCOMES[int(counters[3])], "committed": self._syncs}
         if optimizer_state and self.optimizer is not None:
-            box = [self.optimizer.state_dict() if self._leader else None]
-            dist.broadcast_object_list(box, self._src, group=self.replica_group)
-            if not self._leader:
-                self.optimizer.load_state_dict(box[0])
+            broadcast_state_dict(self.optimizer, self._leader, self._src, self.replica_group)
         return report
 
     def _save_optimizer(self) -> bytes:
-        buf = io.BytesIO()
-        torch.save(self.optimizer.state_dict(), buf)
-        return buf.getvalue()
+        return state_dict_bytes(self.optimizer)
 
     def _load_optimizer(self, data: bytes) -> None:
-        self.optimizer.load_state_dict(torch.load(io.BytesIO(data)))
+        load_state_dict_bytes(self.optimizer, data)
 
     # ---- the job ----
 

@@ -1,0 +1,269 @@
+# DiLoCo for a torch model that survives the loss of any process: the module's parameters staged
+# into one flat float32 CPU array that cadence.membership.DiLoCo (the C++ diloco_member) syncs as
+# a transaction over ZeroMQ, and a replacement admitted with the global weights and outer state.
+from __future__ import annotations
+
+import re
+import time
+from typing import Optional
+
+import torch
+
+from ._common import (FlatStaging, InvalidParameterError, broadcast_state_dict, check_seconds, load_state_dict_bytes,
+                      replica_roles, state_dict_bytes)
+
+_HERE = "cadence.torch.FaultTolerantDiLoCo"
+
+
+class FaultTolerantDiLoCo:
+    r"""DiLoCo (local SGD with an outer optimizer) for ``module`` over the processes of a
+    :class:`cadence.membership.Member`, so that the job goes on when any process is lost (rank 0
+    included) and takes back a replacement without a checkpoint.
+
+    The module's floating-point parameters (any device, any float dtype) are staged in ONE flat
+    float32 CPU array, which :class:`cadence.membership.DiLoCo` registers with the member: the
+    C++ adapter keeps the global weights, the outer optimizer's state and the shared counters
+    there and streams them to a joiner. Each outer sync is a transaction: a process lost during
+    it drops out (its pseudo-gradient with it) and the others run it again; every survivor
+    then holds the same global weights (``member.state_hash`` and :attr:`global_hash` are
+    equal), and the module holds them (rounded to its dtype)::
+
+        member = cadence.membership.Member(rank, size, rendezvous_file=path)
+        outer = cadence.torch.FaultTolerantDiLoCo(model, member, inner_opt, "fixed:20,outer=nesterov:0.7:0.9")
+        outer.join() if restarted else outer.start()
+        while outer.outer_steps < outer_steps:      # shared: equal on every process
+            loss(model, next(data)).backward(); inner_opt.step(); inner_opt.zero_grad()
+            outer.step()                            # an outer sync when the schedule says so
+        outer.finish()                              # every process, after the same outer steps
+
+    ``config``: the C++ local-SGD config, as :class:`cadence.membership.DiLoCo` takes it
+    (``"<schedule>[,outer=<optimizer>][,fragments=F][,alpha=A][,codec=C][,feedback=0|1]"``;
+    schedules ``fixed:H``, ``elastic:R``, ``lag:H:s``, ``quorum:K:H[:grace]``; ``delay`` must
+    be 0: the parameters are staged at :meth:`step` only). The timed schedules plan from the
+    inner steps' durations: :meth:`step` measures the time since the previous call (or since
+    start, join or the last sync), or takes ``seconds``. ``inner_optimizer``: its
+    ``state_dict()`` is streamed to a replacement from a member at its admission (the donor's
+    moments instead of none) and, with ``replica_group``, handed to the replica's other ranks
+    at start and join.
+
+    **Ending the loop.** There is no stop flag agreed in the sync (the adapter's transaction
+    carries nothing else): leave the loop on what every member holds alike after each sync,
+    :attr:`outer_steps` (and :attr:`quorum`), so that all call :meth:`finish` after the same
+    outer steps.
+
+    **Replicas of several processes** (DDP inside a replica), as
+    :class:`FaultTolerantAverager`: ``replica_group`` is the replica's gloo (CPU) group, its
+    first rank holds the member (``member=None`` on the others). The first rank decides at each
+    :meth:`step` whether an outer sync is due and tells the others (one small broadcast per
+    inner step); after a sync it broadcasts the global weights and the counters, so every rank
+    of every replica holds the same weights. Start each replica as its own
+    ``torchrun --max-restarts`` job; its restart rejoins (docs/python-torch.md).
+
+    **No state_dict().** What a restart of the whole job would need (the global weights, the
+    outer optimizer's state, the schedule's counters) lives in the C++ adapter, which
+    ``cadence.membership.DiLoCo`` does not expose; a lost process needs no checkpoint (its
+    replacement receives all of it from a member). Save ``model.state_dict()`` and the inner
+    optimizer's for a restart from scratch (the outer momentum starts again).
+
+    Raises InvalidParameterError for a module without floating-point parameters, a complex
+    parameter, a float64 value beyond float32's range, a config that is not a string or has
+    ``delay`` above 0 (the member's DiLoCo raises cadence.ParseError for a bad one), a member
+    on the wrong rank of a replica, and calls out of order (:meth:`start` or :meth:`join`
+    twice, :meth:`step` before them or after :meth:`finish`).
+
+    Limits: the module's buffers (BatchNorm statistics) stay each process's own; a quorum left
+    with one member does not admit a joiner yet (its DiLoCo syncs exchange nothing, so the
+    registration is never answered: keep 3 processes or more where replacements must get in).
+    """
+
+    def __init__(self, module: torch.nn.Module, member, inner_optimizer=None, config: str = "fixed:20", *,
+                 replica_group=None):
+        if not isinstance(config, str):
+            raise InvalidParameterError(f"{_HERE}: config must be a local-SGD config string (\"fixed:20\", "
+                                        f"\"elastic:2,outer=nesterov:0.7:0.9\"), got {config!r}")
+        delay = re.search(r"(?:^|,)\s*delay\s*=\s*([^,]*)", config)
+        if delay is not None and delay.group(1).strip() not in ("0", ""):
+            raise InvalidParameterError(f"{_HERE}: config {config!r} has delay={delay.group(1).strip()}; the module's "
+                                        "parameters are staged at step() only, so delay must be 0")
+        self.replica_group = replica_group
+        self._leader, self._src = replica_roles("FaultTolerantDiLoCo", member, replica_group)
+        named = []
+        for name, p in module.named_parameters():
+            if p.is_complex():
+                raise InvalidParameterError(f"{_HERE}: parameter {name!r} is {p.dtype}; DiLoCo's global weights "
+                                            "and outer state are float32 (real)")
+            if p.is_floating_point():
+                named.append((name, p))
+        if not named:
+            raise InvalidParameterError(f"{_HERE}: the module has no floating-point parameters (DiLoCo's outer "
+                                        "step needs some)")
+        self.module = module
+        self.member = member
+        self.inner_optimizer = inner_optimizer
+        self.config = config
+        self.inner_steps = 0
+        # Parameters of a wider range than float32 (float64): checked at each staging.
+        self._wide = [(n, p) for n, p in named if torch.finfo(p.dtype).max > torch.finfo(torch.float32).max]
+        self._staging = FlatStaging([p for _, p in named], dtype=torch.float32)
+        self._flat = self._staging.flats[torch.float32]
+        self._to_flat()
+        self._phase = "new"  # then "running" (start or join), then "finished"
+        self._mark = 0.0  # when the current inner step began (time.perf_counter())
+        # On a replica's other ranks: what its first rank last told them (outer_steps,
+        # committed, quorum, global_hash).
+        self._told: dict = {}
+        self._outer = None
+        if member is not None:
+            import cadence.membership as membership  # needs the compiled _membership (libzmq)
+
+            self._outer = membership.DiLoCo(member, [self._flat], config)  # registers the state
+            if inner_optimizer is not None:
+                member.add_blob("cadence.torch.FaultTolerantDiLoCo/inner_optimizer",
+                                lambda: state_dict_bytes(inner_optimizer),
+                                lambda data: load_state_dict_bytes(inner_optimizer, data))
+
+    # ---- the staging array ----
+
+    def _to_flat(self) -> None:
+        self._staging.to_flat()
+        if self._wide and not bool(torch.isfinite(self._flat).all()):
+            for name, p in self._wide:
+                if bool(torch.isfinite(p).all()) and not bool(torch.isfinite(p.detach().float()).all()):
+                    raise InvalidParameterError(
+                        f"{_HERE}: parameter {name!r} ({p.dtype}) holds a value beyond float32's range "
+                        f"(|x| > {torch.finfo(torch.float32).max:.4g}); DiLoCo's global weights are float32")
+
+    def _from_flat(self) -> None:
+        self._staging.from_flat()
+
+    # ---- the replica's other ranks ----
+
+    _OUTCOMES = ("committed", "healed", "discarded")
+
+    def _share(self, report: Optional[dict] = None, optimizer_state: bool = False) -> Optional[dict]:
+        """The replica's first rank hands the weights, the counters and the sync's report (and,
+        after start or join, the inner optimizer's state) to the replica's other ranks; returns
+        the report as the first rank had it."""
+        if self.replica_group is None:
+            return report
+        import torch.distributed as dist
+
+        dist.broadcast(self._flat, self._src, group=self.replica_group)
+        box = [None]
+        if self._leader:
+            box = [{"report": report, "outer_steps": self._outer.outer_steps, "committed": self.member.committed,
+                    "quorum": self.member.quorum, "global_hash": self._outer.global_hash}]
+        dist.broadcast_object_list(box, self._src, group=self.replica_group)
+        self._told = box[0]
+        if optimizer_state and self.inner_optimizer is not None:
+            broadcast_state_dict(self.inner_optimizer, self._leader, self._src, self.replica_group)
+        return self._told["report"]
+
+    def _due(self, seconds: float) -> bool:
+        due = self._outer.step_done(seconds) if self._leader else False
+        if self.replica_group is None:
+            return due
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if due else 0], dtype=torch.int32)
+        dist.broadcast(flag, self._src, group=self.replica_group)
+        return bool(flag[0])
+
+    # ---- the job ----
+
+    def _check(self, what: str, phase: str) -> None:
+        if self._phase != phase:
+            said = {"new": "before start() or join()", "running": "after start() or join()",
+                    "finished": "after finish()"}[self._phase]
+            need = {"new": "once, before any step", "running": "after start() or join() and before finish()"}[phase]
+            raise InvalidParameterError(f"{_HERE}.{what}: called {said}; it must come {need}")
+
+    def _begin(self, how: str) -> None:
+        self._check(how, "new")
+        if self._leader:
+            self._to_flat()  # the module as it is now (a checkpoint loaded after construction)
+            getattr(self._outer, how)()
+        self._share(optimizer_state=True)
+        self._from_flat()
+        self._phase = "running"
+        self._mark = time.perf_counter()
+
+    def start(self) -> None:
+        """Forms the first quorum: the first member's parameters become every process's (every
+        rank of a replica calls it)."""
+        self._begin("start")
+
+    def join(self) -> None:
+        """Joins the running job (a replacement): returns once admitted, with the global weights
+        in the module and the outer state and counters in the adapter (every rank of the replica
+        calls it)."""
+        self._begin("join")
+
+    def step(self, seconds: Optional[float] = None) -> Optional[dict]:
+        """Counts one inner step, after the inner optimizer's step: ``seconds`` is its duration
+        (default: the time since the previous call, or since start, join or the last sync). When
+        the schedule says an outer sync is due, runs it as a transaction and returns the
+        member's report (``outcome`` committed, healed or discarded; ``committed``); the module
+        then holds the global weights. Else None."""
+        self._check("step", "running")
+        now = time.perf_counter()
+        s = check_seconds("FaultTolerantDiLoCo.step", "seconds", seconds) if seconds is not None else now - self._mark
+        self.inner_steps += 1
+        if not self._due(max(s, 1e-6)):
+            self._mark = time.perf_counter()
+            return None
+        report = None
+        if self._leader:
+            self._to_flat()
+            report = self._outer.sync()
+        report = self._share(report)
+        self._from_flat()
+        self._mark = time.perf_counter()
+        return report
+
+    def finish(self) -> dict:
+        """The member's closing sync, after the last outer step (every process, after the same
+        outer steps); a last sync that failed here but committed elsewhere is healed, and the
+        module holds the job's final global weights."""
+        self._check("finish", "running")
+        report = self._outer.finish() if self._leader else None
+        report = self._share(report)
+        self._from_flat()
+        self._phase = "finished"
+        return report
+
+    # ---- what it knows ----
+
+    def _ask(self, what: str):
+        if self._phase == "new":
+            raise InvalidParameterError(f"{_HERE}.{what}: known after start() or join()")
+        if self._leader:
+            if what == "outer_steps":
+                return self._outer.outer_steps
+            if what == "global_hash":
+                return self._outer.global_hash
+            return getattr(self.member, what)
+        return self._told[what]
+
+    @property
+    def outer_steps(self) -> int:
+        """Outer steps the job has applied: equal on every process after every sync (leave the
+        training loop on it)."""
+        return self._ask("outer_steps")
+
+    @property
+    def syncs(self) -> int:
+        """Syncs the job has committed (``member.committed``)."""
+        return self._ask("committed")
+
+    @property
+    def quorum(self) -> dict:
+        """The quorum adopted last (``member.quorum``: ``id`` and ``ranks``); on a replica's
+        other ranks, as its first rank last told them."""
+        return self._ask("quorum")
+
+    @property
+    def global_hash(self) -> int:
+        """A hash of the global weights and the outer optimizer's state: equal on every process
+        after every commit."""
+        return self._ask("global_hash")
