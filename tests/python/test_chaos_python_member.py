@@ -2,7 +2,7 @@
 (C++) and apps/chaos/chaos_rank.py processes (cadence.membership.Member) in one quorum, under
 seeded faults, must commit bit-identical state on both (the soak compares the state hashes per
 step), lose no live rank and never hang. Needs a build's cadence-chaos-rank (skipped without
-one: set CADENCE_BUILD_DIR) and cadence.membership (built where libzmq is found). About 4 s.
+one: set CADENCE_BUILD_DIR) and cadence.membership (built where libzmq is found). 5-10 s.
 """
 
 import json
