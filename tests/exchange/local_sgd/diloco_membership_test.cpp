@@ -415,17 +415,25 @@ TEST_CASE("diloco_member: a rank lost while a streaming fragment is in flight dr
 TEST_CASE("diloco_member: a restarted rank joins a streaming job through a fragment's transaction") {
   inproc_world world(4);
   ledger book;
-  std::atomic<bool> restarted{false}, asked{false}, lost{false};
+  std::atomic<bool> restarted{false}, asked{false}, lost{false}, admitted_on_fragment_thread{false};
   std::atomic<std::uint64_t> first_nonce{0};
   std::vector<rank_result> res(4);
   std::vector<std::thread> threads;
   const std::string config = "fixed:4,fragments=2,delay=1";
+  std::thread::id rank0_thread;
   auto body = [&](int rank) {
     rank_result& out = res[static_cast<std::size_t>(rank)];
     cadence_membership_test::keep_error(out, [&] {
       auto o = test_options();
       o.transfer_bytes = 4096;
-      if (rank == 0) o.on_event = cadence_membership_test::flag_on(lost, "lost rank 3");
+      if (rank == 0) {
+        rank0_thread = std::this_thread::get_id();
+        o.on_event = [&](const std::string& line) {
+          if (line.find("lost rank 3") != std::string::npos) lost = true;
+          if (restarted && line.find("admitted rank 3") != std::string::npos)
+            admitted_on_fragment_thread = std::this_thread::get_id() != rank0_thread;
+        };
+      }
       std::vector<float> w(5000, 1.0f);
       if (rank == 3 && restarted) {
         inproc_communicator c = world.restart(3);
@@ -476,6 +484,7 @@ TEST_CASE("diloco_member: a restarted rank joins a streaming job through a fragm
     CHECK(x.outer_steps == res[0].outer_steps);
     CHECK(x.last_quorum == std::vector<int>{0, 1, 2, 3});
   }
+  CHECK(admitted_on_fragment_thread);  // rank 0 admitted it inside a fragment's transaction
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
 }
 
