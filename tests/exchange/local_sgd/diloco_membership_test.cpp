@@ -412,6 +412,63 @@ TEST_CASE("diloco_member: a rank lost while a streaming fragment is in flight dr
   }
 }
 
+// One attempt per sync (member_options::max_attempts = 1): the sync in flight when rank 2 dies
+// is given up everywhere, or received from a survivor that completed it; given up, the backup
+// leaves the global weights and outer state as they were before it, and the survivors go on.
+//
+// SKIPPED: a known divergence, with delay 0 as with streaming (about 1 run in 2; run it with
+// --no-skip). When one survivor completed sync k and another did not, the first enters sync
+// k + 1 and fails there; in that reconfiguration the second is healed with sync k, and the
+// first, its attempts spent, gives sync k + 1 up. The healed one then runs sync k + 1 (another
+// fragment) while the first runs k + 2: their all-reduces mix two fragments. With retries left
+// (max_attempts 8 by default) the first runs k + 1 again with the healed one and all agree; a
+// fix must tell a healed member whether the donor's sync in progress will be retried or given
+// up (e.g. a state blob saved by the donor during the transfer).
+TEST_CASE("diloco_member: a sync given up everywhere leaves the global state as before it" * doctest::skip(true)) {
+  for (const std::string config : {"fixed:4,fragments=2,delay=1", "fixed:4,fragments=2"}) {
+    CAPTURE(config);
+    inproc_world world(4);
+    ledger book;
+    const int victim = 2;
+    kill_at_send(world, victim, 12);
+    std::atomic<int> given_up{0}, healed{0};
+    const auto res = run_ranks(world, 4, [&](int rank, inproc_communicator& c, rank_result& out) {
+      auto o = test_options();
+      o.piece_bytes = 4096;
+      o.max_attempts = 1;
+      mb::member<inproc_communicator> m(c, o);
+      std::vector<float> w(20000, 0.25f);
+      glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"),
+              options_for(config));
+      dm.start();
+      std::uint64_t before = dm.global_hash();  // at the last point with nothing in flight
+      for (std::uint64_t step = 0;; ++step) {
+        if (!dm.in_flight()) {
+          if (m.committed() >= 8) break;
+          before = dm.global_hash();
+        }
+        inner_step(w, rank, step);
+        if (!dm.step_done(1000 + 100 * rank)) continue;
+        const mb::sync_report rep = dm.sync();
+        if (rep.attempts == 0) continue;
+        CHECK(rep.attempts == 1);
+        if (rep.outcome == mb::outcome::discarded) {
+          ++given_up;
+          CHECK(dm.global_hash() == before);
+        } else if (rep.outcome == mb::outcome::healed) {
+          ++healed;
+        } else {
+          book.record(rank, m.committed(), m.state_hash() ^ dm.global_hash());
+        }
+      }
+      finish(dm, out);
+    });
+    check_survivors(res, victim, 8, book);
+    CHECK(given_up + healed >= 1);
+    MESSAGE("given up on ", given_up.load(), " survivors, healed on ", healed.load());
+  }
+}
+
 TEST_CASE("diloco_member: a restarted rank joins a streaming job through a fragment's transaction") {
   inproc_world world(4);
   ledger book;
