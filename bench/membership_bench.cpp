@@ -1,7 +1,7 @@
 // cadence-bench-membership: what the membership layer (include/cadence/membership/) costs when
 // nothing fails, and how fast it brings a joiner up to date: issue 36's two measures without a
-// fault. ZeroMQ ranks as threads on 127.0.0.1, authenticated (a job secret), each rank holding
-// two communicators: a plain one and one under a membership::member.
+// fault. ZeroMQ ranks as threads on 127.0.0.1, authenticated (a job secret; the transfer also
+// open), each rank holding two communicators: a plain one and one under a membership::member.
 //
 //   all-reduce      per size, the plain communicator's all-reduce (f32 sum) against the same
 //                   all-reduce on the member's quorum view inside member::transact() (the
@@ -11,9 +11,14 @@
 //   state transfer  the last rank's member communicator closes (as after kill -9) and a new one in
 //                   its slot joins (member::join): the survivors re-form, admit it at their next
 //                   sync point and stream it the registered state; the joiner's received bytes
-//                   over the time from its first to its last state byte, against a raw
-//                   send/receive of the same bytes between two plain communicators (the link
-//                   rate here): of_raw = transfer rate / raw rate.
+//                   over its state_receive_seconds, against a raw send/receive of the same bytes
+//                   between two plain communicators of the same security (the link rate here):
+//                   of_raw (ours_of_plain) = transfer rate / raw rate. Twice, on fresh
+//                   communicators: authenticated and encrypted (row state_transfer), then open
+//                   sockets, no CURVE (row transfer_open); key `security` says which. Each
+//                   is --reps pairs (a raw send, then a leave and join, so both meet the same
+//                   load), the pair of the median ratio reported, with the ratio's spread
+//                   (of_plain_min, of_plain_max) over `transfers` pairs.
 //
 //   gloo            (built with cadence::gloo) the membership over ZeroMQ and the data over gloo
 //                   (membership::quorum_group, membership/gloo/group.hpp): gloo_rebuild, the re-creation
@@ -78,19 +83,39 @@ mb::member_options member_options() {
   return o;
 }
 
+// A rank's ZeroMQ options: authenticated and encrypted (the job secret), or open sockets
+// (wire_security::open, no CURVE) where `open`.
+zmq_options rank_options(int rank, cadence_bench::thread_rendezvous& meet, bool open = false) {
+  zmq_options o = cadence_bench::zmq_thread_options<zmq_options>(rank, meet);
+  if (open) {
+    o.secret = {};
+    o.security = cadence::transport::wire_security::open;
+  }
+  return o;
+}
+
 zmq_options with_heartbeats(zmq_options o, const mb::member_options& m) {
   o.heartbeat_interval = m.timeouts.heartbeat_interval;
   o.heartbeat_timeout = m.timeouts.heartbeat_timeout;
   return o;
 }
 
+// One security's state transfers: the joiner's (raw send, transfer) pairs and rank 0's
+// reconfigurations that admitted it, one per rep.
+struct transfer_results {
+  struct pair {
+    double raw_seconds, receive_seconds, join_seconds;  // the raw send; the joiner's state_receive_seconds; its join()
+  };
+  std::vector<pair> pairs;
+  std::vector<double> reconfiguration_seconds;
+};
+
 // What every rank measured; rank 0's are printed.
 struct shared_results {
   std::mutex m;
   std::vector<cadence_bench::row> rows;
-  double join_seconds = 0, raw_seconds = 0, reconfiguration_seconds = 0;
+  transfer_results transfers[2];  // authenticated, open
   std::vector<double> rebuild_seconds;  // rank 0's, one per gloo re-creation
-  std::uint64_t transfer_bytes = 0;
 };
 
 // A barrier of the ranks (threads) that also returns the mean of one value per rank.
@@ -209,21 +234,92 @@ void gloo_rows(int rank, const config& cfg, mb::member<zmq_communicator>& m, lin
 }
 #endif
 
-// Rank `rank` of the job: the all-reduce rows, then the raw link and the state transfer (the
-// last rank leaves and joins again).
-void run_rank(int rank, const config& cfg, cadence_bench::thread_rendezvous& meet_plain,
-              cadence_bench::thread_rendezvous& meet_member, line_up& sync, shared_results& out) {
+// The raw link and the state transfer on communicators of one security (open or
+// authenticated), made for them and closed after: `reps` pairs, each a raw send then a
+// transfer, so both meet the same load. The raw link: the state's bytes from rank 0 to the
+// joiner's rank on plain communicators (the membership's donor is the lowest member), timed at
+// the receiver. The transfer: the joiner's member and its communicator close (its peers see it
+// lost at once) and a new one in its slot joins; the survivors sync until they have lost the
+// joiner's rank and taken it back.
+void transfer_pairs(int rank, const config& cfg, bool open, cadence_bench::thread_rendezvous& meet_plain,
+                    cadence_bench::thread_rendezvous& meet_member, line_up& sync, transfer_results& out,
+                    std::mutex& out_m) {
   const int n = cfg.ranks;
   const int joiner = n - 1;
   const mb::member_options mo = member_options();
-  zmq_communicator plain(rank, n, cadence_bench::zmq_thread_options<zmq_options>(rank, meet_plain),
-                         std::chrono::seconds(120));
+  zmq_communicator plain(rank, n, rank_options(rank, meet_plain, open), std::chrono::seconds(120));
   std::vector<float> state(cfg.state_bytes / sizeof(float), 1.0f);
+  auto comm = std::make_unique<zmq_communicator>(rank, n, with_heartbeats(rank_options(rank, meet_member, open), mo),
+                                                 std::chrono::seconds(120));
+  auto m = std::make_unique<mb::member<zmq_communicator>>(*comm, mo);
+  m->add_state(mb::buffer(state));
+  m->start();
+  // One untimed send first: the first pair does not pay for the plain connection's set-up.
+  if (rank == 0) plain.send(state.data(), cfg.state_bytes, joiner, 7, std::chrono::seconds(120));
+  if (rank == joiner) plain.recv(state.data(), cfg.state_bytes, 0, 7, std::chrono::seconds(120));
+  for (int rep = 0; rep < cfg.reps; ++rep) {
+    // The joiner's process as the survivors' quorum knows it: a new one has another nonce (the
+    // survivors may re-form from the old process to the new one without a sync in between).
+    auto joiner_nonce = [&] {
+      const mb::quorum q = m->current();
+      const int i = q.index_of(joiner);
+      return i < 0 || q.nonces.empty() ? std::uint64_t{0} : q.nonces[static_cast<std::size_t>(i)];
+    };
+    const std::uint64_t before = rank != joiner ? joiner_nonce() : 0;
+    sync();
+    const auto t0 = clock_type::now();
+    if (rank == 0) plain.send(state.data(), cfg.state_bytes, joiner, 7, std::chrono::seconds(120));
+    if (rank == joiner) plain.recv(state.data(), cfg.state_bytes, 0, 7, std::chrono::seconds(120));
+    const double raw_s = sync.mean(rank == joiner ? seconds_since(t0) * n : 0.0);
+    if (rank != joiner) {
+      bool lost = false;
+      std::vector<float> small(8, 1.0f);
+      for (;;) {
+        m->transact([&] { m->view().allreduce(small.data(), small.size(), dtype::f32, reduce_op::sum); });
+        const bool full = m->current().size() == static_cast<std::size_t>(n);
+        if (!full) lost = true;
+        if (full && (lost || joiner_nonce() != before)) break;
+      }
+      if (rank == 0) out.reconfiguration_seconds.push_back(m->stats().last_reconfiguration_seconds);
+    } else {
+      m.reset();
+      comm.reset();
+      zmq_options o = with_heartbeats(rank_options(rank, meet_member, open), mo);
+      o.wait_for = cadence::transport::zmq_wait_for::self;  // a running world
+      comm = std::make_unique<zmq_communicator>(rank, n, o, std::chrono::seconds(120));
+      m = std::make_unique<mb::member<zmq_communicator>>(*comm, mo);
+      std::fill(state.begin(), state.end(), 0.0f);
+      m->add_state(mb::buffer(state));
+      const auto j0 = clock_type::now();
+      m->join();
+      const double join_s = seconds_since(j0);
+      const mb::member_stats st = m->stats();
+      if (st.state_received_bytes != cfg.state_bytes || state.front() != 1.0f || state.back() != 1.0f)
+        throw std::runtime_error("the joiner's state is not the members' after join() (transfer " +
+                                 std::to_string(rep + 1) + (open ? ", open" : ", authenticated") + ")");
+      std::lock_guard<std::mutex> lock(out_m);
+      out.pairs.push_back({raw_s, st.state_receive_seconds, join_s});
+    }
+    sync();  // the joiner has its state
+  }
+  sync();  // every member is done before any closes
+}
+
+// The communicators' meeting points: the all-reduce rows', then each security's transfers'.
+struct meeting_points {
+  cadence_bench::thread_rendezvous plain, member, transfer_plain[2], transfer_member[2];
+};
+
+// Rank `rank` of the job: the all-reduce rows, then the raw link and the state transfer (the
+// last rank leaves and joins again), authenticated and then open.
+void run_rank(int rank, const config& cfg, meeting_points& meet, line_up& sync, shared_results& out) {
+  const int n = cfg.ranks;
+  const mb::member_options mo = member_options();
+  zmq_communicator plain(rank, n, rank_options(rank, meet.plain), std::chrono::seconds(120));
   {
-    auto comm = std::make_unique<zmq_communicator>(
-        rank, n, with_heartbeats(cadence_bench::zmq_thread_options<zmq_options>(rank, meet_member), mo),
-        std::chrono::seconds(120));
-    mb::member<zmq_communicator> m(*comm, mo);
+    std::vector<float> state(cfg.state_bytes / sizeof(float), 1.0f);
+    zmq_communicator comm(rank, n, with_heartbeats(rank_options(rank, meet.member), mo), std::chrono::seconds(120));
+    mb::member<zmq_communicator> m(comm, mo);
     m.add_state(mb::buffer(state));
     m.start();
     for (const std::size_t bytes : cadence_bench::sizes(cfg.min_bytes, cfg.max_bytes, 4)) {
@@ -239,55 +335,10 @@ void run_rank(int rank, const config& cfg, cadence_bench::thread_rendezvous& mee
 #ifdef CADENCE_BENCH_WITH_GLOO
     gloo_rows(rank, cfg, m, sync, out);
 #endif
-    // The raw link: the state's bytes from rank 0 to the joiner's rank on the plain communicators
-    // (the membership's donor is the lowest member), timed at the receiver; the median of reps.
-    std::vector<double> raw;
-    for (int rep = 0; rep < cfg.reps; ++rep) {
-      sync();
-      const auto t0 = clock_type::now();
-      if (rank == 0) plain.send(state.data(), cfg.state_bytes, joiner, 7, std::chrono::seconds(120));
-      if (rank == joiner) plain.recv(state.data(), cfg.state_bytes, 0, 7, std::chrono::seconds(120));
-      raw.push_back(sync.mean(rank == joiner ? seconds_since(t0) * n : 0.0));
-    }
-    std::sort(raw.begin(), raw.end());
-    if (rank == 0) out.raw_seconds = raw[raw.size() / 2];  // the raw send; the transfer is timed below
-    sync();
-    if (rank != joiner) {
-      // The survivors sync until they have lost the joiner's rank and taken it back.
-      bool lost = false;
-      std::vector<float> small(8, 1.0f);
-      for (;;) {
-        m.transact([&] { m.view().allreduce(small.data(), small.size(), dtype::f32, reduce_op::sum); });
-        const bool full = m.current().size() == static_cast<std::size_t>(n);
-        if (!full) lost = true;
-        if (lost && full) break;
-      }
-      if (rank == 0) out.reconfiguration_seconds = m.stats().last_reconfiguration_seconds;
-      sync();  // the joiner has its state: the members may close
-    }
-    // The joiner's member and its communicator close here: its peers see it lost at once.
+    sync();  // every rank is done with its member before any closes it
   }
-  if (rank == joiner) {
-    zmq_options o = with_heartbeats(cadence_bench::zmq_thread_options<zmq_options>(rank, meet_member), mo);
-    o.wait_for = cadence::transport::zmq_wait_for::self;  // a running world
-    zmq_communicator comm(rank, n, o, std::chrono::seconds(120));
-    mb::member<zmq_communicator> m(comm, mo);
-    std::fill(state.begin(), state.end(), 0.0f);
-    m.add_state(mb::buffer(state));
-    const auto t0 = clock_type::now();
-    m.join();
-    const double join_s = seconds_since(t0);
-    const mb::member_stats st = m.stats();
-    std::lock_guard<std::mutex> lock(out.m);
-    out.join_seconds = join_s;
-    out.transfer_bytes = st.state_received_bytes;
-    out.rows.push_back(make_row("state_transfer", cfg.state_bytes, 0, st.state_receive_seconds, 0,
-                                static_cast<double>(st.state_received_bytes) / st.state_receive_seconds / 1e9));
-    if (state.front() != 1.0f || state.back() != 1.0f)
-      throw std::runtime_error("the joiner's state is not the members' after join()");
-    sync();  // as the survivors after their last sync: then every member closes
-  }
-  sync();
+  for (const bool open : {false, true})
+    transfer_pairs(rank, cfg, open, meet.transfer_plain[open], meet.transfer_member[open], sync, out.transfers[open], out.m);
 }
 
 int run(int argc, char** argv) {
@@ -327,18 +378,29 @@ int run(int argc, char** argv) {
   cadence::transport::tcp_store_server gloo_store("127.0.0.1:0", cfg.gloo_store_options);
   cfg.gloo_store = gloo_store.address();
 #endif
-  cadence_bench::thread_rendezvous meet_plain, meet_member;
+  meeting_points meet;
   line_up sync(cfg.ranks);
   shared_results out;
   cadence_bench::run_ranks_as_threads(cfg.ranks,
-                                      [&](int r) { run_rank(r, cfg, meet_plain, meet_member, sync, out); });
-  // The transfer row: raw time from the plain send, rates against it.
-  for (auto& row : out.rows) {
-    if (row["op"] != "state_transfer") continue;
-    const double raw_s = out.raw_seconds;
-    row["plain_us"] = raw_s * 1e6;
-    row["plain_GBps"] = static_cast<double>(cfg.state_bytes) / raw_s / 1e9;
-    row["ours_of_plain"] = row["ours_GBps"].get<double>() / row["plain_GBps"].get<double>();
+                                      [&](int r) { run_rank(r, cfg, meet, sync, out); });
+  // The transfer rows, one per security: the (raw send, transfer) pair of the median ratio (one
+  // noisy pair does not decide), with the spread of the ratio over the pairs.
+  using transfer_pair = transfer_results::pair;
+  auto of_raw = [](const transfer_pair& x) { return x.raw_seconds / x.receive_seconds; };
+  std::vector<transfer_pair> sorted[2];
+  for (const bool open : {false, true}) {
+    std::vector<transfer_pair>& pairs = sorted[open];
+    pairs = out.transfers[open].pairs;
+    std::sort(pairs.begin(), pairs.end(), [&](const auto& a, const auto& b) { return of_raw(a) < of_raw(b); });
+    const transfer_pair& mid = pairs[pairs.size() / 2];
+    const double bytes = static_cast<double>(cfg.state_bytes);
+    cadence_bench::row r = make_row(open ? "transfer_open" : "state_transfer", cfg.state_bytes, mid.raw_seconds,
+                                    mid.receive_seconds, bytes / mid.raw_seconds / 1e9, bytes / mid.receive_seconds / 1e9);
+    r["security"] = open ? "open" : "authenticated";  // of the transfer and its raw send alike
+    r["transfers"] = pairs.size();
+    r["of_plain_min"] = of_raw(pairs.front());
+    r["of_plain_max"] = of_raw(pairs.back());
+    out.rows.push_back(r);
   }
   cadence_bench::table t;
   t.title = "membership over ZeroMQ, " + std::to_string(cfg.ranks) +
@@ -370,11 +432,20 @@ int run(int argc, char** argv) {
     std::printf("gloo re-creation among %d ranks (the old communicator closed, a new one built through the TCP "
                 "store): p50 %.1f ms, max %.1f ms over %zu trials\n",
                 cfg.ranks, rebuild_p50 * 1e3, rebuild_max * 1e3, rebuilds.size());
-  if (!cfg.json && !cfg.csv)
+  if (!cfg.json && !cfg.csv) {
+    const transfer_pair& mid = sorted[0][sorted[0].size() / 2];
+    std::vector<double> reconfigurations = out.transfers[0].reconfiguration_seconds;
+    std::sort(reconfigurations.begin(), reconfigurations.end());
     std::printf("joiner: join() took %.1f ms (request to state in place), %llu state bytes received; rank 0's "
                 "reconfiguration that admitted it took %.1f ms\n",
-                out.join_seconds * 1e3, static_cast<unsigned long long>(out.transfer_bytes),
-                out.reconfiguration_seconds * 1e3);
+                mid.join_seconds * 1e3, static_cast<unsigned long long>(cfg.state_bytes),
+                reconfigurations[reconfigurations.size() / 2] * 1e3);
+    for (const bool open : {false, true})
+      std::printf("%s: %zu (raw send, transfer) pairs on %s sockets, the median pair above; ours/plain from %.2f to "
+                  "%.2f\n",
+                  open ? "transfer_open" : "state_transfer", sorted[open].size(),
+                  open ? "open" : "authenticated", of_raw(sorted[open].front()), of_raw(sorted[open].back()));
+  }
   return 0;
 }
 
