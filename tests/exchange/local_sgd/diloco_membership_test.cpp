@@ -290,13 +290,16 @@ TEST_CASE("diloco_member: a restarted rank rejoins with the current global weigh
 TEST_CASE("diloco_member: streaming fragments commit the same global state on every rank, one in flight at a time") {
   // delay 1 < 2 steps between sends: a pause between a completion and the next send, where the
   // ledger takes every commit; delay 2 = the steps between sends: each completion point is the
-  // next send point, mixing with alpha 0.5, Adam's two state slots. The oracle: diloco itself
+  // next send point, mixing with alpha 0.5, Adam's two state slots; int8 outer gradients with
+  // error feedback (tag 0: the view has 256 user tags). The oracle: diloco itself
   // (no membership) with the same options and inner steps, whose exchanges overlap the same
   // steps and land at the same ones (equal up to the sums' rounding order).
   for (const std::string config :
-       {"fixed:4,fragments=2,delay=1", "fixed:6,fragments=3,delay=2,alpha=0.5,outer=adam:0.01"}) {
+       {"fixed:4,fragments=2,delay=1", "fixed:6,fragments=3,delay=2,alpha=0.5,outer=adam:0.01",
+        "fixed:4,fragments=2,delay=2,codec=int8"}) {
     CAPTURE(config);
-    const ex::diloco_config cfg = ex::parse_diloco_config(config);
+    ex::diloco_config cfg = ex::parse_diloco_config(config);
+    cfg.options.tag = 0;
     const std::uint64_t steps = 40;
     inproc_world world(4);
     ledger book;
