@@ -142,9 +142,6 @@ def demo(a: argparse.Namespace) -> int:
     first = 1 if a.holder else 0  # with --holder, rank 0 holds the rendezvous and replica i is rank i + 1
     killed = a.kill + first if a.kill is not None else None
     replace = killed is not None and killed != 0
-    if replace and a.size < 3:
-        raise SystemExit("--kill with a replacement needs --size 3 or more: a DiLoCo quorum of one member does not "
-                         "admit a joiner yet (its syncs exchange nothing, so the registration is never answered)")
     if a.replica_ranks > 1 and killed == 0:
         raise SystemExit("--replica-ranks: --kill 0 would restart replica 0, whose first rank holds the "
                          "rendezvous: kill another replica, or give --holder")

@@ -335,9 +335,18 @@ class DiLoCo:
     weights at each outer step. ``config``: the C++ local-SGD config,
     ``"<schedule>[,outer=<optimizer>][,fragments=F][,alpha=A][,codec=C][,feedback=0|1][,weights=steps|uniform]"``
     (``fixed:H``, ``elastic:R``, ``lag:H:s``, ``quorum:K:H[:grace]``; outer ``nesterov:0.7:0.9``
-    by default; ``delay`` must be 0 here). Make it before the member's start/join, then call
-    :meth:`start` or :meth:`join` instead of the member's; every sync of the member goes
-    through it.
+    by default). Make it before the member's start/join, then call :meth:`start` or
+    :meth:`join` instead of the member's; every sync of the member goes through it.
+
+    **Streaming** (``fixed:H,fragments=F,delay=D``, D at most H / F): :meth:`sync` at a
+    fragment's send point starts its exchange as a transaction on a C++ thread and returns at
+    once (``attempts`` 0); the inner steps go on, and :meth:`sync` at the completion point (D
+    steps later, :attr:`due`) waits for it and mixes the fragment in. Meanwhile
+    (:attr:`in_flight`) the member belongs to that thread: call only :meth:`step_done`,
+    :attr:`due`, :meth:`sync`, :meth:`finish`, :attr:`in_flight` and :attr:`outer_steps` (as of
+    the last completed sync), and expect the member's ``on_change``/``on_event`` callbacks on
+    that thread (with the GIL). ``weights`` are read only at the send point and written at the
+    completion point.
 
         m = Member(rank, size, rendezvous_file=path)
         outer = DiLoCo(m, [w], "fixed:20,outer=nesterov:0.7:0.9")
@@ -383,8 +392,14 @@ class DiLoCo:
         return self._d.finish()
 
     @property
+    def in_flight(self) -> bool:
+        """Whether a streaming fragment's exchange is in flight (started, not yet completed)."""
+        return self._d.in_flight
+
+    @property
     def outer_steps(self) -> int:
-        """Outer steps the job has applied (shared: equal on every member)."""
+        """Outer steps the job has applied (shared: equal on every member; while a fragment is
+        in flight, as of the last sync that completed one)."""
         return self._d.outer_steps
 
     @property

@@ -286,6 +286,9 @@ public:
   void close() {
     if (comm_) {
       nb::gil_scoped_release unlocked;
+      // What runs on the member from another thread (a DiLoCo's streaming fragment) ends first.
+      for (auto& f : before_close_) f();
+      before_close_.clear();
       member_.reset();
       comm_.reset();
     }
@@ -466,6 +469,9 @@ public:
   // Holds `o` until close(): a DiLoCo whose reconfiguration hook the member calls must live as
   // long as the member does.
   void keep(nb::object o) { kept_.push_back(std::move(o)); }
+  /// `f` runs (without the GIL) before close() destroys the member: it ends what another
+  /// thread does with the member.
+  void before_close(std::function<void()> f) { before_close_.push_back(std::move(f)); }
   bool started() const noexcept { return started_; }
   void mark_started() noexcept { started_ = true; }
 
@@ -476,6 +482,7 @@ private:
   std::vector<std::pair<nb::callable, nb::callable>> blobs_;
   std::vector<nb::callable> changes_;
   std::vector<nb::object> kept_;
+  std::vector<std::function<void()>> before_close_;
   nb::object on_bound_, on_event_;
   std::exception_ptr pending_;
   bool started_ = false;
@@ -504,6 +511,17 @@ public:
     (void)exchange::outer_schedule(c.options.schedule, static_cast<std::size_t>(pm.size()), c.options.history);
     d_ = std::make_unique<exchange::diloco_member<comm_t>>(pm.m("DiLoCo"), span<const exchange::tensor_ref>(refs),
                                                            exchange::make_outer_optimizer(c.outer), c.options);
+    // A streaming fragment's thread uses the member: joined before the member goes (the member
+    // keeps this object until then, Member._keep).
+    pm.before_close([this] { d_.reset(); });
+  }
+  py_diloco(const py_diloco&) = delete;
+  py_diloco& operator=(const py_diloco&) = delete;
+  // Joins a streaming fragment's thread, whose callbacks may need the GIL.
+  ~py_diloco() {
+    if (!d_) return;
+    nb::gil_scoped_release unlocked;
+    d_.reset();
   }
 
   // The glue, after checking that its member is still open (Member.close() destroys the member
@@ -532,17 +550,31 @@ public:
   }
   nb::dict sync() {
     exchange::diloco_member<comm_t>& dm = d("DiLoCo.sync");
-    return report_dict(unlocked([&] { return dm.sync(); }));
+    seen(dm);
+    nb::dict r = report_dict(unlocked([&] { return dm.sync(); }));
+    seen(dm);
+    return r;
   }
   nb::dict finish() {
     exchange::diloco_member<comm_t>& dm = d("DiLoCo.finish");
-    return report_dict(unlocked([&] { return dm.finish(); }));
+    nb::dict r = report_dict(unlocked([&] { return dm.finish(); }));
+    seen(dm);
+    return r;
   }
-  bool due() { return d("DiLoCo.due").adapter().due(); }
-  std::uint64_t outer_steps() { return d("DiLoCo.outer_steps").adapter().outer_steps(); }
+  bool due() { return d("DiLoCo.due").due(); }
+  bool in_flight() { return d("DiLoCo.in_flight").in_flight(); }
+  // While a streaming fragment is in flight its thread owns the counter: the count as of the
+  // last sync that completed one.
+  std::uint64_t outer_steps() { return seen(d("DiLoCo.outer_steps")); }
   std::uint64_t global_hash() { return d("DiLoCo.global_hash").global_hash(); }
 
 private:
+  std::uint64_t seen(exchange::diloco_member<comm_t>& dm) {
+    if (!dm.in_flight()) outer_steps_ = dm.adapter().outer_steps();
+    return outer_steps_;
+  }
+
+  std::uint64_t outer_steps_ = 0;
   nb::object owner_;  // the py_member: outlives d_, which holds its member
   std::vector<block> held_;
   std::unique_ptr<exchange::diloco_member<comm_t>> d_;
@@ -695,6 +727,7 @@ NB_MODULE(_membership, m) {
       .def("sync", [](py::py_diloco& s) { return guarded([&] { return s.sync(); }); })
       .def("finish", [](py::py_diloco& s) { return guarded([&] { return s.finish(); }); })
       .def_prop_ro("due", [](py::py_diloco& s) { return guarded([&] { return s.due(); }); })
+      .def_prop_ro("in_flight", [](py::py_diloco& s) { return guarded([&] { return s.in_flight(); }); })
       .def_prop_ro("outer_steps", [](py::py_diloco& s) { return guarded([&] { return s.outer_steps(); }); })
       .def_prop_ro("global_hash", [](py::py_diloco& s) { return guarded([&] { return s.global_hash(); }); });
 }

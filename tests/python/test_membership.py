@@ -122,6 +122,38 @@ def _diloco_rank(rank, size, path, steps, kill_at, join, hold, results):
         results.put((rank, "error", traceback.format_exc()))
 
 
+def _streaming_rank(rank, size, path, steps, kill_at, join, hold, results):
+    """One rank of streaming DiLoCo over the member (2 fragments, each exchanged over the next
+    inner step on a C++ thread): an inner step adds rank+1; kill_at: SIGKILL itself while a
+    fragment is in flight once that many outer steps are applied."""
+    try:
+        m = membership.Member(rank, size, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT,
+                              connect_timeout=60.0)
+        w = np.arange(N, dtype=np.float32) + 10.0 * rank
+        outer = membership.DiLoCo(m, [w], "fixed:4,fragments=2,delay=1,outer=sgd:1")
+        outer.start()
+        started = landed = 0
+        while outer.outer_steps < steps:
+            w += rank + 1
+            if outer.step_done(0.001):
+                was_in_flight = outer.in_flight
+                r = outer.sync()
+                if was_in_flight:
+                    landed += 1
+                    assert r["outcome"] in ("committed", "healed", "discarded"), r
+                else:
+                    started += 1
+                    assert r["attempts"] == 0 and outer.in_flight, r
+                    if kill_at is not None and outer.outer_steps >= kill_at:
+                        os.kill(os.getpid(), signal.SIGKILL)
+        outer.finish()
+        results.put((rank, "ok", dict(hash=outer.global_hash, quorum=m.quorum["ranks"], outer_steps=outer.outer_steps,
+                                      started=started, landed=landed)))
+        m.close()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, "error", traceback.format_exc()))
+
+
 def run_job(tmp_path, size, steps, kill=None, replace=None, target=_rank, holder=False):
     """Runs `size` ranks of `target` (rank `kill` SIGKILLs itself before sync kill_at); with
     `replace`, a new process takes the killed rank's slot once it died. With `holder`, rank 0 is
@@ -306,6 +338,34 @@ def test_diloco_drops_a_killed_ranks_pseudo_gradient_and_goes_on(tmp_path, victi
         # healed from one that completed a step takes its global weights: the same values.
         assert v["same"] and v["w0"] in (diloco_value(3, 5, lost=(victim, 2)), diloco_value(3, 5, lost=(victim, 1)))
         assert v["quorum"] == survivors and v["outer_steps"] == 5
+
+
+@pytest.mark.parametrize("victim", [None, 1], ids=["no fault", "a rank lost in flight"])
+def test_streaming_diloco_overlaps_its_exchange_and_survives_a_loss_in_flight(tmp_path, victim):
+    out = run_job(tmp_path, 3, steps=6, kill=(victim, 2) if victim is not None else None, target=_streaming_rank)
+    survivors = [r for r in range(3) if r != victim]
+    assert sorted(out) == survivors
+    assert len({v["hash"] for v in out.values()}) == 1
+    for v in out.values():
+        assert v["quorum"] == survivors and v["outer_steps"] >= 6
+        # Every exchange started at a send point and completed at its completion point (the
+        # last one by finish()).
+        assert v["started"] >= 6 and v["landed"] in (v["started"], v["started"] - 1)
+
+
+def test_streaming_diloco_closed_while_a_fragment_is_in_flight():
+    w = np.full(8, 2.0, dtype=np.float32)
+    m = single()
+    outer = membership.DiLoCo(m, [w], "fixed:4,fragments=2,delay=1,outer=sgd:1")
+    outer.start()
+    while not outer.in_flight:
+        w += 1
+        if outer.step_done(0.001):
+            outer.sync()
+    assert outer.outer_steps == 0  # as of the last completed exchange: none yet
+    m.close()  # joins the fragment's thread before the member goes
+    with pytest.raises(cadence.InvalidParameterError, match="the member is closed"):
+        outer.sync()
 
 
 def test_bad_arguments_are_named():

@@ -71,9 +71,7 @@ class FaultTolerantDiLoCo:
     on the wrong rank of a replica, and calls out of order (:meth:`start` or :meth:`join`
     twice, :meth:`step` before them or after :meth:`finish`).
 
-    Limits: the module's buffers (BatchNorm statistics) stay each process's own; a quorum left
-    with one member does not admit a joiner yet (its DiLoCo syncs exchange nothing, so the
-    registration is never answered: keep 3 processes or more where replacements must get in).
+    Limits: the module's buffers (BatchNorm statistics) stay each process's own.
     """
 
     def __init__(self, module: torch.nn.Module, member, inner_optimizer=None, config: str = "fixed:20", *,

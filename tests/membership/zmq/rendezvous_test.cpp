@@ -228,6 +228,59 @@ TEST_CASE("membership: a first member that never starts (the leader's slot) cost
   CHECK(rep.registrations == 3);
 }
 
+TEST_CASE("membership: a member left alone whose syncs exchange nothing still admits a joiner" * doctest::timeout(120)) {
+  // A quorum of one whose syncs run no collective (an adapter that has nothing to exchange
+  // alone, as diloco's outer step of one member) must still take in a newcomer's request at its
+  // sync points: rank 1 leaves, rank 0 goes on alone with empty syncs, a new process in slot 1
+  // joins. Both then average a value in every sync and finish with the same state.
+  constexpr int n = 2;
+  job j;
+  std::atomic<bool> alone{false};
+  std::vector<double> finals(n, 0.0);
+  const auto run = [&](int rank, bool replacement) {
+    mb::member_options opts = member_options();
+    opts.eligible = {};
+    tr::zmq_communicator comm(rank, n, j.options(rank, opts.timeouts), tr::deadline(30s));
+    mb::member<tr::zmq_communicator> m(comm, opts);
+    std::vector<double> x(16, 1.0 + rank);
+    m.add_state(x);
+    replacement ? m.join() : m.start();
+    for (std::uint64_t extra = 0;;) {
+      const bool pair = m.current().size() == 2;
+      const mb::sync_report r = m.transact(
+          [&] {
+            if (pair) m.view().allreduce_average(x.data(), x.size(), tr::dtype::f64);
+          },
+          {x});
+      if (r.outcome != mb::outcome::committed) continue;
+      if (rank == 1 && !replacement && m.committed() == 3) return;  // leaves: rank 0 is alone
+      if (rank == 0 && !pair && m.current().size() == 1) alone = true;
+      if (pair && m.current().size() == 2 && (replacement || alone) && ++extra == 4) break;
+    }
+    m.finish();
+    std::lock_guard<std::mutex> lock(j.m);
+    finals[static_cast<std::size_t>(rank)] = x[0];
+    j.hash[static_cast<std::size_t>(rank)] = m.state_hash();
+  };
+  std::thread zero = guarded(j, "rank 0", [&] { run(0, false); });
+  std::thread one = guarded(j, "rank 1", [&] { run(1, false); });
+  one.join();
+  while (!alone.load()) {
+    {
+      std::lock_guard<std::mutex> lock(j.m);
+      if (!j.errors.empty()) break;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  one = guarded(j, "rank 1 (replacement)", [&] { run(1, true); });
+  one.join();
+  zero.join();
+  for (const std::string& e : j.errors) FAIL_CHECK(e);
+  REQUIRE(j.errors.empty());
+  CHECK(j.hash[0] == j.hash[1]);
+  CHECK(finals[0] == finals[1]);
+}
+
 TEST_CASE("membership: hold_rendezvous returns when stop() says so, and refuses what cannot hold" * doctest::timeout(60)) {
   job j;
   const mb::timeouts t = mb::timeouts::scaled(1000ms);

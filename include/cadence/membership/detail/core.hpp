@@ -174,7 +174,12 @@ public:
     if (txn_ops_ != 0 || q_.size() == 1) confirmed_ = q_;  // every member took part: confirmed
     prev_ops_ = std::move(cur_ops_);
     cur_ops_.clear();
-    if (txn_ops_ == 0) return q_.size() == 1 && !joiners_.empty();
+    if (txn_ops_ == 0) {
+      // Alone, with no collective in the sync to take the control frames in (an adapter with
+      // nothing to exchange alone): take them in here, or a newcomer's request is never seen.
+      if (q_.size() == 1) pump();
+      return q_.size() == 1 && !joiners_.empty();
+    }
     return txn_joiner_;
   }
 
