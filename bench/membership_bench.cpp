@@ -258,28 +258,26 @@ void transfer_pairs(int rank, const config& cfg, bool open, cadence_bench::threa
   if (rank == 0) plain.send(state.data(), cfg.state_bytes, joiner, 7, std::chrono::seconds(120));
   if (rank == joiner) plain.recv(state.data(), cfg.state_bytes, 0, 7, std::chrono::seconds(120));
   for (int rep = 0; rep < cfg.reps; ++rep) {
-    // The joiner's process as the survivors' quorum knows it: a new one has another nonce (the
-    // survivors may re-form from the old process to the new one without a sync in between).
-    auto joiner_nonce = [&] {
-      const mb::quorum q = m->current();
-      const int i = q.index_of(joiner);
-      return i < 0 || q.nonces.empty() ? std::uint64_t{0} : q.nonces[static_cast<std::size_t>(i)];
-    };
-    const std::uint64_t before = rank != joiner ? joiner_nonce() : 0;
     sync();
     const auto t0 = clock_type::now();
     if (rank == 0) plain.send(state.data(), cfg.state_bytes, joiner, 7, std::chrono::seconds(120));
     if (rank == joiner) plain.recv(state.data(), cfg.state_bytes, 0, 7, std::chrono::seconds(120));
     const double raw_s = sync.mean(rank == joiner ? seconds_since(t0) * n : 0.0);
+    // Every member syncs (counting its members) until a committed sync had all n: the survivors
+    // from here (losing the joiner's old process, admitting the new one), the joiner once it
+    // joined. They leave together, after the same sync: a member that stopped syncing while
+    // another still counted on it would stall that one's syncs.
+    auto sync_until_full = [&] {
+      std::vector<float> count(1);
+      do {
+        m->transact([&] {
+          count[0] = 1.0f;
+          m->view().allreduce(count.data(), count.size(), dtype::f32, reduce_op::sum);
+        });
+      } while (count[0] != static_cast<float>(n));
+    };
     if (rank != joiner) {
-      bool lost = false;
-      std::vector<float> small(8, 1.0f);
-      for (;;) {
-        m->transact([&] { m->view().allreduce(small.data(), small.size(), dtype::f32, reduce_op::sum); });
-        const bool full = m->current().size() == static_cast<std::size_t>(n);
-        if (!full) lost = true;
-        if (full && (lost || joiner_nonce() != before)) break;
-      }
+      sync_until_full();
       if (rank == 0) out.reconfiguration_seconds.push_back(m->stats().last_reconfiguration_seconds);
     } else {
       m.reset();
@@ -297,8 +295,11 @@ void transfer_pairs(int rank, const config& cfg, bool open, cadence_bench::threa
       if (st.state_received_bytes != cfg.state_bytes || state.front() != 1.0f || state.back() != 1.0f)
         throw std::runtime_error("the joiner's state is not the members' after join() (transfer " +
                                  std::to_string(rep + 1) + (open ? ", open" : ", authenticated") + ")");
-      std::lock_guard<std::mutex> lock(out_m);
-      out.pairs.push_back({raw_s, st.state_receive_seconds, join_s});
+      {
+        std::lock_guard<std::mutex> lock(out_m);
+        out.pairs.push_back({raw_s, st.state_receive_seconds, join_s});
+      }
+      sync_until_full();
     }
     sync();  // the joiner has its state
   }
