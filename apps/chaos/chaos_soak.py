@@ -36,7 +36,8 @@ come, nor a join once rank 0 is gone: rank 0 holds the ZeroMQ rendezvous, and a 
 cannot register once it is lost (docs/transports.md), so restarts and late joins need it alive
 (the others survive its loss). With --holder, rank 0 only holds the rendezvous
 (cadence-chaos-rank --holder, membership::hold_rendezvous) and is never hit: the members are
-ranks 1..N-1, any of them may be restarted, the leader included, and the holder must count
+ranks 1..N-1, any of them may be restarted, the leader included (it may also be the held-back
+slot, with 3 members or more: the first quorum forms without it), and the holder must count
 every process that registered and end by itself once the members are gone (holder_errors).
 A link fault's victims count as lost for the rest of the schedule (they may stay). Then it
 checks and reports:
@@ -220,9 +221,13 @@ def schedule(args, trial):
     resume or the restart), drawn against the members the job will have at each fault."""
     rng = trial_rng(args.seed, trial)
     mode = rng.choice(MODES) if args.mode == "mixed" else args.mode
-    # The held-back slot is never the first quorum's leader (the lowest member: rank 0, or rank
-    # 1 with --holder): the first quorum forms around it (docs/collective.md).
-    late = rng.randint(2 if args.holder else 1, args.ranks - 1) if rng.random() < args.late_join else None
+    # The held-back slot: without --holder never rank 0 (the rendezvous, which every process
+    # needs to register). With --holder it may be rank 1, the first quorum's leader, when 3 or
+    # more members remain: the others count its slot lost an op timeout after start() and form
+    # the first quorum without it (a majority of the members; docs/collective.md); with 2
+    # members the one left is half without the leader, which must not go on.
+    first_late = (1 if args.ranks - 1 >= 3 else 2) if args.holder else 1
+    late = rng.randint(first_late, args.ranks - 1) if rng.random() < args.late_join else None
     n = rng.randint(1, args.max_faults)
     warm = max(3, args.syncs // 10)
     last = max(warm + n, int(0.6 * args.syncs))
@@ -486,7 +491,11 @@ class Trial:
                 self.result["hang"] = True
                 self.problem("step %d never committed within --trial-timeout" % f["step"])
                 return
-            if self.max_step() >= stop_after or not self.running():
+            # With --holder a late join is never skipped: the holder ends by itself only once every
+            # member slot has registered, so the held-back slot's process starts even near the
+            # end (admitted, or a join missed: reported, not failed).
+            held_back = f["kind"] == "late_join" and self.args.holder and self.running()
+            if (self.max_step() >= stop_after or not self.running()) and not held_back:
                 f["skipped"] = True
                 self.result["skipped"] += 1
                 continue
