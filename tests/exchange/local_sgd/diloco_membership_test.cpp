@@ -548,6 +548,144 @@ TEST_CASE("diloco_member: a restarted rank joins a streaming job through a fragm
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
 }
 
+// A whole-job restart: a job runs N outer syncs, every rank takes a checkpoint (and goes on to
+// N + M without stopping: the reference); a NEW job (another world, new members) restores it,
+// on every rank or on the first only (start() broadcasts the first member's), and runs M more
+// syncs with the same inner steps. Same ranks, same all-reduce order: the result equals the
+// reference bit for bit (global weights, outer state, local weights, counters). With fragments
+// the reference takes the global weights as its local ones at the checkpoint, as the restored
+// job does (the fragments not synced at that point lose their local work since their last sync).
+TEST_CASE("diloco_member: a job restored from a checkpoint goes on as if it had not stopped" * doctest::timeout(60)) {
+  struct outcome {
+    std::string error;
+    ex::diloco_checkpoint saved;
+    std::uint64_t saved_step = 0, outer_steps = 0, fragment_steps = 0;
+    std::vector<float> global, state, local;
+  };
+  // Inner steps and outer syncs until `syncs` more have committed (step: the inner step count,
+  // carried over the restart); the checkpoint after `checkpoint_at` of them.
+  auto run = [](glue& dm, std::vector<float>& w, int rank, std::uint64_t& step, int syncs, int checkpoint_at,
+                outcome& out) {
+    for (int done = 0; done < syncs;) {
+      inner_step(w, rank, step++);
+      if (!dm.step_done(1000 + 100 * rank)) continue;
+      REQUIRE(dm.sync().outcome == mb::outcome::committed);
+      if (++done == checkpoint_at) {
+        out.saved = dm.checkpoint();
+        out.saved_step = step;
+        // A restored job starts from the global weights: so does the reference from here. One
+        // fragment: they are the local weights already (alpha 0), the reference runs through.
+        // More: the other fragments' local work since their last sync is not in the checkpoint.
+        if (dm.adapter().fragment_steps() == dm.adapter().outer_steps())
+          CHECK(std::equal(w.begin(), w.end(), out.saved.global_weights.begin()));
+        std::copy(out.saved.global_weights.begin(), out.saved.global_weights.end(), w.begin());
+      }
+    }
+  };
+  auto ended = [](glue& dm, const std::vector<float>& w, outcome& out) {
+    dm.finish();
+    out.outer_steps = dm.adapter().outer_steps();
+    out.fragment_steps = dm.adapter().fragment_steps();
+    out.global.assign(dm.adapter().global_weights().begin(), dm.adapter().global_weights().end());
+    out.state.assign(dm.adapter().outer_state().begin(), dm.adapter().outer_state().end());
+    out.local = w;
+  };
+  const int n = 5, more = 4;
+  for (const std::string config : {"fixed:3,outer=nesterov:0.7:0.9", "fixed:4,fragments=2,outer=adam:0.01"}) {
+    CAPTURE(config);
+    const ex::diloco_config cfg = ex::parse_diloco_config(config);
+    inproc_world whole(4);
+    const auto ref = cadence_membership_test::run_ranks<outcome>(
+        whole, 4, [&](int rank, inproc_communicator& c, outcome& out) {
+          mb::member<inproc_communicator> m(c, test_options());
+          std::vector<float> w(3001, 0.5f);
+          glue dm(m, {ex::tensor_ref(w.data(), 1000), ex::tensor_ref(w.data() + 1000, 2001)},
+                  ex::make_outer_optimizer(cfg.outer), cfg.options);
+          dm.start();
+          std::uint64_t step = 0;
+          run(dm, w, rank, step, n + more, n, out);
+          ended(dm, w, out);
+        });
+    for (int r = 0; r < 4; ++r) {
+      const outcome& x = ref[static_cast<std::size_t>(r)];
+      REQUIRE_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+      CHECK(x.saved.global_weights == ref[0].saved.global_weights);  // equal on every member
+      CHECK(x.saved.outer_state == ref[0].saved.outer_state);
+      CHECK(x.saved.fragment_outer_steps == ref[0].saved.fragment_outer_steps);
+    }
+    CHECK(ref[0].saved.syncs + ref[0].saved.fragment_steps > 0);
+    CHECK(ref[0].saved.clock == ref[0].saved_step);  // checkpointed right at a sync
+    for (bool on_every_rank : {true, false}) {
+      CAPTURE(on_every_rank);
+      inproc_world again(4);
+      const auto res = cadence_membership_test::run_ranks<outcome>(
+          again, 4, [&](int rank, inproc_communicator& c, outcome& out) {
+            mb::member<inproc_communicator> m(c, test_options());
+            std::vector<float> w(3001, -3.0f);  // a new process: not the saved weights
+            glue dm(m, {ex::tensor_ref(w.data(), 1000), ex::tensor_ref(w.data() + 1000, 2001)},
+                    ex::make_outer_optimizer(cfg.outer), cfg.options);
+            if (on_every_rank || rank == 0) dm.restore(ref[static_cast<std::size_t>(rank)].saved);
+            dm.start();
+            CHECK(std::equal(w.begin(), w.end(), ref[0].saved.global_weights.begin()));
+            CHECK(dm.checkpoint().outer_state == ref[0].saved.outer_state);
+            std::uint64_t step = ref[static_cast<std::size_t>(rank)].saved_step;
+            run(dm, w, rank, step, more, 0, out);
+            ended(dm, w, out);
+          });
+      for (int r = 0; r < 4; ++r) {
+        const outcome& x = res[static_cast<std::size_t>(r)];
+        const outcome& y = ref[static_cast<std::size_t>(r)];
+        CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+        CHECK(x.outer_steps == y.outer_steps);
+        CHECK(x.fragment_steps == y.fragment_steps);
+        CHECK(x.global == y.global);  // bit for bit
+        CHECK(x.state == y.state);
+        CHECK(x.local == y.local);
+      }
+    }
+  }
+}
+
+TEST_CASE("diloco_member: a checkpoint of other sizes, or at the wrong time, is refused naming why") {
+  inproc_world world(1);
+  inproc_communicator c = world.join(0);
+  mb::member<inproc_communicator> m(c, test_options());
+  std::vector<float> w(8, 1.0f);
+  glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("adam:0.01"),
+          options_for("fixed:4,fragments=2,delay=1"));
+  CHECK_THROWS_WITH_AS(dm.checkpoint(), doctest::Contains("built by start() or join()"),
+                       cadence::invalid_parameter_error);
+  ex::diloco_checkpoint good;
+  good.global_weights.assign(8, 2.0f);
+  good.outer_state.assign(16, 0.0f);  // Adam: two slots
+  good.fragment_outer_steps.assign(2, 0);
+  ex::diloco_checkpoint bad = good;
+  bad.global_weights.resize(9);
+  CHECK_THROWS_WITH_AS(dm.restore(bad), doctest::Contains("has 9 global weights; this member's tensors hold 8"),
+                       cadence::invalid_parameter_error);
+  bad = good;
+  bad.outer_state.resize(8);  // a one-slot optimizer's (Nesterov)
+  CHECK_THROWS_WITH_AS(dm.restore(bad), doctest::Contains("(1 state slots of 8); this outer optimizer has 2"),
+                       cadence::invalid_parameter_error);
+  bad = good;
+  bad.fragment_outer_steps.resize(1);
+  CHECK_THROWS_WITH_AS(dm.restore(bad), doctest::Contains("has 1 fragments' step counts; this member's options have fragments=2"),
+                       cadence::invalid_parameter_error);
+  dm.restore(good);
+  CHECK(w[0] == 2.0f);
+  dm.start();  // a quorum of one
+  CHECK_THROWS_WITH_AS(dm.restore(good), doctest::Contains("call it before start()"), cadence::invalid_parameter_error);
+  std::uint64_t step = 0;
+  while (!dm.in_flight()) {
+    inner_step(w, 0, step++);
+    if (dm.step_done(1000)) (void)dm.sync();
+  }
+  CHECK_THROWS_WITH_AS(dm.checkpoint(), doctest::Contains("while fragment 0's exchange is in flight"),
+                       cadence::invalid_parameter_error);
+  dm.finish();
+  CHECK(dm.checkpoint().fragment_outer_steps == std::vector<std::uint64_t>{1, 0});
+}
+
 TEST_CASE("diloco_member: what the membership cannot carry is refused before it starts") {
   inproc_world world(1);
   inproc_communicator c = world.join(0);

@@ -29,6 +29,29 @@ namespace cadence::exchange {
 /// \addtogroup exchange
 /// @{
 
+/// What a restart of a whole diloco_member job needs (diloco_member::checkpoint(), restore()):
+/// the state every member holds alike after a committed sync. Not in it: this rank's local work
+/// since that sync (a restored job starts from the global weights), the timed schedules' plan
+/// (it warms up again, as after a reconfiguration) and a lossy codec's error-feedback residuals
+/// (dropped, as at a reconfiguration).
+struct diloco_checkpoint {
+  /// The global weights, flat in the tensors' order.
+  std::vector<float> global_weights;
+  /// The outer optimizer's state: its state_slots() arrays of global_weights' length, end to end.
+  std::vector<float> outer_state;
+  /// Outer syncs committed (timed schedules: the outer steps).
+  std::uint64_t syncs = 0;
+  /// Outer steps applied, counted per fragment.
+  std::uint64_t fragment_steps = 0;
+  /// Contributions that came late (quorum schedule), and the largest staleness among them.
+  std::uint64_t stale_contributions = 0;
+  std::int64_t max_staleness = 0;
+  /// The fixed schedule's step clock at the last committed sync (0 with a timed schedule).
+  std::uint64_t clock = 0;
+  /// Each fragment's outer steps (the outer optimizer's step count t: Adam's bias correction).
+  std::vector<std::uint64_t> fragment_outer_steps;
+};
+
 /// A diloco adapter run on a membership::member over communicator `C`, with outer optimizer
 /// `O`. Use (every rank; a restarted or new process calls join() instead of start()):
 ///
@@ -82,6 +105,14 @@ namespace cadence::exchange {
 /// adapter's step counters (local_steps(), progress(), total_steps()) and the destructor, which
 /// joins the thread (a fault that ends it is rethrown by the sync() or finish() that joins it;
 /// the destructor drops it). The thread's start and join order what the two threads touch.
+///
+/// **A restart of the whole job** (a maintenance window, a preemption): checkpoint() on any
+/// member after a sync (nothing in flight) returns the global weights, the outer state and the
+/// shared counters (diloco_checkpoint); in the new job, restore() it before start() on every
+/// member. start() then broadcasts the first member's checkpoint (the first quorum's lowest
+/// rank; the others' are only checked) instead of its tensors: every member begins with the
+/// checkpoint's global weights as its local and global weights, its outer state and counters
+/// (the fixed schedule's clock too), as if the job had not stopped.
 ///
 /// Limits: a lossy codec needs `options.tag + fragments` within the view's 256 user tags; every
 /// sync of the member goes through this object (no other transact() on the same member).
@@ -139,17 +170,30 @@ public:
 
   /// Starts the member (member::start(), the first quorum) and builds the adapter in the first
   /// transaction: the first member's weights are broadcast into every member's tensors and
-  /// global weights. Throws the member's errors (quorum_error) and the adapter's
+  /// global weights, and its outer state and counters (zero, or as restore() set them) into
+  /// every member's. Throws the member's errors (quorum_error) and the adapter's
   /// (parse_error, invalid_parameter_error for bad options or tensors).
   void start() {
     m_->start();
     const membership::sync_report rep = m_->transact(
         [&] {
+          if (restored_) global_into_tensors();  // the checkpoint's weights are what is broadcast
           adapter_.reset();
           adapter_.emplace(m_->view(), span<const tensor_ref>(weights_.data(), weights_.size()), outer_, options_,
                            diloco_start::fresh);
           std::copy(adapter_->global_.begin(), adapter_->global_.end(), global_.begin());
-          std::fill(state_.begin(), state_.end(), 0.0f);
+          // Whether the first member restored a checkpoint: then its outer state and counters too.
+          const transport::deadline d(options_.timeout);
+          std::uint64_t from_checkpoint = restored_ ? 1 : 0;
+          m_->view().broadcast(&from_checkpoint, sizeof from_checkpoint, 0, d);
+          if (from_checkpoint != 0) {
+            if (!state_.empty()) m_->view().broadcast(state_.data(), state_.size() * 4, 0, d);
+            m_->view().broadcast(shared_.data(), shared_.size() * 8, 0, d);
+            std::copy(state_.begin(), state_.end(), adapter_->state_.begin());  // attach() keeps the adapter's
+            load(true);  // the counters and the clock into the adapter
+          } else {
+            std::fill(state_.begin(), state_.end(), 0.0f);
+          }
           publish();
         },
         {membership::buffer(global_), membership::buffer(state_), membership::buffer(shared_)});
@@ -170,6 +214,9 @@ public:
   /// with the current global weights in this rank's tensors and the outer state and counters in
   /// the adapter. Throws membership::quorum_error after member_options::join_timeout.
   void join() {
+    if (restored_)
+      throw invalid_parameter_error("cadence::exchange::diloco_member: join() after restore(): a joiner takes the "
+                                    "running job's state; restore a checkpoint before start() instead");
     m_->join();
     adopt();
   }
@@ -282,6 +329,65 @@ public:
     mix(a.global_);
     mix(a.state_);
     return h;
+  }
+
+  /// What a restart of the whole job needs (see the class comment), as of the last committed
+  /// sync: equal on every member between two syncs. Throws invalid_parameter_error before
+  /// start() or join() and while a streaming fragment is in flight (naming it).
+  diloco_checkpoint checkpoint() {
+    adapter_type& a = adapter();
+    if (job_)
+      throw invalid_parameter_error("cadence::exchange::diloco_member: checkpoint() while fragment " +
+                                    std::to_string(job_->fragment) + "'s exchange is in flight (it completes at step " +
+                                    std::to_string(job_->started + options_.delay) + "); take it after that sync()");
+    diloco_checkpoint c;
+    c.global_weights = a.global_;
+    c.outer_state = a.state_;
+    c.syncs = a.syncs_;
+    c.fragment_steps = a.fragment_steps_;
+    c.stale_contributions = a.stale_contributions_;
+    c.max_staleness = a.max_staleness_;
+    c.clock = a.schedule_.timed() ? 0 : a.synced_at_;
+    for (const auto& fr : a.frags_) c.fragment_outer_steps.push_back(fr.steps);
+    return c;
+  }
+
+  /// Sets checkpoint `c` (from checkpoint() of a job with the same model, outer optimizer and
+  /// fragments) as the state start() begins from; call it before start() on every member (the
+  /// first member's is the one broadcast; see the class comment). Its global weights go into
+  /// this rank's tensors now and again at start(). Throws invalid_parameter_error after start()
+  /// or join(), and for a checkpoint of other sizes, naming what differs.
+  void restore(const diloco_checkpoint& c) {
+    const std::string here = "cadence::exchange::diloco_member::restore: ";
+    if (adapter_) throw invalid_parameter_error(here + "called after start() or join(); call it before start()");
+    if (c.global_weights.size() != total_)
+      throw invalid_parameter_error(here + "the checkpoint has " + std::to_string(c.global_weights.size()) +
+                                    " global weights; this member's tensors hold " + std::to_string(total_) +
+                                    " (another model?)");
+    const std::size_t slots = outer_.state_slots();
+    if (c.outer_state.size() != slots * total_)
+      throw invalid_parameter_error(
+          here + "the checkpoint's outer state has " + std::to_string(c.outer_state.size()) + " floats (" +
+          (total_ == 0 || c.outer_state.size() % total_ != 0
+               ? std::string("not a whole number of slots")
+               : std::to_string(c.outer_state.size() / total_) + " state slots") +
+          " of " + std::to_string(total_) + "); this outer optimizer has " + std::to_string(slots) +
+          " (another outer optimizer?)");
+    const std::size_t f = std::max<std::size_t>(options_.fragments, 1);
+    if (c.fragment_outer_steps.size() != f)
+      throw invalid_parameter_error(here + "the checkpoint has " + std::to_string(c.fragment_outer_steps.size()) +
+                                    " fragments' step counts; this member's options have fragments=" +
+                                    std::to_string(f));
+    std::copy(c.global_weights.begin(), c.global_weights.end(), global_.begin());
+    std::copy(c.outer_state.begin(), c.outer_state.end(), state_.begin());
+    shared_[s_syncs] = c.syncs;
+    shared_[s_fragment_steps] = c.fragment_steps;
+    shared_[s_stale] = c.stale_contributions;
+    shared_[s_max_staleness] = static_cast<std::uint64_t>(c.max_staleness);
+    shared_[s_clock] = c.clock;
+    for (std::size_t k = 0; k < f; ++k) shared_[shared_head + k] = c.fragment_outer_steps[k];
+    global_into_tensors();
+    restored_ = true;
   }
 
 private:
@@ -498,13 +604,18 @@ private:
     attached_ = true;
   }
 
-  // A joiner, or a member healed during start(): the received state into a new adapter.
-  void adopt() {
+  // Before attach(): the registered global weights into this rank's tensors.
+  void global_into_tensors() {
     std::size_t at = 0;
     for (const tensor_ref& t : weights_) {
       if (t.count != 0) std::memcpy(t.data, global_.data() + at, t.count * 4);
       at += t.count;
     }
+  }
+
+  // A joiner, or a member healed during start(): the received state into a new adapter.
+  void adopt() {
+    global_into_tensors();
     adapter_.emplace(m_->view(), span<const tensor_ref>(weights_.data(), weights_.size()), outer_, options_,
                      diloco_start::adopt);
     adapter_type& a = *adapter_;
@@ -534,6 +645,7 @@ private:
   std::size_t total_ = 0;
   std::optional<adapter_type> adapter_;
   bool attached_ = false;
+  bool restored_ = false;  // restore() set global_, state_ and shared_ for start()
   // Before attach(): the registered blocks themselves; after it, the adapter owns them.
   std::vector<float> global_, state_;
   std::vector<std::uint64_t> shared_;
