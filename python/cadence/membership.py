@@ -356,7 +356,16 @@ class DiLoCo:
             if outer.step_done(time.perf_counter() - t):
                 outer.sync()
         outer.finish()
+
+    **A restart of the whole job** (maintenance, preemption): :meth:`state_dict` after a sync
+    (not while a fragment is in flight) holds the global weights, the outer optimizer's state
+    and the shared counters, equal on every member; in the new job, :meth:`load_state_dict`
+    before :meth:`start` on every process, and the job goes on from there (the first member's
+    is broadcast; ``weights`` start as its global weights: each process's local work since the
+    last sync, and with fragments the unsynced fragments' since theirs, is not in it).
     """
+
+    _COUNTERS = ("syncs", "fragment_steps", "stale_contributions", "max_staleness", "clock")
 
     def __init__(self, member: Member, weights: Iterable[Any], config: str = "fixed:20") -> None:
         arrays = [_array(w, "DiLoCo") for w in weights]
@@ -407,3 +416,46 @@ class DiLoCo:
         """A hash of the global weights and the outer optimizer's state: equal on every member
         after every commit."""
         return self._d.global_hash
+
+    def state_dict(self) -> dict:
+        """What a restart of the whole job needs, as of the last committed sync (the C++
+        ``diloco_member::checkpoint()``): ``global_weights`` (float32, flat in the weights'
+        order), ``outer_state`` (float32, the outer optimizer's slots end to end),
+        ``fragment_outer_steps`` (uint64, per fragment) as NumPy arrays, and the ints ``syncs``,
+        ``fragment_steps``, ``stale_contributions``, ``max_staleness`` and ``clock`` (the fixed
+        schedule's step). Raises InvalidParameterError before start/join and while a fragment
+        is in flight."""
+        import numpy as np
+
+        raw = self._d.state_dict()
+        out = {"global_weights": np.frombuffer(raw["global_weights"], dtype=np.float32).copy(),
+               "outer_state": np.frombuffer(raw["outer_state"], dtype=np.float32).copy(),
+               "fragment_outer_steps": np.array(raw["fragment_outer_steps"], dtype=np.uint64)}
+        for k in self._COUNTERS:
+            out[k] = int(raw[k])
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores a :meth:`state_dict` (of a job with the same weights' sizes, outer optimizer
+        and fragments) for :meth:`start` to begin from; call it before :meth:`start` on every
+        process. ``weights`` hold its global weights from now on. Raises InvalidParameterError
+        for a missing key or other sizes (naming what differs) and after start/join."""
+        import numpy as np
+
+        who = "cadence.membership.DiLoCo.load_state_dict"
+        if not isinstance(state, dict):
+            raise InvalidParameterError(f"{who}: expected a dict from DiLoCo.state_dict(), got {type(state).__name__}")
+        need = ("global_weights", "outer_state", "fragment_outer_steps") + self._COUNTERS
+        missing = [k for k in need if k not in state]
+        if missing:
+            raise InvalidParameterError(f"{who}: the state has no {', '.join(missing)} (keys: {sorted(state)})")
+
+        def floats(key: str) -> bytes:
+            a = state[key]
+            if type(a).__module__.startswith("torch"):
+                a = a.detach().cpu().numpy()
+            return np.ascontiguousarray(a, dtype=np.float32).reshape(-1).tobytes()
+
+        counters = [int(state[k]) for k in self._COUNTERS]
+        steps = [int(x) for x in np.asarray(state["fragment_outer_steps"]).reshape(-1)]
+        self._d.load_state_dict(floats("global_weights"), floats("outer_state"), *counters, steps)

@@ -567,6 +567,43 @@ public:
   // last sync that completed one.
   std::uint64_t outer_steps() { return seen(d("DiLoCo.outer_steps")); }
   std::uint64_t global_hash() { return d("DiLoCo.global_hash").global_hash(); }
+  // diloco_member::checkpoint(): the arrays as bytes (membership.py makes NumPy arrays of them).
+  nb::dict state_dict() {
+    const exchange::diloco_checkpoint c = d("DiLoCo.state_dict").checkpoint();
+    nb::dict r;
+    r["global_weights"] = nb::bytes(c.global_weights.data(), c.global_weights.size() * 4);
+    r["outer_state"] = nb::bytes(c.outer_state.data(), c.outer_state.size() * 4);
+    r["syncs"] = c.syncs;
+    r["fragment_steps"] = c.fragment_steps;
+    r["stale_contributions"] = c.stale_contributions;
+    r["max_staleness"] = c.max_staleness;
+    r["clock"] = c.clock;
+    nb::list steps;
+    for (std::uint64_t x : c.fragment_outer_steps) steps.append(x);
+    r["fragment_outer_steps"] = steps;
+    return r;
+  }
+  // diloco_member::restore(), from what membership.py made of a state_dict(): the arrays as
+  // float32 bytes, the counters as ints.
+  void load_state_dict(nb::bytes global, nb::bytes state, std::uint64_t syncs, std::uint64_t fragment_steps,
+                       std::uint64_t stale, std::int64_t max_staleness, std::uint64_t clock, nb::list steps) {
+    exchange::diloco_member<comm_t>& dm = d("DiLoCo.load_state_dict");
+    if (nb::cast<py_member&>(owner_).started())
+      throw invalid_parameter_error("cadence.membership.DiLoCo.load_state_dict: called after start() or join(); "
+                                    "call it before start()");
+    exchange::diloco_checkpoint c;
+    const auto* g = reinterpret_cast<const float*>(global.c_str());
+    const auto* s = reinterpret_cast<const float*>(state.c_str());
+    c.global_weights.assign(g, g + global.size() / 4);
+    c.outer_state.assign(s, s + state.size() / 4);
+    c.syncs = syncs;
+    c.fragment_steps = fragment_steps;
+    c.stale_contributions = stale;
+    c.max_staleness = max_staleness;
+    c.clock = clock;
+    for (nb::handle h : steps) c.fragment_outer_steps.push_back(nb::cast<std::uint64_t>(h));
+    dm.restore(c);
+  }
 
 private:
   std::uint64_t seen(exchange::diloco_member<comm_t>& dm) {
@@ -729,5 +766,14 @@ NB_MODULE(_membership, m) {
       .def_prop_ro("due", [](py::py_diloco& s) { return guarded([&] { return s.due(); }); })
       .def_prop_ro("in_flight", [](py::py_diloco& s) { return guarded([&] { return s.in_flight(); }); })
       .def_prop_ro("outer_steps", [](py::py_diloco& s) { return guarded([&] { return s.outer_steps(); }); })
-      .def_prop_ro("global_hash", [](py::py_diloco& s) { return guarded([&] { return s.global_hash(); }); });
+      .def_prop_ro("global_hash", [](py::py_diloco& s) { return guarded([&] { return s.global_hash(); }); })
+      .def("state_dict", [](py::py_diloco& s) { return guarded([&] { return s.state_dict(); }); })
+      .def("load_state_dict",
+           [](py::py_diloco& s, nb::bytes global, nb::bytes state, std::uint64_t syncs, std::uint64_t fragment_steps,
+              std::uint64_t stale, std::int64_t max_staleness, std::uint64_t clock, nb::list steps) {
+             guarded([&] {
+               s.load_state_dict(std::move(global), std::move(state), syncs, fragment_steps, stale, max_staleness,
+                                 clock, std::move(steps));
+             });
+           });
 }

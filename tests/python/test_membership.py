@@ -452,3 +452,84 @@ def test_diloco_alone_then_closed():
     m.close()
     with pytest.raises(cadence.InvalidParameterError, match="the member is closed"):
         outer.sync()
+
+
+def _restart_rank(rank, size, path, steps, kill_at, join, hold, results, *, ckpt, save_at=None, first_only=False):
+    """One rank of DiLoCo with Nesterov (its momentum carries over outer steps) whose inner step
+    adds rank+1. save_at: after that many outer steps, state_dict() to ckpt/rank<r>.npz and go on
+    to `steps` (the job that never stops); else load_state_dict() it before start() (on rank 0
+    only with first_only: start() broadcasts the first member's) and run to `steps`."""
+    try:
+        m = membership.Member(rank, size, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT,
+                              connect_timeout=60.0)
+        w = initial(rank).astype(np.float32)
+        outer = membership.DiLoCo(m, [w], "fixed:2,outer=nesterov:0.7:0.9")
+        file = os.path.join(ckpt, f"rank{rank}.npz")
+        if save_at is None and (rank == 0 or not first_only):
+            with np.load(file) as z:
+                outer.load_state_dict({k: z[k] for k in z.files})
+            assert np.array_equal(w, np.load(file)["global_weights"])  # the global weights, now
+        outer.start()
+        while outer.outer_steps < steps:
+            w += rank + 1
+            if outer.step_done(0.001):
+                assert outer.sync()["outcome"] == "committed"
+                if outer.outer_steps == save_at:
+                    np.savez(file, **outer.state_dict())
+        outer.finish()
+        sd = outer.state_dict()
+        results.put((rank, "ok", dict(hash=outer.global_hash, w=w.copy(), state=sd["outer_state"], syncs=sd["syncs"],
+                                      clock=sd["clock"], outer_steps=outer.outer_steps)))
+        m.close()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def test_diloco_restored_from_state_dict_goes_on_as_if_it_had_not_stopped(tmp_path):
+    import functools
+
+    ckpt = str(tmp_path)
+    for job in ("a", "bFalse", "bTrue"):
+        (tmp_path / job).mkdir()
+    through = run_job(tmp_path / "a", 2, steps=5, target=functools.partial(_restart_rank, ckpt=ckpt, save_at=2))
+    saved = np.load(os.path.join(ckpt, "rank0.npz"))
+    assert sorted(saved.files) == sorted(["global_weights", "outer_state", "fragment_outer_steps", "syncs",
+                                          "fragment_steps", "stale_contributions", "max_staleness", "clock"])
+    assert int(saved["clock"]) == 4 and saved["outer_state"].any()  # 2 outer steps of 2 inner steps: momentum
+    for first_only in (False, True):
+        again = run_job(tmp_path / f"b{first_only}", 2, steps=5,
+                        target=functools.partial(_restart_rank, ckpt=ckpt, first_only=first_only))
+        for r in range(2):
+            # Bit for bit: the same ranks reduce in the same order.
+            assert again[r]["hash"] == through[r]["hash"]
+            assert np.array_equal(again[r]["w"], through[r]["w"])
+            assert np.array_equal(again[r]["state"], through[r]["state"])
+            assert again[r]["syncs"] == through[r]["syncs"]
+            assert (again[r]["outer_steps"], again[r]["clock"]) == (through[r]["outer_steps"], through[r]["clock"]) \
+                == (5, 10)
+
+
+def test_diloco_state_dict_refusals_are_named():
+    w = np.zeros(4, dtype=np.float32)
+    m = single()
+    outer = membership.DiLoCo(m, [w], "fixed:2,outer=adam:0.01")
+    with pytest.raises(cadence.InvalidParameterError, match="built by start"):
+        outer.state_dict()
+    good = {"global_weights": np.ones(4, dtype=np.float32), "outer_state": np.zeros(8, dtype=np.float32),
+            "fragment_outer_steps": np.zeros(1, dtype=np.uint64), "syncs": 3, "fragment_steps": 3,
+            "stale_contributions": 0, "max_staleness": 0, "clock": 6}
+    with pytest.raises(cadence.InvalidParameterError, match="has no clock"):
+        outer.load_state_dict({k: v for k, v in good.items() if k != "clock"})
+    with pytest.raises(cadence.InvalidParameterError, match="has 5 global weights; this member's tensors hold 4"):
+        outer.load_state_dict(dict(good, global_weights=np.ones(5, dtype=np.float32)))
+    with pytest.raises(cadence.InvalidParameterError, match="1 state slots of 4.*this outer optimizer has 2"):
+        outer.load_state_dict(dict(good, outer_state=np.zeros(4, dtype=np.float32)))
+    outer.load_state_dict(good)
+    assert np.array_equal(w, np.ones(4, dtype=np.float32))
+    outer.start()
+    sd = outer.state_dict()
+    assert sd["syncs"] == 3 and sd["clock"] == 6 and np.array_equal(sd["global_weights"], np.ones(4))
+    with pytest.raises(cadence.InvalidParameterError, match="before start"):
+        outer.load_state_dict(good)
+    outer.finish()
+    m.close()
