@@ -59,11 +59,17 @@ class FaultTolerantDiLoCo:
     of every replica holds the same weights. Start each replica as its own
     ``torchrun --max-restarts`` job; its restart rejoins (docs/python-torch.md).
 
-    **No state_dict().** What a restart of the whole job would need (the global weights, the
-    outer optimizer's state, the schedule's counters) lives in the C++ adapter, which
-    ``cadence.membership.DiLoCo`` does not expose; a lost process needs no checkpoint (its
-    replacement receives all of it from a member). Save ``model.state_dict()`` and the inner
-    optimizer's for a restart from scratch (the outer momentum starts again).
+    **A restart of the whole job** (a maintenance window, a preemption; a lost process needs no
+    checkpoint: its replacement receives everything from a member). :meth:`state_dict` after
+    :meth:`step` returned a report (or after :meth:`finish`) holds the module's
+    ``state_dict()``, the inner optimizer's, :attr:`inner_steps` and the membership DiLoCo's
+    (:meth:`cadence.membership.DiLoCo.state_dict`: the global weights, the outer optimizer's
+    state, the counters and the fixed schedule's clock; ``None`` on a replica's other ranks,
+    which hold no member). In the new job, build the module, the optimizer, the member and this
+    object, then :meth:`load_state_dict` (one checkpoint, from any member, on every process)
+    before :meth:`start`: the job goes on as if it had not stopped (bit for bit with the same
+    processes and inputs). Not in it: the local work since the last sync (the module starts
+    from the global weights) and the timed schedules' plan (it warms up again).
 
     Raises InvalidParameterError for a module without floating-point parameters, a complex
     parameter, a float64 value beyond float32's range, a config that is not a string or has
@@ -265,3 +271,51 @@ class FaultTolerantDiLoCo:
         """A hash of the global weights and the outer optimizer's state: equal on every process
         after every commit."""
         return self._ask("global_hash")
+
+    # ---- a restart of the whole job ----
+
+    def state_dict(self) -> dict:
+        """What a restart of the whole job needs (see the class comment): ``module`` (the
+        module's ``state_dict()``, cloned), ``inner_optimizer`` (its ``state_dict()``, copied;
+        None without one), ``inner_steps`` and ``diloco`` (the membership DiLoCo's
+        ``state_dict()``: NumPy arrays and ints; None on a replica's other ranks). Take it right
+        after a sync (the module then holds the global weights). Raises InvalidParameterError
+        before :meth:`start` or :meth:`join`."""
+        import copy
+
+        if self._phase == "new":
+            raise InvalidParameterError(f"{_HERE}.state_dict: called before start() or join(); the state is "
+                                        "known once the job runs")
+        module = {k: v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v)
+                  for k, v in self.module.state_dict().items()}
+        inner = None if self.inner_optimizer is None else copy.deepcopy(self.inner_optimizer.state_dict())
+        return {"version": 1, "module": module, "inner_optimizer": inner, "inner_steps": self.inner_steps,
+                "diloco": self._outer.state_dict() if self._leader else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores a :meth:`state_dict` (of a job with the same module, inner optimizer and
+        config) before :meth:`start`, on every process: the module's and the inner optimizer's
+        state, :attr:`inner_steps`, and the membership DiLoCo's, from which :meth:`start`
+        begins (the first member's is broadcast). Raises InvalidParameterError after
+        :meth:`start` or :meth:`join`, for a state without what this process needs (naming the
+        key), and as the membership DiLoCo's for other sizes (naming what differs)."""
+        self._check("load_state_dict", "new")
+        if not isinstance(state, dict) or state.get("version") != 1:
+            raise InvalidParameterError(f"{_HERE}.load_state_dict: expected a dict from "
+                                        "FaultTolerantDiLoCo.state_dict() (version 1)")
+        for key in ("module", "inner_steps", "diloco", "inner_optimizer"):
+            if key not in state:
+                raise InvalidParameterError(f"{_HERE}.load_state_dict: the state has no {key!r}")
+        if self._leader and state["diloco"] is None:
+            raise InvalidParameterError(f"{_HERE}.load_state_dict: the state has no membership DiLoCo state "
+                                        "('diloco' is None: saved on a replica's other rank); save it on a "
+                                        "process that holds the member")
+        if self.inner_optimizer is not None and state["inner_optimizer"] is None:
+            raise InvalidParameterError(f"{_HERE}.load_state_dict: the state has no inner optimizer's state "
+                                        "(saved without one), and this FaultTolerantDiLoCo has one")
+        if self._leader:
+            self._outer.load_state_dict(state["diloco"])  # checks the sizes first
+        self.module.load_state_dict(state["module"])
+        if self.inner_optimizer is not None:
+            self.inner_optimizer.load_state_dict(state["inner_optimizer"])
+        self.inner_steps = int(state["inner_steps"])

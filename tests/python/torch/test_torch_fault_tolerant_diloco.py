@@ -119,3 +119,68 @@ def test_arguments_and_the_order_of_calls_are_checked():
         assert isinstance(outer.global_hash, int) and outer.syncs == m.committed
     finally:
         m.close()
+
+
+def test_a_job_restored_from_state_dict_goes_on_as_if_it_had_not_stopped():
+    """One member (the multi-process restore is tests/python/test_membership.py's): 4 outer
+    steps, state_dict() through torch.save, 3 more; a new job (new member, module, optimizer,
+    other initial weights) loads it and runs the 3: the same parameters, inner momentum, outer
+    state and counters, bit for bit (Nesterov outer, SGD with momentum inner, inputs by step)."""
+    import io
+
+    import cadence.membership as membership
+    import cadence.torch as ct
+
+    def job(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        m = membership.Member(0, 1, rendezvous="tcp://127.0.0.1:0", insecure=True, heartbeat=3.0)
+        return model, opt, m, ct.FaultTolerantDiLoCo(model, m, opt, "fixed:3,outer=nesterov:0.7:0.9")
+
+    def train(model, opt, outer, until):
+        saved = None
+        while outer.outer_steps < until:
+            g = torch.Generator().manual_seed(outer.inner_steps)  # the inputs of this inner step
+            x = torch.randn(8, 3, generator=g)
+            torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+            opt.step()
+            opt.zero_grad()
+            if outer.step(seconds=0.001) is not None and outer.outer_steps == 4:
+                buf = io.BytesIO()
+                torch.save(outer.state_dict(), buf)
+                saved = buf.getvalue()
+        return saved
+
+    model, opt, m, outer = job(0)
+    try:
+        outer.start()
+        saved = train(model, opt, outer, 7)
+        outer.finish()
+        through = (outer.state_dict(), [p.detach().clone() for p in model.parameters()])
+    finally:
+        m.close()
+    assert saved is not None
+
+    model, opt, m, outer = job(1)
+    try:
+        state = torch.load(io.BytesIO(saved), weights_only=False)
+        assert state["diloco"]["outer_state"].any() and state["inner_steps"] == 12
+        with pytest.raises(ct.InvalidParameterError, match="has no 'diloco'"):
+            outer.load_state_dict({k: v for k, v in state.items() if k != "diloco"})
+        outer.load_state_dict(state)
+        outer.start()
+        assert outer.outer_steps == 4 and outer.inner_steps == 12
+        with pytest.raises(ct.InvalidParameterError, match=r"load_state_dict: called after start\(\) or join\(\)"):
+            outer.load_state_dict(state)
+        train(model, opt, outer, 7)
+        outer.finish()
+        again = outer.state_dict()
+    finally:
+        m.close()
+    assert all(torch.equal(a, b) for a, b in zip(through[1], model.parameters()))
+    for key in ("global_weights", "outer_state", "fragment_outer_steps"):
+        assert (again["diloco"][key] == through[0]["diloco"][key]).all(), key
+    assert again["diloco"]["clock"] == through[0]["diloco"]["clock"] == 21 and again["inner_steps"] == 21
+    mom = [again["inner_optimizer"]["state"][i]["momentum_buffer"] for i in range(4)]
+    assert all(torch.equal(a, through[0]["inner_optimizer"]["state"][i]["momentum_buffer"]) for i, a in enumerate(mom))
