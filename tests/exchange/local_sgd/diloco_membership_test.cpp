@@ -669,7 +669,8 @@ TEST_CASE("diloco_member: a checkpoint of other sizes, or at the wrong time, is 
                        cadence::invalid_parameter_error);
   bad = good;
   bad.fragment_outer_steps.resize(1);
-  CHECK_THROWS_WITH_AS(dm.restore(bad), doctest::Contains("has 1 fragments' step counts; this member's options have fragments=2"),
+  CHECK_THROWS_WITH_AS(dm.restore(bad),
+                       doctest::Contains("has 1 fragments' step counts; this member's options have fragments=2"),
                        cadence::invalid_parameter_error);
   dm.restore(good);
   CHECK(w[0] == 2.0f);
