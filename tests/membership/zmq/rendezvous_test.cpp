@@ -60,33 +60,45 @@ mb::member_options member_options() {
   return o;
 }
 
-void member(job& j, int rank, bool replacement) {
+// Member `rank`: start() (or, a late or replacement process, join()), then periodic averaging
+// every `period` steps until `merges` syncs committed with every member slot in; after every
+// sync `go_on(m)` says whether to stay (false: it returns at once and its communicator closes,
+// so the others see it lost). Its first quorum, last hash and commits go into `j`.
+template <class GoOn>
+void member(job& j, int rank, bool join, std::size_t period, GoOn go_on) {
   const mb::member_options opts = member_options();
   tr::zmq_communicator comm(rank, size, j.options(rank, opts.timeouts), tr::deadline(30s));
   mb::member<tr::zmq_communicator> m(comm, opts);
   std::vector<double> params(64 * 1024, 1.0);
   m.add_state(params);
-  if (replacement)
+  if (join)
     m.join();
   else
     m.start();
-  if (!replacement) {
+  if (!join) {
     std::lock_guard<std::mutex> lock(j.m);
     j.first_quorum[static_cast<std::size_t>(rank)] = m.current().ranks;
   }
-  cadence::exchange::periodic_averager<mb::quorum_view<tr::zmq_communicator>> avg(m.view(), 2);
+  cadence::exchange::periodic_averager<mb::quorum_view<tr::zmq_communicator>> avg(m.view(), period);
   while (m.committed() < merges || m.current().size() < static_cast<std::size_t>(size - 1)) {
     for (std::size_t i = 0; i < params.size(); i += 97) params[i] += 0.01 * rank;
     if (!avg.step_done()) continue;
     const mb::sync_report r = m.transact(
         [&] { avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())}); }, {params});
     if (r.outcome != mb::outcome::committed) avg.restart_period();
-    if (rank == victim && !replacement && m.committed() == 5) return;  // closes: the others see it lost
+    if (!go_on(m)) return;
   }
   m.finish();
   std::lock_guard<std::mutex> lock(j.m);
   j.hash[static_cast<std::size_t>(rank)] = m.state_hash();
   j.committed[static_cast<std::size_t>(rank)] = m.committed();
+}
+
+// The first test's members: the victim (the first member) leaves after 5 commits.
+void member(job& j, int rank, bool replacement) {
+  member(j, rank, replacement, 2, [&](const mb::member<tr::zmq_communicator>& m) {
+    return !(rank == victim && !replacement && m.committed() == 5);
+  });
 }
 
 template <class F>
@@ -100,49 +112,71 @@ std::thread guarded(job& j, const std::string& who, F f) {
   });
 }
 
+// Rank 0 holding the rendezvous on a thread of its own until the job is over (or, only once a
+// member thread failed, at once: the hold must not outlive the test), its lines into j.events.
+class holder_thread {
+public:
+  explicit holder_thread(job& j) : j_(j) {
+    thread_ = guarded(j, "rendezvous", [this] {
+      tr::zmq_communicator comm(0, size, j_.options(0, member_options().timeouts), tr::deadline(30s));
+      mb::rendezvous_options ro;
+      ro.exit_when_empty = 300ms;
+      ro.tick = 50ms;
+      ro.on_event = [this](const std::string& line) {
+        std::lock_guard<std::mutex> lock(j_.m);
+        j_.events.push_back(line);
+      };
+      report = mb::hold_rendezvous(comm, [this] { return give_up_.load(); }, ro);
+    });
+  }
+  // Joins `members`, then the hold; REQUIREs that no thread failed.
+  void end(std::vector<std::thread>& members) {
+    for (auto& t : members) t.join();
+    {
+      std::lock_guard<std::mutex> lock(j_.m);
+      if (!j_.errors.empty()) give_up_ = true;
+    }
+    thread_.join();
+    for (const std::string& e : j_.errors) FAIL_CHECK(e);
+    REQUIRE(j_.errors.empty());
+  }
+  mb::rendezvous_report report;
+
+private:
+  job& j_;
+  std::atomic<bool> give_up_{false};
+  std::thread thread_;
+};
+
+// Every member finished with at least `merges` syncs, as many as member `ref`, and its state.
+void check_members_agree(const job& j, std::size_t ref) {
+  for (std::size_t r = 1; r < static_cast<std::size_t>(size); ++r) {
+    CAPTURE(r);
+    CHECK(j.committed[r] >= merges);
+    CHECK(j.committed[r] == j.committed[ref]);
+    CHECK(j.hash[r] == j.hash[ref]);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("membership: with the rendezvous held outside the quorum, the lost leader's slot is taken by a new process" *
           doctest::timeout(180)) {
   job j;
-  mb::rendezvous_report rep;
-  std::atomic<bool> give_up{false};  // only if a member thread failed: the hold must not outlive the test
-  std::thread holder = guarded(j, "rendezvous", [&] {
-    tr::zmq_communicator comm(0, size, j.options(0, member_options().timeouts), tr::deadline(30s));
-    mb::rendezvous_options ro;
-    ro.exit_when_empty = 300ms;
-    ro.tick = 50ms;
-    ro.on_event = [&](const std::string& line) {
-      std::lock_guard<std::mutex> lock(j.m);
-      j.events.push_back(line);
-    };
-    rep = mb::hold_rendezvous(comm, [&] { return give_up.load(); }, ro);
-  });
+  holder_thread holder(j);
   std::vector<std::thread> members;
   for (int r = 1; r < size; ++r)
     members.push_back(guarded(j, "rank " + std::to_string(r), [&j, r] { member(j, r, false); }));
   members[0].join();  // the victim returned: its slot is lost
   members[0] = guarded(j, "replacement", [&j] { member(j, victim, true); });
-  for (auto& t : members) t.join();
-  {
-    std::lock_guard<std::mutex> lock(j.m);
-    if (!j.errors.empty()) give_up = true;
-  }
-  holder.join();
-
-  for (const std::string& e : j.errors) FAIL_CHECK(e);
-  REQUIRE(j.errors.empty());
+  holder.end(members);
   // The victim was the first quorum's leader (its lowest rank), and rank 0 was in no quorum.
   CHECK(j.first_quorum[1] == std::vector<int>{1, 2, 3});
   // Every member, the replacement included, finished with the same merges and state.
-  for (int r = 1; r < size; ++r) {
-    CAPTURE(r);
-    CHECK(j.committed[static_cast<std::size_t>(r)] >= merges);
-    CHECK(j.committed[static_cast<std::size_t>(r)] == j.committed[1]);
-    CHECK(j.hash[static_cast<std::size_t>(r)] == j.hash[1]);
-  }
+  check_members_agree(j, 1);
   // The holder saw three first registrations and the replacement's, the victim lost and every
   // member gone at the end, and returned on its own once the job was over.
+  const mb::rendezvous_report& rep = holder.report;
   CHECK(rep.registrations == 4);
   CHECK(rep.losses == 4);
   CHECK(rep.alive == 0);
@@ -159,43 +193,13 @@ TEST_CASE("membership: a first member that never starts (the leader's slot) cost
   // and the first quorum is {2, 3} (two of three: a majority). Rank 1 arrives later, as a late
   // process does, with join(), and is admitted with the state.
   job j;
-  mb::rendezvous_report rep;
-  std::atomic<bool> give_up{false};
+  holder_thread holder(j);
   std::atomic<std::uint64_t> progressed{0};  // the commits of rank 2, so rank 1 comes after some
-  std::thread holder = guarded(j, "rendezvous", [&] {
-    tr::zmq_communicator comm(0, size, j.options(0, member_options().timeouts), tr::deadline(30s));
-    mb::rendezvous_options ro;
-    ro.exit_when_empty = 300ms;
-    ro.tick = 50ms;
-    rep = mb::hold_rendezvous(comm, [&] { return give_up.load(); }, ro);
-  });
   const auto run = [&j, &progressed](int rank) {
-    const mb::member_options opts = member_options();
-    tr::zmq_communicator comm(rank, size, j.options(rank, opts.timeouts), tr::deadline(30s));
-    mb::member<tr::zmq_communicator> m(comm, opts);
-    std::vector<double> params(1024, 1.0);
-    m.add_state(params);
-    if (rank == 1)
-      m.join();
-    else
-      m.start();
-    {
-      std::lock_guard<std::mutex> lock(j.m);
-      j.first_quorum[static_cast<std::size_t>(rank)] = m.current().ranks;
-    }
-    cadence::exchange::periodic_averager<mb::quorum_view<tr::zmq_communicator>> avg(m.view(), 1);
-    while (m.committed() < merges || m.current().size() < static_cast<std::size_t>(size - 1)) {
-      for (std::size_t i = 0; i < params.size(); i += 7) params[i] += 0.01 * rank;
-      if (!avg.step_done()) continue;
-      const mb::sync_report r = m.transact(
-          [&] { avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())}); }, {params});
-      if (r.outcome != mb::outcome::committed) avg.restart_period();
+    member(j, rank, rank == 1, 1, [&](const mb::member<tr::zmq_communicator>& m) {
       if (rank == 2) progressed = m.committed();
-    }
-    m.finish();
-    std::lock_guard<std::mutex> lock(j.m);
-    j.hash[static_cast<std::size_t>(rank)] = m.state_hash();
-    j.committed[static_cast<std::size_t>(rank)] = m.committed();
+      return true;
+    });
   };
   std::vector<std::thread> members;
   for (int r = 2; r < size; ++r) members.push_back(guarded(j, "rank " + std::to_string(r), [&run, r] { run(r); }));
@@ -208,24 +212,11 @@ TEST_CASE("membership: a first member that never starts (the leader's slot) cost
     std::this_thread::sleep_for(5ms);
   }
   members.push_back(guarded(j, "rank 1 (late)", [&run] { run(1); }));
-  for (auto& t : members) t.join();
-  {
-    std::lock_guard<std::mutex> lock(j.m);
-    if (!j.errors.empty()) give_up = true;
-  }
-  holder.join();
-
-  for (const std::string& e : j.errors) FAIL_CHECK(e);
-  REQUIRE(j.errors.empty());
+  holder.end(members);
   CHECK(j.first_quorum[2] == std::vector<int>{2, 3});
   CHECK(j.first_quorum[3] == std::vector<int>{2, 3});
-  for (int r = 1; r < size; ++r) {
-    CAPTURE(r);
-    CHECK(j.committed[static_cast<std::size_t>(r)] >= merges);
-    CHECK(j.committed[static_cast<std::size_t>(r)] == j.committed[2]);
-    CHECK(j.hash[static_cast<std::size_t>(r)] == j.hash[2]);
-  }
-  CHECK(rep.registrations == 3);
+  check_members_agree(j, 2);
+  CHECK(holder.report.registrations == 3);
 }
 
 TEST_CASE("membership: a member left alone whose syncs exchange nothing still admits a joiner" * doctest::timeout(120)) {
