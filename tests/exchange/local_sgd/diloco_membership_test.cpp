@@ -212,7 +212,17 @@ TEST_CASE("diloco_member: a rank killed inside an outer sync's all-reduce drops 
   }
 }
 
-TEST_CASE("diloco_member: a restarted rank rejoins with the current global weights and outer state") {
+// A 4-rank job on `config`, trained by `trainer` (train or train_streaming): rank 3 is killed
+// after `killed_at` commits and a new process restarts in its slot once rank 0 saw it lost (a
+// restart before that would hide the loss from the transport, leaving it to the op timeout);
+// the others keep syncing until it is admitted (within `admit_within` commits), then all train
+// to `last` commits. `joined(m, dm, w)` checks what the replacement received at join();
+// `rank0_event(line, restarted, on_own_thread)` sees rank 0's member lines too (on_own_thread:
+// called on rank 0's thread, not a streaming fragment's). Every rank must end with `last` commits,
+// one hash, one outer-step count and the full quorum, and `book` with no divergent commit.
+template <class Trainer, class Joined, class Event>
+void rejoin_job(const std::string& config, Trainer trainer, std::uint64_t killed_at, std::uint64_t admit_within,
+                std::uint64_t last, Joined joined, Event rank0_event) {
   inproc_world world(4);
   ledger book;
   std::atomic<bool> restarted{false}, asked{false}, lost{false};
@@ -225,33 +235,30 @@ TEST_CASE("diloco_member: a restarted rank rejoins with the current global weigh
       auto o = test_options();
       o.transfer_bytes = 4096;
       if (rank == 0)
-        o.on_event = [&](const std::string& line) {
+        o.on_event = [&, own = std::this_thread::get_id()](const std::string& line) {
           if (line.find("lost rank 3") != std::string::npos) lost = true;
+          rank0_event(line, restarted.load(), std::this_thread::get_id() == own);
         };
       std::vector<float> w(5000, 1.0f);
       if (rank == 3 && restarted) {
         inproc_communicator c = world.restart(3);
         mb::member<inproc_communicator> m(c, o);
-        glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"), options_for("fixed:3"));
+        glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"), options_for(config));
         w.assign(w.size(), -7.0f);  // overwritten by the quorum's global weights
         asked = true;
         dm.join();
         CHECK(m.current().contains(3));
-        CHECK(m.stats().healed == 1);
-        CHECK(dm.adapter().outer_steps() >= 3);  // the counters came with the state
         CHECK(std::equal(w.begin(), w.end(), dm.adapter().global_weights().begin()));
-        bool moving = false;  // the outer (Nesterov) state came too: not all zero after 3 steps
-        for (float x : dm.adapter().outer_state()) moving = moving || x != 0.0f;
-        CHECK(moving);
-        train(dm, w, rank, book, 12);
+        joined(m, dm);
+        trainer(dm, w, rank, book, last);
         finish(dm, out);
         return;
       }
       inproc_communicator c = world.join(rank);
       mb::member<inproc_communicator> m(c, o);
-      glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"), options_for("fixed:3"));
+      glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"), options_for(config));
       dm.start();
-      train(dm, w, rank, book, 4);
+      trainer(dm, w, rank, book, killed_at);
       if (rank == 3) {
         first_nonce = m.nonce();
         world.kill(3);
@@ -260,18 +267,16 @@ TEST_CASE("diloco_member: a restarted rank rejoins with the current global weigh
       // Until the replacement is in (admitted at a sync point), then more syncs with it.
       while (!(restarted && m.current().contains(3) && m.current().nonces[3] != first_nonce)) {
         while (!m.current().contains(3) && !asked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        REQUIRE(m.committed() < 10);  // admitted within a few syncs
-        train(dm, w, rank, book, m.committed() + 1);
+        REQUIRE(m.committed() < admit_within);  // admitted within a few syncs
+        trainer(dm, w, rank, book, m.committed() + 1);
       }
-      train(dm, w, rank, book, 12);
+      trainer(dm, w, rank, book, last);
       finish(dm, out);
     });
   };
   for (int r = 0; r < 4; ++r) threads.emplace_back(body, r);
   threads[3].join();
   CHECK(res[3].error == "killed");
-  // The replacement starts once the others saw rank 3 lost (a restart before that would hide
-  // the loss from the transport, leaving it to the op timeout).
   while (!lost) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   res[3] = {};
   restarted = true;
@@ -279,12 +284,25 @@ TEST_CASE("diloco_member: a restarted rank rejoins with the current global weigh
   for (auto& t : threads) t.join();
   for (const auto& x : res) {
     CHECK_MESSAGE(x.error == "", x.error);
-    CHECK(x.committed == 12);
+    CHECK(x.committed == last);
     CHECK(x.hash == res[0].hash);
     CHECK(x.outer_steps == res[0].outer_steps);
     CHECK(x.last_quorum == std::vector<int>{0, 1, 2, 3});
   }
   CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
+}
+
+TEST_CASE("diloco_member: a restarted rank rejoins with the current global weights and outer state") {
+  rejoin_job(
+      "fixed:3", train, 4, 10, 12,
+      [](mb::member<inproc_communicator>& m, glue& dm) {
+        CHECK(m.stats().healed == 1);
+        CHECK(dm.adapter().outer_steps() >= 3);  // the counters came with the state
+        bool moving = false;  // the outer (Nesterov) state came too: not all zero after 3 steps
+        for (float x : dm.adapter().outer_state()) moving = moving || x != 0.0f;
+        CHECK(moving);
+      },
+      [](const std::string&, bool, bool) {});
 }
 
 TEST_CASE("diloco_member: streaming fragments commit the same global state on every rank, one in flight at a time") {
@@ -473,79 +491,16 @@ TEST_CASE("diloco_member: a sync given up everywhere leaves the global state as 
 }
 
 TEST_CASE("diloco_member: a restarted rank joins a streaming job through a fragment's transaction") {
-  inproc_world world(4);
-  ledger book;
-  std::atomic<bool> restarted{false}, asked{false}, lost{false}, admitted_on_fragment_thread{false};
-  std::atomic<std::uint64_t> first_nonce{0};
-  std::vector<rank_result> res(4);
-  std::vector<std::thread> threads;
-  const std::string config = "fixed:4,fragments=2,delay=1";
-  std::thread::id rank0_thread;
-  auto body = [&](int rank) {
-    rank_result& out = res[static_cast<std::size_t>(rank)];
-    cadence_membership_test::keep_error(out, [&] {
-      auto o = test_options();
-      o.transfer_bytes = 4096;
-      if (rank == 0) {
-        rank0_thread = std::this_thread::get_id();
-        o.on_event = [&](const std::string& line) {
-          if (line.find("lost rank 3") != std::string::npos) lost = true;
-          if (restarted && line.find("admitted rank 3") != std::string::npos)
-            admitted_on_fragment_thread = std::this_thread::get_id() != rank0_thread;
-        };
-      }
-      std::vector<float> w(5000, 1.0f);
-      if (rank == 3 && restarted) {
-        inproc_communicator c = world.restart(3);
-        mb::member<inproc_communicator> m(c, o);
-        glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"), options_for(config));
-        w.assign(w.size(), -7.0f);  // overwritten by the quorum's global weights
-        asked = true;
-        dm.join();
-        CHECK(m.current().contains(3));
+  std::atomic<bool> admitted_on_fragment_thread{false};
+  rejoin_job(
+      "fixed:4,fragments=2,delay=1", train_streaming, 5, 12, 14,
+      [](mb::member<inproc_communicator>&, glue& dm) {
         CHECK(dm.adapter().outer_steps() >= 2);  // the counters came with the state
-        CHECK(std::equal(w.begin(), w.end(), dm.adapter().global_weights().begin()));
-        train_streaming(dm, w, rank, book, 14);
-        finish(dm, out);
-        return;
-      }
-      inproc_communicator c = world.join(rank);
-      mb::member<inproc_communicator> m(c, o);
-      glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"), options_for(config));
-      dm.start();
-      train_streaming(dm, w, rank, book, 5);
-      if (rank == 3) {
-        first_nonce = m.nonce();
-        world.kill(3);
-        throw killed{};
-      }
-      // Until the replacement is in (admitted by a fragment's transaction), then more syncs.
-      while (!(restarted && m.current().contains(3) && m.current().nonces[3] != first_nonce)) {
-        while (!m.current().contains(3) && !asked) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        REQUIRE(m.committed() < 12);  // admitted within a few syncs
-        train_streaming(dm, w, rank, book, m.committed() + 1);
-      }
-      train_streaming(dm, w, rank, book, 14);
-      finish(dm, out);
-    });
-  };
-  for (int r = 0; r < 4; ++r) threads.emplace_back(body, r);
-  threads[3].join();
-  CHECK(res[3].error == "killed");
-  while (!lost) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  res[3] = {};
-  restarted = true;
-  threads[3] = std::thread(body, 3);
-  for (auto& t : threads) t.join();
-  for (const auto& x : res) {
-    CHECK_MESSAGE(x.error == "", x.error);
-    CHECK(x.committed == 14);
-    CHECK(x.hash == res[0].hash);
-    CHECK(x.outer_steps == res[0].outer_steps);
-    CHECK(x.last_quorum == std::vector<int>{0, 1, 2, 3});
-  }
+      },
+      [&](const std::string& line, bool restarted, bool on_own_thread) {
+        if (restarted && line.find("admitted rank 3") != std::string::npos) admitted_on_fragment_thread = !on_own_thread;
+      });
   CHECK(admitted_on_fragment_thread);  // rank 0 admitted it inside a fragment's transaction
-  CHECK_MESSAGE(book.divergent().empty(), book.describe_divergent());
 }
 
 // A whole-job restart: a job runs N outer syncs, every rank takes a checkpoint (and goes on to
