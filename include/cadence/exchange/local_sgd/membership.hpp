@@ -417,22 +417,34 @@ private:
     local_[l_record_bytes] = static_cast<std::int64_t>(a.record_bytes_);
   }
 
-  // shared_ (and, unless `fresh`, local_) into the adapter.
-  void load(bool fresh) {
+  // The counters every member shares (shared_) into the adapter.
+  void load_shared() {
     adapter_type& a = *adapter_;
     a.syncs_ = shared_[s_syncs];
     a.fragment_steps_ = shared_[s_fragment_steps];
     a.stale_contributions_ = shared_[s_stale];
     a.max_staleness_ = static_cast<std::int64_t>(shared_[s_max_staleness]);
     for (std::size_t f = 0; f < a.frags_.size(); ++f) a.frags_[f].steps = shared_[shared_head + f];
+  }
+
+  // The global weights become this rank's local weights, with no local work since.
+  void take_global() {
+    adapter_type& a = *adapter_;
+    a.pieces(span<const tensor_ref>(weights_.data(), weights_.size()), 0, a.total_,
+             [&](float* p, std::size_t at, std::size_t n) { std::memcpy(p, a.global_.data() + at, n * 4); });
+    if (!a.anchor_.empty()) a.anchor_ = a.global_;
+    a.progress_ = 0;
+    a.carried_ = 0;
+    a.local_steps_ = 0;
+  }
+
+  // shared_ (and, unless `fresh`, local_) into the adapter.
+  void load(bool fresh) {
+    adapter_type& a = *adapter_;
+    load_shared();
     if (fresh) {
       // New, or behind: start from the global weights with the others' clock.
-      a.pieces(span<const tensor_ref>(weights_.data(), weights_.size()), 0, a.total_,
-               [&](float* p, std::size_t at, std::size_t n) { std::memcpy(p, a.global_.data() + at, n * 4); });
-      if (!a.anchor_.empty()) a.anchor_ = a.global_;
-      a.progress_ = 0;
-      a.carried_ = 0;
-      a.local_steps_ = 0;
+      take_global();
       if (!a.schedule_.timed()) a.t_ = shared_[s_clock];
       a.synced_at_ = a.t_;
     } else {
@@ -546,13 +558,7 @@ private:
     if (deferred_) restart_schedule();
     deferred_ = deferred_healed_ = false;
     if (!done.error && (healed || done.report.outcome == membership::outcome::healed)) {
-      // Received from a member that committed it: the global weights as the local ones.
-      a.pieces(span<const tensor_ref>(weights_.data(), weights_.size()), 0, a.total_,
-               [&](float* p, std::size_t at, std::size_t n) { std::memcpy(p, a.global_.data() + at, n * 4); });
-      if (!a.anchor_.empty()) a.anchor_ = a.global_;
-      a.progress_ = 0;
-      a.carried_ = 0;
-      a.local_steps_ = 0;
+      take_global();  // received from a member that committed it
     } else if (!done.error && done.report.outcome == membership::outcome::committed) {
       a.mix(done.fragment, span<const tensor_ref>(weights_.data(), weights_.size()));
     }
@@ -566,14 +572,8 @@ private:
   // schedule and the local weights wait for land() (this rank's thread uses them meanwhile).
   void changed_in_flight(const membership::change& c) {
     adapter_type& a = *adapter_;
-    a.syncs_ = shared_[s_syncs];
-    a.fragment_steps_ = shared_[s_fragment_steps];
-    a.stale_contributions_ = shared_[s_stale];
-    a.max_staleness_ = static_cast<std::int64_t>(shared_[s_max_staleness]);
-    for (std::size_t f = 0; f < a.frags_.size(); ++f) {
-      a.frags_[f].steps = shared_[shared_head + f];
-      a.frags_[f].exchange.drop();
-    }
+    load_shared();
+    for (auto& fr : a.frags_) fr.exchange.drop();
     if (!a.residual_.empty()) std::fill(a.residual_.begin(), a.residual_.end(), 0.0f);
     deferred_ = true;
     deferred_healed_ = deferred_healed_ || c.healed;
