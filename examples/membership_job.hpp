@@ -1,10 +1,10 @@
-// The job around the two membership examples (zmq/membership.cpp, gloo/membership.cpp), which
-// differ only in how a rank averages: four ranks as threads of this process, each with its own
-// ZeroMQ communicator meeting at rank 0's rendezvous on 127.0.0.1; rank 1 leaves and a new
-// thread takes its slot; at the end every rank must have made the same merges to the same state.
-// With --holder, rank 0 only holds the rendezvous (membership::hold_rendezvous) and ranks 1..3
-// are the members, so the rank that leaves is the quorum's leader. Each example's run() is the
-// part to read.
+// The job around the membership examples (zmq/membership.cpp and gloo/membership.cpp, which
+// differ only in how a rank averages, and zmq/diloco.cpp, which trains with DiLoCo): four ranks
+// as threads of this process, each with its own ZeroMQ communicator meeting at rank 0's
+// rendezvous on 127.0.0.1; rank 1 leaves and a new thread takes its slot; at the end every rank
+// must have made the same commits to the same state. With --holder, rank 0 only holds the
+// rendezvous (membership::hold_rendezvous) and ranks 1..3 are the members, so the rank that
+// leaves is the quorum's leader. Each example's run() is the part to read.
 #pragma once
 
 #include <cadence/membership/timeouts.hpp>
@@ -96,21 +96,17 @@ inline void hold(shared& s, const cadence::membership::timeouts& t) {
              " losses");
 }
 
-// The job: argv[1] MiB of parameters (default 4), argv[2] --holder or nothing; run(rank,
-// replacement, s, elements) for every member rank (hold() for rank 0 with --holder), then for a
-// replacement in the victim's slot once the victim's thread has returned. Exit 0 when every
-// member finished with the same merges (at least `merges`) and state, else 1.
+// The ranks: run(rank, replacement) for every member rank (hold() for rank 0 with --holder),
+// then for a replacement in the victim's slot once the victim's thread has returned. Exit 0
+// when every member finished with the same commits (at least `least`) and state hash, else 1.
 template <class Run>
-int run_job(int argc, char** argv, shared& s, Run run) {
-  const double mib = argc > 1 ? std::atof(argv[1]) : 4.0;
-  const auto elements = static_cast<std::size_t>(mib * 1024 * 1024 / sizeof(double));
-  s.holder = argc > 2 && std::string(argv[2]) == "--holder";
+int run_ranks(shared& s, std::uint64_t least, Run run) {
   auto guarded = [&](int r, bool replacement) {
     try {
       if (s.holder && r == 0)
         hold(s, cadence::membership::timeouts::scaled(std::chrono::milliseconds(1000)));
       else
-        run(r, replacement, s, elements);
+        run(r, replacement);
     } catch (const std::exception& e) {
       say(s, "rank " + std::to_string(r) + " failed: " + e.what());
       std::lock_guard<std::mutex> lock(s.m);
@@ -125,9 +121,20 @@ int run_job(int argc, char** argv, shared& s, Run run) {
   bool ok = !s.failed;
   const std::size_t first = s.holder ? 1 : 0;  // the first member
   for (std::size_t r = first; r < ranks; ++r)
-    if (s.committed[r] < merges || s.committed[r] != s.committed[first] || s.hash[r] != s.hash[first]) ok = false;
+    if (s.committed[r] < least || s.committed[r] != s.committed[first] || s.hash[r] != s.hash[first]) ok = false;
   std::printf("%s\n", ok ? "ok: every rank finished with the same state" : "FAILED: the ranks differ");
   return ok ? 0 : 1;
+}
+
+// The job of the two membership examples: argv[1] MiB of parameters (default 4), argv[2]
+// --holder or nothing; run(rank, replacement, s, elements) on every rank as run_ranks() has it,
+// every member making at least `merges` merges.
+template <class Run>
+int run_job(int argc, char** argv, shared& s, Run run) {
+  const double mib = argc > 1 ? std::atof(argv[1]) : 4.0;
+  const auto elements = static_cast<std::size_t>(mib * 1024 * 1024 / sizeof(double));
+  s.holder = argc > 2 && std::string(argv[2]) == "--holder";
+  return run_ranks(s, merges, [&](int r, bool replacement) { run(r, replacement, s, elements); });
 }
 
 }  // namespace membership_job
