@@ -57,7 +57,7 @@ namespace {
 
 constexpr std::size_t features = 128, rows = 64;  // per rank
 constexpr std::uint64_t commits = 20;             // every member commits at least this often
-constexpr std::uint64_t with_replacement = 8;    // and this often after the replacement's admission
+constexpr std::uint64_t with_replacement = 8;     // and this often after the replacement's admission
 constexpr std::uint64_t drop_after = 6;           // fragments completed before rank 1 drops out
 constexpr float lr = 0.02f;                       // the inner SGD's rate
 
@@ -192,12 +192,11 @@ void run(int rank, bool replacement, shared& s, config& cfg, const data& d) {
              std::to_string(dm.adapter().outer_steps()) + " outer steps (" +
              std::to_string(dm.adapter().fragment_steps()) + " fragment steps, " + std::to_string(m.committed()) +
              " commits), loss " + std::to_string(before) + (replacement ? " at its admission" : "") + " -> " +
-             std::to_string(d.loss(global_weights(dm))) +
-             ", " + std::to_string(st.reconfigurations) + " quorums, " + std::to_string(st.failed_syncs) +
-             " failed syncs" +
-             ", replacement admitted after commit " + std::to_string(admitted) +
-             (replacement ? ", admitted " + ms(joined) + " after its start (join() " + ms(join_call) + ", state received in " +
-                               ms(st.state_receive_seconds) + ")"
+             std::to_string(d.loss(global_weights(dm))) + ", " + std::to_string(st.reconfigurations) + " quorums, " +
+             std::to_string(st.failed_syncs) + " failed syncs, replacement admitted after commit " +
+             std::to_string(admitted) +
+             (replacement ? ", admitted " + ms(joined) + " after its start (join() " + ms(join_call) +
+                                ", state received in " + ms(st.state_receive_seconds) + ")"
                           : std::string()) +
              ", global hash " + std::to_string(hash));
   record(s, rank, hash, m.committed());
@@ -231,10 +230,11 @@ bool restart(const config& cfg, const data& d, bool holder) {
       for (std::size_t k = first + static_cast<std::size_t>(rank); k < ranks; k += 2) shards.push_back(k);
       (void)train(dm, w, shards, d, [&] { return m.committed() >= more; }, [](std::uint64_t) { return false; });
       dm.finish();
-      hash[static_cast<std::size_t>(rank)] = dm.global_hash();
+      const auto r = static_cast<std::size_t>(rank);
+      hash[r] = dm.global_hash();
       say(s, "restored rank " + std::to_string(rank) + ": " + std::to_string(dm.adapter().outer_steps()) +
-                 " outer steps in all, loss " + std::to_string(before[static_cast<std::size_t>(rank)]) + " -> " +
-                 std::to_string(d.loss(global_weights(dm))) + ", global hash " + std::to_string(hash[static_cast<std::size_t>(rank)]));
+                 " outer steps in all, loss " + std::to_string(before[r]) + " -> " +
+                 std::to_string(d.loss(global_weights(dm))) + ", global hash " + std::to_string(hash[r]));
     } catch (const std::exception& e) {
       say(s, "restored rank " + std::to_string(rank) + " failed: " + e.what());
       std::lock_guard<std::mutex> lock(s.m);
@@ -287,9 +287,11 @@ int main(int argc, char** argv) {
       std::size_t gap = at.front() + h - at.back();
       for (std::size_t k = 1; k < f; ++k) gap = std::min(gap, at[k] - at[k - 1]);
       if (o.delay >= gap) {
-        std::fprintf(stderr, "cadence-example-zmq_diloco: config '%s': delay=%zu leaves no step between a fragment's "
-                             "completion and the next send (%zu steps apart), where this example checks whether to stop; "
-                             "use delay < %zu\n", spec.c_str(), static_cast<std::size_t>(o.delay), gap, gap);
+        std::fprintf(stderr,
+                     "cadence-example-zmq_diloco: config '%s': delay=%zu leaves no step between a fragment's "
+                     "completion and the next send (%zu steps apart), where this example checks whether to stop; "
+                     "use delay < %zu\n",
+                     spec.c_str(), static_cast<std::size_t>(o.delay), gap, gap);
         return 2;
       }
     }
