@@ -352,6 +352,104 @@ TEST_CASE("cancel withdraws a posted irecv and a large isend not yet cleared; tr
   });
 }
 
+// ---- a work handle's wait_until (the membership layer's waits: it sleeps in zmq_poll) ----
+
+// Calls w.wait_until in short steps until it completes (true) or `limit` passes (false).
+static bool wait_until_done(zmq_work& w, std::chrono::milliseconds limit) {
+  const auto until = steady::now() + limit;
+  while (steady::now() < until)
+    if (w.wait_until(steady::now() + 50ms)) return true;
+  return false;
+}
+
+TEST_CASE("a work handle's wait_until returns false at its time without failing anything, the same "
+          "handle completes later, and a time already passed polls once" * doctest::timeout(60)) {
+  const cadence_test::events ev;
+  run_world(2, [&](int r, rendezvous_box& box) {
+    zmq_communicator c(r, 2, thread_options(r, box), 20s);
+    if (r == 1) {
+      CHECK(ev.wait("timed out"));
+      const std::int32_t a = 7;
+      c.send(&a, sizeof a, 0, 1, 10s);
+      CHECK(ev.wait("posted"));
+      const std::int32_t b = 8;
+      c.send(&b, sizeof b, 0, 2, 10s);
+    } else {
+      std::int32_t a = 0;
+      zmq_work wa = c.irecv(&a, sizeof a, 1, 1);
+      const auto t0 = steady::now();
+      CHECK_FALSE(wa.wait_until(t0 + 50ms));  // rank 1 sends only once told
+      CHECK(steady::now() - t0 >= 50ms);
+      CHECK_FALSE(wa.wait_until(steady::time_point{}));  // long past: one pass, no failure
+      CHECK_FALSE(c.failed());
+      ev.post("timed out");
+      CHECK(wa.wait_until(steady::now() + 10s));  // the same handle, still posted
+      CHECK(a == 7);
+      CHECK(wa.source() == 1);
+      // Each call with a time already passed makes one progress pass: called again and again,
+      // it takes the message in (a call that did not progress would never complete it).
+      std::int32_t b = 0;
+      zmq_work wb = c.irecv(&b, sizeof b, 1, 2);
+      ev.post("posted");
+      const auto limit = steady::now() + 10s;
+      bool done = false;
+      while (!done && steady::now() < limit) done = wb.wait_until(steady::time_point{});
+      CHECK(done);
+      CHECK(b == 8);
+    }
+    barrier(c, 10s);
+    CHECK_FALSE(c.failed());
+  });
+}
+
+TEST_CASE("wait_until on a receive whose peer leaves throws naming the peer; the communicator lives on" *
+          doctest::timeout(60)) {
+  const cadence_test::events ev;
+  run_world(2, [&](int r, rendezvous_box& box) {
+    zmq_communicator c(r, 2, thread_options(r, box), 20s);
+    if (r == 1) {
+      CHECK(ev.wait("posted"));
+      return;  // destroys its communicator: a goodbye to rank 0
+    }
+    std::int32_t v = 0;
+    zmq_work w = c.irecv(&v, sizeof v, 1, 4);
+    CHECK_FALSE(w.wait_until(steady::now() + 10ms));
+    ev.post("posted");
+    expect_throw<transport_error>(0, [&] { wait_until_done(w, 20s); }, {"recv #1 on rank 0", "lost rank 1", "it left"});
+    CHECK_FALSE(c.failed());  // point to point with a lost peer fails alone
+    CHECK(c.peer_state(1) == zmq_peer_state::lost);
+  });
+}
+
+TEST_CASE("wait_until on an all-reduce returns false while a rank has not contributed, completes the "
+          "same handle later, and throws naming a rank that left" * doctest::timeout(60)) {
+  const cadence_test::events ev;
+  run_world(3, [&](int r, rendezvous_box& box) {
+    zmq_communicator c(r, 3, thread_options(r, box), 20s);
+    float x = static_cast<float>(r + 1);
+    if (r == 2) {
+      CHECK(ev.wait_ranks("timed out", 2, r));
+      c.allreduce(&x, 1, dtype::f32, reduce_op::sum, 10s);
+      CHECK(x == 6.0f);
+      return;  // leaves: the next all-reduce needs it
+    }
+    zmq_work w = c.iallreduce(&x, 1, dtype::f32, reduce_op::sum);
+    CHECK_FALSE(w.wait_until(steady::now() + 50ms));  // rank 2 has not contributed
+    CHECK_FALSE(c.failed());
+    ev.post_rank("timed out", r);
+    CHECK(wait_until_done(w, 10s));
+    CHECK(x == 6.0f);
+    float y = 1.0f;
+    zmq_work w2 = c.iallreduce(&y, 1, dtype::f32, reduce_op::sum);
+    expect_throw<transport_error>(r, [&] { wait_until_done(w2, 20s); }, {"allreduce", "lost rank 2"});
+    CHECK(c.failed());
+    // Both keep their communicators until both have their error (a rank that left first would
+    // be the lost rank the other names).
+    ev.post_rank("done", r);
+    CHECK(ev.wait_ranks("done", 2, r));
+  });
+}
+
 TEST_CASE("ring-sized all-reduces whose counts differ fail on every rank without overrunning a "
           "buffer; a broadcast against an all-reduce fails the ranks that receive" * doctest::timeout(120)) {
   // Every chunk carries the collective's arguments and a ring's ranks send every rank a notice:

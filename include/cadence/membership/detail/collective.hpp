@@ -45,9 +45,11 @@ template <class W>
 struct has_wait_until<W, std::void_t<decltype(std::declval<W&>().wait_until(std::declval<clock::time_point>()))>>
     : std::true_type {};
 
-/// Waits on `w` until it completes (true) or `t` comes (false: no failure). Where the handle can
-/// wait with a time limit (ZeroMQ, MPI, gloo) the thread sleeps inside the backend; elsewhere it
-/// tests and sleeps briefly. Throws what the handle's test() throws (a lost peer).
+/// Waits on `w` until it completes (true) or `t` comes (false: no failure). Where the handle has
+/// wait_until (ZeroMQ: asleep in zmq_poll until a message, a peer's fate or abort(); MPI and
+/// gloo: their progress engine) the thread waits inside the backend; elsewhere (the in-process
+/// and NCCL handles) it tests and sleeps 50 us, in a loop. Throws what the handle's test()
+/// throws (a lost peer).
 template <class W>
 bool block_on(W& w, clock::time_point t) {
   if constexpr (has_wait_until<W>::value) {

@@ -217,6 +217,21 @@ public:
     }
   }
 
+  /// Drives op until it completes (true) or `t` comes (false: no failure, and the operation
+  /// stays posted, so a later test or wait may complete it). The thread sleeps in zmq_poll
+  /// between passes, woken by a message, a peer's fate or abort(); a `t` already passed polls
+  /// once. Throws only what wait() would for a real failure (op's lost peer, the communicator's
+  /// failure, abort()).
+  bool wait_until(zmq_op& op, zclock::time_point t) {
+    if (op.isolated) return test(op);  // throws, after the pass that answers the rendezvous
+    for (bool first = true;; first = false) {
+      check(op);
+      if (op.done || op.cancelled) return true;
+      if (!first && zclock::now() >= t) return false;
+      progress(t);
+    }
+  }
+
   bool test(zmq_op& op) {
     if (op.isolated) {
       // One progress pass even so: a rank whose every peer is lost (a membership quorum of one
@@ -263,10 +278,11 @@ public:
     return false;  // a collective: its contribution is made and its peers wait for the rest
   }
 
-  /// For the work handle (engine/work.hpp): test, wait and cancel above.
-  static constexpr bool work_has_wait_until = false;
+  /// For the work handle (engine/work.hpp): test, wait, wait_until and cancel above.
+  static constexpr bool work_has_wait_until = true;
   bool work_test(zmq_op& op) { return test(op); }
   void work_wait(zmq_op& op, const deadline& d) { wait(op, d, /*poll=*/false); }
+  bool work_wait_until(zmq_op& op, zclock::time_point t) { return wait_until(op, t); }
   bool work_cancel(zmq_op& op) noexcept { return cancel(op); }
 
   /// Closes everything (see close_all); idempotent. The communicator's destructor calls it.
