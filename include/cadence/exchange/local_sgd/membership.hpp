@@ -43,8 +43,9 @@ struct diloco_checkpoint {
   std::uint64_t syncs = 0;
   /// Outer steps applied, counted per fragment.
   std::uint64_t fragment_steps = 0;
-  /// Contributions that came late (quorum schedule), and the largest staleness among them.
+  /// Contributions that came late (quorum schedule).
   std::uint64_t stale_contributions = 0;
+  /// The largest staleness among them.
   std::int64_t max_staleness = 0;
   /// The fixed schedule's step clock at the last committed sync (0 with a timed schedule).
   std::uint64_t clock = 0;
