@@ -124,6 +124,8 @@ public:
   explicit line_up(int n) : n_(n), b_(n) {}
   double mean(double v) { return b_.arrive_and_sum(v) / n_; }
   void operator()() { b_.arrive_and_sum(0); }
+  // Rank `rank` failed with `why`: the others stop at their next meeting point, naming it.
+  void abandon(int rank, const std::string& why) { b_.abandon("rank " + std::to_string(rank) + " failed: " + why); }
 
 private:
   int n_;
@@ -382,8 +384,14 @@ int run(int argc, char** argv) {
   meeting_points meet;
   line_up sync(cfg.ranks);
   shared_results out;
-  cadence_bench::run_ranks_as_threads(cfg.ranks,
-                                      [&](int r) { run_rank(r, cfg, meet, sync, out); });
+  cadence_bench::run_ranks_as_threads(cfg.ranks, [&](int r) {
+    try {
+      run_rank(r, cfg, meet, sync, out);
+    } catch (const std::exception& e) {
+      sync.abandon(r, e.what());  // the others would wait for it at the next meeting point
+      throw;
+    }
+  });
   // The transfer rows, one per security: the (raw send, transfer) pair of the median ratio (one
   // noisy pair does not decide), with the spread of the ratio over the pairs.
   using transfer_pair = transfer_results::pair;

@@ -10,6 +10,7 @@
 #include <future>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -79,8 +80,11 @@ auto rank0_result(int ranks, Body body) -> decltype(body(0)) {
 class summing_barrier {
 public:
   explicit summing_barrier(int n) : n_(n) {}
+  /// Throws std::runtime_error, naming the failure, once abandon() was called (before or while
+  /// this rank waits): a rank that failed never arrives, and the others must not wait for ever.
   double arrive_and_sum(double v) {
     std::unique_lock<std::mutex> lock(m_);
+    if (!broken_.empty()) throw std::runtime_error(broken_);
     const std::size_t gen = generation_;
     sum_ += v;
     if (++arrived_ == n_) {
@@ -90,9 +94,16 @@ public:
       ++generation_;
       cv_.notify_all();
     } else {
-      cv_.wait(lock, [&] { return generation_ != gen; });
+      cv_.wait(lock, [&] { return generation_ != gen || !broken_.empty(); });
+      if (generation_ == gen) throw std::runtime_error(broken_);
     }
     return result_;
+  }
+  /// A rank failed with `why`: every wait, now and later, throws "stopped: <why>".
+  void abandon(const std::string& why) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (broken_.empty()) broken_ = "stopped: " + why;
+    cv_.notify_all();
   }
 
 private:
@@ -102,6 +113,7 @@ private:
   int arrived_ = 0;
   std::size_t generation_ = 0;
   double sum_ = 0, result_ = 0;
+  std::string broken_;  // set by abandon()
 };
 
 }  // namespace cadence_bench
