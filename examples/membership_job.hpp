@@ -7,10 +7,12 @@
 // leaves is the quorum's leader. Each example's run() is the part to read.
 #pragma once
 
+#include <cadence/membership/options.hpp>
 #include <cadence/membership/timeouts.hpp>
 #include <cadence/membership/zmq/rendezvous.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -74,6 +76,23 @@ inline void say(shared& s, const std::string& line) {
   std::lock_guard<std::mutex> lock(s.m);
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
+}
+
+// A member rank's options: the examples' timeouts (heartbeat 1 s < op 4 s < quorum 8 s), its
+// lines through say(), the members; and its communicator's (a replacement's construction waits
+// for its own registration only: the world is running).
+struct member_setup {
+  cadence::membership::member_options member;
+  cadence::transport::zmq_options zmq;
+};
+inline member_setup setup_for(int rank, bool replacement, shared& s) {
+  member_setup m;
+  m.member.timeouts = cadence::membership::timeouts::scaled(std::chrono::milliseconds(1000));
+  m.member.on_event = [&s](const std::string& line) { say(s, "  " + line); };
+  m.member.eligible = members(s);  // --holder: ranks 1..3 (rank 0 holds the rendezvous)
+  m.zmq = options_for(rank, s, m.member.timeouts);
+  if (replacement) m.zmq.wait_for = cadence::transport::zmq_wait_for::self;
+  return m;
 }
 
 // What a rank ends with, for the check at the end.

@@ -25,21 +25,15 @@
 
 namespace mb = cadence::membership;
 using cadence::transport::zmq_communicator;
-using cadence::transport::zmq_options;
 using namespace membership_job;
 using namespace std::chrono_literals;
 
 namespace {
 
 void run(int rank, bool replacement, shared& s, const std::string& store, std::size_t elements) {
-  mb::member_options opts;
-  opts.timeouts = mb::timeouts::scaled(1000ms);  // heartbeat 1 s < op 4 s < quorum 8 s
-  opts.on_event = [&s](const std::string& line) { say(s, "  " + line); };
-  opts.eligible = members(s);  // --holder: ranks 1..3 (rank 0 holds the rendezvous)
-  zmq_options zo = options_for(rank, s, opts.timeouts);
-  if (replacement) zo.wait_for = cadence::transport::zmq_wait_for::self;  // a running world
-  zmq_communicator comm(rank, ranks, zo, cadence::transport::deadline(30s));
-  mb::member<zmq_communicator> m(comm, opts);
+  const member_setup set = setup_for(rank, replacement, s);
+  zmq_communicator comm(rank, ranks, set.zmq, cadence::transport::deadline(30s));
+  mb::member<zmq_communicator> m(comm, set.member);
   std::vector<double> params(elements, 1.0);
   m.add_state(params);
   cadence::transport::gloo_options go;

@@ -142,14 +142,9 @@ std::uint64_t train(glue& dm, std::vector<float>& w, const std::vector<std::size
 
 void run(int rank, bool replacement, shared& s, config& cfg, const data& d) {
   const auto began = std::chrono::steady_clock::now();
-  mb::member_options opts;
-  opts.timeouts = mb::timeouts::scaled(1000ms);  // heartbeat 1 s < op 4 s < quorum 8 s
-  opts.on_event = [&s](const std::string& line) { say(s, "  " + line); };
-  opts.eligible = members(s);  // --holder: ranks 1..3 (rank 0 holds the rendezvous)
-  zmq_options zo = options_for(rank, s, opts.timeouts);
-  if (replacement) zo.wait_for = cadence::transport::zmq_wait_for::self;  // a running world
-  zmq_communicator comm(rank, ranks, zo, cadence::transport::deadline(30s));
-  mb::member<zmq_communicator> m(comm, opts);
+  const member_setup set = setup_for(rank, replacement, s);
+  zmq_communicator comm(rank, ranks, set.zmq, cadence::transport::deadline(30s));
+  mb::member<zmq_communicator> m(comm, set.member);
   std::vector<float> w(features, 0.0f);
   glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer(cfg.diloco.outer), cfg.diloco.options);
   const auto t0 = std::chrono::steady_clock::now();
