@@ -138,6 +138,15 @@ class _Coded:
     def __init__(self, x: torch.Tensor, cuts: List[int], recv: torch.Tensor, splits: List[int]):
         self.x, self.cuts, self.phase, self.recv, self.splits, self.own = x, cuts, 1, recv, splits, None
 
+    def pieces(self, codec: str, me: int, mine: torch.Tensor, size) -> List[torch.Tensor]:
+        """What the phase in flight received, decoded, one piece per rank in rank order
+        (``size(r)`` elements from rank r), with ``mine`` in this rank's place."""
+        out, at = [], 0
+        for r, k in enumerate(self.splits):
+            out.append(mine if r == me else _decode_piece(codec, self.recv[at:at + k], size(r)))
+            at += k
+        return out
+
 
 def _ring_bytes(nbytes: int, n: int) -> int:
     """What a ring all-reduce of ``nbytes`` sends from each of ``n`` ranks (C++ ring_bytes)."""
@@ -516,13 +525,8 @@ class DiLoCo:
         ranks, me, codec = self.world_size, self.rank, self.codec
         with torch.no_grad():
             lo, hi = c.cuts[me], c.cuts[me + 1]
-            total, at = None, 0
-            for r in range(ranks):
-                if r == me:
-                    part = c.x[lo:hi]
-                else:
-                    part = _decode_piece(codec, c.recv[at:at + c.splits[r]], hi - lo)
-                    at += c.splits[r]
+            total = None
+            for part in c.pieces(codec, me, c.x[lo:hi], lambda r: hi - lo):
                 total = part.clone() if total is None else total.add_(part)
             res = self._residual[f]
             e = _encode_piece(codec, total, None if res is None else res[lo:hi])
@@ -545,14 +549,7 @@ class DiLoCo:
             what = "" if c is None else " (the coded all-gather, all_to_all_single)"
             self._wait(work, f"exchange of fragment {f}'s pseudo-gradient{what}", deadline)
         if c is not None:  # every rank decodes the same bytes: each owner's encoded sum
-            segs, at = [], 0
-            for r in range(self.world_size):
-                if r == self.rank:
-                    segs.append(c.own)
-                else:
-                    segs.append(_decode_piece(self.codec, c.recv[at:at + c.splits[r]], c.cuts[r + 1] - c.cuts[r]))
-                    at += c.splits[r]
-            flat = torch.cat(segs)
+            flat = torch.cat(c.pieces(self.codec, self.rank, c.own, lambda r: c.cuts[r + 1] - c.cuts[r]))
         flat.div_(divisor)
         a, b = self._frag[f]
         at = 0
