@@ -61,7 +61,11 @@ namespace cadence::membership {
 /// and then: if some survivor had committed the sync, the others receive its state (healed);
 /// otherwise the backup is restored and the sync runs again on the new quorum
 /// (on_loss::retry) or is given up everywhere (on_loss::discard). So every member of the new
-/// quorum holds the same state after every sync, whatever failed where.
+/// quorum holds the same state after every sync, whatever failed where. A member healed by
+/// members that had already begun the next sync (it was one behind them) and give that one up
+/// (on_loss::discard, or out of attempts) gives up its own next sync too, without running it
+/// (sync_report::attempts 0): every member gives up the same syncs, so an application that
+/// counts its syncs itself (DiLoCo's fragments) stays in step.
 ///
 /// **Joining.** join() on a new process (a restart, a late or an extra one) asks every rank to
 /// admit it; the members note it in the notices of their next sync, and once that sync commits
@@ -132,6 +136,15 @@ public:
   sync_report transact(Body&& body, span<const buffer> backup = {}, on_loss policy = on_loss::retry) {
     core_->check_txn();
     sync_report report;
+    if (core_->take_given_up_next()) {
+      // Healed by members that had begun the sync after that one and gave it up: so does this
+      // member, or its next sync would meet their next one (another sync of the application's).
+      report.outcome = outcome::discarded;
+      report.attempts = 0;
+      report.committed = core_->committed();
+      ++discarded_;
+      return report;
+    }
     saved_.resize(backup.size());
     for (std::size_t i = 0; i < backup.size(); ++i) {
       saved_[i].resize(backup[i].bytes);
@@ -167,6 +180,13 @@ public:
         return report;
       }
       const std::uint64_t before = core_->committed();
+      // Whether this member gives the sync up unless healed: a member it streams the state to
+      // in this reconfiguration (one sync behind it) gives up its next sync too.
+      struct verdict {
+        detail::core<C>& c;
+        verdict(detail::core<C>& core, bool gives_up) : c(core) { c.giving_up(gives_up); }
+        ~verdict() { c.giving_up(false); }
+      } told(*core_, policy == on_loss::discard || attempt >= core_->options().max_attempts);
       const bool healed = core_->reconfigure(detail::core<C>::mode::failure, restore);
       ++report.reconfigurations;
       report.committed = core_->committed();

@@ -40,7 +40,8 @@ enum class outcome : std::uint8_t {
   /// registered state, already updated). Do not apply the sync's result again.
   healed,
   /// No member completed the sync: it was given up everywhere (on_loss::discard, or retries
-  /// exhausted). The backup, if any, was restored.
+  /// exhausted). The backup, if any, was restored (with attempts 0 the sync never ran here:
+  /// see sync_report::attempts).
   discarded,
 };
 
@@ -60,7 +61,8 @@ struct sync_report {
   membership::outcome outcome = membership::outcome::committed;
   /// Syncs committed by the quorum so far (this one included when committed or healed).
   std::uint64_t committed = 0;
-  /// Runs of the sync (1 without a fault).
+  /// Runs of the sync (1 without a fault; 0 when it was given up before it ran here: the
+  /// members that healed this member at its previous sync had begun this one and gave it up).
   int attempts = 1;
   /// Reconfigurations this sync went through.
   int reconfigurations = 0;
@@ -92,7 +94,7 @@ struct member_stats {
   std::uint64_t healed = 0;             ///< times this member received the state
   std::uint64_t state_sent_bytes = 0;   ///< state bytes this member streamed to others
   std::uint64_t state_received_bytes = 0;  ///< state bytes it received
-  double state_receive_seconds = 0;     ///< time from its first to its last state byte, summed
+  double state_receive_seconds = 0;     ///< time from posting its receives to its last state byte, summed
   std::uint64_t drained_messages = 0;   ///< stale messages of failed syncs taken and dropped
   double last_reconfiguration_seconds = 0;  ///< the latest reconfiguration, from its start
 };

@@ -111,9 +111,12 @@ struct diloco_checkpoint {
 /// member after a sync (nothing in flight) returns the global weights, the outer state and the
 /// shared counters (diloco_checkpoint); in the new job, restore() it before start() on every
 /// member. start() then broadcasts the first member's checkpoint (the first quorum's lowest
-/// rank; the others' are only checked) instead of its tensors: every member begins with the
-/// checkpoint's global weights as its local and global weights, its outer state and counters
-/// (the fixed schedule's clock too), as if the job had not stopped.
+/// rank; the others must have restored the same one, or none) instead of its tensors: every
+/// member begins with the checkpoint's global weights as its local and global weights, its
+/// outer state and counters (the fixed schedule's clock too), as if the job had not stopped.
+/// start() throws invalid_parameter_error on every member when some member restored a
+/// checkpoint and the first did not (it would be dropped), or when the members restored
+/// different checkpoints.
 ///
 /// Limits: a lossy codec needs `options.tag + fragments` within the view's 256 user tags; every
 /// sync of the member goes through this object (no other transact() on the same member).
@@ -176,6 +179,11 @@ public:
   /// (parse_error, invalid_parameter_error for bad options or tensors).
   void start() {
     m_->start();
+    // Which checkpoints the members restored: each one's hash (a restore() is the first
+    // member's, or its copy, or a mistake that would be dropped without a word).
+    const std::int64_t mine = restored_ ? static_cast<std::int64_t>(registered_hash() >> 2) + 1 : 0;
+    std::int64_t restored[2] = {0, 0};
+    std::uint64_t from_checkpoint = 0;
     const membership::sync_report rep = m_->transact(
         [&] {
           if (restored_) global_into_tensors();  // the checkpoint's weights are what is broadcast
@@ -185,8 +193,12 @@ public:
           std::copy(adapter_->global_.begin(), adapter_->global_.end(), global_.begin());
           // Whether the first member restored a checkpoint: then its outer state and counters too.
           const transport::deadline d(options_.timeout);
-          std::uint64_t from_checkpoint = restored_ ? 1 : 0;
+          from_checkpoint = restored_ ? 1 : 0;
           m_->view().broadcast(&from_checkpoint, sizeof from_checkpoint, 0, d);
+          // The largest hash and (as hash_span minus it) the smallest, over those that restored.
+          restored[0] = mine;
+          restored[1] = restored_ ? hash_span - mine : 0;
+          m_->view().allreduce(restored, 2, transport::dtype::i64, transport::reduce_op::max, d);
           if (from_checkpoint != 0) {
             if (!state_.empty()) m_->view().broadcast(state_.data(), state_.size() * 4, 0, d);
             m_->view().broadcast(shared_.data(), shared_.size() * 8, 0, d);
@@ -199,6 +211,7 @@ public:
         },
         {membership::buffer(global_), membership::buffer(state_), membership::buffer(shared_)});
     if (rep.outcome == membership::outcome::committed) {
+      check_restored(from_checkpoint != 0, restored);
       attach();
       restart_schedule();  // the quorum may have admitted someone right after the commit
       publish();
@@ -393,6 +406,35 @@ public:
 
 private:
   static constexpr int user_tags = 256;  // membership::detail::tags::user_tags
+  static constexpr std::int64_t hash_span = (std::int64_t{1} << 62) + 2;  // start()'s restored-hash pair
+
+  // A hash (FNV-1a) of the registered blocks: what restore() set, before start().
+  std::uint64_t registered_hash() const {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](const void* data, std::size_t bytes) {
+      const auto* p = static_cast<const unsigned char*>(data);
+      for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    };
+    mix(global_.data(), global_.size() * sizeof(float));
+    mix(state_.data(), state_.size() * sizeof(float));
+    mix(shared_.data(), shared_.size() * sizeof(std::uint64_t));
+    return h;
+  }
+
+  // After the first sync: a checkpoint restored by some member and not by the first (it would
+  // be dropped), or different checkpoints restored, end start() on every member alike.
+  void check_restored(bool first_restored, const std::int64_t (&restored)[2]) const {
+    const std::string here = "cadence::exchange::diloco_member::start: ";
+    if (restored[0] == 0) return;  // nobody restored
+    if (!first_restored)
+      throw invalid_parameter_error(here + "a member restored a checkpoint but the first member (rank " +
+                                    std::to_string(m_->current().leader()) +
+                                    ") did not, so the job would start from its tensors and drop the checkpoint: "
+                                    "restore() it on every member, or on the first one");
+    if (restored[0] != hash_span - restored[1])
+      throw invalid_parameter_error(here + "the members restored different checkpoints (their hashes differ): "
+                                    "restore() the same checkpoint on every member, or on the first one only");
+  }
   // shared_: what every member holds alike (registered, hashed, streamed).
   enum : std::size_t { s_syncs, s_fragment_steps, s_stale, s_max_staleness, s_clock, shared_head };
   // local_: this rank's own counters (in the backup only).

@@ -27,6 +27,7 @@
 #include <cadence/transport/communicator.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -189,6 +190,15 @@ public:
 
   bool txn_failed() const noexcept { return txn_failed_.has_value(); }
   void abandon_txn() noexcept { in_txn_ = false; }
+
+  /// member::transact(), before the reconfiguration of a failed sync: whether this member gives
+  /// that sync up unless the reconfiguration heals it (on_loss::discard, or its attempts spent).
+  /// A member that streams the state in that reconfiguration tells the receivers (heal()).
+  void giving_up(bool yes) noexcept { giving_up_ = yes; }
+  /// Whether the sync after the one this member was healed with was given up by the members it
+  /// received the state from (they had begun it): then this member's next sync is given up
+  /// without running, so that every member gives up the same syncs. Reading it clears it.
+  bool take_given_up_next() noexcept { return std::exchange(given_up_next_, false); }
 
   // ---- collectives of the current quorum (the view's calls) ----
 
@@ -1239,19 +1249,21 @@ private:
       const std::size_t me = static_cast<std::size_t>(di - donors.begin());
       std::deque<work> ws;
       auto blob = std::make_shared<std::vector<unsigned char>>();
-      auto size = std::make_shared<std::uint64_t>(0);
+      // The head: the blobs' size, and whether this member gives up the sync it had begun
+      // (then the receivers give up their next one: they are one sync behind it).
+      auto head = std::make_shared<std::array<std::uint64_t, 2>>();
       if (me == 0) {
         *blob = save_blobs();
-        *size = blob->size();
+        *head = {blob->size(), giving_up_ ? head_gives_up : 0};
       }
       // A send that cannot be withdrawn at the deadline may read them later.
       keepalive_.clear();
       keepalive_.push_back(blob);
-      keepalive_.push_back(size);
+      keepalive_.push_back(head);
       for (int b : behind) {
         try {
           if (me == 0) {
-            ws.push_back(comm_->isend(size.get(), sizeof(std::uint64_t), b, tag));
+            ws.push_back(comm_->isend(head->data(), sizeof(*head), b, tag));
             if (!blob->empty()) ws.push_back(comm_->isend(blob->data(), blob->size(), b, tag));
           }
           for (std::size_t j = me; j < pieces.size(); j += donors.size()) {
@@ -1273,7 +1285,7 @@ private:
     }
     const auto t0 = clock::now();
     committed_ = member_entry::newcomer;  // partial state: not a donor until complete
-    std::uint64_t blob_size = 0;
+    std::array<std::uint64_t, 2> head{};  // the blobs' size, head_* flags
     std::vector<unsigned char> blob;
     // Every receive posted is waited for until it completes or its donor is lost, even when
     // another donor failed: a receive withdrawn early would leave its piece queued for a later
@@ -1303,16 +1315,16 @@ private:
         if (failure.empty()) failure = e.what();
       }
     };
-    std::deque<work> first, head, rest;
+    std::deque<work> first, first_head, rest;
     for (std::size_t d = 1; d < donors.size(); ++d)
       for (std::size_t j = d; j < pieces.size(); j += donors.size()) {
         const piece& p = pieces[j];
         post(first, static_cast<unsigned char*>(tensors_[p.tensor].data) + p.offset, p.bytes, donors[d]);
       }
-    post(head, &blob_size, sizeof blob_size, donors[0]);
-    take_all(head);
+    post(first_head, head.data(), sizeof head, donors[0]);
+    take_all(first_head);
     if (failure.empty()) {
-      blob.resize(static_cast<std::size_t>(blob_size));
+      blob.resize(static_cast<std::size_t>(head[0]));
       if (!blob.empty()) post(rest, blob.data(), blob.size(), donors[0]);
       for (std::size_t j = 0; j < pieces.size(); j += donors.size()) {
         const piece& p = pieces[j];
@@ -1324,6 +1336,7 @@ private:
     if (!failure.empty()) throw heal_failed(here() + "the state transfer failed: " + failure);
     load_blobs(blob);
     committed_ = a.k;
+    given_up_next_ = (head[1] & head_gives_up) != 0;
     ++stats_.healed;
     stats_.state_received_bytes += state_bytes();
     stats_.state_receive_seconds += std::chrono::duration<double>(clock::now() - t0).count();
@@ -1359,6 +1372,9 @@ private:
   quorum confirmed_;  // the quorum of the last commit or confirming collective (or the first one asked for, or the one joined)
   bool q_confirmed_ = false;  // q_'s confirming collective completed here (told to the next leader)
   bool closing_ = false;      // in member::finish(): the quorums this member announces say so
+  bool giving_up_ = false;      // the failed sync in reconfiguration is given up here unless healed
+  bool given_up_next_ = false;  // healed by members that gave up the sync after it (take_given_up_next)
+  static constexpr std::uint64_t head_gives_up = 1;  // the state transfer's head: the donor gives up its sync
   std::uint64_t formed_at_ = 0;  // committed_ when q_ was adopted
   clock::time_point started_at_{};     // when start() was called (the first quorum's start-up skew counts from it)
   mutable std::set<int> absent_lost_;  // slots counted lost while the first quorum forms (absent_too_long)
