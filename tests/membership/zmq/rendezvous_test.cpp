@@ -357,3 +357,82 @@ TEST_CASE("membership: hold_rendezvous returns when stop() says so, and refuses 
   CHECK_THROWS_WITH_AS(mb::members_besides_rendezvous(1), doctest::Contains("size 1 leaves no member"),
                        cadence::invalid_parameter_error);
 }
+
+TEST_CASE("membership: a member whose ZeroMQ communicator is aborted mid-sync is lost to the others at once; they "
+          "re-form well within the op timeout, and a new process takes its slot" *
+          doctest::timeout(120)) {
+  // Rank 2 aborts inside its fourth sync (its view and its communicator, as
+  // quorum_group::abort() does) and keeps the process (the aborted communicator) alive until the
+  // others have committed a sync without it: its abort must tell them, since its connections
+  // would otherwise go on answering heartbeats and the others would wait for it an op timeout
+  // (4 s here) and then a quorum timeout (8 s): 12.0 s before the ZeroMQ abort told its peers.
+  // Then it leaves and a new process joins in its slot.
+  constexpr int aborter = 2;
+  using clock = std::chrono::steady_clock;
+  job j;
+  holder_thread holder(j);
+  std::atomic<clock::rep> aborted_at{0}, reformed_at{0};
+  std::string abort_error;
+  const auto survivor = [&](int rank) {
+    member(j, rank, false, 1, [&](const mb::member<tr::zmq_communicator>& m) {
+      if (aborted_at.load() != 0 && reformed_at.load() == 0 && !m.current().contains(aborter)) {
+        clock::rep none = 0;
+        reformed_at.compare_exchange_strong(none, clock::now().time_since_epoch().count());
+      }
+      return true;
+    });
+  };
+  const auto aborting = [&] {
+    const mb::member_options opts = member_options();
+    tr::zmq_communicator comm(aborter, size, j.options(aborter, opts.timeouts), tr::deadline(30s));
+    mb::member<tr::zmq_communicator> m(comm, opts);
+    std::vector<double> params(64 * 1024, 1.0);
+    m.add_state(params);
+    m.start();
+    cadence::exchange::periodic_averager<mb::quorum_view<tr::zmq_communicator>> avg(m.view(), 1);
+    for (bool aborted = false; !aborted;) {
+      for (std::size_t i = 0; i < params.size(); i += 97) params[i] += 0.01 * aborter;
+      if (!avg.step_done()) continue;
+      aborted = m.committed() == 3;
+      try {
+        m.transact(
+            [&] {
+              if (aborted) {
+                aborted_at = clock::now().time_since_epoch().count();
+                m.view().abort();
+                comm.abort();
+              }
+              avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())});
+            },
+            {params});
+        if (aborted) j.fail("rank 2: transact returned after its communicator was aborted");
+      } catch (const std::exception& e) {
+        if (!aborted) throw;
+        abort_error = e.what();
+      }
+    }
+    // The process stays, its communicator aborted, until the others re-formed without it (or
+    // far past the quorum timeout, which fails the test below).
+    const auto until = clock::now() + 30s;
+    while (reformed_at.load() == 0 && clock::now() < until) std::this_thread::sleep_for(5ms);
+  };
+  std::vector<std::thread> members;
+  members.push_back(guarded(j, "rank 1", [&] { survivor(1); }));
+  members.push_back(guarded(j, "rank 2 (aborts)", aborting));
+  members.push_back(guarded(j, "rank 3", [&] { survivor(3); }));
+  members[1].join();
+  members[1] = guarded(j, "rank 2 (replacement)", [&j] {
+    member(j, aborter, true, 1, [](const mb::member<tr::zmq_communicator>&) { return true; });
+  });
+  holder.end(members);
+  INFO("rank 2 saw: " << abort_error);
+  CHECK(abort_error.find("aborted") != std::string::npos);
+  REQUIRE(reformed_at.load() != 0);
+  const auto took = clock::duration(reformed_at.load() - aborted_at.load());
+  MESSAGE("abort to the survivors' first commit without rank 2: "
+          << std::chrono::duration<double>(took).count() << " s");
+  // Well under the op timeout (4 s), which the others waited at least before the abort told them.
+  CHECK(took < member_options().timeouts.op / 2);
+  check_members_agree(j, 1);
+  CHECK(holder.report.registrations == 4);
+}

@@ -316,6 +316,68 @@ TEST_CASE("abort() from a watchdog thread wakes a blocked recv; later calls thro
   });
 }
 
+TEST_CASE("abort() tells every live peer: each sees the rank lost at once (\"it aborted its communicator\"), "
+          "a receive from it fails naming it, the others go on, and a new process takes its slot" *
+          doctest::timeout(60)) {
+  // Rank 2 aborts and its process stays, the aborted communicator not destroyed: before abort()
+  // told its peers, its connections went on answering heartbeats and a receive from it waited
+  // for its whole deadline (20 s here). The bound below is the heartbeat timeout (3 s).
+  enum class caller { watchdog, other_thread, owner };
+  caller by = caller::watchdog;
+  SUBCASE("from a watchdog while the owning thread is blocked in a call") { by = caller::watchdog; }
+  SUBCASE("from another thread while the owning thread is outside every call") { by = caller::other_thread; }
+  SUBCASE("from the owning thread between calls") { by = caller::owner; }
+  const cadence_test::events ev;
+  run_world(3, [&](int r, rendezvous_box& box) {
+    if (r == 2) {
+      zmq_communicator old(2, 3, thread_options(2, box), 20s);
+      if (by == caller::watchdog) {
+        const abort_after watchdog(old, 100ms);
+        std::int32_t x = 0;
+        expect_throw<transport_error>(2, [&] { old.recv(&x, sizeof x, 0, 77, 20s); }, {"recv #1 on rank 2", "aborted"});
+      } else if (by == caller::other_thread) {
+        std::thread([&old] { old.abort(); }).join();
+      } else {
+        old.abort();
+      }
+      CHECK(old.failed());
+      CHECK(ev.wait_ranks("lost seen", 2, 2));
+      // A new process in the slot (the aborted one still holds its communicator).
+      zmq_communicator fresh(2, 3, thread_options(2, box), 20s);
+      CHECK(fresh.incarnation(2) == 2);
+      const std::int32_t v = 2;
+      fresh.send(&v, sizeof v, 0, 5, 10s);
+      fresh.send(&v, sizeof v, 1, 5, 10s);
+      CHECK(ev.wait_ranks("done", 2, 2));
+      return;
+    }
+    zmq_communicator c(r, 3, thread_options(r, box), 20s);
+    const auto t0 = steady::now();
+    std::int32_t got = 0;
+    if (r == 0) {
+      expect_throw<transport_error>(0, [&] { c.recv(&got, sizeof got, 2, 5, 20s); },
+                                    {"recv #1 on rank 0", "lost rank 2", "it aborted its communicator"});
+    } else {
+      while (c.peer_state(2) != zmq_peer_state::lost && steady::now() - t0 < 20s) c.poll();
+      CHECK(c.peer_state(2) == zmq_peer_state::lost);
+    }
+    CHECK(steady::now() - t0 < 3s);
+    // The others go on.
+    const std::int32_t ping = r;
+    c.send(&ping, sizeof ping, 1 - r, 6, 10s);
+    CHECK(c.recv(&got, sizeof got, 1 - r, 6, 10s) == 1 - r);
+    CHECK(got == 1 - r);
+    CHECK_FALSE(c.failed());
+    ev.post_rank("lost seen", r);
+    const auto until = steady::now() + 20s;
+    while (c.peer_state(2) != zmq_peer_state::alive && steady::now() < until) c.poll();
+    CHECK(c.incarnation(2) == 2);
+    CHECK(c.recv(&got, sizeof got, 2, 5, 10s) == 2);
+    CHECK(got == 2);
+    ev.post_rank("done", r);
+  });
+}
+
 TEST_CASE("cancel withdraws a posted irecv and a large isend not yet cleared; try_recv takes a large "
           "message" * doctest::timeout(60)) {
   cadence_zmq_test::zmq_pair_harness::run([](zmq_communicator& c) {

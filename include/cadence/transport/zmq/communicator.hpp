@@ -68,7 +68,8 @@ using zmq_work = basic_work<detail::zmq_engine, detail::zmq_op, std::shared_ptr<
 ///
 /// Threads: ZeroMQ sockets are not thread-safe, so only the owning thread (the constructing
 /// one) calls the communicator and its work handles; abort() and failed() may be called from any
-/// thread. Movable; a moved-from communicator may only be destroyed or assigned.
+/// thread (abort() touches the sockets only while the owning thread is outside every call).
+/// Movable; a moved-from communicator may only be destroyed or assigned.
 class zmq_communicator {
 public:
   // ---- construction ----
@@ -185,7 +186,13 @@ public:
   }
 
   /// Marks the communicator failed (idempotent; any thread): a call blocked on the owning thread
-  /// wakes and throws, and so does every later call, each naming itself. Peers are not told.
+  /// wakes and throws, and so does every later call, each naming itself. Every live peer is told
+  /// (a goodbye that says "aborted", sent without waiting) and this rank's connections close, so
+  /// that no heartbeat keeps it alive: each peer sees it lost at once, its operations with this
+  /// rank fail naming it ("it aborted its communicator"), and a membership quorum re-forms
+  /// without waiting out a timeout. The goodbye goes from here when the owning thread is outside
+  /// every call, else from that thread as its call returns or throws. A new process may register
+  /// in this rank's slot afterwards (a new incarnation), as after any loss.
   void abort() noexcept {
     if (engine_) engine_->abort();
   }

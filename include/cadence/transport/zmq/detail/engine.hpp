@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -34,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -45,6 +47,10 @@ public:
   // constructs the communicator and makes its calls), except:
   //  - latch_'s atomics: abort() and failed() read or set them from any thread; abort() also
   //    writes wake_fd_ (an eventfd) to wake a zmq_poll in progress.
+  //  - gate_ (an atomic) says who may touch the sockets: the owning thread inside a call (it
+  //    takes the gate in every entry point that may touch them: an owner_scope), abort() on
+  //    another thread telling the peers (tell_aborted), or nobody. abort() takes it only while
+  //    it is free; otherwise the owning thread tells the peers as it leaves the call it is in.
   //  - wake_fd_ is also written by ZeroMQ's I/O thread, through zc_release, when it lets go of
   //    a piece of a caller's buffer; it is closed only after zmq_ctx_term, after which ZeroMQ
   //    runs no callback.
@@ -74,6 +80,18 @@ public:
   zmq_engine& operator=(const zmq_engine&) = delete;
   ~zmq_engine() { close_all(); }
 
+  /// Held by the owning thread while an entry point may touch the sockets (see gate_); nests.
+  class owner_scope {
+  public:
+    explicit owner_scope(zmq_engine& e) noexcept : e_(e) { e_.take_gate(); }
+    ~owner_scope() { e_.free_gate(); }
+    owner_scope(const owner_scope&) = delete;
+    owner_scope& operator=(const owner_scope&) = delete;
+
+  private:
+    zmq_engine& e_;
+  };
+
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   const zmq_options& options() const noexcept { return o_; }
@@ -92,9 +110,17 @@ public:
     if (closed_) throw transport_error(describe(c) + ": the communicator was destroyed");
   }
 
+  /// Any thread. Wakes the owning thread's call, and tells every live peer (an aborted
+  /// goodbye: it sees this rank lost at once, "it aborted its communicator") and closes the
+  /// connections to them, so that no heartbeat keeps this rank alive to them: here when the
+  /// owning thread is outside every call, else as that thread leaves its call.
   void abort() noexcept {
     latch_.abort();
     wake();
+    int idle = gate_idle;
+    if (!gate_.compare_exchange_strong(idle, gate_aborting, std::memory_order_acquire)) return;
+    tell_aborted();
+    gate_.store(gate_idle, std::memory_order_release);
   }
   bool failed() const noexcept { return latch_.failed(); }
 
@@ -111,6 +137,7 @@ public:
   /// Binds, registers with rank 0 (rank 0: opens the rendezvous) and waits for whom
   /// options().wait_for says. Throws; the engine is then destroyed by its owner.
   void start(const call_info& c, const deadline& d) {
+    const owner_scope scope(*this);
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) throw transport_error(describe(c) + ": eventfd: " + std::strerror(errno));
     p2p_.set_wake_fd(wake_fd_);
@@ -176,15 +203,25 @@ public:
 
   // ---- submitting operations ----
 
-  void submit_send(const std::shared_ptr<zmq_send_op>& op) { p2p_.submit_send(op); }
-  void submit_recv(const std::shared_ptr<zmq_recv_op>& op) { p2p_.submit_recv(op); }
-  void submit_coll(const std::shared_ptr<zmq_coll_op>& op) { colls_.submit(op); }
+  void submit_send(const std::shared_ptr<zmq_send_op>& op) {
+    const owner_scope scope(*this);
+    p2p_.submit_send(op);
+  }
+  void submit_recv(const std::shared_ptr<zmq_recv_op>& op) {
+    const owner_scope scope(*this);
+    p2p_.submit_recv(op);
+  }
+  void submit_coll(const std::shared_ptr<zmq_coll_op>& op) {
+    const owner_scope scope(*this);
+    colls_.submit(op);
+  }
 
   // ---- waiting, testing, cancelling ----
 
   /// Drives op to completion. With `poll` (try_recv): a deadline that passes before a message
   /// matched returns false and withdraws the receive (a deadline already passed polls once).
   bool wait(zmq_op& op, const deadline& d, bool poll) {
+    const owner_scope scope(*this);
     auto until = d.time_point();
     bool extended = false;
     if (poll) {
@@ -223,6 +260,7 @@ public:
   /// once. Throws only what wait() would for a real failure (op's lost peer, the communicator's
   /// failure, abort()).
   bool wait_until(zmq_op& op, zclock::time_point t) {
+    const owner_scope scope(*this);
     if (op.isolated) return test(op);  // throws, after the pass that answers the rendezvous
     for (bool first = true;; first = false) {
       check(op);
@@ -233,6 +271,7 @@ public:
   }
 
   bool test(zmq_op& op) {
+    const owner_scope scope(*this);
     if (op.isolated) {
       // One progress pass even so: a rank whose every peer is lost (a membership quorum of one
       // polling any_source) must still answer registrations at the rendezvous, or a
@@ -255,6 +294,7 @@ public:
   /// large send streaming, a collective in progress: the latter keeps running for its peers).
   bool cancel(zmq_op& op) noexcept {
     if (op.finished()) return true;
+    const owner_scope scope(*this);
     if (closed_) {
       op.cancelled = true;  // the context has terminated: ZeroMQ holds nothing any more
       return true;
@@ -289,6 +329,7 @@ public:
   void shutdown() noexcept { close_all(); }
 
   void poll(const call_info& c) {
+    const owner_scope scope(*this);
     enter(c);
     progress(zclock::now());
     enter(c);
@@ -301,6 +342,7 @@ public:
   /// operations. Does nothing once the communicator failed or was aborted.
   void progress(zclock::time_point until) {
     if (closed_ || latch_.has_failure() || latch_.aborted()) return;
+    const owner_scope scope(*this);
     peers_.flush_all();
     const auto due = peers_.check_lost(zclock::now());  // may close sockets: before the poll list
     // The sockets we read from are polled by their ZMQ_FD, as plain descriptors: cheaper than
@@ -346,6 +388,7 @@ public:
   /// sockets they wait in, which makes ZeroMQ drop them. Before any error reaches the caller.
   void settle(zmq_op& op) noexcept {
     if (op.outstanding() == 0 || closed_) return;
+    const owner_scope scope(*this);
     wait_released(op, zclock::now() + std::chrono::milliseconds(200));
     if (op.outstanding() == 0) return;
     for (int p : op.rel_peers) {
@@ -495,7 +538,8 @@ private:
         zmq_peer& q = peers_.at(in.src);
         q.bye_through = in.h.id;
         q.bye_inc = q.inc;
-        lose(in.src, "it left: its communicator was destroyed");
+        lose(in.src, in.h.offset == zmq_bye_aborted ? "it aborted its communicator"
+                                                    : "it left: its communicator was destroyed");
         return;
       }
       case zmq_kind::withdraw: p2p_.on_withdraw(in.src, in.h.id); return;
@@ -619,6 +663,57 @@ private:
     return static_cast<int>(std::min<std::int64_t>(left, INT_MAX / 2));
   }
 
+  // ---- the gate, and what abort() tells the peers ----
+
+  static constexpr int gate_idle = 0;      // nobody touches the sockets
+  static constexpr int gate_owner = 1;     // the owning thread, inside a call
+  static constexpr int gate_aborting = 2;  // abort() on another thread, telling the peers
+
+  void take_gate() noexcept {
+    if (owner_depth_++ > 0) return;
+    // Waits only while abort() tells the peers: a few non-blocking sends and closes.
+    for (int idle = gate_idle; !gate_.compare_exchange_weak(idle, gate_owner, std::memory_order_acquire);
+         idle = gate_idle)
+      std::this_thread::yield();
+  }
+  void free_gate() noexcept {
+    if (--owner_depth_ > 0) return;
+    if (latch_.aborted()) tell_aborted();  // abort() came while this thread held the gate
+    gate_.store(gate_idle, std::memory_order_release);
+  }
+
+  // Once, by whoever holds the gate after abort(): an aborted goodbye to every live peer (its
+  // collectives completed, as the destructor's goodbye says; it then sees this rank lost at
+  // once, and its operations with this rank fail naming it), each sent without waiting; then
+  // the DEALERs close (what ZeroMQ took leaves within shutdown_wait) and so does the ROUTER,
+  // so that no connection answers heartbeats for this rank any more: a peer the goodbye did not
+  // reach (its connection was not up) finds the connections closed instead. Rank 0's
+  // rendezvous stays open until destruction (it answers nobody meanwhile).
+  void tell_aborted() noexcept {
+    if (told_aborted_ || closed_) return;
+    told_aborted_ = true;
+    for (int p : peers_.others()) {
+      zmq_peer& q = peers_.at(p);
+      if (q.dealer == nullptr) continue;
+      if (q.state == zmq_peer_state::alive && q.connected && q.broken_at == zclock::time_point{} && rdv_.welcomed()) {
+        zmq_header h = peers_.header(zmq_kind::bye, p);
+        h.id = colls_.completed_through();
+        h.offset = zmq_bye_aborted;
+        h.dst_incarnation = q.inc;
+        try {
+          zmq_message m(sizeof h);
+          std::memcpy(m.data(), &h, sizeof h);
+          while (zmq_msg_send(m.get(), q.dealer, ZMQ_DONTWAIT) < 0 && errno == EINTR) {
+          }
+        } catch (...) {  // no memory for a 64-byte message: the closed connection tells it
+        }
+      }
+      peers_.close_dealer(q, static_cast<int>(std::min<std::int64_t>(o_.shutdown_wait.count(), INT_MAX)));
+    }
+    peers_.close_router_monitor(router_);
+    sockets_.close(router_, 0);
+  }
+
   // ---- shutdown ----
 
   // A goodbye to every live peer (after everything sent to it before), then the sockets close:
@@ -626,6 +721,7 @@ private:
   // context terminates, which joins ZeroMQ's threads and drops whatever they still held.
   void close_all() noexcept {
     if (closed_) return;
+    const owner_scope scope(*this);
     closed_ = true;
     const auto until = zclock::now() + o_.shutdown_wait;
     for (int p : peers_.others()) {
@@ -634,6 +730,7 @@ private:
       try {
         zmq_header h = peers_.header(zmq_kind::bye, p);
         h.id = colls_.completed_through();
+        if (latch_.aborted()) h.offset = zmq_bye_aborted;  // aborted before its goodbye went out
         zmq_message m(sizeof h);
         std::memcpy(m.data(), &h, sizeof h);
         q.out.push_back(zmq_outgoing{std::move(m), std::nullopt, q.inc, {}});
@@ -704,6 +801,9 @@ private:
   std::size_t reported_refusals_ = 0;
   std::uint64_t calls_ = 0;
   bool closed_ = false;
+  std::atomic<int> gate_{gate_idle};  // who may touch the sockets (the map above)
+  int owner_depth_ = 0;               // the owning thread's nested owner_scopes
+  bool told_aborted_ = false;         // tell_aborted ran (by whoever held the gate)
 };
 
 }  // namespace cadence::transport::detail

@@ -167,13 +167,17 @@ enum class zmq_kind : std::uint8_t {
   credit = 6,     // the receiver took `offset` more bytes of the sender's window
   coll = 7,       // a collective's notice (step == zmq_notice_step) or data
   coll_fail = 8,  // the sender saw collective `id` fail: arguments differ (text follows)
-  bye = 9,        // the sender destroyed its communicator
+  bye = 9,        // the sender destroyed (offset 0) or aborted (zmq_bye_aborted) its communicator
   withdraw = 10,  // the sender cancelled announced message `id` before it was cleared
   hello = 11,     // the first message on a new connection: tells the receiver which socket is whose
   stream = 12,    // a message within a quarter of the credit window: its pieces follow at once
 };
 
 inline constexpr std::uint32_t zmq_notice_step = 0xFFFFFFFFu;
+
+/// A goodbye's `offset` when the sender aborted its communicator (abort()) instead of destroying
+/// it; 0 otherwise. An older peer reads either as a goodbye.
+inline constexpr std::uint64_t zmq_bye_aborted = 1;
 
 /// Every data-path message starts with this (host byte order; little-endian hosts only).
 struct zmq_header {
