@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -711,6 +712,161 @@ TEST_CASE("diloco_member: what the membership cannot carry is refused before it 
   CHECK_THROWS_WITH_AS(glue(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"),
                             options_for("fixed:4,codec=int8")),
                        doctest::Contains("set diloco_options::tag lower"), cadence::invalid_parameter_error);
+}
+
+// ---- an agreed stop ----
+
+// What a rank saw of the stop: when it was first agreed (by_step: the inner step of the sync()
+// that showed it, for streaming, whose member belongs to a fragment's thread when a completion
+// point is also a send point; else the committed count after that sync), and how it ended.
+struct stop_result {
+  std::string error;
+  std::uint64_t agreed_at = 0;
+  std::uint64_t committed = 0, outer_steps = 0, hash = 0;
+  std::vector<int> last_quorum;
+  bool requested = false;
+};
+
+// Inner steps and outer syncs until stop_agreed() (ask(step) before each inner step: where a
+// rank requests the stop), then finish() and what the rank ended with.
+template <class Ask>
+void until_stop(glue& dm, std::vector<float>& w, int rank, bool by_step, stop_result& out, Ask ask) {
+  mb::member<inproc_communicator>& m = dm.member();
+  for (std::uint64_t step = 0; !dm.stop_agreed(); ++step) {
+    if (step >= 400)  // a stop that is never agreed fails the rank (its error) instead of training on
+      throw std::runtime_error("rank " + std::to_string(rank) + ": no stop agreed after 400 inner steps");
+    ask(step);
+    inner_step(w, rank, step);
+    if (!dm.step_done(1000 + 100 * rank)) continue;
+    (void)dm.sync();
+    if (dm.stop_agreed()) out.agreed_at = by_step ? step : m.committed();
+  }
+  dm.finish();
+  out.committed = m.committed() - 1;
+  out.outer_steps = dm.adapter().outer_steps();
+  out.hash = dm.global_hash();
+  out.last_quorum = m.current().ranks;
+  out.requested = dm.stop_requested();
+}
+
+// The asker requests once `ask_at` syncs are committed (the weights' broadcast is the first),
+// at a count that depends on it: the request goes into the next sync's transaction, after
+// which every rank's stop_agreed() is true, and all leave their loops and finish() together.
+TEST_CASE("diloco_member: a stop one rank requests is agreed by every rank after the same outer sync" *
+          doctest::timeout(60)) {
+  for (const std::string config : {"fixed:3", "fixed:4,fragments=2", "elastic:3,outer=adam:0.01", "quorum:3:3:0"}) {
+    for (int asker : {0, 3}) {
+      CAPTURE(config);
+      CAPTURE(asker);
+      const std::uint64_t ask_at = 3 + static_cast<std::uint64_t>(asker);
+      inproc_world world(4);
+      const auto res = cadence_membership_test::run_ranks<stop_result>(
+          world, 4, [&](int rank, inproc_communicator& c, stop_result& out) {
+            mb::member<inproc_communicator> m(c, test_options());
+            std::vector<float> w(3000, 0.5f);
+            const ex::diloco_config cfg = ex::parse_diloco_config(config);
+            glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer(cfg.outer), cfg.options);
+            dm.start();
+            CHECK_FALSE(dm.stop_agreed());
+            until_stop(dm, w, rank, false, out, [&](std::uint64_t) {
+              if (rank == asker && m.committed() >= ask_at) dm.request_stop();
+            });
+          });
+      for (int r = 0; r < 4; ++r) {
+        const stop_result& x = res[static_cast<std::size_t>(r)];
+        CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+        CHECK(x.agreed_at == ask_at + 1);  // the very next sync carried it
+        CHECK(x.committed == ask_at + 1);  // and every rank finished right after it
+        CHECK(x.requested == (r == asker));
+        CHECK(x.hash == res[0].hash);
+        CHECK(x.outer_steps == res[0].outer_steps);
+      }
+    }
+  }
+}
+
+// Streaming: the request travels in a fragment's transaction (the one in flight, if its thread
+// had not read the flag yet, or the next one) and is seen at that fragment's completion point,
+// the same inner step on every rank.
+TEST_CASE("diloco_member: a stop requested while streaming is agreed at the same completion point everywhere" *
+          doctest::timeout(60)) {
+  for (const std::string config : {"fixed:4,fragments=2,delay=1", "fixed:6,fragments=3,delay=2"}) {
+    for (int asker : {1, 2}) {
+      CAPTURE(config);
+      CAPTURE(asker);
+      const ex::diloco_config cfg = ex::parse_diloco_config(config);
+      const std::uint64_t ask_at = 9 + static_cast<std::uint64_t>(asker);  // an inner step
+      inproc_world world(4);
+      const auto res = cadence_membership_test::run_ranks<stop_result>(
+          world, 4, [&](int rank, inproc_communicator& c, stop_result& out) {
+            mb::member<inproc_communicator> m(c, test_options());
+            std::vector<float> w(3001, 0.5f);
+            glue dm(m, {ex::tensor_ref(w.data(), 1000), ex::tensor_ref(w.data() + 1000, 2001)},
+                    ex::make_outer_optimizer(cfg.outer), cfg.options);
+            dm.start();
+            until_stop(dm, w, rank, true, out, [&](std::uint64_t step) {
+              if (rank == asker && step == ask_at) dm.request_stop();
+            });
+          });
+      const std::uint64_t h = ex::outer_schedule(cfg.options.schedule, 4).period();
+      for (int r = 0; r < 4; ++r) {
+        const stop_result& x = res[static_cast<std::size_t>(r)];
+        CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+        CHECK(x.agreed_at == res[0].agreed_at);
+        CHECK(x.agreed_at >= ask_at);
+        CHECK(x.agreed_at <= ask_at + h + cfg.options.delay);  // a fragment sent within H steps carries it
+        CHECK(x.committed == res[0].committed);
+        CHECK(x.hash == res[0].hash);
+        CHECK(x.outer_steps == res[0].outer_steps);
+      }
+    }
+  }
+}
+
+// The victim (rank 0, the leader, or 2) arms its death at its next send once 4 syncs are
+// committed: it dies at the first message of sync 5, before that sync's flag all-reduce. A
+// survivor's request made then goes into sync 5, which the survivors run again without the
+// victim and agree on. A request by the victim alone dies with it (its flag never left): the
+// survivors go on, and stop only when one of them asks (at 7 commits: agreed by sync 8).
+TEST_CASE("diloco_member: a survivor's stop request is agreed through a loss; the victim's alone is lost with it" *
+          doctest::timeout(60)) {
+  for (int victim : {0, 2}) {
+    for (bool victim_asks : {false, true}) {
+      CAPTURE(victim);
+      CAPTURE(victim_asks);
+      inproc_world world(4);
+      const auto res = cadence_membership_test::run_ranks<stop_result>(
+          world, 4, [&](int rank, inproc_communicator& c, stop_result& out) {
+            mb::member<inproc_communicator> m(c, test_options());
+            std::vector<float> w(3000, 0.5f);
+            glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"),
+                    options_for("fixed:3"));
+            dm.start();
+            bool armed = false;
+            until_stop(dm, w, rank, false, out, [&](std::uint64_t) {
+              if (m.committed() < 4) return;
+              if (rank == victim && !armed) {
+                armed = true;
+                if (victim_asks) dm.request_stop();
+                cadence_membership_test::kill_at_send(world, victim, 0);
+              }
+              if (rank == 3 && (!victim_asks || m.committed() >= 7)) dm.request_stop();
+            });
+          });
+      CHECK(res[static_cast<std::size_t>(victim)].error != "");
+      std::vector<int> survivors;
+      for (int r = 0; r < 4; ++r)
+        if (r != victim) survivors.push_back(r);
+      for (int r : survivors) {
+        const stop_result& x = res[static_cast<std::size_t>(r)];
+        CHECK_MESSAGE(x.error == "", "rank ", r, ": ", x.error);
+        CHECK(x.agreed_at == (victim_asks ? 8u : 5u));
+        CHECK(x.committed == x.agreed_at);
+        CHECK(x.last_quorum == survivors);
+        CHECK(x.hash == res[static_cast<std::size_t>(survivors[0])].hash);
+      }
+    }
+  }
 }
 
 }  // namespace

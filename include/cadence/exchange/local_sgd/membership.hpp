@@ -13,6 +13,7 @@
 #include <cadence/membership/member.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -106,6 +107,20 @@ struct diloco_checkpoint {
 /// adapter's step counters (local_steps(), progress(), total_steps()) and the destructor, which
 /// joins the thread (a fault that ends it is rethrown by the sync() or finish() that joins it;
 /// the destructor drops it). The thread's start and join order what the two threads touch.
+///
+/// **An agreed stop** (a time budget, a target loss, SIGTERM from the scheduler: one rank
+/// decides, every rank must call finish() after the same syncs, as member::finish() is a
+/// collective of the quorum): request_stop() on any rank, from any thread, sets a flag that the
+/// next outer sync's transaction carries (one i64 all-reduce, max, at the end of its body; the
+/// flag also lives in the counters every member shares, so a healed member and a joiner
+/// receive it). stop_agreed() is then true on every member after that same sync: the first
+/// committed one whose transaction saw a request. A retried sync reads the flags again; a sync
+/// given up everywhere agrees nothing (its backup puts the flag back) and the request goes into
+/// the next one. A request of a rank lost before the sync that carries it commits is agreed
+/// only when some survivor completed that sync (its flag was in the all-reduce): otherwise it
+/// is lost with the rank; a survivor's request is always agreed. Streaming: the flag travels in
+/// the fragment's transaction and is seen at its completion point (sync() there). Then every
+/// rank leaves its loop and calls finish(). A checkpoint does not carry the stop.
 ///
 /// **A restart of the whole job** (a maintenance window, a preemption): checkpoint() on any
 /// member after a sync (nothing in flight) returns the global weights, the outer state and the
@@ -297,6 +312,7 @@ public:
             a.sync_timed(w, d);
             a.local_steps_ = 0;
           }
+          agree_stop(transport::deadline(a.options_.timeout));
           publish();
         },
         span<const membership::buffer>(backup.data(), backup.size()), membership::on_loss::retry);
@@ -306,6 +322,7 @@ public:
       a.synced_at_ = a.t_;
       publish();
     }
+    agreed_ = shared_[s_stop] != 0;  // committed, healed (the donor's) or the backup's
     return rep;
   }
 
@@ -317,6 +334,24 @@ public:
     if (job_) (void)land();
     return m_->finish();
   }
+
+  /// Asks the quorum to stop: the next outer sync's transaction carries this rank's request
+  /// (see the class comment), after which stop_agreed() is true on every member. Any thread may
+  /// call it, at any time (before start() too; an atomic flag, so a signal handler may where
+  /// std::atomic<bool> is lock-free); it cannot be taken back, and a second call changes
+  /// nothing. A request made while a sync runs goes into that sync if its transaction had not
+  /// read the flag yet (streaming: the fragment's thread reads it at the end of its body),
+  /// else into the next one.
+  void request_stop() noexcept { requested_.store(true, std::memory_order_relaxed); }
+
+  /// Whether this rank asked (request_stop()). Any thread.
+  bool stop_requested() const noexcept { return requested_.load(std::memory_order_relaxed); }
+
+  /// Whether the quorum agreed to stop: true on every member after the same committed outer
+  /// sync, the first whose transaction saw a request (a healed member or a joiner receives it
+  /// with the state), and from then on. Streaming: as of the last completion point (sync()
+  /// there). Leave the training loop on it and call finish(). The owning thread.
+  bool stop_agreed() const noexcept { return agreed_; }
 
   /// The adapter (its monitoring: outer_steps(), global_weights(), outer_state(), plan()).
   /// Throws invalid_parameter_error before start() or join().
@@ -435,8 +470,18 @@ private:
       throw invalid_parameter_error(here + "the members restored different checkpoints (their hashes differ): "
                                     "restore() the same checkpoint on every member, or on the first one only");
   }
-  // shared_: what every member holds alike (registered, hashed, streamed).
-  enum : std::size_t { s_syncs, s_fragment_steps, s_stale, s_max_staleness, s_clock, shared_head };
+  // Inside a sync's body (on the thread that runs it): the quorum's stop flag, the largest of
+  // every member's request and the flag already agreed, into shared_ (the body's backup holds
+  // it, so a retry or a sync given up puts it back).
+  void agree_stop(const transport::deadline& d) {
+    std::int64_t flag = shared_[s_stop] != 0 || requested_.load(std::memory_order_relaxed) ? 1 : 0;
+    m_->view().allreduce(&flag, 1, transport::dtype::i64, transport::reduce_op::max, d);
+    shared_[s_stop] = flag != 0 ? 1 : 0;
+  }
+
+  // shared_: what every member holds alike (registered, hashed, streamed). s_stop: the agreed
+  // stop (0 or 1; not in a checkpoint).
+  enum : std::size_t { s_syncs, s_fragment_steps, s_stale, s_max_staleness, s_clock, s_stop, shared_head };
   // local_: this rank's own counters (in the backup only).
   enum : std::size_t { l_t, l_synced_at, l_progress, l_carried, l_local_steps, l_record_bytes, local_words };
 
@@ -584,6 +629,7 @@ private:
             a.outer_step(f);
             shared_[s_fragment_steps] = a.fragment_steps_;
             shared_[shared_head + f] = a.frags_[f].steps;
+            agree_stop(d);
           },
           span<const membership::buffer>(backup.data(), backup.size()), membership::on_loss::retry);
     } catch (...) {
@@ -606,6 +652,7 @@ private:
       a.mix(done.fragment, span<const tensor_ref>(weights_.data(), weights_.size()));
     }
     publish();
+    agreed_ = shared_[s_stop] != 0;
     if (done.error) std::rethrow_exception(done.error);
     return done.report;
   }
@@ -668,6 +715,7 @@ private:
     load(true);
     restart_schedule();
     publish();
+    agreed_ = shared_[s_stop] != 0;  // a joiner admitted by the sync that agreed the stop
   }
 
   void changed(const membership::change& c) {
@@ -704,6 +752,10 @@ private:
   std::optional<job> job_;
   std::thread worker_;
   bool deferred_ = false, deferred_healed_ = false;
+  // The stop: this rank's request (any thread), and the quorum's agreement as of the last sync
+  // this rank's thread completed (shared_[s_stop] belongs to a fragment's thread in flight).
+  std::atomic<bool> requested_{false};
+  bool agreed_ = false;
 };
 
 /// @}
