@@ -367,11 +367,17 @@ TEST_CASE("membership: a member whose ZeroMQ communicator is aborted mid-sync is
   // would otherwise go on answering heartbeats and the others would wait for it an op timeout
   // (4 s here) and then a quorum timeout (8 s): 12.0 s before the ZeroMQ abort told its peers.
   // Then it leaves and a new process joins in its slot.
+  // With its communicator alone aborted (not its view), the member itself must see its own
+  // communicator failed and leave at once (before, it waited for an announcement that could not
+  // come: two quorum timeouts, 16 s here, busy).
+  bool view_too = true;
+  SUBCASE("the view and the communicator aborted") { view_too = true; }
+  SUBCASE("the communicator alone aborted") { view_too = false; }
   constexpr int aborter = 2;
   using clock = std::chrono::steady_clock;
   job j;
   holder_thread holder(j);
-  std::atomic<clock::rep> aborted_at{0}, reformed_at{0};
+  std::atomic<clock::rep> aborted_at{0}, reformed_at{0}, left_at{0};
   std::string abort_error;
   const auto survivor = [&](int rank) {
     member(j, rank, false, 1, [&](const mb::member<tr::zmq_communicator>& m) {
@@ -399,7 +405,7 @@ TEST_CASE("membership: a member whose ZeroMQ communicator is aborted mid-sync is
             [&] {
               if (aborted) {
                 aborted_at = clock::now().time_since_epoch().count();
-                m.view().abort();
+                if (view_too) m.view().abort();
                 comm.abort();
               }
               avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())});
@@ -408,6 +414,7 @@ TEST_CASE("membership: a member whose ZeroMQ communicator is aborted mid-sync is
         if (aborted) j.fail("rank 2: transact returned after its communicator was aborted");
       } catch (const std::exception& e) {
         if (!aborted) throw;
+        left_at = clock::now().time_since_epoch().count();
         abort_error = e.what();
       }
     }
@@ -433,6 +440,8 @@ TEST_CASE("membership: a member whose ZeroMQ communicator is aborted mid-sync is
           << std::chrono::duration<double>(took).count() << " s");
   // Well under the op timeout (4 s), which the others waited at least before the abort told them.
   CHECK(took < member_options().timeouts.op / 2);
+  // The aborted member left as soon: its own communicator failed, no quorum can hold it.
+  CHECK(clock::duration(left_at.load() - aborted_at.load()) < member_options().timeouts.op / 2);
   check_members_agree(j, 1);
   CHECK(holder.report.registrations == 4);
 }

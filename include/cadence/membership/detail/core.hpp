@@ -390,6 +390,10 @@ public:
     try {
       for (int r : q_.ranks)
         if (r != rank()) send_frame(r, make_frame(frame_kind::abort, q_.id));
+    } catch (...) {
+      // told whom it could
+    }
+    try {
       broken_.emplace(why);
     } catch (...) {
     }
@@ -604,7 +608,14 @@ private:
         return;
       }
       block_on(*ctrl_w_, until);
-    } catch (const transport_error&) {
+    } catch (const transport_error& e) {
+      // This member's own communicator failed (aborted): no frame can come, nor any quorum.
+      if (comm_->failed()) {
+        const std::string why = here() + "this member's communicator failed (" + e.what() +
+                                "): it can take part in no quorum any more";
+        leave(why);
+        throw evicted_error(why);
+      }
       ctrl_w_.reset();  // every candidate lost (this member is alone): posted again later
       const auto now = clock::now();
       if (now < until) std::this_thread::sleep_for(std::min<clock::duration>(until - now, std::chrono::milliseconds(1)));
