@@ -15,9 +15,11 @@ job secret from $CADENCE_JOB_SECRET, 64 hex digits):
     python fault_tolerant_diloco.py --rank R --size N --rendezvous-file /shared/job.addr
     python fault_tolerant_diloco.py --rank R --size N --rendezvous-file /shared/job.addr --join
 
-Every process leaves its loop after --steps outer steps (a count every member holds alike),
-and, with --want K, not before the quorum has had K members again (a replacement is in) for 2
-outer steps. --holder
+Every process leaves its loop on an agreed stop (FaultTolerantDiLoCo.should_stop: true on
+every process after the same outer sync), which one process asks for: the quorum's lowest rank
+once the next outer step is the --steps-th (with --want K, not before the quorum has had K
+members again, a replacement in, for 2 outer steps), or any process that receives SIGTERM (a
+scheduler's preemption) at once. The others stop because it asked, not by counting. --holder
 (rank 0 only holds the rendezvous), a replica of several processes under torchrun, and the
 JSON lines (start, sync, reconfig, done) are as in fault_tolerant_averaging.py, whose process
 harness this example uses.
@@ -25,14 +27,16 @@ harness this example uses.
 The demonstration on this machine (--demo): starts --size processes on loopback; with --kill R,
 rank R kills itself (SIGKILL) once --kill-after outer steps are applied (a process of replica R
 other than its first with --replica-ranks), and a replacement takes its slot (not rank 0's
-without --holder: rank 0 holds the rendezvous, so the others go on without it). Prints one
-JSON object: whether every process ended with the same weights and global hash, the outer and
-inner steps of each, the state the replacement received. Exit status 0 when every process
-ended with the same weights.
+without --holder: rank 0 holds the rendezvous, so the others go on without it); with --term R,
+the demo sends rank R SIGTERM once it reported --term-after outer steps, and every process
+stops after the same outer step (give a large --steps). Prints one JSON object: whether every
+process ended with the same weights and global hash, the outer and inner steps of each, the
+state the replacement received. Exit status 0 when every process ended with the same weights.
 
     python examples/python/fault_tolerant_diloco.py --demo --size 3
     python examples/python/fault_tolerant_diloco.py --demo --size 3 --kill 1
     python examples/python/fault_tolerant_diloco.py --demo --size 3 --kill 0 --holder
+    python examples/python/fault_tolerant_diloco.py --demo --size 2 --steps 1000 --term 1 --term-after 2
 """
 
 from __future__ import annotations
@@ -84,6 +88,9 @@ def run_rank(a: argparse.Namespace) -> int:
         member.on_change(lambda c: emit(event="reconfig", rank=a.rank, members=c["after"]["ranks"],
                                         lost=c["lost"], admitted=c["admitted"], step=c["committed"]))
     outer = ct.FaultTolerantDiLoCo(model, member, opt, f"fixed:{a.period},outer={a.outer}", replica_group=group)
+    # A scheduler's SIGTERM (preemption): this process asks, and every process stops after the
+    # same outer sync (the handler runs between Python calls, never inside a sync).
+    signal.signal(signal.SIGTERM, lambda signum, frame: outer.request_stop())
     outer.join() if join else outer.start()
     pids = [os.getpid()]
     if group is not None:
@@ -99,7 +106,17 @@ def run_rank(a: argparse.Namespace) -> int:
     # With --want: the outer step since which the quorum has had --want members (None while
     # it has fewer); equal on every member, the replacement included, as the quorum is.
     full_since = outer.outer_steps if len(outer.quorum["ranks"]) >= a.want else None
-    while outer.outer_steps < a.steps or full_since is None or outer.outer_steps < full_since + WITH_ALL:
+
+    def ask_when_due() -> None:
+        # The quorum's lowest rank asks once the next outer step is the last by count (the
+        # request goes into that step's sync); if it is lost first, the next lowest asks.
+        last = outer.outer_steps + 1
+        if (first and outer.quorum["ranks"][0] == a.rank and last >= a.steps and full_since is not None
+                and last >= full_since + WITH_ALL):
+            outer.request_stop()
+
+    ask_when_due()
+    while not outer.should_stop:
         if dies and outer.outer_steps == a.die_at:
             os.kill(os.getpid(), signal.SIGKILL)
         x = torch.randn(64, 8, generator=g)
@@ -112,6 +129,7 @@ def run_rank(a: argparse.Namespace) -> int:
         if report is not None:
             full = len(outer.quorum["ranks"]) >= a.want
             full_since = (outer.outer_steps if full_since is None else full_since) if full else None
+            ask_when_due()
         if report is not None and first:
             emit(event="sync", rank=a.rank, outer_steps=outer.outer_steps, outcome=report["outcome"],
                  members=outer.quorum["ranks"], loss=round(float(loss.detach()), 6))
@@ -139,6 +157,10 @@ def demo(a: argparse.Namespace) -> int:
         raise SystemExit(f"--kill {a.kill} is not a rank of --size {a.size}")
     if a.kill is not None and not 0 <= a.kill_after < a.steps:
         raise SystemExit(f"--kill-after {a.kill_after} must be below --steps {a.steps} (the kill comes mid-run)")
+    if a.term is not None and not 0 <= a.term < a.size:
+        raise SystemExit(f"--term {a.term} is not a rank of --size {a.size}")
+    if a.term is not None and (a.kill is not None or a.replica_ranks > 1):
+        raise SystemExit("--term goes without --kill and --replica-ranks (one process per replica)")
     first = 1 if a.holder else 0  # with --holder, rank 0 holds the rendezvous and replica i is rank i + 1
     killed = a.kill + first if a.kill is not None else None
     replace = killed is not None and killed != 0
@@ -165,6 +187,10 @@ def demo(a: argparse.Namespace) -> int:
         procs = {r: Proc(argv(r), env) for r in range(first, a.size + first)}
         killed_at = None
         try:
+            if a.term is not None:  # SIGTERM once it reported --term-after outer steps
+                termed = procs[a.term + first]
+                termed.wait_for(lambda e: e["event"] == "sync" and e["outer_steps"] >= a.term_after, deadline)
+                termed.p.send_signal(signal.SIGTERM)
             if killed is not None:
                 victim = procs[killed]
                 if a.replica_ranks > 1:  # its torchrun restarts the replica, which rejoins
@@ -205,6 +231,7 @@ def demo(a: argparse.Namespace) -> int:
         "replacement_state_bytes": done[killed]["stats"]["state_received_bytes"] if replace else 0,
         "replacement_has_momentum": done[killed]["momentum"] if replace else None,
         "seconds_after_the_kill": round(time.monotonic() - killed_at, 3) if killed_at is not None else None,
+        "terminated": a.term,
     }
     print(json.dumps(summary))
     ok = summary["same_weights"] and summary["same_state_hash"] and summary["same_global_hash"]
@@ -219,7 +246,8 @@ def main() -> int:
     p.add_argument("--rendezvous-file", help="rank 0 writes its ZeroMQ address here, the others read it")
     p.add_argument("--join", action="store_true", help="a replacement: join the running job")
     p.add_argument("--insecure", action="store_true", help="no job secret (loopback only)")
-    p.add_argument("--steps", type=int, default=6, help="outer steps before the job stops (default 6)")
+    p.add_argument("--steps", type=int, default=6,
+                   help="outer steps before the quorum's lowest rank asks the job to stop (default 6)")
     p.add_argument("--period", type=int, default=4, help="inner steps per outer step (fixed:H; default 4)")
     p.add_argument("--outer", default="nesterov:0.7:0.5",
                    help="the outer optimizer (default nesterov:0.7:0.5; 0.9 momentum diverges here at 4 inner steps)")
@@ -236,6 +264,10 @@ def main() -> int:
                    help="--demo: processes per replica (default 1); above 1, each replica is a torchrun job with "
                         "DDP inside, whose torchrun restarts it after --kill")
     p.add_argument("--kill-after", type=int, default=2, help="--demo: outer steps before the kill (default 2)")
+    p.add_argument("--term", type=int,
+                   help="--demo: the rank that receives SIGTERM and asks the job to stop (default: none)")
+    p.add_argument("--term-after", type=int, default=2,
+                   help="--demo: outer steps that --term's rank reports before its SIGTERM (default 2)")
     p.add_argument("--bound", type=float, default=240.0, help="--demo: seconds before it gives up (default 240)")
     a = p.parse_args()
     if a.demo:

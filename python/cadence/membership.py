@@ -357,6 +357,11 @@ class DiLoCo:
                 outer.sync()
         outer.finish()
 
+    **Ending the job**: every process must call :meth:`finish` after the same syncs. Leave the
+    loop on :attr:`outer_steps` (shared), or on :attr:`stop_agreed` when one process decides
+    (a budget, a target loss, SIGTERM): its :meth:`request_stop` goes into the next outer
+    sync, after which every member's :attr:`stop_agreed` is true.
+
     **A restart of the whole job** (maintenance, preemption): :meth:`state_dict` after a sync
     (not while a fragment is in flight) holds the global weights, the outer optimizer's state
     and the shared counters, equal on every member; in the new job, :meth:`load_state_dict`
@@ -404,6 +409,38 @@ class DiLoCo:
     def in_flight(self) -> bool:
         """Whether a streaming fragment's exchange is in flight (started, not yet completed)."""
         return self._d.in_flight
+
+    def request_stop(self) -> None:
+        """Asks the job to stop (a time budget, a target loss, SIGTERM): the next outer sync's
+        transaction carries the request (one small all-reduce), after which :attr:`stop_agreed`
+        is true on every member after that same sync. Any thread may call it, a signal handler
+        included, before or after :meth:`start`; it cannot be taken back. A sync given up
+        everywhere carries nothing (the request goes into the next one); a request of a process
+        lost before the sync that carries it commits is agreed only if a survivor completed that
+        sync, else it is lost with the process (a survivor's is always agreed)."""
+        self._d.request_stop()
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether this process asked (:meth:`request_stop`)."""
+        return self._d.stop_requested
+
+    @property
+    def stop_agreed(self) -> bool:
+        """Whether the job agreed to stop: true on every member after the same committed outer
+        sync (the first that carried a request; a healed member and a joiner receive it with
+        the state), and from then on; streaming, as of the last completion point. Leave the
+        loop on it and call :meth:`finish` (every process then calls it after the same syncs)::
+
+            while not outer.stop_agreed:
+                inner_step(w)
+                if outer.step_done(seconds):
+                    outer.sync()
+                if time.monotonic() > budget:
+                    outer.request_stop()
+            outer.finish()
+        """
+        return self._d.stop_agreed
 
     @property
     def outer_steps(self) -> int:

@@ -563,6 +563,10 @@ public:
   }
   bool due() { return d("DiLoCo.due").due(); }
   bool in_flight() { return d("DiLoCo.in_flight").in_flight(); }
+  // diloco_member::request_stop(): an atomic flag, so any Python thread (or a signal handler).
+  void request_stop() { d("DiLoCo.request_stop").request_stop(); }
+  bool stop_requested() { return d("DiLoCo.stop_requested").stop_requested(); }
+  bool stop_agreed() { return d("DiLoCo.stop_agreed").stop_agreed(); }
   // While a streaming fragment is in flight its thread owns the counter: the count as of the
   // last sync that completed one.
   std::uint64_t outer_steps() { return seen(d("DiLoCo.outer_steps")); }
@@ -765,6 +769,9 @@ NB_MODULE(_membership, m) {
       .def("finish", [](py::py_diloco& s) { return guarded([&] { return s.finish(); }); })
       .def_prop_ro("due", [](py::py_diloco& s) { return guarded([&] { return s.due(); }); })
       .def_prop_ro("in_flight", [](py::py_diloco& s) { return guarded([&] { return s.in_flight(); }); })
+      .def("request_stop", [](py::py_diloco& s) { guarded([&] { s.request_stop(); }); })
+      .def_prop_ro("stop_requested", [](py::py_diloco& s) { return guarded([&] { return s.stop_requested(); }); })
+      .def_prop_ro("stop_agreed", [](py::py_diloco& s) { return guarded([&] { return s.stop_agreed(); }); })
       .def_prop_ro("outer_steps", [](py::py_diloco& s) { return guarded([&] { return s.outer_steps(); }); })
       .def_prop_ro("global_hash", [](py::py_diloco& s) { return guarded([&] { return s.global_hash(); }); })
       .def("state_dict", [](py::py_diloco& s) { return guarded([&] { return s.state_dict(); }); })

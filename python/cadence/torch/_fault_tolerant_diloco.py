@@ -31,9 +31,11 @@ class FaultTolerantDiLoCo:
         member = cadence.membership.Member(rank, size, rendezvous_file=path)
         outer = cadence.torch.FaultTolerantDiLoCo(model, member, inner_opt, "fixed:20,outer=nesterov:0.7:0.9")
         outer.join() if restarted else outer.start()
-        while outer.outer_steps < outer_steps:      # shared: equal on every process
+        while not outer.should_stop:                # agreed: true on every process after the same sync
             loss(model, next(data)).backward(); inner_opt.step(); inner_opt.zero_grad()
             outer.step()                            # an outer sync when the schedule says so
+            if time.monotonic() > budget:           # one process decides (a budget, a loss, SIGTERM)
+                outer.request_stop()
         outer.finish()                              # every process, after the same outer steps
 
     ``config``: the C++ local-SGD config, as :class:`cadence.membership.DiLoCo` takes it
@@ -46,10 +48,14 @@ class FaultTolerantDiLoCo:
     moments instead of none) and, with ``replica_group``, handed to the replica's other ranks
     at start and join.
 
-    **Ending the loop.** There is no stop flag agreed in the sync (the adapter's transaction
-    carries nothing else): leave the loop on what every member holds alike after each sync,
-    :attr:`outer_steps` (and :attr:`quorum`), so that all call :meth:`finish` after the same
-    outer steps.
+    **Ending the loop.** Every process must call :meth:`finish` after the same outer syncs.
+    When one process decides (a time budget, a target loss, SIGTERM from the scheduler), it
+    calls :meth:`request_stop`: the next outer sync carries the request
+    (:meth:`cadence.membership.DiLoCo.request_stop`, one small all-reduce per outer sync) and
+    :attr:`should_stop` is then true on every process after that same sync. A loop may also
+    end on what every member holds alike after each sync, :attr:`outer_steps`. A request of a
+    process lost before the sync that carries it commits may be lost with it (a survivor's
+    never is).
 
     **Replicas of several processes** (DDP inside a replica), as
     :class:`FaultTolerantAverager`: ``replica_group`` is the replica's gloo (CPU) group, its
@@ -116,6 +122,7 @@ class FaultTolerantDiLoCo:
         # On a replica's other ranks: what its first rank last told them (outer_steps,
         # committed, quorum, global_hash).
         self._told: dict = {}
+        self._stop_asked = False  # request_stop() on this rank
         self._outer = None
         if member is not None:
             import cadence.membership as membership  # needs the compiled _membership (libzmq)
@@ -156,7 +163,8 @@ class FaultTolerantDiLoCo:
         box = [None]
         if self._leader:
             box = [{"report": report, "outer_steps": self._outer.outer_steps, "committed": self.member.committed,
-                    "quorum": self.member.quorum, "global_hash": self._outer.global_hash}]
+                    "quorum": self.member.quorum, "global_hash": self._outer.global_hash,
+                    "should_stop": self._outer.stop_agreed}]
         dist.broadcast_object_list(box, self._src, group=self.replica_group)
         self._told = box[0]
         if optimizer_state and self.inner_optimizer is not None:
@@ -169,8 +177,12 @@ class FaultTolerantDiLoCo:
             return due
         import torch.distributed as dist
 
-        flag = torch.tensor([1 if due else 0], dtype=torch.int32)
-        dist.broadcast(flag, self._src, group=self.replica_group)
+        # The first rank's verdict, and any rank's stop request (for the first rank's member):
+        # one small all-reduce (max) per inner step.
+        flag = torch.tensor([1 if due else 0, 1 if self._stop_asked else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.replica_group)
+        if self._leader and int(flag[1]) != 0:
+            self._outer.request_stop()
         return bool(flag[0])
 
     # ---- the job ----
@@ -225,6 +237,19 @@ class FaultTolerantDiLoCo:
         self._mark = time.perf_counter()
         return report
 
+    def request_stop(self) -> None:
+        """Asks the job to stop (a time budget, a target loss, SIGTERM): the next outer sync
+        carries the request and :attr:`should_stop` becomes true on every process after that
+        same sync (see the class comment). Any rank may ask (on a replica's other ranks the
+        request reaches its first rank's member at the next :meth:`step`), from a signal
+        handler too, and before :meth:`start`; it cannot be taken back. Raises
+        InvalidParameterError after :meth:`finish`."""
+        if self._phase == "finished":
+            raise InvalidParameterError(f"{_HERE}.request_stop: called after finish(); the job has ended")
+        self._stop_asked = True
+        if self._leader:
+            self._outer.request_stop()
+
     def finish(self) -> dict:
         """The member's closing sync, after the last outer step (every process, after the same
         outer steps); a last sync that failed here but committed elsewhere is healed, and the
@@ -246,6 +271,8 @@ class FaultTolerantDiLoCo:
                 return self._outer.outer_steps
             if what == "global_hash":
                 return self._outer.global_hash
+            if what == "should_stop":
+                return self._outer.stop_agreed
             return getattr(self.member, what)
         return self._told[what]
 
@@ -254,6 +281,13 @@ class FaultTolerantDiLoCo:
         """Outer steps the job has applied: equal on every process after every sync (leave the
         training loop on it)."""
         return self._ask("outer_steps")
+
+    @property
+    def should_stop(self) -> bool:
+        """Whether the job agreed to stop (:meth:`request_stop` on some process): true on every
+        process after the same outer sync, and from then on; leave the loop on it and call
+        :meth:`finish`. Raises InvalidParameterError before :meth:`start` or :meth:`join`."""
+        return bool(self._ask("should_stop"))
 
     @property
     def syncs(self) -> int:
