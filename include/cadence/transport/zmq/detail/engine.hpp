@@ -117,6 +117,9 @@ public:
   void abort() noexcept {
     latch_.abort();
     wake();
+    // Ordered against free_gate's store and check (both fenced): either this CAS finds the gate
+    // free, or the owning thread, freeing it, sees the abort and tells the peers itself.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     int idle = gate_idle;
     if (!gate_.compare_exchange_strong(idle, gate_aborting, std::memory_order_acquire)) return;
     tell_aborted();
@@ -680,6 +683,16 @@ private:
     if (--owner_depth_ > 0) return;
     if (latch_.aborted()) tell_aborted();  // abort() came while this thread held the gate
     gate_.store(gate_idle, std::memory_order_release);
+    // An abort() between the check above and the store found the gate held and left the
+    // telling to this thread: take the gate back and tell (tell_aborted runs once).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (latch_.aborted()) {
+      int idle = gate_idle;
+      if (gate_.compare_exchange_strong(idle, gate_aborting, std::memory_order_acquire)) {
+        tell_aborted();
+        gate_.store(gate_idle, std::memory_order_release);
+      }
+    }
   }
 
   // Once, by whoever holds the gate after abort(): an aborted goodbye to every live peer (its
