@@ -89,8 +89,10 @@ def run_rank(a: argparse.Namespace) -> int:
                                         lost=c["lost"], admitted=c["admitted"], step=c["committed"]))
     outer = ct.FaultTolerantDiLoCo(model, member, opt, f"fixed:{a.period},outer={a.outer}", replica_group=group)
     # A scheduler's SIGTERM (preemption): this process asks, and every process stops after the
-    # same outer sync (the handler runs between Python calls, never inside a sync).
-    signal.signal(signal.SIGTERM, lambda signum, frame: outer.request_stop())
+    # same outer sync (the handler runs between Python calls, never inside a sync). Once the
+    # loop is left the stop is agreed: a later SIGTERM has nothing to add.
+    looping = [True]
+    signal.signal(signal.SIGTERM, lambda signum, frame: outer.request_stop() if looping[0] else None)
     outer.join() if join else outer.start()
     pids = [os.getpid()]
     if group is not None:
@@ -133,6 +135,7 @@ def run_rank(a: argparse.Namespace) -> int:
         if report is not None and first:
             emit(event="sync", rank=a.rank, outer_steps=outer.outer_steps, outcome=report["outcome"],
                  members=outer.quorum["ranks"], loss=round(float(loss.detach()), 6))
+    looping[0] = False
     outer.finish()
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     digest = hashlib.sha256(weights.numpy().tobytes()).hexdigest()[:16]
