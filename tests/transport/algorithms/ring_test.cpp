@@ -319,6 +319,38 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "where the wire does not read the caller's buffer early, step 0's first early_bytes leave from copies while a "
+    "notice is missing and the rest of it from the buffer once the ranks agree") {
+  // Pieces of 512 KiB and segments of 2.5 pieces: two pieces leave before agreement, one after.
+  constexpr std::size_t piece = std::size_t{512} << 10;
+  static_assert(cd::ring_allreduce<fake_wire<true>>::early_bytes == std::size_t{1} << 20, "two pieces of 512 KiB");
+  for (int n = 2; n <= 3; ++n) {
+    INFO("n " << n);
+    std::mt19937_64 rng(static_cast<std::uint64_t>(n) + 4000);
+    wire_options o = gloo_like();
+    o.piece = piece;
+    simulation<true> sim(n, o);
+    sim.watch_buffers = true;
+    const std::size_t count = static_cast<std::size_t>(n) * (5 * piece / 2 / sizeof(float));
+    rank_data data(n, count, dtype::f32, rng);
+    const rank_data in = data;
+    const outcome out = run_held(
+        sim, algorithm::ring, data, [](const message& m, step_kind) { return m.notice && m.from == 1 && m.to == 0; },
+        rng());
+    INFO(out.describe());
+    CHECK(out.misuse.empty());
+    const cd::ring_schedule g = schedule(n, 0, count, sizeof(float), piece);
+    REQUIRE(g.pieces(g.seg_out(0)) == 3);
+    CHECK(sim.op(0).phase == 0);
+    CHECK_FALSE(sim.wire(0).exposed_ever());  // so no piece left from its buffer
+    CHECK(sim.op(0).sent_by[0] == 2);
+    CHECK(std::memcmp(data.bytes_of(0), in.bytes_of(0), data.bytes()) == 0);
+    release_and_check(sim, data, ring_expected(in, reduce_op::sum, false), rng());
+    CHECK(sim.op(0).sent_by[0] == 3);
+  }
+}
+
+TEST_CASE(
     "a wire that may not post over pending sends holds the allgather's receives until those sends complete; one that "
     "may goes on") {
   for (int n = 2; n <= 6; ++n) {

@@ -10,6 +10,7 @@
 #include <cadence/transport/engine/engine.hpp>
 #include <cadence/transport/engine/operation.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <numeric>
@@ -54,16 +55,34 @@ struct ring_schedule {
 /// rank a notice and takes theirs before anything is written into the caller's buffer (phase
 /// 0): until then receives go into scratch, each posted for a whole piece (the longest any rank
 /// sends, so arguments that differ can garble scratch but never overrun a buffer). A mismatch
-/// therefore fails the call before anything reaches the caller's buffer. Step 0's pieces leave
-/// from the caller's buffer at once where the wire reads it early (wire.hpp, 8); elsewhere the
-/// first piece leaves from a staging copy and the rest once the ranks agreed. Phase 1 runs the steps, each step's receives posted a step ahead; phase 2 waits for
-/// the last sends. Any rank count and element count: one rank is done at once, and a segment
-/// left empty (fewer elements than ranks) moves no piece.
+/// therefore fails the call before anything reaches the caller's buffer. The notices leave
+/// first, so that no piece delays them. Step 0's pieces then leave from the caller's buffer at
+/// once where the wire reads it early (wire.hpp, 8); elsewhere its first `early_bytes` leave
+/// from copies (the first piece from the staging buffer, the next ones from scratch0 beyond
+/// what the receives use) and the rest once the ranks agreed: the ring's first step moves while
+/// the notices travel instead of after them. Phase 1 runs the steps, each step's receives posted
+/// a step ahead; phase 2 waits for the last sends. Any rank count and element count: one rank is
+/// done at once, and a segment left empty (fewer elements than ranks) moves no piece.
 template <class W>
 struct ring_allreduce {
   static ring_schedule schedule(const W& w, const operation& o) {
     const std::size_t esize = dtype_size(o.type);
     return {w.size(), w.rank(), o.count, esize, w.piece_bytes(esize)};
+  }
+
+  /// Step 0's bytes sent from copies before the ranks agree, where the wire does not read the
+  /// caller's buffer early: at least one piece. About what gloo's loopback link moves while the
+  /// notices are exchanged (1.3 GB/s for 300-600 us on the 2-core machine; docs/results.md,
+  /// "gloo against the native call"), so that step 0 has arrived when the ranks agree instead
+  /// of starting then. The copies (about 40 us for 512 KiB there) cost a fraction of the time they
+  /// save; each scratch buffer grows by at most this much less a piece.
+  static constexpr std::size_t early_bytes = std::size_t{1} << 20;
+
+  /// The pieces of step 0 sent before agreement from copies (0 where the wire reads the
+  /// caller's buffer early and sends all of them from it).
+  static std::size_t early_pieces(const W& w, const ring_schedule& g) {
+    if (w.reads_caller_early()) return 0;
+    return std::min(g.pieces(g.seg_out(0)), std::max<std::size_t>(1, early_bytes / g.piece));
   }
 
   static void start(W& w, operation& o) {
@@ -72,28 +91,35 @@ struct ring_allreduce {
       o.done = true;
       return;
     }
-    w.bulk_begin(o.c, o.buf, o.bytes, g.scratch_bytes());
+    const std::size_t early = early_pieces(w, g);
+    // Pieces 1 .. early - 1 are copied to scratch0 past the receives' scratch_bytes().
+    w.bulk_begin(o.c, o.buf, o.bytes, g.scratch_bytes() + (early > 1 ? (early - 1) * g.piece : 0));
     o.sent_by.assign(static_cast<std::size_t>(g.steps()), 0);
     o.sends_done = 0;
     o.posted_step = -1;
     post(w, o, g, 0);
     if (g.steps() > 1 && g.reduces(1)) post(w, o, g, 1);
-    const int seg = g.seg_out(0);
-    if (w.reads_caller_early()) {
-      w.expose();
-      for (std::size_t k = 0; k < g.pieces(seg); ++k) send(w, o, g, 0, seg, k);
-    } else if (g.pieces(seg) > 0) {  // fewer elements than ranks leave some segments empty: no piece
-      const std::size_t len = g.piece_len(seg, 0);
-      std::memcpy(w.bulk_base(bulk_region::staging), w.bulk_base(bulk_region::caller) + g.offset(seg, 0), len);
-      w.bulk_send(o.c, g.right(), bulk_region::staging, 0, len);
-      o.sent_by[0] = 1;
-    }
     o.awaiting.assign(static_cast<std::size_t>(g.n), 1);
     o.awaiting[static_cast<std::size_t>(g.r)] = 0;
     std::vector<int> others;
     for (int p = 0; p < g.n; ++p)
       if (p != g.r) others.push_back(p);
     w.send_notices(o.c, others, o.sig);
+    const int seg = g.seg_out(0);
+    if (w.reads_caller_early()) {
+      w.expose();
+      for (std::size_t k = 0; k < g.pieces(seg); ++k) send(w, o, g, 0, seg, k);
+    } else {
+      const unsigned char* caller = w.bulk_base(bulk_region::caller);
+      for (std::size_t k = 0; k < early; ++k) {
+        const std::size_t len = g.piece_len(seg, k);
+        const bulk_region from = k == 0 ? bulk_region::staging : bulk_region::scratch0;
+        const std::size_t at = k == 0 ? 0 : g.scratch_bytes() + (k - 1) * g.piece;
+        std::memcpy(w.bulk_base(from) + at, caller + g.offset(seg, k), len);
+        w.bulk_send(o.c, g.right(), from, at, len);
+        ++o.sent_by[0];
+      }
+    }
     o.phase = 0;
   }
 
@@ -118,7 +144,7 @@ struct ring_allreduce {
       if (!w.reads_caller_early()) {
         w.expose();  // from here on the wire reads and writes the caller's buffer
         const int seg = g.seg_out(0);
-        for (std::size_t k = 1; k < g.pieces(seg); ++k) send(w, o, g, 0, seg, k);
+        for (std::size_t k = early_pieces(w, g); k < g.pieces(seg); ++k) send(w, o, g, 0, seg, k);
       }
       o.phase = 1;
       o.step = 0;
