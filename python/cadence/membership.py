@@ -248,7 +248,10 @@ class Member:
         given up (``policy="discard"``). Another exception raised by ``body`` ends the sync on
         this member (the others see it leave) and propagates. Returns the report: ``outcome``
         ("committed", "healed" or "discarded"), ``committed`` (syncs committed so far),
-        ``attempts`` and ``reconfigurations``."""
+        ``attempts`` and ``reconfigurations``. ``attempts`` 0 with "discarded": the sync was
+        given up without running ``body``, because this member was healed at its previous sync
+        by members that had begun this one and gave it up; so every member gives up the same
+        syncs."""
         arrays = [_array(a, "Member.transact") for a in backup]
         return self._m.transact(body, arrays, policy)
 
