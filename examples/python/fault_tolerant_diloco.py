@@ -29,7 +29,9 @@ rank R kills itself (SIGKILL) once --kill-after outer steps are applied (a proce
 other than its first with --replica-ranks), and a replacement takes its slot (not rank 0's
 without --holder: rank 0 holds the rendezvous, so the others go on without it); with --term R,
 the demo sends rank R SIGTERM once it reported --term-after outer steps, and every process
-stops after the same outer step (give a large --steps). Prints one JSON object: whether every
+stops after the same outer step (give a large --steps); with --fragments F --delay D (streaming
+DiLoCo: each fragment's exchange overlaps the next D inner steps), --kill's rank dies with a
+fragment's exchange in flight. Prints one JSON object: whether every
 process ended with the same weights and global hash, the outer and inner steps of each, the
 state the replacement received. Exit status 0 when every process ended with the same weights.
 
@@ -37,6 +39,7 @@ state the replacement received. Exit status 0 when every process ended with the 
     python examples/python/fault_tolerant_diloco.py --demo --size 3 --kill 1
     python examples/python/fault_tolerant_diloco.py --demo --size 3 --kill 0 --holder
     python examples/python/fault_tolerant_diloco.py --demo --size 2 --steps 1000 --term 1 --term-after 2
+    python examples/python/fault_tolerant_diloco.py --demo --size 3 --fragments 2 --delay 1 --kill 0
 """
 
 from __future__ import annotations
@@ -87,7 +90,10 @@ def run_rank(a: argparse.Namespace) -> int:
                                    heartbeat=a.heartbeat, join_timeout=a.join_timeout, holder=a.holder)
         member.on_change(lambda c: emit(event="reconfig", rank=a.rank, members=c["after"]["ranks"],
                                         lost=c["lost"], admitted=c["admitted"], step=c["committed"]))
-    outer = ct.FaultTolerantDiLoCo(model, member, opt, f"fixed:{a.period},outer={a.outer}", replica_group=group)
+    config = f"fixed:{a.period},outer={a.outer}"
+    if a.fragments != 1 or a.delay != 0:  # streaming DiLoCo: each fragment's exchange overlaps --delay steps
+        config += f",fragments={a.fragments},delay={a.delay}"
+    outer = ct.FaultTolerantDiLoCo(model, member, opt, config, replica_group=group)
     # A scheduler's SIGTERM (preemption): this process asks, and every process stops after the
     # same outer sync (the handler runs between Python calls, never inside a sync). Once the
     # loop is left the stop is agreed: a later SIGTERM has nothing to add.
@@ -101,7 +107,8 @@ def run_rank(a: argparse.Namespace) -> int:
     if first:
         emit(event="start", rank=a.rank, join=join, members=outer.quorum["ranks"], outer_steps=outer.outer_steps,
              pids=pids)
-    # The victim (the replica's second process with --replica-ranks) dies at a known outer step.
+    # The victim (the replica's second process with --replica-ranks) dies at a known outer step
+    # (with --delay, at the first inner step after it with a fragment's exchange in flight).
     dies = a.die_at is not None and not join and local == (1 if group is not None else 0)
     g = torch.Generator().manual_seed(1000 + a.rank + 100 * int(join) + 10000 * local)  # each its own data
     target = torch.linspace(-1, 1, 8)
@@ -119,7 +126,7 @@ def run_rank(a: argparse.Namespace) -> int:
 
     ask_when_due()
     while not outer.should_stop:
-        if dies and outer.outer_steps == a.die_at:
+        if dies and outer.outer_steps == a.die_at and (a.delay == 0 or outer.in_flight):
             os.kill(os.getpid(), signal.SIGKILL)
         x = torch.randn(64, 8, generator=g)
         y = (x @ target).unsqueeze(1) + 0.01 * torch.randn(64, 1, generator=g)
@@ -177,6 +184,7 @@ def demo(a: argparse.Namespace) -> int:
         # With a replacement coming, nobody leaves before it is in (the quorum full again).
         base = [sys.executable, os.path.abspath(__file__), "--size", str(a.size + first), "--rendezvous-file", path,
                 "--steps", str(a.steps), "--period", str(a.period), "--outer", a.outer,
+                "--fragments", str(a.fragments), "--delay", str(a.delay),
                 "--heartbeat", str(a.heartbeat), "--want", str(a.size if replace else 0)]
         base += ["--holder"] if a.holder else []
 
@@ -254,6 +262,11 @@ def main() -> int:
     p.add_argument("--period", type=int, default=4, help="inner steps per outer step (fixed:H; default 4)")
     p.add_argument("--outer", default="nesterov:0.7:0.5",
                    help="the outer optimizer (default nesterov:0.7:0.5; 0.9 momentum diverges here at 4 inner steps)")
+    p.add_argument("--fragments", type=int, default=1,
+                   help="fragments of the model, each synced on its own (default 1; streaming DiLoCo with --delay)")
+    p.add_argument("--delay", type=int, default=0,
+                   help="inner steps each fragment's exchange overlaps (default 0; below --period / --fragments); "
+                        "with it --die-at waits for a fragment in flight")
     p.add_argument("--want", type=int, default=0,
                    help="go on past --steps until the quorum has had this many members for 2 outer steps")
     p.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat timeout in seconds (default 1)")
@@ -273,6 +286,12 @@ def main() -> int:
                    help="--demo: outer steps that --term's rank reports before its SIGTERM (default 2)")
     p.add_argument("--bound", type=float, default=240.0, help="--demo: seconds before it gives up (default 240)")
     a = p.parse_args()
+    if a.delay > 0 and a.fragments > 0 and a.delay >= a.period // a.fragments:
+        # At D = H / F every completion point is also a send point: a fragment is always in
+        # flight, and outer_steps, which this example counts, moves only at finish().
+        p.error(f"--delay {a.delay}: this example counts outer steps, which stay as at the start while a fragment "
+                f"is always in flight (--delay >= --period / --fragments = {a.period // a.fragments}); use a "
+                "smaller --delay")
     if a.demo:
         return demo(a)
     if a.rank is None or a.rendezvous_file is None:

@@ -3,7 +3,6 @@
 # a transaction over ZeroMQ, and a replacement admitted with the global weights and outer state.
 from __future__ import annotations
 
-import re
 import time
 from typing import Optional
 
@@ -39,16 +38,42 @@ class FaultTolerantDiLoCo:
         outer.finish()                              # every process, after the same outer steps
 
     ``config``: the C++ local-SGD config, as :class:`cadence.membership.DiLoCo` takes it
-    (``"<schedule>[,outer=<optimizer>][,fragments=F][,alpha=A][,codec=C][,feedback=0|1]"``;
-    schedules ``fixed:H``, ``elastic:R``, ``lag:H:s``, ``quorum:K:H[:grace]``; ``delay`` must
-    be 0: the parameters are staged at :meth:`step` only). The timed schedules plan from the
-    inner steps' durations: :meth:`step` measures the time since the previous call (or since
-    start, join or the last sync), or takes ``seconds``. ``inner_optimizer``: its
-    ``state_dict()`` is streamed to a replacement from a member at its admission (the donor's
-    moments instead of none) and, with ``replica_group``, handed to the replica's other ranks
-    at start and join.
+    (``"<schedule>[,outer=<optimizer>][,fragments=F][,delay=D][,alpha=A][,codec=C]
+    [,feedback=0|1]"``; schedules ``fixed:H``, ``elastic:R``, ``lag:H:s``,
+    ``quorum:K:H[:grace]``). The timed schedules plan from the inner steps' durations:
+    :meth:`step` measures the time since the previous call (or since start, join or the last
+    sync), or takes ``seconds``. ``inner_optimizer``: its ``state_dict()`` is streamed to a
+    replacement from a member at its admission (the donor's moments instead of none) and, with
+    ``replica_group``, handed to the replica's other ranks at start and join.
 
-    **Ending the loop.** Every process must call :meth:`finish` after the same outer syncs.
+    **Streaming** (``fixed:H,fragments=F,delay=D``, D > 0; D at most the steps between two
+    fragments' send points, H / F rounded down: the member's DiLoCo refuses more, naming it, as
+    it refuses ``delay`` with a timed schedule): a fragment's exchange overlaps the next D
+    inner steps. At a fragment's send point :meth:`step` stages the module, takes the
+    fragment's pseudo-gradient and starts its sync as a transaction on a C++ thread (a loss
+    during it is retried there without the lost process; a joiner is admitted there), and
+    returns at once with a report of ``attempts`` 0 (``outcome`` committed, ``committed`` the
+    syncs so far: nothing completed yet); the module is left as it was. D steps later, at the
+    fragment's completion point, :meth:`step` waits for it and returns its report; the
+    module then holds that fragment's new global weights (mixed with ``alpha``; the other
+    fragments keep their local work until their own completion points). While a fragment is
+    in flight (:attr:`in_flight`; from its send point to its completion point) the member
+    belongs to that thread: :attr:`syncs` and :attr:`quorum` are as the last completed sync
+    (or the thread's last reconfiguration) left them, :attr:`should_stop` as of the last
+    completion point, :attr:`outer_steps` as of the last one that sent nothing, and
+    :attr:`global_hash` and :meth:`state_dict` raise InvalidParameterError (read them when
+    :attr:`in_flight` is False: after a completion point that sent nothing, or after
+    :meth:`finish`). With D equal to the steps between send points every completion point
+    sends the next fragment, so a fragment is always in flight until :meth:`finish` and
+    :attr:`outer_steps` stays as at :meth:`start` or :meth:`join` until then: leave such a
+    loop on :attr:`should_stop` or :attr:`inner_steps`. Do not read the member's own
+    properties (``state_hash``, ``committed``) while a fragment is in flight either.
+    :meth:`finish` completes a fragment in flight first. A joiner admitted by a fragment's
+    transaction receives the inner optimizer's state as it is at that moment (read on the
+    fragment's thread).
+
+    **Ending the loop.** Every process must call :meth:`finish` after the same outer syncs;
+    the module then holds the job's final global weights, the same on every process.
     When one process decides (a time budget, a target loss, SIGTERM from the scheduler), it
     calls :meth:`request_stop`: the next outer sync carries the request
     (:meth:`cadence.membership.DiLoCo.request_stop`, one small all-reduce per outer sync) and
@@ -60,28 +85,31 @@ class FaultTolerantDiLoCo:
     **Replicas of several processes** (DDP inside a replica), as
     :class:`FaultTolerantAverager`: ``replica_group`` is the replica's gloo (CPU) group, its
     first rank holds the member (``member=None`` on the others). The first rank decides at each
-    :meth:`step` whether an outer sync is due and tells the others (one small broadcast per
-    inner step); after a sync it broadcasts the global weights and the counters, so every rank
-    of every replica holds the same weights. Start each replica as its own
-    ``torchrun --max-restarts`` job; its restart rejoins (docs/python-torch.md).
+    :meth:`step` whether an outer sync is due and tells the others (one small all-reduce per
+    inner step); after each sync (streaming: at send points too) it broadcasts its module's
+    weights and the counters, so every rank of every replica holds the same weights. Start
+    each replica as its own ``torchrun --max-restarts`` job; its restart rejoins
+    (docs/python-torch.md).
 
     **A restart of the whole job** (a maintenance window, a preemption; a lost process needs no
     checkpoint: its replacement receives everything from a member). :meth:`state_dict` after
-    :meth:`step` returned a report (or after :meth:`finish`) holds the module's
-    ``state_dict()``, the inner optimizer's, :attr:`inner_steps` and the membership DiLoCo's
-    (:meth:`cadence.membership.DiLoCo.state_dict`: the global weights, the outer optimizer's
-    state, the counters and the fixed schedule's clock; ``None`` on a replica's other ranks,
-    which hold no member). In the new job, build the module, the optimizer, the member and this
-    object, then :meth:`load_state_dict` (one checkpoint, from any member, on every process)
-    before :meth:`start`: the job goes on as if it had not stopped (bit for bit with the same
-    processes and inputs). Not in it: the local work since the last sync (the module starts
-    from the global weights) and the timed schedules' plan (it warms up again).
+    :meth:`step` returned a report (or after :meth:`finish`; streaming: with no fragment in
+    flight) holds the module's ``state_dict()``, the inner optimizer's, :attr:`inner_steps` and
+    the membership DiLoCo's (:meth:`cadence.membership.DiLoCo.state_dict`: the global weights,
+    the outer optimizer's state, the counters and the fixed schedule's clock; ``None`` on a
+    replica's other ranks, which hold no member). In the new job, build the module, the
+    optimizer, the member and this object, then :meth:`load_state_dict` (one checkpoint, from
+    any member, on every process) before :meth:`start`: the job goes on as if it had not
+    stopped (bit for bit with the same processes and inputs). Not in it: the local work since
+    the last sync (the module starts from the global weights) and the timed schedules' plan (it
+    warms up again).
 
     Raises InvalidParameterError for a module without floating-point parameters, a complex
-    parameter, a float64 value beyond float32's range, a config that is not a string or has
-    ``delay`` above 0 (the member's DiLoCo raises cadence.ParseError for a bad one), a member
-    on the wrong rank of a replica, and calls out of order (:meth:`start` or :meth:`join`
-    twice, :meth:`step` before them or after :meth:`finish`).
+    parameter, a float64 value beyond float32's range, a config that is not a string (the
+    member's DiLoCo raises cadence.ParseError for a bad one, and InvalidParameterError for a
+    delay it cannot carry), a member on the wrong rank of a replica, and calls out of order
+    (:meth:`start` or :meth:`join` twice, :meth:`step` before them or after :meth:`finish`;
+    :attr:`global_hash` and :meth:`state_dict` while a fragment is in flight).
 
     Limits: the module's buffers (BatchNorm statistics) stay each process's own.
     """
@@ -91,10 +119,6 @@ class FaultTolerantDiLoCo:
         if not isinstance(config, str):
             raise InvalidParameterError(f"{_HERE}: config must be a local-SGD config string (\"fixed:20\", "
                                         f"\"elastic:2,outer=nesterov:0.7:0.9\"), got {config!r}")
-        delay = re.search(r"(?:^|,)\s*delay\s*=\s*([^,]*)", config)
-        if delay is not None and delay.group(1).strip() not in ("0", ""):
-            raise InvalidParameterError(f"{_HERE}: config {config!r} has delay={delay.group(1).strip()}; the module's "
-                                        "parameters are staged at step() only, so delay must be 0")
         self.replica_group = replica_group
         self._leader, self._src = replica_roles("FaultTolerantDiLoCo", member, replica_group)
         named = []
@@ -123,11 +147,19 @@ class FaultTolerantDiLoCo:
         # committed, quorum, global_hash).
         self._told: dict = {}
         self._stop_asked = False  # request_stop() on this rank
+        # On the first rank (streaming): whether a fragment is in flight after the last call,
+        # and what the member last said while it could be asked (the fragment's thread owns it
+        # in flight): syncs committed, and the quorum (also from the reconfigurations that
+        # thread goes through, via on_change).
+        self._in_flight = False
+        self._committed = 0
+        self._quorum: Optional[dict] = None
         self._outer = None
         if member is not None:
             import cadence.membership as membership  # needs the compiled _membership (libzmq)
 
             self._outer = membership.DiLoCo(member, [self._flat], config)  # registers the state
+            member.on_change(self._changed)
             if inner_optimizer is not None:
                 member.add_blob("cadence.torch.FaultTolerantDiLoCo/inner_optimizer",
                                 lambda: state_dict_bytes(inner_optimizer),
@@ -162,8 +194,11 @@ class FaultTolerantDiLoCo:
         dist.broadcast(self._flat, self._src, group=self.replica_group)
         box = [None]
         if self._leader:
-            box = [{"report": report, "outer_steps": self._outer.outer_steps, "committed": self.member.committed,
-                    "quorum": self.member.quorum, "global_hash": self._outer.global_hash,
+            # In flight, the member and the global weights belong to the fragment's thread: what
+            # the first rank last read (no global hash until the fragment completes).
+            box = [{"report": report, "outer_steps": self._outer.outer_steps, "committed": self._ask("committed"),
+                    "quorum": self._ask("quorum"), "in_flight": self._in_flight,
+                    "global_hash": None if self._in_flight else self._outer.global_hash,
                     "should_stop": self._outer.stop_agreed}]
         dist.broadcast_object_list(box, self._src, group=self.replica_group)
         self._told = box[0]
@@ -199,6 +234,8 @@ class FaultTolerantDiLoCo:
         if self._leader:
             self._to_flat()  # the module as it is now (a checkpoint loaded after construction)
             getattr(self._outer, how)()
+            self._phase = "running"  # the member may be asked from here on (_share)
+            self._read_member()
         self._share(optimizer_state=True)
         self._from_flat()
         self._phase = "running"
@@ -220,7 +257,10 @@ class FaultTolerantDiLoCo:
         (default: the time since the previous call, or since start, join or the last sync). When
         the schedule says an outer sync is due, runs it as a transaction and returns the
         member's report (``outcome`` committed, healed or discarded; ``committed``); the module
-        then holds the global weights. Else None."""
+        then holds the global weights. Else None. Streaming: at a send point the fragment's
+        exchange starts and the report has ``attempts`` 0; at its completion point the report is
+        that exchange's and the module holds the fragment's global weights (see the class
+        comment)."""
         self._check("step", "running")
         now = time.perf_counter()
         s = check_seconds("FaultTolerantDiLoCo.step", "seconds", seconds) if seconds is not None else now - self._mark
@@ -230,8 +270,16 @@ class FaultTolerantDiLoCo:
             return None
         report = None
         if self._leader:
-            self._to_flat()
+            self._to_flat()  # the local weights: read at a send point, mixed into at a completion point
+            completes = self._outer.in_flight  # due now with a fragment in flight: its completion point
             report = self._outer.sync()
+            self._in_flight = self._outer.in_flight
+            if not self._in_flight:
+                self._read_member()
+            elif completes:
+                self._committed = int(report["committed"])  # the member's count after that exchange
+            else:  # only a send point: nothing completed, nothing committed yet
+                report = dict(report, committed=self._committed)
         report = self._share(report)
         self._from_flat()
         self._mark = time.perf_counter()
@@ -252,10 +300,18 @@ class FaultTolerantDiLoCo:
 
     def finish(self) -> dict:
         """The member's closing sync, after the last outer step (every process, after the same
-        outer steps); a last sync that failed here but committed elsewhere is healed, and the
-        module holds the job's final global weights."""
+        outer steps); a last sync that failed here but committed elsewhere is healed, a
+        streaming fragment in flight completes first, and the module holds the job's final
+        global weights (every fragment's; the same on every process)."""
         self._check("finish", "running")
-        report = self._outer.finish() if self._leader else None
+        report = None
+        if self._leader:
+            self._to_flat()  # a fragment in flight is mixed into the local weights as it completes
+            report = self._outer.finish()
+            self._in_flight = False
+            self._read_member()
+            g = self._outer.state_dict()["global_weights"]  # nothing in flight now
+            self._flat.copy_(torch.from_numpy(g))
         report = self._share(report)
         self._from_flat()
         self._phase = "finished"
@@ -263,23 +319,47 @@ class FaultTolerantDiLoCo:
 
     # ---- what it knows ----
 
+    def _read_member(self) -> None:
+        """On the first rank, with no fragment in flight: the member's count and quorum."""
+        self._committed = self.member.committed
+        self._quorum = self.member.quorum
+
+    def _changed(self, change: dict) -> None:
+        # The member's reconfiguration hook (streaming: on the fragment's thread, with the GIL).
+        self._quorum = change["after"]
+
+    def _flying(self, what: str) -> InvalidParameterError:
+        return InvalidParameterError(
+            f"{_HERE}.{what}: a streaming fragment's exchange is in flight (from its send point to its completion "
+            "point, delay inner steps later), and the global weights belong to its thread until then; call it when "
+            "in_flight is False: after a step() that completed a fragment and sent none, or after finish()")
+
     def _ask(self, what: str):
         if self._phase == "new":
             raise InvalidParameterError(f"{_HERE}.{what}: known after start() or join()")
         if self._leader:
             if what == "outer_steps":
-                return self._outer.outer_steps
-            if what == "global_hash":
-                return self._outer.global_hash
+                return self._outer.outer_steps  # in flight: as of the last completion point
             if what == "should_stop":
                 return self._outer.stop_agreed
-            return getattr(self.member, what)
+            if what == "in_flight":
+                return self._in_flight
+            if what == "global_hash":
+                if self._in_flight:
+                    raise self._flying("global_hash")
+                return self._outer.global_hash
+            if not self._in_flight:
+                self._read_member()
+            return self._committed if what == "committed" else self._quorum
+        if what == "global_hash" and self._told["in_flight"]:
+            raise self._flying("global_hash")
         return self._told[what]
 
     @property
     def outer_steps(self) -> int:
         """Outer steps the job has applied: equal on every process after every sync (leave the
-        training loop on it)."""
+        training loop on it). Streaming: as of the last sync that left no fragment in flight
+        (see the class comment)."""
         return self._ask("outer_steps")
 
     @property
@@ -291,19 +371,29 @@ class FaultTolerantDiLoCo:
 
     @property
     def syncs(self) -> int:
-        """Syncs the job has committed (``member.committed``)."""
+        """Syncs the job has committed (``member.committed``; streaming, while a fragment is in
+        flight: as of the last completed sync)."""
         return self._ask("committed")
 
     @property
     def quorum(self) -> dict:
-        """The quorum adopted last (``member.quorum``: ``id`` and ``ranks``); on a replica's
-        other ranks, as its first rank last told them."""
+        """The quorum adopted last (``member.quorum``: ``id`` and ``ranks``; streaming, while a
+        fragment is in flight: as the fragment's thread last adopted one); on a replica's other
+        ranks, as its first rank last told them."""
         return self._ask("quorum")
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a streaming fragment's exchange is in flight (after a :meth:`step` at its
+        send point, until the one at its completion point or :meth:`finish`); always False with
+        ``delay`` 0. Raises InvalidParameterError before :meth:`start` or :meth:`join`."""
+        return bool(self._ask("in_flight"))
 
     @property
     def global_hash(self) -> int:
         """A hash of the global weights and the outer optimizer's state: equal on every process
-        after every commit."""
+        after every commit. Raises InvalidParameterError while a streaming fragment is in flight
+        (:attr:`in_flight`)."""
         return self._ask("global_hash")
 
     # ---- a restart of the whole job ----
@@ -313,13 +403,20 @@ class FaultTolerantDiLoCo:
         module's ``state_dict()``, cloned), ``inner_optimizer`` (its ``state_dict()``, copied;
         None without one), ``inner_steps`` and ``diloco`` (the membership DiLoCo's
         ``state_dict()``: NumPy arrays and ints; None on a replica's other ranks). Take it right
-        after a sync (the module then holds the global weights). Raises InvalidParameterError
-        before :meth:`start` or :meth:`join`."""
+        after a sync (the module then holds the global weights) with no streaming fragment in
+        flight, or after :meth:`finish`. Raises InvalidParameterError before :meth:`start` or
+        :meth:`join` and while a fragment is in flight (:attr:`in_flight`)."""
         import copy
 
         if self._phase == "new":
             raise InvalidParameterError(f"{_HERE}.state_dict: called before start() or join(); the state is "
                                         "known once the job runs")
+        if self.in_flight:
+            raise InvalidParameterError(
+                f"{_HERE}.state_dict: a streaming fragment's exchange is in flight (from its send point to its "
+                "completion point, delay inner steps later), so the global weights and the outer state are not "
+                "settled; take the checkpoint when in_flight is False: after a step() that completed a fragment "
+                "and sent none, or after finish()")
         module = {k: v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v)
                   for k, v in self.module.state_dict().items()}
         inner = None if self.inner_optimizer is None else copy.deepcopy(self.inner_optimizer.state_dict())
