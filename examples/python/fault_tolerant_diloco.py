@@ -286,12 +286,10 @@ def main() -> int:
                    help="--demo: outer steps that --term's rank reports before its SIGTERM (default 2)")
     p.add_argument("--bound", type=float, default=240.0, help="--demo: seconds before it gives up (default 240)")
     a = p.parse_args()
-    if a.delay > 0 and a.fragments > 0 and a.delay >= a.period // a.fragments:
-        # At D = H / F every completion point is also a send point: a fragment is always in
-        # flight, and outer_steps, which this example counts, moves only at finish().
-        p.error(f"--delay {a.delay}: this example counts outer steps, which stay as at the start while a fragment "
-                f"is always in flight (--delay >= --period / --fragments = {a.period // a.fragments}); use a "
-                "smaller --delay")
+    if a.delay > 0 and a.fragments > 0 and a.delay > a.period // a.fragments:
+        # The member runs one exchange at a time: a fragment's must end by the next send point.
+        p.error(f"--delay {a.delay}: fragments are sent --period / --fragments = {a.period // a.fragments} steps "
+                f"apart and one exchange runs at a time; use --delay <= {a.period // a.fragments}")
     if a.demo:
         return demo(a)
     if a.rank is None or a.rendezvous_file is None:

@@ -347,7 +347,7 @@ class DiLoCo:
     steps later, :attr:`due`) waits for it and mixes the fragment in. Meanwhile
     (:attr:`in_flight`) the member belongs to that thread: call only :meth:`step_done`,
     :attr:`due`, :meth:`sync`, :meth:`finish`, :attr:`in_flight` and :attr:`outer_steps` (as of
-    the last completed sync), and expect the member's ``on_change``/``on_event`` callbacks on
+    the fragment that last completed), and expect the member's ``on_change``/``on_event`` callbacks on
     that thread (with the GIL). ``weights`` are read only at the send point and written at the
     completion point.
 
@@ -448,7 +448,7 @@ class DiLoCo:
     @property
     def outer_steps(self) -> int:
         """Outer steps the job has applied (shared: equal on every member; while a fragment is
-        in flight, as of the last sync that completed one)."""
+        in flight, as of the fragment that last completed)."""
         return self._d.outer_steps
 
     @property

@@ -550,16 +550,11 @@ public:
   }
   nb::dict sync() {
     exchange::diloco_member<comm_t>& dm = d("DiLoCo.sync");
-    seen(dm);
-    nb::dict r = report_dict(unlocked([&] { return dm.sync(); }));
-    seen(dm);
-    return r;
+    return report_dict(unlocked([&] { return dm.sync(); }));
   }
   nb::dict finish() {
     exchange::diloco_member<comm_t>& dm = d("DiLoCo.finish");
-    nb::dict r = report_dict(unlocked([&] { return dm.finish(); }));
-    seen(dm);
-    return r;
+    return report_dict(unlocked([&] { return dm.finish(); }));
   }
   bool due() { return d("DiLoCo.due").due(); }
   bool in_flight() { return d("DiLoCo.in_flight").in_flight(); }
@@ -567,9 +562,9 @@ public:
   void request_stop() { d("DiLoCo.request_stop").request_stop(); }
   bool stop_requested() { return d("DiLoCo.stop_requested").stop_requested(); }
   bool stop_agreed() { return d("DiLoCo.stop_agreed").stop_agreed(); }
-  // While a streaming fragment is in flight its thread owns the counter: the count as of the
-  // last sync that completed one.
-  std::uint64_t outer_steps() { return seen(d("DiLoCo.outer_steps")); }
+  // diloco_member::outer_steps(): while a streaming fragment is in flight, the count after the
+  // fragment that last completed (its thread owns the adapter's).
+  std::uint64_t outer_steps() { return d("DiLoCo.outer_steps").outer_steps(); }
   std::uint64_t global_hash() { return d("DiLoCo.global_hash").global_hash(); }
   // diloco_member::checkpoint(): the arrays as bytes (membership.py makes NumPy arrays of them).
   nb::dict state_dict() {
@@ -610,12 +605,6 @@ public:
   }
 
 private:
-  std::uint64_t seen(exchange::diloco_member<comm_t>& dm) {
-    if (!dm.in_flight()) outer_steps_ = dm.adapter().outer_steps();
-    return outer_steps_;
-  }
-
-  std::uint64_t outer_steps_ = 0;
   nb::object owner_;  // the py_member: outlives d_, which holds its member
   std::vector<block> held_;
   std::unique_ptr<exchange::diloco_member<comm_t>> d_;

@@ -697,6 +697,33 @@ TEST_CASE("diloco_member: a checkpoint missing on the first member, or differing
   }
 }
 
+// outer_steps() on the owning thread while a fragment is in flight: the count after the
+// fragment that last completed. With delay = H / F every completion point sends the next
+// fragment, so the adapter is never idle at a sync(): the count must move all the same.
+TEST_CASE("diloco_member: outer_steps() moves at every completion point, even with a fragment always in flight") {
+  inproc_world world(1);
+  inproc_communicator c = world.join(0);
+  mb::member<inproc_communicator> m(c, test_options());
+  std::vector<float> w(8, 1.0f);
+  glue dm(m, {ex::tensor_ref(w.data(), w.size())}, ex::make_outer_optimizer("nesterov"),
+          options_for("fixed:4,fragments=2,delay=2"));
+  dm.start();
+  std::uint64_t step = 0, completed = 0;
+  while (completed < 5) {
+    inner_step(w, 0, step++);
+    if (!dm.step_done(1000)) continue;
+    const mb::sync_report rep = dm.sync();
+    if (rep.attempts == 0) continue;  // only a send point (the first)
+    ++completed;
+    CHECK(dm.in_flight());  // the completion point sent the next fragment
+    CHECK(dm.outer_steps() == completed / 2);  // an outer step: both fragments' syncs
+  }
+  dm.finish();
+  CHECK(!dm.in_flight());
+  CHECK(dm.outer_steps() == (completed + 1) / 2);  // finish() completed the fragment in flight
+  CHECK(dm.outer_steps() == dm.adapter().outer_steps());
+}
+
 TEST_CASE("diloco_member: what the membership cannot carry is refused before it starts") {
   inproc_world world(1);
   inproc_communicator c = world.join(0);

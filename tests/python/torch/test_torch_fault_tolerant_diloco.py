@@ -72,8 +72,6 @@ def test_arguments_and_the_order_of_calls_are_checked():
         ct.FaultTolerantDiLoCo(torch.nn.Linear(2, 1), None)
     with pytest.raises(ct.InvalidParameterError, match="config must be a local-SGD config string"):
         ct.FaultTolerantDiLoCo(torch.nn.Linear(2, 1), Member(), config=20)
-    with pytest.raises(ct.InvalidParameterError, match="has delay=1; .* delay must be 0"):
-        ct.FaultTolerantDiLoCo(torch.nn.Linear(2, 1), Member(), config="fixed:20,delay=1")
     complex_model = torch.nn.Linear(2, 1)
     complex_model.z = torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))
     with pytest.raises(ct.InvalidParameterError, match="parameter 'z' is torch.complex64"):

@@ -275,6 +275,16 @@ public:
   /// completion point): the member and the adapter's global state belong to its thread then.
   bool in_flight() const noexcept { return job_.has_value(); }
 
+  /// The adapter's outer_steps() as of the last point with nothing in flight (every member
+  /// holds it alike there): with nothing in flight, the current count; streaming, the count
+  /// after the fragment that last completed, even when each completion point sends the next
+  /// fragment (delay = H / F) and the adapter is never idle at a sync() (the owning thread).
+  /// Throws invalid_parameter_error before start() or join().
+  std::uint64_t outer_steps() {
+    adapter_type& a = adapter();
+    return job_ ? settled_outer_steps_ : a.outer_steps();
+  }
+
   /// The outer sync due now, as a transaction of the quorum (see the class comment). Returns
   /// the member's report: committed (the outer step applied here), healed (received from a
   /// member that committed it; the local weights are the global ones) or discarded (every
@@ -589,6 +599,7 @@ private:
     for (std::size_t f = 0; f < a.frags_.size(); ++f)
       if (a.sends_at(f, a.t_)) {
         if (job_) rep = land();  // only after a reconfiguration moved a clock
+        settled_outer_steps_ = a.outer_steps();  // nothing in flight: outer_steps() while it is
         send(f);
       }
     return rep;
@@ -756,6 +767,7 @@ private:
   // this rank's thread completed (shared_[s_stop] belongs to a fragment's thread in flight).
   std::atomic<bool> requested_{false};
   bool agreed_ = false;
+  std::uint64_t settled_outer_steps_ = 0;  // outer_steps() while a fragment is in flight
 };
 
 /// @}

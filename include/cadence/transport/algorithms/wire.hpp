@@ -71,8 +71,9 @@ struct coll_message {
 //     only after agreement). True where a failure leaves a send reading the caller's buffer
 //     anyway (MPI: a send cannot be withdrawn; the buffer stays the send's, as documented):
 //     step 0 then moves at once instead of waiting a notice round. False where a failure with
-//     the buffer exposed costs more than the copy (gloo: it closes every connection): the first
-//     piece then leaves from the staging copy and the rest once the ranks agreed.
+//     the buffer exposed costs more than the copy (gloo: it closes every connection): step 0's
+//     first ring_allreduce::early_bytes (at least a piece) then leave from copies (the staging
+//     buffer, then scratch0 past the receives' part) and the rest once the ranks agreed.
 // Every member may throw transport_error (a lost peer, a refused post): the engine then fails
 // the communicator. What a wire does with what is in flight when that happens is its own.
 
