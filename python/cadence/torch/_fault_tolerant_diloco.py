@@ -60,17 +60,15 @@ class FaultTolerantDiLoCo:
     in flight (:attr:`in_flight`; from its send point to its completion point) the member
     belongs to that thread: :attr:`syncs` and :attr:`quorum` are as the last completed sync
     (or the thread's last reconfiguration) left them, :attr:`should_stop` as of the last
-    completion point, :attr:`outer_steps` as of the last one that sent nothing, and
-    :attr:`global_hash` and :meth:`state_dict` raise InvalidParameterError (read them when
-    :attr:`in_flight` is False: after a completion point that sent nothing, or after
-    :meth:`finish`). With D equal to the steps between send points every completion point
-    sends the next fragment, so a fragment is always in flight until :meth:`finish` and
-    :attr:`outer_steps` stays as at :meth:`start` or :meth:`join` until then: leave such a
-    loop on :attr:`should_stop` or :attr:`inner_steps`. Do not read the member's own
-    properties (``state_hash``, ``committed``) while a fragment is in flight either.
-    :meth:`finish` completes a fragment in flight first. A joiner admitted by a fragment's
-    transaction receives the inner optimizer's state as it is at that moment (read on the
-    fragment's thread).
+    completion point, :attr:`outer_steps` as of the fragment that last completed (also with D
+    equal to the steps between send points, where every completion point sends the next
+    fragment and one is always in flight until :meth:`finish`), and :attr:`global_hash` and
+    :meth:`state_dict` raise InvalidParameterError (read them when :attr:`in_flight` is False:
+    after a completion point that sent nothing, or after :meth:`finish`). Do not read the
+    member's own properties (``state_hash``, ``committed``) while a fragment is in flight
+    either. :meth:`finish` completes a fragment in flight first. A joiner admitted by a
+    fragment's transaction receives the inner optimizer's state as it is at that moment (read
+    on the fragment's thread).
 
     **Ending the loop.** Every process must call :meth:`finish` after the same outer syncs;
     the module then holds the job's final global weights, the same on every process.
