@@ -22,7 +22,8 @@
 //    own, 16 tensors, last first) while this thread, on another core, marks them ready and
 //    drives 8 buckets of bucket views, sized to take about one all-reduce; raw_us is backward
 //    then average() in sequence, ours_us the same overlapped; hidden = (compute + comm -
-//    overlapped) / comm against hideable = min(compute, comm) / comm (measure_overlap() below).
+//    overlapped) / comm against hideable = min(compute, comm) / comm (measure_overlap() below),
+//    and against cpu_hideable, which also counts the CPU the communication itself needs.
 // The roofline (support/roofline.hpp): the run first measures this machine's memory copy
 // bandwidth (one thread, two at once); each row's limit is raw_us + extra_bytes / copy rate,
 // extra_bytes what its path must copy beyond the native all-reduce (bsp_allreduce: its 16
@@ -31,7 +32,8 @@
 // of_native = raw/ours, of_limit = limit/ours (null for bsp_overlap, whose raw is not the
 // native call).
 // The JSON rows have the fields of cadence-bench-transport (plus compute_us, comm_us, hidden,
-// hideable, of_hideable and pinned for bsp_overlap). These machines are shared: read the
+// hideable, of_hideable, pinned, comm_cpu_us, compute_cpu_us, ours_cpu_us, cores, cpu_hideable
+// and of_cpu_hideable for bsp_overlap). These machines are shared: read the
 // ratios, not the times.
 #include <cadence/exchange/bucketed_allreducer.hpp>
 #include <cadence/exchange/elastic_averager.hpp>
@@ -61,6 +63,7 @@
 #include "support/backends.hpp"
 #include "support/backward.hpp"
 #include "support/command_line.hpp"
+#include "support/cpu_time.hpp"
 #include "support/measure.hpp"
 #include "support/report.hpp"
 #include "support/roofline.hpp"
@@ -99,6 +102,10 @@ struct row {
   double raw_us, ours_us;
   double compute_us = 0, comm_us = 0;  // bsp_overlap
   bool pinned = false;                 // bsp_overlap: backward and communication on a core each
+  // bsp_overlap: the CPU all ranks used per iteration of each block (negative: unknown), and the
+  // cores they share
+  double comm_cpu_us = -1, compute_cpu_us = -1, ours_cpu_us = -1;
+  int cores = 0;
 };
 
 // What one rank runs. Buffers come from `buffer` (device memory for nccl) and are read and
@@ -111,6 +118,7 @@ struct rank_ops {
   std::function<float*(std::size_t)> buffer;     // n floats, owned by the backend's runner
   std::function<void(float*, float, std::size_t)> fill;
   std::function<std::vector<float>(const float*, std::size_t)> load;
+  bool one_process = true;  // the ranks are threads of this process (false: a process each, MPI)
 };
 
 int iterations_for(std::size_t bytes) { return cadence_bench::iterations_for(bytes, std::size_t{128} << 20, 500); }
@@ -122,6 +130,25 @@ double time_block(rank_ops& ops, int iters, const std::function<void()>& f, cons
   for (int i = 0; i < iters; ++i) f();
   if (end) end();
   return ops.average(std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters);
+}
+
+// A block's time as time_block() measures it, and the CPU time (user and system) all ranks used
+// per iteration of it: with ranks as threads, the process's CPU over the block, which every rank
+// reads (the mean of their readings: they end a little apart); with a process per rank (MPI),
+// the sum of the ranks' own. Negative where the platform has no CPU clock.
+struct block_times {
+  double wall_us, cpu_us;
+};
+block_times time_block_cpu(rank_ops& ops, int iters, const std::function<void()>& f) {
+  ops.average(0);
+  const double c0 = cadence_bench::process_cpu_us();
+  const auto t0 = steady::now();
+  for (int i = 0; i < iters; ++i) f();
+  const double wall = std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
+  const double cpu = (cadence_bench::process_cpu_us() - c0) / iters;
+  block_times t{ops.average(wall), ops.average(c0 < 0 ? -1.0 : cpu)};
+  if (t.cpu_us >= 0 && !ops.one_process) t.cpu_us *= ops.size;
+  return t;
 }
 
 // One adapter op against raw, interleaved, the median pair of cfg.reps.
@@ -166,6 +193,13 @@ void check(const rank_ops& ops, const std::string& op, std::size_t bytes, const 
 //   hidden      = (compute + comm - overlapped) / comm
 //   hideable    = min(compute, comm) / comm         (a perfect overlap takes max(compute, comm))
 //   of_hideable = hidden / hideable
+// Beside the wall time of comm, compute and overlapped, the CPU all ranks used in them
+// (time_block_cpu()), and the cores the process may use: the model above assumes the
+// communication needs no CPU (a GPU's NCCL over NVLink), which loopback TCP or shared memory on a
+// CPU does not. The CPU-aware limit (cpu_floor() below):
+//   overlapped >= max(compute, comm, (compute_cpu + comm_cpu) / cores)
+//   cpu_hideable    = (compute + comm - that) / comm
+//   of_cpu_hideable = hidden / cpu_hideable
 // Reported: each quantity's median over the reps; raw_us the sequential time (for reference:
 // it also pays the hand-over from the backward thread to this one), ours_us the overlapped
 // time.
@@ -214,16 +248,23 @@ row measure_overlap(C& comm, rank_ops& ops, const config& cfg, std::size_t bytes
   double unit_us = time_block(ops, 3, compute_only) / (16.0 * static_cast<double>(units));
   struct rep_times {
     double comm, compute, seq, ovl;
+    double comm_cpu, compute_cpu, ovl_cpu;
   };
   std::vector<rep_times> reps;
   for (int rep = 0; rep < cfg.reps; ++rep) {
     rep_times t{};
-    t.comm = time_block(ops, iters, comm_only);
+    const block_times c = time_block_cpu(ops, iters, comm_only);
+    t.comm = c.wall_us;
+    t.comm_cpu = c.cpu_us;
     units = static_cast<std::uint64_t>(std::max(1.0, ops.average(t.comm / unit_us / 16.0)));
-    t.compute = time_block(ops, iters, compute_only);
+    const block_times b = time_block_cpu(ops, iters, compute_only);
+    t.compute = b.wall_us;
+    t.compute_cpu = b.cpu_us;
     unit_us = t.compute / (16.0 * static_cast<double>(units));
     t.seq = time_block(ops, iters, sequential);
-    t.ovl = time_block(ops, iters, overlapped);
+    const block_times v = time_block_cpu(ops, iters, overlapped);
+    t.ovl = v.wall_us;
+    t.ovl_cpu = v.cpu_us;
     reps.push_back(t);
   }
   // Each quantity's median over the reps: a machine whose load drifts between blocks moves one
@@ -238,6 +279,10 @@ row measure_overlap(C& comm, rank_ops& ops, const config& cfg, std::size_t bytes
   r.compute_us = median(&rep_times::compute);
   r.comm_us = median(&rep_times::comm);
   r.pinned = pinned;
+  r.comm_cpu_us = median(&rep_times::comm_cpu);
+  r.compute_cpu_us = median(&rep_times::compute_cpu);
+  r.ours_cpu_us = median(&rep_times::ovl_cpu);
+  r.cores = static_cast<int>(cores.size());  // before this thread pinned itself
   return r;
 }
 
@@ -333,9 +378,35 @@ double copy_rate(const row& r, const config& cfg) {
 // The model's terms: a perfect overlap takes max(compute, comm), so it hides min(compute, comm).
 double hidden(const row& r) { return r.comm_us > 0 ? (r.compute_us + r.comm_us - r.ours_us) / r.comm_us : 0; }
 double hideable(const row& r) { return r.comm_us > 0 ? std::min(r.compute_us, r.comm_us) / r.comm_us : 0; }
+// The CPU-aware limit: the overlapped block does at least the CPU work of both blocks alone
+// (all ranks' threads, the backend's and the kernel's work for them included) on the cores the
+// ranks share, so it takes no less than max(compute, comm, (compute_cpu + comm_cpu) / cores);
+// negative where the CPU time or the cores are unknown.
+double cpu_floor(const row& r) {
+  if (r.comm_cpu_us < 0 || r.compute_cpu_us < 0 || r.cores <= 0) return -1;
+  return std::max({r.compute_us, r.comm_us, (r.compute_cpu_us + r.comm_cpu_us) / r.cores});
+}
+// What the CPU-aware limit lets an overlap hide, as hideable is for max(compute, comm) (<= it).
+double cpu_hideable(const row& r) {
+  return r.comm_us > 0 && cpu_floor(r) >= 0 ? (r.compute_us + r.comm_us - cpu_floor(r)) / r.comm_us : -1;
+}
 
-// The rows with the keys of cadence-bench-transport's (bsp_overlap adds compute_us, comm_us and
-// hidden), and the table.
+// The bsp_overlap line's CPU part: the blocks' CPU, the cores, and the CPU-aware limit.
+std::string cpu_remark(const cadence_bench::row& j) {
+  using cadence_bench::formatted;
+  const auto us = [&](const char* key) {
+    return j.at(key).is_null() ? std::string("-") : formatted("%.1f", j.at(key).get<double>());
+  };
+  const auto pct = [&](const char* key) {
+    return j.at(key).is_null() ? std::string("-") : formatted("%.0f", 100.0 * j.at(key).get<double>());
+  };
+  return "; CPU: comm " + us("comm_cpu_us") + " us, backward " + us("compute_cpu_us") + " us, overlapped " +
+         us("ours_cpu_us") + " us on " + std::to_string(j.at("cores").get<int>()) + " cores: cpu-hideable " +
+         pct("cpu_hideable") + "%, " + pct("of_cpu_hideable") + "% of cpu-hideable";
+}
+
+// The rows with the keys of cadence-bench-transport's (bsp_overlap adds compute_us, comm_us,
+// hidden, hideable, of_hideable, pinned, then the CPU's keys), and the table.
 // Prints the rows as cfg asks; returns main's status, 0.
 int print(const std::vector<row>& rows, const config& cfg) {
   using cadence::tools::decimals;
@@ -363,6 +434,20 @@ int print(const std::vector<row>& rows, const config& cfg) {
       else
         j["of_hideable"] = nullptr;
       j["pinned"] = r.pinned;
+      const auto or_null = [&](double v, int places) {
+        return v >= 0 ? cadence::tools::json(decimals(v, places)) : cadence::tools::json(nullptr);
+      };
+      j["comm_cpu_us"] = or_null(r.comm_cpu_us, 3);
+      j["compute_cpu_us"] = or_null(r.compute_cpu_us, 3);
+      j["ours_cpu_us"] = or_null(r.ours_cpu_us, 3);
+      j["cores"] = r.cores;
+      // cpu_hideable may be negative (the CPU alone takes longer than both blocks in sequence)
+      j["cpu_hideable"] = cpu_floor(r) >= 0 && r.comm_us > 0 ? cadence::tools::json(decimals(cpu_hideable(r), 4))
+                                                             : cadence::tools::json(nullptr);
+      if (cpu_floor(r) >= 0 && cpu_hideable(r) > 0)
+        j["of_cpu_hideable"] = decimals(hidden(r) / cpu_hideable(r), 4);
+      else
+        j["of_cpu_hideable"] = nullptr;
     }
     out.push_back(std::move(j));
   }
@@ -390,7 +475,7 @@ int print(const std::vector<row>& rows, const config& cfg) {
            formatted("%.0f", 100.0 * j.at("hidden").get<double>()) + "% of the comm, hideable " +
            formatted("%.0f", 100.0 * j.at("hideable").get<double>()) + "%, " +
            (of.is_null() ? std::string("-") : formatted("%.0f", 100.0 * of.get<double>())) + "% of hideable" +
-           (j.at("pinned").get<bool>() ? "" : " (not pinned: fewer than 2 cores)");
+           (j.at("pinned").get<bool>() ? "" : " (not pinned: fewer than 2 cores)") + cpu_remark(j);
   };
   cadence_bench::print(out, cfg, t);
   cfg.copy.report("cadence-bench-exchange");  // after the rows: stdout starts with them
@@ -468,6 +553,7 @@ int run_mpi(const config& cfg) {
       MPI_Allreduce(MPI_IN_PLACE, b, static_cast<int>(n), MPI_FLOAT, MPI_SUM, native);
     };
     ops.average = [&](double v) { return cadence_bench::mpi_average(raw, v); };
+    ops.one_process = false;  // a process per rank: time_block_cpu() sums their CPU
     auto rows = run_adapters(comm, ops, cfg);
     MPI_Comm_free(&native);
     return rows;
