@@ -205,6 +205,19 @@ TEST_CASE("ranks that complete a ring all-reduce and leave at once do not fail a
   }
 }
 
+// Rank 2's slot taken by a new process (of a 3-rank world) once the others saw the old one
+// lost: it is incarnation 2, alive to rank 0, and sends 2 to ranks 0 and 1 (tag 5); it stays
+// until both posted "done".
+void new_process_in_slot_2(rendezvous_box& box, const cadence_test::events& ev) {
+  zmq_communicator fresh(2, 3, thread_options(2, box), 20s);
+  CHECK(fresh.incarnation(2) == 2);
+  CHECK(fresh.peer_state(0) == zmq_peer_state::alive);
+  const std::int32_t v = 2;
+  fresh.send(&v, sizeof v, 0, 5, 10s);
+  fresh.send(&v, sizeof v, 1, 5, 10s);
+  CHECK(ev.wait_ranks("done", 2, 2));
+}
+
 TEST_CASE("a communicator constructed again in a rank's slot is a new incarnation: every peer sees "
           "it alive again, and what the old one sent that nobody took is dropped" * doctest::timeout(60)) {
   const cadence_test::events ev;
@@ -217,13 +230,7 @@ TEST_CASE("a communicator constructed again in a rank's slot is a new incarnatio
         old.send(&v, sizeof v, 0, 5, 10s);  // never received: dropped when the slot is taken again
       }
       CHECK(ev.wait_ranks("lost seen", 2, 2));
-      zmq_communicator fresh(2, 3, thread_options(2, box), 20s);
-      CHECK(fresh.incarnation(2) == 2);
-      CHECK(fresh.peer_state(0) == zmq_peer_state::alive);
-      const std::int32_t v = 2;
-      fresh.send(&v, sizeof v, 0, 5, 10s);
-      fresh.send(&v, sizeof v, 1, 5, 10s);
-      CHECK(ev.wait_ranks("done", 2, 2));
+      new_process_in_slot_2(box, ev);
       return;
     }
     zmq_communicator c(r, 3, thread_options(r, box), 20s);
@@ -342,13 +349,7 @@ TEST_CASE("abort() tells every live peer: each sees the rank lost at once (\"it 
       }
       CHECK(old.failed());
       CHECK(ev.wait_ranks("lost seen", 2, 2));
-      // A new process in the slot (the aborted one still holds its communicator).
-      zmq_communicator fresh(2, 3, thread_options(2, box), 20s);
-      CHECK(fresh.incarnation(2) == 2);
-      const std::int32_t v = 2;
-      fresh.send(&v, sizeof v, 0, 5, 10s);
-      fresh.send(&v, sizeof v, 1, 5, 10s);
-      CHECK(ev.wait_ranks("done", 2, 2));
+      new_process_in_slot_2(box, ev);  // the aborted one still holds its communicator
       return;
     }
     zmq_communicator c(r, 3, thread_options(r, box), 20s);
