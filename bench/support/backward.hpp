@@ -134,6 +134,11 @@ class backward_thread {
           ready_.store(k + 1, std::memory_order_release);
         }
         done_.notify_all();
+        // Every rank's backward shares the compute core: a turn after each piece keeps the
+        // ranks' passes in step, as a GPU per rank would. Without it the scheduler's time slice
+        // (milliseconds, longer than a whole pass at 1 MiB) runs one rank's pass before its
+        // peer's, and no bucket can start before the later rank's gradient exists.
+        std::this_thread::yield();
       }
       l.lock();
     }
