@@ -182,12 +182,8 @@ public:
       const std::uint64_t before = core_->committed();
       // Whether this member gives the sync up unless healed: a member it streams the state to
       // in this reconfiguration (one sync behind it) gives up its next sync too.
-      struct verdict {
-        detail::core<C>& c;
-        verdict(detail::core<C>& core, bool gives_up) : c(core) { c.giving_up(gives_up); }
-        ~verdict() { c.giving_up(false); }
-      } told(*core_, policy == on_loss::discard || attempt >= core_->options().max_attempts);
-      const bool healed = core_->reconfigure(detail::core<C>::mode::failure, restore);
+      const bool gives_up = policy == on_loss::discard || attempt >= core_->options().max_attempts;
+      const bool healed = core_->reconfigure(detail::core<C>::mode::failure, restore, gives_up);
       ++report.reconfigurations;
       report.committed = core_->committed();
       if (healed || core_->committed() > before) {

@@ -191,10 +191,6 @@ public:
   bool txn_failed() const noexcept { return txn_failed_.has_value(); }
   void abandon_txn() noexcept { in_txn_ = false; }
 
-  /// member::transact(), before the reconfiguration of a failed sync: whether this member gives
-  /// that sync up unless the reconfiguration heals it (on_loss::discard, or its attempts spent).
-  /// A member that streams the state in that reconfiguration tells the receivers (heal()).
-  void giving_up(bool yes) noexcept { giving_up_ = yes; }
   /// Whether the sync after the one this member was healed with was given up by the members it
   /// received the state from (they had begun it): then this member's next sync is given up
   /// without running, so that every member gives up the same syncs. Reading it clears it.
@@ -283,7 +279,10 @@ public:
   /// After a failed sync (or a planned admission): agree on the next quorum, drain the failed
   /// sync's messages, call `restore`, stream the state to whoever is behind. Returns whether
   /// this member received the state.
-  bool reconfigure(mode m, const std::function<void()>& restore) {
+  /// `gives_up`: whether this member gives the failed sync up unless this reconfiguration heals
+  /// it (on_loss::discard, or its attempts spent); a member that streams the state in it tells
+  /// the receivers so (heal()), and they give up their next sync (take_given_up_next()).
+  bool reconfigure(mode m, const std::function<void()>& restore, bool gives_up = false) {
     const auto t0 = clock::now();
     const mode first_mode = m;
     in_txn_ = false;
@@ -310,7 +309,7 @@ public:
         restored = true;
       }
       try {
-        healed = heal(a) || healed;
+        healed = heal(a, gives_up) || healed;
       } catch (const heal_failed& e) {
         // A member that held the state was lost while it streamed: once more, from another.
         event("rank " + std::to_string(rank()) + ": " + e.what());
@@ -1214,7 +1213,7 @@ private:
   /// Streams the state from the members at the committed count K to the members behind (and
   /// newcomers), each piece from one of them in turn, so several stream in parallel. Returns
   /// whether this member received it.
-  bool heal(const announced& a) {
+  bool heal(const announced& a, bool gives_up) {
     std::vector<int> donors, behind;
     const bool all = (a.flags & flag_sync_all) != 0;
     for (const member_entry& e : a.entries) {
@@ -1265,7 +1264,7 @@ private:
       auto head = std::make_shared<std::array<std::uint64_t, 2>>();
       if (me == 0) {
         *blob = save_blobs();
-        *head = {blob->size(), giving_up_ ? head_gives_up : 0};
+        *head = {blob->size(), gives_up ? head_gives_up : 0};
       }
       // A send that cannot be withdrawn at the deadline may read them later.
       keepalive_.clear();
@@ -1383,7 +1382,6 @@ private:
   quorum confirmed_;  // the quorum of the last commit or confirming collective (or the first one asked for, or the one joined)
   bool q_confirmed_ = false;  // q_'s confirming collective completed here (told to the next leader)
   bool closing_ = false;      // in member::finish(): the quorums this member announces say so
-  bool giving_up_ = false;      // the failed sync in reconfiguration is given up here unless healed
   bool given_up_next_ = false;  // healed by members that gave up the sync after it (take_given_up_next)
   static constexpr std::uint64_t head_gives_up = 1;  // the state transfer's head: the donor gives up its sync
   std::uint64_t formed_at_ = 0;  // committed_ when q_ was adopted
