@@ -282,7 +282,7 @@ public:
   /// Throws invalid_parameter_error before start() or join().
   std::uint64_t outer_steps() {
     adapter_type& a = adapter();
-    return job_ ? settled_outer_steps_ : a.outer_steps();
+    return job_ ? settled_.outer_steps : a.outer_steps();
   }
 
   /// The outer sync due now, as a transaction of the quorum (see the class comment). Returns
@@ -332,7 +332,6 @@ public:
       a.synced_at_ = a.t_;
       publish();
     }
-    agreed_ = shared_[s_stop] != 0;  // committed, healed (the donor's) or the backup's
     return rep;
   }
 
@@ -361,7 +360,7 @@ public:
   /// sync, the first whose transaction saw a request (a healed member or a joiner receives it
   /// with the state), and from then on. Streaming: as of the last completion point (sync()
   /// there). Leave the training loop on it and call finish(). The owning thread.
-  bool stop_agreed() const noexcept { return agreed_; }
+  bool stop_agreed() const noexcept { return job_ ? settled_.stop : shared_[s_stop] != 0; }
 
   /// The adapter (its monitoring: outer_steps(), global_weights(), outer_state(), plan()).
   /// Throws invalid_parameter_error before start() or join().
@@ -380,14 +379,8 @@ public:
       throw invalid_parameter_error("cadence::exchange::diloco_member: global_hash() while fragment " +
                                     std::to_string(job_->fragment) + "'s exchange is in flight (it completes at step " +
                                     std::to_string(job_->started + options_.delay) + ")");
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&h](const std::vector<float>& v) {
-      const auto* p = reinterpret_cast<const unsigned char*>(v.data());
-      for (std::size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
-    };
-    mix(a.global_);
-    mix(a.state_);
-    return h;
+    return fnv1a(fnv1a(fnv_basis, a.global_.data(), a.global_.size() * sizeof(float)), a.state_.data(),
+                 a.state_.size() * sizeof(float));
   }
 
   /// What a restart of the whole job needs (see the class comment), as of the last committed
@@ -453,17 +446,19 @@ private:
   static constexpr int user_tags = 256;  // membership::detail::tags::user_tags
   static constexpr std::int64_t hash_span = (std::int64_t{1} << 62) + 2;  // start()'s restored-hash pair
 
-  // A hash (FNV-1a) of the registered blocks: what restore() set, before start().
-  std::uint64_t registered_hash() const {
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&h](const void* data, std::size_t bytes) {
-      const auto* p = static_cast<const unsigned char*>(data);
-      for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-    };
-    mix(global_.data(), global_.size() * sizeof(float));
-    mix(state_.data(), state_.size() * sizeof(float));
-    mix(shared_.data(), shared_.size() * sizeof(std::uint64_t));
+  // 64-bit FNV-1a: `h` (fnv_basis to start) mixed with `bytes` bytes at `data`.
+  static constexpr std::uint64_t fnv_basis = 1469598103934665603ull;
+  static std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t bytes) noexcept {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
     return h;
+  }
+
+  // A hash of the registered blocks: what restore() set, before start().
+  std::uint64_t registered_hash() const {
+    std::uint64_t h = fnv1a(fnv_basis, global_.data(), global_.size() * sizeof(float));
+    h = fnv1a(h, state_.data(), state_.size() * sizeof(float));
+    return fnv1a(h, shared_.data(), shared_.size() * sizeof(std::uint64_t));
   }
 
   // After the first sync: a checkpoint restored by some member and not by the first (it would
@@ -599,7 +594,7 @@ private:
     for (std::size_t f = 0; f < a.frags_.size(); ++f)
       if (a.sends_at(f, a.t_)) {
         if (job_) rep = land();  // only after a reconfiguration moved a clock
-        settled_outer_steps_ = a.outer_steps();  // nothing in flight: outer_steps() while it is
+        settled_ = {a.outer_steps(), shared_[s_stop] != 0};  // nothing in flight: read while it is
         send(f);
       }
     return rep;
@@ -663,7 +658,6 @@ private:
       a.mix(done.fragment, span<const tensor_ref>(weights_.data(), weights_.size()));
     }
     publish();
-    agreed_ = shared_[s_stop] != 0;
     if (done.error) std::rethrow_exception(done.error);
     return done.report;
   }
@@ -726,7 +720,6 @@ private:
     load(true);
     restart_schedule();
     publish();
-    agreed_ = shared_[s_stop] != 0;  // a joiner admitted by the sync that agreed the stop
   }
 
   void changed(const membership::change& c) {
@@ -763,11 +756,14 @@ private:
   std::optional<job> job_;
   std::thread worker_;
   bool deferred_ = false, deferred_healed_ = false;
-  // The stop: this rank's request (any thread), and the quorum's agreement as of the last sync
-  // this rank's thread completed (shared_[s_stop] belongs to a fragment's thread in flight).
+  // The stop this rank asked for (request_stop(): any thread).
   std::atomic<bool> requested_{false};
-  bool agreed_ = false;
-  std::uint64_t settled_outer_steps_ = 0;  // outer_steps() while a fragment is in flight
+  // outer_steps() and stop_agreed() while a fragment is in flight (the counters belong to its
+  // thread then): as they stood at its send point, after the fragment before it completed.
+  struct {
+    std::uint64_t outer_steps = 0;
+    bool stop = false;
+  } settled_;
 };
 
 /// @}
