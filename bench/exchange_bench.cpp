@@ -124,12 +124,18 @@ struct rank_ops {
 int iterations_for(std::size_t bytes) { return cadence_bench::iterations_for(bytes, std::size_t{128} << 20, 500); }
 
 // The mean of the per-iteration time of `iters` runs of f on every rank (one wait at the end).
-double time_block(rank_ops& ops, int iters, const std::function<void()>& f, const std::function<void()>& end = {}) {
+// With `cpu_us`, also this process's CPU time per iteration over the same runs (negative where
+// the platform has no CPU clock), not averaged.
+double time_block(rank_ops& ops, int iters, const std::function<void()>& f, const std::function<void()>& end = {},
+                  double* cpu_us = nullptr) {
   ops.average(0);
+  const double c0 = cpu_us != nullptr ? cadence_bench::process_cpu_us() : 0;
   const auto t0 = steady::now();
   for (int i = 0; i < iters; ++i) f();
   if (end) end();
-  return ops.average(std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters);
+  const double wall = std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
+  if (cpu_us != nullptr) *cpu_us = c0 < 0 ? -1.0 : (cadence_bench::process_cpu_us() - c0) / iters;
+  return ops.average(wall);
 }
 
 // A block's time as time_block() measures it, and the CPU time (user and system) all ranks used
@@ -140,13 +146,9 @@ struct block_times {
   double wall_us, cpu_us;
 };
 block_times time_block_cpu(rank_ops& ops, int iters, const std::function<void()>& f) {
-  ops.average(0);
-  const double c0 = cadence_bench::process_cpu_us();
-  const auto t0 = steady::now();
-  for (int i = 0; i < iters; ++i) f();
-  const double wall = std::chrono::duration<double, std::micro>(steady::now() - t0).count() / iters;
-  const double cpu = (cadence_bench::process_cpu_us() - c0) / iters;
-  block_times t{ops.average(wall), ops.average(c0 < 0 ? -1.0 : cpu)};
+  double cpu = -1;
+  const double wall = time_block(ops, iters, f, {}, &cpu);
+  block_times t{wall, ops.average(cpu)};
   if (t.cpu_us >= 0 && !ops.one_process) t.cpu_us *= ops.size;
   return t;
 }
