@@ -145,11 +145,9 @@ class FaultTolerantDiLoCo:
         # committed, quorum, global_hash).
         self._told: dict = {}
         self._stop_asked = False  # request_stop() on this rank
-        # On the first rank (streaming): whether a fragment is in flight after the last call,
-        # and what the member last said while it could be asked (the fragment's thread owns it
-        # in flight): syncs committed, and the quorum (also from the reconfigurations that
-        # thread goes through, via on_change).
-        self._in_flight = False
+        # On the first rank (streaming): what the member last said while it could be asked (the
+        # fragment's thread owns it in flight): syncs committed, and the quorum (also from the
+        # reconfigurations that thread goes through, via on_change).
         self._committed = 0
         self._quorum: Optional[dict] = None
         self._outer = None
@@ -195,8 +193,8 @@ class FaultTolerantDiLoCo:
             # In flight, the member and the global weights belong to the fragment's thread: what
             # the first rank last read (no global hash until the fragment completes).
             box = [{"report": report, "outer_steps": self._outer.outer_steps, "committed": self._ask("committed"),
-                    "quorum": self._ask("quorum"), "in_flight": self._in_flight,
-                    "global_hash": None if self._in_flight else self._outer.global_hash,
+                    "quorum": self._ask("quorum"), "in_flight": self._outer.in_flight,
+                    "global_hash": None if self._outer.in_flight else self._outer.global_hash,
                     "should_stop": self._outer.stop_agreed}]
         dist.broadcast_object_list(box, self._src, group=self.replica_group)
         self._told = box[0]
@@ -271,8 +269,7 @@ class FaultTolerantDiLoCo:
             self._to_flat()  # the local weights: read at a send point, mixed into at a completion point
             completes = self._outer.in_flight  # due now with a fragment in flight: its completion point
             report = self._outer.sync()
-            self._in_flight = self._outer.in_flight
-            if not self._in_flight:
+            if not self._outer.in_flight:
                 self._read_member()
             elif completes:
                 self._committed = int(report["committed"])  # the member's count after that exchange
@@ -306,7 +303,6 @@ class FaultTolerantDiLoCo:
         if self._leader:
             self._to_flat()  # a fragment in flight is mixed into the local weights as it completes
             report = self._outer.finish()
-            self._in_flight = False
             self._read_member()
             g = self._outer.state_dict()["global_weights"]  # nothing in flight now
             self._flat.copy_(torch.from_numpy(g))
@@ -326,11 +322,13 @@ class FaultTolerantDiLoCo:
         # The member's reconfiguration hook (streaming: on the fragment's thread, with the GIL).
         self._quorum = change["after"]
 
-    def _flying(self, what: str) -> InvalidParameterError:
+    @staticmethod
+    def _flying(what: str, why: str = "and the global weights belong to its thread until then; call it",
+                ) -> InvalidParameterError:
         return InvalidParameterError(
             f"{_HERE}.{what}: a streaming fragment's exchange is in flight (from its send point to its completion "
-            "point, delay inner steps later), and the global weights belong to its thread until then; call it when "
-            "in_flight is False: after a step() that completed a fragment and sent none, or after finish()")
+            f"point, delay inner steps later), {why} when in_flight is False: after a step() that completed a "
+            "fragment and sent none, or after finish()")
 
     def _ask(self, what: str):
         if self._phase == "new":
@@ -341,12 +339,12 @@ class FaultTolerantDiLoCo:
             if what == "should_stop":
                 return self._outer.stop_agreed
             if what == "in_flight":
-                return self._in_flight
+                return self._outer.in_flight
             if what == "global_hash":
-                if self._in_flight:
+                if self._outer.in_flight:
                     raise self._flying("global_hash")
                 return self._outer.global_hash
-            if not self._in_flight:
+            if not self._outer.in_flight:
                 self._read_member()
             return self._committed if what == "committed" else self._quorum
         if what == "global_hash" and self._told["in_flight"]:
@@ -410,11 +408,8 @@ class FaultTolerantDiLoCo:
             raise InvalidParameterError(f"{_HERE}.state_dict: called before start() or join(); the state is "
                                         "known once the job runs")
         if self.in_flight:
-            raise InvalidParameterError(
-                f"{_HERE}.state_dict: a streaming fragment's exchange is in flight (from its send point to its "
-                "completion point, delay inner steps later), so the global weights and the outer state are not "
-                "settled; take the checkpoint when in_flight is False: after a step() that completed a fragment "
-                "and sent none, or after finish()")
+            raise self._flying("state_dict", "so the global weights and the outer state are not settled; take the "
+                                             "checkpoint")
         module = {k: v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v)
                   for k, v in self.module.state_dict().items()}
         inner = None if self.inner_optimizer is None else copy.deepcopy(self.inner_optimizer.state_dict())
