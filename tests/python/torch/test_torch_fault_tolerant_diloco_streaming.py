@@ -32,9 +32,13 @@ def single():
     return membership.Member(0, 1, rendezvous="tcp://127.0.0.1:0", insecure=True, heartbeat=3.0)
 
 
+_SEEDED = threading.Lock()  # the members are threads: torch's global generator is shared
+
+
 def toy(seed=0):
-    torch.manual_seed(seed)
-    model = torch.nn.Linear(8, 1)
+    with _SEEDED:  # seed and draw together, or another thread's draw moves the first member's weights
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(8, 1)
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
