@@ -265,7 +265,7 @@ def main() -> int:
     p.add_argument("--fragments", type=int, default=1,
                    help="fragments of the model, each synced on its own (default 1; streaming DiLoCo with --delay)")
     p.add_argument("--delay", type=int, default=0,
-                   help="inner steps each fragment's exchange overlaps (default 0; below --period / --fragments); "
+                   help="inner steps each fragment's exchange overlaps (default 0; at most --period / --fragments); "
                         "with it --die-at waits for a fragment in flight")
     p.add_argument("--want", type=int, default=0,
                    help="go on past --steps until the quorum has had this many members for 2 outer steps")
