@@ -5,12 +5,14 @@
 # classes over cadence.membership share (flat CPU staging, replica roles).
 from __future__ import annotations
 
+import atexit
 import datetime
 import io
 import math
 import queue
 import threading
 import time
+import weakref
 from typing import List, Optional, Sequence
 
 import torch
@@ -183,6 +185,63 @@ def wait_work(work, deadline: Deadline, poll: bool) -> None:
 
 # ---- straggler names ----------------------------------------------------------------------------
 
+# Threads that make store calls for Stragglers are daemons, so that a stalled store cannot hold
+# the process at exit. But a daemon thread that comes back from a store call (which releases the
+# GIL) while the interpreter finalizes is ended by pthread_exit, and that unwinding through
+# torch's noexcept C++ frames calls std::terminate: "terminate called without an active
+# exception" and SIGABRT after a run that had finished. So at exit (atexit runs before the
+# interpreter finalizes) each such thread is told to stop and waited for, at most
+# _EXIT_WAIT_SECONDS in all; only a store that stalls longer than that leaves one behind.
+_EXIT_WAIT_SECONDS = 2.0
+_store_threads: dict = {}  # thread -> its queue (None: it ends on its own)
+_store_threads_lock = threading.Lock()
+
+
+def _store_thread(target, args, name: str, q: "Optional[queue.Queue]" = None) -> threading.Thread:
+    """Starts a daemon thread running target(*args) that _stop_store_threads waits for at exit
+    (q: the thread's queue, to which None is posted to stop it)."""
+
+    def run():
+        try:
+            target(*args)
+        finally:
+            with _store_threads_lock:
+                _store_threads.pop(threading.current_thread(), None)
+
+    t = threading.Thread(target=run, daemon=True, name=name)
+    with _store_threads_lock:
+        _store_threads[t] = q
+    t.start()
+    return t
+
+
+def _stop_store_threads() -> None:
+    with _store_threads_lock:
+        items = list(_store_threads.items())
+    for _, q in items:
+        if q is not None:
+            q.put(None)
+    end = time.monotonic() + _EXIT_WAIT_SECONDS
+    for t, _ in items:
+        t.join(max(0.0, end - time.monotonic()))
+
+
+atexit.register(_stop_store_threads)
+
+
+def _post_arrivals(store, q: "queue.Queue") -> None:
+    """The poster: one store add per key posted, until None (at exit, or when its Stragglers is
+    collected) or until the store fails (the query after a failure will say so)."""
+    while True:
+        key = q.get()
+        if key is None:
+            return
+        try:
+            store.add(key, 1)
+        except Exception:
+            return
+
+
 class Stragglers:
     """Names the ranks that did not reach a collective: each rank counts its arrivals in a key of
     a store (one `add` per call, one key per rank, nothing to delete); after a failure at call
@@ -191,7 +250,9 @@ class Stragglers:
     Store calls never run on the caller's thread: an arrival is posted to a helper thread (the
     sync does not wait for it), and the query after a failure runs on a thread of its own that
     is waited for only until the deadline, so a store whose host is stalled cannot stretch a
-    failure past its timeout. `enabled=False` or no store: the names are unknown."""
+    failure past its timeout. The helper thread ends when the Stragglers is collected, and at
+    exit after what was posted (bounded, see _stop_store_threads). `enabled=False` or no store:
+    the names are unknown."""
 
     def __init__(self, component: str, group, rank: int, size: int, instance: int,
                  enabled: bool = True, store=None):
@@ -206,22 +267,16 @@ class Stragglers:
     def enabled(self) -> bool:
         return self._store is not None
 
-    def _poster(self, q: "queue.Queue") -> None:
-        while True:
-            key = q.get()
-            try:
-                self._store.add(key, 1)
-            except Exception:  # the store is gone: the query after a failure will say so
-                return
-
     def arrive(self, seq: int) -> None:
         """This rank reached call `seq` (1, 2, ... in order)."""
         if self._store is None:
             return
         if self._posts is None:
             self._posts = queue.Queue()
-            threading.Thread(target=self._poster, args=(self._posts,), daemon=True,
-                             name="cadence-stragglers").start()
+            # the thread holds the store and the queue, not self: the finalizer can run
+            _store_thread(_post_arrivals, (self._store, self._posts), "cadence-stragglers",
+                          self._posts)
+            weakref.finalize(self, self._posts.put, None)
         self._posts.put(self._keys[self._rank])
 
     def missing(self, seq: int, deadline: Optional[Deadline] = None) -> Optional[List[int]]:
@@ -230,16 +285,16 @@ class Stragglers:
         if self._store is None:
             return None
         out: dict = {}
+        store, keys, size = self._store, self._keys, self._size
 
         def query():
             try:
                 # add(key, 0) reads a counter without waiting (every store has it; 0 if unset)
-                out["v"] = [r for r in range(self._size) if self._store.add(self._keys[r], 0) < seq]
+                out["v"] = [r for r in range(size) if store.add(keys[r], 0) < seq]
             except Exception:
                 out["v"] = None
 
-        t = threading.Thread(target=query, daemon=True, name="cadence-stragglers-query")
-        t.start()
+        t = _store_thread(query, (), "cadence-stragglers-query")
         t.join(max(deadline.left() if deadline is not None else 5.0, 0.1))
         return out.get("v")
 
