@@ -6,7 +6,9 @@
 // committed sync (step, quorum, state hash), every reconfiguration, the first commit after a
 // loss (the member's time from detecting it), the state received, done. --join makes it a
 // restarted or late process that joins the running job; --holder makes rank 0 hold only the
-// rendezvous (the members are ranks 1..N-1). An application, not part of the library.
+// rendezvous (the members are ranks 1..N-1); --rejoin N brings a process the quorum dropped
+// while it lived back as a new incarnation in its slot, up to N times. An application, not
+// part of the library.
 #include <cadence/exchange/bucketed_allreducer.hpp>
 #include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/membership/member.hpp>
@@ -19,6 +21,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -46,6 +49,7 @@ struct options {
   std::size_t period = 2;
   std::uint64_t syncs = 100;
   int step_ms = 2, heartbeat_ms = 1000, join_timeout_ms = 30000, connect_timeout_ms = 30000;
+  int rejoin = 0;
 };
 
 const char* const usage =
@@ -82,6 +86,13 @@ options parse(int argc, char** argv, std::string& help) {
                "rank 0 only holds the rendezvous (membership::hold_rendezvous) and is in no\n"
                "quorum; the members are ranks 1..N-1, any of which may be restarted (every\n"
                "process of the job is given it)");
+  cli.add_option("--rejoin", o.rejoin,
+                 "dropped by the quorum while alive (evicted, or no quorum on its side), come\n"
+                 "back: a new communicator in this slot that joins and receives the state, at\n"
+                 "most N attempts (default 0: stop, exit 3). Not on rank 0 without --holder:\n"
+                 "it hosts the rendezvous, which a new communicator cannot take over")
+      ->option_text("N")
+      ->check(integer<int>(0, 1000));
   cli.add_option("--mode", o.mode, "periodic (default: periodic_averager, retried on a fault) or bsp\n"
                                    "(bucketed_allreducer every step, a failed step discarded)")
       ->option_text("M")
@@ -195,15 +206,50 @@ int hold(const options& o, tr::zmq_communicator& comm) {
   return 0;
 }
 
-int run(const options& o) {
+// The state that outlives a member: a rejoin registers the same blocks with the new member,
+// whose join() overwrites them with a donor's.
+struct replica {
+  std::vector<double> params, grads;
+  // --hold-file: whether the job goes on past --syncs, agreed in every sync (the maximum over
+  // the members of "the file exists"), so every member stops after the same sync. Part of the
+  // state, so a newcomer admitted at a sync knows it; written only once the sync's all-reduce
+  // of it has completed here (a failed attempt leaves the last agreed value).
+  std::vector<double> hold;
+  std::uint64_t local = 0;  // local steps so far (the step's increment depends on it)
+};
+
+// How far one member's life got when it threw: a drop while syncing is what --rejoin answers;
+// an error while connecting or joining fails a rejoin attempt (or, on the first life, the
+// process, as before --rejoin existed); one in the closing sync ends the process (the job's
+// end is agreed: there is nothing left to rejoin).
+enum class phase { connecting, syncing, finishing };
+
+// A rejoin under way: the drop's reason and time, the attempt being made.
+struct rejoining {
+  std::string reason;  // "evicted" or "quorum"
+  double dropped_at = 0;
+  int attempt = 0;
+};
+
+// One life of this rank: a communicator in its slot, a member on it that starts (the first
+// life) or joins (--join, or a rejoin), and the syncs until the job's end. `where` says how
+// far it got when it throws.
+int live(const options& o, const tr::job_secret& secret, replica& st, bool join, const rejoining* again,
+         phase& where) {
+  where = phase::connecting;
   mb::member_options mo;
   mo.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(o.heartbeat_ms));
   mo.join_timeout = std::chrono::milliseconds(o.join_timeout_ms);
+  auto connect_timeout = std::chrono::milliseconds(o.connect_timeout_ms);
+  if (again) {  // an attempt waits at most a quorum timeout to connect, and again to be admitted
+    mo.join_timeout = std::min(mo.join_timeout, mo.timeouts.quorum);
+    connect_timeout = std::min(connect_timeout, mo.timeouts.quorum);
+  }
   tr::zmq_options zo;
   if (o.insecure) {
     zo.security = tr::wire_security::open;
   } else {
-    zo.secret = secret_of(o);
+    zo.secret = secret;
   }
   zo.heartbeat_interval = mo.timeouts.heartbeat_interval;
   zo.heartbeat_timeout = mo.timeouts.heartbeat_timeout;
@@ -215,19 +261,17 @@ int run(const options& o) {
     zo.rendezvous = o.rendezvous;
     if (!o.rendezvous_file.empty()) zo.on_rendezvous_bound = [&](const std::string& a) { publish(o.rendezvous_file, a); };
   } else {
-    zo.rendezvous = rendezvous_of(o);
+    options read = o;  // a rejoin reads the file again (the same address while rank 0 lives)
+    read.connect_timeout_ms = static_cast<int>(connect_timeout.count());
+    zo.rendezvous = rendezvous_of(read);
   }
-  tr::zmq_communicator comm(o.rank, o.size, zo, tr::deadline(std::chrono::milliseconds(o.connect_timeout_ms)));
+  tr::zmq_communicator comm(o.rank, o.size, zo, tr::deadline(connect_timeout));
   if (o.holder && o.rank == 0) return hold(o, comm);
   if (o.holder) mo.eligible = mb::members_besides_rendezvous(o.size);
 
-  const auto elements = static_cast<std::size_t>(o.mib * 1024 * 1024 / sizeof(double));
-  std::vector<double> params(elements, 1.0), grads(elements, 0.0);
-  // --hold-file: whether the job goes on past --syncs, agreed in every sync (the maximum over the
-  // members of "the file exists"), so every member stops after the same sync. Part of the state,
-  // so a newcomer admitted at a sync knows it; written only once the sync's all-reduce of it has
-  // completed here (a failed attempt leaves the last agreed value).
-  std::vector<double> hold(1, o.hold_file.empty() ? 0.0 : 1.0);
+  std::vector<double>& params = st.params;
+  std::vector<double>& grads = st.grads;
+  std::vector<double>& hold = st.hold;
   zmq_member m(comm, mo);
   m.add_state(params);
   if (!o.hold_file.empty()) m.add_state(hold);
@@ -252,13 +296,25 @@ int run(const options& o) {
     last = s;
   });
 
-  if (o.join)
+  if (join)
     m.join();
   else
     m.start();
-  emit({{"event", "start"}, {"rank", o.rank}, {"pid", static_cast<long>(::getpid())}, {"join", o.join},
-        {"quorum", m.current().id}, {"members", ranks_of(m.current())}, {"step", m.committed()},
-        {"state_bytes", elements * sizeof(double)}, {"mode", o.mode}});
+  where = phase::syncing;
+  json start = {{"event", "start"},
+                {"rank", o.rank},
+                {"pid", static_cast<long>(::getpid())},
+                {"join", join},
+                {"quorum", m.current().id},
+                {"members", ranks_of(m.current())},
+                {"step", m.committed()},
+                {"state_bytes", params.size() * sizeof(double)},
+                {"mode", o.mode}};
+  if (again) {  // admitted again: which attempt, and the time from the drop
+    start["rejoin"] = again->attempt;
+    start["rejoin_seconds"] = now_seconds() - again->dropped_at;
+  }
+  emit(start);
 
   view_t& view = m.view();
   cadence::exchange::periodic_averager<view_t> avg(view, o.mode == "periodic" ? o.period : 1);
@@ -273,10 +329,9 @@ int run(const options& o) {
     view.allreduce(&h, 1, cadence::transport::dtype::f64, cadence::transport::reduce_op::max);
     hold[0] = h;
   };
-  std::uint64_t local = 0;
   const auto step = [&] {  // deterministic per rank and local step: sparse, cheap, distinct
-    ++local;
-    const double d = 0.01 * (o.rank + 1) + 0.001 * static_cast<double>(local % 7);
+    ++st.local;
+    const double d = 0.01 * (o.rank + 1) + 0.001 * static_cast<double>(st.local % 7);
     if (o.mode == "periodic")
       for (std::size_t i = 0; i < params.size(); i += 97) params[i] += d;
     else
@@ -335,6 +390,7 @@ int run(const options& o) {
   // committed here and failed on a member that missed a lost peer's last message is healed on
   // that member through it; without it, that member would run the last sync again without this
   // one, and the job would end with two states. It changes no state; `done`'s step counts it.
+  where = phase::finishing;
   m.finish();
   const mb::member_stats s = m.stats();
   emit({{"event", "done"}, {"rank", o.rank}, {"step", m.committed()}, {"quorum", m.current().id},
@@ -342,6 +398,60 @@ int run(const options& o) {
         {"failed_syncs", s.failed_syncs}, {"retries", s.retries}, {"discarded", s.discarded},
         {"state_sent_bytes", s.state_sent_bytes}, {"state_received_bytes", s.state_received_bytes}});
   return 0;
+}
+
+// The error a process that gives up stops with (exit 3, its `stopped` line): of the drop's
+// kind, whatever failed the last attempt.
+[[noreturn]] void give_up(const rejoining& r, const std::string& last) {
+  const std::string what = last + " (gave up after " + std::to_string(r.attempt) + " rejoin attempt" +
+                           (r.attempt == 1 ? "" : "s") + ")";
+  if (r.reason == "evicted") throw mb::evicted_error(what);
+  throw mb::quorum_error(what);
+}
+
+// The rank's lives: the first, then with --rejoin up to N more after a drop while syncing
+// (evicted_error or quorum_error), each a new communicator in the same slot that joins. A
+// failed attempt (it could not connect or was not admitted: a link still down, a refusal)
+// counts as one and is followed by the next, a heartbeat interval later.
+int run(const options& o) {
+  tr::job_secret secret;
+  if (!o.insecure) secret = secret_of(o);
+  const auto elements = static_cast<std::size_t>(o.mib * 1024 * 1024 / sizeof(double));
+  replica st{std::vector<double>(elements, 1.0), std::vector<double>(elements, 0.0),
+             std::vector<double>(1, o.hold_file.empty() ? 0.0 : 1.0), 0};
+  // Rank 0 without --holder hosts the rendezvous: a new communicator cannot take it over.
+  const bool may_rejoin = o.rejoin > 0 && !(o.rank == 0 && !o.holder);
+  std::optional<rejoining> again;
+  for (;;) {
+    phase where = phase::connecting;
+    std::string reason, message;
+    try {
+      return live(o, secret, st, o.join || again.has_value(), again ? &*again : nullptr, where);
+    } catch (const mb::evicted_error& e) {
+      if (!may_rejoin || where == phase::finishing || (where == phase::connecting && !again)) throw;
+      reason = "evicted";
+      message = e.what();
+    } catch (const mb::quorum_error& e) {
+      if (!may_rejoin || where == phase::finishing || (where == phase::connecting && !again)) throw;
+      reason = "quorum";
+      message = e.what();
+    } catch (const cadence::error& e) {
+      // Not admitted (a construction or a rendezvous file that timed out): a failed attempt.
+      // Anywhere else, as before --rejoin: the process fails.
+      if (!again || where != phase::connecting) throw;
+      message = e.what();
+    }
+    if (where == phase::syncing) {  // dropped (again): a new rejoin, its attempts counted on
+      const int made = again ? again->attempt : 0;
+      again = rejoining{reason, now_seconds(), made};
+    }
+    if (again->attempt >= o.rejoin) give_up(*again, message);
+    if (where == phase::connecting)  // the last attempt failed: not at once again
+      std::this_thread::sleep_for(mb::timeouts::scaled(std::chrono::milliseconds(o.heartbeat_ms)).heartbeat_interval);
+    ++again->attempt;
+    emit({{"event", "rejoin"}, {"rank", o.rank}, {"attempt", again->attempt}, {"reason", again->reason},
+          {"seconds", now_seconds() - again->dropped_at}, {"message", message}});
+  }
 }
 
 }  // namespace

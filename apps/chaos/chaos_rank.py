@@ -22,8 +22,10 @@ it averages is bit-identical to the C++ program's, so the soak compares their ha
 With --hold-file both agree in every sync on whether the file exists (an all-reduce max of one
 float64, before the average in periodic mode, after it in bsp mode, as the C++ program), and the
 agreed value is registered state after the parameters. --holder on rank 0 holds the rendezvous
-(cadence.membership.hold_rendezvous). Needs NumPy and the cadence package with its
-_membership module (PYTHONPATH). An application, not part of the library.
+(cadence.membership.hold_rendezvous). --rejoin N brings a process the quorum dropped while it
+lived (EvictedError or QuorumError while syncing) back as a new Member in its slot that joins,
+up to N attempts, with the C++ program's lines and rules. Needs NumPy and the cadence package
+with its _membership module (PYTHONPATH). An application, not part of the library.
 """
 
 import argparse
@@ -86,6 +88,11 @@ def parse_args(argv):
     p.add_argument("--holder", action="store_true",
                    help="rank 0 only holds the rendezvous (hold_rendezvous) and is in no quorum; the members are "
                         "ranks 1..N-1 (every process of the job is given it)")
+    p.add_argument("--rejoin", type=_integer(0, 1000), default=0, metavar="N",
+                   help="dropped by the quorum while alive (evicted, or no quorum on its side), come back: a new "
+                        "Member in this slot that joins and receives the state, at most N attempts (default 0: "
+                        "stop, exit 3). Not on rank 0 without --holder: it hosts the rendezvous, which a new "
+                        "Member cannot take over")
     p.add_argument("--mode", choices=MODES, default="periodic", help="periodic (default) or bsp")
     p.add_argument("--mib", type=_mib, default=4.0, metavar="X", help="MiB of parameters (default 4)")
     p.add_argument("--period", type=_integer(1, 1000000), default=2, metavar="K",
@@ -175,26 +182,89 @@ def hold(o, membership):
     return 0
 
 
-def run(o, np, membership):
+class Rejoining:
+    """A rejoin under way: the drop's reason ("evicted" or "quorum") and time, the attempt made."""
+
+    def __init__(self, reason, attempt):
+        self.reason, self.dropped_at, self.attempt = reason, time.time(), attempt
+
+
+# How far one member's life got when it raised (the C++ program's phases): a drop while syncing
+# is what --rejoin answers; an error while connecting or joining fails a rejoin attempt (on the
+# first life, the process, as before --rejoin existed); one in the closing sync ends the process.
+CONNECTING, SYNCING, FINISHING = "connecting", "syncing", "finishing"
+
+
+def run(o, np, cadence, membership):
+    """The rank's lives: the first, then with --rejoin up to N more after a drop while syncing,
+    each a new Member in the same slot that joins. A failed attempt (not connected, not
+    admitted) counts as one and is followed by the next, a heartbeat interval later."""
     if o.holder and o.rank == 0:
         return hold(o, membership)
-    m = membership.Member(o.rank, o.size, join_timeout=o.join_timeout_ms / 1000.0, holder=o.holder,
-                          **connection(o))
+    # The state that outlives a Member (a rejoin registers the same arrays with the new one,
+    # whose join() overwrites them with a donor's). As the C++ program:
+    # static_cast<size_t>(mib * 1024 * 1024 / sizeof(double)).
+    elements = int(o.mib * 1024 * 1024 / 8)
+    st = {"params": np.ones(elements, dtype=np.float64), "grads": np.zeros(elements, dtype=np.float64),
+          # --hold-file: whether the job goes on past --syncs, agreed in every sync; state after
+          # the parameters (a newcomer learns it), written only once the sync's all-reduce of it
+          # completed.
+          "held": np.array([1.0 if o.hold_file else 0.0], dtype=np.float64), "local": 0}
+    may_rejoin = o.rejoin > 0 and not (o.rank == 0 and not o.holder)  # rank 0 hosts the rendezvous
+    again = None
+    while True:
+        where = [CONNECTING]
+        try:
+            return live(o, np, membership, st, o.join or again is not None, again, where)
+        except (membership.EvictedError, membership.QuorumError) as e:
+            if not may_rejoin or where[0] == FINISHING or (where[0] == CONNECTING and again is None):
+                raise
+            reason = "evicted" if isinstance(e, membership.EvictedError) else "quorum"
+            message = str(e)
+        except (cadence.Error, TimeoutError) as e:
+            # Not admitted (a construction or a rendezvous file that timed out): a failed
+            # attempt. Anywhere else, as before --rejoin: the process fails.
+            if again is None or where[0] != CONNECTING:
+                raise
+            message = str(e)
+        if where[0] == SYNCING:  # dropped (again): a new rejoin, its attempts counted on
+            again = Rejoining(reason, again.attempt if again else 0)
+        if again.attempt >= o.rejoin:
+            what = "%s (gave up after %d rejoin attempt%s)" % (message, again.attempt,
+                                                               "" if again.attempt == 1 else "s")
+            raise (membership.EvictedError if again.reason == "evicted" else membership.QuorumError)(what)
+        if where[0] == CONNECTING:  # the last attempt failed: not at once again
+            time.sleep(heartbeat_interval(o))
+        again.attempt += 1
+        emit({"event": "rejoin", "rank": o.rank, "attempt": again.attempt, "reason": again.reason,
+              "seconds": time.time() - again.dropped_at, "message": message})
+
+
+def heartbeat_interval(o):
+    """timeouts::scaled's heartbeat interval, in seconds: a fifth of the timeout, at least 1 ms."""
+    return max(1, o.heartbeat_ms // 5) / 1000.0
+
+
+def live(o, np, membership, st, join, again, where):
+    """One life of this rank: a Member in its slot that starts (the first life) or joins, and the
+    syncs until the job's end; where[0] says how far it got when it raises."""
+    kw = connection(o)
+    join_timeout = o.join_timeout_ms / 1000.0
+    if again is not None:  # an attempt waits at most a quorum timeout to connect, and again to be admitted
+        quorum = 8 * o.heartbeat_ms / 1000.0
+        join_timeout = min(join_timeout, quorum)
+        kw["connect_timeout"] = min(kw["connect_timeout"], quorum)
+    m = membership.Member(o.rank, o.size, join_timeout=join_timeout, holder=o.holder, **kw)
     # Closed on every way out (an eviction included): its callbacks refer back to it, a cycle
     # that only close() breaks (nanobind would report the member leaked at exit).
     with m:
-        return member_loop(o, np, m)
+        return member_loop(o, np, m, st, join, again, where)
 
 
-def member_loop(o, np, m):
+def member_loop(o, np, m, st, join, again, where):
     """The member's part: registers the state, starts or joins, runs the syncs, finishes."""
-    # As the C++ program: static_cast<size_t>(mib * 1024 * 1024 / sizeof(double)).
-    elements = int(o.mib * 1024 * 1024 / 8)
-    params = np.ones(elements, dtype=np.float64)
-    grads = np.zeros(elements, dtype=np.float64)
-    # --hold-file: whether the job goes on past --syncs, agreed in every sync; state after the
-    # parameters (a newcomer learns it), written only once the sync's all-reduce of it completed.
-    held = np.array([1.0 if o.hold_file else 0.0], dtype=np.float64)
+    params, grads, held = st["params"], st["grads"], st["held"]
+    elements = params.size
     m.add_state(params)
     if o.hold_file:
         m.add_state(held)
@@ -218,13 +288,18 @@ def member_loop(o, np, m):
         ctx["last"] = s
 
     m.on_change(changed)
-    if o.join:
+    if join:
         m.join()
     else:
         m.start()
+    where[0] = SYNCING
     q = m.quorum
-    emit({"event": "start", "rank": o.rank, "pid": os.getpid(), "join": o.join, "quorum": q["id"],
-          "members": q["ranks"], "step": m.committed, "state_bytes": elements * 8, "mode": o.mode})
+    start = {"event": "start", "rank": o.rank, "pid": os.getpid(), "join": join, "quorum": q["id"],
+             "members": q["ranks"], "step": m.committed, "state_bytes": elements * 8, "mode": o.mode}
+    if again is not None:  # admitted again: which attempt, and the time from the drop
+        start["rejoin"] = again.attempt
+        start["rejoin_seconds"] = time.time() - again.dropped_at
+    emit(start)
 
     def agree_on_hold():
         if not o.hold_file:
@@ -233,13 +308,11 @@ def member_loop(o, np, m):
         m.allreduce(h, "max")
         held[0] = h[0]
 
-    local = 0
     local_steps = 0  # periodic: steps since the last sync (periodic_averager's count)
 
     def step():
-        nonlocal local
-        local += 1
-        d = 0.01 * (o.rank + 1) + 0.001 * float(local % 7)  # the C++ expression, in float64
+        st["local"] += 1
+        d = 0.01 * (o.rank + 1) + 0.001 * float(st["local"] % 7)  # the C++ expression, in float64
         if o.mode == "periodic":
             params[::97] += d
         else:
@@ -283,6 +356,7 @@ def member_loop(o, np, m):
             ctx["lost"] = []
     # The closing sync (member::finish(), docs/collective.md "The end of the job"); `done`'s
     # step counts it.
+    where[0] = FINISHING
     m.finish()
     s = m.stats()
     q = m.quorum
@@ -302,13 +376,14 @@ def main(argv):
         return 2
     try:
         import numpy as np
+        import cadence
         import cadence.membership as membership
     except ImportError as e:
         print("%s (rank %d): error: needs NumPy and the cadence package with cadence.membership (set PYTHONPATH "
               "to the folder that holds cadence/): %s" % (PROG, o.rank, e), file=sys.stderr)
         return 1
     try:
-        return run(o, np, membership)
+        return run(o, np, cadence, membership)
     except membership.EvictedError as e:
         # A stopped process that comes back finds the quorum gone on without it: its expected fate.
         emit({"event": "stopped", "rank": o.rank, "reason": "evicted", "message": str(e)})

@@ -54,6 +54,15 @@ checks and reports:
   link_victim_errors a process whose link was cut that neither finished the job nor stopped
                      evicted or without a quorum (exit 3); "link_victims" counts the outcomes
 
+--rejoin N gives every rank cadence-chaos-rank --rejoin N: a process the quorum dropped while it
+lived (evicted, or without a quorum on its side) comes back in its slot as a new incarnation
+that joins (rank 0 without --holder cannot: it hosts the rendezvous). A process that came back
+and committed again counts as "rejoined" (a link victim's outcome too), not lost_alive;
+lost_alive still counts a process no fault hit that was dropped and never committed again (it
+gave up, or was still rejoining when the job ended). A stop or link fault is then absorbed only
+once each victim has also come back or exited, and the job is held until no process is
+rejoining. --min-rejoined K fails the run (exit 1) unless at least K processes came back.
+
 Not counted as divergent, but reported as "lone_commits": the last commit of a faulted process
 that then stopped (exit 3), when no other process committed that step in that quorum: it
 committed a sync alone and the survivors ran it again without it (docs/collective.md, "The end
@@ -138,6 +147,12 @@ def parse_args(argv):
     p.add_argument("--kinds", default="",
                    help="the fault kinds drawn, comma-separated (default: all; link_down and partition need "
                         "--netns; late_join is --late-join's)")
+    p.add_argument("--rejoin", type=non_negative_int, default=0, metavar="N",
+                   help="cadence-chaos-rank --rejoin N on every rank: a process the quorum dropped while it lived "
+                        "comes back in its slot, at most N attempts (default 0: it stops, exit 3)")
+    p.add_argument("--min-rejoined", type=non_negative_int, default=0, metavar="K",
+                   help="exit 1 unless at least K processes rejoined and committed again (default 0; a check "
+                        "that --rejoin works, for the ctest)")
     p.add_argument("--python-ranks", default="", metavar="SPEC",
                    help="the slots whose processes (restarts included) run apps/chaos/chaos_rank.py, the same "
                         "rank on cadence.membership.Member, instead of --rank-program, in one quorum with the "
@@ -312,6 +327,8 @@ class Proc:
             cmd.append("--insecure")
         if join:
             cmd.append("--join")
+        if a.rejoin:
+            cmd += ["--rejoin", str(a.rejoin)]
         if trial.cluster is not None:  # in its slot's namespace, on its address there
             cmd = trial.cluster.command(rank, cmd + ["--address", trial.cluster.address(rank)])
         env = dict(os.environ)
@@ -324,6 +341,7 @@ class Proc:
         self.lines, self.offset, self.partial = [], 0, b""
         self.faulted = False  # hit by a fault (its fate is then free)
         self.stopped = False  # SIGSTOP'd, not resumed
+        self.rejoin_missed = False  # still rejoining when the job ended (killed)
 
     def poll_lines(self):
         with open(self.out, "rb") as f:
@@ -350,6 +368,23 @@ class Proc:
     def signal(self, sig):
         signal_popen(self.p, sig)
 
+    def rejoining(self):
+        """Dropped and not back yet: running, with a rejoin line after its last start line."""
+        if self.p.poll() is not None:
+            return False
+        events = [line.get("event") for line in self.lines if line.get("event") in ("start", "rejoin")]
+        return bool(events) and events[-1] == "rejoin"
+
+    def came_back(self):
+        """Rejoined (a start line with "rejoin") and committed a sync after it."""
+        back = False
+        for line in self.lines:
+            if line.get("event") == "start" and "rejoin" in line:
+                back = True
+            elif back and line.get("event") == "commit":
+                return True
+        return False
+
 
 class Trial:
     def __init__(self, args, number, folder, cluster=None):
@@ -367,8 +402,9 @@ class Trial:
                        "not_absorbed": 0, "skipped": 0, "problems": [], "recovered": [], "fault_to_commit": [],
                        "admission": [], "state": [], "steps_committed": 0, "steps_ideal": 0.0,
                        "steps_allowed": 0.0, "faulted_errors": 0, "joins_missed": 0,
-                       "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0}, "link_victim_errors": 0,
-                       "lone_commits": 0, "holder_errors": 0}
+                       "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0, "rejoined": 0},
+                       "link_victim_errors": 0, "lone_commits": 0, "holder_errors": 0, "rejoined": 0,
+                       "rejoin_attempts": 0, "rejoin": []}
         self.timers = []  # (time.monotonic() when, action, proc or rank)
 
     def problem(self, text):
@@ -441,6 +477,7 @@ class Trial:
                     self.start(r, False)
             if self.wait_for_starts(deadline):
                 self.inject(deadline)
+                self.wait_for_rejoins(deadline)
                 os.remove(self.hold)  # every fault absorbed (or given up on): the job may end
                 self.wait_for_end(deadline)
         finally:
@@ -555,6 +592,9 @@ class Trial:
                     done = self.link_absorbed(f, t_fault, measured)
                 else:
                     done = measured and any(c[0] > t_fault and f["victim"] not in c[3] for c in self.commits)
+                    if done and f["kind"] == "stop" and self.args.rejoin:
+                        # The victim, resumed, comes back (or exits: rank 0, or it gave up).
+                        done = victim.p.poll() is not None or victim.came_back()
                 if done:
                     break
                 if not [p for p in self.running() if not p.stopped]:
@@ -576,14 +616,29 @@ class Trial:
         if "restored_t" not in f:
             return False
         lost = []
+        back = False
         for v in f.get("group", [f["victim"]]):
             p = self.current(v)
             if p.p.poll() is not None:
                 lost.append(v)
-            elif not any(c[5] == v and c[0] > f["restored_t"] for c in self.commits):
-                return False
-        f["outcome"] = "lost" if lost else "stayed"
+            elif p.rejoining() or not any(c[5] == v and c[0] > f["restored_t"] for c in self.commits):
+                return False  # --rejoin: one on its way back is waited for
+            back = back or p.came_back()
+        f["outcome"] = "lost" if lost else "rejoined" if back else "stayed"
         return not lost or (measured and any(c[0] > t_fault and not set(lost) & set(c[3]) for c in self.commits))
+
+    def wait_for_rejoins(self, deadline):
+        """--rejoin: holds the job (its hold file) while a process is on its way back, for at most
+        8 quorum timeouts plus a process's start (as a fault's absorption), so that the job does
+        not end under it."""
+        if not self.args.rejoin:
+            return
+        limit = min(deadline, time.monotonic() + 8 * 8 * self.args.heartbeat_ms / 1000.0 + 10)
+        while time.monotonic() < limit:
+            self.pump()
+            if not any(p.rejoining() for p in self.procs):
+                return
+            time.sleep(0.01)
 
     def wait_for_end(self, deadline):
         while time.monotonic() < deadline:
@@ -594,13 +649,17 @@ class Trial:
             # Members are done: a joiner still waiting to be admitted came too late. (The holder
             # waits for every member slot to empty, a waiting joiner's included: not a member.)
             members = [p for p in active if not self.is_holder(p)]
-            members_done = [p for p in members if not p.join or p.first("start")]
+            members_done = [p for p in members if (not p.join or p.first("start")) and not p.rejoining()]
             if not members_done and members and any(p.first("done") for p in self.procs):
                 for p in members:
-                    self.result["joins_missed"] += 1
-                    self.problem("rank %d's joiner was still waiting when the job ended" % p.rank)
+                    if p.rejoining():  # dropped, not back in time: its fate is decided in check()
+                        p.rejoin_missed = True
+                        self.problem("rank %d was still rejoining when the job ended" % p.rank)
+                    else:
+                        self.result["joins_missed"] += 1
+                        self.problem("rank %d's joiner was still waiting when the job ended" % p.rank)
+                        p.faulted = True
                     p.signal(signal.SIGKILL)
-                    p.faulted = True
             time.sleep(0.01)
         else:
             self.result["hang"] = True
@@ -620,14 +679,22 @@ class Trial:
         other process committed that step in that quorum. Returns their (rank, t)."""
         lone = set()
         for p in self.procs:
-            if not p.faulted or p.p.returncode != 3:
-                continue
-            mine = [c for c in p.lines if c.get("event") == "commit"]
-            if not mine:
-                continue
-            last = mine[-1]
-            if not any(c[1] == last["step"] and c[2] == last["quorum"] and c[5] != p.rank for c in self.commits):
-                lone.add((p.rank, last["t"]))
+            # Each life's last commit: before each rejoin line (--rejoin: a process dropped, any
+            # process, that came back as a new incarnation), and the last one of a faulted
+            # process that then stopped.
+            lasts, last = [], None
+            for line in p.lines:
+                if line.get("event") == "commit":
+                    last = line
+                elif line.get("event") == "rejoin" and last is not None:
+                    lasts.append(last)
+                    last = None
+            if p.faulted and p.p.returncode == 3 and last is not None:
+                lasts.append(last)
+            for last in lasts:
+                if not any(c[1] == last["step"] and c[2] == last["quorum"] and c[5] != p.rank
+                           for c in self.commits):
+                    lone.add((p.rank, last["t"]))
         return lone
 
     def check(self):
@@ -657,12 +724,21 @@ class Trial:
         for p in members:
             rc = p.p.returncode
             stopped = p.first("stopped")
+            rejoins = [line for line in p.lines if line.get("event") == "rejoin"]
+            r["rejoin_attempts"] += len(rejoins)
+            r["rejoin"] += [line["rejoin_seconds"] for line in p.lines
+                            if line.get("event") == "start" and "rejoin_seconds" in line]
+            if p.came_back():
+                r["rejoined"] += 1
             if p in link_hit:
-                # Cut off: it stays (finishes the job) or stops by itself, evicted or without a
-                # quorum (exit 3); anything else is an error (one still running is a hang).
+                # Cut off: it stays (finishes the job), comes back (--rejoin) or stops by itself,
+                # evicted or without a quorum (exit 3); anything else is an error (one still
+                # running is a hang). One still rejoining when the job ended: its drop's reason.
                 reason = stopped.get("reason") if stopped else None
+                if p.rejoin_missed:
+                    rc, reason = 3, rejoins[-1]["reason"]
                 if rc == 0 and p.first("done"):
-                    r["link_victims"]["stayed"] += 1
+                    r["link_victims"]["rejoined" if p.came_back() else "stayed"] += 1
                 elif rc == 3 and reason in ("evicted", "quorum"):
                     r["link_victims"]["evicted" if reason == "evicted" else "no_quorum"] += 1
                 else:
@@ -674,10 +750,14 @@ class Trial:
                     r["faulted_errors"] += 1
                     self.problem("rank %d (faulted) exited with status %s: %s" % (p.rank, rc, self.tail(p)))
                 continue
-            if rc == 3:
+            if rc == 3 or p.rejoin_missed:
                 r["lost_alive"] += 1
-                self.problem("rank %d was never hit, but stopped (%s): %s"
-                             % (p.rank, stopped.get("reason") if stopped else "?", self.tail(p)))
+                if p.rejoin_missed:
+                    self.problem("rank %d was never hit, but was dropped (%s) and not back by the job's end"
+                                 % (p.rank, rejoins[-1]["reason"]))
+                else:
+                    self.problem("rank %d was never hit, but stopped (%s): %s"
+                                 % (p.rank, stopped.get("reason") if stopped else "?", self.tail(p)))
             elif rc != 0:
                 r["rank_errors"] += 1
                 self.problem("rank %d was never hit, but exited with status %s: %s" % (p.rank, rc, self.tail(p)))
@@ -707,7 +787,9 @@ class Trial:
                             "" if done else " without a done line", self.tail(h)))
             return
         admitted = sum(1 for p in members if p.first("start"))
-        if not admitted <= done["registrations"] <= len(members) or done["losses"] != done["registrations"]:
+        # --rejoin: each attempt registers a new incarnation of its process's slot.
+        incarnations = len(members) + sum(1 for p in members for line in p.lines if line.get("event") == "rejoin")
+        if not admitted <= done["registrations"] <= incarnations or done["losses"] != done["registrations"]:
             r["holder_errors"] += 1
             self.problem("the rendezvous holder counted %d registrations and %d losses; %d member processes "
                          "started, %d admitted" % (done["registrations"], done["losses"], len(members), admitted))
@@ -772,11 +854,13 @@ def soak(args, cluster):
               "modes": {m: 0 for m in MODES}, "faults": {k: 0 for k in KINDS}, "faults_skipped": 0,
               "hangs": 0, "divergent_commits": 0, "lost_alive": 0, "rank_errors": 0, "unfinished": 0,
               "not_absorbed": 0, "faulted_errors": 0, "joins_missed": 0,
-              "link_faults": {"short": 0, "long": 0}, "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0},
-              "link_victim_errors": 0, "lone_commits": 0, "holder": args.holder, "holder_errors": 0}
+              "link_faults": {"short": 0, "long": 0},
+              "link_victims": {"stayed": 0, "evicted": 0, "no_quorum": 0, "rejoined": 0}, "link_victim_errors": 0,
+              "lone_commits": 0, "holder": args.holder, "holder_errors": 0,
+              "rejoin": args.rejoin, "rejoined": 0, "rejoin_attempts": 0}
     if args.python_slots:  # only then: the default output stays as it was
         totals["python_ranks"] = args.python_slots
-    recovered, fault_to_commit, admission, state = [], [], [], []
+    recovered, fault_to_commit, admission, state, rejoin = [], [], [], [], []
     committed = ideal = allowed = 0.0
     failed = []
     started = time.monotonic()
@@ -798,8 +882,10 @@ def soak(args, cluster):
                        ("unfinished", "unfinished"), ("not_absorbed", "not_absorbed"),
                        ("faulted_errors", "faulted_errors"), ("joins_missed", "joins_missed"),
                        ("link_victim_errors", "link_victim_errors"), ("lone_commits", "lone_commits"),
-                       ("holder_errors", "holder_errors")):
+                       ("holder_errors", "holder_errors"), ("rejoined", "rejoined"),
+                       ("rejoin_attempts", "rejoin_attempts")):
             totals[key] += r[k]
+        rejoin += r["rejoin"]
         for k, n in r["link_victims"].items():
             totals["link_victims"][k] += n
         recovered += r["recovered"]
@@ -828,6 +914,7 @@ def soak(args, cluster):
     totals["reconfiguration_seconds"] = summary(recovered)
     totals["fault_to_commit_seconds"] = summary(fault_to_commit)
     totals["admission_seconds"] = summary(admission)
+    totals["rejoin_seconds"] = summary(rejoin)
     sb = sum(b for b, _ in state)
     ss = sum(s for _, s in state)
     totals["state_transfer"] = {"count": len(state), "bytes": sb, "seconds": round(ss, 4),
@@ -841,7 +928,12 @@ def soak(args, cluster):
     totals["allowed_efficiency"] = round(allowed / ideal, 4) if ideal else None
     totals["committed_vs_allowed"] = round(committed / allowed, 4) if allowed else None
     totals["wall_seconds"] = round(time.monotonic() - started, 1)
-    return finish("chaos_soak", totals, failed, root, args.keep)
+    rc = finish("chaos_soak", totals, failed, root, args.keep)
+    if totals["rejoined"] < args.min_rejoined:
+        print("chaos_soak: FAIL: %d process(es) rejoined and committed again, --min-rejoined %d"
+              % (totals["rejoined"], args.min_rejoined), file=sys.stderr)
+        return 1
+    return rc
 
 
 if __name__ == "__main__":
