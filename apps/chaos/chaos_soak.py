@@ -627,22 +627,50 @@ class Trial:
         f["outcome"] = "lost" if lost else "rejoined" if back else "stayed"
         return not lost or (measured and any(c[0] > t_fault and not set(lost) & set(c[3]) for c in self.commits))
 
+    def out_of_quorum(self):
+        """The running processes (not SIGSTOP'd, not the holder) that the newest committed quorum
+        does not hold: dropped (the drop not yet noticed there: a live rank left out waits in its
+        old sync up to the op timeout), rejoining, or joiners not yet admitted."""
+        if not self.commits:
+            return []
+        newest = max(self.commits, key=lambda c: (c[2], c[0]))
+        return [p for p in self.running() if not p.stopped and not self.is_holder(p) and p.rank not in newest[3]]
+
     def wait_for_rejoins(self, deadline):
-        """--rejoin: holds the job (its hold file) while a process is on its way back, for at most
-        8 quorum timeouts plus a process's start (as a fault's absorption), so that the job does
-        not end under it."""
+        """--rejoin: holds the job (its hold file) while a process is on its way back or out of
+        the quorum, for at most 8 quorum timeouts plus a process's start (as a fault's
+        absorption), so that the job does not end under it."""
         if not self.args.rejoin:
             return
         limit = min(deadline, time.monotonic() + 8 * 8 * self.args.heartbeat_ms / 1000.0 + 10)
         while time.monotonic() < limit:
             self.pump()
-            if not any(p.rejoining() for p in self.procs):
+            if not any(p.rejoining() for p in self.procs) and not self.out_of_quorum():
                 return
             time.sleep(0.01)
 
+    def hold_for_rejoins(self, state):
+        """--rejoin, while the job ends: a process dropped after the hold file was removed (its
+        drop noticed late, or a loss near the end) holds the job again until it is back, within
+        one absorption limit in all, unless a member has already finished."""
+        if not self.args.rejoin or any(p.first("done") for p in self.procs):
+            return
+        pending = any(p.rejoining() for p in self.procs) or self.out_of_quorum()
+        now = time.monotonic()
+        if pending and state.get("until", now + 1) > now:
+            if "until" not in state:
+                state["until"] = now + 8 * 8 * self.args.heartbeat_ms / 1000.0 + 10
+            if not os.path.exists(self.hold):
+                with open(self.hold, "w"):
+                    pass
+        elif os.path.exists(self.hold):
+            os.remove(self.hold)
+
     def wait_for_end(self, deadline):
+        held = {}
         while time.monotonic() < deadline:
             self.pump()
+            self.hold_for_rejoins(held)
             active = [p for p in self.running() if not p.stopped]
             if not active and not self.timers:
                 break
