@@ -60,8 +60,8 @@ that joins (rank 0 without --holder cannot: it hosts the rendezvous). A process 
 and committed again counts as "rejoined" (a link victim's outcome too), not lost_alive;
 lost_alive still counts a process no fault hit that was dropped and never committed again (it
 gave up, or was still rejoining when the job ended). A stop or link fault is then absorbed only
-once each victim has also come back or exited, and the job is held until no process is
-rejoining. --min-rejoined K fails the run (exit 1) unless at least K processes came back.
+once each victim has also come back or exited, and the job is held until every running process
+is back in the newest quorum (or for 8 quorum timeouts at most). --min-rejoined K fails the run (exit 1) unless at least K processes came back.
 
 Not counted as divergent, but reported as "lone_commits": the last commit of a faulted process
 that then stopped (exit 3), when no other process committed that step in that quorum: it
