@@ -178,6 +178,9 @@ class Member:
             are ranks 1..size-1 (this rank must not be 0), and any of them, the first one
             included, can be lost and replaced in its slot.
 
+    A member the quorum dropped while it was alive (:class:`EvictedError`,
+    :class:`QuorumError` from a sync) comes back in the same process with :meth:`rejoin`.
+
     Every call must come from the thread that created the member. Use it as a context manager
     (or call :meth:`close`) so that its sockets close.
     """
@@ -194,6 +197,10 @@ class Member:
             raise InvalidParameterError("cadence.membership.Member: rank and size must be ints")
         if min_size < 1:
             raise InvalidParameterError(f"cadence.membership.Member: min_size {min_size} must be >= 1")
+        # What rejoin() resolves the rendezvous from again (rank 0 may have written a new file).
+        self._where = dict(rank=rank, size=size, rendezvous=rendezvous, rendezvous_file=rendezvous_file,
+                           address=address, secret=secret, insecure=insecure, connect_timeout=connect_timeout)
+        self._holder = bool(holder)
         rendezvous, on_bound, secret = _connection("Member", rank, size, rendezvous, rendezvous_file, address,
                                                    secret, insecure, connect_timeout)
         self._m = _membership._Member(rank, size, rendezvous, address, secret, insecure,
@@ -235,6 +242,41 @@ class Member:
         """Asks the running quorum to admit this process (new, or restarted in a lost rank's
         slot); returns once admitted, with the quorum's state in the registered arrays."""
         self._m.join()
+
+    def rejoin(self) -> None:
+        """Comes back into the job as a new incarnation in this slot, in this process, after the
+        quorum dropped this member while it was alive: call it where a sync (:meth:`transact`)
+        raised :class:`EvictedError` or :class:`QuorumError` (a short link cut stretched by
+        TCP's backoff, a resume from SIGSTOP after the others went on, a sync entered after the
+        op timeout), instead of ending the process and restarting it to :meth:`join`.
+
+        It ends the current member and its communicator, resolves the rendezvous again (reads
+        ``rendezvous_file`` anew), connects a new communicator, registers with it what was
+        registered before (the arrays of :meth:`add_state`, the blobs of :meth:`add_blob`, the
+        :meth:`on_change` callbacks; ``on_event`` too) and calls :meth:`join`. It costs what a
+        replacement costs: a new incarnation the quorum admits at its next sync, and a state
+        transfer that overwrites the arrays and loads the blobs with a donor's state (this
+        member's work since its last committed sync is lost). :meth:`stats` start from zero;
+        :attr:`committed` is the quorum's. The caller goes on with its next sync (every member
+        then syncs at the same count).
+
+        Raises InvalidParameterError before :meth:`start`/:meth:`join`, after :meth:`close`, on
+        rank 0 of a job without ``holder`` (it hosts the rendezvous: restart the job's rank 0
+        instead, or run the job with :func:`hold_rendezvous`), and with a :class:`DiLoCo`
+        attached (come back as a new process). An attempt that fails (no rendezvous file within
+        ``connect_timeout``: TimeoutError; no answer at the rendezvous: TransportError; not
+        admitted within ``join_timeout``: :class:`QuorumError`) raises and leaves the member closed but rejoinable: calls other
+        than rejoin() and :meth:`close` raise until a later rejoin() succeeds."""
+        w = self._where
+        rendezvous, _, _ = _connection("Member.rejoin", w["rank"], w["size"], w["rendezvous"], w["rendezvous_file"],
+                                       w["address"], w["secret"], w["insecure"], w["connect_timeout"])
+        self._m.rejoin(rendezvous)
+
+    @property
+    def may_rejoin(self) -> bool:
+        """Whether this member's slot may :meth:`rejoin`: every member of a job whose rank 0
+        holds the rendezvous (``holder=True``), every rank but 0 otherwise."""
+        return self._holder or self._where["rank"] != 0
 
     # ---- syncs ----
 

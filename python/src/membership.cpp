@@ -275,7 +275,11 @@ public:
     if (holder) mo.eligible = mb::members_besides_rendezvous(c.size);
     mo.on_event = line_sink(on_event_, "cadence.membership.Member on_event callback");
     comm_ = connect(here, c, mo.timeouts, on_bound_);
-    member_ = std::make_unique<member_t>(*comm_, std::move(mo));
+    member_ = std::make_unique<member_t>(*comm_, mo);
+    // What rejoin() builds the next incarnation from (on_event refers to on_event_, which stays).
+    conn_ = c;
+    options_ = std::move(mo);
+    holder_ = holder;
   }
 
   ~py_member() { close(); }
@@ -284,7 +288,8 @@ public:
   // go of the Python objects it held: the arrays and the callbacks, which often refer back to
   // this member (an averager's bound methods), a cycle Python's collector cannot see through C++.
   void close() {
-    if (comm_) {
+    closed_ = true;
+    if (comm_ || member_) {
       nb::gil_scoped_release unlocked;
       // What runs on the member from another thread (a DiLoCo's streaming fragment) ends first.
       for (auto& f : before_close_) f();
@@ -301,8 +306,13 @@ public:
   }
 
   member_t& m(const char* what) {
-    if (!member_)
+    if (!member_) {
+      if (!closed_ && started_)
+        throw invalid_parameter_error(std::string("cadence.membership.Member.") + what +
+                                      ": the member is closed (its last rejoin() failed: call rejoin() again, or "
+                                      "close() it)");
       throw invalid_parameter_error(std::string("cadence.membership.Member.") + what + ": the member is closed");
+    }
     return *member_;
   }
 
@@ -315,43 +325,57 @@ public:
 
   void add_blob(std::string name, nb::callable save, nb::callable load) {
     if (started_) throw invalid_parameter_error("cadence.membership.Member.add_blob: register state before start() or join()");
-    blobs_.push_back({save, load});
-    const std::size_t i = blobs_.size() - 1;
-    const std::string who = "cadence.membership: state '" + name + "'";
-    m("add_blob").add_state(
-        name,
-        [this, i, who]() {
-          nb::gil_scoped_acquire gil;
-          nb::object r = blobs_[i].first();
-          if (!nb::isinstance<nb::bytes>(r)) throw error(who + ": save() must return bytes");
-          const nb::bytes b = nb::borrow<nb::bytes>(r);
-          const auto* p = static_cast<const unsigned char*>(static_cast<const void*>(b.c_str()));
-          return std::vector<unsigned char>(p, p + b.size());
-        },
-        [this, i](const std::vector<unsigned char>& v) {
-          nb::gil_scoped_acquire gil;
-          blobs_[i].second(nb::bytes(reinterpret_cast<const char*>(v.data()), v.size()));
-        });
+    member_t& mm = m("add_blob");
+    blobs_.push_back({std::move(name), std::move(save), std::move(load)});
+    register_blob(mm, blobs_.size() - 1);
   }
 
   void on_change(nb::callable f) {
     // The callable stays here, destroyed with the GIL held; the member's function (destroyed
     // without it, in close()) holds only its index.
+    member_t& mm = m("on_change");
     changes_.push_back(std::move(f));
-    const std::size_t i = changes_.size() - 1;
-    m("on_change").on_change([this, i](const mb::change& c) {
-      nb::gil_scoped_acquire gil;
-      try {
-        changes_[i](dict_of("before", quorum_dict(c.before),
-                            "after", quorum_dict(c.after),
-                            "lost", int_list(c.lost),
-                            "admitted", int_list(c.admitted),
-                            "healed", c.healed,
-                            "committed", c.committed));
-      } catch (nb::python_error& e) {
-        e.discard_as_unraisable("cadence.membership.Member on_change callback");  // inside a reconfiguration
-      }
-    });
+    register_change(mm, changes_.size() - 1);
+  }
+
+  // A new incarnation of this member in its slot, after the quorum dropped it while it was
+  // alive (evicted_error, quorum_error): the old member and communicator end, a new
+  // communicator registers at `rendezvous` (rank 0 may have bound a new address), a new member
+  // gets the same arrays, blobs and on_change callbacks, and joins, which overwrites the state
+  // with a donor's. A failed attempt leaves no member (later calls say so) but keeps what was
+  // registered, so rejoin() may be called again.
+  void rejoin(const std::string& rendezvous) {
+    const std::string here = "cadence.membership.Member.rejoin";
+    if (closed_)
+      throw invalid_parameter_error(here + ": the member was closed (close()), which let go of its state: make a "
+                                           "new Member and join() instead");
+    if (!started_)
+      throw invalid_parameter_error(here + ": rejoin is for a member that was running: call start() or join() "
+                                           "first");
+    if (!before_close_.empty())
+      throw invalid_parameter_error(here + ": a DiLoCo is attached to this member (its outer state and streaming "
+                                           "thread live on the member and are not re-made): close it and come back "
+                                           "as a new process (a new Member, DiLoCo.join())");
+    if (conn_.rank == 0 && !holder_)
+      throw invalid_parameter_error(here + ": rank 0 hosts the job's rendezvous, which a new communicator would "
+                                           "bind anew where no member looks: restart the job's rank 0 instead, or "
+                                           "run the job with hold_rendezvous (holder=True) so that every member may "
+                                           "rejoin");
+    job_connection c = conn_;
+    c.rendezvous = rendezvous;
+    drop_incarnation();
+    try {
+      comm_ = connect(here, c, options_.timeouts, on_bound_);
+      member_ = std::make_unique<member_t>(*comm_, options_);
+      for (const block& b : held_) member_->add_state(mb::buffer(b.data, b.bytes));
+      for (std::size_t i = 0; i < blobs_.size(); ++i) register_blob(*member_, i);
+      for (std::size_t i = 0; i < changes_.size(); ++i) register_change(*member_, i);
+      member_t& mm = *member_;
+      unlocked([&] { mm.join(); });
+    } catch (...) {
+      drop_incarnation();
+      throw;
+    }
   }
 
   void start() {
@@ -476,16 +500,73 @@ public:
   void mark_started() noexcept { started_ = true; }
 
 private:
+  // State: comm_ and member_ are one incarnation (rejoin() replaces both, close() ends them);
+  // held_, blobs_ and changes_ are what every incarnation registers; conn_, options_ and
+  // holder_ are what it is built from; kept_ and before_close_ belong to a DiLoCo (which rules
+  // out rejoin()); closed_ is set by close() only.
+  struct blob {
+    std::string name;
+    nb::callable save, load;
+  };
+
+  // Registers blob i of blobs_ with `mm` (add_blob, and again at every rejoin()).
+  void register_blob(member_t& mm, std::size_t i) {
+    const std::string who = "cadence.membership: state '" + blobs_[i].name + "'";
+    mm.add_state(
+        blobs_[i].name,
+        [this, i, who]() {
+          nb::gil_scoped_acquire gil;
+          nb::object r = blobs_[i].save();
+          if (!nb::isinstance<nb::bytes>(r)) throw error(who + ": save() must return bytes");
+          const nb::bytes b = nb::borrow<nb::bytes>(r);
+          const auto* p = static_cast<const unsigned char*>(static_cast<const void*>(b.c_str()));
+          return std::vector<unsigned char>(p, p + b.size());
+        },
+        [this, i](const std::vector<unsigned char>& v) {
+          nb::gil_scoped_acquire gil;
+          blobs_[i].load(nb::bytes(reinterpret_cast<const char*>(v.data()), v.size()));
+        });
+  }
+
+  // Registers callback i of changes_ with `mm` (on_change, and again at every rejoin()).
+  void register_change(member_t& mm, std::size_t i) {
+    mm.on_change([this, i](const mb::change& c) {
+      nb::gil_scoped_acquire gil;
+      try {
+        changes_[i](dict_of("before", quorum_dict(c.before),
+                            "after", quorum_dict(c.after),
+                            "lost", int_list(c.lost),
+                            "admitted", int_list(c.admitted),
+                            "healed", c.healed,
+                            "committed", c.committed));
+      } catch (nb::python_error& e) {
+        e.discard_as_unraisable("cadence.membership.Member on_change callback");  // inside a reconfiguration
+      }
+    });
+  }
+
+  // Ends the current incarnation, without the GIL (its sockets close; the member's callbacks
+  // hold only indices into what stays here).
+  void drop_incarnation() {
+    nb::gil_scoped_release released;
+    member_.reset();
+    comm_.reset();
+  }
+
   std::unique_ptr<comm_t> comm_;
   std::unique_ptr<member_t> member_;
   std::vector<block> held_;
-  std::vector<std::pair<nb::callable, nb::callable>> blobs_;
+  std::vector<blob> blobs_;
   std::vector<nb::callable> changes_;
   std::vector<nb::object> kept_;
   std::vector<std::function<void()>> before_close_;
   nb::object on_bound_, on_event_;
   std::exception_ptr pending_;
+  job_connection conn_;
+  mb::member_options options_;
+  bool holder_ = false;
   bool started_ = false;
+  bool closed_ = false;
 };
 
 // exchange::diloco_member on a Member: DiLoCo's outer steps as transactions of the quorum. The
@@ -684,7 +765,8 @@ NB_MODULE(_membership, m) {
       "Member.transact re-forms the quorum and retries or discards the sync.");
   py::types.evicted = py::make_type(
       m, "EvictedError", core.attr("Error").ptr(),
-      "This member is no longer in the quorum: close it and come back as a new process (join).");
+      "This member is no longer in the quorum: come back as a new incarnation, in this process "
+      "(Member.rejoin) or as a new one (Member.join).");
   py::types.quorum = py::make_type(m, "QuorumError", core.attr("Error").ptr(),
                                    "The quorum cannot form or re-form (too few members left).");
 
@@ -714,6 +796,8 @@ NB_MODULE(_membership, m) {
       .def("on_change", [](py_member& s, nb::callable f) { guarded([&] { s.on_change(std::move(f)); }); })
       .def("start", [](py_member& s) { guarded([&] { s.start(); }); })
       .def("join", [](py_member& s) { guarded([&] { s.join(); }); })
+      .def("rejoin", [](py_member& s, const std::string& rendezvous) { guarded([&] { s.rejoin(rendezvous); }); },
+           nb::arg("rendezvous"))
       .def("transact", [](py_member& s, nb::callable body, nb::list backup, const std::string& policy) {
         return guarded([&] { return s.transact(std::move(body), std::move(backup), policy); });
       })

@@ -1,0 +1,202 @@
+"""cadence.membership.Member.rejoin(): a member the quorum dropped while it was alive comes back
+in its process as a new incarnation in its slot, with the quorum's state.
+
+Three members run as spawned processes on loopback (insecure=True, a 0.2 s heartbeat). Member 2
+is dropped while alive, as by a late resume from SIGSTOP, without racing a clock: it stops
+itself before a sync, the test resumes it once the others have reported it lost and committed
+a sync without it, and the sync it then enters raises EvictedError or QuorumError (its
+incarnation is lost to the others for good); it calls rejoin(), and the job ends with all three
+in the quorum and the same state. Every wait is bounded (BOUND), never timed.
+"""
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import traceback
+
+import numpy as np
+import pytest
+
+cadence = pytest.importorskip("cadence", reason="the cadence bindings are not installed (pip install .)")
+
+
+def _libzmq_here() -> bool:
+    return shutil.which("pkg-config") is not None and subprocess.run(
+        ["pkg-config", "--exists", "libzmq"], check=False).returncode == 0
+
+
+try:
+    import cadence.membership as membership
+except ImportError as e:  # built without libzmq
+    if _libzmq_here():
+        raise AssertionError(f"libzmq is installed here but cadence._membership was not built: {e}") from e
+    pytest.skip(f"cadence.membership is not built ({e})", allow_module_level=True)
+
+N = 1000          # elements of the state
+BOUND = 60.0      # seconds: upper bound on any wait (catches a hang, never reached when healthy)
+HEARTBEAT = 0.2   # seconds
+HELD_BACK_AT = 2  # member 2 stops itself before the sync after this many committed
+
+
+def _rank(rank, size, path, ready, went_on, back, abort, results):
+    """One member: a local step adds rank+1 to its state (and counts itself in a blob), then
+    the state is averaged in a transaction, with a flag agreed in the same sync (max) saying
+    whether the job goes on: member 2 wants more until it committed a sync after its rejoin,
+    the others until it says so (`back`). Member 2 stops itself (SIGSTOP) before the sync after
+    HELD_BACK_AT; member 0 sets `went_on` once it committed a sync without member 2."""
+    try:
+        ready.wait(BOUND)  # imports done: the three register and start together
+        until = time.monotonic() + BOUND
+        with membership.Member(rank, size, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT,
+                               join_timeout=BOUND, connect_timeout=BOUND) as m:
+            w = np.full(N, 10.0 * rank)
+            more = np.zeros(1)  # agreed in every sync: whether the job goes on
+            m.add_state(w, more)
+            steps = [0]         # a blob: the local step count, a donor's after a rejoin
+            m.add_blob("steps", lambda: str(steps[0]).encode(), lambda b: steps.__setitem__(0, int(b)))
+            changes = []
+            m.on_change(changes.append)
+            m.start()
+            dropped = None      # the error member 2's sync raised after its resume
+            after_rejoin = None
+
+            def wants_more():
+                if abort.is_set() or time.monotonic() > until:
+                    return False
+                if rank == 2:
+                    return after_rejoin is None or m.committed <= after_rejoin
+                return not back.is_set()
+
+            while True:
+                if rank == 2 and dropped is None and m.committed == HELD_BACK_AT:
+                    os.kill(os.getpid(), signal.SIGSTOP)  # the test resumes it (SIGCONT)
+                steps[0] += 1
+                w += rank + 1
+
+                def body():
+                    flag = np.array([1.0 if wants_more() else 0.0])
+                    m.allreduce(flag, "max")
+                    more[0] = flag[0]
+                    m.allreduce_average(w)
+
+                try:
+                    r = m.transact(body, backup=[w])
+                except (membership.EvictedError, membership.QuorumError) as e:
+                    if rank != 2 or dropped is not None:
+                        raise
+                    dropped = type(e).__name__
+                    m.rejoin()
+                    after_rejoin = m.committed
+                    continue
+                assert r["outcome"] in ("committed", "healed"), r
+                if rank == 0 and m.quorum["ranks"] == [0, 1] and any(2 in c["lost"] for c in changes):
+                    went_on.set()
+                if rank == 2 and after_rejoin is not None and m.committed > after_rejoin:
+                    back.set()
+                if more[0] == 0:
+                    break
+            m.finish()
+            results.put((rank, "ok", dict(hash=m.state_hash, w=w.tolist(), steps=steps[0], quorum=m.quorum["ranks"],
+                                          committed=m.committed, dropped=dropped, after_rejoin=after_rejoin,
+                                          changes=changes)))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        abort.set()
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def test_a_member_dropped_while_alive_rejoins_in_its_process(tmp_path):
+    ctx = mp.get_context("spawn")
+    size = 3
+    ready, went_on, back, abort, results = ctx.Barrier(3), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
+    path = str(tmp_path / "rendezvous")
+    procs = [ctx.Process(target=_rank, args=(r, size, path, ready, went_on, back, abort, results)) for r in range(size)]
+    for p in procs:
+        p.start()
+    out = {}
+    try:
+        assert went_on.wait(BOUND) or abort.is_set(), "members 0 and 1 never went on without member 2"
+        os.kill(procs[2].pid, signal.SIGCONT)  # a late resume: the quorum went on without it
+        while len(out) < size:
+            rank, status, value = results.get(timeout=BOUND)
+            assert status == "ok", f"member {rank} failed:\n{value}"
+            out[rank] = value
+        for p in procs:
+            p.join(BOUND)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert out[2]["dropped"] in ("EvictedError", "QuorumError"), out[2]["dropped"]
+    assert back.is_set() and not abort.is_set(), "the job ended before member 2 came back"
+    # The quorum has three members again, and they hold the same state: the arrays, the blob
+    # (member 2's step count is a donor's) and the agreed count of syncs.
+    for r in range(size):
+        assert out[r]["quorum"] == [0, 1, 2], out[r]["quorum"]
+        assert out[r]["hash"] == out[0]["hash"]
+        assert out[r]["w"] == out[0]["w"]
+        assert out[r]["steps"] == out[0]["steps"] and out[r]["committed"] == out[0]["committed"]
+    # Members 0 and 1 went on without member 2 (its count came with the state), admitted it
+    # again, and the on_change callback registered before followed it into its new member.
+    assert out[0]["steps"] > HELD_BACK_AT + 1
+    assert any(c["lost"] == [2] for c in out[0]["changes"]) and any(c["admitted"] == [2] for c in out[0]["changes"])
+    assert any(2 in c["admitted"] and c["before"]["id"] == 0 for c in out[2]["changes"][1:])
+
+
+def single(**kw):
+    return membership.Member(0, 1, rendezvous="tcp://127.0.0.1:0", insecure=True, heartbeat=HEARTBEAT, **kw)
+
+
+def test_rejoin_is_refused_where_it_cannot_work():
+    with single() as m:
+        with pytest.raises(cadence.InvalidParameterError, match="rejoin is for a member that was running"):
+            m.rejoin()
+        assert not m.may_rejoin  # rank 0 without a holder
+        m.start()
+        with pytest.raises(cadence.InvalidParameterError, match="rank 0 hosts the job's rendezvous"):
+            m.rejoin()
+        assert m.transact(lambda: None)["outcome"] == "committed"  # the refusal left it running
+    with pytest.raises(cadence.InvalidParameterError, match="the member was closed"):
+        m.rejoin()
+    with single() as m:
+        w = np.zeros(4, dtype=np.float32)
+        outer = membership.DiLoCo(m, [w], "fixed:2,outer=sgd:1")
+        outer.start()
+        with pytest.raises(cadence.InvalidParameterError, match="a DiLoCo is attached"):
+            m.rejoin()
+
+
+def test_a_failed_rejoin_leaves_the_member_closed_but_rejoinable(tmp_path):
+    # Member 1 of a job whose rank 0 holds the rendezvous, alone in its quorum; the holder
+    # stops, so a rejoin cannot connect: it raises, and the member says why until closed.
+    path = str(tmp_path / "rendezvous")
+    stop = threading.Event()
+    held = {}
+    holder = threading.Thread(target=lambda: held.update(membership.hold_rendezvous(
+        2, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT, stop=stop)), daemon=True)
+    holder.start()
+    try:
+        membership.read_address(path, BOUND)  # the holder is up: a short connect_timeout is for rejoin
+        m = membership.Member(1, 2, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT, holder=True,
+                              connect_timeout=1.0)
+        w = np.arange(4.0)
+        m.add_state(w)
+        m.start()
+    finally:
+        stop.set()
+        holder.join(BOUND)
+    assert not holder.is_alive() and held["registrations"] == 1
+    with m:
+        assert m.may_rejoin and m.quorum["ranks"] == [1]
+        with pytest.raises(cadence.TransportError, match="never answered at the rendezvous"):
+            m.rejoin()  # nobody answers at the rendezvous any more
+        with pytest.raises(cadence.InvalidParameterError, match="its last rejoin\\(\\) failed"):
+            _ = m.committed
+        with pytest.raises(cadence.TransportError, match="never answered at the rendezvous"):
+            m.rejoin()  # may be tried again (and fails again: still nobody there)
+    with pytest.raises(cadence.InvalidParameterError, match="the member was closed"):
+        m.rejoin()
