@@ -43,17 +43,39 @@ class FaultTolerantAverager:
     as a whole (its group does): start each replica with its own ``torchrun --max-restarts``, and
     its restart rejoins (``join()`` when ``TORCHELASTIC_RESTART_COUNT`` > 0) while the other
     replicas go on (docs/python-torch.md, "Surviving a lost process").
+
+    **A live process the quorum dropped** (a short link cut, a resume from SIGSTOP after the
+    others went on, a sync entered after the op timeout) gets :class:`EvictedError` or
+    :class:`QuorumError` from a sync. With ``rejoin=N`` (N > 0) the averager comes back in the
+    same process instead (``member.rejoin()``: a new incarnation in its slot, admitted at the
+    quorum's next sync with the weights, the step count and the optimizer's state of a donor,
+    which overwrite this process's unsynced work); that sync's report has ``outcome``
+    ``"rejoined"`` (and ``rejoin_attempts``), and :attr:`rejoins` counts them. At most N
+    ``rejoin()`` calls in all, a failed one included; after the last, the error propagates. A
+    drop in :meth:`finish` (the closing sync) and one on a member that may not rejoin (rank 0 of
+    a job without a holder: ``member.may_rejoin``) propagate. Not with ``replica_group`` (the
+    replica's other ranks cannot follow a new incarnation: restart the replica instead).
     """
 
     def __init__(self, module: torch.nn.Module, member, period: int = 1, *, optimizer=None,
-                 buffers: bool = True, policy: str = "retry", replica_group=None):
+                 buffers: bool = True, policy: str = "retry", replica_group=None, rejoin: int = 0):
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: period must be an integer >= 1, "
                                         f"got {period!r}")
         if policy not in ("retry", "discard"):
             raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: policy {policy!r} is neither "
                                         "'retry' nor 'discard'")
+        if isinstance(rejoin, bool) or not isinstance(rejoin, int) or rejoin < 0:
+            raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: rejoin must be an integer >= 0, "
+                                        f"got {rejoin!r}")
+        if rejoin > 0 and replica_group is not None:
+            raise InvalidParameterError("cadence.torch.FaultTolerantAverager: rejoin > 0 with a replica_group: the "
+                                        "replica's other ranks cannot follow its first rank's new incarnation; "
+                                        "restart the whole replica instead (torchrun --max-restarts, join())")
         self.replica_group = replica_group
+        self.rejoin = rejoin
+        self._rejoin_attempts = 0  # member.rejoin() calls so far, failed ones included
+        self._rejoins = 0
         self._leader, self._src = replica_roles("FaultTolerantAverager", member, replica_group)
         self.module = module
         self.member = member
@@ -110,7 +132,12 @@ class FaultTolerantAverager:
         first rank last told them)."""
         return self.member.committed if self.member is not None else self._syncs
 
-    _OUTCOMES = ("committed", "healed", "discarded")
+    @property
+    def rejoins(self) -> int:
+        """Times this process came back into the job with ``member.rejoin()`` (``rejoin=N``)."""
+        return self._rejoins
+
+    _OUTCOMES = ("committed", "healed", "discarded", "rejoined")
 
     def _share(self, optimizer_state: bool = False, report: Optional[dict] = None) -> Optional[dict]:
         """The replica's first rank hands its weights, stop flag, counters and the sync's outcome
@@ -147,16 +174,45 @@ class FaultTolerantAverager:
         (every rank of the replica calls it)."""
         if self.member is not None:
             self.member.start()
-        self._share(optimizer_state=True)
-        self._from_flat()
+        self._take_up()
 
     def join(self) -> None:
         """Joins the running job (``member.join()``): returns once admitted, with the quorum's
         weights (and optimizer state) in the module (every rank of the replica calls it)."""
         if self.member is not None:
             self.member.join()
+        self._take_up()
+
+    def _take_up(self) -> None:
+        """After the member's start, join or rejoin: the state it received (the flat weights; the
+        step count and the optimizer's state were loaded by their blobs) into the replica's
+        ranks and the module."""
         self._share(optimizer_state=True)
         self._from_flat()
+
+    def _rejoin_after(self, dropped: BaseException) -> dict:
+        """``member.rejoin()`` after the sync raised ``dropped`` (EvictedError, QuorumError), up
+        to the attempts left; the report of the sync it stands for. Raises the last error when
+        none are left."""
+        from .. import Error
+
+        error = dropped
+        tried = 0
+        while self._rejoin_attempts < self.rejoin:
+            self._rejoin_attempts += 1
+            tried += 1
+            try:
+                self.member.rejoin()
+            except (Error, TimeoutError) as e:  # not connected or not admitted: a failed attempt
+                if isinstance(e, InvalidParameterError):
+                    raise
+                error = e
+                continue
+            self._rejoins += 1
+            self._take_up()
+            return {"outcome": "rejoined", "committed": self.member.committed, "attempts": 0,
+                    "reconfigurations": 0, "rejoin_attempts": tried}
+        raise error
 
     def step(self, stop: bool = False) -> Optional[dict]:
         """Counts one local step; on every ``period``-th, averages (:meth:`sync`) and returns
@@ -174,7 +230,8 @@ class FaultTolerantAverager:
 
     def sync(self, stop: bool = False) -> dict:
         """Averages the weights over the quorum now, as one transaction; returns the member's
-        report (``outcome``: committed, healed or discarded). The module holds the result.
+        report (``outcome``: committed, healed or discarded; with ``rejoin``, "rejoined" after
+        this process was dropped and came back, see the class). The module holds the result.
         ``stop``: this member asks the job to stop after this sync (:attr:`stopping`)."""
         self._to_flat()
         flats = list(self._flat.values())
@@ -187,7 +244,12 @@ class FaultTolerantAverager:
                     self.member.allreduce_average(f)
                 self._stop.copy_(flag)  # once the sync completed here
 
-            report = self.member.transact(body, backup=flats, policy=self.policy)
+            try:
+                report = self.member.transact(body, backup=flats, policy=self.policy)
+            except Exception as e:  # noqa: BLE001 - only the quorum's drops are answered
+                if not (self.rejoin > 0 and self.member.may_rejoin and _dropped(e)):
+                    raise
+                return self._rejoin_after(e)  # the module holds the donor's state
         report = self._share(report=report if report is not None else {"outcome": "committed"})
         self._from_flat()
         return report
@@ -199,3 +261,10 @@ class FaultTolerantAverager:
         report = self._share(report=report)
         self._from_flat()
         return report
+
+
+def _dropped(e: BaseException) -> bool:
+    """Whether ``e`` is the quorum dropping this member (EvictedError, QuorumError)."""
+    from .. import membership
+
+    return isinstance(e, (membership.EvictedError, membership.QuorumError))

@@ -1,0 +1,110 @@
+"""cadence.torch.FaultTolerantAverager(rejoin=1): a process the quorum dropped while it was alive
+(a late resume from SIGSTOP) comes back in-process at its next sync, with a donor's weights, step
+count and optimizer state, and every process ends with the same weights. Three spawned
+processes on loopback (insecure=True, a 0.2 s heartbeat); the process stops itself, and the
+test resumes it once the others committed a sync without it: every wait is bounded, none timed.
+"""
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+
+import pytest
+
+torch = pytest.importorskip("torch")
+cadence = pytest.importorskip("cadence")
+try:
+    import cadence.membership as membership
+except ImportError as e:  # built without libzmq (tests/python/test_membership.py says when that is wrong)
+    pytest.skip(f"cadence.membership is not built ({e})", allow_module_level=True)
+
+BOUND = 60.0     # seconds: upper bound on any wait (catches a hang)
+HEARTBEAT = 0.2  # seconds
+HELD_BACK_AT = 2  # process 2 stops itself before the step whose sync follows this many
+
+
+def _process(rank, size, path, ready, went_on, abort, results):
+    """One process: SGD with momentum on its own data, averaged every step. Process 2 stops
+    itself before a sync; once back (rejoined), it asks the job to stop at its next sync."""
+    try:
+        import cadence.torch as ct
+
+        torch.manual_seed(0)
+        until = time.monotonic() + BOUND
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        x, y = torch.full((8, 4), float(rank + 1)), torch.zeros(8, 1)
+        ready.wait(BOUND)  # imports done: the three register and start together
+        with membership.Member(rank, size, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT,
+                               join_timeout=BOUND, connect_timeout=BOUND) as m:
+            avg = ct.FaultTolerantAverager(model, m, period=1, optimizer=opt, rejoin=1)
+            avg.start()
+            outcomes = []
+            while not avg.stopping:
+                if rank == 2 and avg.rejoins == 0 and avg.syncs == HELD_BACK_AT:
+                    os.kill(os.getpid(), signal.SIGSTOP)  # the test resumes it (SIGCONT)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                stop = abort.is_set() or time.monotonic() > until or (rank == 2 and avg.rejoins == 1)
+                r = avg.step(stop=stop)
+                outcomes.append(r)
+                if rank == 0 and m.quorum["ranks"] == [0, 1]:
+                    went_on.set()
+            avg.finish()
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
+            results.put((rank, "ok", dict(weights=flat, hash=m.state_hash, quorum=m.quorum["ranks"],
+                                          rejoins=avg.rejoins, outcomes=outcomes, local_steps=avg.local_steps,
+                                          momentum="momentum_buffer" in opt.state[model.weight])))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        abort.set()
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def test_a_dropped_process_rejoins_and_ends_with_the_same_weights(tmp_path):
+    ctx = mp.get_context("spawn")
+    size = 3
+    ready, went_on, abort, results = ctx.Barrier(3), ctx.Event(), ctx.Event(), ctx.Queue()
+    path = str(tmp_path / "rendezvous")
+    procs = [ctx.Process(target=_process, args=(r, size, path, ready, went_on, abort, results)) for r in range(size)]
+    for p in procs:
+        p.start()
+    out = {}
+    try:
+        assert went_on.wait(BOUND) or abort.is_set(), "processes 0 and 1 never went on without process 2"
+        os.kill(procs[2].pid, signal.SIGCONT)
+        while len(out) < size:
+            rank, status, value = results.get(timeout=BOUND)
+            assert status == "ok", f"process {rank} failed:\n{value}"
+            out[rank] = value
+        for p in procs:
+            p.join(BOUND)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert not abort.is_set()
+    rejoined = [r for r in out[2]["outcomes"] if r["outcome"] == "rejoined"]
+    assert len(rejoined) == 1 and rejoined[0]["rejoin_attempts"] == 1, out[2]["outcomes"]
+    assert out[2]["rejoins"] == 1 and out[0]["rejoins"] == out[1]["rejoins"] == 0
+    for r in range(size):
+        assert out[r]["quorum"] == [0, 1, 2]
+        assert out[r]["weights"] == out[0]["weights"] and out[r]["hash"] == out[0]["hash"]
+        assert out[r]["local_steps"] == out[0]["local_steps"]  # the donor's count came with the state
+        assert out[r]["momentum"]
+
+
+def test_rejoin_arguments_are_checked():
+    import cadence.torch as ct
+
+    class Member:  # never reached: the checks come first
+        pass
+
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ct.InvalidParameterError, match="rejoin must be an integer >= 0"):
+        ct.FaultTolerantAverager(model, Member(), rejoin=-1)
+    with pytest.raises(ct.InvalidParameterError, match="rejoin > 0 with a replica_group"):
+        ct.FaultTolerantAverager(model, Member(), rejoin=1, replica_group=object())
