@@ -265,8 +265,9 @@ class Member:
         instead, or run the job with :func:`hold_rendezvous`), and with a :class:`DiLoCo`
         attached (come back as a new process). An attempt that fails (no rendezvous file within
         ``connect_timeout``: TimeoutError; no answer at the rendezvous: TransportError; not
-        admitted within ``join_timeout``: :class:`QuorumError`) raises and leaves the member closed but rejoinable: calls other
-        than rejoin() and :meth:`close` raise until a later rejoin() succeeds."""
+        admitted within ``join_timeout``: :class:`QuorumError`) raises and leaves the member
+        closed but rejoinable: calls other than rejoin() and :meth:`close` raise until a later
+        rejoin() succeeds."""
         w = self._where
         rendezvous, _, _ = _connection("Member.rejoin", w["rank"], w["size"], w["rendezvous"], w["rendezvous_file"],
                                        w["address"], w["secret"], w["insecure"], w["connect_timeout"])
