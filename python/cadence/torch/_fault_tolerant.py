@@ -53,8 +53,10 @@ class FaultTolerantAverager:
     ``"rejoined"`` (and ``rejoin_attempts``), and :attr:`rejoins` counts them. At most N
     ``rejoin()`` calls in all, a failed one included; after the last, the error propagates. A
     drop in :meth:`finish` (the closing sync) and one on a member that may not rejoin (rank 0 of
-    a job without a holder: ``member.may_rejoin``) propagate. Not with ``replica_group`` (the
-    replica's other ranks cannot follow a new incarnation: restart the replica instead).
+    a job without a holder: ``member.may_rejoin``) propagate. A ``stop`` asked in the sync that
+    found this process dropped is not carried into the job (that sync did not run here): ask
+    again at the next one. Not with ``replica_group`` (the replica's other ranks cannot follow
+    a new incarnation: restart the replica instead).
     """
 
     def __init__(self, module: torch.nn.Module, member, period: int = 1, *, optimizer=None,
