@@ -5,6 +5,8 @@ would find whichever was imported first."""
 
 import os
 import pathlib
+import shutil
+import subprocess
 
 import numpy as np
 
@@ -40,3 +42,20 @@ def find_tool(name):
         if c.is_file() and os.access(c, os.X_OK):
             return c
     return None
+
+
+def membership_or_skip():
+    """cadence.membership, or a skip of the calling test module where the bindings were built
+    without it because libzmq is absent; where libzmq is installed, its absence is an error (the
+    build should have found it)."""
+    import pytest
+
+    try:
+        import cadence.membership as membership
+    except ImportError as e:  # built without libzmq
+        libzmq = shutil.which("pkg-config") is not None and subprocess.run(
+            ["pkg-config", "--exists", "libzmq"], check=False).returncode == 0
+        if libzmq:
+            raise AssertionError(f"libzmq is installed here but cadence._membership was not built: {e}") from e
+        pytest.skip(f"cadence.membership is not built ({e})", allow_module_level=True)
+    return membership

@@ -10,28 +10,16 @@ wait is bounded; a process still running at the bound is killed and fails the te
 
 import multiprocessing as mp
 import os
-import shutil
 import signal
-import subprocess
 import traceback
 
 import numpy as np
 import pytest
 
+from binding_support import membership_or_skip
+
 cadence = pytest.importorskip("cadence", reason="the cadence bindings are not installed (pip install .)")
-
-
-def _libzmq_here() -> bool:
-    return shutil.which("pkg-config") is not None and subprocess.run(
-        ["pkg-config", "--exists", "libzmq"], check=False).returncode == 0
-
-
-try:
-    import cadence.membership as membership
-except ImportError as e:  # built without libzmq
-    if _libzmq_here():
-        raise AssertionError(f"libzmq is installed here but cadence._membership was not built: {e}") from e
-    pytest.skip(f"cadence.membership is not built ({e})", allow_module_level=True)
+membership = membership_or_skip()
 
 N = 1000          # elements of the state
 BOUND = 120.0     # seconds: upper bound on a whole job (catches a hang, never reached when healthy)
