@@ -247,8 +247,8 @@ class Member:
         """Comes back into the job as a new incarnation in this slot, in this process, after the
         quorum dropped this member while it was alive: call it where a sync (:meth:`transact`)
         raised :class:`EvictedError` or :class:`QuorumError` (a short link cut stretched by
-        TCP's backoff, a resume from SIGSTOP after the others went on, a sync entered after the
-        op timeout), instead of ending the process and restarting it to :meth:`join`.
+        TCP's backoff, a resume from SIGSTOP after the others went on; a member merely late to a
+        sync, its transport alive, is healed back instead), instead of ending the process and restarting it to :meth:`join`.
 
         It ends the current member and its communicator, resolves the rendezvous again (reads
         ``rendezvous_file`` anew), connects a new communicator, registers with it what was

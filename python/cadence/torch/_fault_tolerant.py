@@ -45,7 +45,7 @@ class FaultTolerantAverager:
     replicas go on (docs/python-torch.md, "Surviving a lost process").
 
     **A live process the quorum dropped** (a short link cut, a resume from SIGSTOP after the
-    others went on, a sync entered after the op timeout) gets :class:`EvictedError` or
+    others went on) gets :class:`EvictedError` or
     :class:`QuorumError` from a sync. With ``rejoin=N`` (N > 0) the averager comes back in the
     same process instead (``member.rejoin()``: a new incarnation in its slot, admitted at the
     quorum's next sync with the weights, the step count and the optimizer's state of a donor,
