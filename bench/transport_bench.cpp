@@ -94,6 +94,7 @@ struct config : cadence_bench::common_config {
   bool verify = true;
   bool ring = true;
   bool security_cost = false;  // zmq: raw is the same all-reduce over an open communicator
+  std::size_t chunk_bytes = 0;  // gloo: the ring's pieces (ours only); 0: gloo_options' default
   cadence_bench::copy_rates copy;  // the roofline's (at the largest size), before the ranks start
 };
 
@@ -272,6 +273,7 @@ std::vector<row> run_gloo_process(const config& cfg) {
   options.store.secret = cadence_bench::process_secret();  // the TCP store proves it
   options.hostname = cfg.address;
   options.prefix = "cadence-bench-transport";
+  if (cfg.chunk_bytes != 0) options.chunk_bytes = cfg.chunk_bytes;
   gloo_communicator comm(cfg.rank, cfg.ranks, options, std::chrono::seconds(120));
   rank_ops ops;
   ops.rank = cfg.rank;
@@ -293,6 +295,7 @@ std::vector<row> run_gloo(const config& cfg) {
   return cadence_bench::rank0_result(cfg.ranks, [&](int r) {
     gloo_options options;
     options.store_path = store.path();
+    if (cfg.chunk_bytes != 0) options.chunk_bytes = cfg.chunk_bytes;
     gloo_communicator comm(r, cfg.ranks, options, std::chrono::seconds(60));
     rank_ops ops = thread_rank_ops(r, cfg, comm, sync);
     ops.raw = [&](float* b, std::size_t n) { cadence_bench::raw_gloo_allreduce(comm, b, n); };
@@ -592,6 +595,7 @@ int run(int argc, char** argv) {
   cadence::tools::command_line cli(
       "usage: cadence-bench-transport --backend inproc|mpi|gloo|nccl|zmq [--ranks N] [--json | --csv]\n"
       "         [--max-bytes B] [--reps R] [--no-bounce] [--no-verify] [--no-ring] [--security-cost]\n"
+      "         [--chunk-bytes B]\n"
       "       cadence-bench-transport --backend gloo --ranks N --rank R --rendezvous H:P [--address A] ...\n",
       "", 17);
   cadence_bench::add_common_flags(
@@ -617,7 +621,16 @@ int run(int argc, char** argv) {
                "authenticated); also libsodium's rate and the connect time");
   cli.add_flag_callback("--no-ring", [&cfg] { cfg.ring = false; },
                         "mpi: every all-reduce by recursive doubling (no ring)");
+  cli.add_option("--chunk-bytes", cfg.chunk_bytes,
+                 "gloo: gloo_options::chunk_bytes, the pieces of Cadence's ring (default:\n"
+                 "the option's, 256 KiB; at least 8; gloo::allreduce, the raw call, keeps\n"
+                 "its own)")
+      ->option_text("B");
   if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;
+  if (cfg.chunk_bytes != 0 && cfg.chunk_bytes < 8)
+    throw cadence::tools::usage_error("--chunk-bytes must be at least 8, got " + std::to_string(cfg.chunk_bytes));
+  if (cfg.chunk_bytes != 0 && cfg.backend != "gloo")
+    throw cadence::tools::usage_error("--chunk-bytes is for --backend gloo, not " + cfg.backend);
   cadence_bench::check_sizes_and_backend(cfg, cfg.security_cost, "gloo");
   if (cadence_bench::measures_copy_first(cfg))
     cfg.copy = cadence_bench::copy_rates({cfg.max_bytes});  // no row copies: the largest size only
