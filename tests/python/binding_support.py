@@ -59,3 +59,38 @@ def membership_or_skip():
             raise AssertionError(f"libzmq is installed here but cadence._membership was not built: {e}") from e
         pytest.skip(f"cadence.membership is not built ({e})", allow_module_level=True)
     return membership
+
+
+def run_with_late_resume(target, size, path, events=("went_on", "abort"), bound=60.0):
+    """Runs target(rank, size, path, ready, *events, results) in `size` spawned processes, where
+    `ready` is a barrier of them all, `events` are multiprocessing Events named in that order
+    ("went_on" and "abort" among them) and each process puts (rank, "ok" or "error", value) on
+    `results`. The last process stops itself (SIGSTOP); it is resumed (SIGCONT) once "went_on"
+    is set, that is once the others went on without it. Returns (values by rank, the events by
+    name); every wait is bounded by `bound` seconds, and a process left is killed."""
+    import multiprocessing as mp
+    import signal
+
+    ctx = mp.get_context("spawn")
+    ev = {name: ctx.Event() for name in events}
+    ready, results = ctx.Barrier(size), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, size, path, ready, *ev.values(), results)) for r in range(size)]
+    for p in procs:
+        p.start()
+    out = {}
+    try:
+        assert ev["went_on"].wait(bound) or ev["abort"].is_set(), \
+            f"the others never went on without process {size - 1}"
+        os.kill(procs[-1].pid, signal.SIGCONT)  # a late resume: the quorum went on without it
+        while len(out) < size:
+            rank, status, value = results.get(timeout=bound)
+            assert status == "ok", f"process {rank} failed:\n{value}"
+            out[rank] = value
+        for p in procs:
+            p.join(bound)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return out, ev

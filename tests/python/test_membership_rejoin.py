@@ -9,7 +9,6 @@ incarnation is lost to the others for good); it calls rejoin(), and the job ends
 in the quorum and the same state. Every wait is bounded (BOUND), never timed.
 """
 
-import multiprocessing as mp
 import os
 import signal
 import threading
@@ -19,7 +18,7 @@ import traceback
 import numpy as np
 import pytest
 
-from binding_support import membership_or_skip
+from binding_support import membership_or_skip, run_with_late_resume
 
 cadence = pytest.importorskip("cadence", reason="the cadence bindings are not installed (pip install .)")
 membership = membership_or_skip()
@@ -97,28 +96,9 @@ def _rank(rank, size, path, ready, went_on, back, abort, results):
 
 
 def test_a_member_dropped_while_alive_rejoins_in_its_process(tmp_path):
-    ctx = mp.get_context("spawn")
     size = 3
-    ready, went_on, back, abort, results = ctx.Barrier(3), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
-    path = str(tmp_path / "rendezvous")
-    procs = [ctx.Process(target=_rank, args=(r, size, path, ready, went_on, back, abort, results)) for r in range(size)]
-    for p in procs:
-        p.start()
-    out = {}
-    try:
-        assert went_on.wait(BOUND) or abort.is_set(), "members 0 and 1 never went on without member 2"
-        os.kill(procs[2].pid, signal.SIGCONT)  # a late resume: the quorum went on without it
-        while len(out) < size:
-            rank, status, value = results.get(timeout=BOUND)
-            assert status == "ok", f"member {rank} failed:\n{value}"
-            out[rank] = value
-        for p in procs:
-            p.join(BOUND)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    out, ev = run_with_late_resume(_rank, size, str(tmp_path / "rendezvous"), ("went_on", "back", "abort"), BOUND)
+    back, abort = ev["back"], ev["abort"]
     assert out[2]["dropped"] in ("EvictedError", "QuorumError"), out[2]["dropped"]
     assert back.is_set() and not abort.is_set(), "the job ended before member 2 came back"
     # The quorum has three members again, and they hold the same state: the arrays, the blob

@@ -5,13 +5,13 @@ processes on loopback (insecure=True, a 0.5 s heartbeat); the process stops itse
 test resumes it once the others committed a sync without it: every wait is bounded, none timed.
 """
 
-import multiprocessing as mp
 import os
 import signal
 import time
 import traceback
 
 import pytest
+from binding_support import run_with_late_resume
 
 torch = pytest.importorskip("torch")
 cadence = pytest.importorskip("cadence")
@@ -64,28 +64,9 @@ def _process(rank, size, path, ready, went_on, abort, results):
 
 
 def test_a_dropped_process_rejoins_and_ends_with_the_same_weights(tmp_path):
-    ctx = mp.get_context("spawn")
     size = 3
-    ready, went_on, abort, results = ctx.Barrier(3), ctx.Event(), ctx.Event(), ctx.Queue()
-    path = str(tmp_path / "rendezvous")
-    procs = [ctx.Process(target=_process, args=(r, size, path, ready, went_on, abort, results)) for r in range(size)]
-    for p in procs:
-        p.start()
-    out = {}
-    try:
-        assert went_on.wait(BOUND) or abort.is_set(), "processes 0 and 1 never went on without process 2"
-        os.kill(procs[2].pid, signal.SIGCONT)
-        while len(out) < size:
-            rank, status, value = results.get(timeout=BOUND)
-            assert status == "ok", f"process {rank} failed:\n{value}"
-            out[rank] = value
-        for p in procs:
-            p.join(BOUND)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    out, ev = run_with_late_resume(_process, size, str(tmp_path / "rendezvous"), ("went_on", "abort"), BOUND)
+    abort = ev["abort"]
     assert not abort.is_set()
     rejoined = [r for r in out[2]["outcomes"] if r["outcome"] == "rejoined"]
     assert len(rejoined) == 1 and rejoined[0]["rejoin_attempts"] == 1, out[2]["outcomes"]
