@@ -1,0 +1,362 @@
+// membership::rejoining_member (include/cadence/membership/rejoin.hpp): ranks as threads of this
+// process, each with its own ZeroMQ communicator over 127.0.0.1; rank 0 hosts the rendezvous and
+// is a member. A member is dropped while its process lives and comes back through the helper as
+// a new incarnation in its slot; the limits and the rendezvous host's refusal propagate the drop.
+//
+// How a member is dropped here: a thread cannot be stopped as SIGSTOP stops a process (ZeroMQ's
+// I/O thread would go on answering heartbeats), and a member merely late to a sync is healed
+// back, not dropped. So the victim aborts its communicator between two syncs (its incarnation's
+// transport fails while the process lives: the peers see it lost at once), then waits, without a
+// clock, until the others have reported it lost (on_change) and committed a sync without it; the
+// sync it then enters throws evicted_error from member::transact(), which the helper answers.
+#include <cadence/membership/member.hpp>
+#include <cadence/membership/rejoin.hpp>
+#include <cadence/transport/zmq/communicator.hpp>
+
+#include "transport/zmq/zmq_ranks.hpp"  // rank 0's rendezvous address handed to the others
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+// A namespace of its own: the suite's files are compiled together (unity build).
+namespace cadence_rejoin_test {
+namespace {
+
+namespace mb = cadence::membership;
+namespace tr = cadence::transport;
+using namespace std::chrono_literals;
+using helper_t = mb::rejoining_member<tr::zmq_communicator>;
+using member_t = mb::member<tr::zmq_communicator>;
+
+constexpr auto bound = 30s;  // upper bound on any wait: catches a hang, never reached when healthy
+
+mb::member_options member_options() {
+  mb::member_options o;
+  o.timeouts = mb::timeouts::scaled(1000ms);  // nothing waits for them without a fault
+  o.join_timeout = 30s;
+  return o;
+}
+
+// What the threads share: rank 0's rendezvous address, the failures, the flags they wait on.
+struct job {
+  std::mutex m;
+  cadence_zmq_test::rendezvous_box box;
+  std::vector<std::string> errors;
+  std::atomic<bool> failed{false};
+  std::atomic<bool> went_on{false};  // a survivor committed a sync without the victim, which it saw lost
+  std::atomic<bool> back{false};     // the victim committed a sync after its rejoin
+
+  // A communicator in slot `rank` of `size` (construction waits for this rank alone: a rejoin
+  // registers while the others sync).
+  std::unique_ptr<tr::zmq_communicator> connect(int rank, int size) {
+    tr::zmq_options o = cadence_zmq_test::thread_options(rank, box, member_options().timeouts.heartbeat_timeout);
+    o.wait_for = tr::zmq_wait_for::self;
+    return std::make_unique<tr::zmq_communicator>(rank, size, o, tr::deadline(bound));
+  }
+  void fail(const std::string& what) {
+    std::lock_guard<std::mutex> lock(m);
+    errors.push_back(what);
+    failed = true;
+  }
+  // Waits for `flag` (or a failure elsewhere); false past the bound.
+  bool wait_for(const std::atomic<bool>& flag) {
+    const auto until = std::chrono::steady_clock::now() + bound;
+    while (!flag && !failed) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(2ms);
+    }
+    return flag;
+  }
+};
+
+template <class F>
+std::thread guarded(job& j, const std::string& who, F f) {
+  return std::thread([&j, who, f] {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      j.fail(who + ": " + e.what());
+    }
+  });
+}
+
+void join_all(job& j, std::vector<std::thread>& threads) {
+  for (auto& t : threads) t.join();
+  for (const std::string& e : j.errors) FAIL_CHECK(e);
+  REQUIRE(j.errors.empty());
+}
+
+// The victim's drop: its communicator aborted, then the wait until the others went on without it.
+void drop(job& j, helper_t& h) {
+  h.communicator().abort();
+  if (!j.wait_for(j.went_on)) throw cadence::error("the others never committed a sync without the victim");
+}
+
+// One sync of `x` (averaged) and of `more` (the maximum of every member's wish to go on: all
+// stop after the same sync).
+template <class H>
+auto sync(H& h, std::vector<double>& x, std::vector<double>& more, bool wants_more) {
+  return h.transact(
+      [&] {
+        double f = wants_more ? 1.0 : 0.0;
+        h.view().allreduce(&f, 1, tr::dtype::f64, tr::reduce_op::max);
+        more[0] = f;
+        h.view().allreduce_average(x.data(), x.size(), tr::dtype::f64);
+      },
+      {x});
+}
+
+// What a survivor (not the victim) does between syncs: notes a commit without the victim.
+void note_survivor(job& j, const member_t& m, const std::atomic<bool>& saw_lost, int victim) {
+  if (saw_lost && !m.current().contains(victim)) j.went_on = true;
+}
+
+}  // namespace
+
+TEST_CASE("membership: a member dropped while alive rejoins through rejoining_member, and the job ends with three "
+          "members and one state" *
+          doctest::timeout(120)) {
+  constexpr int size = 3;
+  constexpr int victim = 2;
+  constexpr std::uint64_t held_back_at = 2;  // the victim is dropped after this many commits
+  job j;
+  std::vector<std::uint64_t> hash(size, 0), committed(size, 0);
+  std::vector<std::vector<int>> final_quorum(size);
+  std::vector<int> connects(size, 0), rejoins(size, -1), attempts(size, -1);
+  std::vector<mb::rejoin_attempt> seen;        // the victim's on_rejoin calls
+  std::vector<int> connect_attempt_args;      // the victim's connect function's arguments
+  std::optional<mb::rejoin_report> rejoined;  // the victim's report of the sync that rejoined
+  const auto rank_body = [&](int rank) {
+    std::vector<double> x(1024, 10.0 * rank), more(1, 1.0);
+    std::atomic<bool> saw_lost{false};
+    mb::rejoin_options ro;
+    ro.max_attempts = 2;
+    ro.may_rejoin = rank != 0;  // rank 0 hosts the rendezvous
+    ro.on_rejoin = [&](const mb::rejoin_attempt& a) {
+      std::lock_guard<std::mutex> lock(j.m);
+      seen.push_back(a);
+    };
+    helper_t h(
+        [&](int attempt) {
+          ++connects[static_cast<std::size_t>(rank)];
+          if (rank == victim) connect_attempt_args.push_back(attempt);
+          return j.connect(rank, size);
+        },
+        member_options(),
+        [&](member_t& m) {
+          m.add_state(x);
+          m.add_state(more);
+          m.on_change([&saw_lost](const mb::change& c) {
+            if (!c.lost.empty()) saw_lost = true;  // the victim: no other rank is lost here
+          });
+        },
+        ro);
+    h.start();
+    bool dropped = false;
+    std::optional<std::uint64_t> after_rejoin;
+    const auto until = std::chrono::steady_clock::now() + bound;
+    for (;;) {
+      if (rank == victim && !dropped && h.incarnation().committed() == held_back_at) {
+        dropped = true;
+        drop(j, h);
+      }
+      for (double& v : x) v += rank + 1;  // a local step
+      const bool give_up = j.failed || std::chrono::steady_clock::now() > until;
+      // The victim wants one sync after its rejoin; the others go on until it has committed it.
+      const bool wants = !give_up && (rank == victim ? !after_rejoin || h.incarnation().committed() <= *after_rejoin
+                                                     : !j.back.load());
+      const mb::rejoin_report r = sync(h, x, more, wants);
+      if (r.rejoined) {
+        std::lock_guard<std::mutex> lock(j.m);
+        rejoined = r;
+        after_rejoin = r.committed;
+        continue;  // the admission's state: no sync ran here
+      }
+      if (rank != victim) note_survivor(j, h.incarnation(), saw_lost, victim);
+      if (after_rejoin && h.incarnation().committed() > *after_rejoin) j.back = true;
+      if (more[0] == 0.0) break;
+    }
+    h.finish();
+    std::lock_guard<std::mutex> lock(j.m);
+    const auto i = static_cast<std::size_t>(rank);
+    hash[i] = h.incarnation().state_hash();
+    committed[i] = h.incarnation().committed();
+    final_quorum[i] = h.incarnation().current().ranks;
+    rejoins[i] = h.rejoins();
+    attempts[i] = h.attempts();
+  };
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < size; ++r) ranks.push_back(guarded(j, "rank " + std::to_string(r), [&rank_body, r] { rank_body(r); }));
+  join_all(j, ranks);
+  MESSAGE("the job, the drop and the rejoin included: "
+          << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s");
+  // Every member ends in the quorum of three with the same state and count.
+  for (int r = 0; r < size; ++r) {
+    CAPTURE(r);
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(final_quorum[i] == std::vector<int>{0, 1, 2});
+    CHECK(hash[i] == hash[0]);
+    CHECK(committed[i] == committed[0]);
+    CHECK(rejoins[i] == (r == victim ? 1 : 0));
+    CHECK(attempts[i] == (r == victim ? 1 : 0));
+    CHECK(connects[i] == (r == victim ? 2 : 1));
+  }
+  CHECK(connect_attempt_args == std::vector<int>{0, 1});
+  // The sync that dropped the victim reported the rejoin, healed, after the others' commits
+  // without it.
+  REQUIRE(rejoined);
+  CHECK(rejoined->outcome == mb::outcome::healed);
+  CHECK(rejoined->rejoin_attempts == 1);
+  CHECK(rejoined->committed > held_back_at);
+  CHECK(rejoined->rejoin_seconds > 0);
+  MESSAGE("the drop to the admission: " << rejoined->rejoin_seconds << " s");
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].attempt == 1);
+  CHECK(seen[0].reason == mb::drop_reason::evicted);
+  INFO("the drop: " << seen[0].message);
+  CHECK(seen[0].message.find("communicator failed") != std::string::npos);
+}
+
+TEST_CASE("membership: rejoining_member propagates a drop it cannot answer, naming why" * doctest::timeout(120)) {
+  // Two members: rank 0 (the rendezvous host) and rank 1, which is dropped after 2 commits as
+  // above. Rank 0 goes on alone (half of the quorum, with its leader), then finishes.
+  constexpr int size = 2;
+  constexpr int victim = 1;
+  mb::rejoin_options ro;
+  bool always_throws = false;
+  std::string expect, refuse;
+  int expect_attempts = 0;
+  SUBCASE("max_attempts 0: the drop as member::transact() threw it") {
+    ro.max_attempts = 0;
+    expect = "communicator failed";
+    refuse = "rejoin attempt";
+  }
+  SUBCASE("a connect function that always throws: the drop, the last failure and the attempts") {
+    ro.max_attempts = 2;
+    ro.pause = 1ms;
+    always_throws = true;
+    expect = "no route to the rendezvous (test) (gave up after 2 rejoin attempts)";
+    expect_attempts = 2;
+  }
+  SUBCASE("may_rejoin false (the rank hosts the rendezvous): refused, naming the option") {
+    ro.max_attempts = 3;
+    ro.may_rejoin = false;
+    expect = "not rejoined: rejoin_options::may_rejoin is false";
+    refuse = "rejoin attempt";
+  }
+  job j;
+  std::vector<mb::rejoin_attempt> seen;
+  std::string dropped_with;
+  bool was_evicted = false, has_incarnation = true;
+  int attempts = -1, rejoins = -1;
+  std::string after_give_up;
+  const auto rank_body = [&](int rank) {
+    std::vector<double> x(256, 1.0 + rank), more(1, 1.0);
+    std::atomic<bool> saw_lost{false};
+    mb::rejoin_options mine = rank == victim ? ro : mb::rejoin_options{};
+    if (rank == 0) mine.may_rejoin = false;
+    if (rank == victim)
+      mine.on_rejoin = [&](const mb::rejoin_attempt& a) { seen.push_back(a); };
+    helper_t h(
+        [&](int attempt) {
+          if (attempt > 0 && always_throws) throw cadence::transport_error("no route to the rendezvous (test)");
+          return j.connect(rank, size);
+        },
+        member_options(),
+        [&](member_t& m) {
+          m.add_state(x);
+          m.on_change([&saw_lost](const mb::change& c) {
+            if (!c.lost.empty()) saw_lost = true;  // the victim: no other rank is lost here
+          });
+        },
+        mine);
+    h.start();
+    if (rank == 0) {  // syncs until it committed one alone, then the closing sync
+      while (!j.went_on) {
+        if (j.failed) return;
+        sync(h, x, more, true);
+        note_survivor(j, h.incarnation(), saw_lost, victim);
+      }
+      h.finish();
+      return;
+    }
+    while (h.incarnation().committed() < 2) sync(h, x, more, true);
+    drop(j, h);
+    try {
+      sync(h, x, more, true);
+      j.fail("rank 1: the sync after the drop returned");
+    } catch (const mb::evicted_error& e) {
+      was_evicted = true;
+      dropped_with = e.what();
+    } catch (const mb::quorum_error& e) {
+      dropped_with = e.what();
+    }
+    attempts = h.attempts();
+    rejoins = h.rejoins();
+    has_incarnation = h.has_incarnation();
+    if (!has_incarnation) {
+      try {
+        sync(h, x, more, true);
+      } catch (const cadence::invalid_parameter_error& e) {
+        after_give_up = e.what();
+      }
+    }
+  };
+  std::vector<std::thread> ranks;
+  const auto started = std::chrono::steady_clock::now();
+  for (int r = 0; r < size; ++r) ranks.push_back(guarded(j, "rank " + std::to_string(r), [&rank_body, r] { rank_body(r); }));
+  join_all(j, ranks);
+  MESSAGE("took " << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s");
+  INFO("the drop propagated as: " << dropped_with);
+  CHECK(was_evicted);  // of the drop's kind, whatever failed the last attempt
+  CHECK(dropped_with.find(expect) != std::string::npos);
+  if (!refuse.empty()) CHECK(dropped_with.find(refuse) == std::string::npos);
+  CHECK(attempts == expect_attempts);
+  CHECK(rejoins == 0);
+  CHECK(static_cast<int>(seen.size()) == expect_attempts);
+  if (expect_attempts == 2) {
+    // The first attempt is told the drop, the second the first attempt's failure.
+    CHECK(seen[0].attempt == 1);
+    CHECK(seen[1].attempt == 2);
+    CHECK(seen[0].message.find("communicator failed") != std::string::npos);
+    CHECK(seen[1].message == "no route to the rendezvous (test)");
+    CHECK_FALSE(has_incarnation);
+    CHECK(after_give_up.find("rejoining_member::transact: no incarnation") != std::string::npos);
+  } else {
+    CHECK(has_incarnation);  // no attempt: the dropped incarnation stays (its member refuses)
+  }
+}
+
+TEST_CASE("membership: rejoining_member refuses bad options and functions by name") {
+  const auto connect = [](int) -> std::unique_ptr<tr::zmq_communicator> { return nullptr; };
+  const auto reg = [](member_t&) {};
+  mb::rejoin_options ro;
+  ro.max_attempts = -1;
+  CHECK_THROWS_WITH_AS(helper_t(connect, member_options(), reg, ro), doctest::Contains("max_attempts must be >= 0"),
+                       cadence::invalid_parameter_error);
+  ro = {};
+  ro.pause = -1ms;
+  CHECK_THROWS_WITH_AS(helper_t(connect, member_options(), reg, ro), doctest::Contains("pause must be >= 0 ms"),
+                       cadence::invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(helper_t(nullptr, member_options(), reg), doctest::Contains("no connect function"),
+                       cadence::invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(helper_t(connect, member_options(), nullptr), doctest::Contains("no register function"),
+                       cadence::invalid_parameter_error);
+  CHECK_THROWS_WITH_AS(helper_t(connect, member_options(), reg),
+                       doctest::Contains("the connect function returned no communicator (attempt 0)"),
+                       cadence::invalid_parameter_error);
+}
+
+}  // namespace cadence_rejoin_test
