@@ -1,17 +1,19 @@
 // cadence-chaos-rank: one rank of a collective job that survives faults, for the chaos soak
 // (chaos_soak.py, docs/collective.md "Chaos soak"). A process over ZeroMQ on a membership member
 // and its quorum view averages its parameters (periodic_averager every --period local steps, or
-// the bucketed all-reducer's gradients every step with --mode bsp) inside member::transact(), and
+// the bucketed all-reducer's gradients every step with --mode bsp) inside transact(), and
 // prints one JSON line per event on stdout, flushed, for the soak to check: start, every
 // committed sync (step, quorum, state hash), every reconfiguration, the first commit after a
 // loss (the member's time from detecting it), the state received, done. --join makes it a
 // restarted or late process that joins the running job; --holder makes rank 0 hold only the
 // rendezvous (the members are ranks 1..N-1); --rejoin N brings a process the quorum dropped
-// while it lived back as a new incarnation in its slot, up to N times. An application, not
-// part of the library.
+// while it lived back as a new incarnation in its slot, up to N times (the library's
+// membership::rejoining_member, which runs every sync here). An application, not part of the
+// library.
 #include <cadence/exchange/bucketed_allreducer.hpp>
 #include <cadence/exchange/periodic_averager.hpp>
 #include <cadence/membership/member.hpp>
+#include <cadence/membership/rejoin.hpp>
 #include <cadence/membership/zmq/rendezvous.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
 
@@ -27,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -206,8 +209,8 @@ int hold(const options& o, tr::zmq_communicator& comm) {
   return 0;
 }
 
-// The state that outlives a member: a rejoin registers the same blocks with the new member,
-// whose join() overwrites them with a donor's.
+// The state that outlives a member: every incarnation registers the same blocks, and a rejoin's
+// join() overwrites them with a donor's.
 struct replica {
   std::vector<double> params, grads;
   // --hold-file: whether the job goes on past --syncs, agreed in every sync (the maximum over
@@ -218,116 +221,143 @@ struct replica {
   std::uint64_t local = 0;  // local steps so far (the step's increment depends on it)
 };
 
-// How far one member's life got when it threw: a drop while syncing is what --rejoin answers;
-// an error while connecting or joining fails a rejoin attempt (or, on the first life, the
-// process, as before --rejoin existed); one in the closing sync ends the process (the job's
-// end is agreed: there is nothing left to rejoin).
-enum class phase { connecting, syncing, finishing };
-
-// A rejoin under way: the drop's reason and time, the attempt being made.
-struct rejoining {
-  std::string reason;  // "evicted" or "quorum"
-  double dropped_at = 0;
-  int attempt = 0;
+// What one incarnation's member has reported, kept for the lines below: made anew with each
+// incarnation, as its member's counts start afresh.
+struct life_log {
+  std::optional<double> detected_at;  // a loss was seen: when (the reconfiguration's start)
+  std::vector<int> lost_pending;
+  mb::member_stats last;
 };
 
-// One life of this rank: a communicator in its slot, a member on it that starts (the first
-// life) or joins (--join, or a rejoin), and the syncs until the job's end. `where` says how
-// far it got when it throws.
-int live(const options& o, const tr::job_secret& secret, replica& st, bool join, const rejoining* again,
-         phase& where) {
-  where = phase::connecting;
-  mb::member_options mo;
-  mo.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(o.heartbeat_ms));
-  mo.join_timeout = std::chrono::milliseconds(o.join_timeout_ms);
+// The communicator of an incarnation in this rank's slot: `attempt` 0 for the first life; a
+// rejoin attempt waits at most a quorum timeout to connect (and the helper as long to be admitted).
+std::unique_ptr<tr::zmq_communicator> connect(const options& o, const tr::job_secret& secret, const mb::timeouts& t,
+                                              int attempt) {
   auto connect_timeout = std::chrono::milliseconds(o.connect_timeout_ms);
-  if (again) {  // an attempt waits at most a quorum timeout to connect, and again to be admitted
-    mo.join_timeout = std::min(mo.join_timeout, mo.timeouts.quorum);
-    connect_timeout = std::min(connect_timeout, mo.timeouts.quorum);
-  }
+  if (attempt > 0) connect_timeout = std::min(connect_timeout, t.quorum);
   tr::zmq_options zo;
   if (o.insecure) {
     zo.security = tr::wire_security::open;
   } else {
     zo.secret = secret;
   }
-  zo.heartbeat_interval = mo.timeouts.heartbeat_interval;
-  zo.heartbeat_timeout = mo.timeouts.heartbeat_timeout;
+  zo.heartbeat_interval = t.heartbeat_interval;
+  zo.heartbeat_timeout = t.heartbeat_timeout;
   zo.endpoint = "tcp://" + o.address + ":0";
   // Every process may be a late one (a slot still absent waits: a late joiner's, or the first
   // quorum's, which the quorum timeout bounds), so construction waits for this rank alone.
   zo.wait_for = tr::zmq_wait_for::self;
   if (o.rank == 0) {
     zo.rendezvous = o.rendezvous;
-    if (!o.rendezvous_file.empty()) zo.on_rendezvous_bound = [&](const std::string& a) { publish(o.rendezvous_file, a); };
+    if (!o.rendezvous_file.empty()) zo.on_rendezvous_bound = [&o](const std::string& a) { publish(o.rendezvous_file, a); };
   } else {
     options read = o;  // a rejoin reads the file again (the same address while rank 0 lives)
     read.connect_timeout_ms = static_cast<int>(connect_timeout.count());
     zo.rendezvous = rendezvous_of(read);
   }
-  tr::zmq_communicator comm(o.rank, o.size, zo, tr::deadline(connect_timeout));
-  if (o.holder && o.rank == 0) return hold(o, comm);
-  if (o.holder) mo.eligible = mb::members_besides_rendezvous(o.size);
+  return std::make_unique<tr::zmq_communicator>(o.rank, o.size, zo, tr::deadline(connect_timeout));
+}
 
+// The rank's lives, on membership::rejoining_member (include/cadence/membership/rejoin.hpp): the
+// first incarnation starts (or, --join, joins); with --rejoin N, one the quorum drops while it
+// syncs (evicted_error or quorum_error) is followed by new ones in the same slot that join, at
+// most N attempts in all (a failed connection or join counts as one, followed by the next a
+// heartbeat interval later). A drop in the closing sync ends the process: the job's end is agreed.
+int run(const options& o) {
+  tr::job_secret secret;
+  if (!o.insecure) secret = secret_of(o);
+  mb::member_options mo;
+  mo.timeouts = mb::timeouts::scaled(std::chrono::milliseconds(o.heartbeat_ms));
+  mo.join_timeout = std::chrono::milliseconds(o.join_timeout_ms);
+  if (o.holder && o.rank == 0) {
+    const std::unique_ptr<tr::zmq_communicator> comm = connect(o, secret, mo.timeouts, 0);
+    return hold(o, *comm);
+  }
+  if (o.holder) mo.eligible = mb::members_besides_rendezvous(o.size);
+  const auto elements = static_cast<std::size_t>(o.mib * 1024 * 1024 / sizeof(double));
+  replica st{std::vector<double>(elements, 1.0), std::vector<double>(elements, 0.0),
+             std::vector<double>(1, o.hold_file.empty() ? 0.0 : 1.0), 0};
   std::vector<double>& params = st.params;
   std::vector<double>& grads = st.grads;
   std::vector<double>& hold = st.hold;
-  zmq_member m(comm, mo);
-  m.add_state(params);
-  if (!o.hold_file.empty()) m.add_state(hold);
 
-  // What the member reports, kept for the lines below.
-  std::optional<double> detected_at;  // a loss was seen: when (the reconfiguration's start)
-  std::vector<int> lost_pending;
-  mb::member_stats last = m.stats();
-  m.on_change([&](const mb::change& c) {
-    const mb::member_stats s = m.stats();
-    const double t = now_seconds();
-    emit({{"event", "reconfig"}, {"rank", o.rank}, {"quorum", c.after.id}, {"before", ranks_of(c.before)},
-          {"members", ranks_of(c.after)}, {"lost", c.lost}, {"admitted", c.admitted}, {"healed", c.healed},
-          {"step", c.committed}, {"seconds", s.last_reconfiguration_seconds}});
-    if (!c.lost.empty() && c.before.id != 0) {  // not the first quorum's absentees
-      if (!detected_at) detected_at = t - s.last_reconfiguration_seconds;
-      lost_pending.insert(lost_pending.end(), c.lost.begin(), c.lost.end());
+  mb::rejoin_options ro;
+  // Rank 0 without --holder hosts the rendezvous: a new communicator cannot take it over, so
+  // its drop ends it as without --rejoin.
+  ro.may_rejoin = !(o.rank == 0 && !o.holder);
+  ro.max_attempts = ro.may_rejoin ? o.rejoin : 0;
+  ro.on_rejoin = [&o](const mb::rejoin_attempt& a) {
+    emit({{"event", "rejoin"}, {"rank", o.rank}, {"attempt", a.attempt}, {"reason", mb::drop_reason_name(a.reason)},
+          {"seconds", a.seconds}, {"message", a.message}});
+  };
+  std::unique_ptr<life_log> log;  // the current incarnation's
+  mb::rejoining_member<tr::zmq_communicator> h(
+      [&](int attempt) { return connect(o, secret, mo.timeouts, attempt); }, mo,
+      [&](zmq_member& m) {
+        m.add_state(params);
+        if (!o.hold_file.empty()) m.add_state(hold);
+        log = std::make_unique<life_log>();
+        log->last = m.stats();
+        m.on_change([&o, &m, lg = log.get()](const mb::change& c) {
+          const mb::member_stats s = m.stats();
+          const double t = now_seconds();
+          emit({{"event", "reconfig"}, {"rank", o.rank}, {"quorum", c.after.id}, {"before", ranks_of(c.before)},
+                {"members", ranks_of(c.after)}, {"lost", c.lost}, {"admitted", c.admitted}, {"healed", c.healed},
+                {"step", c.committed}, {"seconds", s.last_reconfiguration_seconds}});
+          if (!c.lost.empty() && c.before.id != 0) {  // not the first quorum's absentees
+            if (!lg->detected_at) lg->detected_at = t - s.last_reconfiguration_seconds;
+            lg->lost_pending.insert(lg->lost_pending.end(), c.lost.begin(), c.lost.end());
+          }
+          if (s.state_received_bytes > lg->last.state_received_bytes)
+            emit({{"event", "state"}, {"rank", o.rank}, {"bytes", s.state_received_bytes - lg->last.state_received_bytes},
+                  {"seconds", s.state_receive_seconds - lg->last.state_receive_seconds}, {"step", c.committed}});
+          lg->last = s;
+        });
+      },
+      ro);
+
+  // The start line of an incarnation once it is in: which rejoin attempt admitted it, and the
+  // time from the drop, when it rejoined.
+  const auto started = [&](bool join, const mb::rejoin_report* again) {
+    const zmq_member& m = h.incarnation();
+    json start = {{"event", "start"},
+                  {"rank", o.rank},
+                  {"pid", static_cast<long>(::getpid())},
+                  {"join", join},
+                  {"quorum", m.current().id},
+                  {"members", ranks_of(m.current())},
+                  {"step", m.committed()},
+                  {"state_bytes", params.size() * sizeof(double)},
+                  {"mode", o.mode}};
+    if (again) {
+      start["rejoin"] = h.attempts();
+      start["rejoin_seconds"] = again->rejoin_seconds;
     }
-    if (s.state_received_bytes > last.state_received_bytes)
-      emit({{"event", "state"}, {"rank", o.rank}, {"bytes", s.state_received_bytes - last.state_received_bytes},
-            {"seconds", s.state_receive_seconds - last.state_receive_seconds}, {"step", c.committed}});
-    last = s;
-  });
-
-  if (join)
-    m.join();
+    emit(start);
+  };
+  if (o.join)
+    h.join();
   else
-    m.start();
-  where = phase::syncing;
-  json start = {{"event", "start"},
-                {"rank", o.rank},
-                {"pid", static_cast<long>(::getpid())},
-                {"join", join},
-                {"quorum", m.current().id},
-                {"members", ranks_of(m.current())},
-                {"step", m.committed()},
-                {"state_bytes", params.size() * sizeof(double)},
-                {"mode", o.mode}};
-  if (again) {  // admitted again: which attempt, and the time from the drop
-    start["rejoin"] = again->attempt;
-    start["rejoin_seconds"] = now_seconds() - again->dropped_at;
-  }
-  emit(start);
+    h.start();
+  started(o.join, nullptr);
 
-  view_t& view = m.view();
-  cadence::exchange::periodic_averager<view_t> avg(view, o.mode == "periodic" ? o.period : 1);
+  // The adapters run on one incarnation's view: made again after a rejoin.
+  std::optional<cadence::exchange::periodic_averager<view_t>> avg;
   std::optional<cadence::exchange::bucketed_allreducer<view_t>> reducer;
-  if (o.mode == "bsp") {
-    reducer.emplace(view);
-    reducer->add(grads.data(), grads.size());
-  }
+  const auto adapters = [&] {
+    reducer.reset();
+    avg.emplace(h.view(), o.mode == "periodic" ? o.period : 1);
+    if (o.mode == "bsp") {
+      reducer.emplace(h.view());
+      reducer->add(grads.data(), grads.size());
+    }
+  };
+  adapters();
   const auto agree_on_hold = [&] {
     if (o.hold_file.empty()) return;
-    double h = ::access(o.hold_file.c_str(), F_OK) == 0 ? 1.0 : 0.0;
-    view.allreduce(&h, 1, cadence::transport::dtype::f64, cadence::transport::reduce_op::max);
-    hold[0] = h;
+    double h0 = ::access(o.hold_file.c_str(), F_OK) == 0 ? 1.0 : 0.0;
+    h.view().allreduce(&h0, 1, cadence::transport::dtype::f64, cadence::transport::reduce_op::max);
+    hold[0] = h0;
   };
   const auto step = [&] {  // deterministic per rank and local step: sparse, cheap, distinct
     ++st.local;
@@ -339,26 +369,26 @@ int live(const options& o, const tr::job_secret& secret, replica& st, bool join,
     if (o.step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
   };
 
-  while (m.committed() < o.syncs || hold[0] != 0.0) {
-    mb::sync_report r;
+  while (h.incarnation().committed() < o.syncs || hold[0] != 0.0) {
+    mb::rejoin_report r;
     if (o.mode == "periodic") {
       step();
-      if (!avg.step_done()) continue;
-      r = m.transact(
+      if (!avg->step_done()) continue;
+      r = h.transact(
           [&] {
             // Before the average: a retry calls sync() again, which a sync that completed here
             // (and a later collective failed) would refuse as not due.
             agree_on_hold();
-            avg.sync({cadence::exchange::tensor_ref(params.data(), params.size())});
+            avg->sync({cadence::exchange::tensor_ref(params.data(), params.size())});
           },
           {params});
-      if (r.outcome != mb::outcome::committed) avg.restart_period();
+      if (!r.rejoined && r.outcome != mb::outcome::committed) avg->restart_period();
     } else {
       step();
       // The optimizer step inside the sync's body: a newcomer admitted when this sync commits
       // receives the state as the body left it (before transact() returns), so an update
       // applied after transact() would be missing from its copy (one step behind for good).
-      r = m.transact(
+      r = h.transact(
           [&] {
             reducer->average();
             // After the average (the sync is then committed wherever this completes, and healed
@@ -368,6 +398,12 @@ int live(const options& o, const tr::job_secret& secret, replica& st, bool join,
           },
           {grads}, mb::on_loss::discard);
     }
+    if (r.rejoined) {  // a new incarnation holds the quorum's state: its start line, new adapters
+      started(true, &r);
+      adapters();
+      continue;
+    }
+    const zmq_member& m = h.incarnation();
     if (r.outcome == mb::outcome::discarded) {
       emit({{"event", "discarded"}, {"rank", o.rank}, {"step", m.committed()}, {"quorum", m.current().id},
             {"attempts", r.attempts}});
@@ -379,79 +415,26 @@ int live(const options& o, const tr::job_secret& secret, replica& st, bool join,
     emit({{"event", r.outcome == mb::outcome::committed ? "commit" : "healed"}, {"rank", o.rank}, {"step", r.committed},
           {"quorum", m.current().id}, {"members", ranks_of(m.current())}, {"hash", hex(m.state_hash())},
           {"attempts", r.attempts}});
-    if (r.outcome == mb::outcome::committed && detected_at) {
-      emit({{"event", "recovered"}, {"rank", o.rank}, {"lost", lost_pending}, {"step", r.committed},
-            {"seconds", now_seconds() - *detected_at}});
-      detected_at.reset();
-      lost_pending.clear();
+    if (r.outcome == mb::outcome::committed && log->detected_at) {
+      emit({{"event", "recovered"}, {"rank", o.rank}, {"lost", log->lost_pending}, {"step", r.committed},
+            {"seconds", now_seconds() - *log->detected_at}});
+      log->detected_at.reset();
+      log->lost_pending.clear();
     }
   }
   // The closing sync (member::finish(), docs/collective.md, "The end of the job"): a last sync
   // committed here and failed on a member that missed a lost peer's last message is healed on
   // that member through it; without it, that member would run the last sync again without this
   // one, and the job would end with two states. It changes no state; `done`'s step counts it.
-  where = phase::finishing;
-  m.finish();
+  // A drop there ends the process (the helper does not rejoin in finish()).
+  h.finish();
+  const zmq_member& m = h.incarnation();
   const mb::member_stats s = m.stats();
   emit({{"event", "done"}, {"rank", o.rank}, {"step", m.committed()}, {"quorum", m.current().id},
         {"members", ranks_of(m.current())}, {"hash", hex(m.state_hash())}, {"reconfigurations", s.reconfigurations},
         {"failed_syncs", s.failed_syncs}, {"retries", s.retries}, {"discarded", s.discarded},
         {"state_sent_bytes", s.state_sent_bytes}, {"state_received_bytes", s.state_received_bytes}});
   return 0;
-}
-
-// The error a process that gives up stops with (exit 3, its `stopped` line): of the drop's
-// kind, whatever failed the last attempt.
-[[noreturn]] void give_up(const rejoining& r, const std::string& last) {
-  const std::string what = last + " (gave up after " + std::to_string(r.attempt) + " rejoin attempt" +
-                           (r.attempt == 1 ? "" : "s") + ")";
-  if (r.reason == "evicted") throw mb::evicted_error(what);
-  throw mb::quorum_error(what);
-}
-
-// The rank's lives: the first, then with --rejoin up to N more after a drop while syncing
-// (evicted_error or quorum_error), each a new communicator in the same slot that joins. A
-// failed attempt (it could not connect or was not admitted: a link still down, a refusal)
-// counts as one and is followed by the next, a heartbeat interval later.
-int run(const options& o) {
-  tr::job_secret secret;
-  if (!o.insecure) secret = secret_of(o);
-  const auto elements = static_cast<std::size_t>(o.mib * 1024 * 1024 / sizeof(double));
-  replica st{std::vector<double>(elements, 1.0), std::vector<double>(elements, 0.0),
-             std::vector<double>(1, o.hold_file.empty() ? 0.0 : 1.0), 0};
-  // Rank 0 without --holder hosts the rendezvous: a new communicator cannot take it over.
-  const bool may_rejoin = o.rejoin > 0 && !(o.rank == 0 && !o.holder);
-  std::optional<rejoining> again;
-  for (;;) {
-    phase where = phase::connecting;
-    std::string reason, message;
-    try {
-      return live(o, secret, st, o.join || again.has_value(), again ? &*again : nullptr, where);
-    } catch (const mb::evicted_error& e) {
-      if (!may_rejoin || where == phase::finishing || (where == phase::connecting && !again)) throw;
-      reason = "evicted";
-      message = e.what();
-    } catch (const mb::quorum_error& e) {
-      if (!may_rejoin || where == phase::finishing || (where == phase::connecting && !again)) throw;
-      reason = "quorum";
-      message = e.what();
-    } catch (const cadence::error& e) {
-      // Not admitted (a construction or a rendezvous file that timed out): a failed attempt.
-      // Anywhere else, as before --rejoin: the process fails.
-      if (!again || where != phase::connecting) throw;
-      message = e.what();
-    }
-    if (where == phase::syncing) {  // dropped (again): a new rejoin, its attempts counted on
-      const int made = again ? again->attempt : 0;
-      again = rejoining{reason, now_seconds(), made};
-    }
-    if (again->attempt >= o.rejoin) give_up(*again, message);
-    if (where == phase::connecting)  // the last attempt failed: not at once again
-      std::this_thread::sleep_for(mb::timeouts::scaled(std::chrono::milliseconds(o.heartbeat_ms)).heartbeat_interval);
-    ++again->attempt;
-    emit({{"event", "rejoin"}, {"rank", o.rank}, {"attempt", again->attempt}, {"reason", again->reason},
-          {"seconds", now_seconds() - again->dropped_at}, {"message", message}});
-  }
 }
 
 }  // namespace
