@@ -192,7 +192,7 @@ public:
   template <class Body>
   rejoin_report transact(Body&& body, span<const buffer> backup = {}, on_loss policy = on_loss::retry) {
     member<C>& m = incarnation("transact");
-    drop_reason reason;
+    drop_reason reason = drop_reason::evicted;
     std::string message;
     try {
       rejoin_report r;
