@@ -623,7 +623,7 @@ int run(int argc, char** argv) {
                         "mpi: every all-reduce by recursive doubling (no ring)");
   cli.add_option("--chunk-bytes", cfg.chunk_bytes,
                  "gloo: gloo_options::chunk_bytes, the pieces of Cadence's ring (default:\n"
-                 "the option's, 256 KiB; at least 8; gloo::allreduce, the raw call, keeps\n"
+                 "the option's, 1 MiB; at least 8; gloo::allreduce, the raw call, keeps\n"
                  "its own)")
       ->option_text("B");
   if (!cadence_bench::read_flags(cli, cfg, argc, argv)) return 0;

@@ -52,8 +52,11 @@ struct gloo_options {
   std::size_t eager_bytes = 64 * 1024;
   /// All-reduces larger than eager_bytes run as a ring (reduce-scatter, then allgather) on the
   /// caller's buffer, in chunks of this many bytes, pipelined; large broadcasts move in chunks
-  /// too. Every rank must be given the same eager_bytes and chunk_bytes.
-  std::size_t chunk_bytes = 256 * 1024;
+  /// too. Every rank must be given the same eager_bytes and chunk_bytes. 1 MiB: with fewer,
+  /// smaller pieces gloo's device threads wake more often per segment, and a 4 MiB all-reduce
+  /// on two ranks reached 84-93% of gloo's own against 99.7-101.5% with 1 MiB (docs/results.md,
+  /// "gloo against the native call"). Smaller buffers than a segment's piece move as one piece.
+  std::size_t chunk_bytes = 1024 * 1024;
   /// Small sends kept until known to be received (gloo has no test that does not block): at
   /// this many, a send first waits, with its deadline, for the oldest to be received (usually
   /// long done). Bounds the memory held to this many copies of up to eager_bytes.
