@@ -250,24 +250,31 @@ class Member:
         TCP's backoff, a resume from SIGSTOP after the others went on; a member merely late to a
         sync, its transport alive, is healed back instead), instead of ending the process and restarting it to :meth:`join`.
 
-        It ends the current member and its communicator, resolves the rendezvous again (reads
+        It ends the current member and its communicator (a :class:`DiLoCo` made on it first,
+        joining a streaming fragment's thread), resolves the rendezvous again (reads
         ``rendezvous_file`` anew), connects a new communicator, registers with it what was
-        registered before (the arrays of :meth:`add_state`, the blobs of :meth:`add_blob`, the
-        :meth:`on_change` callbacks; ``on_event`` too) and calls :meth:`join`. It costs what a
-        replacement costs: a new incarnation the quorum admits at its next sync, and a state
-        transfer that overwrites the arrays and loads the blobs with a donor's state (this
-        member's work since its last committed sync is lost). :meth:`stats` start from zero;
-        :attr:`committed` is the quorum's. The caller goes on with its next sync (every member
-        then syncs at the same count).
+        registered before, in the order it was (the arrays of :meth:`add_state`, the blobs of
+        :meth:`add_blob`, the :meth:`on_change` callbacks, the DiLoCo's state; ``on_event`` too)
+        and calls :meth:`join`. It costs what a replacement costs: a new incarnation the quorum
+        admits at its next sync, and a state transfer that overwrites the arrays and loads the
+        blobs with a donor's state (this member's work since its last committed sync is lost).
+        :meth:`stats` start from zero; :attr:`committed` is the quorum's. The caller goes on with
+        its next sync (every member then syncs at the same count).
 
-        Raises InvalidParameterError before :meth:`start`/:meth:`join`, after :meth:`close`, on
-        rank 0 of a job without ``holder`` (it hosts the rendezvous: restart the job's rank 0
-        instead, or run the job with :func:`hold_rendezvous`), and with a :class:`DiLoCo`
-        attached (come back as a new process). An attempt that fails (no rendezvous file within
-        ``connect_timeout``: TimeoutError; no answer at the rendezvous: TransportError; not
-        admitted within ``join_timeout``: :class:`QuorumError`) raises and leaves the member
-        closed but rejoinable: calls other than rejoin() and :meth:`close` raise until a later
-        rejoin() succeeds."""
+        **A DiLoCo comes back too**: the same :class:`DiLoCo` object is made anew on the new
+        member (its weights and config kept, its :meth:`DiLoCo.request_stop` still asked) and
+        joins through it, as :meth:`DiLoCo.join` does: it receives the donor's global weights
+        (into ``weights``), outer optimizer state and counters (:attr:`DiLoCo.outer_steps`, the
+        fixed schedule's clock). The caller goes on with its inner steps; a sync the drop cut
+        short is not run again here (the others ran it without this member).
+
+        Raises InvalidParameterError before :meth:`start`/:meth:`join`, after :meth:`close`, and
+        on rank 0 of a job without ``holder`` (it hosts the rendezvous: restart the job's rank 0
+        instead, or run the job with :func:`hold_rendezvous`). An attempt that fails (no
+        rendezvous file within ``connect_timeout``: TimeoutError; no answer at the rendezvous:
+        TransportError; not admitted within ``join_timeout``: :class:`QuorumError`) raises and
+        leaves the member closed but rejoinable: calls other than rejoin() and :meth:`close`
+        (the DiLoCo's included) raise until a later rejoin() succeeds."""
         w = self._where
         rendezvous, _, _ = _connection("Member.rejoin", w["rank"], w["size"], w["rendezvous"], w["rendezvous_file"],
                                        w["address"], w["secret"], w["insecure"], w["connect_timeout"])
@@ -382,7 +389,10 @@ class DiLoCo:
     ``"<schedule>[,outer=<optimizer>][,fragments=F][,alpha=A][,codec=C][,feedback=0|1][,weights=steps|uniform]"``
     (``fixed:H``, ``elastic:R``, ``lag:H:s``, ``quorum:K:H[:grace]``; outer ``nesterov:0.7:0.9``
     by default). Make it before the member's start/join, then call :meth:`start` or
-    :meth:`join` instead of the member's; every sync of the member goes through it.
+    :meth:`join` instead of the member's; every sync of the member goes through it, so a member
+    carries one DiLoCo at most (a second raises InvalidParameterError). When the quorum drops
+    the member while it is alive, :meth:`Member.rejoin` brings this DiLoCo back with it (made
+    anew on the new incarnation, with the job's global weights and outer state).
 
     **Streaming** (``fixed:H,fragments=F,delay=D``, D at most H / F): :meth:`sync` at a
     fragment's send point starts its exchange as a transaction on a C++ thread and returns at

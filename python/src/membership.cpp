@@ -292,11 +292,12 @@ public:
     if (comm_ || member_) {
       nb::gil_scoped_release unlocked;
       // What runs on the member from another thread (a DiLoCo's streaming fragment) ends first.
-      for (auto& f : before_close_) f();
-      before_close_.clear();
+      end_attached();
       member_.reset();
       comm_.reset();
     }
+    attached_.clear();
+    order_.clear();
     held_.clear();
     blobs_.clear();
     changes_.clear();
@@ -321,6 +322,7 @@ public:
     block b = block_of(obj, "cadence.membership.Member.add_state");
     m("add_state").add_state(mb::buffer(b.data, b.bytes));
     held_.push_back(std::move(b));
+    order_.push_back({registration::array, held_.size() - 1});
   }
 
   void add_blob(std::string name, nb::callable save, nb::callable load) {
@@ -328,6 +330,7 @@ public:
     member_t& mm = m("add_blob");
     blobs_.push_back({std::move(name), std::move(save), std::move(load)});
     register_blob(mm, blobs_.size() - 1);
+    order_.push_back({registration::blob, blobs_.size() - 1});
   }
 
   void on_change(nb::callable f) {
@@ -336,14 +339,19 @@ public:
     member_t& mm = m("on_change");
     changes_.push_back(std::move(f));
     register_change(mm, changes_.size() - 1);
+    order_.push_back({registration::change, changes_.size() - 1});
   }
 
   // A new incarnation of this member in its slot, after the quorum dropped it while it was
-  // alive (evicted_error, quorum_error): the old member and communicator end, a new
-  // communicator registers at `rendezvous` (rank 0 may have bound a new address), a new member
-  // gets the same arrays, blobs and on_change callbacks, and joins, which overwrites the state
-  // with a donor's. A failed attempt leaves no member (later calls say so) but keeps what was
-  // registered, so rejoin() may be called again.
+  // alive (evicted_error, quorum_error): what is attached (a DiLoCo) ends first (a streaming
+  // fragment's thread is joined), then the old member and communicator; a new communicator
+  // registers at `rendezvous` (rank 0 may have bound a new address), a new member gets every
+  // registration again in its original order (arrays, blobs, on_change callbacks and the
+  // attached DiLoCo's, which is made anew on it: every member of the job registers its state
+  // in the same order), and joins, through the DiLoCo when one is attached (it receives the
+  // donor's global weights, outer state and counters), which overwrites the state with a
+  // donor's. A failed attempt leaves no member and no DiLoCo (later calls say so) but keeps
+  // what was registered, so rejoin() may be called again.
   void rejoin(const std::string& rendezvous) {
     const std::string here = "cadence.membership.Member.rejoin";
     if (closed_)
@@ -352,10 +360,6 @@ public:
     if (!started_)
       throw invalid_parameter_error(here + ": rejoin is for a member that was running: call start() or join() "
                                            "first");
-    if (!before_close_.empty())
-      throw invalid_parameter_error(here + ": a DiLoCo is attached to this member (its outer state and streaming "
-                                           "thread live on the member and are not re-made): close it and come back "
-                                           "as a new process (a new Member, DiLoCo.join())");
     if (conn_.rank == 0 && !holder_)
       throw invalid_parameter_error(here + ": rank 0 hosts the job's rendezvous, which a new communicator would "
                                            "bind anew where no member looks: restart the job's rank 0 instead, or "
@@ -367,11 +371,21 @@ public:
     try {
       comm_ = connect(here, c, options_.timeouts, on_bound_);
       member_ = std::make_unique<member_t>(*comm_, options_);
-      for (const block& b : held_) member_->add_state(mb::buffer(b.data, b.bytes));
-      for (std::size_t i = 0; i < blobs_.size(); ++i) register_blob(*member_, i);
-      for (std::size_t i = 0; i < changes_.size(); ++i) register_change(*member_, i);
       member_t& mm = *member_;
-      unlocked([&] { mm.join(); });
+      for (const registration& r : order_) {
+        switch (r.kind) {
+          case registration::array: mm.add_state(mb::buffer(held_[r.index].data, held_[r.index].bytes)); break;
+          case registration::blob: register_blob(mm, r.index); break;
+          case registration::change: register_change(mm, r.index); break;
+          case registration::attached: attached_[r.index].remake(mm); break;
+        }
+      }
+      unlocked([&] {
+        if (attached_.empty())
+          mm.join();
+        else
+          attached_.front().join();  // one at most (attach())
+      });
     } catch (...) {
       drop_incarnation();
       throw;
@@ -493,20 +507,46 @@ public:
   // Holds `o` until close(): a DiLoCo whose reconfiguration hook the member calls must live as
   // long as the member does.
   void keep(nb::object o) { kept_.push_back(std::move(o)); }
-  /// `f` runs (without the GIL) before close() destroys the member: it ends what another
-  /// thread does with the member.
-  void before_close(std::function<void()> f) { before_close_.push_back(std::move(f)); }
+
+  // What an object built on the member (a DiLoCo: exchange::diloco_member registers state and
+  // an on_change hook with the member it is given) gives the member so that it follows the
+  // member's incarnations. `remake(m)` builds it anew on rejoin()'s new member `m`, at its place
+  // in the registration order (with the GIL); `join()` joins that member through it (without the
+  // GIL); `end()` ends it before its member goes (without the GIL: it joins a thread whose
+  // callbacks may need the GIL), at close() and rejoin(). The functions refer to their object,
+  // which must live until close() (keep()). One at most: a member runs one DiLoCo's syncs.
+  struct attachment {
+    std::function<void(member_t&)> remake;
+    std::function<void()> join;
+    std::function<void()> end;
+  };
+  void check_attach(const std::string& here) const {
+    if (!attached_.empty())
+      throw invalid_parameter_error(here + ": a DiLoCo is already attached to this member (every sync of a member goes "
+                                           "through its one DiLoCo): make another Member for another DiLoCo");
+  }
+  void attach(const std::string& here, attachment a) {
+    check_attach(here);
+    attached_.push_back(std::move(a));
+    order_.push_back({registration::attached, attached_.size() - 1});
+  }
   bool started() const noexcept { return started_; }
   void mark_started() noexcept { started_ = true; }
 
 private:
   // State: comm_ and member_ are one incarnation (rejoin() replaces both, close() ends them);
-  // held_, blobs_ and changes_ are what every incarnation registers; conn_, options_ and
-  // holder_ are what it is built from; kept_ and before_close_ belong to a DiLoCo (which rules
-  // out rejoin()); closed_ is set by close() only.
+  // held_, blobs_, changes_ and attached_ are what every incarnation registers, in the order
+  // order_ lists (rejoin() replays it); conn_, options_ and holder_ are what it is built from;
+  // kept_ holds the attached objects' Python side; closed_ is set by close() only.
   struct blob {
     std::string name;
     nb::callable save, load;
+  };
+  // One registration with the member, in the order made: element `index` of held_, blobs_,
+  // changes_ or attached_.
+  struct registration {
+    enum kind_t { array, blob, change, attached } kind;
+    std::size_t index;
   };
 
   // Registers blob i of blobs_ with `mm` (add_blob, and again at every rejoin()).
@@ -545,10 +585,16 @@ private:
     });
   }
 
-  // Ends the current incarnation, without the GIL (its sockets close; the member's callbacks
-  // hold only indices into what stays here).
+  // What is attached ends (without the GIL): before its member goes.
+  void end_attached() {
+    for (attachment& a : attached_) a.end();
+  }
+
+  // Ends the current incarnation, what is attached first, without the GIL (its sockets close;
+  // the member's callbacks hold only indices into what stays here).
   void drop_incarnation() {
     nb::gil_scoped_release released;
+    end_attached();
     member_.reset();
     comm_.reset();
   }
@@ -558,8 +604,9 @@ private:
   std::vector<block> held_;
   std::vector<blob> blobs_;
   std::vector<nb::callable> changes_;
+  std::vector<attachment> attached_;
+  std::vector<registration> order_;
   std::vector<nb::object> kept_;
-  std::vector<std::function<void()>> before_close_;
   nb::object on_bound_, on_event_;
   std::exception_ptr pending_;
   job_connection conn_;
@@ -571,30 +618,37 @@ private:
 
 // exchange::diloco_member on a Member: DiLoCo's outer steps as transactions of the quorum. The
 // member (its Python object) and the weights are held while this lives; its syncs are C++ only,
-// so they run without the GIL.
+// so they run without the GIL. Attached to the member (py_member::attach): when the member
+// rejoins, d_ is made anew on the new incarnation from what it was built from (the weights,
+// the parsed config; a fresh outer optimizer, the donor's state replacing it at the join) and
+// joins through it; between a failed rejoin() and a successful one d_ is null and every call
+// raises the member's "its last rejoin() failed".
 class py_diloco {
 public:
   py_diloco(nb::object member, nb::list weights, const std::string& config) : owner_(std::move(member)) {
     py_member& pm = nb::cast<py_member&>(owner_);
     if (pm.started())
       throw invalid_parameter_error("cadence.membership.DiLoCo: make it before the member's start() or join()");
-    std::vector<exchange::tensor_ref> refs;
     for (nb::handle h : weights) {
       block b = block_of(h, "cadence.membership.DiLoCo weights");
       if (b.type != tr::dtype::f32)
         throw invalid_parameter_error("cadence.membership.DiLoCo: the weights must be float32 (the outer state is)");
-      refs.emplace_back(static_cast<float*>(b.data), b.count);
+      refs_.emplace_back(static_cast<float*>(b.data), b.count);
       held_.push_back(std::move(b));
     }
-    if (refs.empty()) throw invalid_parameter_error("cadence.membership.DiLoCo: no weights");
-    const exchange::diloco_config c = exchange::parse_diloco_config(config);
+    if (refs_.empty()) throw invalid_parameter_error("cadence.membership.DiLoCo: no weights");
+    config_ = exchange::parse_diloco_config(config);
     // The schedule is checked here, for the job's size, rather than at start().
-    (void)exchange::outer_schedule(c.options.schedule, static_cast<std::size_t>(pm.size()), c.options.history);
-    d_ = std::make_unique<exchange::diloco_member<comm_t>>(pm.m("DiLoCo"), span<const exchange::tensor_ref>(refs),
-                                                           exchange::make_outer_optimizer(c.outer), c.options);
-    // A streaming fragment's thread uses the member: joined before the member goes (the member
-    // keeps this object until then, Member._keep).
-    pm.before_close([this] { d_.reset(); });
+    (void)exchange::outer_schedule(config_.options.schedule, static_cast<std::size_t>(pm.size()),
+                                   config_.options.history);
+    member_t& mm = pm.m("DiLoCo");
+    pm.check_attach("cadence.membership.DiLoCo");  // before d_ registers anything with the member
+    make(mm);
+    // Attached once made (a failed construction leaves nothing that refers to this object). A
+    // streaming fragment's thread uses the member: end() joins it before the member goes (the
+    // member keeps this object until then, Member._keep).
+    pm.attach("cadence.membership.DiLoCo",
+              {[this](member_t& m) { make(m); }, [this] { d_->join(); }, [this] { end(); }});
   }
   py_diloco(const py_diloco&) = delete;
   py_diloco& operator=(const py_diloco&) = delete;
@@ -686,8 +740,26 @@ public:
   }
 
 private:
+  // d_ on member `m` (the constructor's, or rejoin()'s new incarnation): a fresh outer
+  // optimizer, the same weights and options; a stop this process asked for before goes on.
+  void make(member_t& m) {
+    d_ = std::make_unique<exchange::diloco_member<comm_t>>(m, span<const exchange::tensor_ref>(refs_),
+                                                           exchange::make_outer_optimizer(config_.outer),
+                                                           config_.options);
+    if (asked_) d_->request_stop();
+  }
+  // Ends d_ (its streaming fragment's thread is joined), remembering a stop it was asked for.
+  void end() {
+    if (!d_) return;
+    asked_ = asked_ || d_->stop_requested();
+    d_.reset();
+  }
+
   nb::object owner_;  // the py_member: outlives d_, which holds its member
   std::vector<block> held_;
+  std::vector<exchange::tensor_ref> refs_;  // into held_
+  exchange::diloco_config config_;
+  bool asked_ = false;  // request_stop() on an ended d_
   std::unique_ptr<exchange::diloco_member<comm_t>> d_;
 };
 
