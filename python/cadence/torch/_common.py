@@ -431,3 +431,55 @@ def broadcast_state_dict(obj, leader: bool, src: int, group) -> None:
     dist.broadcast_object_list(box, src, group=group)
     if not leader:
         obj.load_state_dict(box[0])
+
+
+class Rejoin:
+    """The ``rejoin=N`` policy of the fault-tolerant classes (FaultTolerantAverager,
+    FaultTolerantDiLoCo): a sync that raised EvictedError or QuorumError on a member that may
+    rejoin is answered by ``member.rejoin()``, at most ``limit`` calls in all (failed ones
+    included). ``component`` names the class in the argument errors; ``limit`` > 0 is refused
+    with a ``replica_group`` (the replica's other ranks cannot follow a new incarnation)."""
+
+    def __init__(self, component: str, limit, replica_group):
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidParameterError(f"cadence.torch.{component}: rejoin must be an integer >= 0, got {limit!r}")
+        if limit > 0 and replica_group is not None:
+            raise InvalidParameterError(f"cadence.torch.{component}: rejoin > 0 with a replica_group: the replica's "
+                                        "other ranks cannot follow its first rank's new incarnation; restart the "
+                                        "whole replica instead (torchrun --max-restarts, join())")
+        self.limit = limit
+        self.attempts = 0  # member.rejoin() calls so far, failed ones included
+        self.rejoins = 0   # successful ones
+
+    def answers(self, member, error: BaseException) -> bool:
+        """Whether ``error``, raised by a sync of ``member``, is a drop this policy answers."""
+        from .. import membership
+
+        return (self.limit > 0 and member.may_rejoin
+                and isinstance(error, (membership.EvictedError, membership.QuorumError)))
+
+    def after(self, member, dropped: BaseException, take_up) -> dict:
+        """``member.rejoin()`` after the sync raised ``dropped``, up to the attempts left, then
+        ``take_up()`` (the state received into the module); the report of the sync it stands
+        for: ``outcome`` "rejoined", ``committed`` (the quorum's count) and ``rejoin_attempts``
+        (this call's). Raises the last error when no attempt is left or all failed, and an
+        InvalidParameterError of ``rejoin()`` at once."""
+        from .. import Error
+
+        error = dropped
+        tried = 0
+        while self.attempts < self.limit:
+            self.attempts += 1
+            tried += 1
+            try:
+                member.rejoin()
+            except (Error, TimeoutError) as e:  # not connected or not admitted: a failed attempt
+                if isinstance(e, InvalidParameterError):
+                    raise
+                error = e
+                continue
+            self.rejoins += 1
+            take_up()
+            return {"outcome": "rejoined", "committed": member.committed, "attempts": 0, "reconfigurations": 0,
+                    "rejoin_attempts": tried}
+        raise error

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ._common import (FlatStaging, InvalidParameterError, broadcast_state_dict, load_state_dict_bytes,
+from ._common import (FlatStaging, InvalidParameterError, Rejoin, broadcast_state_dict, load_state_dict_bytes,
                       replica_roles, state_dict_bytes)
 
 
@@ -67,17 +67,9 @@ class FaultTolerantAverager:
         if policy not in ("retry", "discard"):
             raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: policy {policy!r} is neither "
                                         "'retry' nor 'discard'")
-        if isinstance(rejoin, bool) or not isinstance(rejoin, int) or rejoin < 0:
-            raise InvalidParameterError(f"cadence.torch.FaultTolerantAverager: rejoin must be an integer >= 0, "
-                                        f"got {rejoin!r}")
-        if rejoin > 0 and replica_group is not None:
-            raise InvalidParameterError("cadence.torch.FaultTolerantAverager: rejoin > 0 with a replica_group: the "
-                                        "replica's other ranks cannot follow its first rank's new incarnation; "
-                                        "restart the whole replica instead (torchrun --max-restarts, join())")
+        self._rejoin = Rejoin("FaultTolerantAverager", rejoin, replica_group)
         self.replica_group = replica_group
         self.rejoin = rejoin
-        self._rejoin_attempts = 0  # member.rejoin() calls so far, failed ones included
-        self._rejoins = 0
         self._leader, self._src = replica_roles("FaultTolerantAverager", member, replica_group)
         self.module = module
         self.member = member
@@ -137,7 +129,7 @@ class FaultTolerantAverager:
     @property
     def rejoins(self) -> int:
         """Times this process came back into the job with ``member.rejoin()`` (``rejoin=N``)."""
-        return self._rejoins
+        return self._rejoin.rejoins
 
     _OUTCOMES = ("committed", "healed", "discarded", "rejoined")
 
@@ -192,30 +184,6 @@ class FaultTolerantAverager:
         self._share(optimizer_state=True)
         self._from_flat()
 
-    def _rejoin_after(self, dropped: BaseException) -> dict:
-        """``member.rejoin()`` after the sync raised ``dropped`` (EvictedError, QuorumError), up
-        to the attempts left; the report of the sync it stands for. Raises the last error when
-        none are left."""
-        from .. import Error
-
-        error = dropped
-        tried = 0
-        while self._rejoin_attempts < self.rejoin:
-            self._rejoin_attempts += 1
-            tried += 1
-            try:
-                self.member.rejoin()
-            except (Error, TimeoutError) as e:  # not connected or not admitted: a failed attempt
-                if isinstance(e, InvalidParameterError):
-                    raise
-                error = e
-                continue
-            self._rejoins += 1
-            self._take_up()
-            return {"outcome": "rejoined", "committed": self.member.committed, "attempts": 0,
-                    "reconfigurations": 0, "rejoin_attempts": tried}
-        raise error
-
     def step(self, stop: bool = False) -> Optional[dict]:
         """Counts one local step; on every ``period``-th, averages (:meth:`sync`) and returns
         the sync's report, else None."""
@@ -249,9 +217,9 @@ class FaultTolerantAverager:
             try:
                 report = self.member.transact(body, backup=flats, policy=self.policy)
             except Exception as e:  # noqa: BLE001 - only the quorum's drops are answered
-                if not (self.rejoin > 0 and self.member.may_rejoin and _dropped(e)):
+                if not self._rejoin.answers(self.member, e):
                     raise
-                return self._rejoin_after(e)  # the module holds the donor's state
+                return self._rejoin.after(self.member, e, self._take_up)  # the module holds the donor's state
         report = self._share(report=report if report is not None else {"outcome": "committed"})
         self._from_flat()
         return report
@@ -263,10 +231,3 @@ class FaultTolerantAverager:
         report = self._share(report=report)
         self._from_flat()
         return report
-
-
-def _dropped(e: BaseException) -> bool:
-    """Whether ``e`` is the quorum dropping this member (EvictedError, QuorumError)."""
-    from .. import membership
-
-    return isinstance(e, (membership.EvictedError, membership.QuorumError))

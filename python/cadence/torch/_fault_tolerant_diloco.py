@@ -8,8 +8,8 @@ from typing import Optional
 
 import torch
 
-from ._common import (FlatStaging, InvalidParameterError, broadcast_state_dict, check_seconds, load_state_dict_bytes,
-                      replica_roles, state_dict_bytes)
+from ._common import (FlatStaging, InvalidParameterError, Rejoin, broadcast_state_dict, check_seconds,
+                      load_state_dict_bytes, replica_roles, state_dict_bytes)
 
 _HERE = "cadence.torch.FaultTolerantDiLoCo"
 
@@ -89,6 +89,21 @@ class FaultTolerantDiLoCo:
     each replica as its own ``torchrun --max-restarts`` job; its restart rejoins
     (docs/python-torch.md).
 
+    **A live process the quorum dropped** (a short link cut, a resume from SIGSTOP after the
+    others went on) gets :class:`EvictedError` or :class:`QuorumError` from an outer sync (with
+    streaming, from the :meth:`step` at the completion point of the fragment whose exchange
+    found it dropped). With ``rejoin=N`` (N > 0) it comes back in the same process instead, as
+    :class:`FaultTolerantAverager` does (``member.rejoin()``, which makes the member's DiLoCo anew
+    and joins through it): admitted at the quorum's next sync, it receives the global weights,
+    the outer optimizer's state, the counters and the inner optimizer's state of a donor, and
+    the module then holds the global weights, as after :meth:`join` (this process's local work
+    since its last committed sync is lost). That step's report has ``outcome`` ``"rejoined"``
+    (and ``rejoin_attempts``), and :attr:`rejoins` counts them. At most N ``rejoin()`` calls in
+    all, a failed one included; after the last, the error propagates. A drop in :meth:`finish`
+    and one on a member that may not rejoin (``member.may_rejoin``) propagate. A
+    :meth:`request_stop` of this process stays asked across the rejoin. Not with
+    ``replica_group`` (restart the whole replica instead).
+
     **A restart of the whole job** (a maintenance window, a preemption; a lost process needs no
     checkpoint: its replacement receives everything from a member). :meth:`state_dict` after
     :meth:`step` returned a report (or after :meth:`finish`; streaming: with no fragment in
@@ -105,7 +120,8 @@ class FaultTolerantDiLoCo:
     Raises InvalidParameterError for a module without floating-point parameters, a complex
     parameter, a float64 value beyond float32's range, a config that is not a string (the
     member's DiLoCo raises cadence.ParseError for a bad one, and InvalidParameterError for a
-    delay it cannot carry), a member on the wrong rank of a replica, and calls out of order
+    delay it cannot carry), a member on the wrong rank of a replica, ``rejoin`` that is not an
+    integer >= 0 or is given with ``replica_group``, and calls out of order
     (:meth:`start` or :meth:`join` twice, :meth:`step` before them or after :meth:`finish`;
     :attr:`global_hash` and :meth:`state_dict` while a fragment is in flight).
 
@@ -113,10 +129,12 @@ class FaultTolerantDiLoCo:
     """
 
     def __init__(self, module: torch.nn.Module, member, inner_optimizer=None, config: str = "fixed:20", *,
-                 replica_group=None):
+                 replica_group=None, rejoin: int = 0):
         if not isinstance(config, str):
             raise InvalidParameterError(f"{_HERE}: config must be a local-SGD config string (\"fixed:20\", "
                                         f"\"elastic:2,outer=nesterov:0.7:0.9\"), got {config!r}")
+        self._rejoin = Rejoin("FaultTolerantDiLoCo", rejoin, replica_group)
+        self.rejoin = rejoin
         self.replica_group = replica_group
         self._leader, self._src = replica_roles("FaultTolerantDiLoCo", member, replica_group)
         named = []
@@ -177,7 +195,7 @@ class FaultTolerantDiLoCo:
 
     # ---- the replica's other ranks ----
 
-    _OUTCOMES = ("committed", "healed", "discarded")
+    _OUTCOMES = ("committed", "healed", "discarded", "rejoined")
 
     def _share(self, report: Optional[dict] = None, optimizer_state: bool = False) -> Optional[dict]:
         """The replica's first rank hands the weights, the counters and the sync's report (and,
@@ -230,11 +248,17 @@ class FaultTolerantDiLoCo:
         if self._leader:
             self._to_flat()  # the module as it is now (a checkpoint loaded after construction)
             getattr(self._outer, how)()
-            self._phase = "running"  # the member may be asked from here on (_share)
+        self._phase = "running"  # the member may be asked from here on (_share)
+        self._take_up()
+
+    def _take_up(self) -> None:
+        """After the member's DiLoCo started, joined or rejoined: what it agreed on or received
+        (the global weights in the staging array; the inner optimizer's state, loaded by its
+        blob) into the replica's ranks and the module."""
+        if self._leader:
             self._read_member()
         self._share(optimizer_state=True)
         self._from_flat()
-        self._phase = "running"
         self._mark = time.perf_counter()
 
     def start(self) -> None:
@@ -252,8 +276,9 @@ class FaultTolerantDiLoCo:
         """Counts one inner step, after the inner optimizer's step: ``seconds`` is its duration
         (default: the time since the previous call, or since start, join or the last sync). When
         the schedule says an outer sync is due, runs it as a transaction and returns the
-        member's report (``outcome`` committed, healed or discarded; ``committed``); the module
-        then holds the global weights. Else None. Streaming: at a send point the fragment's
+        member's report (``outcome`` committed, healed or discarded; ``committed``; with
+        ``rejoin``, "rejoined" after this process was dropped and came back, see the class); the
+        module then holds the global weights. Else None. Streaming: at a send point the fragment's
         exchange starts and the report has ``attempts`` 0; at its completion point the report is
         that exchange's and the module holds the fragment's global weights (see the class
         comment)."""
@@ -268,7 +293,12 @@ class FaultTolerantDiLoCo:
         if self._leader:
             self._to_flat()  # the local weights: read at a send point, mixed into at a completion point
             completes = self._outer.in_flight  # due now with a fragment in flight: its completion point
-            report = self._outer.sync()
+            try:
+                report = self._outer.sync()
+            except Exception as e:  # noqa: BLE001 - only the quorum's drops are answered
+                if not self._rejoin.answers(self.member, e):
+                    raise
+                return self._rejoin.after(self.member, e, self._take_up)  # the module holds the global weights
             if not self._outer.in_flight:
                 self._read_member()
             elif completes:
@@ -312,6 +342,11 @@ class FaultTolerantDiLoCo:
         return report
 
     # ---- what it knows ----
+
+    @property
+    def rejoins(self) -> int:
+        """Times this process came back into the job with ``member.rejoin()`` (``rejoin=N``)."""
+        return self._rejoin.rejoins
 
     def _read_member(self) -> None:
         """On the first rank, with no fragment in flight: the member's count and quorum."""

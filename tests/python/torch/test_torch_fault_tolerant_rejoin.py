@@ -1,6 +1,7 @@
-"""cadence.torch.FaultTolerantAverager(rejoin=1): a process the quorum dropped while it was alive
-(a late resume from SIGSTOP) comes back in-process at its next sync, with a donor's weights, step
-count and optimizer state, and every process ends with the same weights. Three spawned
+"""cadence.torch.FaultTolerantAverager(rejoin=1) and FaultTolerantDiLoCo(rejoin=1): a process the
+quorum dropped while it was alive (a late resume from SIGSTOP) comes back in-process at its next
+sync, with a donor's weights, step count (the DiLoCo's global weights, outer state and counters)
+and optimizer state, and every process ends with the same weights. Three spawned
 processes on loopback (insecure=True, a 0.5 s heartbeat); the process stops itself, and the
 test resumes it once the others committed a sync without it: every wait is bounded, none timed.
 """
@@ -78,6 +79,67 @@ def test_a_dropped_process_rejoins_and_ends_with_the_same_weights(tmp_path):
         assert out[r]["momentum"]
 
 
+def _diloco_process(rank, size, path, ready, went_on, abort, results):
+    """One process: DiLoCo (2 inner SGD steps with momentum an outer step, outer Nesterov) on its
+    own data. Process 2 stops itself once HELD_BACK_AT outer syncs committed; back (rejoined at
+    its next outer sync), it asks the job to stop."""
+    try:
+        import cadence.torch as ct
+
+        torch.manual_seed(0)
+        until = time.monotonic() + BOUND
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        x, y = torch.full((8, 4), float(rank + 1)), torch.zeros(8, 1)
+        ready.wait(BOUND)  # imports done: the three register and start together
+        with membership.Member(rank, size, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT,
+                               join_timeout=BOUND, connect_timeout=BOUND) as m:
+            outer = ct.FaultTolerantDiLoCo(model, m, opt, "fixed:2,outer=nesterov:0.7:0.9", rejoin=1)
+            outer.start()
+            outcomes, held = [], False
+            while not outer.should_stop:
+                if rank == 2 and not held and outer.syncs >= HELD_BACK_AT:
+                    held = True
+                    os.kill(os.getpid(), signal.SIGSTOP)  # the test resumes it (SIGCONT)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                if abort.is_set() or time.monotonic() > until:
+                    outer.request_stop()
+                r = outer.step(0.001)
+                if r is None:
+                    continue
+                outcomes.append(r)
+                if r["outcome"] == "rejoined":
+                    outer.request_stop()  # the next outer sync ends the job
+                if rank == 0 and outer.quorum["ranks"] == [0, 1]:
+                    went_on.set()
+            synced = dict(global_hash=outer.global_hash, hash=m.state_hash, outer_steps=outer.outer_steps)
+            outer.finish()
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
+            results.put((rank, "ok", dict(weights=flat, synced=synced, quorum=outer.quorum["ranks"],
+                                          rejoins=outer.rejoins, outcomes=outcomes,
+                                          momentum="momentum_buffer" in opt.state[model.weight])))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        abort.set()
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def test_a_dropped_diloco_process_rejoins_with_the_global_weights(tmp_path):
+    size = 3
+    out, ev = run_with_late_resume(_diloco_process, size, str(tmp_path / "rendezvous"), ("went_on", "abort"), BOUND)
+    assert not ev["abort"].is_set()
+    rejoined = [r for r in out[2]["outcomes"] if r["outcome"] == "rejoined"]
+    assert len(rejoined) == 1 and rejoined[0]["rejoin_attempts"] == 1, out[2]["outcomes"]
+    assert out[2]["rejoins"] == 1 and out[0]["rejoins"] == out[1]["rejoins"] == 0
+    for r in range(size):
+        assert out[r]["quorum"] == [0, 1, 2]
+        assert out[r]["synced"] == out[0]["synced"]  # after the sync that agreed the stop
+        assert out[r]["synced"]["outer_steps"] > HELD_BACK_AT + 1
+        assert out[r]["weights"] == out[0]["weights"]
+        assert out[r]["momentum"]  # process 2's came from a donor
+
+
 def test_rejoin_arguments_are_checked():
     import cadence.torch as ct
 
@@ -89,3 +151,7 @@ def test_rejoin_arguments_are_checked():
         ct.FaultTolerantAverager(model, Member(), rejoin=-1)
     with pytest.raises(ct.InvalidParameterError, match="rejoin > 0 with a replica_group"):
         ct.FaultTolerantAverager(model, Member(), rejoin=1, replica_group=object())
+    with pytest.raises(ct.InvalidParameterError, match="FaultTolerantDiLoCo: rejoin must be an integer >= 0"):
+        ct.FaultTolerantDiLoCo(model, Member(), rejoin=True)
+    with pytest.raises(ct.InvalidParameterError, match="FaultTolerantDiLoCo: rejoin > 0 with a replica_group"):
+        ct.FaultTolerantDiLoCo(model, Member(), rejoin=2, replica_group=object())
