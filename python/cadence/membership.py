@@ -36,9 +36,11 @@ built when libzmq is found at ``pip install`` time (Debian: ``libzmq3-dev``).
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterable
 
 from ._core import InvalidParameterError
@@ -58,6 +60,27 @@ QuorumError = _membership.QuorumError
 
 __all__ = ["Member", "DiLoCo", "SyncFailed", "EvictedError", "QuorumError", "hold_rendezvous", "publish_address",
            "read_address"]
+
+
+# Every Member not closed yet, closed at exit (_close_open_members).
+_open_members: "weakref.WeakSet[Member]" = weakref.WeakSet()
+
+
+def _close_open_members() -> None:
+    """At interpreter exit, before finalization: closes every Member still open, its DiLoCo's
+    streaming fragment thread joined first. Else that thread (which calls the on_change, on_event
+    and blob callbacks with the GIL) could still run while the interpreter finalizes, and a
+    thread that takes the GIL then is ended by pthread_exit, whose forced unwind through C++
+    aborts the process; and the member, held in a cycle through C++ with its DiLoCo, would never
+    close its sockets. An error closing one is ignored: the process is ending."""
+    for m in list(_open_members):
+        try:
+            m.close()
+        except Exception:  # noqa: BLE001 - at exit, nothing is left to tell
+            pass
+
+
+atexit.register(_close_open_members)
 
 
 def _array(x: Any, who: str) -> Any:
@@ -182,7 +205,8 @@ class Member:
     :class:`QuorumError` from a sync) comes back in the same process with :meth:`rejoin`.
 
     Every call must come from the thread that created the member. Use it as a context manager
-    (or call :meth:`close`) so that its sockets close.
+    (or call :meth:`close`) so that its sockets close; a member still open when the interpreter
+    exits is closed then (an ``atexit`` hook), so that no thread of it outlives Python.
     """
 
     def __init__(self, rank: int, size: int, *, rendezvous: str | None = None,
@@ -207,6 +231,7 @@ class Member:
                                       float(heartbeat), float(join_timeout), float(connect_timeout),
                                       int(min_size), int(max_attempts), bool(sync_initial_state), bool(holder),
                                       on_bound, on_event)
+        _open_members.add(self)  # closed at exit if the program does not
 
     # ---- the replica's state ----
 
@@ -367,6 +392,7 @@ class Member:
 
     def close(self) -> None:
         """Closes the member and its sockets; later calls raise."""
+        _open_members.discard(self)
         self._m.close()
 
     def __enter__(self) -> "Member":
