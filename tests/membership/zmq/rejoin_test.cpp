@@ -14,6 +14,7 @@
 #include <cadence/transport/zmq/communicator.hpp>
 
 #include "transport/zmq/zmq_ranks.hpp"  // rank 0's rendezvous address handed to the others
+#include "membership/zmq/guarded.hpp"
 
 #include <doctest/doctest.h>
 
@@ -80,16 +81,7 @@ struct job {
   }
 };
 
-template <class F>
-std::thread guarded(job& j, const std::string& who, F f) {
-  return std::thread([&j, who, f] {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      j.fail(who + ": " + e.what());
-    }
-  });
-}
+using cadence_membership_zmq_test::guarded;  // a rank's thread, its exception into the job
 
 void join_all(job& j, std::vector<std::thread>& threads) {
   for (auto& t : threads) t.join();

@@ -9,6 +9,7 @@
 #include <cadence/transport/zmq/communicator.hpp>
 
 #include "transport/zmq/zmq_ranks.hpp"  // rank 0's rendezvous address handed to the others
+#include "membership/zmq/guarded.hpp"
 
 #include <doctest/doctest.h>
 
@@ -101,16 +102,7 @@ void member(job& j, int rank, bool replacement) {
   });
 }
 
-template <class F>
-std::thread guarded(job& j, const std::string& who, F f) {
-  return std::thread([&j, who, f] {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      j.fail(who + ": " + e.what());
-    }
-  });
-}
+using cadence_membership_zmq_test::guarded;  // a rank's thread, its exception into the job
 
 // Rank 0 holding the rendezvous on a thread of its own until the job is over (or, only once a
 // member thread failed, at once: the hold must not outlive the test), its lines into j.events.
