@@ -26,20 +26,29 @@ HEARTBEAT = 0.5  # seconds: op timeout 2 s (room for a loaded CI machine)
 HELD_BACK_AT = 2  # process 2 stops itself before the step whose sync follows this many
 
 
+def _model_and_data(rank):
+    """A process's model (seeded alike everywhere), SGD with momentum, and its own data."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return model, opt, torch.full((8, 4), float(rank + 1)), torch.zeros(8, 1)
+
+
+def _member(rank, size, path):
+    return membership.Member(rank, size, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT,
+                             join_timeout=BOUND, connect_timeout=BOUND)
+
+
 def _process(rank, size, path, ready, went_on, abort, results):
     """One process: SGD with momentum on its own data, averaged every step. Process 2 stops
     itself before a sync; once back (rejoined), it asks the job to stop at its next sync."""
     try:
         import cadence.torch as ct
 
-        torch.manual_seed(0)
         until = time.monotonic() + BOUND
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        x, y = torch.full((8, 4), float(rank + 1)), torch.zeros(8, 1)
+        model, opt, x, y = _model_and_data(rank)
         ready.wait(BOUND)  # imports done: the three register and start together
-        with membership.Member(rank, size, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT,
-                               join_timeout=BOUND, connect_timeout=BOUND) as m:
+        with _member(rank, size, path) as m:
             avg = ct.FaultTolerantAverager(model, m, period=1, optimizer=opt, rejoin=1)
             avg.start()
             outcomes = []
@@ -86,14 +95,10 @@ def _diloco_process(rank, size, path, ready, went_on, abort, results):
     try:
         import cadence.torch as ct
 
-        torch.manual_seed(0)
         until = time.monotonic() + BOUND
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        x, y = torch.full((8, 4), float(rank + 1)), torch.zeros(8, 1)
+        model, opt, x, y = _model_and_data(rank)
         ready.wait(BOUND)  # imports done: the three register and start together
-        with membership.Member(rank, size, rendezvous_file=path, insecure=True, heartbeat=HEARTBEAT,
-                               join_timeout=BOUND, connect_timeout=BOUND) as m:
+        with _member(rank, size, path) as m:
             outer = ct.FaultTolerantDiLoCo(model, m, opt, "fixed:2,outer=nesterov:0.7:0.9", rejoin=1)
             outer.start()
             outcomes, held = [], False
