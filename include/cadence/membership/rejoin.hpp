@@ -2,7 +2,8 @@
 /// \ingroup membership
 /// A member that comes back when the quorum drops it while its process lives: it owns one
 /// incarnation (a communicator in this process's slot and a member on it) and, where a sync
-/// fails with evicted_error or quorum_error, makes a new one that joins with the quorum's state.
+/// fails with evicted_error or quorum_error (its own transact(), or an adapter's sync that
+/// transacts inside, run through guard()), makes a new one that joins with the quorum's state.
 #pragma once
 
 #include <cadence/core/error.hpp>
@@ -17,12 +18,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 namespace cadence::membership {
@@ -73,8 +76,27 @@ struct rejoin_options {
   /// looks). A drop then propagates with the refusal in its message instead of a rejoin.
   bool may_rejoin = true;
   /// Called on the owning thread before every attempt (after the pause), for the application's
-  /// log. An exception it throws propagates from transact(), with no incarnation left.
+  /// log. An exception it throws propagates from transact() or guard(), with no incarnation left.
   std::function<void(const rejoin_attempt&)> on_rejoin;
+
+  // The caller's objects on an incarnation, for an adapter that runs the member itself (it
+  // starts or joins it and transacts inside its own sync): exchange::diloco_member, which the
+  // register function builds on each new member. Unset, the helper calls the member's own.
+
+  /// How the first incarnation forms the first quorum (rejoining_member::start()), in place of
+  /// member::start(): DiLoCo `[&] { dm->start(); }`.
+  std::function<void()> start;
+  /// How an incarnation joins a running quorum (rejoining_member::join() and every rejoin
+  /// attempt, after the register function), in place of member::join(): DiLoCo
+  /// `[&] { dm->join(); }` (member::join(), then the received state into the adapter). A
+  /// cadence::error it throws fails the attempt, as member::join()'s does.
+  std::function<void()> join;
+  /// Ends what the caller built on an incarnation, before the helper destroys the incarnation's
+  /// member and communicator (after a drop, after a failed attempt, in the helper's
+  /// destructor): DiLoCo `[&] { dm.reset(); }`, whose destructor joins a streaming fragment's
+  /// thread that uses the member. An exception it throws propagates, the incarnation gone, from
+  /// the call that ended it (the destructor drops it).
+  std::function<void()> teardown;
 
   /// Throws invalid_parameter_error naming the first bad field.
   void check() const {
@@ -138,14 +160,40 @@ struct rejoin_report : sync_report {
 /// **What belongs to an incarnation.** view() and everything built on it (an adapter such as
 /// periodic_averager) belong to one incarnation: rebuild them after a report with `rejoined`
 /// (the register function, which runs before the join, is the place for the state and the
-/// callbacks, not for adapters that read the quorum). The registered buffers outlive every
-/// incarnation: they belong to the caller.
+/// callbacks, and for an adapter built on the member that registers its own, as
+/// diloco_member below; not for adapters that read the quorum). The registered buffers
+/// outlive every incarnation: they belong to the caller.
 ///
 /// **Limits.** The first life's connection, start() and join() propagate their errors (there is
 /// no running job to rejoin yet), and so does finish() (the job's end is agreed: nothing is
 /// left to rejoin). After rejoin_options::max_attempts attempts in all, the drop propagates, of
 /// its kind (evicted_error or quorum_error), with the last failure's message and the attempt
 /// count ("... (gave up after 3 rejoin attempts)"); the helper then holds no incarnation.
+///
+/// **Adapters that sync inside** (exchange::diloco_member: its sync() and finish() call
+/// member::transact() themselves, streaming on a fragment's thread; it is built on a member and
+/// joins through its own join()). Build the adapter in the register function, so every
+/// incarnation has its own, registered in the same order; say how it starts, joins and ends in
+/// rejoin_options (start, join, teardown: it must be gone before its member is); and run its
+/// sync through guard(), which answers a drop that surfaces from it as transact() does:
+///
+///     std::vector<exchange::tensor_ref> tensors{exchange::tensor_ref(w.data(), w.size())};
+///     std::optional<exchange::diloco_member<zmq_communicator>> dm;   // before m: outlives it
+///     mb::rejoin_options ro;
+///     ro.start = [&] { dm->start(); };
+///     ro.join = [&] { dm->join(); };                       // member::join(), then adopt()
+///     ro.teardown = [&] { dm.reset(); };                   // before its member is destroyed
+///     mb::rejoining_member<zmq_communicator> m(connect, opts,
+///         [&](mb::member<zmq_communicator>& mm) { dm.emplace(mm, tensors, outer, diloco_opts); }, ro);
+///     m.start();
+///     for (;;) {
+///       inner_step(w);
+///       if (!dm->step_done(us)) continue;
+///       mb::rejoin_report r = m.guard([&] { return dm->sync(); });
+///       if (r.rejoined) continue;   // a new dm, joined: w holds the quorum's global weights
+///       ...
+///     }
+///     dm->finish();                 // a drop here propagates, as finish() does
 ///
 /// **Threads.** As member: the owning thread makes every call, callbacks included.
 template <class C>
@@ -178,11 +226,27 @@ public:
 
   rejoining_member(const rejoining_member&) = delete;
   rejoining_member& operator=(const rejoining_member&) = delete;
+  /// Ends the current incarnation: rejoin_options::teardown (its exception dropped), then the
+  /// member, then the communicator.
+  ~rejoining_member() {
+    try {
+      drop_incarnation();
+    } catch (...) {  // a destructor: the teardown's failure has no caller to reach (the incarnation is gone)
+    }
+  }
 
-  /// The first incarnation forms the first quorum (member::start()).
-  void start() { incarnation("start").start(); }
-  /// The first incarnation joins a running quorum (member::join(): a restarted or late process).
-  void join() { incarnation("join").join(); }
+  /// The first incarnation forms the first quorum (member::start(), or rejoin_options::start).
+  void start() {
+    member<C>& m = incarnation("start");
+    if (rejoin_.start) rejoin_.start();
+    else m.start();
+  }
+  /// The first incarnation joins a running quorum (a restarted or late process): member::join(),
+  /// or rejoin_options::join.
+  void join() {
+    incarnation("join");
+    join_incarnation();
+  }
 
   /// member::transact() of the current incarnation; where it throws evicted_error or
   /// quorum_error, new incarnations join (up to rejoin_options::max_attempts in all) and the
@@ -191,28 +255,7 @@ public:
   /// as it came when max_attempts is 0. Other errors propagate as from member::transact().
   template <class Body>
   rejoin_report transact(Body&& body, span<const buffer> backup = {}, on_loss policy = on_loss::retry) {
-    member<C>& m = incarnation("transact");
-    drop_reason reason = drop_reason::evicted;
-    std::string message;
-    try {
-      rejoin_report r;
-      static_cast<sync_report&>(r) = m.transact(std::forward<Body>(body), backup, policy);
-      return r;
-    } catch (const evicted_error& e) {
-      if (rejoin_.max_attempts == 0) throw;
-      reason = drop_reason::evicted;
-      message = e.what();
-    } catch (const quorum_error& e) {
-      if (rejoin_.max_attempts == 0) throw;
-      reason = drop_reason::no_quorum;
-      message = e.what();
-    }
-    if (!rejoin_.may_rejoin)
-      raise(reason, message +
-                        " (not rejoined: rejoin_options::may_rejoin is false on this rank, whose communicator "
-                        "cannot be made anew in its slot, as rank 0 hosting a ZeroMQ rendezvous: restart the job, or "
-                        "hold the rendezvous apart, membership::hold_rendezvous, so that every member may rejoin)");
-    return rejoin(reason, std::move(message));
+    return answer("transact", [&] { return member_->transact(std::forward<Body>(body), backup, policy); });
   }
   /// transact() with the `backup` as a braced list: `m.transact(f, {params, moments})`.
   template <class Body>
@@ -220,8 +263,23 @@ public:
     return transact(std::forward<Body>(body), span<const buffer>(backup.begin(), backup.size()), policy);
   }
 
+  /// Calls `f`, a sync that transacts on the current incarnation's member itself (an adapter's:
+  /// `m.guard([&] { return dm->sync(); })`), and answers a drop that surfaces from it as
+  /// transact() answers its own: where `f` throws evicted_error or quorum_error, the incarnation
+  /// ends (rejoin_options::teardown first) and new ones are made (the register function
+  /// rebuilds the adapter) and join (rejoin_options::join), with the same attempts, limit,
+  /// pause, refusal, on_rejoin and counters; the report then says `rejoined` (outcome healed:
+  /// `f` is not run again, its sync's result is in the received state). Without a drop the
+  /// report is f's result (a sync_report, or what converts to one), `rejoined` false. Throws as
+  /// transact() does; f's other exceptions propagate as they came, the incarnation kept.
+  template <class F>
+  rejoin_report guard(F&& f) {
+    return answer("guard", std::forward<F>(f));
+  }
+
   /// member::finish() of the current incarnation. A drop there propagates: the job's end is
-  /// agreed, so there is nothing left to rejoin.
+  /// agreed, so there is nothing left to rejoin. (An adapter that syncs inside ends with its own
+  /// finish(), as DiLoCo's dm->finish(), called directly: the same holds.)
   sync_report finish() { return incarnation("finish").finish(); }
 
   // ---- the current incarnation ----
@@ -257,9 +315,10 @@ public:
 
 private:
   // State: comm_ and member_ are one incarnation (made by make_incarnation(), ended by
-  // drop_incarnation(), the member first: it refers to the communicator); connect_, register_,
-  // options_ and again_ (the options of a rejoin's member) are what every incarnation is made
-  // from; rejoins_ and attempts_ count over the helper's life.
+  // drop_incarnation(): the caller's teardown, then the member, which refers to the
+  // communicator, then the communicator); connect_, register_, options_ and again_ (the options
+  // of a rejoin's member) are what every incarnation is made from, rejoin_ how it starts, joins,
+  // ends and comes back; rejoins_ and attempts_ count over the helper's life.
   using clock = std::chrono::steady_clock;
 
   member<C>& incarnation(const char* what) {
@@ -271,16 +330,78 @@ private:
                                    ": no incarnation (the last rejoin gave up or failed)");
   }
 
+  // One path for transact() and guard(): `f` on the current incarnation, and a drop it throws
+  // answered by a rejoin (or propagated, as the options say).
+  template <class F>
+  rejoin_report answer(const char* what, F&& f) {
+    static_assert(std::is_convertible<decltype(std::forward<F>(f)()), sync_report>::value,
+                  "cadence::membership::rejoining_member::guard: the function must return a sync_report (the "
+                  "report of the sync it ran, as exchange::diloco_member::sync() does)");
+    incarnation(what);
+    drop_reason reason = drop_reason::evicted;
+    std::string message;
+    try {
+      rejoin_report r;
+      static_cast<sync_report&>(r) = std::forward<F>(f)();
+      return r;
+    } catch (const evicted_error& e) {
+      if (rejoin_.max_attempts == 0) throw;
+      reason = drop_reason::evicted;
+      message = e.what();
+    } catch (const quorum_error& e) {
+      if (rejoin_.max_attempts == 0) throw;
+      reason = drop_reason::no_quorum;
+      message = e.what();
+    }
+    if (!rejoin_.may_rejoin)
+      raise(reason, message +
+                        " (not rejoined: rejoin_options::may_rejoin is false on this rank, whose communicator "
+                        "cannot be made anew in its slot, as rank 0 hosting a ZeroMQ rendezvous: restart the job, or "
+                        "hold the rendezvous apart, membership::hold_rendezvous, so that every member may rejoin)");
+    return rejoin(reason, std::move(message));
+  }
+
   void make_incarnation(int attempt, const member_options& o) {
     comm_ = connect_(attempt);
     if (!comm_)
       throw invalid_parameter_error("cadence::membership::rejoining_member: the connect function returned no "
                                     "communicator (attempt " + std::to_string(attempt) + ")");
     member_ = std::make_unique<member<C>>(*comm_, o);
-    register_(*member_);
+    try {
+      register_(*member_);
+    } catch (...) {  // what it built before it threw ends before the member
+      drop_quietly();
+      throw;
+    }
   }
 
-  void drop_incarnation() noexcept {
+  void join_incarnation() {
+    if (rejoin_.join) rejoin_.join();
+    else member_->join();
+  }
+
+  // The caller's objects on the incarnation (teardown), then the member, then the communicator;
+  // the teardown's exception after them.
+  void drop_incarnation() {
+    std::exception_ptr failed;
+    if (member_ && rejoin_.teardown) {
+      try {
+        rejoin_.teardown();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    end_incarnation();
+    if (failed) std::rethrow_exception(failed);
+  }
+  // drop_incarnation() where another exception is on its way (the incarnation is gone either way).
+  void drop_quietly() noexcept {
+    try {
+      drop_incarnation();
+    } catch (...) {
+    }
+  }
+  void end_incarnation() noexcept {
     member_.reset();
     comm_.reset();
   }
@@ -306,13 +427,13 @@ private:
       if (rejoin_.on_rejoin) rejoin_.on_rejoin(rejoin_attempt{attempts_, reason, since(), message});
       try {
         make_incarnation(attempts_, again_);
-        member_->join();
+        join_incarnation();
         break;
       } catch (const error& e) {  // not connected or not admitted: a failed attempt
         drop_incarnation();
         message = e.what();
       } catch (...) {
-        drop_incarnation();
+        drop_quietly();
         throw;
       }
     }

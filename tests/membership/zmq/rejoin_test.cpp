@@ -9,6 +9,9 @@
 // transport fails while the process lives: the peers see it lost at once), then waits, without a
 // clock, until the others have reported it lost (on_change) and committed a sync without it; the
 // sync it then enters throws evicted_error from member::transact(), which the helper answers.
+// The same with exchange::diloco_member, whose sync() transacts inside: the drop surfaces from
+// it, and rejoining_member::guard() answers it with a new diloco_member on the new member.
+#include <cadence/exchange/local_sgd/membership.hpp>
 #include <cadence/membership/member.hpp>
 #include <cadence/membership/rejoin.hpp>
 #include <cadence/transport/zmq/communicator.hpp>
@@ -36,9 +39,11 @@ namespace {
 
 namespace mb = cadence::membership;
 namespace tr = cadence::transport;
+namespace ex = cadence::exchange;
 using namespace std::chrono_literals;
 using helper_t = mb::rejoining_member<tr::zmq_communicator>;
 using member_t = mb::member<tr::zmq_communicator>;
+using diloco_t = ex::diloco_member<tr::zmq_communicator>;
 
 constexpr auto bound = 30s;  // upper bound on any wait: catches a hang, never reached when healthy
 
@@ -219,6 +224,142 @@ TEST_CASE("membership: a member dropped while alive rejoins through rejoining_me
   CHECK(seen[0].reason == mb::drop_reason::evicted);
   INFO("the drop: " << seen[0].message);
   CHECK(seen[0].message.find("communicator failed") != std::string::npos);
+}
+
+TEST_CASE("membership: a DiLoCo member dropped while alive rejoins through rejoining_member::guard with the "
+          "quorum's global weights, outer state and outer steps" *
+          doctest::timeout(120)) {
+  // Three ranks, each with a diloco_member built by the register function on every
+  // incarnation. The victim's communicator is aborted after the weights' broadcast and one outer
+  // sync; its next dm->sync() throws evicted_error (from the member::transact() inside it, or,
+  // streaming, from the fragment's thread at the completion point), which guard() answers:
+  // teardown ends the old diloco_member, the register function builds one on the new member,
+  // join joins it. All stop through DiLoCo's agreed stop once the victim committed an outer sync
+  // after its rejoin. The member is read only with nothing in flight (streaming: it belongs to
+  // the fragment's thread meanwhile).
+  std::string config;
+  SUBCASE("an outer sync every 2 inner steps: the drop surfaces from the sync's transaction") { config = "fixed:2"; }
+  SUBCASE("streaming (2 fragments, delay 1): the drop surfaces at the completion point") {
+    config = "fixed:4,fragments=2,delay=1";
+  }
+  CAPTURE(config);
+  constexpr int size = 3;
+  constexpr int victim = 2;
+  constexpr std::uint64_t held_back_at = 2;  // the victim is dropped after this many commits
+  struct end {
+    std::uint64_t global = 0, state = 0, committed = 0, outer_steps = 0;
+    std::vector<int> quorum;
+    int rejoins = -1, joins = 0, teardowns = 0;
+    int teardowns_by_destructor = 0;  // the helper's destructor's teardown calls
+    bool dm_left = true;  // a diloco_member outlived the helper
+  };
+  job j;
+  std::vector<end> ends(size);
+  std::optional<mb::rejoin_report> rejoined;  // the victim's report of the sync that rejoined
+  bool took_global = false;                   // the victim's weights were the quorum's after it
+  std::uint64_t outer_steps_at_rejoin = 0, outer_steps_before_drop = 0;
+  bool dropped_in_flight = false;  // the sync that rejoined completed a fragment (streaming)
+  const auto rank_body = [&](int rank) {
+    end& out = ends[static_cast<std::size_t>(rank)];
+    std::vector<float> w(64, 1.0f);
+    const std::vector<ex::tensor_ref> tensors{ex::tensor_ref(w.data(), w.size())};
+    std::optional<diloco_t> dm;  // before the helper: its teardown ends it first
+    {
+      std::atomic<bool> saw_lost{false};
+      mb::rejoin_options ro;
+      ro.max_attempts = 2;
+      ro.may_rejoin = rank != 0;  // rank 0 hosts the rendezvous
+      ro.start = [&] { dm->start(); };
+      ro.join = [&] {
+        ++out.joins;
+        dm->join();
+      };
+      ro.teardown = [&] {
+        ++out.teardowns;
+        dm.reset();  // joins its thread, before the member it uses is destroyed
+      };
+      helper_t h([&](int) { return j.connect(rank, size); }, member_options(),
+                 [&](member_t& m) {
+                   dm.emplace(m, tensors, ex::make_outer_optimizer("nesterov"),
+                              ex::parse_diloco_config(config).options);
+                   m.on_change([&saw_lost](const mb::change& c) {
+                     if (!c.lost.empty()) saw_lost = true;  // the victim: no other rank is lost here
+                   });
+                 },
+                 ro);
+      h.start();
+      bool dropped = false;
+      std::optional<std::uint64_t> after_rejoin;
+      const auto until = std::chrono::steady_clock::now() + bound;
+      for (std::uint64_t step = 0; !dm->stop_agreed(); ++step) {
+        if (rank == victim && !dropped && !dm->in_flight() && h.incarnation().committed() >= held_back_at) {
+          dropped = true;
+          outer_steps_before_drop = dm->outer_steps();
+          drop(j, h);
+        }
+        for (std::size_t i = 0; i < w.size(); ++i)  // an inner step, its own on every rank
+          w[i] += 0.001f * static_cast<float>((rank + 1) * static_cast<int>(i % 5 + 1)) -
+                  1e-5f * static_cast<float>(step % 7);
+        if (!dm->step_done(1000)) continue;
+        // The others stop once the victim committed an outer sync after its rejoin (or on a failure).
+        if (j.failed || std::chrono::steady_clock::now() > until || (rank != victim && j.back)) dm->request_stop();
+        const bool completes = dm->in_flight();
+        const mb::rejoin_report r = h.guard([&] { return dm->sync(); });
+        if (r.rejoined) {
+          std::lock_guard<std::mutex> lock(j.m);
+          rejoined = r;
+          dropped_in_flight = completes;
+          after_rejoin = r.committed;
+          took_global = std::equal(w.begin(), w.end(), dm->adapter().global_weights().begin());
+          outer_steps_at_rejoin = dm->outer_steps();
+          continue;  // the admission's state: no sync ran here
+        }
+        if (dm->in_flight()) continue;  // a fragment sent: the member is its thread's until it completes
+        if (rank != victim) note_survivor(j, h.incarnation(), saw_lost, victim);
+        if (after_rejoin && h.incarnation().committed() > *after_rejoin) j.back = true;
+      }
+      dm->finish();
+      std::lock_guard<std::mutex> lock(j.m);
+      out.global = dm->global_hash();
+      out.state = h.incarnation().state_hash();
+      out.committed = h.incarnation().committed();
+      out.outer_steps = dm->outer_steps();
+      out.quorum = h.incarnation().current().ranks;
+      out.rejoins = h.rejoins();
+      out.teardowns_by_destructor = -out.teardowns;  // the count before the helper is destroyed
+    }
+    out.teardowns_by_destructor += out.teardowns;
+    out.dm_left = dm.has_value();
+  };
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < size; ++r) ranks.push_back(guarded(j, "rank " + std::to_string(r), [&rank_body, r] { rank_body(r); }));
+  join_all(j, ranks);
+  MESSAGE("the DiLoCo job, the drop and the rejoin included: "
+          << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s");
+  for (int r = 0; r < size; ++r) {
+    CAPTURE(r);
+    const end& e = ends[static_cast<std::size_t>(r)];
+    CHECK(e.quorum == std::vector<int>{0, 1, 2});
+    CHECK(e.global == ends[0].global);
+    CHECK(e.state == ends[0].state);
+    CHECK(e.committed == ends[0].committed);
+    CHECK(e.outer_steps == ends[0].outer_steps);
+    CHECK(e.rejoins == (r == victim ? 1 : 0));
+    CHECK(e.joins == (r == victim ? 1 : 0));      // rejoin_options::join, not member::join()
+    CHECK(e.teardowns_by_destructor == 1);        // the helper's destructor ended its diloco_member
+    CHECK(e.teardowns == (r == victim ? 2 : 1));  // and the drop the victim's first
+    CHECK_FALSE(e.dm_left);
+  }
+  CHECK(ends[0].outer_steps > outer_steps_before_drop);
+  REQUIRE(rejoined);
+  CHECK(rejoined->outcome == mb::outcome::healed);
+  CHECK(rejoined->rejoin_attempts == 1);
+  CHECK(rejoined->committed > held_back_at);
+  MESSAGE("the DiLoCo member's drop to the admission: " << rejoined->rejoin_seconds << " s");
+  CHECK(dropped_in_flight == (config.find("delay") != std::string::npos));
+  CHECK(took_global);                                      // the joiner's adopt(): w is the global weights
+  CHECK(outer_steps_at_rejoin > outer_steps_before_drop);  // the others' outer steps came with the state
 }
 
 TEST_CASE("membership: rejoining_member propagates a drop it cannot answer, naming why" * doctest::timeout(120)) {
