@@ -394,7 +394,8 @@ TEST_CASE("membership: rejoining_member propagates a drop it cannot answer, nami
   std::string dropped_with;
   bool was_evicted = false, has_incarnation = true;
   int attempts = -1, rejoins = -1;
-  std::string after_give_up;
+  std::string after_give_up, guard_after_give_up;
+  bool guard_ran = false;
   const auto rank_body = [&](int rank) {
     std::vector<double> x(256, 1.0 + rank), more(1, 1.0);
     std::atomic<bool> saw_lost{false};
@@ -445,6 +446,14 @@ TEST_CASE("membership: rejoining_member propagates a drop it cannot answer, nami
       } catch (const cadence::invalid_parameter_error& e) {
         after_give_up = e.what();
       }
+      try {
+        h.guard([&] {
+          guard_ran = true;
+          return mb::sync_report{};
+        });
+      } catch (const cadence::invalid_parameter_error& e) {
+        guard_after_give_up = e.what();
+      }
     }
   };
   std::vector<std::thread> ranks;
@@ -467,6 +476,8 @@ TEST_CASE("membership: rejoining_member propagates a drop it cannot answer, nami
     CHECK(seen[1].message == "no route to the rendezvous (test)");
     CHECK_FALSE(has_incarnation);
     CHECK(after_give_up.find("rejoining_member::transact: no incarnation") != std::string::npos);
+    CHECK(guard_after_give_up.find("rejoining_member::guard: no incarnation") != std::string::npos);
+    CHECK_FALSE(guard_ran);  // refused before it would run on no member
   } else {
     CHECK(has_incarnation);  // no attempt: the dropped incarnation stays (its member refuses)
   }
