@@ -114,6 +114,14 @@ auto sync(H& h, std::vector<double>& x, std::vector<double>& more, bool wants_mo
       {x});
 }
 
+// Sets `saw_lost` once `m` reports a rank lost (the victim: no other rank is lost here); registered
+// on every incarnation, from the register function.
+void watch_losses(member_t& m, std::atomic<bool>& saw_lost) {
+  m.on_change([&saw_lost](const mb::change& c) {
+    if (!c.lost.empty()) saw_lost = true;
+  });
+}
+
 // What a survivor (not the victim) does between syncs: notes a commit without the victim.
 void note_survivor(job& j, const member_t& m, const std::atomic<bool>& saw_lost, int victim) {
   if (saw_lost && !m.current().contains(victim)) j.went_on = true;
@@ -154,9 +162,7 @@ TEST_CASE("membership: a member dropped while alive rejoins through rejoining_me
         [&](member_t& m) {
           m.add_state(x);
           m.add_state(more);
-          m.on_change([&saw_lost](const mb::change& c) {
-            if (!c.lost.empty()) saw_lost = true;  // the victim: no other rank is lost here
-          });
+          watch_losses(m, saw_lost);
         },
         ro);
     h.start();
@@ -282,9 +288,7 @@ TEST_CASE("membership: a DiLoCo member dropped while alive rejoins through rejoi
                  [&](member_t& m) {
                    dm.emplace(m, tensors, ex::make_outer_optimizer("nesterov"),
                               ex::parse_diloco_config(config).options);
-                   m.on_change([&saw_lost](const mb::change& c) {
-                     if (!c.lost.empty()) saw_lost = true;  // the victim: no other rank is lost here
-                   });
+                   watch_losses(m, saw_lost);
                  },
                  ro);
       h.start();
@@ -411,9 +415,7 @@ TEST_CASE("membership: rejoining_member propagates a drop it cannot answer, nami
         member_options(),
         [&](member_t& m) {
           m.add_state(x);
-          m.on_change([&saw_lost](const mb::change& c) {
-            if (!c.lost.empty()) saw_lost = true;  // the victim: no other rank is lost here
-          });
+          watch_losses(m, saw_lost);
         },
         mine);
     h.start();
