@@ -425,6 +425,7 @@ private:
   struct request_info {
     std::uint64_t nonce = 0, qid = 0, committed = 0, failed_ops = 0, state_bytes = 0, stamp = 0;
     std::uint8_t flags = 0;  // flag_confirmed
+    std::vector<int> lost{};  // the members of its quorum the sender counts lost (leave_out_unreachable)
   };
   struct announced {
     quorum q;
@@ -689,10 +690,18 @@ private:
         std::size_t at = 0;
         std::int64_t jr = 0;
         std::uint64_t jn = 0;
-        while (read_pod(body, at, jr) && read_pod(body, at, jn))
+        std::vector<int> lost_there;
+        while (read_pod(body, at, jr) && read_pod(body, at, jn)) {
+          if (jr < 0) {  // a member of the sender's quorum it counts lost (frames.hpp, request)
+            const int m = static_cast<int>(-1 - jr);
+            if (q_.holds(m, jn) && q_.contains(m)) lost_there.push_back(m);
+            continue;
+          }
           if (eligible(static_cast<int>(jr)) && !q_.holds(static_cast<int>(jr), jn) &&
               !lost_process(static_cast<int>(jr), jn) && not_admitted_.count({static_cast<int>(jr), jn}) == 0)
             note_joiner(static_cast<int>(jr), jn, 0);
+        }
+        if (q_.holds(from, f.nonce)) requests_[from].lost = std::move(lost_there);
         return;
       }
       case frame_kind::announce: {
@@ -774,6 +783,13 @@ private:
           append_pod(body, j.second.first);
           told_joiners_[j.first] = j.second.first;
         }
+        // The members this one cannot reach: the leader may see them alive, and a quorum that
+        // holds both ends of a broken link fails every sync at once (leave_out_unreachable).
+        for (std::size_t i = 0; i < q_.size(); ++i)
+          if (q_.ranks[i] != rank() && lost(q_.ranks[i])) {
+            append_pod(body, static_cast<std::int64_t>(-1 - q_.ranks[i]));
+            append_pod(body, q_.nonces[i]);
+          }
         told_leader_ = leader;
         send_frame(leader, f, std::move(body));
         asked = leader;
@@ -877,6 +893,9 @@ private:
       if (same_quorum(g.second) && ((g.second.committed != member_entry::newcomer && g.second.committed > formed_at_) ||
                                     (g.second.flags & flag_confirmed) != 0))
         confirmed_ = q_;
+    leave_out_unreachable(got);
+    survivors.clear();
+    for (const auto& g : got) survivors.push_back(g.first);
     if (!may_succeed(q_, confirmed_, survivors)) {
       const quorum& against = may_succeed(q_, survivors) ? confirmed_ : q_;
       for (int r : survivors)
@@ -979,6 +998,47 @@ private:
         send_frame(req.first, f);
       }
     return a;
+  }
+
+  /// Leaves out of the next quorum the survivors that cannot reach each other: each request says
+  /// which members its sender counts lost, and over ZeroMQ a peer counted lost stays lost for its
+  /// incarnation, even when this leader still sees both ends (a short cut of one member's link
+  /// broke that member's connection to another, the leader's to it held). A quorum holding both
+  /// would fail every sync at once, on the member that cannot post to the other, and re-form the
+  /// same members without end (the livelock of chaos trial 20: rank 1's 0.25 s partition while a
+  /// new process of rank 3 was admitted broke the link between ranks 1 and 3 alone). So the
+  /// member with the most such conflicts (ties: the higher rank) goes, until none is left; this
+  /// leader stays. A member left out is refused (the end of lead()) and may come back as a new
+  /// process, which its peers meet afresh.
+  void leave_out_unreachable(std::map<int, request_info>& got) {
+    std::map<int, std::set<int>> conflicts;  // survivor -> the survivors it cannot share a quorum with
+    for (const auto& g : got)
+      for (int x : g.second.lost)
+        if (x != g.first && got.count(x) != 0) {
+          conflicts[g.first].insert(x);
+          conflicts[x].insert(g.first);
+        }
+    while (!conflicts.empty()) {
+      int out = -1;
+      std::size_t most = 0;
+      for (const auto& c : conflicts)
+        if (c.first != rank() && c.second.size() >= most) {  // ascending ranks: ties go to the higher
+          out = c.first;
+          most = c.second.size();
+        }
+      if (out < 0) break;  // only this leader is left in conflict: nobody to leave out
+      std::string why;
+      for (int x : conflicts[out]) {
+        why += (why.empty() ? "" : ", ") + std::to_string(x);
+        conflicts[x].erase(out);
+        if (conflicts[x].empty()) conflicts.erase(x);
+      }
+      conflicts.erase(out);
+      got.erase(out);
+      event("rank " + std::to_string(rank()) + ": left rank " + std::to_string(out) +
+            " out of the next quorum: a link between it and rank" + (why.find(',') == std::string::npos ? " " : "s ") +
+            why + " is broken (one of them counts the other lost)");
+    }
   }
 
   bool lost_process(int r, std::uint64_t nonce) const {

@@ -42,7 +42,9 @@ static_assert(288 + tags::quorum_slots * tags::op_slots <= reserved_tags, "membe
 enum class frame_kind : std::uint8_t {
   join = 1,      // a new process asks to be admitted (a: state bytes, b: state tensors)
   abort = 2,     // the sender left quorum `qid`'s sync: fail it and re-form
-  request = 3,   // to the candidate leader: my committed count (a: failed operations I hold)
+  request = 3,   // to the candidate leader: my committed count (a: failed operations I hold, b: state
+                 // bytes); body: the newcomers I know of (rank, nonce), then the members of my
+                 // quorum I count lost (-1 - rank, nonce): the leader keeps no two that cannot reach each other
   announce = 4,  // the new quorum (qid), the committed count K; body: the member table
   drain = 5,     // the messages of failed operations I posted to you; body: their list
   reject = 6,    // you are not in the quorum that formed: come back as a new process
