@@ -23,12 +23,21 @@ without the victim, or the newcomer admitted). The kinds:
                 without a quorum: exit 3)
   partition     (--netns) a minority of the members cut off from the rest (they still reach each
                 other), for as long as link_down's; the minority must stop, the rest go on
+  link_cut      (--netns, drawn only when --kinds names it) only the link between two members cut
+                (a blackhole route to the other's address in each of their namespaces), neither
+                the leader the schedule expects (the lowest live member; nor rank 0, without
+                --holder), for as long as link_down's: the leader still sees both, and must
+                leave one end out (docs/collective.md, "The livelock's cause"), the one with
+                the most broken links, on a tie the higher rank. That end, the higher of the
+                two, is the fault's victim (counted in "link_victims", lost for the rest of the
+                schedule); the other end counts as never hit: it must stay a member
 
 With --netns every slot runs in a network namespace of its own (10.78.0.(rank+1)), joined to a
 bridge by a veth pair (apps/soak/soak_support.py's NetnsCluster; the cluster is removed on any
 exit); without root or working namespaces the soak prints why and exits 77 (skipped). --kinds
 restricts the kinds drawn (the default, all, draws the same schedule as before link faults
-existed when --netns is off).
+existed when --netns is off, and leaves link_cut out: it came later, and every seed draws the
+schedule it drew before).
 
 A fault that would leave fewer than 2 members, or a majority no longer reachable, is not drawn
 (destructive faults need 3 live members), nor is one that hits rank 0 while a join is still to
@@ -109,8 +118,9 @@ from soak_support import (NetnsCluster, add_keep, add_trial_arguments, add_trial
                           non_negative_int, positive_int, raw_link_mbps, signal_popen, soak_root, summary,
                           trial_done, trial_folder, trial_rng)
 
-KINDS = ("kill", "leader", "stop", "stop_forever", "restart", "late_join", "link_down", "partition")
-LINK_KINDS = ("link_down", "partition")
+KINDS = ("kill", "leader", "stop", "stop_forever", "restart", "late_join", "link_down", "partition", "link_cut")
+LINK_KINDS = ("link_down", "partition", "link_cut")
+DEFAULT_LINK_KINDS = ("link_down", "partition")  # --netns without --kinds: link_cut only when named
 MODES = ("periodic", "bsp")
 SKIP = 77  # --netns where namespaces cannot be made: ctest's SKIP_RETURN_CODE
 
@@ -140,13 +150,14 @@ def parse_args(argv):
                         "without the encryption's cost)")
     p.add_argument("--netns", action="store_true",
                    help="each rank in a network namespace of its own on a bridge (root), and the link faults "
-                        "link_down and partition drawn too; without root or namespaces: exit 77 (skip)")
+                        "link_down and partition drawn too (link_cut when --kinds names it); without root or "
+                        "namespaces: exit 77 (skip)")
     p.add_argument("--holder", action="store_true",
                    help="rank 0 only holds the rendezvous and is never hit; the members are ranks 1..N-1 (so "
                         "--ranks 4 or more), any of which may be restarted, the leader included")
     p.add_argument("--kinds", default="",
-                   help="the fault kinds drawn, comma-separated (default: all; link_down and partition need "
-                        "--netns; late_join is --late-join's)")
+                   help="the fault kinds drawn, comma-separated (default: all but link_cut; link_down, partition and "
+                        "link_cut need --netns; late_join is --late-join's)")
     p.add_argument("--rejoin", type=non_negative_int, default=0, metavar="N",
                    help="cadence-chaos-rank --rejoin N on every rank: a process the quorum dropped while it lived "
                         "comes back in its slot, at most N attempts (default 0: it stops, exit 3)")
@@ -267,13 +278,16 @@ def schedule(args, trial):
             if rank0 and len(live - {0}) > 0:
                 kinds.append("restart")
             if args.netns:
-                kinds += list(LINK_KINDS)
+                kinds += list(DEFAULT_LINK_KINDS)
+                # Drawn only when named, so that the seeds drawn before it existed draw the same.
+                if "link_cut" in (args.kinds or ()) and len(cut_pool(live)) >= 2:
+                    kinds.append("link_cut")
         if args.kinds is not None:
             kinds = [k for k in kinds if k in args.kinds]
         if not kinds:
             continue
         kind = rng.choice(kinds)
-        group = None
+        group = pair = None
         if kind == "leader":
             victim = min(live)
         elif kind == "restart":
@@ -283,6 +297,9 @@ def schedule(args, trial):
             if kind == "partition":  # a minority: the rest keep more than half
                 group = sorted(rng.sample(pool, rng.randint(1, (len(live) - 1) // 2)))
                 victim = group[0]
+            elif kind == "link_cut":  # two members other than the leader; the higher is left out
+                pair = sorted(rng.sample(cut_pool(live), 2))
+                victim = pair[1]
             else:
                 victim = rng.choice(pool)
         delay = 0.0
@@ -297,6 +314,8 @@ def schedule(args, trial):
         f = {"kind": kind, "step": step, "victim": victim, "delay": delay}
         if group is not None:
             f["group"] = group
+        if pair is not None:
+            f["pair"] = pair
         faults.append(f)
         if kind != "restart":
             # A link fault's victims count as lost (they may stay when the link returns in
@@ -306,6 +325,13 @@ def schedule(args, trial):
                 if v == 0:
                     rank0 = False
     return mode, late, faults
+
+
+def cut_pool(live):
+    """link_cut: the members whose link to one another may be cut, the leader the schedule expects
+    (the lowest live member) and rank 0 (the rendezvous, without --holder) left out, so that the
+    leader still sees both ends."""
+    return sorted(live - {min(live), 0}) if live else []
 
 
 class Proc:
@@ -446,11 +472,14 @@ class Trial:
                 self.link_fault(arg, False)
 
     def link_fault(self, f, cut):
-        """A link fault's start (cut) or end: the victim's link down or up, or its group onto the
-        other bridge or back. The end's time (wall clock, as the ranks' lines) goes into f."""
+        """A link fault's start (cut) or end: the victim's link down or up, its group onto the
+        other bridge or back, or the link between the pair's two members cut or mended. The end's
+        time (wall clock, as the ranks' lines) goes into f."""
         group = f.get("group", [f["victim"]])
         if f["kind"] == "link_down":
             self.cluster.link(f["victim"], not cut)
+        elif f["kind"] == "link_cut":
+            self.cluster.cut_link(f["pair"][0], f["pair"][1], cut)
         elif cut:
             self.cluster.partition(group)
         else:
@@ -925,7 +954,8 @@ def soak(args, cluster):
         allowed += r["steps_allowed"]
         bad = (r["hang"] or r["divergent"] or r["lost_alive"] or r["rank_errors"] or r["unfinished"] or
                r["not_absorbed"] or r["link_victim_errors"] or r["holder_errors"])
-        faults = ", ".join("%s %s@%s%s%s%s" % (f["kind"], "+".join("r%d" % v for v in f.get("group", [f["victim"]])),
+        faults = ", ".join("%s %s@%s%s%s%s" % (f["kind"], "-".join("r%d" % v for v in f["pair"]) if "pair" in f else
+                                               "+".join("r%d" % v for v in f.get("group", [f["victim"]])),
                                                f.get("at_step", f["step"]),
                                                " +%.2fs" % f["delay"] if f["delay"] else "",
                                                " " + f["outcome"] if "outcome" in f else "",

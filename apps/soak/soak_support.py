@@ -290,6 +290,7 @@ class NetnsCluster:
         self.switch = self.prefix + "sw"
         self.created = []
         self.down, self.cut = set(), set()
+        self.blackholed = set()  # (i, j): host i drops what it sends to host j (cut_link)
         try:
             self._build()
         except BaseException:
@@ -346,11 +347,25 @@ class NetnsCluster:
             self._ip("-n", self.switch, "link", "set", "s%d" % i, "master", "br0")
             self.cut.discard(i)
 
+    def cut_link(self, i, j, cut=True):
+        """Only the link between hosts i and j cut (cut) or mended: a blackhole route to the other's
+        address in each of the two namespaces, so neither reaches the other while both still reach
+        every other host (packets dropped, nothing reset)."""
+        for a, b in ((i, j), (j, i)):
+            if cut and (a, b) not in self.blackholed:
+                self._ip("-n", self.namespace(a), "route", "add", "blackhole", self.address(b) + "/32")
+                self.blackholed.add((a, b))
+            elif not cut and (a, b) in self.blackholed:
+                self._ip("-n", self.namespace(a), "route", "del", "blackhole", self.address(b) + "/32")
+                self.blackholed.discard((a, b))
+
     def restore(self):
-        """Every link up, every host on the main bridge (between trials)."""
+        """Every link up, every host on the main bridge, every cut link mended (between trials)."""
         for i in sorted(self.down):
             self.link(i, True)
         self.heal()
+        for a, b in sorted(self.blackholed):
+            self.cut_link(a, b, False)
 
     def raw_link_mbps(self, runs=3, mib=128, a=0, b=1):
         """Plain TCP, one stream, from host a to host b (Python on both sides, as the loopback
