@@ -94,6 +94,17 @@ void join_all(job& j, std::vector<std::thread>& threads) {
   REQUIRE(j.errors.empty());
 }
 
+// Runs rank_body(r) for ranks 0..size-1, each on a guarded thread of its own, joins them (every rank's error
+// reported), and says how long they took, after `what`.
+template <class F>
+void run_ranks(job& j, int size, F& rank_body, const char* what) {
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < size; ++r) ranks.push_back(guarded(j, "rank " + std::to_string(r), [&rank_body, r] { rank_body(r); }));
+  join_all(j, ranks);
+  MESSAGE(what << ": " << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s");
+}
+
 // The victim's drop: its communicator aborted, then the wait until the others went on without it.
 void drop(job& j, helper_t& h) {
   h.communicator().abort();
@@ -199,12 +210,7 @@ TEST_CASE("membership: a member dropped while alive rejoins through rejoining_me
     rejoins[i] = h.rejoins();
     attempts[i] = h.attempts();
   };
-  const auto started = std::chrono::steady_clock::now();
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < size; ++r) ranks.push_back(guarded(j, "rank " + std::to_string(r), [&rank_body, r] { rank_body(r); }));
-  join_all(j, ranks);
-  MESSAGE("the job, the drop and the rejoin included: "
-          << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s");
+  run_ranks(j, size, rank_body, "the job, the drop and the rejoin included");
   // Every member ends in the quorum of three with the same state and count.
   for (int r = 0; r < size; ++r) {
     CAPTURE(r);
@@ -335,12 +341,7 @@ TEST_CASE("membership: a DiLoCo member dropped while alive rejoins through rejoi
     out.teardowns_by_destructor += out.teardowns;
     out.dm_left = dm.has_value();
   };
-  const auto started = std::chrono::steady_clock::now();
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < size; ++r) ranks.push_back(guarded(j, "rank " + std::to_string(r), [&rank_body, r] { rank_body(r); }));
-  join_all(j, ranks);
-  MESSAGE("the DiLoCo job, the drop and the rejoin included: "
-          << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s");
+  run_ranks(j, size, rank_body, "the DiLoCo job, the drop and the rejoin included");
   for (int r = 0; r < size; ++r) {
     CAPTURE(r);
     const end& e = ends[static_cast<std::size_t>(r)];
@@ -458,11 +459,7 @@ TEST_CASE("membership: rejoining_member propagates a drop it cannot answer, nami
       }
     }
   };
-  std::vector<std::thread> ranks;
-  const auto started = std::chrono::steady_clock::now();
-  for (int r = 0; r < size; ++r) ranks.push_back(guarded(j, "rank " + std::to_string(r), [&rank_body, r] { rank_body(r); }));
-  join_all(j, ranks);
-  MESSAGE("took " << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s");
+  run_ranks(j, size, rank_body, "took");
   INFO("the drop propagated as: " << dropped_with);
   CHECK(was_evicted);  // of the drop's kind, whatever failed the last attempt
   CHECK(dropped_with.find(expect) != std::string::npos);
