@@ -882,8 +882,6 @@ private:
       if (expected.empty() || clock::now() >= until) break;
       wait_ctrl(std::min(until, clock::now() + poll_slice()));
     }
-    std::vector<int> survivors;
-    for (const auto& g : got) survivors.push_back(g.first);
     const std::uint64_t my_bytes = state_bytes();
     // Against the quorum of the last commit too (quorum.hpp): a quorum announced but never
     // confirmed may hold a member that went to another group. A member that reports a sync
@@ -894,7 +892,7 @@ private:
                                     (g.second.flags & flag_confirmed) != 0))
         confirmed_ = q_;
     leave_out_unreachable(got);
-    survivors.clear();
+    std::vector<int> survivors;
     for (const auto& g : got) survivors.push_back(g.first);
     if (!may_succeed(q_, confirmed_, survivors)) {
       const quorum& against = may_succeed(q_, survivors) ? confirmed_ : q_;
