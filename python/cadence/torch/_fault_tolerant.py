@@ -69,7 +69,6 @@ class FaultTolerantAverager:
                                         "'retry' nor 'discard'")
         self._rejoin = Rejoin("FaultTolerantAverager", rejoin, replica_group)
         self.replica_group = replica_group
-        self.rejoin = rejoin
         self._leader, self._src = replica_roles("FaultTolerantAverager", member, replica_group)
         self.module = module
         self.member = member
@@ -125,6 +124,11 @@ class FaultTolerantAverager:
         """Syncs the job has committed (``member.committed``; on a replica's other ranks, as its
         first rank last told them)."""
         return self.member.committed if self.member is not None else self._syncs
+
+    @property
+    def rejoin(self) -> int:
+        """``rejoin=N``: the ``member.rejoin()`` calls this process may make in all."""
+        return self._rejoin.limit
 
     @property
     def rejoins(self) -> int:

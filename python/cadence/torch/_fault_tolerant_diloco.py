@@ -134,7 +134,6 @@ class FaultTolerantDiLoCo:
             raise InvalidParameterError(f"{_HERE}: config must be a local-SGD config string (\"fixed:20\", "
                                         f"\"elastic:2,outer=nesterov:0.7:0.9\"), got {config!r}")
         self._rejoin = Rejoin("FaultTolerantDiLoCo", rejoin, replica_group)
-        self.rejoin = rejoin
         self.replica_group = replica_group
         self._leader, self._src = replica_roles("FaultTolerantDiLoCo", member, replica_group)
         named = []
@@ -342,6 +341,11 @@ class FaultTolerantDiLoCo:
         return report
 
     # ---- what it knows ----
+
+    @property
+    def rejoin(self) -> int:
+        """``rejoin=N``: the ``member.rejoin()`` calls this process may make in all."""
+        return self._rejoin.limit
 
     @property
     def rejoins(self) -> int:
