@@ -252,9 +252,8 @@ public:
   /// collectives, the buffers restored when an attempt fails, retry or discard on a loss);
   /// where it throws evicted_error or quorum_error, new incarnations join (up to
   /// rejoin_options::max_attempts in all) and the report says `rejoined` (outcome healed: the
-  /// body is not run again). Throws the drop, with
-  /// the attempt count, once the attempts are spent; with the refusal when may_rejoin is false;
-  /// as it came when max_attempts is 0. Other errors propagate as from member::transact().
+  /// body is not run again). Throws the drop, with the attempt count, once the attempts are
+  /// spent; with the refusal when may_rejoin is false; as it came when max_attempts is 0. Other errors propagate as from member::transact().
   template <class Body>
   rejoin_report transact(Body&& body, span<const buffer> backup = {}, on_loss policy = on_loss::retry) {
     return answer("transact", [&] { return member_->transact(std::forward<Body>(body), backup, policy); });
